@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each creates .venv on first use and installs what it needs; nothing is assumed installed.
+# The newest Python >= 3.11 found: on PATH, then pyenv's installs, then python3. 3.12+ is
+# preferred because its eager tasks let a handler that never awaits finish without being
+# scheduled (0.6 us instead of 6 us per job); 3.11 works, just slower per job.
+PYTHON ?= $(shell for p in python3.13 python3.12 $$(ls -d $$HOME/.pyenv/versions/3.1[23]*/bin/python3 2>/dev/null | sort -r) python3; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; done)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "need Python >= 3.11 (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dispatcher demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench $(or $(ARGS),all)
+
+clean:
+	rm -rf $(VENV) .pytest_cache bench/out

@@ -1,0 +1,410 @@
+"""Redis coordination backend: membership, leadership and bucket ownership in a few keys.
+
+Only *who polls which bucket* lives here; jobs stay in PostgreSQL. Every read-check-write is
+one Lua script (atomic on the server) and every time is the Redis clock (`TIME` inside the
+script), so workers with skewed clocks still agree on who is alive and what is overdue.
+
+Layout (all names from `RedisKeys`, so a prefix isolates one cluster or one test):
+- `{p}:members`          sorted set, member -> lease expiry in ms (Redis clock). Live iff
+                         score > now: key expiry in Redis is lazy, the score is exact.
+- `{p}:member:{id}`      string with PX = lease, for humans with redis-cli (never read here).
+- `{p}:leader`           member id, SET NX PX lease; renewed/deleted only by its holder.
+- `{p}:buckets`          hash bucket -> JSON {"o": owner, "n": next_owner, "e": epoch,
+                         "d": revoke deadline ms}; a missing field is unowned at epoch 0.
+- `{p}:changes`          pub/sub channel; payload "<sender token>:<reason>".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from coordinator.backend import BucketChange, BucketState, ClusterView, CoordinatorUnavailable, NotLeader
+from dispatcher.constants import NUM_BUCKETS
+
+# 2 s: a coordinator loop heartbeats every few seconds with leases of ~10 s, so a Redis that
+# has not answered in 2 s is treated as down well before any lease could lapse unnoticed.
+SOCKET_TIMEOUT_S = 2.0
+# PING an idle pooled connection before reusing it after 5 s, so a half-dead socket fails
+# (and is replaced) on the ping instead of on a script whose effect would then be unknown.
+HEALTH_CHECK_INTERVAL_S = 5
+# A burst (a leader's apply plus the hand-overs it triggers, members joining together) arrives
+# over a few ms: after the first message, keep draining until 10 ms pass quietly (capped at
+# 100 ms of draining), so the burst costs one wake-up. Draining only what was already read
+# was flaky: the last message of a burst was routinely still in flight.
+DRAIN_QUIET_S = 0.01
+DRAIN_MAX_S = 0.1
+# Dead members stay in the sorted set 10 min (handy with redis-cli), then a heartbeat prunes them.
+PRUNE_AFTER_MS = 600_000
+CHANGE_KINDS = ("assign", "revoke", "cancel")
+# Errors meaning "Redis is not usable right now" (READONLY: we reached a replica after failover).
+_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
+
+# Shared by every script below: the server clock in ms, and (de)coding of one bucket's state.
+# HGET of a missing field gives Lua `false`, which reads as "unowned at epoch 0".
+_LUA_PRELUDE = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function load(raw)
+  if not raw then return {e = 0} end
+  return cjson.decode(raw)
+end
+local function save(key, bucket, st)
+  redis.call('HSET', key, bucket, cjson.encode(st))
+end
+"""
+
+# KEYS: members, member key. ARGV: channel, payload, member, lease_ms, prune_after_ms.
+# Refresh the lease; prune long-dead entries; publish only if the member was not live before,
+# so a join wakes everyone at once but routine heartbeats wake nobody. Returns 1 if new.
+_HEARTBEAT = _LUA_PRELUDE + """
+local now, lease = now_ms(), tonumber(ARGV[4])
+local old = redis.call('ZSCORE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
+redis.call('SET', KEYS[2], now + lease, 'PX', lease)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[5])))
+if old and tonumber(old) > now then return 0 end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS: leader. ARGV: member, lease_ms. Renew if we hold it (compare, then PEXPIRE), take it
+# if free (an expired key reads as free), else refuse. Returns 1 iff we hold it afterwards.
+_TRY_LEAD = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if cur then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: members, leader, buckets. Everything `view()` needs in one round trip, with the
+# server's now so liveness and overdue revokes are judged on the Redis clock:
+# {now_ms, [member, expiry_ms, ...] (live only), leader or nil, leader PTTL, HGETALL buckets}.
+_VIEW = _LUA_PRELUDE + """
+local now = now_ms()
+return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES'),
+        redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+"""
+
+# KEYS: leader, buckets. ARGV: channel, payload, leader, revoke_deadline_ms, then groups of
+# (bucket, expected_epoch, kind, target). The leadership check and every epoch check happen
+# in the same atomic step as the writes, so a deposed leader can never apply a stale plan.
+# Returns -1 if `leader` does not hold the leadership, else the number of changes applied.
+_APPLY = _LUA_PRELUDE + """
+if redis.call('GET', KEYS[1]) ~= ARGV[3] then return -1 end
+local now, applied = now_ms(), 0
+for i = 5, #ARGV, 4 do
+  local st, kind, target = load(redis.call('HGET', KEYS[2], ARGV[i])), ARGV[i + 2], ARGV[i + 3]
+  if st.e == tonumber(ARGV[i + 1]) then
+    if kind == 'assign' then
+      st.o, st.n, st.d, st.e = target, nil, nil, st.e + 1
+    elseif kind == 'revoke' then
+      st.n, st.d = target, now + tonumber(ARGV[4])
+    else
+      st.n, st.d = nil, nil
+    end
+    save(KEYS[2], ARGV[i], st)
+    applied = applied + 1
+  end
+end
+if applied > 0 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+return applied
+"""
+
+# KEYS: buckets. ARGV: channel, payload, member, bucket... The old owner completes pending
+# hand-offs it still holds: owner := next_owner, epoch + 1. Returns how many moved.
+_HAND_OVER = _LUA_PRELUDE + """
+local moved = 0
+for i = 4, #ARGV do
+  local st = load(redis.call('HGET', KEYS[1], ARGV[i]))
+  if st.o == ARGV[3] and st.n and st.n ~= ARGV[3] then
+    st.o, st.n, st.d, st.e = st.n, nil, nil, st.e + 1
+    save(KEYS[1], ARGV[i], st)
+    moved = moved + 1
+  end
+end
+if moved > 0 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
+return moved
+"""
+
+# KEYS: members, member key, leader, buckets. ARGV: channel, payload, member. Graceful exit:
+# drop the member, pass each owned bucket to its pending next_owner (else unowned), epoch + 1;
+# void hand-offs *to* the leaver (its old owner keeps polling instead of handing to a ghost);
+# resign leadership if held (compare-and-delete). Returns the number of buckets released.
+_LEAVE = _LUA_PRELUDE + """
+local m, released = ARGV[3], 0
+redis.call('ZREM', KEYS[1], m)
+redis.call('DEL', KEYS[2])
+if redis.call('GET', KEYS[3]) == m then redis.call('DEL', KEYS[3]) end
+local all = redis.call('HGETALL', KEYS[4])
+for i = 1, #all, 2 do
+  local st = cjson.decode(all[i + 1])
+  if st.o == m then
+    if st.n and st.n ~= m then st.o = st.n else st.o = nil end
+    st.n, st.d, st.e = nil, nil, st.e + 1
+    save(KEYS[4], all[i], st)
+    released = released + 1
+  elseif st.n == m then
+    st.n, st.d = nil, nil
+    save(KEYS[4], all[i], st)
+  end
+end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return released
+"""
+
+
+class RedisKeys:
+    """Every key and channel name of one cluster, derived from its prefix (the only place)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.members = f"{prefix}:members"
+        self.leader = f"{prefix}:leader"
+        self.buckets = f"{prefix}:buckets"
+        self.channel = f"{prefix}:changes"
+
+    def member(self, member: str) -> str:
+        return f"{self.prefix}:member:{member}"
+
+
+@contextlib.contextmanager
+def _unavailable(what: str) -> Iterator[None]:
+    """Turn "Redis is down/unreachable" into CoordinatorUnavailable, keeping the cause."""
+    try:
+        yield
+    except _UNAVAILABLE as e:
+        raise CoordinatorUnavailable(f"redis {what}: {e}") from e
+
+
+def _lease_ms(lease_s: float) -> int:
+    ms = round(lease_s * 1000)
+    if ms < 1:  # PX 0 is a Redis error, and a zero lease means "already dead" anyway
+        raise ValueError(f"lease must be at least 1 ms, got {lease_s!r} s")
+    return ms
+
+
+class RedisBackend:
+    """`CoordinatorBackend` on one Redis server; one instance per member's coordinator loop."""
+
+    def __init__(self, url: str, *, prefix: str = "dispatcher", num_buckets: int = NUM_BUCKETS) -> None:
+        self.url = url
+        self.keys = RedisKeys(prefix)
+        self.num_buckets = num_buckets
+        # Tags our own notifications so wait_for_change() wakes only for *other* members.
+        self._token = uuid.uuid4().hex
+        self._redis: aioredis.Redis | None = None
+        self._sub_redis: aioredis.Redis | None = None  # owns the pub/sub connection only
+        self._pubsub: PubSub | None = None
+        self._scripts: dict[str, Any] = {}
+
+    def _client(self, retries: int, health_check_s: int) -> aioredis.Redis:
+        # retries=1 for commands: a pooled socket to a restarted server fails once ("Connection
+        # closed by server"; the pool's pre-check does not catch it), then the retry reconnects
+        # and succeeds. Only ConnectionError is retried, with no backoff: a dead server refuses
+        # the reconnect at once, and a hung one (timeout) is not retried, so callers learn
+        # within ~SOCKET_TIMEOUT_S either way. (redis-py's defaults differ by constructor:
+        # Redis(host=...) retries 3 times with exponential backoff, from_url() never.)
+        # Every script is safe to run twice (epoch checks, compare-and-set), which a retry
+        # after a lost reply may do; only the returned count can then read low.
+        return aioredis.Redis.from_url(
+            self.url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=health_check_s,
+            retry=Retry(NoBackoff(), retries, supported_errors=(RedisConnectionError,)),
+        )
+
+    async def connect(self) -> None:
+        """Create the clients and subscribe. Raises CoordinatorUnavailable if Redis is down,
+        but the backend stays usable: later calls connect (and subscribe) on their own."""
+        if self._redis is None:
+            self._redis = self._client(retries=1, health_check_s=HEALTH_CHECK_INTERVAL_S)
+            # The pub/sub client never retries: redis-py would silently reconnect and
+            # resubscribe, hiding that notifications were lost meanwhile (see wait_for_change).
+            # No health-check PINGs either: a dead server shows as EOF at once, a half-open
+            # socket would not answer the PING anyway (TCP keepalive, redis-py's default, ends
+            # it), and their filtered PONGs read as "no message", cutting a drain short.
+            self._sub_redis = self._client(retries=0, health_check_s=0)
+            for name, src in (("heartbeat", _HEARTBEAT), ("try_lead", _TRY_LEAD), ("view", _VIEW),
+                              ("apply", _APPLY), ("hand_over", _HAND_OVER), ("leave", _LEAVE)):
+                self._scripts[name] = self._redis.register_script(src)  # EVALSHA, reloads on NOSCRIPT
+        if self._pubsub is None:
+            with _unavailable("subscribe"):
+                await self._subscribe()
+
+    async def close(self) -> None:
+        """Release every connection; never raises, even if Redis is already gone."""
+        await self._drop_pubsub()
+        for client in (self._redis, self._sub_redis):
+            if client is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await client.aclose()
+        self._redis = self._sub_redis = None
+        self._scripts = {}
+
+    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        if self._redis is None:
+            raise RuntimeError("RedisBackend: call connect() first")
+        with _unavailable(name):
+            return await self._scripts[name](keys=keys, args=args)
+
+    def _payload(self, reason: str) -> str:
+        return f"{self._token}:{reason}"
+
+    # ----------------------------------------------------------------- membership, leadership
+
+    async def heartbeat(self, member: str, lease_s: float) -> None:
+        """Register or refresh `member`; it is live until Redis-now + lease_s."""
+        k = self.keys
+        await self._run("heartbeat", [k.members, k.member(member)],
+                        [k.channel, self._payload(f"join {member}"), member, _lease_ms(lease_s), PRUNE_AFTER_MS])
+
+    async def leave(self, member: str) -> None:
+        """Graceful exit: drop the member, release its buckets (to their next_owner if a hand-off
+        was pending, else unowned), resign leadership if held, notify everyone."""
+        k = self.keys
+        await self._run("leave", [k.members, k.member(member), k.leader, k.buckets],
+                        [k.channel, self._payload(f"leave {member}"), member])
+
+    async def try_lead(self, member: str, lease_s: float) -> bool:
+        """Win a free or expired leadership, or renew our own (only where leader = member)."""
+        return bool(await self._run("try_lead", [self.keys.leader], [member, _lease_ms(lease_s)]))
+
+    # ----------------------------------------------------------------- buckets
+
+    async def view(self) -> ClusterView:
+        k = self.keys
+        now, flat_members, leader, pttl, flat_buckets = await self._run(
+            "view", [k.members, k.leader, k.buckets], [])
+        expiries = {flat_members[i]: float(flat_members[i + 1]) for i in range(0, len(flat_members), 2)}
+        stored = {int(flat_buckets[i]): json.loads(flat_buckets[i + 1]) for i in range(0, len(flat_buckets), 2)}
+        buckets = []
+        for b in range(self.num_buckets):
+            st = stored.get(b, {})
+            deadline = st.get("d")
+            buckets.append(BucketState(
+                bucket=b, owner=st.get("o"), next_owner=st.get("n"), epoch=int(st.get("e", 0)),
+                revoke_overdue=st.get("n") is not None and deadline is not None and deadline < now,
+            ))
+        # Earliest lease that matters: a live member's expiry or the leader's remaining PTTL
+        # (-2 = no key, -1 = no expiry: neither will lapse on its own).
+        candidates = [(expiry - now) / 1000 for expiry in expiries.values()]
+        if leader is not None and pttl >= 0:
+            candidates.append(pttl / 1000)
+        return ClusterView(
+            members=tuple(sorted(expiries)), buckets=tuple(buckets), leader=leader,
+            next_expiry_s=max(0.0, min(candidates)) if candidates else None,
+        )
+
+    def _check_bucket(self, bucket: int) -> int:
+        if not 0 <= bucket < self.num_buckets:
+            raise ValueError(f"bucket {bucket} out of range 0..{self.num_buckets - 1}")
+        return bucket
+
+    async def apply(self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float) -> int:
+        """Leader-only: apply changes whose expected_epoch still matches; notify. Returns how many
+        were applied. Raises NotLeader if `leader` does not hold a live leadership."""
+        args: list[Any] = [self.keys.channel, self._payload(f"apply {leader}"), leader,
+                           max(0, round(revoke_deadline_s * 1000))]
+        for c in changes:
+            if c.kind not in CHANGE_KINDS:
+                raise ValueError(f"unknown change kind {c.kind!r}")
+            if c.kind != "cancel" and not c.owner:
+                raise ValueError(f"{c.kind} of bucket {c.bucket} needs an owner")
+            args += [self._check_bucket(c.bucket), c.expected_epoch, c.kind, c.owner or ""]
+        # Even an empty change list goes to Redis: the caller learns whether it still leads.
+        applied = int(await self._run("apply", [self.keys.leader, self.keys.buckets], args))
+        if applied < 0:
+            raise NotLeader(f"{leader!r} does not hold the leadership of {self.keys.prefix!r}")
+        return applied
+
+    async def hand_over(self, member: str, buckets: Sequence[int]) -> int:
+        """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1; notify."""
+        if not buckets:
+            return 0
+        args: list[Any] = [self.keys.channel, self._payload(f"hand_over {member}"), member]
+        args += [self._check_bucket(b) for b in buckets]
+        return int(await self._run("hand_over", [self.keys.buckets], args))
+
+    # ----------------------------------------------------------------- notifications
+
+    async def _subscribe(self) -> None:
+        """A fresh subscription, confirmed: once this returns, no later publish can be missed
+        (SUBSCRIBE is only *sent* by redis-py; we read its confirmation to know it took effect)."""
+        if self._sub_redis is None:
+            raise RuntimeError("RedisBackend: call connect() first")
+        pubsub = self._sub_redis.pubsub()
+        try:
+            await pubsub.subscribe(self.keys.channel)
+            deadline = asyncio.get_running_loop().time() + SOCKET_TIMEOUT_S
+            while True:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    raise RedisTimeoutError("no SUBSCRIBE confirmation")
+                msg = await pubsub.get_message(timeout=remaining)
+                if msg is not None and msg["type"] == "subscribe":
+                    break
+        except BaseException:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+            raise
+        self._pubsub = pubsub
+
+    async def _drop_pubsub(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+
+    def _from_other(self, msg: dict[str, Any] | None) -> bool:
+        return msg is not None and msg["type"] == "message" and str(msg["data"]).partition(":")[0] != self._token
+
+    async def wait_for_change(self, timeout_s: float) -> bool:
+        """Block until another member notifies a change (True) or the timeout passes (False).
+
+        A burst of notifications is drained, so it costs one wake-up. If the subscription had
+        to be (re)made, e.g. after Redis restarted, this returns True at once: notifications
+        sent while we were not subscribed are lost, so the caller must re-read the view.
+        """
+        if self._pubsub is None:
+            with _unavailable("subscribe"):
+                await self._subscribe()
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout_s)
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                if self._from_other(await self._pubsub.get_message(timeout=remaining)):
+                    break
+            drain_until = loop.time() + DRAIN_MAX_S
+            while loop.time() < drain_until:  # the rest of the burst
+                if await self._pubsub.get_message(timeout=DRAIN_QUIET_S) is None:
+                    break
+            return True
+        except _UNAVAILABLE:
+            await self._drop_pubsub()
+        # The subscription broke: a blip or a restarted server is back at once (True, as
+        # above); a dead one raises CoordinatorUnavailable within ~SOCKET_TIMEOUT_S.
+        with _unavailable("resubscribe"):
+            await self._subscribe()
+        return True

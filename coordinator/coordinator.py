@@ -1,0 +1,194 @@
+"""The membership-based bucket assignment a worker runs (backends: PostgreSQL, Redis).
+
+Each member loops: heartbeat (when due), try to lead, read the view, and, if it leads, move the
+assignment towards `assign(members, current)` (see coordinator/backend.py for the hand-off
+rules). Then it adopts its part. It wakes on a notification from another member, at the next
+lease expiry (so a death shows when it happens, not a heartbeat later), or after `poll_s`.
+
+Hand-off order on the old owner: stop polling the bucket, wait until the in-flight claim
+statement has finished (the worker's claim fence), then hand over. So the new owner starts
+after the old one stopped, and overlap stays rare and short. Correctness never rests on it:
+claims re-check status and completions check the claim token.
+
+Degraded mode: if the backend cannot be reached for longer than the lease, `owned()` returns
+None and the worker claims with SKIP LOCKED over all buckets (still correct), until the backend
+answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from dispatcher.backoff import jittered
+
+from . import metrics
+from .assignor import assign, moves
+from .backend import (ClusterView, CoordinatorBackend, CoordinatorUnavailable, NotLeader, current_owners,
+                      owned_by, plan_changes)
+
+log = logging.getLogger(__name__)
+
+Assignor = Callable[[Sequence[str], Mapping[int, str | None]], dict[int, str]]
+
+
+class Coordinator:
+    def __init__(self, backend: CoordinatorBackend, member: str, *, lease_s: float = 10.0,
+                 poll_s: float = 1.0, assignor: Assignor = assign) -> None:
+        if lease_s < 3:
+            raise ValueError("coordinator lease must be >= 3 s")
+        self.backend = backend
+        self.member = member
+        self.lease_s = lease_s
+        self.heartbeat_s = lease_s / 3  # two beats may be lost before the lease runs out
+        self.poll_s = min(poll_s, self.heartbeat_s)
+        self._assign = assignor
+        self.changed = asyncio.Event()
+        self.view: ClusterView | None = None  # last view read (tests and `status` look at it)
+        self.leading = False
+        self._owned: tuple[int, ...] = ()
+        self._degraded = False
+        self._last_beat = -1e9
+        self._last_contact = time.monotonic()
+        self._claim_fence: asyncio.Lock | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.adopted = asyncio.Event()  # test signal: set after every adopted view
+
+    # -- BucketAssignment ------------------------------------------------------------------------
+
+    def owned(self) -> tuple[int, ...] | None:
+        return None if self._degraded else self._owned
+
+    def bind_claim_fence(self, fence: asyncio.Lock) -> None:
+        self._claim_fence = fence
+
+    async def start(self) -> None:
+        """Join before the worker claims anything, so it starts with its share (or degraded)."""
+        try:
+            await self.backend.connect()
+            await self._tick()
+        except CoordinatorUnavailable as exc:
+            log.warning("coordinator backend unreachable at start (%s); retrying in the background", exc)
+        self._task = asyncio.create_task(self._run(), name="coordinator")
+
+    async def stop(self) -> None:
+        """Leave at once so the others take our buckets now, not a lease from now."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._set_owned(())
+        try:
+            await asyncio.wait_for(asyncio.shield(self.backend.leave(self.member)), timeout=self.lease_s)
+        except (CoordinatorUnavailable, TimeoutError) as exc:
+            log.warning("could not leave cleanly (%s): our lease will expire instead", exc)
+        await self.backend.close()
+        metrics.IS_LEADER.set(0)
+        metrics.OWNED_BUCKETS.set(0)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._tick()
+                wait = self._next_wait()
+            except CoordinatorUnavailable as exc:
+                self._unreachable(exc)
+                wait = jittered(min(1.0, self.poll_s), 0.3)
+            except NotLeader:
+                self.leading = False
+                wait = 0.0
+            metrics.HEARTBEAT_AGE.set(time.monotonic() - self._last_beat)
+            try:
+                await self.backend.wait_for_change(wait)
+            except CoordinatorUnavailable as exc:
+                self._unreachable(exc)
+                await asyncio.sleep(jittered(min(1.0, self.poll_s), 0.3))
+
+    async def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_s * 0.9:
+            await self.backend.heartbeat(self.member, self.lease_s)
+            self._last_beat = now
+        self.leading = await self.backend.try_lead(self.member, self.lease_s)
+        metrics.IS_LEADER.set(1 if self.leading else 0)
+        view = await self.backend.view()
+        if self.leading:
+            view = await self._rebalance(view)
+        self._contact()
+        self.view = view
+        metrics.MEMBERS.set(len(view.members))
+        await self._adopt(view)
+
+    async def _rebalance(self, view: ClusterView) -> ClusterView:
+        started = time.perf_counter()
+        target = self._assign(view.members, current_owners(view))
+        changes = plan_changes(view, target)
+        if not changes:
+            return view
+        applied = await self.backend.apply(self.member, changes, revoke_deadline_s=self.lease_s)
+        for change in changes:
+            metrics.BUCKETS_MOVED.labels(change.kind).inc()
+        metrics.REBALANCES.labels(self._reason(view)).inc()
+        metrics.REBALANCE_SECONDS.observe(time.perf_counter() - started)
+        log.info("rebalance by %s over %d members: %d changes applied (%d buckets move)",
+                 self.member, len(view.members), applied, moves(current_owners(view), target))
+        return await self.backend.view()
+
+    @staticmethod
+    def _reason(view: ClusterView) -> str:
+        live = set(view.members)
+        if any(s.owner is not None and s.owner not in live for s in view.buckets):
+            return "member_gone"
+        if any(s.owner is None for s in view.buckets):
+            return "unowned"
+        return "balance"
+
+    async def _adopt(self, view: ClusterView) -> None:
+        poll, give = owned_by(view, self.member)
+        if give:
+            # Stop polling first, let the claim in flight finish, then hand over.
+            self._set_owned(tuple(b for b in self._owned if b not in give and b in poll))
+            if self._claim_fence is not None:
+                async with self._claim_fence:
+                    pass
+            handed = await self.backend.hand_over(self.member, give)
+            metrics.HANDOVERS.inc(handed)
+        self._set_owned(poll)
+        self.adopted.set()
+
+    def _set_owned(self, buckets: tuple[int, ...]) -> None:
+        if buckets != self._owned:
+            self._owned = buckets
+            metrics.OWNED_BUCKETS.set(len(buckets))
+            self.changed.set()
+
+    def _next_wait(self) -> float:
+        wait = jittered(self.poll_s, 0.2)
+        expiry = self.view.next_expiry_s if self.view is not None else None
+        if expiry is not None:
+            wait = min(wait, expiry + 0.05)  # wake just after a lease runs out
+        heartbeat_due = self._last_beat + self.heartbeat_s - time.monotonic()
+        return max(0.0, min(wait, heartbeat_due))
+
+    def _contact(self) -> None:
+        self._last_contact = time.monotonic()
+        if self._degraded:
+            self._degraded = False
+            metrics.DEGRADED.set(0)
+            log.warning("coordinator backend is back: polling assigned buckets again")
+            self.changed.set()
+
+    def _unreachable(self, exc: Exception) -> None:
+        if not self._degraded and time.monotonic() - self._last_contact > self.lease_s:
+            self._degraded = True
+            metrics.DEGRADED.set(1)
+            metrics.DEGRADED_ENTERED.inc()
+            log.warning("coordinator backend unreachable for over %.0f s (%s): falling back to SKIP LOCKED "
+                        "over all buckets until it is back", self.lease_s, exc)
+            self.changed.set()
+        elif not self._degraded:
+            log.info("coordinator backend unreachable (%s); keeping the last assignment for now", exc)
+

@@ -1,0 +1,30 @@
+"""Build the bucket assignment a worker's config asks for (DISPATCHER_COORDINATOR)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+
+from .assignment import BucketAssignment, StaticAssignment
+
+if TYPE_CHECKING:
+    from dispatcher.config import Config
+
+
+def build_assignment(config: Config) -> BucketAssignment:
+    if config.mode != MODE_PARTITIONED:
+        return StaticAssignment(tuple(range(NUM_BUCKETS)))  # unused: SKIP LOCKED claims ignore buckets
+    if config.coordinator == "static":
+        return StaticAssignment(config.static_buckets)
+    from .coordinator import Coordinator
+
+    if config.coordinator == "redis":
+        from .backend_redis import RedisBackend
+
+        backend = RedisBackend(config.redis_url)  # type: ignore[arg-type]  # validated: set for redis
+    else:
+        from .backend_pg import PostgresBackend
+
+        backend = PostgresBackend(config.dsn, session_locks=config.session_locks)  # type: ignore[arg-type]
+    return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s, poll_s=config.coordinator_poll_s)

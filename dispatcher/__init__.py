@@ -1,0 +1,28 @@
+"""bucket-dispatcher: a high-throughput background-job dispatcher on PostgreSQL.
+
+    from dispatcher import Registry, enqueue
+
+    registry = Registry()
+
+    @registry.handler("send_email")
+    async def send_email(job):
+        ...
+
+Run workers with `dispatcher run --app myapp.jobs:registry`.
+"""
+
+from .config import Config
+from .enqueue import (JobSpec, enqueue, enqueue_many, enqueue_many_sync, enqueue_payloads,
+                      enqueue_payloads_sync, enqueue_sync)
+from .errors import (ConfigError, DispatcherError, EnqueueError, PayloadError, PermanentJobError,
+                     StoreError, StoreUnavailable)
+from .registry import Registry
+from .store import Job
+from .worker import Worker, run_worker
+
+__all__ = [
+    "Config", "ConfigError", "DispatcherError", "EnqueueError", "Job", "JobSpec", "PayloadError",
+    "PermanentJobError", "Registry", "StoreError", "StoreUnavailable", "Worker", "enqueue",
+    "enqueue_many", "enqueue_many_sync", "enqueue_payloads", "enqueue_payloads_sync", "enqueue_sync",
+    "run_worker",
+]

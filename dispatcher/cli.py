@@ -1,0 +1,196 @@
+"""`dispatcher` command line: migrate, run, enqueue, status, demo.
+
+Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the same name
+(`DISPATCHER_BATCH_SIZE` / `--batch-size`). A bad setting exits with code 2 and names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from .config import _PARSERS, Config
+from .errors import ConfigError, DispatcherError
+
+EXIT_BAD_CONFIG = 2
+
+log = logging.getLogger("dispatcher")
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("worker settings (each also DISPATCHER_<NAME> in the environment)")
+    for field in dataclasses.fields(Config):
+        if field.name in _PARSERS:
+            group.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, default=None, metavar="V")
+
+
+def _config_from(args: argparse.Namespace) -> Config:
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Config)}
+    return Config.load(**flags)
+
+
+def _require_dsn(config: Config) -> str:
+    if not config.dsn:
+        raise ConfigError("DISPATCHER_DSN", "is not set (or pass --dsn); `dispatcher demo` runs without one")
+    return config.dsn
+
+
+def load_registry(spec: str) -> Any:
+    """'package.module:attribute' -> the Registry object it names."""
+    from .registry import Registry
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError("--app", f"expected 'module:attribute', got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError("--app", f"cannot import {module_name!r}: {exc}") from None
+    registry = getattr(module, attribute, None)
+    if not isinstance(registry, Registry):
+        raise ConfigError("--app", f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})")
+    return registry
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .migrate import migrate
+
+    applied = migrate(_require_dsn(_config_from(args)))
+    print(f"applied migrations: {applied}" if applied else "schema is up to date")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .metrics import serve
+    from .worker import run_worker
+
+    config = _config_from(args)
+    _require_dsn(config)
+    registry = load_registry(args.app)
+    if args.migrate:
+        from .migrate import migrate
+
+        migrate(config.dsn)  # type: ignore[arg-type]
+    serve(config.metrics_port)
+    run_worker(config, registry)
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from .enqueue import enqueue_payloads_sync, enqueue_sync
+
+    dsn = _require_dsn(_config_from(args))
+    try:
+        payload = orjson.loads(args.payload) if args.payload else None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError("--payload", f"not valid JSON: {exc}") from None
+    options: dict[str, Any] = {"queue": args.queue, "priority": args.priority, "delay_s": args.delay_s,
+                               "max_attempts": args.max_attempts, "jitter_s": args.jitter_s}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if args.count == 1:
+            job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
+                                  partition_key=args.partition_key, **options)
+            print(f"enqueued job {job_id}" if job_id is not None else "duplicate: a live job has that dedupe key")
+        else:
+            n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, **options)
+            print(f"enqueued {n} jobs")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .status import read_status, render_status
+
+    status = read_status(_require_dsn(_config_from(args)))
+    print(orjson.dumps(status, option=orjson.OPT_INDENT_2).decode() if args.json else render_status(status))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(_config_from(args), jobs=args.jobs, workers=args.workers)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The benchmark suite lives in the repository (bench/), not in the installed package."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        from bench.__main__ import main as bench_main
+    except ImportError:
+        raise ConfigError("bench", "run `dispatcher bench` from the repository root (bench/ is not installed)") from None
+    return bench_main(args.bench_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dispatcher", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="create or upgrade the schema (safe to run from N pods at once)")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("run", help="run a worker until SIGTERM/SIGINT")
+    p.add_argument("--app", required=True, help="module:attribute of your dispatcher.Registry")
+    p.add_argument("--migrate", action="store_true", help="run migrations before starting")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("enqueue", help="enqueue one job (or --count copies of it)")
+    p.add_argument("job_type")
+    p.add_argument("--payload", help="JSON payload", default=None)
+    p.add_argument("--queue", default="default")
+    p.add_argument("--priority", type=int, default=0, help="smaller runs first")
+    p.add_argument("--delay-s", type=float, default=0.0)
+    p.add_argument("--jitter-s", type=float, default=0.0)
+    p.add_argument("--max-attempts", type=int, default=20)
+    p.add_argument("--dedupe-key", default=None)
+    p.add_argument("--partition-key", default=None)
+    p.add_argument("--count", type=int, default=1)
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("status", help="jobs per status, oldest runnable age, backlog per bucket")
+    p.add_argument("--json", action="store_true")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("bench", help="benchmark suite (from a checkout): dispatcher bench SCENARIO ... --help",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("demo", help="burst of jobs drained in both modes on a throwaway PostgreSQL")
+    p.add_argument("--jobs", type=int, default=50_000)
+    p.add_argument("--workers", type=int, default=2, help="worker processes per mode")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = (getattr(args, "log_level", None) or os.environ.get("DISPATCHER_LOG_LEVEL") or "INFO").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"dispatcher: invalid setting {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except DispatcherError as exc:
+        print(f"dispatcher: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Names and numbers shared by the whole package, in one place."""
+
+from typing import Final
+
+# Every job carries a bucket in [0, NUM_BUCKETS). The jobs table CHECKs the same range
+# (tests/unit/test_schema.py keeps the two in step). 64 buckets give 16 workers 4 each, and a
+# bucket moves as a unit, so more buckets would only add planner branches per claim.
+NUM_BUCKETS: Final = 64
+
+NOTIFY_CHANNEL: Final = "dispatcher_jobs"
+
+MODE_PARTITIONED: Final = "partitioned"
+MODE_SKIP_LOCKED: Final = "skip_locked"
+MODES: Final = (MODE_PARTITIONED, MODE_SKIP_LOCKED)
+
+STATUS_QUEUED: Final = "queued"
+STATUS_RUNNING: Final = "running"
+STATUS_COMPLETED: Final = "completed"
+STATUS_FAILED: Final = "failed"
+STATUS_DISCARDED: Final = "discarded"
+STATUSES: Final = (STATUS_QUEUED, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED)
+
+DEFAULT_QUEUE: Final = "default"
+DEFAULT_MAX_ATTEMPTS: Final = 20
+
+# last_error keeps the head of a traceback: enough to diagnose, bounded so a chatty
+# exception cannot bloat a row that is rewritten on every retry.
+LAST_ERROR_MAX_CHARS: Final = 2000
+
+# Key of the transaction-scoped advisory lock that serialises `dispatcher migrate` across pods
+# (arbitrary, fixed forever: changing it would let old and new pods migrate at once).
+MIGRATE_LOCK_KEY: Final = 0x6275636B6574  # "bucket"

@@ -1,0 +1,37 @@
+"""The package's own exceptions. Driver errors (psycopg, redis) are turned into these at the store boundary."""
+
+
+class DispatcherError(Exception):
+    """Base class for every error this package raises on purpose."""
+
+
+class ConfigError(DispatcherError):
+    """A setting is invalid. `setting` names it the way the user wrote it (env var or flag)."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(f"{setting}: {message}")
+        self.setting = setting
+
+
+class PayloadError(DispatcherError, ValueError):
+    """A payload cannot be serialised or is over the size limit; nothing was written."""
+
+
+class EnqueueError(DispatcherError, ValueError):
+    """An enqueue option is invalid (unknown bucket, negative delay, ...); nothing was written."""
+
+
+class StoreError(DispatcherError):
+    """The database refused or failed a statement."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached right now (connection lost, server shutting down); retry later."""
+
+
+class MigrationError(StoreError):
+    """The schema could not be brought up to date."""
+
+
+class PermanentJobError(DispatcherError):
+    """Raise from a handler to fail a job at once, without retries (e.g. invalid input that will never succeed)."""

@@ -1,0 +1,295 @@
+-- Every statement the dispatcher package runs, one per `-- name:` header.
+-- Loaded by dispatcher/queries.py; code refers to them by name. Parameters use psycopg's
+-- %(name)s style; {placeholders} in braces are filled in by code with validated integers only.
+
+-- name: jobs_claim
+-- Claim up to %(limit)s runnable jobs of one queue in ONE statement: select (by the mode's
+-- {select_ids}, one of the claim_select_* fragments below), mark running, set owner, token and
+-- lease, count the attempt, return the rows.
+-- The WHERE re-checks status (and run_at: a job retried meanwhile is not due yet) on the row it
+-- updates. The partitioned selections take no row locks, so if two owners overlap during a
+-- hand-off the second waits for the first and then skips the row: contention, never a double
+-- claim. The re-check is written as a CASE on purpose: as plain `status = 'queued' AND run_at
+-- <= now()` it matches the partial indexes' predicate and the planner walked (or bitmap-ANDed)
+-- a whole claim index of 500k rows instead of fetching the selected ids by primary key.
+-- `id = ANY(ARRAY(...))`, not `UPDATE ... FROM c`: the latter was planned as a full scan of the
+-- table (PERF-NOTES). tests/integration/test_claim.py guards these plans on a fresh table.
+UPDATE dispatcher_jobs
+   SET status = 'running',
+       attempts = attempts + 1,
+       locked_at = now(),
+       locked_by = %(worker)s,
+       lock_token = %(token)s::uuid,
+       lease_expires_at = now() + %(lease_s)s * interval '1 second',
+       updated_at = now()
+ WHERE id = ANY(ARRAY({select_ids}))
+   AND CASE WHEN status = 'queued' THEN run_at <= now() ELSE false END
+RETURNING id, job_type, payload, attempts, max_attempts, locked_at, bucket, priority
+
+-- name: claim_select_partitioned
+-- Partitioned mode: {bucket_branches} is one claim_select_partitioned_branch per owned bucket,
+-- joined by UNION ALL. Each branch is an ordered walk of that bucket's index range and
+-- PostgreSQL merges them (Merge Append) in (priority, run_at, id) order, so a claim of n jobs
+-- reads about n + |buckets| index entries and nothing of other workers' buckets.
+SELECT id FROM ({bucket_branches}) AS runnable
+ ORDER BY priority, run_at, id
+ LIMIT %(limit)s
+
+-- name: claim_select_partitioned_branch
+-- One owned bucket's runnable jobs in claim order (through dispatcher_jobs_claim_bucket_idx).
+(SELECT id, priority, run_at
+   FROM dispatcher_jobs
+  WHERE queue_name = %(queue)s AND bucket = {bucket} AND status = 'queued' AND run_at <= now()
+  ORDER BY priority, run_at, id
+  LIMIT %(limit)s)
+
+-- name: claim_select_all_buckets
+-- Partitioned mode when this worker owns every bucket (a single worker): one walk of the
+-- queue-wide index instead of a 64-branch Merge Append, whose executor start-up alone cost
+-- ~2.5 ms per claim (5 us per job). Still no row locks.
+SELECT id
+  FROM dispatcher_jobs
+ WHERE queue_name = %(queue)s AND status = 'queued' AND run_at <= now()
+   AND priority > -32769  -- the tag of dispatcher_jobs_claim_idx's predicate (migration 0003)
+ ORDER BY priority, run_at, id
+ LIMIT %(limit)s
+
+-- name: claim_select_steal
+-- Stealing (partitioned mode, own buckets idle): walk OTHER workers' buckets in the given order
+-- (the worker rotates it randomly), each through its own bucket-index range with SKIP LOCKED,
+-- stopping as soon as %(limit)s rows are found. Not the queue-wide index: partitioned claims
+-- never walk that one, so near the end of a drain every steal re-read its prefix of entries left
+-- behind by processed jobs (~6,800 index entries per steal, 81 per job drained); each bucket's
+-- range is kept clean by its owner's own claims, and the queue-wide index cannot serve this query
+-- (its predicate's tag, migration 0003). FOR UPDATE is not allowed in UNION arms, hence LATERAL.
+SELECT j.id
+  FROM unnest(%(steal_buckets)s::smallint[]) AS s(bucket)
+ CROSS JOIN LATERAL (
+       SELECT id
+         FROM dispatcher_jobs
+        WHERE queue_name = %(queue)s AND bucket = s.bucket AND status = 'queued' AND run_at <= now()
+        ORDER BY priority, run_at, id
+        LIMIT %(limit)s
+          FOR UPDATE SKIP LOCKED) AS j
+ LIMIT %(limit)s
+
+-- name: claim_select_skip_locked
+-- The classic claim: walk the queue's runnable rows in order, skipping rows other workers hold.
+SELECT id
+  FROM dispatcher_jobs
+ WHERE queue_name = %(queue)s AND status = 'queued' AND run_at <= now()
+   AND priority > -32769  -- the tag of dispatcher_jobs_claim_idx's predicate (migration 0003)
+ ORDER BY priority, run_at, id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- name: jobs_complete_owned
+-- Mark finished jobs completed, each only if it still carries the token of the claim that ran
+-- it; rows whose lease was taken over are left alone (the caller counts them as fenced).
+-- Shape, here and in the three statements below: `j.id = ANY(ids)` pins the jobs side to a
+-- primary-key lookup of exactly the batch, and the ownership guard is a CASE so that no partial
+-- index (`WHERE status = 'running'`) can match it. With a plain `status = 'running'`, stats
+-- taken while every row was queued made the planner enter through the lease index and hash or
+-- loop over every running row on each flush: 28k rows per flush, seconds per statement.
+UPDATE dispatcher_jobs AS j
+   SET status = 'completed',
+       completed_at = now(),
+       lock_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = now()
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
+
+-- name: jobs_fail_owned
+-- Record failed attempts, fenced by token like completions. %(statuses)s is per row: 'queued'
+-- (retry after delay_s, decided by the worker's backoff), 'failed' (out of attempts) or
+-- 'discarded' (a permanent error).
+UPDATE dispatcher_jobs AS j
+   SET status = f.status,
+       run_at = CASE WHEN f.status = 'queued' THEN now() + f.delay_s * interval '1 second' ELSE j.run_at END,
+       failed_at = CASE WHEN f.status = 'queued' THEN j.failed_at ELSE now() END,
+       last_error = f.error,
+       lock_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = now()
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
+              %(delays_s)s::float8[], %(errors)s::text[]) AS f(id, token, status, delay_s, error)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = f.token ELSE false END
+
+-- name: jobs_release_owned
+-- Give claimed-but-unstarted jobs back at once (graceful shutdown): queued again, and the
+-- attempt that never ran is not counted.
+UPDATE dispatcher_jobs AS j
+   SET status = 'queued',
+       attempts = greatest(j.attempts - 1, 0),
+       lock_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = now()
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS r(id, token)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = r.token ELSE false END
+
+-- name: jobs_extend_leases
+-- Heartbeat: push out the leases of jobs still running here. Returns the ids still owned;
+-- a missing id means the reaper (or another owner) took the job over.
+UPDATE dispatcher_jobs AS j
+   SET lease_expires_at = now() + %(lease_s)s * interval '1 second'
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(id, token)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = h.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = h.token ELSE false END
+RETURNING j.id
+
+-- name: jobs_reap_expired
+-- Put running jobs whose lease ran out (their worker died or hung) back to queued, or to
+-- failed when that was their last attempt. Several workers may reap at once: SKIP LOCKED
+-- splits the work and the outer WHERE re-checks the lease.
+WITH expired AS (
+    SELECT id
+      FROM dispatcher_jobs
+     WHERE status = 'running' AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE dispatcher_jobs
+   SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+       failed_at = CASE WHEN attempts >= max_attempts THEN now() ELSE failed_at END,
+       last_error = 'lease expired while held by ' || coalesce(locked_by, '?')
+                    || ' (locked at ' || coalesce(locked_at::text, '?') || ')',
+       lock_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = now()
+ WHERE id = ANY(ARRAY(SELECT id FROM expired))
+   AND status = 'running' AND lease_expires_at < now()
+RETURNING id, status, locked_by, locked_at, attempts
+
+-- name: jobs_prune_finished
+-- Delete up to %(limit)s completed or discarded jobs finished more than %(retention_s)s ago.
+-- Failed jobs stay for people to look at. SKIP LOCKED lets every worker prune without waiting.
+DELETE FROM dispatcher_jobs
+ WHERE id = ANY(ARRAY(
+           SELECT id
+             FROM dispatcher_jobs
+            WHERE status IN ('completed', 'discarded')
+              AND coalesce(completed_at, failed_at) < now() - %(retention_s)s * interval '1 second'
+            LIMIT %(limit)s
+              FOR UPDATE SKIP LOCKED))
+
+-- name: history_record
+-- Execution history, one row per finished attempt (only when DISPATCHER_HISTORY is on).
+INSERT INTO dispatcher_job_attempts (job_id, attempt, worker, started_at, finished_at, duration_ms, outcome, error)
+SELECT h.id, h.attempt, %(worker)s, h.started_at, now(), h.duration_ms, h.outcome, h.error
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started_at)s::timestamptz[],
+              %(durations_ms)s::float8[], %(outcomes)s::text[], %(errors)s::text[])
+       AS h(id, attempt, started_at, duration_ms, outcome, error)
+
+-- name: jobs_insert_one
+-- Enqueue one job and wake its bucket's owner, in one round trip. A live job with the same
+-- (queue, dedupe_key) makes this a no-op: no row back, no notification.
+WITH inserted AS (
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+    VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
+            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s)
+    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+    DO NOTHING
+    RETURNING id
+)
+SELECT id, pg_notify(%(channel)s, %(notify)s) FROM inserted
+
+-- name: jobs_copy_in
+-- Bulk enqueue through COPY (text format, built by enqueue._copy_chunks). run_at is computed by the caller from the database's
+-- now() read in the same transaction, so the database clock still rules.
+COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+FROM STDIN
+
+-- name: jobs_stage_create
+-- Bulk enqueue with dedupe keys: COPY into a temporary staging table first, because COPY
+-- itself cannot skip conflicting rows.
+CREATE TEMPORARY TABLE IF NOT EXISTS dispatcher_jobs_stage (
+    queue_name text, job_type text, payload jsonb, priority smallint, bucket smallint,
+    max_attempts integer, run_at timestamptz, dedupe_key text
+) ON COMMIT DELETE ROWS
+
+-- name: jobs_stage_copy_in
+COPY dispatcher_jobs_stage (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+FROM STDIN
+
+-- name: jobs_stage_publish
+-- Move staged rows into the jobs table, skipping live duplicates (also within the batch).
+INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key
+  FROM dispatcher_jobs_stage
+ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+DO NOTHING
+
+-- name: jobs_stage_clear
+TRUNCATE dispatcher_jobs_stage
+
+-- name: jobs_reltuples
+-- The planner's idea of the table's size (-1: never analyzed).
+SELECT reltuples FROM pg_class WHERE oid = 'dispatcher_jobs'::regclass
+
+-- name: jobs_analyze_if_stale
+-- Refresh planner statistics when they are far behind the table: with a freshly filled table
+-- still marked empty, each claim branch walked the SKIP LOCKED index and filtered on bucket
+-- (2,000 index entries read per 30 claimed). One pod at a time (try-lock, never waits).
+DO $$
+BEGIN
+    IF pg_try_advisory_xact_lock(7022450131) AND EXISTS (
+        SELECT 1 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+         WHERE c.oid = 'dispatcher_jobs'::regclass
+           AND (c.reltuples < 0 OR s.n_mod_since_analyze > greatest(10000, c.reltuples * 0.5)))
+    THEN
+        ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at);
+    END IF;
+END
+$$
+
+-- name: jobs_analyze
+-- Only the columns plans depend on: statistics on the jsonb payload are the costly part of a
+-- full ANALYZE (190 ms vs 130 ms per 200k rows) and no query filters on it.
+ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at)
+
+-- name: db_now
+SELECT now()
+
+-- name: notify_enqueued
+-- Wake idle workers when the enqueuing transaction commits. One notification per enqueue call,
+-- not per job; PostgreSQL folds identical notifications within a transaction.
+SELECT pg_notify(%(channel)s, %(payload)s)
+
+-- name: status_counts
+SELECT queue_name, status, count(*) AS jobs
+  FROM dispatcher_jobs
+ GROUP BY queue_name, status
+ ORDER BY queue_name, status
+
+-- name: status_oldest_runnable
+-- Age in seconds of the oldest job that is due and waiting, per queue.
+SELECT queue_name, extract(epoch FROM now() - min(run_at))::float8 AS oldest_runnable_age_s
+  FROM dispatcher_jobs
+ WHERE status = 'queued' AND run_at <= now()
+ GROUP BY queue_name
+ ORDER BY queue_name
+
+-- name: status_backlog_by_bucket
+SELECT bucket, count(*) AS runnable
+  FROM dispatcher_jobs
+ WHERE status = 'queued' AND run_at <= now()
+ GROUP BY bucket
+ ORDER BY bucket
+
+-- name: db_pressure
+-- The database-side cost of the queue: dead tuples waiting for vacuum, index entries read by
+-- claims, and sessions waiting on a lock right now.
+SELECT t.n_live_tup, t.n_dead_tup, t.seq_scan, t.idx_scan, t.n_tup_upd, t.n_tup_hot_upd,
+       coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i
+                  WHERE i.relid = t.relid
+                    AND i.indexrelname IN ('dispatcher_jobs_claim_bucket_idx', 'dispatcher_jobs_claim_idx')), 0)::bigint
+           AS claim_idx_tup_read,
+       (SELECT count(*) FROM pg_stat_activity a
+         WHERE a.datname = current_database() AND a.wait_event_type = 'Lock')::bigint AS lock_waits
+  FROM pg_stat_user_tables t
+ WHERE t.relname = 'dispatcher_jobs'

@@ -1,0 +1,114 @@
+"""Shared test helpers: SQL peeks, deadline polling (never fixed sleeps), worker processes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from dispatcher import harness
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fetchall(dsn: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def fetchval(dsn: str, sql: str, params: Any = None) -> Any:
+    rows = fetchall(dsn, sql, params)
+    return rows[0][0] if rows else None
+
+
+def status_counts(dsn: str) -> dict[str, int]:
+    return dict(fetchall(dsn, "SELECT status, count(*) FROM dispatcher_jobs GROUP BY status"))
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
+    """Poll `predicate` until it returns something truthy; fail with `what` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
+        time.sleep(interval_s)
+
+
+def start_worker(dsn: str, record_dir: Path | None = None, app: str = "tests.apps.recording:registry",
+                 log_path: Path | None = None, **settings: Any) -> subprocess.Popen[bytes]:
+    """A real `dispatcher run` process with the recording app importable."""
+    extra = {"PYTHONPATH": str(ROOT)}
+    if record_dir is not None:
+        extra["RECORD_DIR"] = str(record_dir)
+    return harness.start_worker(dsn, app, log=log_path, cwd=ROOT, extra_env=extra, **settings)
+
+
+stop_workers = harness.stop_workers
+
+
+@dataclass(frozen=True)
+class Execution:
+    job_id: int
+    attempt: int
+    start: float
+    end: float
+    pid: int
+
+
+def read_executions(record_dir: Path) -> dict[int, list[Execution]]:
+    by_job: dict[int, list[Execution]] = defaultdict(list)
+    for path in record_dir.glob("*.log"):
+        pid = int(path.stem)
+        for line in path.read_text().splitlines():
+            job_id, attempt, start, end, _ = line.split()
+            by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), float(end), pid))
+    return by_job
+
+
+def overlapping(executions: dict[int, list[Execution]]) -> list[tuple[Execution, Execution]]:
+    pairs = []
+    for runs in executions.values():
+        runs = sorted(runs, key=lambda e: e.start)
+        for a, b in zip(runs, runs[1:]):
+            if b.start < a.end:
+                pairs.append((a, b))
+    return pairs
+
+
+def run_async(coro: Any) -> Any:
+    import uvloop
+
+    return uvloop.run(coro)
+
+
+async def run_worker_until(worker: Any, predicate: Callable[[], Any], timeout_s: float, what: str,
+                           grace_s: float | None = None) -> Any:
+    """Run an in-process Worker until `predicate()` (a sync DB check, run in a thread) holds."""
+    import asyncio
+
+    task = asyncio.create_task(worker.run())
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = await asyncio.to_thread(predicate)
+            if value:
+                return value
+            if task.done():
+                task.result()
+                raise AssertionError(f"worker exited before: {what}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop(grace_s=grace_s)
+        await task

@@ -1,0 +1,156 @@
+"""The claim statement and the fences around it, at the store level (no worker runtime)."""
+
+import asyncio
+import json
+
+import psycopg
+import pytest
+
+from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.store import JobStore, claim_sql, steal_sql
+from tests.helpers import fetchall, fetchval, run_async
+
+ALL = tuple(range(64))
+
+
+def _walk(plan):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _walk(child)
+
+
+def _fill_by_bulk_enqueue(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{}] * 50_000)
+
+
+def _fill_by_plain_insert_then_worker_maintenance(dsn):
+    """Rows that arrived without enqueue_many's ANALYZE: the worker's maintenance must fix stats."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 50000) g")
+
+    async def maintain():
+        store = JobStore(dsn, "w")
+        await store.jobs_analyze_if_stale()
+        await store.close()
+
+    run_async(maintain())
+
+
+@pytest.mark.parametrize("fill", [_fill_by_bulk_enqueue, _fill_by_plain_insert_then_worker_maintenance])
+@pytest.mark.parametrize("mode", ["partitioned", "all_buckets", "skip_locked", "steal"])
+def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill):
+    """PERF-NOTES trap: right after a table is filled, before autovacuum's ANALYZE, the planner
+    must still walk the right partial index and update through the primary key, reading ~n
+    index entries for n jobs."""
+    fill(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        sql = {"partitioned": claim_sql(range(0, 64, 4)), "all_buckets": claim_sql(ALL),
+               "skip_locked": claim_sql(None), "steal": steal_sql()}[mode]
+        with conn.transaction(force_rollback=True):
+            params = {"queue": "default", "limit": 500, "lease_s": 30.0, "worker": "w", "token": None,
+                      "steal_buckets": "{" + ",".join(str(b) for b in range(1, 64, 4)) + "}"}
+            plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+    nodes = list(_walk(plan))
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:2000]
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], "claim sorted rows instead of walking an index"
+    assert plan["Actual Rows"] == 500
+    scanned_indexes = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
+    expected = "dispatcher_jobs_claim_bucket_idx" if mode in ("partitioned", "steal") else "dispatcher_jobs_claim_idx"
+    assert scanned_indexes == {expected, "dispatcher_jobs_pkey"}, scanned_indexes
+    scanned = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes
+                  if n.get("Index Name", "").startswith("dispatcher_jobs_claim"))
+    assert scanned <= 500 + 16, f"read {scanned} index entries to claim 500"
+
+
+def test_priority_then_fifo_and_delayed_jobs_wait(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        specs = [JobSpec("a", {"n": n}, priority=p, bucket=n % 64) for n, p in enumerate([5, 0, 5, -1, 0, 5])]
+        specs.append(JobSpec("a", {"n": "later"}, priority=-5, delay_s=3600))
+        enqueue_many_sync(conn, specs)
+        # FIFO within a priority follows run_at then id: stagger run_at in insertion order
+        conn.execute("UPDATE dispatcher_jobs SET run_at = run_at - (1000 - id) * interval '1 ms' WHERE payload->>'n' <> 'later'")
+
+    async def main(buckets):
+        store = JobStore(dsn, "w")
+        order = []
+        while jobs := await store.jobs_claim("default", 1, 30, buckets):
+            order.append(jobs[0].payload["n"])
+        await store.close()
+        return order
+
+    expected = [3, 1, 4, 0, 2, 5]  # -1, then the 0s in order, then the 5s in order; 'later' never
+    assert run_async(main(ALL)) == expected
+    fetchall(dsn, "SELECT 1")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE dispatcher_jobs SET status = 'queued', attempts = 0 WHERE status = 'running'")
+    assert run_async(main(None)) == expected
+
+
+def test_partitioned_claim_takes_only_owned_buckets(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many_sync(conn, [JobSpec("a", bucket=b) for b in range(64) for _ in range(3)])
+
+    async def main():
+        store = JobStore(dsn, "w")
+        jobs = await store.jobs_claim("default", 1000, 30, (1, 2, 63))
+        await store.close()
+        return jobs
+
+    jobs = run_async(main())
+    assert sorted(j.bucket for j in jobs) == [1, 1, 1, 2, 2, 2, 63, 63, 63]
+    assert all(j.attempts == 1 for j in jobs)
+    rows = fetchall(dsn, "SELECT locked_by, lease_expires_at > now() + interval '29 s' FROM dispatcher_jobs WHERE status = 'running'")
+    assert rows and all(r == ("w", True) for r in rows)
+
+
+def test_completion_by_a_stale_owner_is_rejected(dsn):
+    """A worker whose lease expired and whose job was taken over cannot complete it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{}] * 3)
+
+    async def main():
+        old, new = JobStore(dsn, "old"), JobStore(dsn, "new")
+        stale = await old.jobs_claim("default", 10, 30, ALL)
+        conn = await old.connection()
+        await conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 s'")
+        reaped = await new.jobs_reap_expired()
+        assert sorted(r.id for r in reaped) == sorted(j.id for j in stale)
+        assert {r.locked_by for r in reaped} == {"old"}
+        fresh = await new.jobs_claim("default", 10, 30, ALL)
+        assert sorted(j.id for j in fresh) == sorted(j.id for j in stale)
+        assert await old.jobs_complete_owned([j.id for j in stale], [j.token for j in stale]) == 0
+        assert await old.jobs_extend_leases(stale, 30) == set()
+        assert await old.jobs_release_owned(stale) == 0
+        statuses = fetchall(dsn, "SELECT status, locked_by, attempts FROM dispatcher_jobs")
+        assert set(statuses) == {("running", "new", 2)}  # untouched by the stale owner
+        assert await new.jobs_complete_owned([j.id for j in fresh], [j.token for j in fresh]) == 3
+        await old.close()
+        await new.close()
+
+    run_async(main())
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'") == 3
+
+
+@pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
+def test_overlapping_owners_never_claim_the_same_job(dsn, mode):
+    """Eight claimers on the SAME buckets at once (a rebalance overlap at its worst)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{}] * 6000)
+    buckets = ALL if mode == "partitioned" else None
+
+    async def claimer(i):
+        store = JobStore(dsn, f"w{i}")
+        got = []
+        while jobs := await store.jobs_claim("default", 50, 30, buckets):
+            got += [j.id for j in jobs]
+        await store.close()
+        return got
+
+    async def main():
+        return await asyncio.gather(*(claimer(i) for i in range(8)))
+
+    claimed = [job_id for part in run_async(main()) for job_id in part]
+    assert len(claimed) == 6000
+    assert len(set(claimed)) == 6000
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1") == 0

@@ -1,0 +1,150 @@
+import datetime as dt
+
+import psycopg
+import psycopg_pool
+import pytest
+
+from dispatcher import (EnqueueError, JobSpec, PayloadError, enqueue, enqueue_many, enqueue_many_sync,
+                        enqueue_payloads_sync, enqueue_sync)
+from dispatcher.enqueue import bucket_for
+from tests.helpers import fetchall, fetchval, run_async
+
+
+def count(dsn):
+    return fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs")
+
+
+def test_enqueue_joins_the_callers_transaction(dsn):
+    async def main():
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            async with conn.transaction(force_rollback=True):
+                await enqueue(conn, "a", {"x": 1})
+                await enqueue_many(conn, [JobSpec("b"), JobSpec("c")])
+                assert (await (await conn.execute("SELECT count(*) FROM dispatcher_jobs")).fetchone())[0] == 3
+            assert count(dsn) == 0  # rolled back: no job exists
+            async with conn.transaction():
+                job_id = await enqueue(conn, "a", {"x": 1})
+                assert count(dsn) == 0  # not visible before the caller commits
+            assert fetchval(dsn, "SELECT payload FROM dispatcher_jobs WHERE id = %s", (job_id,)) == {"x": 1}
+
+    run_async(main())
+
+
+def test_sync_enqueue_in_a_rolled_back_transaction_leaves_nothing(dsn):
+    with psycopg.connect(dsn) as conn:
+        enqueue_sync(conn, "a")
+        enqueue_payloads_sync(conn, "b", [{}, {}])
+        conn.rollback()
+    assert count(dsn) == 0
+
+
+def test_pool_enqueue_commits_on_its_own(dsn):
+    async def main():
+        async with psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+            await pool.open()
+            await enqueue(pool, "a")
+            await enqueue_many(pool, [JobSpec("b")] * 3)
+
+    run_async(main())
+    assert count(dsn) == 4
+
+
+def test_dedupe_key_holds_for_live_jobs_only(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first = enqueue_sync(conn, "a", dedupe_key="k")
+        assert first is not None
+        assert enqueue_sync(conn, "a", dedupe_key="k") is None
+        assert enqueue_sync(conn, "a", dedupe_key="k", queue="other") is not None  # per queue
+        inserted = enqueue_many_sync(conn, [JobSpec("a", dedupe_key="k"), JobSpec("a", dedupe_key="m"),
+                                            JobSpec("a", dedupe_key="m"), JobSpec("a")])
+        assert inserted == 2  # 'k' is live, the second 'm' duplicates the first
+        conn.execute("UPDATE dispatcher_jobs SET status = 'completed' WHERE id = %s", (first,))
+        assert enqueue_sync(conn, "a", dedupe_key="k") is not None  # finished jobs free the key
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE dedupe_key = 'k'") == 3
+
+
+@pytest.mark.parametrize(
+    "payload, error",
+    [({"when": object()}, "cannot be serialised"), ({"blob": "x" * 2000}, "over the limit")],
+)
+def test_bad_payloads_are_rejected_and_nothing_is_written(dsn, payload, error):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(PayloadError, match=error):
+            enqueue_sync(conn, "a", payload, max_payload_bytes=1024)
+        with pytest.raises(PayloadError, match=f"job #2.*{error}"):
+            enqueue_many_sync(conn, [JobSpec("a"), JobSpec("a"), JobSpec("a", payload)], max_payload_bytes=1024)
+        with pytest.raises(PayloadError, match="job #1"):
+            enqueue_payloads_sync(conn, "a", [{}, payload], max_payload_bytes=1024)
+    assert count(dsn) == 0
+
+
+def test_a_bad_payload_deep_in_a_bulk_enqueue_rolls_back_rows_already_streamed(dsn):
+    """Rows go to the server in chunks of 5,000 while later ones are still being prepared: a bad
+    row at #12,000 must still leave nothing behind, in our transaction or in the caller's."""
+    payloads = [{"i": i} for i in range(12_000)] + [{"bad": object()}]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(PayloadError, match="job #12000"):
+            enqueue_payloads_sync(conn, "a", payloads)
+        with pytest.raises(PayloadError, match="job #12000"):
+            enqueue_many_sync(conn, [JobSpec("a", p) for p in payloads])
+    with psycopg.connect(dsn) as conn:
+        enqueue_sync(conn, "kept")
+        with pytest.raises(PayloadError):
+            enqueue_payloads_sync(conn, "a", payloads)
+        conn.commit()  # the caller's own work survives; the failed bulk left nothing
+    assert fetchall(dsn, "SELECT job_type FROM dispatcher_jobs") == [("kept",)]
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        ({"queue": "bad queue"}, "queue must match"),
+        ({"bucket": 64}, "bucket must be in"),
+        ({"delay_s": -1}, ">= 0"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"priority": 40000}, "smallint"),
+        ({"run_at": dt.datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"run_at": dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc), "delay_s": 5}, "not both"),
+    ],
+)
+def test_bad_options_are_clear_errors(dsn, options, error):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(EnqueueError, match=error):
+            enqueue_sync(conn, "a", **options)
+    assert count(dsn) == 0
+
+
+def test_partition_key_maps_to_a_stable_bucket_and_options_land(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        a = enqueue_sync(conn, "a", partition_key="customer-42", priority=-3, max_attempts=7, delay_s=60)
+        enqueue_many_sync(conn, [JobSpec("a", partition_key="customer-42")] * 5)
+    buckets = {b for (b,) in fetchall(dsn, "SELECT bucket FROM dispatcher_jobs")}
+    assert buckets == {bucket_for("customer-42")}
+    priority, max_attempts, delay = fetchall(
+        dsn, "SELECT priority, max_attempts, extract(epoch FROM run_at - created_at) FROM dispatcher_jobs WHERE id = %s", (a,)
+    )[0]
+    assert (priority, max_attempts) == (-3, 7)
+    assert 59.9 < float(delay) < 60.1
+
+
+def test_jitter_spreads_run_at_over_the_window_from_the_database_clock(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{}] * 2000, jitter_s=10)
+    offsets = [float(x) for (x,) in fetchall(dsn, "SELECT extract(epoch FROM run_at - created_at) FROM dispatcher_jobs")]
+    assert min(offsets) >= 0 and max(offsets) <= 10
+    assert min(offsets) < 1 and max(offsets) > 9  # spread, not bunched
+    # roughly uniform: each of the 5 two-second slices holds 20% +- 5%
+    for lo in range(0, 10, 2):
+        share = sum(lo <= o < lo + 2 for o in offsets) / len(offsets)
+        assert 0.15 < share < 0.25, (lo, share)
+
+
+def test_bulk_enqueue_writes_every_job_with_its_payload(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tricky = {"s": "tab\there\\back\nslash", "u": "żółw", "n": None}
+        assert enqueue_many_sync(conn, [JobSpec("a", {"i": i, **tricky}, dedupe_key=f"k\t{i}") for i in range(3)]) == 3
+        assert enqueue_payloads_sync(conn, "b", [{"i": i} for i in range(10_000)]) == 10_000
+    assert count(dsn) == 10_003
+    assert fetchval(dsn, "SELECT count(DISTINCT payload->>'i') FROM dispatcher_jobs WHERE job_type = 'b'") == 10_000
+    rows = fetchall(dsn, "SELECT payload, dedupe_key FROM dispatcher_jobs WHERE job_type = 'a' ORDER BY id")
+    assert rows[1] == ({"i": 1, **tricky}, "k\t1")

@@ -1,0 +1,205 @@
+"""LISTEN/NOTIFY wake-ups, multiple queues, the CLI and the metrics endpoint."""
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psycopg
+import pytest
+
+from dispatcher import Config, Job, Registry, Worker, enqueue, enqueue_sync
+from tests.helpers import ROOT, fetchval, run_async, start_worker, status_counts, stop_workers, wait_until
+
+
+def test_notify_wakes_an_idle_worker_long_before_its_poll(dsn):
+    """Poll interval 30 s: only the notification can explain a pick-up within a second."""
+    registry = Registry()
+    done: list[float] = []
+
+    @registry.handler("ping")
+    async def ping(job: Job) -> None:
+        done.append(time.monotonic())
+
+    worker = Worker(Config(dsn=dsn, poll_interval_s=30, flush_interval_s=0.01, concurrency=100).replace(), registry)
+
+    async def main():
+        task = asyncio.create_task(worker.run())
+        await worker._listener.listening.wait()
+        while worker.stats.claims < 1:  # the first (empty) claim of start-up has passed
+            await asyncio.sleep(0.01)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            sent = time.monotonic()
+            await enqueue(conn, "ping")
+            while not done and time.monotonic() - sent < 5:
+                await asyncio.sleep(0.01)
+            latency = (done[0] - sent) if done else None
+            # 20 jobs, one at a time: one claim per notification at most, never one per free slot
+            # (concurrency is 100), which would be the stampede.
+            claims_before = worker.stats.claims
+            for _ in range(20):
+                await enqueue(conn, "ping")
+            while len(done) < 21 and time.monotonic() - sent < 5:
+                await asyncio.sleep(0.01)
+            one_by_one = worker.stats.claims - claims_before
+            # 20 jobs committed together: their notifications land at once and are coalesced.
+            claims_before = worker.stats.claims
+            async with conn.transaction():
+                for _ in range(20):
+                    await enqueue(conn, "ping")
+            while len(done) < 41 and time.monotonic() - sent < 5:
+                await asyncio.sleep(0.01)
+            burst = worker.stats.claims - claims_before
+        worker.stop()
+        await task
+        return latency, one_by_one, burst
+
+    latency, one_by_one, burst = run_async(main())
+    assert latency is not None and latency < 1.0, latency
+    assert len(done) == 41
+    assert one_by_one <= 20 + 2, f"{one_by_one} claims for 20 notifications"
+    assert burst <= 4, f"{burst} claims for one burst of 20 notifications: not coalesced"
+
+
+def test_a_notification_wakes_only_the_buckets_owner(dsn):
+    """Two workers split the buckets (PostgreSQL coordinator). Jobs enqueued one at a time into
+    A's buckets must wake A only: B runs no claim at all (its poll timer is 30 s away)."""
+    registry = Registry()
+    done: list[int] = []
+
+    @registry.handler("ping")
+    async def ping(job: Job) -> None:
+        done.append(job.bucket)
+
+    def make():
+        return Worker(Config(dsn=dsn, poll_interval_s=30, flush_interval_s=0.01, coordinator_lease_s=3,
+                             coordinator_poll_s=0.5).replace(), registry)
+
+    a, b = make(), make()
+
+    async def main():
+        tasks = [asyncio.create_task(w.run()) for w in (a, b)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not (len(a.assignment.owned() or ()) == 32 and len(b.assignment.owned() or ()) == 32
+                   and a._listener.listening.is_set() and b._listener.listening.is_set()):
+            assert loop.time() < deadline, "two workers did not split the buckets"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.5)  # let the start-up claims (and first steals) of both finish
+        b_claims = b.stats.claims
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for bucket in a.assignment.owned()[:10]:
+                await enqueue(conn, "ping", bucket=bucket)
+            while len(done) < 10 and loop.time() < deadline + 5:
+                await asyncio.sleep(0.01)
+        result = len(done), b.stats.claims - b_claims
+        for w in (a, b):
+            w.stop()
+        await asyncio.gather(*tasks)
+        return result
+
+    handled, b_claims = run_async(main())
+    assert handled == 10
+    assert b_claims == 0, f"the other worker ran {b_claims} claims for notifications that were not its own"
+
+
+def test_one_worker_serves_several_queues(dsn):
+    registry = Registry()
+    seen: dict[str, int] = {}
+
+    @registry.handler("q")
+    async def q(job: Job) -> None:
+        seen[job.payload["queue"]] = seen.get(job.payload["queue"], 0) + 1
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for queue in ("emails", "reports", "ignored"):
+            for _ in range(30):
+                enqueue_sync(conn, "q", {"queue": queue}, queue=queue)
+    worker = Worker(Config(dsn=dsn, queues=("emails", "reports"), poll_interval_s=0.1, flush_interval_s=0.01).replace(), registry)
+
+    async def main():
+        task = asyncio.create_task(worker.run())
+        # The 'ignored' jobs were queued before the worker started: had it served that queue, its
+        # first claims would have taken them along with the others.
+        while sum(seen.values()) < 60:
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await task
+
+    run_async(main())
+    assert seen == {"emails": 30, "reports": 30}
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE queue_name = 'ignored' AND status = 'queued'") == 30
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dispatcher", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=60)
+
+
+def test_cli_bad_setting_exits_2_and_names_it(dsn):
+    import os
+
+    env = {**os.environ, "DISPATCHER_DSN": dsn, "DISPATCHER_MODE": "sideways"}
+    result = _cli("status", env=env)
+    assert result.returncode == 2
+    assert "DISPATCHER_MODE" in result.stderr and "sideways" in result.stderr
+    result = _cli("run", "--app", "nope.module:registry", "--dsn", dsn)
+    assert result.returncode == 2 and "--app" in result.stderr
+    result = _cli("status", env={k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")})
+    assert result.returncode == 2 and "DISPATCHER_DSN" in result.stderr
+
+
+def test_cli_migrate_enqueue_status(empty_dsn):
+    assert _cli("migrate", "--dsn", empty_dsn).returncode == 0
+    assert "up to date" in _cli("migrate", "--dsn", empty_dsn).stdout
+    out = _cli("enqueue", "hello", "--payload", '{"x": 1}', "--dsn", empty_dsn)
+    assert out.returncode == 0 and "enqueued job" in out.stdout
+    assert _cli("enqueue", "hello", "--count", "5", "--queue", "other", "--dsn", empty_dsn).returncode == 0
+    bad = _cli("enqueue", "hello", "--payload", "{not json", "--dsn", empty_dsn)
+    assert bad.returncode == 2 and "--payload" in bad.stderr
+    status = _cli("status", "--dsn", empty_dsn)
+    assert status.returncode == 0
+    assert "default" in status.stdout and "other" in status.stdout
+    assert status_counts(empty_dsn) == {"queued": 6}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_worker_exposes_prometheus_metrics(dsn, tmp_path):
+    port = _free_port()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(50):
+            enqueue_sync(conn, "record")
+    worker = start_worker(dsn, tmp_path, log_path=tmp_path / "w.out", metrics_port=port, poll_interval_s=0.2)
+    try:
+        wait_until(lambda: status_counts(dsn).get("completed") == 50, 30, "jobs completed")
+
+        def scrape():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                return None
+
+        text = wait_until(lambda: (t := scrape()) and "dispatcher_jobs_completed_total 50.0" in t and t, 10,
+                          "metrics show 50 completions")
+        for name in ("dispatcher_jobs_claimed_total", "dispatcher_claim_seconds_bucket",
+                     "dispatcher_poll_cycle_seconds_bucket", "dispatcher_fenced_writes_total",
+                     "dispatcher_db_dead_tuples", "dispatcher_db_lock_waits", "dispatcher_jobs_stolen_total",
+                     "dispatcher_coordinator_rebalances_total", "dispatcher_coordinator_buckets_moved_total",
+                     "dispatcher_coordinator_rebalance_seconds_bucket", "dispatcher_coordinator_heartbeat_age_seconds",
+                     "dispatcher_coordinator_degraded"):
+            assert name in text, name
+        # The only worker: it leads, sees itself as the one member and polls all 64 buckets.
+        assert "dispatcher_coordinator_members 1.0" in text
+        assert "dispatcher_coordinator_is_leader 1.0" in text
+        assert "dispatcher_coordinator_owned_buckets 64.0" in text
+        assert "dispatcher_coordinator_degraded 0.0" in text
+    finally:
+        assert stop_workers([worker]) == [0]

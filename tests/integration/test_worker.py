@@ -1,0 +1,186 @@
+"""The worker runtime in-process against a real PostgreSQL: outcomes, retries, timeouts, leases."""
+
+import asyncio
+import statistics
+
+import psycopg
+import pytest
+
+from dispatcher import Config, Job, PermanentJobError, Registry, Worker, enqueue_payloads_sync
+from dispatcher.backoff import retry_bound_s
+from tests.helpers import fetchall, fetchval, run_async, run_worker_until, status_counts
+
+# Test-only instrumentation on the real database: log every running -> queued transition (a retry)
+# with the database time at which it was written.
+RETRY_LOG = """
+CREATE TABLE retry_log (job_id bigint, attempts int, run_at timestamptz, written_at timestamptz);
+CREATE FUNCTION log_retry() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO retry_log VALUES (NEW.id, NEW.attempts, NEW.run_at, now());
+    RETURN NEW;
+END $$;
+CREATE TRIGGER log_retry AFTER UPDATE ON dispatcher_jobs FOR EACH ROW
+    WHEN (OLD.status = 'running' AND NEW.status = 'queued') EXECUTE FUNCTION log_retry();
+"""
+
+
+def config(dsn, **overrides):
+    base = dict(dsn=dsn, poll_interval_s=0.1, flush_interval_s=0.01, reaper_interval_s=0.2)
+    return Config(**{**base, **overrides}).replace()
+
+
+def enqueue(dsn, job_type, n, **options):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return enqueue_payloads_sync(conn, job_type, [{"n": i} for i in range(n)], **options)
+
+
+def finished(dsn, expected):
+    def check():
+        counts = status_counts(dsn)
+        return sum(counts.get(s, 0) for s in ("completed", "failed", "discarded")) >= expected
+    return check
+
+
+@pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
+def test_worker_drains_every_job_once(dsn, mode):
+    registry = Registry()
+    seen: list[int] = []
+
+    @registry.handler("a")
+    async def a(job: Job) -> None:
+        seen.append(job.id)
+        if job.payload["n"] % 3 == 0:
+            await asyncio.sleep(0.001)  # some suspend, some finish without awaiting
+
+    enqueue(dsn, "a", 3000)
+    worker = Worker(config(dsn, mode=mode, concurrency=50, batch_size=100), registry)
+    run_async(run_worker_until(worker, finished(dsn, 3000), 60, "3000 jobs finished"))
+    assert len(seen) == len(set(seen)) == 3000
+    assert status_counts(dsn) == {"completed": 3000}
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1 OR lock_token IS NOT NULL") == 0
+
+
+def test_retries_land_in_the_future_with_growing_delay_then_fail(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(RETRY_LOG)
+    registry = Registry()
+
+    @registry.handler("boom")
+    async def boom(job: Job) -> None:
+        raise ValueError(f"boom on attempt {job.attempts}")
+
+    base_s, jobs, max_attempts = 0.05, 40, 4
+    enqueue(dsn, "boom", jobs, max_attempts=max_attempts)
+    worker = Worker(config(dsn, retry_base_s=base_s, retry_cap_s=10), registry)
+    run_async(run_worker_until(worker, finished(dsn, jobs), 60, "every job failed for good"))
+
+    retries = fetchall(dsn, "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log")
+    assert len(retries) == jobs * (max_attempts - 1)  # attempts 1..3 retried, attempt 4 is final
+    assert all(delay > 0 for _, delay in retries), "a retry was not scheduled in the future"
+    for attempt, delay in retries:
+        assert delay <= retry_bound_s(attempt, base_s, 10) + 0.01
+    means = [statistics.mean(d for a, d in retries if a == k) for k in range(1, max_attempts)]
+    assert means == sorted(means) and means[-1] > 2 * means[0], means  # the delay grows
+    rows = fetchall(dsn, "SELECT status, attempts, last_error, failed_at IS NOT NULL FROM dispatcher_jobs")
+    assert {(s, a, f) for s, a, _, f in rows} == {("failed", max_attempts, True)}
+    assert all("ValueError: boom on attempt 4" in err for _, _, err, _ in rows)
+    assert all(len(err) <= 2000 for _, _, err, _ in rows)
+
+
+def test_unknown_job_type_fails_at_once_without_retries(dsn):
+    enqueue(dsn, "nobody_handles_this", 5)
+    registry = Registry()
+    registry.handler("something_else")(lambda job: None)
+    worker = Worker(config(dsn), registry)
+    run_async(run_worker_until(worker, finished(dsn, 5), 30, "unknown jobs failed"))
+    rows = fetchall(dsn, "SELECT status, attempts, last_error FROM dispatcher_jobs")
+    assert {(s, a) for s, a, _ in rows} == {("failed", 1)}
+    assert all("no handler registered for job_type 'nobody_handles_this'" in e for _, _, e in rows)
+
+
+def test_permanent_error_discards_without_retry(dsn):
+    registry = Registry()
+
+    @registry.handler("bad_input")
+    async def bad_input(job: Job) -> None:
+        raise PermanentJobError("customer does not exist")
+
+    enqueue(dsn, "bad_input", 3)
+    worker = Worker(config(dsn), registry)
+    run_async(run_worker_until(worker, finished(dsn, 3), 30, "jobs discarded"))
+    rows = fetchall(dsn, "SELECT status, attempts, last_error FROM dispatcher_jobs")
+    assert {(s, a) for s, a, _ in rows} == {("discarded", 1)}
+    assert all("customer does not exist" in e for _, _, e in rows)
+
+
+def test_per_job_timeout_cancels_the_handler_and_counts_as_a_failure(dsn):
+    registry = Registry()
+    cancelled = []
+
+    @registry.handler("hang", timeout_s=0.2)
+    async def hang(job: Job) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(job.id)
+            raise
+
+    enqueue(dsn, "hang", 2, max_attempts=1)
+    worker = Worker(config(dsn), registry)
+    run_async(run_worker_until(worker, finished(dsn, 2), 30, "hung jobs timed out"))
+    rows = fetchall(dsn, "SELECT status, last_error FROM dispatcher_jobs")
+    assert {s for s, _ in rows} == {"failed"}
+    assert all("timed out after 0.2 s" in e for _, e in rows)
+    assert len(cancelled) == 2
+
+
+def test_heartbeats_keep_a_long_job_leased(dsn):
+    """Lease 1 s, job 2.5 s: only heartbeats stop the reaper from taking it back."""
+    registry = Registry()
+    runs = []
+
+    @registry.handler("long")
+    async def long(job: Job) -> None:
+        runs.append(job.id)
+        await asyncio.sleep(2.5)
+
+    enqueue(dsn, "long", 3)
+    worker = Worker(config(dsn, lease_s=1, heartbeat_interval_s=0.25, reaper_interval_s=0.1), registry)
+    run_async(run_worker_until(worker, finished(dsn, 3), 30, "long jobs completed"))
+    assert status_counts(dsn) == {"completed": 3}
+    assert len(runs) == 3 and worker.stats.reaped == 0 and worker.stats.leases_lost == 0
+    assert fetchval(dsn, "SELECT max(attempts) FROM dispatcher_jobs") == 1
+
+
+def test_sync_handlers_run_off_the_event_loop(dsn):
+    import threading
+    import time
+
+    registry = Registry()
+    threads = set()
+
+    @registry.handler("blocking")
+    def blocking(job: Job) -> None:
+        threads.add(threading.current_thread().name)
+        time.sleep(0.05)
+
+    enqueue(dsn, "blocking", 20)
+    worker = Worker(config(dsn, sync_threads=4), registry)
+    run_async(run_worker_until(worker, finished(dsn, 20), 30, "sync jobs done"))
+    assert status_counts(dsn) == {"completed": 20}
+    assert threads and all(name.startswith("dispatcher-sync") for name in threads)
+
+
+def test_history_records_one_row_per_attempt_when_enabled(dsn):
+    registry = Registry()
+
+    @registry.handler("flaky_once")
+    async def flaky_once(job: Job) -> None:
+        if job.attempts == 1:
+            raise RuntimeError("first try fails")
+
+    enqueue(dsn, "flaky_once", 10)
+    worker = Worker(config(dsn, history=True, retry_base_s=0.01, retry_cap_s=0.02), registry)
+    run_async(run_worker_until(worker, finished(dsn, 10), 30, "jobs completed on retry"))
+    rows = fetchall(dsn, "SELECT attempt, outcome, count(*) FROM dispatcher_job_attempts GROUP BY 1, 2 ORDER BY 1")
+    assert rows == [(1, "retried", 10), (2, "completed", 10)]

@@ -1,0 +1,51 @@
+import re
+from importlib import resources
+
+import pytest
+
+from dispatcher.constants import NUM_BUCKETS
+from dispatcher.migrate import available_migrations
+from dispatcher.queries import load, parse_named_queries
+from dispatcher.store import claim_sql
+
+
+def test_every_query_parses_and_has_no_leftover_comment_lines():
+    queries = load("dispatcher")
+    assert {"jobs_claim", "claim_select_partitioned", "claim_select_skip_locked", "jobs_complete_owned"} <= set(queries)
+    for name, text in queries.items():
+        assert text and not text.lstrip().startswith("--"), name
+
+
+def test_duplicate_names_are_refused():
+    with pytest.raises(ValueError, match="twice"):
+        parse_named_queries("-- name: a\nSELECT 1\n-- name: a\nSELECT 2\n")
+
+
+def test_schema_bucket_check_matches_the_constant():
+    schema = available_migrations()[0].sql
+    low, high = map(int, re.search(r"bucket BETWEEN (\d+) AND (\d+)", schema).groups())
+    assert (low, high) == (0, NUM_BUCKETS - 1)
+
+
+def test_partitioned_claim_has_one_ordered_branch_per_bucket():
+    text = claim_sql((5, 1, 5, 9))
+    assert text.count("UNION ALL") == 2
+    for bucket in (1, 5, 9):
+        assert f"bucket = {bucket} AND" in text
+    assert "{" not in text
+
+
+def test_owning_every_bucket_claims_through_one_index_walk():
+    text = claim_sql(range(64))
+    assert "UNION ALL" not in text and "SKIP LOCKED" not in text and "bucket" not in text.split("RETURNING")[0]
+
+
+@pytest.mark.parametrize("bad", [(), (64,), (-1,), ("1; DROP TABLE x",)])
+def test_partitioned_claim_refuses_bad_buckets(bad):
+    with pytest.raises(ValueError):
+        claim_sql(bad)
+
+
+def test_migrations_ship_with_the_package():
+    names = [p.name for p in resources.files("dispatcher").joinpath("sql", "migrations").iterdir()]
+    assert "0001_jobs.sql" in names

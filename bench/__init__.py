@@ -1,0 +1,1 @@
+"""Benchmark suite: `python -m bench SCENARIO ...` (see bench/__main__.py)."""

@@ -1,0 +1,94 @@
+"""python -m bench SCENARIO [options] (also `dispatcher bench ...`): run a benchmark, print a table,
+write bench/out/SCENARIO.json and PNG plots.
+
+Runs against a throwaway embedded PostgreSQL (stock durability: fsync and synchronous_commit on)
+unless --dsn or DISPATCHER_DSN names a server. Workers are real `dispatcher run` processes.
+Never gated in CI on a wall-clock figure: `--quick` only proves the suite runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .core import OUT_DIR, Result, database, machine
+from .drain import drain_suite
+from .enqueue import enqueue_suite
+from .plots import curve_plot, scaling_plots
+from .scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
+
+SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue"]
+MODES = ["partitioned", "skip_locked"]
+RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
+               "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
+               "pg_cpu_us_per_job", "client_cpu_us_per_job"]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Result:
+    quick = args.quick
+    jobs = args.jobs or (3_000 if quick else 200_000)
+    modes = [m for m in args.modes.split(",") if m]
+    result = Result(scenario, machine=machine(dsn))
+    label = f"{result.machine['cores']} cores, PostgreSQL {result.machine['postgres']}, Python {result.machine['python']}"
+    print(f"\n== {scenario}: {label} (PostgreSQL and workers share the cores)", flush=True)
+    columns = RUN_COLUMNS
+    if scenario == "drain":
+        workers = _ints(args.workers or ("2" if quick else "1,4"))
+        drain_suite(dsn, result, jobs=jobs, workers=workers, modes=modes, repeat=1 if quick else args.repeat)
+        columns = ["kind", *RUN_COLUMNS[:5], "ratio_to_ceiling", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
+    elif scenario == "burst":
+        burst_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes)
+        columns = [*RUN_COLUMNS[:5], "due_to_done_s", "start_late_p99_ms", "vs_skip_locked", *RUN_COLUMNS[5:]]
+        curve_plot(result.rows, out_dir, label, "burst_drain_curve.png", f"Burst: {jobs} jobs due at one instant")
+    elif scenario == "scaling":
+        scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")), modes=modes)
+        scaling_plots(result.rows, out_dir, label)
+    elif scenario == "skew":
+        skew_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0], modes=modes)
+        columns = ["hot_share", *RUN_COLUMNS[:5], "vs_even", *RUN_COLUMNS[5:]]
+    elif scenario == "jitter":
+        jitter_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes)
+        columns = ["jitter_s", *RUN_COLUMNS[:3], "due_to_done_s", "start_late_p50_ms", "start_late_p99_ms",
+                   "poll_p99_ms", "max_lock_waiters"]
+        curve_plot(result.rows, out_dir, label, "jitter_drain_curve.png", "Burst with enqueue jitter 0 s vs 5 s",
+                   label_of=lambda r: f"{r['mode']}, jitter {r['jitter_s']:g} s")
+    elif scenario == "latency":
+        latency_suite(dsn, result, jobs=args.jobs or (20 if quick else 200),
+                      workers=_ints(args.workers or "2")[0], modes=modes)
+        columns = ["mode", "workers", "jobs", "add_to_start_p50_ms", "add_to_start_p99_ms", "add_to_start_max_ms"]
+    else:
+        enqueue_suite(dsn, result, single=500 if quick else 5_000, bulk=jobs, repeat=1 if quick else args.repeat)
+        columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]
+    print()
+    print(result.table([c for c in columns if any(c in r for r in result.rows)]))
+    print(f"written: {result.save(out_dir)}", flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("scenarios", nargs="+", choices=[*SCENARIOS, "all"])
+    parser.add_argument("--dsn", default=os.environ.get("DISPATCHER_DSN"))
+    parser.add_argument("--jobs", type=int, default=None, help="jobs per run (default 200,000; --quick 3,000)")
+    parser.add_argument("--workers", default=None, help="comma-separated worker process counts")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--repeat", type=int, default=3, help="drain/enqueue: runs per configuration (median)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    args = parser.parse_args(argv)
+    scenarios = SCENARIOS if "all" in args.scenarios else args.scenarios
+    args.out.mkdir(parents=True, exist_ok=True)
+    with database(args.dsn) as dsn:
+        for scenario in scenarios:
+            run(scenario, args, dsn, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

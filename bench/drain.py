@@ -1,0 +1,128 @@
+"""`drain` and `ceiling`: N jobs already queued, drained by W worker processes, per mode.
+
+`drain` runs the real runtime (`dispatcher run` processes, no-op handler; see runs.py); the ceiling does the
+same drain with plain batched SQL and no runtime at all (claim 500, complete them, repeat), from
+the same number of processes: the physical limit the runtime is measured against.
+
+Drain time is taken on the database clock, from the first claim (min locked_at) to the last
+completion (max completed_at), so process start-up and poll latency are not counted.
+`--repeat` runs each configuration several times, interleaved, and keeps the median.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.enqueue import enqueue_payloads_sync
+from dispatcher.harness import table_counters
+from dispatcher.queries import query
+from dispatcher.store import claim_sql, int_array, token_array
+
+from .core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes
+from .runs import completed, measured_run
+
+BATCH = 500
+
+
+def fill(conn: psycopg.Connection[Any], jobs: int) -> None:
+    reset(conn)
+    enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)))
+
+
+def drain_seconds(conn: psycopg.Connection[Any]) -> float:
+    row = conn.execute(
+        "SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8 FROM dispatcher_jobs"
+    ).fetchone()
+    return float(row[0])  # type: ignore[index]
+
+
+def _row(kind: str, mode: str, workers: int, jobs: int, seconds: float, idx_read: int,
+         pg_cpu: float, client_cpu: float | None) -> dict[str, Any]:
+    return {
+        "kind": kind, "mode": mode, "workers": workers, "jobs": jobs, "seconds": round(seconds, 3),
+        "jobs_per_s": round(jobs / seconds), "idx_reads_per_job": round(idx_read / jobs, 2),
+        "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1),
+        "client_cpu_us_per_job": None if client_cpu is None else round(client_cpu / jobs * 1e6, 1),
+    }
+
+
+async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int) -> None:
+    """The runtime's own statements with no runtime: one connection claims 500 at a time while a
+    second completes the previous batch (the same overlap the runtime's completer gives), raw
+    tuples, no Job objects, no handlers. What is left is PostgreSQL's cost of these statements."""
+    buckets = tuple(b for b in range(NUM_BUCKETS) if b % count == index) if mode == MODE_PARTITIONED else None
+    claim_statement = claim_sql(buckets)
+    complete_sql = query("jobs_complete_owned")
+    batches: asyncio.Queue[tuple[list[int], list[str]] | None] = asyncio.Queue(maxsize=2)
+
+    async def claimer(conn: psycopg.AsyncConnection[Any]) -> None:
+        params = {"queue": "default", "limit": BATCH, "lease_s": 30.0, "worker": f"ceiling-{index}"}
+        while True:
+            token = str(uuid.uuid4())
+            rows = await (await conn.execute(claim_statement, {**params, "token": token})).fetchall()
+            if not rows:
+                await batches.put(None)
+                return
+            await batches.put(([r[0] for r in rows], [token] * len(rows)))
+
+    async def completer(conn: psycopg.AsyncConnection[Any]) -> None:
+        while (batch := await batches.get()) is not None:
+            await conn.execute(complete_sql, {"ids": int_array(batch[0]), "tokens": token_array(batch[1])})
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c1, \
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c2:
+        await asyncio.gather(claimer(c1), completer(c2))
+
+
+def plain_sql_drainer(dsn: str, mode: str, index: int, count: int) -> float:
+    started = time.process_time()
+    asyncio.run(_plain_sql_drainer(dsn, mode, index, count))
+    return time.process_time() - started
+
+
+def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fill(conn, jobs)
+        before = table_counters(conn)
+        pg_cpu = postgres_cpu_seconds(postmaster)
+        client_cpu = sum(run_processes(plain_sql_drainer, [(dsn, mode, i, workers) for i in range(workers)]))
+        pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
+        delta = table_counters(conn).minus(before)
+        seconds = drain_seconds(conn)
+        assert completed(conn) == jobs, "ceiling drain left jobs behind"
+    return _row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rate, plus every run's rate (a 1-second drain is noisy on 2 cores)."""
+    ordered = sorted(runs, key=lambda r: r["jobs_per_s"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["runs_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
+    return chosen
+
+
+def drain_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
+                ceiling: bool = True, repeat: int = 1) -> None:
+    postmaster = postmaster_pid(dsn)
+    for mode in modes:
+        for w in workers:
+            # Interleaved (runtime, ceiling, runtime, ...) so slow drift hits both alike.
+            runtime, limit = [], []
+            for _ in range(repeat):
+                runtime.append(measured_run(dsn, mode, w, jobs, postmaster, label=f"drain {mode} x{w}"))
+                if ceiling:
+                    limit.append(run_ceiling(dsn, mode, w, jobs, postmaster))
+            result.add(**median_run(runtime))
+            if ceiling:
+                result.add(**median_run(limit))
+    by_key = {(r["kind"], r["mode"], r["workers"]): r for r in result.rows}
+    for r in result.rows:
+        limit = by_key.get(("plain_sql", r["mode"], r["workers"]))
+        if r["kind"] == "runtime" and limit:
+            r["ratio_to_ceiling"] = round(r["jobs_per_s"] / limit["jobs_per_s"], 2)

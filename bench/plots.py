@@ -1,0 +1,65 @@
+"""PNG plots from the JSON the scenarios write (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MODES = {"partitioned": ("tab:blue", "o"), "skip_locked": ("tab:red", "s"),
+         "partitioned_no_steal": ("tab:cyan", "^")}
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _finish(plt: Any, fig: Any, ax: Any, path: Path, machine: str) -> Path:
+    """Grid, legend, the machine in small print, then write the PNG and free the figure."""
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.text(0.01, 0.01, machine, fontsize=7, alpha=0.7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def scaling_plots(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> list[Path]:
+    plt = _pyplot()
+    paths = []
+    for column, title, filename in (
+        ("jobs_per_s", "Throughput vs worker processes", "scaling_throughput.png"),
+        ("poll_p99_ms", "Poll-cycle p99 (ms) vs worker processes", "scaling_poll_p99.png"),
+        ("idx_reads_per_job", "Claim-index tuples read per claimed job", "scaling_tuples_read.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for mode, (color, marker) in MODES.items():
+            points = sorted((r["workers"], r[column]) for r in rows if r["mode"] == mode and r.get(column) is not None)
+            if points:
+                ax.plot(*zip(*points), marker=marker, color=color, label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("worker processes")
+        ax.set_title(title)
+        paths.append(_finish(plt, fig, ax, out_dir / filename, machine))
+    return paths
+
+
+def curve_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str, filename: str, title: str,
+               label_of: Any = lambda r: r["mode"]) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for row in rows:
+        if row.get("curve"):
+            color, _ = MODES.get(row["mode"], ("black", "."))
+            xs, ys = zip(*row["curve"])
+            ax.plot((0, *xs), (0, *ys), color=color, label=label_of(row),
+                    linestyle="--" if row.get("jitter_s") else "-")
+    ax.set_xlabel("seconds after the jobs became due")
+    ax.set_ylabel("jobs done")
+    ax.set_title(title)
+    return _finish(plt, fig, ax, out_dir / filename, machine)

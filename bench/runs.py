@@ -1,0 +1,114 @@
+"""One measured run of the real runtime: a ready fleet, a batch of jobs, the figures.
+
+Shape of every runtime run:
+1. start W worker processes and wait until they are ready (all 64 buckets owned), idle;
+2. commit N jobs at once: due now (drain) or due at one future instant T (burst, jitter);
+3. watch until all are done (progress bar, lock waiters sampled from pg_stat_activity);
+4. read the figures: times from the database clock (first claim or T, to the last completion),
+   claim / poll-cycle quantiles from the workers' histograms, index and heap reads per job
+   from pg_stat deltas, dead tuples at the end, CPU seconds of PostgreSQL and of the workers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.harness import lock_waiters, progress, table_counters
+
+from .core import postgres_cpu_seconds, reset
+from .fleet import Fleet, quantile_ms
+
+
+def completed(conn: psycopg.Connection[Any]) -> int:
+    return int(conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'").fetchone()[0])  # type: ignore[index]
+
+
+def enqueue_jobs(conn: psycopg.Connection[Any], jobs: int, *, delay_s: float = 0.0, jitter_s: float = 0.0,
+                 hot_share: float = 0.0) -> None:
+    """N no-op jobs in one transaction; `hot_share` of them in buckets 0 and 1 (the skew)."""
+    if hot_share:
+        hot = int(jobs * hot_share)
+        specs = [JobSpec("noop", bucket=i % 2, delay_s=delay_s, jitter_s=jitter_s) for i in range(hot)]
+        specs += [JobSpec("noop", bucket=2 + i % 62, delay_s=delay_s, jitter_s=jitter_s) for i in range(jobs - hot)]
+        enqueue_many_sync(conn, specs)
+    else:
+        enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)), delay_s=delay_s, jitter_s=jitter_s)
+
+
+def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None, *, label: str,
+                 delay_s: float = 0.0, jitter_s: float = 0.0, hot_share: float = 0.0,
+                 timeout_s: float = 900, **settings: Any) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        reset(conn)
+        with Fleet(dsn, mode, workers, **settings) as fleet:
+            fleet.wait_ready()
+            before = table_counters(conn)
+            pg_cpu = postgres_cpu_seconds(postmaster)
+            enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share)
+            started, done, max_waiters = time.monotonic(), 0, 0
+            while done < jobs:
+                fleet.check_alive()
+                if time.monotonic() - started > timeout_s:
+                    raise TimeoutError(f"{label}: {jobs - done} jobs left after {timeout_s} s")
+                time.sleep(0.1)
+                done = completed(conn)
+                max_waiters = max(max_waiters, lock_waiters(conn))
+                progress(label, done, jobs, time.monotonic() - started)
+            # Read every figure now, with the fleet idle but running: backends flush their
+            # statistics at most once a second (hence the 1.2 s), and stopping the fleet first
+            # would count its shutdown too (the last worker standing briefly owns all 64
+            # buckets and claims through the queue-wide index: 20k reads after the work is done).
+            time.sleep(1.2)
+            histograms = fleet.histograms()
+            worker_cpu = fleet.cpu_seconds()
+            pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
+            delta = table_counters(conn).minus(before)
+        timing = conn.execute(
+            """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
+                      extract(epoch FROM max(completed_at) - min(run_at))::float8,
+                      extract(epoch FROM max(run_at) - min(run_at))::float8,
+                      1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
+                      1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at))
+                 FROM dispatcher_jobs"""
+        ).fetchone()
+        dead = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dispatcher_jobs'").fetchone()
+    drain_s, from_due_s, due_spread_s, late_p50, late_p99 = timing  # type: ignore[misc]
+    claim = histograms.get("dispatcher_claim_seconds", [])
+    cycle = histograms.get("dispatcher_poll_cycle_seconds", [])
+    return {
+        "kind": "runtime", "mode": mode, "workers": workers, "jobs": jobs,
+        "seconds": round(drain_s, 3), "jobs_per_s": round(jobs / drain_s),
+        "due_to_done_s": round(from_due_s, 3), "due_spread_s": round(due_spread_s, 3),
+        # How long after its due time each job started (queueing delay during a burst).
+        "start_late_p50_ms": _r(late_p50), "start_late_p99_ms": _r(late_p99),
+        "claim_p50_ms": _r(quantile_ms(claim, 0.5)), "claim_p99_ms": _r(quantile_ms(claim, 0.99)),
+        "poll_p50_ms": _r(quantile_ms(cycle, 0.5)), "poll_p99_ms": _r(quantile_ms(cycle, 0.99)),
+        "idx_reads_per_job": round(delta.claim_idx_tup_read / jobs, 2),
+        "heap_fetch_per_job": round(delta.idx_tup_fetch / jobs, 2),
+        "max_lock_waiters": max_waiters, "dead_tuples_end": int(dead[0]) if dead else None,
+        "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1), "client_cpu_us_per_job": round(worker_cpu / jobs * 1e6, 1),
+    }
+
+
+def drain_curve(dsn: str, since_due: bool, bins_s: float = 0.1) -> list[tuple[float, int]]:
+    """(seconds after the first claim, or after the due instant; jobs completed by then)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f"""WITH t0 AS (SELECT {'min(run_at)' if since_due else 'min(locked_at)'} AS t FROM dispatcher_jobs)
+                SELECT floor(extract(epoch FROM completed_at - t0.t) / %s)::int AS bin, count(*)
+                  FROM dispatcher_jobs, t0 WHERE status = 'completed' GROUP BY 1 ORDER BY 1""",
+            (bins_s,),
+        ).fetchall()
+    curve, total = [], 0
+    for bin_index, count in rows:
+        total += count
+        curve.append((round((bin_index + 1) * bins_s, 3), total))
+    return curve
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

@@ -1,0 +1,107 @@
+"""Scenarios beyond drain/enqueue: burst, scaling, skew, jitter, latency (see bench/__main__.py)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import psycopg
+
+from dispatcher.enqueue import enqueue_sync
+
+from .core import Result, postmaster_pid, reset
+from .fleet import Fleet
+from .runs import drain_curve, measured_run
+
+
+def _lead_s(jobs: int) -> float:
+    """How far ahead the burst is scheduled: long enough that enqueueing (~80k/s) ends first."""
+    return 1.5 + jobs / 60_000
+
+
+def burst_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:
+    """Idle workers; N jobs all due at one instant T; time from T until all are done."""
+    postmaster = postmaster_pid(dsn)
+    for mode in modes:
+        row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"burst {mode} x{workers}",
+                           delay_s=_lead_s(jobs))
+        row["curve"] = drain_curve(dsn, since_due=True)
+        result.add(**row)
+    _ratio(result, "jobs_per_s")
+
+
+def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str]) -> None:
+    """The same drain at W = 1, 2, 4, 8, 16 worker PROCESSES: on 2 cores shared with PostgreSQL,
+    beyond 2 they mostly measure CPU starvation in throughput, while index reads per claimed job
+    show the contention itself, independent of machine noise."""
+    postmaster = postmaster_pid(dsn)
+    for mode in modes:
+        for w in workers:
+            result.add(**measured_run(dsn, mode, w, jobs, postmaster, label=f"scaling {mode} x{w}"))
+    if "partitioned" in modes:
+        # The same without stealing: the contention-free floor, and what stealing costs in index
+        # reads at the end of a drain (it walks other workers' not-yet-vacuumed bucket ranges).
+        for w in workers:
+            row = measured_run(dsn, "partitioned", w, jobs, postmaster, label=f"scaling no-steal x{w}", steal="false")
+            result.add(**{**row, "mode": "partitioned_no_steal"})
+
+
+def skew_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:
+    """80% of the jobs in 2 buckets vs spread evenly; partitioned relies on stealing."""
+    postmaster = postmaster_pid(dsn)
+    for mode in modes:
+        for share in (0.0, 0.8):
+            row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"skew {mode} {share:.0%}",
+                               hot_share=share)
+            result.add(hot_share=share, **row)
+    for mode in modes:
+        even, skewed = (r for r in result.rows if r["mode"] == mode)
+        skewed["vs_even"] = round(skewed["seconds"] / even["seconds"], 2)
+
+
+def jitter_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:
+    """The burst with enqueue jitter 0 s vs 5 s: how late jobs start, how long until all are done."""
+    postmaster = postmaster_pid(dsn)
+    for mode in modes:
+        for jitter in (0.0, 5.0):
+            row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"jitter {mode} {jitter:g}s",
+                               delay_s=_lead_s(jobs), jitter_s=jitter)
+            row["curve"] = drain_curve(dsn, since_due=True)
+            result.add(jitter_s=jitter, **row)
+
+
+def latency_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:
+    """Idle workers; one job enqueued at a time (own transaction, 20 ms apart); add-to-start
+    latency = locked_at - created_at, both on the database clock."""
+    for mode in modes:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            reset(conn)
+            with Fleet(dsn, mode, workers, poll_interval_s=1.0) as fleet:
+                fleet.wait_ready()
+                time.sleep(0.5)  # let start-up claims and steals settle: measure idle workers
+                for _ in range(jobs):
+                    enqueue_sync(conn, "noop")
+                    time.sleep(0.02)
+                deadline = time.monotonic() + 30
+                while conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status <> 'completed'").fetchone()[0]:  # type: ignore[index]
+                    fleet.check_alive()
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("latency jobs not done")
+                    time.sleep(0.05)
+            latencies = [r[0] for r in conn.execute(
+                "SELECT 1000 * extract(epoch FROM locked_at - created_at)::float8 FROM dispatcher_jobs").fetchall()]
+        latencies.sort()
+        result.add(mode=mode, workers=workers, jobs=len(latencies),
+                   add_to_start_p50_ms=round(statistics.median(latencies), 2),
+                   add_to_start_p99_ms=round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
+                   add_to_start_max_ms=round(latencies[-1], 2))
+
+
+def _ratio(result: Result, column: str) -> None:
+    by_mode = {r["mode"]: r for r in result.rows}
+    if "partitioned" in by_mode and "skip_locked" in by_mode and by_mode["skip_locked"][column]:
+        by_mode["partitioned"]["vs_skip_locked"] = round(by_mode["partitioned"][column] / by_mode["skip_locked"][column], 2)
+
+
+__all__: list[Any] = ["burst_suite", "scaling_suite", "skew_suite", "jitter_suite", "latency_suite"]

@@ -223,30 +223,40 @@ def test_redis_outage_falls_back_to_skip_locked_and_returns(dsn, tmp_path):
 
 def test_skewed_burst_keeps_every_worker_busy(dsn, tmp_path):
     """80% of 10,000 jobs of 10 ms in buckets 0 and 1: without stealing their one or two owners
-    would do 80% of the work; with it every one of 4 workers does a fair part. The same drain with
-    the jobs spread evenly runs first, for the drain-time comparison (printed, not asserted: speed
-    is for benchmarks)."""
+    do over 8,000 and each other worker at most 2,000 x 16/62 = ~520; with it every one of 4
+    workers does a fair part (2,500). The same drain with the jobs spread evenly runs first, for
+    the drain-time comparison (printed, not asserted: speed is for benchmarks).
+
+    The jobs arrive only once all 4 workers are up and the assignment has settled: a worker that
+    starts first owns all 64 buckets until the others join, and process start-up on 2 busy cores
+    varies by a good part of a 2 s drain, which measured start-up order, not stealing."""
     opts = settings("postgres", None, concurrency=20)
     durations, shares = {}, {}
     for shape in ("uniform", "skewed"):
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("TRUNCATE dispatcher_jobs")
-            if shape == "skewed":
-                specs = [JobSpec("record_slow", {"s": 0.01}, bucket=i % 2) for i in range(8000)]
-                specs += [JobSpec("record_slow", {"s": 0.01}, bucket=2 + i % 62) for i in range(2000)]
-            else:
-                specs = [JobSpec("record_slow", {"s": 0.01}, bucket=i % 64) for i in range(10_000)]
-            enqueue_many_sync(conn, specs)
-        workers = [start_worker(dsn, tmp_path, log_path=tmp_path / f"{shape}{i}.out",
-                                worker_id=f"{shape}{i}", **opts) for i in range(4)]
-        try:
-            wait_until(lambda: status_counts(dsn).get("completed") == 10_000, 120, f"{shape} jobs drained")
-        finally:
-            assert stop_workers(workers) == [0, 0, 0, 0]
+        names = {f"{shape}{i}" for i in range(4)}
+        with ViewSampler(lambda: make_backend("postgres", dsn, None)) as sampler:
+            workers = [start_worker(dsn, tmp_path, log_path=tmp_path / f"{name}.out", worker_id=name, **opts)
+                       for name in sorted(names)]
+            try:
+                wait_until(lambda: sampler.settled(names), 30, f"{shape}: 4 workers settled")
+                if shape == "skewed":
+                    specs = [JobSpec("record_slow", {"s": 0.01}, bucket=i % 2) for i in range(8000)]
+                    specs += [JobSpec("record_slow", {"s": 0.01}, bucket=2 + i % 62) for i in range(2000)]
+                else:
+                    specs = [JobSpec("record_slow", {"s": 0.01}, bucket=i % 64) for i in range(10_000)]
+                with psycopg.connect(dsn) as conn:  # one transaction: all 10,000 become visible at once
+                    enqueue_many_sync(conn, specs)
+                wait_until(lambda: status_counts(dsn).get("completed") == 10_000, 120, f"{shape} jobs drained")
+            finally:
+                assert stop_workers(workers) == [0, 0, 0, 0]
         durations[shape] = fetchval(dsn, "SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8 "
                                          "FROM dispatcher_jobs")
         shares[shape] = dict(fetchall(dsn, "SELECT locked_by, count(*) FROM dispatcher_jobs GROUP BY 1"))
     print(f"\nskew: drain {durations['skewed']:.2f} s skewed vs {durations['uniform']:.2f} s uniform "
           f"({durations['skewed'] / durations['uniform']:.2f}x); jobs per worker when skewed {shares['skewed']}")
     per_worker = shares["skewed"]
-    assert len(per_worker) == 4 and min(per_worker.values()) >= 1500, per_worker
+    # 1,200 is twice the most a worker owning no hot bucket can do without stealing (~520), and
+    # leaves room for the 2 cores being shared unevenly by 4 workers and PostgreSQL.
+    assert len(per_worker) == 4 and min(per_worker.values()) >= 1200, per_worker

@@ -240,7 +240,7 @@ def test_skewed_burst_keeps_every_worker_busy(dsn, tmp_path):
             workers = [start_worker(dsn, tmp_path, log_path=tmp_path / f"{name}.out", worker_id=name, **opts)
                        for name in sorted(names)]
             try:
-                wait_until(lambda: sampler.settled(names), 30, f"{shape}: 4 workers settled")
+                wait_until(lambda names=names: sampler.settled(names), 30, f"{shape}: 4 workers settled")
                 if shape == "skewed":
                     specs = [JobSpec("record_slow", {"s": 0.01}, bucket=i % 2) for i in range(8000)]
                     specs += [JobSpec("record_slow", {"s": 0.01}, bucket=2 + i % 62) for i in range(2000)]

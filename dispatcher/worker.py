@@ -44,6 +44,7 @@ from .constants import (LAST_ERROR_MAX_CHARS, MODE_PARTITIONED, NUM_BUCKETS, STA
 from .errors import PermanentJobError, StoreError
 from .listener import Listener
 from .registry import Handler, Registry
+from .stealing import StealPolicy
 from .store import Failure, Job, JobStore
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class WorkerStats:
     claims: int = 0
     claimed: int = 0
     stolen: int = 0
+    steal_claims: int = 0
     released: int = 0
     reaped: int = 0
     leases_lost: int = 0
@@ -106,8 +108,8 @@ class Worker:
         self._stopping = False
         self._timed_out: set[int] = set()
         self._grace_override: float | None = None
-        self._woke_by_timer = True  # steal on the first cycle: a backlog may be waiting already
-        self._steal_productive = False
+        self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
+        self._steals = StealPolicy()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mode_label = config.mode
         self.stats = WorkerStats()
@@ -243,14 +245,12 @@ class Worker:
             self._wakeup.clear()
             own = self.assignment.owned() if self.partitioned else None
             # Stealing: in partitioned mode, when our own buckets come up short, take a bounded
-            # number of jobs from anywhere with SKIP LOCKED, so a hot bucket or a skewed burst
-            # never leaves workers idle while jobs wait. Not when degraded (own is None): then
-            # every claim is SKIP LOCKED over all buckets already.
-            # Only on a poll-timer wake-up or while the last steal found work: a NOTIFY is for its
-            # bucket's owner, and answering every one from every worker would be the very
-            # stampede partitioning avoids. Pointless when we own every bucket.
+            # number of jobs from other buckets with SKIP LOCKED, so a hot bucket or a skewed
+            # burst never leaves workers idle while jobs wait; when, is StealPolicy's call. Not
+            # when degraded (own is None): every claim is SKIP LOCKED over all buckets already.
+            # Pointless when we own every bucket.
             stealing = (self.partitioned and own is not None and config.steal and len(own) < NUM_BUCKETS
-                        and (self._steal_productive or self._woke_by_timer))
+                        and self._steals.due(self._woke_by_timer))
             if own == () and not stealing:
                 await self._sleep_until_woken()
                 continue
@@ -271,12 +271,9 @@ class Worker:
                     free = config.concurrency - self._in_flight
                     if stealing and got < limit and free > 0 and not self._stopping:
                         steal = min(free, config.steal_batch)
-                        # Other buckets from a random starting point: stealers spread out
-                        # instead of all piling onto the same bucket first.
-                        others = [b for b in range(NUM_BUCKETS) if b not in own]
-                        start = random.randrange(len(others))
-                        stolen = await self._claim(queue, steal, None, steal_from=others[start:] + others[:start])
-                        self._steal_productive = bool(stolen)
+                        stolen = await self._claim(queue, steal, None, steal_from=StealPolicy.victims(own))
+                        self._steals.record(len(stolen))
+                        self.stats.steal_claims += 1
                         if stolen:
                             self.stats.stolen += len(stolen)
                             STOLEN_JOBS.inc(len(stolen))
@@ -321,7 +318,10 @@ class Worker:
         if bucket is not None and self.partitioned:
             owned = self.assignment.owned()
             if owned is not None and bucket not in owned:
+                self._steals.note_foreign_notify()
                 return  # another worker's bucket: its owner gets the same notification
+        if bucket is None:
+            self._steals.note_foreign_notify()  # a bulk enqueue: any bucket may have new work
         self._wakeup.set()
 
     async def _assignment_loop(self) -> None:

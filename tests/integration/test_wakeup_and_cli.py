@@ -105,6 +105,49 @@ def test_a_notification_wakes_only_the_buckets_owner(dsn):
     assert b_claims == 0, f"the other worker ran {b_claims} claims for notifications that were not its own"
 
 
+def test_idle_steals_back_off_and_a_foreign_notify_brings_them_back(dsn):
+    """A worker owning buckets 0-31 (static), idle, polling every 100 ms: steals across the other
+    32 buckets back off to one in 9 timer wake-ups instead of one per wake-up. Right after one of
+    those steals, a job enqueued into bucket 40 (no owner running) sends a NOTIFY for a foreign
+    bucket, which ends the back-off: the job is stolen at the next timer wake-up (<= 120 ms),
+    not 8 skipped wake-ups later (>= 640 ms)."""
+    registry = Registry()
+    done: list[int] = []
+
+    @registry.handler("ping")
+    async def ping(job: Job) -> None:
+        done.append(job.bucket)
+
+    worker = Worker(Config(dsn=dsn, coordinator="static", buckets=tuple(range(32)), poll_interval_s=0.1,
+                           flush_interval_s=0.01).replace(), registry)
+
+    async def main():
+        task = asyncio.create_task(worker.run())
+        await worker._listener.listening.wait()
+        claims, steals = worker.stats.claims, worker.stats.steal_claims
+        await asyncio.sleep(4.0)  # ~40 timer wake-ups, idle
+        idle = (worker.stats.claims - claims - (worker.stats.steal_claims - steals),
+                worker.stats.steal_claims - steals)
+        steals = worker.stats.steal_claims
+        while worker.stats.steal_claims == steals:  # just after a steal: the next is 8 wake-ups away
+            await asyncio.sleep(0.002)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            sent = time.monotonic()
+            await enqueue(conn, "ping", bucket=40)
+            while not done and time.monotonic() - sent < 5:
+                await asyncio.sleep(0.005)
+            stolen_after = time.monotonic() - sent
+        worker.stop()
+        await task
+        return idle, stolen_after
+
+    (own_claims, steal_claims), stolen_after = run_async(main())
+    assert own_claims >= 20, f"only {own_claims} idle polls in 4 s at a 100 ms interval"
+    assert steal_claims <= own_claims // 4, f"{steal_claims} steals in {own_claims} idle polls: no back-off"
+    assert done == [40], "the foreign job was not stolen"
+    assert stolen_after < 0.4, f"stolen {stolen_after:.3f} s after its NOTIFY: the back-off did not end"
+
+
 def test_one_worker_serves_several_queues(dsn):
     registry = Registry()
     seen: dict[str, int] = {}

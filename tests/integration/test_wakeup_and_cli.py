@@ -128,8 +128,9 @@ def test_idle_steals_back_off_and_a_foreign_notify_brings_them_back(dsn):
         await asyncio.sleep(4.0)  # ~40 timer wake-ups, idle
         idle = (worker.stats.claims - claims - (worker.stats.steal_claims - steals),
                 worker.stats.steal_claims - steals)
-        steals = worker.stats.steal_claims
+        steals, deadline = worker.stats.steal_claims, time.monotonic() + 5
         while worker.stats.steal_claims == steals:  # just after a steal: the next is 8 wake-ups away
+            assert time.monotonic() < deadline, "an idle worker stopped stealing altogether"
             await asyncio.sleep(0.002)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             sent = time.monotonic()

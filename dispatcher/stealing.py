@@ -15,6 +15,14 @@ steal walks up to 63 other buckets' index ranges, so it must not run on every id
 - A NOTIFY for another worker's bucket (or a bulk one, for any bucket) ends the back-off: there
   is fresh work somewhere, so the next timer wake-up steals. A bulk load's NOTIFY arrives only
   at its commit, so nothing ends the back-off while the load's rows are still invisible.
+- Size: a steal asks for `steal_batch` jobs; while steals come back full (a deep backlog
+  elsewhere, i.e. skew) each next one asks for twice as many, up to `batch_size`; a short one
+  resets it. With fixed 100-job steals, a stealer with 500 free slots ran a claim of its own
+  empty buckets plus a steal walking ~30 emptied buckets per 100 jobs. A skewed drain (80% of
+  200k jobs in 2 buckets, 4 workers of 500 slots, `python -m bench skew`) took 4.5-5.7 s against
+  3.8-4.1 s for SKIP LOCKED; growing steals took 3.4-3.5 s against 3.4-4.1 s in the same runs.
+  The sparse tail of an even drain gives short steals, which stay small: 16 workers drained
+  as fast as before (58.9k vs 48.6k jobs/s, 35 vs 37 index reads per job, back to back).
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ MAX_SKIPPED_WAKEUPS = 8  # with the default 1 s poll, an idle worker looks elsew
 
 
 class StealPolicy:
-    def __init__(self) -> None:
+    def __init__(self, base_batch: int, max_batch: int) -> None:
+        self._base_batch = base_batch
+        self._max_batch = max(base_batch, max_batch)
+        self._batch = base_batch
         self._productive = False
         self._fresh_work_elsewhere = True  # start-up: a backlog may be waiting already
         self._backoff = 0  # timer wake-ups to skip after the next empty steal
@@ -52,8 +63,14 @@ class StealPolicy:
             return False
         return True
 
-    def record(self, stolen: int) -> None:
+    def batch(self, free: int) -> int:
+        """How many jobs the next steal asks for, given the free slots."""
+        return min(free, self._batch)
+
+    def record(self, stolen: int, asked: int) -> None:
         """The outcome of a steal that was attempted."""
+        full = stolen >= asked
+        self._batch = min(self._max_batch, 2 * self._batch) if full else self._base_batch
         self._productive = stolen > 0
         self._fresh_work_elsewhere = False
         if stolen:

@@ -109,7 +109,7 @@ class Worker:
         self._timed_out: set[int] = set()
         self._grace_override: float | None = None
         self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
-        self._steals = StealPolicy()
+        self._steals = StealPolicy(config.steal_batch, config.batch_size)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mode_label = config.mode
         self.stats = WorkerStats()
@@ -270,9 +270,9 @@ class Worker:
                         self._start_all(jobs)
                     free = config.concurrency - self._in_flight
                     if stealing and got < limit and free > 0 and not self._stopping:
-                        steal = min(free, config.steal_batch)
+                        steal = self._steals.batch(free)
                         stolen = await self._claim(queue, steal, None, steal_from=StealPolicy.victims(own))
-                        self._steals.record(len(stolen))
+                        self._steals.record(len(stolen), steal)
                         self.stats.steal_claims += 1
                         if stolen:
                             self.stats.stolen += len(stolen)

@@ -32,7 +32,7 @@ def database(dsn: str | None) -> Iterator[str]:
         migrate(dsn)
         yield dsn
         return
-    from dispatcher.embedded import start_postgres
+    from dispatcher.devtools.embedded import start_postgres
 
     with start_postgres(durable=True, max_connections=300) as server:
         migrate(server.dsn)

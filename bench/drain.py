@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 
 from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.devtools.harness import table_counters
 from dispatcher.enqueue import enqueue_payloads_sync
-from dispatcher.harness import table_counters
 from dispatcher.queries import query
 from dispatcher.store import claim_sql, int_array, token_array
 

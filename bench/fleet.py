@@ -14,11 +14,11 @@ import urllib.request
 from collections import defaultdict
 from typing import Any
 
-from dispatcher.harness import start_worker, stop_workers
+from dispatcher.devtools.harness import start_worker, stop_workers
 
 from .core import cpu_seconds_of
 
-APP = "dispatcher.demo_app:registry"
+APP = "dispatcher.devtools.demo_app:registry"
 _BUCKET = re.compile(r'^(dispatcher_\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"(?:,[^}]*)?\}\s+([0-9.e+]+)$')
 
 

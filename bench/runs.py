@@ -16,8 +16,8 @@ from typing import Any
 
 import psycopg
 
+from dispatcher.devtools.harness import lock_waiters, progress, table_counters
 from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
-from dispatcher.harness import lock_waiters, progress, table_counters
 
 from .core import postgres_cpu_seconds, reset
 from .fleet import Fleet, quantile_ms

@@ -4,6 +4,11 @@ The worker asks two things: which buckets do I own now (`owned()`), and wake me 
 (`changed`, an asyncio.Event the worker clears after reading). Backends implement it: `static` here
 (a fixed range from config); membership-based ones (PostgreSQL, Redis) come with the coordinator.
 
+Giving buckets up follows Kafka's rebalance listener: the worker passes `on_revoke` to `start()`;
+before handing buckets over, the assignment first stops advertising them in `owned()`, then
+awaits `on_revoke(buckets)` (the worker returns once its in-flight claim on them has finished),
+then hands them over. So the new owner starts after the old one stopped.
+
 Ownership only decides who *polls* a bucket. Correctness never rests on it: every claim re-checks
 the row's status in the same statement and every completion checks the claim's token, so two
 owners overlapping during a hand-off cost contention, never a duplicate.
@@ -12,22 +17,23 @@ owners overlapping during a hand-off cost contention, never a duplicate.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from dispatcher.constants import NUM_BUCKETS
+from .buckets import NUM_BUCKETS
+
+# Called with the buckets about to be handed over (already gone from `owned()`); the hand-over
+# waits for it to return (bounded: a stuck or failing callback delays it, never blocks it).
+OnRevoke = Callable[[tuple[int, ...]], Awaitable[None]]
 
 
 class BucketAssignment(Protocol):
     changed: asyncio.Event
 
-    async def start(self) -> None: ...
+    async def start(self, on_revoke: OnRevoke | None = None) -> None: ...
 
     def owned(self) -> tuple[int, ...] | None:
         """Buckets to poll now; None means degraded (claim everything with SKIP LOCKED)."""
-
-    def bind_claim_fence(self, fence: asyncio.Lock) -> None:
-        """The worker holds `fence` while a claim statement runs; a backend that hands buckets
-        over waits on it, so a bucket is given away only after the last claim on it finished."""
 
     async def stop(self) -> None: ...
 
@@ -42,14 +48,11 @@ class StaticAssignment:
         self._buckets = tuple(sorted(set(buckets)))
         self.changed = asyncio.Event()
 
-    async def start(self) -> None:
-        self.changed.set()
+    async def start(self, on_revoke: OnRevoke | None = None) -> None:
+        self.changed.set()  # on_revoke is never called: a static assignment never hands anything over
 
     def owned(self) -> tuple[int, ...]:
         return self._buckets
-
-    def bind_claim_fence(self, fence: asyncio.Lock) -> None:
-        return None  # a static assignment never hands anything over
 
     async def stop(self) -> None:
         return None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dispatcher.constants import NUM_BUCKETS
+from .buckets import NUM_BUCKETS
 
 
 def assign(members: Sequence[str], current: Mapping[int, str | None], num_buckets: int = NUM_BUCKETS) -> dict[int, str]:

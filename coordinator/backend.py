@@ -16,20 +16,14 @@ A bucket's epoch rises every time it changes hands, so (bucket, epoch) names exa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
-from dispatcher.errors import DispatcherError
+from .buckets import NUM_BUCKETS
 
-
-class CoordinatorUnavailable(DispatcherError):
-    """The coordination backend cannot be reached right now."""
-
-
-class NotLeader(DispatcherError):
-    """A leader-only write was refused: leadership was lost (or never held)."""
-
+CHANGE_KINDS: Final = ("assign", "revoke", "cancel")
 
 @dataclass(frozen=True, slots=True)
 class BucketState:
@@ -60,14 +54,21 @@ class BucketChange:
 
 
 class CoordinatorBackend(Protocol):
-    """One connection's worth of coordination, used by one member's coordinator loop."""
+    """One connection's worth of coordination, used by one member's coordinator loop.
+
+    Every backend passes the same contract suite (tests/contract/). Errors: arguments that can
+    never be valid raise ValueError before any I/O (see `check_changes`); a backend that cannot
+    be reached raises CoordinatorUnavailable; anything else the driver raises becomes
+    CoordinatorError; a leader-only write by a non-leader raises NotLeader.
+    """
 
     async def connect(self) -> None: ...
 
     async def close(self) -> None: ...
 
     async def heartbeat(self, member: str, lease_s: float) -> None:
-        """Register or refresh `member`; it is live until backend-now + lease_s."""
+        """Register or refresh `member`; it is live until backend-now + lease_s. Notifies the
+        others only when the member (re)joins, not on a routine refresh."""
 
     async def leave(self, member: str) -> None:
         """Graceful exit: drop the member, release its buckets (to their next_owner if a hand-off
@@ -79,14 +80,45 @@ class CoordinatorBackend(Protocol):
     async def view(self) -> ClusterView: ...
 
     async def apply(self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float) -> int:
-        """Leader-only: apply changes whose expected_epoch still matches; notify. Returns how many
-        were applied. Raises NotLeader if `leader` does not hold a live leadership."""
+        """Leader-only: apply changes whose expected_epoch still matches; notify if any was.
+        Returns how many were applied. Raises NotLeader if `leader` does not hold a live
+        leadership, even for an empty list (so a leader learns it was deposed)."""
 
     async def hand_over(self, member: str, buckets: Sequence[int]) -> int:
         """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1; notify."""
 
     async def wait_for_change(self, timeout_s: float) -> bool:
-        """Block until another member notifies a change (True) or the timeout passes (False)."""
+        """Block until another member notifies a change (True) or the timeout passes (False).
+        Our own notifications do not wake us; a burst of them is one wake-up."""
+
+
+def check_lease(lease_s: float) -> None:
+    """A lease below 1 ms is refused: it would mean "already expired" (and Redis refuses PX 0)."""
+    if not (isinstance(lease_s, int | float) and math.isfinite(lease_s) and lease_s >= 0.001):
+        raise ValueError(f"lease must be at least 1 ms, got {lease_s!r} s")
+
+
+def check_buckets(buckets: Iterable[int], num_buckets: int = NUM_BUCKETS) -> None:
+    for bucket in buckets:
+        if not isinstance(bucket, int) or isinstance(bucket, bool) or not 0 <= bucket < num_buckets:
+            raise ValueError(f"bucket {bucket!r} out of range 0..{num_buckets - 1}")
+
+
+def check_changes(changes: Sequence[BucketChange], num_buckets: int = NUM_BUCKETS) -> None:
+    """What every backend's `apply` checks before any I/O, so all refuse the same plans the same
+    way: a known kind, a bucket in range, an owner for assign and revoke, and at most one change
+    per bucket (a second change of the same bucket in one call would depend on the first one's
+    new epoch, which one UPDATE cannot see)."""
+    seen: set[int] = set()
+    for c in changes:
+        if c.kind not in CHANGE_KINDS:
+            raise ValueError(f"unknown change kind {c.kind!r} (one of {', '.join(CHANGE_KINDS)})")
+        check_buckets((c.bucket,), num_buckets)
+        if c.kind != "cancel" and not c.owner:
+            raise ValueError(f"{c.kind} of bucket {c.bucket} needs an owner")
+        if c.bucket in seen:
+            raise ValueError(f"bucket {c.bucket} changes twice in one apply")
+        seen.add(c.bucket)
 
 
 def plan_changes(view: ClusterView, target: Mapping[int, str]) -> list[BucketChange]:

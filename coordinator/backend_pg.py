@@ -11,7 +11,11 @@ PgBouncer caveat: in transaction pooling mode a session lock is not tied to one 
 within one lease); the rebalance lock is transaction-scoped and works either way.
 
 Notifications (`LISTEN dispatcher_coordinator`) arrive on a second connection; a lost one only
-delays a change until the next poll.
+delays a change until the next poll. Each payload starts with this backend's token, so our own
+notifications do not wake us (as in the Redis backend).
+
+Errors: psycopg's OperationalError (connection refused or lost, server shutting down) becomes
+CoordinatorUnavailable; any other psycopg error CoordinatorError.
 """
 
 from __future__ import annotations
@@ -19,32 +23,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
-from typing import Any
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 
-from dispatcher.queries import query as _query
-
-from .backend import BucketChange, BucketState, ClusterView, CoordinatorUnavailable, NotLeader
+from .backend import BucketChange, BucketState, ClusterView, check_buckets, check_changes, check_lease
+from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
+from .sqlfile import load
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CHANNEL = "dispatcher_coordinator"
 LOCK_CLASS = 0x62756B  # first key of every member's session advisory lock ("buk"); fixed forever
+CONNECT_TIMEOUT_S = 5
+# A burst of notifications (a leader's apply plus the hand-overs it triggers, members joining
+# together) costs one wake-up: after the first, keep draining until 10 ms pass quietly (capped
+# at 100 ms), as the Redis backend does.
+DRAIN_QUIET_S = 0.01
+DRAIN_MAX_S = 0.1
 
 
 def query(name: str) -> str:
-    return _query(name, package="coordinator")
+    return load("coordinator")[name]
 
 
 @contextlib.contextmanager
-def _unavailable(what: str) -> Iterator[None]:
+def _errors(what: str) -> Iterator[None]:
+    """psycopg errors -> CoordinatorUnavailable (cannot reach) or CoordinatorError (anything else)."""
     try:
         yield
-    except psycopg.Error as exc:
+    except psycopg.OperationalError as exc:
         raise CoordinatorUnavailable(f"coordinator {what}: {exc}") from exc
+    except psycopg.Error as exc:
+        raise CoordinatorError(f"coordinator {what}: {exc}") from exc
 
 
 class PostgresBackend:
@@ -54,14 +69,32 @@ class PostgresBackend:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._locked_as: str | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()  # set while LISTEN is in place
+        # Whether the next LISTEN must wake the waiter: true after a lost listener connection or a
+        # failed connect(), when notifications may have been missed; false for the first LISTEN
+        # of a connect() that succeeds (nothing can have been missed before it returned).
+        self._wake_on_listen = False
         self._changed = asyncio.Event()
+        # Tags our own notifications so wait_for_change() wakes only for *other* members.
+        self._token = uuid.uuid4().hex
 
     # -- connections ---------------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        await self._connection()
+        """Open the connection and LISTEN. Like the Redis backend: once this returns, no later
+        notification can be missed; if it raises (CoordinatorUnavailable), the backend stays
+        usable: later calls connect on their own and the listener keeps retrying."""
         if self._listener is None or self._listener.done():
             self._listener = asyncio.create_task(self._listen(), name="coordinator-listen")
+        try:
+            await self._connection()
+            try:
+                await asyncio.wait_for(self._listening.wait(), timeout=CONNECT_TIMEOUT_S)
+            except TimeoutError:
+                raise CoordinatorUnavailable(f"coordinator listen: no LISTEN within {CONNECT_TIMEOUT_S} s") from None
+        except CoordinatorError:
+            self._wake_on_listen = True
+            raise
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -77,9 +110,10 @@ class PostgresBackend:
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._locked_as = None
-            with _unavailable("connect"):
+            with _errors("connect"):
                 self._conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name="dispatcher-coordinator", connect_timeout=5
+                    self._dsn, autocommit=True, application_name="dispatcher-coordinator",
+                    connect_timeout=CONNECT_TIMEOUT_S,
                 )
         return self._conn
 
@@ -88,50 +122,97 @@ class PostgresBackend:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name="dispatcher-coordinator-listen", connect_timeout=5
+                    self._dsn, autocommit=True, application_name="dispatcher-coordinator-listen",
+                    connect_timeout=CONNECT_TIMEOUT_S,
                 ) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
-                    self._changed.set()  # anything may have happened while we were not listening
+                    if self._wake_on_listen:
+                        self._changed.set()  # anything may have happened while we were not listening
+                    self._wake_on_listen = True
+                    self._listening.set()
                     delay = 0.5
-                    async for _ in conn.notifies():
-                        self._changed.set()
+                    async for note in conn.notifies():
+                        if note.payload.partition(":")[0] != self._token:
+                            self._changed.set()
             except psycopg.Error as exc:
                 log.debug("coordination listener lost its connection: %s", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            except Exception:  # keep listening whatever happened
+                log.exception("coordination listener failed")
+            finally:
+                self._listening.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         return {"lock_class": LOCK_CLASS, "session_locks": self._session_locks, **extra}
 
-    async def _execute(self, what: str, statement: str, params: dict[str, Any]) -> psycopg.AsyncCursor[Any]:
-        conn = await self._connection()
-        with _unavailable(what):
-            return await conn.execute(statement, params)
+    async def _run(self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """`work(conn)` with driver errors mapped. A connection the server dropped since our last
+        call (restart, failover, terminated session) fails once; then, as the Redis client
+        does, reconnect and run it again. Safe: every operation is idempotent (compare-and-set,
+        epoch checks), only a count may then read low."""
+        for attempt in (1, 2):
+            reused = self._conn is not None and not self._conn.closed and not self._conn.broken
+            conn = await self._connection()
+            try:
+                with _errors(what):
+                    return await work(conn)
+            except CoordinatorUnavailable:
+                if attempt == 2 or not reused or not conn.broken:
+                    raise
+                log.debug("coordination connection was dropped by the server; reconnecting for %s", what)
+        raise AssertionError("unreachable")
 
-    async def _notify(self, payload: str) -> None:
-        await self._execute("notify", query("notify_change"), {"channel": CHANNEL, "payload": payload})
+    async def _fetch(self, conn: psycopg.AsyncConnection[Any], statement: str,
+                     params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        return await (await conn.execute(statement, params)).fetchall()
+
+    def _payload(self, reason: str) -> str:
+        return f"{self._token}:{reason}"
+
+    async def _notify(self, conn: psycopg.AsyncConnection[Any], reason: str) -> None:
+        await conn.execute(query("notify_change"), {"channel": CHANNEL, "payload": self._payload(reason)})
+
+    async def _lock_member(self, conn: psycopg.AsyncConnection[Any], member: str) -> None:
+        """With session locks, take `member`'s advisory lock on our connection (once per
+        connection): it is what makes a killed member (and a killed leader) visible at once."""
+        if self._session_locks and self._locked_as != member:
+            rows = await self._fetch(conn, query("member_lock"), self._params(member=member))
+            if not rows or not rows[0][0]:
+                raise CoordinatorError(f"member lock of {member!r} is held by another session "
+                                       "(a second process with the same worker id, or one not yet gone)")
+            self._locked_as = member
 
     # -- protocol ------------------------------------------------------------------------------------
 
     async def heartbeat(self, member: str, lease_s: float) -> None:
-        if self._session_locks and self._locked_as != member:
-            row = await (await self._execute("lock", query("member_lock"), self._params(member=member))).fetchone()
-            if not row or not row[0]:
-                raise CoordinatorUnavailable(f"member lock of {member!r} is held by another session")
-            self._locked_as = member
-        cur = await self._execute("heartbeat", query("member_heartbeat"), {"member": member, "lease_s": lease_s})
-        row = await cur.fetchone()
-        if row and row[0]:
-            await self._notify(f"join:{member}")
+        check_lease(lease_s)
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> None:
+            await self._lock_member(conn, member)
+            async with conn.transaction():  # the NOTIFY is sent with the commit, or not at all
+                rows = await self._fetch(conn, query("member_heartbeat"), {"member": member, "lease_s": lease_s})
+                if rows and rows[0][0]:  # (re)joined: wake the others
+                    await self._notify(conn, f"join {member}")
+
+        await self._run("heartbeat", work)
 
     async def try_lead(self, member: str, lease_s: float) -> bool:
-        cur = await self._execute("lead", query("leader_acquire_or_renew"), self._params(member=member, lease_s=lease_s))
-        return await cur.fetchone() is not None
+        check_lease(lease_s)
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> bool:
+            # A leader is deposed at once when its session lock is gone, so hold it before
+            # leading, even before this member's first heartbeat (else anyone could take over).
+            await self._lock_member(conn, member)
+            return bool(await self._fetch(conn, query("leader_acquire_or_renew"),
+                                          self._params(member=member, lease_s=lease_s)))
+
+        return await self._run("lead", work)
 
     async def view(self) -> ClusterView:
-        rows = await (await self._execute("view", query("cluster_view"), self._params())).fetchall()
+        rows = await self._run("view", lambda conn: self._fetch(conn, query("cluster_view"), self._params()))
         if not rows:
-            raise CoordinatorUnavailable("dispatcher_bucket_owners is empty: run `dispatcher migrate`")
+            raise CoordinatorError("dispatcher_bucket_owners is empty: run `dispatcher migrate`")
         first = rows[0]
         return ClusterView(
             members=tuple(first[5]),
@@ -141,14 +222,16 @@ class PostgresBackend:
         )
 
     async def apply(self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float) -> int:
-        if not changes:
-            return 0
-        conn = await self._connection()
-        with _unavailable("apply"):
+        check_changes(changes)
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> int:
             async with conn.transaction():
                 await conn.execute(query("rebalance_lock"), self._params())
-                if await (await conn.execute(query("leader_check"), {"member": leader})).fetchone() is None:
-                    raise NotLeader(f"{leader} no longer leads")
+                # Even an empty plan checks: the caller learns whether it still leads.
+                if not await self._fetch(conn, query("leader_check"), {"member": leader}):
+                    raise NotLeader(f"{leader!r} does not hold the leadership")
+                if not changes:
+                    return 0
                 cur = await conn.execute(query("buckets_apply"), {
                     "buckets": [c.bucket for c in changes], "epochs": [c.expected_epoch for c in changes],
                     "kinds": [c.kind for c in changes], "owners": [c.owner for c in changes],
@@ -157,30 +240,49 @@ class PostgresBackend:
                 applied = cur.rowcount
                 await conn.execute(query("members_prune"))
                 if applied:
-                    await conn.execute(query("notify_change"), {"channel": CHANNEL, "payload": "assign"})
-        return applied
+                    await self._notify(conn, f"apply {leader}")
+                return applied
+
+        return await self._run("apply", work)
 
     async def hand_over(self, member: str, buckets: Sequence[int]) -> int:
+        check_buckets(buckets)
         if not buckets:
             return 0
-        cur = await self._execute("hand_over", query("buckets_hand_over"), {"member": member, "buckets": list(buckets)})
-        if cur.rowcount:
-            await self._notify(f"handover:{member}")
-        return cur.rowcount
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> int:
+            async with conn.transaction():
+                cur = await conn.execute(query("buckets_hand_over"), {"member": member, "buckets": list(buckets)})
+                if cur.rowcount:
+                    await self._notify(conn, f"hand_over {member}")
+                return cur.rowcount
+
+        return await self._run("hand_over", work)
 
     async def leave(self, member: str) -> None:
-        conn = await self._connection()
-        with _unavailable("leave"):
+        async def work(conn: psycopg.AsyncConnection[Any]) -> None:
             async with conn.transaction():
                 await conn.execute(query("member_leave"), {"member": member})
                 await conn.execute(query("member_leave_buckets"), {"member": member})
                 await conn.execute(query("leader_resign"), {"member": member})
-                await conn.execute(query("notify_change"), {"channel": CHANNEL, "payload": f"leave:{member}"})
+                await self._notify(conn, f"leave {member}")
+
+        await self._run("leave", work)
 
     async def wait_for_change(self, timeout_s: float) -> bool:
         try:
             await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, timeout_s))
         except TimeoutError:
             return False
-        self._changed.clear()
+        loop = asyncio.get_running_loop()
+        drain_until = loop.time() + DRAIN_MAX_S
+        while True:  # the rest of the burst
+            self._changed.clear()
+            quiet = min(DRAIN_QUIET_S, drain_until - loop.time())
+            if quiet <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=quiet)
+            except TimeoutError:
+                break
         return True

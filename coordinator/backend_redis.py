@@ -12,6 +12,9 @@ Layout (all names from `RedisKeys`, so a prefix isolates one cluster or one test
 - `{p}:buckets`          hash bucket -> JSON {"o": owner, "n": next_owner, "e": epoch,
                          "d": revoke deadline ms}; a missing field is unowned at epoch 0.
 - `{p}:changes`          pub/sub channel; payload "<sender token>:<reason>".
+
+Errors: connection refused or lost, timeouts and READONLY (a replica after failover) become
+CoordinatorUnavailable; any other Redis error CoordinatorError.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from coordinator.backend import BucketChange, BucketState, ClusterView, CoordinatorUnavailable, NotLeader
-from dispatcher.constants import NUM_BUCKETS
+from .backend import BucketChange, BucketState, ClusterView, check_buckets, check_changes, check_lease
+from .buckets import NUM_BUCKETS
+from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 
 # 2 s: a coordinator loop heartbeats every few seconds with leases of ~10 s, so a Redis that
 # has not answered in 2 s is treated as down well before any lease could lapse unnoticed.
@@ -48,7 +52,6 @@ DRAIN_QUIET_S = 0.01
 DRAIN_MAX_S = 0.1
 # Dead members stay in the sorted set 10 min (handy with redis-cli), then a heartbeat prunes them.
 PRUNE_AFTER_MS = 600_000
-CHANGE_KINDS = ("assign", "revoke", "cancel")
 # Errors meaning "Redis is not usable right now" (READONLY: we reached a replica after failover).
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
 
@@ -187,19 +190,20 @@ class RedisKeys:
 
 
 @contextlib.contextmanager
-def _unavailable(what: str) -> Iterator[None]:
-    """Turn "Redis is down/unreachable" into CoordinatorUnavailable, keeping the cause."""
+def _errors(what: str) -> Iterator[None]:
+    """Redis errors -> CoordinatorUnavailable (down/unreachable) or CoordinatorError (anything
+    else), keeping the cause."""
     try:
         yield
     except _UNAVAILABLE as e:
         raise CoordinatorUnavailable(f"redis {what}: {e}") from e
+    except RedisError as e:
+        raise CoordinatorError(f"redis {what}: {e}") from e
 
 
 def _lease_ms(lease_s: float) -> int:
-    ms = round(lease_s * 1000)
-    if ms < 1:  # PX 0 is a Redis error, and a zero lease means "already dead" anyway
-        raise ValueError(f"lease must be at least 1 ms, got {lease_s!r} s")
-    return ms
+    check_lease(lease_s)  # PX 0 is a Redis error, and a zero lease means "already dead" anyway
+    return max(1, round(lease_s * 1000))
 
 
 class RedisBackend:
@@ -246,7 +250,7 @@ class RedisBackend:
                               ("apply", _APPLY), ("hand_over", _HAND_OVER), ("leave", _LEAVE)):
                 self._scripts[name] = self._redis.register_script(src)  # EVALSHA, reloads on NOSCRIPT
         if self._pubsub is None:
-            with _unavailable("subscribe"):
+            with _errors("subscribe"):
                 await self._subscribe()
 
     async def close(self) -> None:
@@ -262,7 +266,7 @@ class RedisBackend:
     async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         if self._redis is None:
             raise RuntimeError("RedisBackend: call connect() first")
-        with _unavailable(name):
+        with _errors(name):
             return await self._scripts[name](keys=keys, args=args)
 
     def _payload(self, reason: str) -> str:
@@ -273,8 +277,9 @@ class RedisBackend:
     async def heartbeat(self, member: str, lease_s: float) -> None:
         """Register or refresh `member`; it is live until Redis-now + lease_s."""
         k = self.keys
+        lease_ms = _lease_ms(lease_s)
         await self._run("heartbeat", [k.members, k.member(member)],
-                        [k.channel, self._payload(f"join {member}"), member, _lease_ms(lease_s), PRUNE_AFTER_MS])
+                        [k.channel, self._payload(f"join {member}"), member, lease_ms, PRUNE_AFTER_MS])
 
     async def leave(self, member: str) -> None:
         """Graceful exit: drop the member, release its buckets (to their next_owner if a hand-off
@@ -285,7 +290,8 @@ class RedisBackend:
 
     async def try_lead(self, member: str, lease_s: float) -> bool:
         """Win a free or expired leadership, or renew our own (only where leader = member)."""
-        return bool(await self._run("try_lead", [self.keys.leader], [member, _lease_ms(lease_s)]))
+        lease_ms = _lease_ms(lease_s)
+        return bool(await self._run("try_lead", [self.keys.leader], [member, lease_ms]))
 
     # ----------------------------------------------------------------- buckets
 
@@ -294,7 +300,10 @@ class RedisBackend:
         now, flat_members, leader, pttl, flat_buckets = await self._run(
             "view", [k.members, k.leader, k.buckets], [])
         expiries = {flat_members[i]: float(flat_members[i + 1]) for i in range(0, len(flat_members), 2)}
-        stored = {int(flat_buckets[i]): json.loads(flat_buckets[i + 1]) for i in range(0, len(flat_buckets), 2)}
+        try:
+            stored = {int(flat_buckets[i]): json.loads(flat_buckets[i + 1]) for i in range(0, len(flat_buckets), 2)}
+        except ValueError as e:
+            raise CoordinatorError(f"redis view: unreadable bucket state in {k.buckets!r}: {e}") from e
         buckets = []
         for b in range(self.num_buckets):
             st = stored.get(b, {})
@@ -313,22 +322,14 @@ class RedisBackend:
             next_expiry_s=max(0.0, min(candidates)) if candidates else None,
         )
 
-    def _check_bucket(self, bucket: int) -> int:
-        if not 0 <= bucket < self.num_buckets:
-            raise ValueError(f"bucket {bucket} out of range 0..{self.num_buckets - 1}")
-        return bucket
-
     async def apply(self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float) -> int:
         """Leader-only: apply changes whose expected_epoch still matches; notify. Returns how many
         were applied. Raises NotLeader if `leader` does not hold a live leadership."""
+        check_changes(changes, self.num_buckets)
         args: list[Any] = [self.keys.channel, self._payload(f"apply {leader}"), leader,
                            max(0, round(revoke_deadline_s * 1000))]
         for c in changes:
-            if c.kind not in CHANGE_KINDS:
-                raise ValueError(f"unknown change kind {c.kind!r}")
-            if c.kind != "cancel" and not c.owner:
-                raise ValueError(f"{c.kind} of bucket {c.bucket} needs an owner")
-            args += [self._check_bucket(c.bucket), c.expected_epoch, c.kind, c.owner or ""]
+            args += [c.bucket, c.expected_epoch, c.kind, c.owner or ""]
         # Even an empty change list goes to Redis: the caller learns whether it still leads.
         applied = int(await self._run("apply", [self.keys.leader, self.keys.buckets], args))
         if applied < 0:
@@ -337,10 +338,10 @@ class RedisBackend:
 
     async def hand_over(self, member: str, buckets: Sequence[int]) -> int:
         """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1; notify."""
+        check_buckets(buckets, self.num_buckets)
         if not buckets:
             return 0
-        args: list[Any] = [self.keys.channel, self._payload(f"hand_over {member}"), member]
-        args += [self._check_bucket(b) for b in buckets]
+        args: list[Any] = [self.keys.channel, self._payload(f"hand_over {member}"), member, *buckets]
         return int(await self._run("hand_over", [self.keys.buckets], args))
 
     # ----------------------------------------------------------------- notifications
@@ -384,7 +385,7 @@ class RedisBackend:
         sent while we were not subscribed are lost, so the caller must re-read the view.
         """
         if self._pubsub is None:
-            with _unavailable("subscribe"):
+            with _errors("subscribe"):
                 await self._subscribe()
             return True
         loop = asyncio.get_running_loop()
@@ -403,8 +404,11 @@ class RedisBackend:
             return True
         except _UNAVAILABLE:
             await self._drop_pubsub()
+        except RedisError as e:
+            await self._drop_pubsub()
+            raise CoordinatorError(f"redis wait_for_change: {e}") from e
         # The subscription broke: a blip or a restarted server is back at once (True, as
         # above); a dead one raises CoordinatorUnavailable within ~SOCKET_TIMEOUT_S.
-        with _unavailable("resubscribe"):
+        with _errors("resubscribe"):
             await self._subscribe()
         return True

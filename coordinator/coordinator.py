@@ -5,9 +5,12 @@ assignment towards `assign(members, current)` (see coordinator/backend.py for th
 rules). Then it adopts its part. It wakes on a notification from another member, at the next
 lease expiry (so a death shows when it happens, not a heartbeat later), or after `poll_s`.
 
-Hand-off order on the old owner: stop polling the bucket, wait until the in-flight claim
-statement has finished (the worker's claim fence), then hand over. So the new owner starts
-after the old one stopped, and overlap stays rare and short. Correctness never rests on it:
+Hand-off order on the old owner (Kafka's rebalance listener): stop advertising the bucket in
+`owned()`, await the worker's `on_revoke(buckets)` (it returns once the in-flight claim
+statement has finished), then hand over. So the new owner starts after the old one stopped, and
+overlap stays rare and short. The wait is bounded by a third of the lease (our own heartbeat
+must not lapse while we wait, and the leader forces the move after a lease anyway): a callback
+that overruns or raises is logged and the hand-over goes ahead. Correctness never rests on it:
 claims re-check status and completions check the claim token.
 
 Degraded mode: if the backend cannot be reached for longer than the lease, `owned()` returns
@@ -19,19 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from dispatcher.backoff import jittered
-
 from . import metrics
+from .assignment import OnRevoke
 from .assignor import assign, moves
-from .backend import (ClusterView, CoordinatorBackend, CoordinatorUnavailable, NotLeader, current_owners,
-                      owned_by, plan_changes)
+from .backend import ClusterView, CoordinatorBackend, current_owners, owned_by, plan_changes
+from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 
 log = logging.getLogger(__name__)
 
 Assignor = Callable[[Sequence[str], Mapping[int, str | None]], dict[int, str]]
+
+
+def _jittered(interval_s: float, spread: float) -> float:
+    """interval_s +/- spread: the loops of N members must not fire in lockstep."""
+    return random.uniform(interval_s * (1.0 - spread), interval_s * (1.0 + spread))
 
 
 class Coordinator:
@@ -44,6 +52,9 @@ class Coordinator:
         self.lease_s = lease_s
         self.heartbeat_s = lease_s / 3  # two beats may be lost before the lease runs out
         self.poll_s = min(poll_s, self.heartbeat_s)
+        # How long a hand-over waits for on_revoke: the loop does not heartbeat meanwhile, so
+        # at most a heartbeat interval keeps our own lease (three intervals) safely alive.
+        self.revoke_timeout_s = self.heartbeat_s
         self._assign = assignor
         self.changed = asyncio.Event()
         self.view: ClusterView | None = None  # last view read (tests and `status` look at it)
@@ -52,7 +63,7 @@ class Coordinator:
         self._degraded = False
         self._last_beat = -1e9
         self._last_contact = time.monotonic()
-        self._claim_fence: asyncio.Lock | None = None
+        self._on_revoke: OnRevoke | None = None
         self._task: asyncio.Task[None] | None = None
         self.adopted = asyncio.Event()  # test signal: set after every adopted view
 
@@ -61,16 +72,17 @@ class Coordinator:
     def owned(self) -> tuple[int, ...] | None:
         return None if self._degraded else self._owned
 
-    def bind_claim_fence(self, fence: asyncio.Lock) -> None:
-        self._claim_fence = fence
-
-    async def start(self) -> None:
-        """Join before the worker claims anything, so it starts with its share (or degraded)."""
+    async def start(self, on_revoke: OnRevoke | None = None) -> None:
+        """Join before the worker claims anything, so it starts with its share (or degraded).
+        `on_revoke(buckets)` is awaited before buckets we own are handed over (module docstring)."""
+        self._on_revoke = on_revoke
         try:
             await self.backend.connect()
             await self._tick()
-        except CoordinatorUnavailable as exc:
-            log.warning("coordinator backend unreachable at start (%s); retrying in the background", exc)
+        except NotLeader:
+            self.leading = False  # deposed between try_lead and apply: the loop tries again at once
+        except CoordinatorError as exc:
+            log.warning("coordinator backend failed at start (%s); retrying in the background", exc)
         self._task = asyncio.create_task(self._run(), name="coordinator")
 
     async def stop(self) -> None:
@@ -78,10 +90,13 @@ class Coordinator:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        owned = self._owned
         self._set_owned(())
+        if owned:
+            await self._revoke(owned)  # leaving gives up everything: same order as a hand-over
         try:
             await asyncio.wait_for(asyncio.shield(self.backend.leave(self.member)), timeout=self.lease_s)
-        except (CoordinatorUnavailable, TimeoutError) as exc:
+        except (CoordinatorError, TimeoutError) as exc:
             log.warning("could not leave cleanly (%s): our lease will expire instead", exc)
         await self.backend.close()
         metrics.IS_LEADER.set(0)
@@ -94,18 +109,18 @@ class Coordinator:
             try:
                 await self._tick()
                 wait = self._next_wait()
-            except CoordinatorUnavailable as exc:
-                self._unreachable(exc)
-                wait = jittered(min(1.0, self.poll_s), 0.3)
             except NotLeader:
                 self.leading = False
                 wait = 0.0
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any failure
+                self._unreachable(exc)
+                wait = _jittered(min(1.0, self.poll_s), 0.3)
             metrics.HEARTBEAT_AGE.set(time.monotonic() - self._last_beat)
             try:
                 await self.backend.wait_for_change(wait)
-            except CoordinatorUnavailable as exc:
+            except Exception as exc:  # noqa: BLE001 - the same
                 self._unreachable(exc)
-                await asyncio.sleep(jittered(min(1.0, self.poll_s), 0.3))
+                await asyncio.sleep(_jittered(min(1.0, self.poll_s), 0.3))
 
     async def _tick(self) -> None:
         now = time.monotonic()
@@ -149,15 +164,25 @@ class Coordinator:
     async def _adopt(self, view: ClusterView) -> None:
         poll, give = owned_by(view, self.member)
         if give:
-            # Stop polling first, let the claim in flight finish, then hand over.
+            # Stop advertising first, let the claim in flight finish (on_revoke), then hand over.
             self._set_owned(tuple(b for b in self._owned if b not in give and b in poll))
-            if self._claim_fence is not None:
-                async with self._claim_fence:
-                    pass
+            await self._revoke(give)
             handed = await self.backend.hand_over(self.member, give)
             metrics.HANDOVERS.inc(handed)
         self._set_owned(poll)
         self.adopted.set()
+
+    async def _revoke(self, buckets: tuple[int, ...]) -> None:
+        """Await on_revoke(buckets), bounded; an overrun or an exception is logged, not raised."""
+        if self._on_revoke is None:
+            return
+        try:
+            await asyncio.wait_for(self._on_revoke(buckets), timeout=self.revoke_timeout_s)
+        except TimeoutError:
+            log.warning("on_revoke(%s) overran %.1f s: handing the buckets over anyway",
+                        _fmt(buckets), self.revoke_timeout_s)
+        except Exception:  # the worker's callback must not stop the hand-over
+            log.exception("on_revoke(%s) raised: handing the buckets over anyway", _fmt(buckets))
 
     def _set_owned(self, buckets: tuple[int, ...]) -> None:
         if buckets != self._owned:
@@ -166,7 +191,7 @@ class Coordinator:
             self.changed.set()
 
     def _next_wait(self) -> float:
-        wait = jittered(self.poll_s, 0.2)
+        wait = _jittered(self.poll_s, 0.2)
         expiry = self.view.next_expiry_s if self.view is not None else None
         if expiry is not None:
             wait = min(wait, expiry + 0.05)  # wake just after a lease runs out
@@ -182,13 +207,26 @@ class Coordinator:
             self.changed.set()
 
     def _unreachable(self, exc: Exception) -> None:
+        """A tick or wait failed: unreachable (CoordinatorUnavailable) or failing otherwise. Either
+        way we have no current view; past a lease of that, fall back to SKIP LOCKED."""
+        what = "unreachable" if isinstance(exc, CoordinatorUnavailable) else "failing"
         if not self._degraded and time.monotonic() - self._last_contact > self.lease_s:
             self._degraded = True
             metrics.DEGRADED.set(1)
             metrics.DEGRADED_ENTERED.inc()
-            log.warning("coordinator backend unreachable for over %.0f s (%s): falling back to SKIP LOCKED "
-                        "over all buckets until it is back", self.lease_s, exc)
+            log.warning("coordinator backend %s for over %.0f s (%s): falling back to SKIP LOCKED "
+                        "over all buckets until it is back", what, self.lease_s, exc)
             self.changed.set()
-        elif not self._degraded:
+        elif not isinstance(exc, CoordinatorError):
+            log.error("coordinator loop failed; retrying", exc_info=exc)  # a bug: always with its traceback
+        elif self._degraded:
+            log.debug("coordinator backend still %s: %s", what, exc)
+        elif isinstance(exc, CoordinatorUnavailable):
             log.info("coordinator backend unreachable (%s); keeping the last assignment for now", exc)
+        else:
+            log.warning("coordinator backend failed (%s); keeping the last assignment for now", exc)
+
+
+def _fmt(buckets: tuple[int, ...]) -> str:
+    return ",".join(map(str, buckets))
 

@@ -15,4 +15,3 @@ REBALANCE_SECONDS = Histogram(
 HEARTBEAT_AGE = Gauge("dispatcher_coordinator_heartbeat_age_seconds", "Seconds since the last successful heartbeat")
 DEGRADED = Gauge("dispatcher_coordinator_degraded", "1 while the backend is unreachable past the lease (SKIP LOCKED)")
 DEGRADED_ENTERED = Counter("dispatcher_coordinator_degraded_entered_total", "Times this worker fell back to SKIP LOCKED")
-STOLEN_JOBS = Counter("dispatcher_jobs_stolen_total", "Jobs claimed from other workers' buckets (own buckets idle)")

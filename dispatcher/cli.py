@@ -7,7 +7,6 @@ Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the sa
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import logging
 import os
@@ -16,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .config import _PARSERS, Config
+from .config import Config, settings
 from .errors import ConfigError, DispatcherError
 
 EXIT_BAD_CONFIG = 2
@@ -26,13 +25,14 @@ log = logging.getLogger("dispatcher")
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("worker settings (each also DISPATCHER_<NAME> in the environment)")
-    for field in dataclasses.fields(Config):
-        if field.name in _PARSERS:
-            group.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, default=None, metavar="V")
+    for s in settings():
+        # default=None: an absent flag leaves the env var (or the Config default) in charge,
+        # so the default shown is the dataclass's, written into the text. argparse %-formats help.
+        group.add_argument(s.flag, dest=s.name, default=None, metavar="V", help=s.description.replace("%", "%%"))
 
 
 def _config_from(args: argparse.Namespace) -> Config:
-    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Config)}
+    flags = {s.name: getattr(args, s.name, None) for s in settings()}
     return Config.load(**flags)
 
 
@@ -89,13 +89,15 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
     from .enqueue import enqueue_payloads_sync, enqueue_sync
 
-    dsn = _require_dsn(_config_from(args))
+    config = _config_from(args)
+    dsn = _require_dsn(config)
     try:
         payload = orjson.loads(args.payload) if args.payload else None
     except orjson.JSONDecodeError as exc:
         raise ConfigError("--payload", f"not valid JSON: {exc}") from None
     options: dict[str, Any] = {"queue": args.queue, "priority": args.priority, "delay_s": args.delay_s,
-                               "max_attempts": args.max_attempts, "jitter_s": args.jitter_s}
+                               "max_attempts": args.max_attempts, "jitter_s": args.jitter_s,
+                               "max_payload_bytes": config.max_payload_bytes}
     with psycopg.connect(dsn, autocommit=True) as conn:
         if args.count == 1:
             job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
@@ -116,7 +118,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .devtools.demo import run_demo
 
     return run_demo(_config_from(args), jobs=args.jobs, workers=args.workers)
 

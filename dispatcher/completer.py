@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 
 from . import metrics
 from .backoff import jittered
 from .constants import STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
-from .errors import StoreError, StoreUnavailable
-from .store import Failure, Job, JobStore
+from .errors import StoreError
+from .retry import Outcome
+from .store import Failure, HistoryRows, Job, JobStore
 
 log = logging.getLogger(__name__)
 
@@ -38,24 +38,6 @@ class CompletionStats:
     flushes: int = 0
 
 
-@dataclass(slots=True)
-class _History:
-    ids: list[int] = field(default_factory=list)
-    attempts: list[int] = field(default_factory=list)
-    started_at: list[datetime] = field(default_factory=list)
-    durations_ms: list[float] = field(default_factory=list)
-    outcomes: list[str] = field(default_factory=list)
-    errors: list[str | None] = field(default_factory=list)
-
-    def add(self, job: Job, duration_s: float, outcome: str, error: str | None) -> None:
-        self.ids.append(job.id)
-        self.attempts.append(job.attempts)
-        self.started_at.append(job.locked_at)
-        self.durations_ms.append(duration_s * 1000.0)
-        self.outcomes.append(outcome)
-        self.errors.append(error)
-
-
 class Completer:
     def __init__(
         self, store: JobStore, *, flush_interval_s: float, flush_max: int, history: bool = False
@@ -67,7 +49,7 @@ class Completer:
         self._ids: list[int] = []
         self._tokens: list[str] = []
         self._failures: list[Failure] = []
-        self._history = _History()
+        self._history = HistoryRows()
         self._full = asyncio.Event()
         self._lock = asyncio.Lock()  # one flush at a time: the run loop and a shutdown flush
         self.stats = CompletionStats()
@@ -77,14 +59,16 @@ class Completer:
         self._ids.append(job.id)
         self._tokens.append(job.token)
         if self._history_on:
-            self._history.add(job, duration_s, "completed", None)
+            self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
+                              "completed", None)
         if len(self._ids) >= self._flush_max:
             self._full.set()
 
-    def failed(self, failure: Failure, duration_s: float) -> None:
-        self._failures.append(failure)
+    def failed(self, job: Job, outcome: Outcome, duration_s: float) -> None:
+        self._failures.append(Failure(job.id, job.token, outcome))
         if self._history_on:
-            self._history.add(failure.job, duration_s, _HISTORY_OUTCOME[failure.status], failure.error)
+            self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
+                              _HISTORY_OUTCOME[outcome.status], outcome.error)
         if len(self._failures) >= self._flush_max:
             self._full.set()
 
@@ -113,32 +97,29 @@ class Completer:
     async def flush(self) -> None:
         """Write everything pending. On a store error, what was not written is put back and it raises."""
         async with self._lock:
-            if not self._ids and not self._failures and not self._history.ids:
+            if not self._ids and not self._failures and not self._history:
                 return
             started = time.perf_counter()
             ids, tokens, self._ids, self._tokens = self._ids, self._tokens, [], []
             failures, self._failures = self._failures, []
-            history, self._history = self._history, _History()
+            history, self._history = self._history, HistoryRows()
             try:
                 if ids:
                     written = await self.store.jobs_complete_owned(ids, tokens)
                     self._count_completed(len(ids), written)
                     ids = tokens = []  # written: nothing to put back
                 if failures:
-                    written = await self.store.jobs_fail_owned(failures)
-                    self._count_failures(failures, written)
+                    rows = await self.store.jobs_fail_owned(failures)
+                    self._count_failures(failures, len(rows))
                     failures = []
-                if history.ids:
-                    await self.store.history_record(
-                        history.ids, history.attempts, history.started_at,
-                        history.durations_ms, history.outcomes, history.errors,
-                    )
-            except (StoreUnavailable, StoreError):
+                if history:
+                    await self.store.history_record(history)
+            except StoreError:  # StoreUnavailable included
                 metrics.STORE_ERRORS.labels("flush").inc()
                 self._ids[:0], self._tokens[:0] = ids, tokens
                 self._failures[:0] = failures
-                if history.ids:
-                    self._history = _merge_history(history, self._history)
+                history.extend(self._history)
+                self._history = history
                 raise
             self.stats.flushes += 1
             metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
@@ -152,16 +133,15 @@ class Completer:
     def _count_failures(self, failures: list[Failure], written: int) -> None:
         # Counted by intent; if some rows were fenced the per-status split is approximate, the
         # fenced count exact.
-        for f in failures:
-            if f.status == STATUS_QUEUED:
-                self.stats.retried += 1
-            elif f.status == STATUS_FAILED:
-                self.stats.failed += 1
-            else:
-                self.stats.discarded += 1
-        metrics.JOBS_RETRIED.inc(sum(f.status == STATUS_QUEUED for f in failures))
-        metrics.JOBS_FAILED.inc(sum(f.status == STATUS_FAILED for f in failures))
-        metrics.JOBS_DISCARDED.inc(sum(f.status == STATUS_DISCARDED for f in failures))
+        retried = sum(f.outcome.status == STATUS_QUEUED for f in failures)
+        failed = sum(f.outcome.status == STATUS_FAILED for f in failures)
+        discarded = len(failures) - retried - failed
+        self.stats.retried += retried
+        self.stats.failed += failed
+        self.stats.discarded += discarded
+        metrics.JOBS_RETRIED.inc(retried)
+        metrics.JOBS_FAILED.inc(failed)
+        metrics.JOBS_DISCARDED.inc(discarded)
         if written < len(failures):
             self._count_fenced(len(failures) - written, "failures")
 
@@ -169,15 +149,3 @@ class Completer:
         self.stats.fenced += n
         metrics.JOBS_FENCED.inc(n)
         log.info("%d %s fenced: those jobs' leases were taken over by another owner", n, what)
-
-
-def _merge_history(first: _History, then: _History) -> _History:
-    merged = _History()
-    for part in (first, then):
-        merged.ids += part.ids
-        merged.attempts += part.attempts
-        merged.started_at += part.started_at
-        merged.durations_ms += part.durations_ms
-        merged.outcomes += part.outcomes
-        merged.errors += part.errors
-    return merged

@@ -1,13 +1,16 @@
 """Worker configuration: one frozen dataclass built from `DISPATCHER_*` env vars and CLI flags.
 
-Every field has a named default with its unit in the name. `Config.load()` parses and validates
-everything at start-up; a bad value raises `ConfigError` naming the env var (or flag) it came
-from, and the CLI turns that into exit code 2.
+Every field has a named default with its unit in the name, and declares its parser, help text
+and unit in its metadata (`setting(...)`); `settings()` lists them for the CLI and the docs.
+A `Config` is validated when it is constructed, so none exists with a bad value: `Config(lease_s=0)`
+raises `ConfigError` naming the field (`lease_s`), and `Config.load()` names the env var or flag
+the value came from (`DISPATCHER_LEASE_S`, `--lease-s`); the CLI turns that into exit code 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import uuid
@@ -21,7 +24,7 @@ ENV_PREFIX = "DISPATCHER_"
 
 # Defaults, with the reason for each number.
 DEFAULT_CONCURRENCY = 100  # jobs running at once per worker process
-DEFAULT_BATCH_SIZE = 500  # max jobs per claim statement: ~0.002 round trips per job (PERF-NOTES)
+DEFAULT_BATCH_SIZE = 500  # max jobs per claim statement: ~0.002 round trips per job
 DEFAULT_POLL_INTERVAL_S = 1.0  # idle fallback poll; LISTEN/NOTIFY wakes us sooner
 DEFAULT_LEASE_S = 30.0  # a crashed worker's jobs come back after at most this
 DEFAULT_JOB_TIMEOUT_S = 600.0  # per-job wall-clock limit; 0 disables
@@ -39,148 +42,7 @@ DEFAULT_COORDINATOR_LEASE_S = 10.0  # a dead worker's buckets move within this (
 DEFAULT_COORDINATOR_POLL_S = 1.0  # membership re-read at least this often; NOTIFY/pub-sub is faster
 DEFAULT_STEAL_BATCH = 100  # jobs taken per poll from other buckets when our own are idle
 COORDINATORS = ("postgres", "redis", "static")
-
-
-def _default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Config:
-    dsn: str | None = None
-    mode: str = MODE_PARTITIONED
-    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
-    worker_id: str = dataclasses.field(default_factory=_default_worker_id)
-    concurrency: int = DEFAULT_CONCURRENCY
-    batch_size: int = DEFAULT_BATCH_SIZE
-    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
-    lease_s: float = DEFAULT_LEASE_S
-    heartbeat_interval_s: float | None = None  # None: lease_s / 3
-    job_timeout_s: float = DEFAULT_JOB_TIMEOUT_S
-    retry_base_s: float = DEFAULT_RETRY_BASE_S
-    retry_cap_s: float = DEFAULT_RETRY_CAP_S
-    flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S
-    flush_max: int = DEFAULT_FLUSH_MAX
-    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
-    reaper_interval_s: float = DEFAULT_REAPER_INTERVAL_S
-    prune_interval_s: float = DEFAULT_PRUNE_INTERVAL_S
-    completed_retention_s: float = DEFAULT_COMPLETED_RETENTION_S
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    sync_threads: int = DEFAULT_SYNC_THREADS
-    history: bool = False
-    coordinator: str = "postgres"
-    redis_url: str | None = None
-    coordinator_lease_s: float = DEFAULT_COORDINATOR_LEASE_S
-    coordinator_poll_s: float = DEFAULT_COORDINATOR_POLL_S
-    session_locks: bool = True  # false behind PgBouncer transaction pooling (leases only)
-    steal: bool = True  # partitioned mode: take work from other buckets while ours are idle
-    steal_batch: int = DEFAULT_STEAL_BATCH
-    buckets: tuple[int, ...] | None = None  # static assignment; None: from worker_index/worker_count
-    worker_index: int = 0
-    worker_count: int = 1
-    metrics_port: int = 0  # 0: no metrics HTTP server
-    log_level: str = "INFO"
-
-    @property
-    def heartbeat_s(self) -> float:
-        return self.heartbeat_interval_s if self.heartbeat_interval_s is not None else self.lease_s / 3
-
-    @property
-    def static_buckets(self) -> tuple[int, ...]:
-        """The buckets a static assignment gives this worker: explicit list, or worker i of N."""
-        if self.buckets is not None:
-            return self.buckets
-        return tuple(b for b in range(NUM_BUCKETS) if b % self.worker_count == self.worker_index)
-
-    def replace(self, **changes: Any) -> Config:
-        new = dataclasses.replace(self, **changes)
-        new.validate()
-        return new
-
-    def validate(self) -> None:
-        _check(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
-        _check(bool(self.queues) and all(self.queues), "queues", "must name at least one non-empty queue")
-        _check(self.concurrency >= 1, "concurrency", "must be >= 1")
-        _check(1 <= self.batch_size <= 10_000, "batch_size", "must be between 1 and 10000")
-        _check(self.poll_interval_s > 0, "poll_interval_s", "must be > 0")
-        _check(self.lease_s >= 1, "lease_s", "must be >= 1 second")
-        _check(
-            0 < self.heartbeat_s <= self.lease_s / 2,
-            "heartbeat_interval_s",
-            f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}) so one lost beat never expires a lease",
-        )
-        _check(self.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
-        _check(self.retry_base_s > 0, "retry_base_s", "must be > 0")
-        _check(self.retry_cap_s >= self.retry_base_s, "retry_cap_s", "must be >= retry_base_s")
-        _check(0 < self.flush_interval_s <= 5, "flush_interval_s", "must be in (0, 5]")
-        _check(1 <= self.flush_max <= 50_000, "flush_max", "must be between 1 and 50000")
-        _check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
-        _check(self.reaper_interval_s > 0, "reaper_interval_s", "must be > 0")
-        _check(self.prune_interval_s > 0, "prune_interval_s", "must be > 0")
-        _check(self.completed_retention_s >= 0, "completed_retention_s", "must be >= 0")
-        _check(self.max_payload_bytes >= 2, "max_payload_bytes", "must be >= 2")
-        _check(self.sync_threads >= 1, "sync_threads", "must be >= 1")
-        _check(self.coordinator in COORDINATORS, "coordinator",
-               f"must be one of {', '.join(COORDINATORS)}, got {self.coordinator!r}")
-        _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url",
-               "is required when coordinator is 'redis'")
-        _check(self.coordinator_lease_s >= 3, "coordinator_lease_s", "must be >= 3 seconds")
-        _check(0 < self.coordinator_poll_s <= self.coordinator_lease_s / 3, "coordinator_poll_s",
-               "must be > 0 and at most a third of coordinator_lease_s")
-        _check(1 <= self.steal_batch <= 10_000, "steal_batch", "must be between 1 and 10000")
-        _check(self.worker_count >= 1, "worker_count", "must be >= 1")
-        _check(0 <= self.worker_index < self.worker_count, "worker_index", "must be in [0, worker_count)")
-        _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be a TCP port or 0")
-        _check(
-            self.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
-            "log_level",
-            "must be DEBUG, INFO, WARNING or ERROR",
-        )
-        if self.buckets is not None:
-            bad = [b for b in self.buckets if not 0 <= b < NUM_BUCKETS]
-            _check(not bad, "buckets", f"buckets must be in 0..{NUM_BUCKETS - 1}, got {bad}")
-
-    @classmethod
-    def load(cls, environ: Mapping[str, str] | None = None, **flags: Any) -> Config:
-        """Env vars first, then CLI flags (non-None values win); validated before it is returned."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field in dataclasses.fields(cls):
-            var = ENV_PREFIX + field.name.upper()
-            raw = environ.get(var)
-            if raw is not None and raw.strip() != "":
-                values[field.name] = _parse(field.name, raw.strip(), var)
-        for name, value in flags.items():
-            if value is None:
-                continue
-            if name not in _PARSERS:
-                raise ConfigError(f"--{name.replace('_', '-')}", "unknown setting")
-            flag = f"--{name.replace('_', '-')}"
-            values[name] = _parse(name, value, flag) if isinstance(value, str) else value
-        try:
-            config = cls(**values)
-            config.validate()
-        except _Invalid as exc:
-            origin = _origin_of(exc.field, environ, flags)
-            raise ConfigError(origin, exc.message) from None
-        return config
-
-
-class _Invalid(Exception):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field, self.message = field, message
-
-
-def _check(ok: bool, field: str, message: str) -> None:
-    if not ok:
-        raise _Invalid(field, message)
-
-
-def _origin_of(field: str, environ: Mapping[str, str], flags: Mapping[str, Any]) -> str:
-    if flags.get(field) is not None:
-        return f"--{field.replace('_', '-')}"
-    return ENV_PREFIX + field.upper()
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
@@ -213,45 +75,285 @@ def _parse_queues(text: str) -> tuple[str, ...]:
     return tuple(q.strip() for q in text.split(",") if q.strip())
 
 
-_PARSERS: dict[str, Callable[[str], Any]] = {
-    "dsn": str,
-    "mode": str,
-    "queues": _parse_queues,
-    "worker_id": str,
-    "concurrency": int,
-    "batch_size": int,
-    "poll_interval_s": float,
-    "lease_s": float,
-    "heartbeat_interval_s": float,
-    "job_timeout_s": float,
-    "retry_base_s": float,
-    "retry_cap_s": float,
-    "flush_interval_s": float,
-    "flush_max": int,
-    "shutdown_grace_s": float,
-    "reaper_interval_s": float,
-    "prune_interval_s": float,
-    "completed_retention_s": float,
-    "max_payload_bytes": int,
-    "sync_threads": int,
-    "history": _parse_bool,
-    "coordinator": str,
-    "redis_url": str,
-    "coordinator_lease_s": float,
-    "coordinator_poll_s": float,
-    "session_locks": _parse_bool,
-    "steal": _parse_bool,
-    "steal_batch": int,
-    "buckets": parse_buckets,
-    "worker_index": int,
-    "worker_count": int,
-    "metrics_port": int,
-    "log_level": str,
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+# What a value of each parser's result must be when a Config is built directly (no text parsed).
+# bool is an int, so ints accept bools; that is not worth a rule.
+_KINDS: dict[Callable[[str], Any], tuple[type, ...]] = {
+    str: (str,), int: (int,), float: (int, float), _parse_bool: (bool,),
+    _parse_queues: (tuple,), parse_buckets: (tuple,),
 }
+_META_KEY = "dispatcher.setting"
 
 
-def _parse(name: str, raw: str, origin: str) -> Any:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Meta:
+    parse: Callable[[str], Any]
+    help: str
+    unit: str | None
+    shown: str | None
+
+
+def setting(default: Any = dataclasses.MISSING, *, parse: Callable[[str], Any], help: str, unit: str | None = None,
+            shown: str | None = None, default_factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:
+    """A Config field: its default, the parser for its env var / flag text, what it does, its unit.
+
+    `help` says what the setting does, with its unit, but not its default (that is appended from
+    the field, or from `shown` where the default is computed or None means something).
+    """
+    if parse not in _KINDS:
+        raise TypeError(f"setting(): no value rule for parser {parse!r}; add it to _KINDS")
+    meta = {_META_KEY: _Meta(parse, help, unit, shown)}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Setting:
+    """One Config field as the outside world sees it (env var, flag, help). From `settings()`."""
+
+    name: str  # field name: "lease_s"
+    env_var: str  # "DISPATCHER_LEASE_S"
+    flag: str  # "--lease-s"
+    parse: Callable[[str], Any]  # text -> value; raises ValueError on bad text
+    help: str  # what it does, with its unit, without the default
+    unit: str | None  # "seconds", "bytes", "jobs", ... or None
+    default: Any  # the dataclass default; None where it is computed at construction (see default_text)
+    default_text: str  # the default as documented: "30", "partitioned", "lease_s / 3"
+
+    @property
+    def description(self) -> str:
+        """Help text with the default: what `dispatcher run --help` prints."""
+        return f"{self.help} (default {self.default_text})"
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    dsn: str | None = setting(
+        None, parse=str,
+        help="PostgreSQL connection string (postgresql://user:pass@host/db); required except by `dispatcher demo`")
+    mode: str = setting(
+        MODE_PARTITIONED, parse=str,
+        help="claim strategy: partitioned (each worker claims from the buckets it owns) or skip_locked "
+             "(all workers claim from one queue with FOR UPDATE SKIP LOCKED)")
+    queues: tuple[str, ...] = setting(
+        (DEFAULT_QUEUE,), parse=_parse_queues, help="comma-separated queues this worker serves")
+    worker_id: str = setting(
+        parse=str, default_factory=_default_worker_id, shown="HOST-PID-RANDOM",
+        help="this worker's name in job locks, logs and coordinator membership; must be unique")
+    concurrency: int = setting(
+        DEFAULT_CONCURRENCY, parse=int, unit="jobs", help="jobs running at once in this worker process (>= 1)")
+    batch_size: int = setting(
+        DEFAULT_BATCH_SIZE, parse=int, unit="jobs", help="most jobs one claim statement takes (1 to 10000)")
+    poll_interval_s: float = setting(
+        DEFAULT_POLL_INTERVAL_S, parse=float, unit="seconds",
+        help="idle poll interval in seconds; LISTEN/NOTIFY usually wakes a worker sooner")
+    lease_s: float = setting(
+        DEFAULT_LEASE_S, parse=float, unit="seconds",
+        help="lease of a running job in seconds (>= 1); a dead worker's jobs come back after this")
+    heartbeat_interval_s: float | None = setting(
+        None, parse=float, unit="seconds", shown="lease_s / 3",
+        help="seconds between extensions of running jobs' leases; at most lease_s / 2")
+    job_timeout_s: float = setting(
+        DEFAULT_JOB_TIMEOUT_S, parse=float, unit="seconds",
+        help="wall-clock limit of one job in seconds, 0: none; @handler(timeout_s=...) overrides it")
+    retry_base_s: float = setting(
+        DEFAULT_RETRY_BASE_S, parse=float, unit="seconds",
+        help="backoff bound of the first retry in seconds; it doubles with each attempt")
+    retry_cap_s: float = setting(
+        DEFAULT_RETRY_CAP_S, parse=float, unit="seconds",
+        help="largest backoff bound of a retry in seconds (>= retry_base_s)")
+    flush_interval_s: float = setting(
+        DEFAULT_FLUSH_INTERVAL_S, parse=float, unit="seconds",
+        help="completions are written at most this many seconds late (over 0, at most 5)")
+    flush_max: int = setting(
+        DEFAULT_FLUSH_MAX, parse=int, unit="completions",
+        help="completions are also written as soon as this many are pending (1 to 50000)")
+    shutdown_grace_s: float = setting(
+        DEFAULT_SHUTDOWN_GRACE_S, parse=float, unit="seconds",
+        help="seconds running jobs get to finish after SIGTERM before they are cancelled")
+    reaper_interval_s: float = setting(
+        DEFAULT_REAPER_INTERVAL_S, parse=float, unit="seconds",
+        help="seconds between sweeps that put jobs whose lease expired through the retry policy")
+    prune_interval_s: float = setting(
+        DEFAULT_PRUNE_INTERVAL_S, parse=float, unit="seconds",
+        help="seconds between deletions of finished jobs older than completed_retention_s")
+    completed_retention_s: float = setting(
+        DEFAULT_COMPLETED_RETENTION_S, parse=float, unit="seconds",
+        help="seconds completed and discarded jobs are kept before they are deleted (failed ones are kept)")
+    max_payload_bytes: int = setting(
+        DEFAULT_MAX_PAYLOAD_BYTES, parse=int, unit="bytes", shown="1048576 = 1 MiB",
+        help="largest JSON payload in bytes that `dispatcher enqueue` accepts (>= 2)")
+    sync_threads: int = setting(
+        DEFAULT_SYNC_THREADS, parse=int, unit="threads",
+        help="threads that run sync (def) handlers; async handlers need none")
+    history: bool = setting(
+        False, parse=_parse_bool, help="true: one row per attempt in dispatcher_job_attempts")
+    coordinator: str = setting(
+        "postgres", parse=str, help="bucket assignment in partitioned mode: postgres, redis or static")
+    redis_url: str | None = setting(
+        None, parse=str, help="Redis URL (redis://host:6379/0); required when coordinator is redis")
+    coordinator_lease_s: float = setting(
+        DEFAULT_COORDINATOR_LEASE_S, parse=float, unit="seconds",
+        help="membership lease in seconds (>= 3): a dead worker's buckets move within this")
+    coordinator_poll_s: float = setting(
+        DEFAULT_COORDINATOR_POLL_S, parse=float, unit="seconds",
+        help="seconds between membership re-reads, at most coordinator_lease_s / 3; NOTIFY/pub-sub is sooner")
+    session_locks: bool = setting(
+        True, parse=_parse_bool,
+        help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction pooling "
+             "(leases only)")
+    steal: bool = setting(
+        True, parse=_parse_bool, help="partitioned mode: take jobs from other buckets while ours are idle")
+    steal_batch: int = setting(
+        DEFAULT_STEAL_BATCH, parse=int, unit="jobs",
+        help="jobs in a steal's first batch (1 to 10000); it doubles, up to batch_size, while steals come back full")
+    buckets: tuple[int, ...] | None = setting(
+        None, parse=parse_buckets, shown="from worker_index/worker_count",
+        help=f"static coordinator: this worker's buckets, e.g. 0-15,32 (0 to {NUM_BUCKETS - 1})")
+    worker_index: int = setting(
+        0, parse=int, help="static coordinator: this worker is i of worker_count and owns buckets i, i+N, ...")
+    worker_count: int = setting(
+        1, parse=int, unit="workers", help="static coordinator: number N of workers sharing the buckets")
+    metrics_port: int = setting(
+        0, parse=int, help="TCP port of the Prometheus /metrics server; 0: no server")
+    log_level: str = setting(
+        "INFO", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
+
+    def __post_init__(self) -> None:
+        """Every rule, at construction: a Config that exists is valid. Raises ConfigError(field name)."""
+        for s in _SETTINGS:
+            value = getattr(self, s.name)
+            if value is None and s.name in _NULLABLE:
+                continue
+            _check(isinstance(value, _KINDS[s.parse]), s.name,
+                   f"must be {' or '.join(k.__name__ for k in _KINDS[s.parse])}, got {type(value).__name__}")
+            if s.parse is float:
+                _check(math.isfinite(value), s.name, f"must be a finite number, got {value!r}")
+        _check(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        _check(bool(self.queues) and all(isinstance(q, str) and q for q in self.queues), "queues",
+               "must name at least one non-empty queue")
+        _check(self.concurrency >= 1, "concurrency", "must be >= 1")
+        _check(1 <= self.batch_size <= 10_000, "batch_size", "must be between 1 and 10000")
+        _check(self.poll_interval_s > 0, "poll_interval_s", "must be > 0")
+        _check(self.lease_s >= 1, "lease_s", "must be >= 1 second")
+        _check(
+            0 < self.heartbeat_s <= self.lease_s / 2,
+            "heartbeat_interval_s",
+            f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}) so one lost beat never expires a lease",
+        )
+        _check(self.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
+        _check(self.retry_base_s > 0, "retry_base_s", "must be > 0")
+        _check(self.retry_cap_s >= self.retry_base_s, "retry_cap_s", "must be >= retry_base_s")
+        _check(0 < self.flush_interval_s <= 5, "flush_interval_s", "must be in (0, 5]")
+        _check(1 <= self.flush_max <= 50_000, "flush_max", "must be between 1 and 50000")
+        _check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
+        _check(self.reaper_interval_s > 0, "reaper_interval_s", "must be > 0")
+        _check(self.prune_interval_s > 0, "prune_interval_s", "must be > 0")
+        _check(self.completed_retention_s >= 0, "completed_retention_s", "must be >= 0")
+        _check(self.max_payload_bytes >= 2, "max_payload_bytes", "must be >= 2")
+        _check(self.sync_threads >= 1, "sync_threads", "must be >= 1")
+        _check(self.coordinator in COORDINATORS, "coordinator",
+               f"must be one of {', '.join(COORDINATORS)}, got {self.coordinator!r}")
+        _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url",
+               "is required when coordinator is 'redis'")
+        _check(self.coordinator_lease_s >= 3, "coordinator_lease_s", "must be >= 3 seconds")
+        _check(0 < self.coordinator_poll_s <= self.coordinator_lease_s / 3, "coordinator_poll_s",
+               "must be > 0 and at most a third of coordinator_lease_s")
+        _check(1 <= self.steal_batch <= 10_000, "steal_batch", "must be between 1 and 10000")
+        _check(self.worker_count >= 1, "worker_count", "must be >= 1")
+        _check(0 <= self.worker_index < self.worker_count, "worker_index", "must be in [0, worker_count)")
+        _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be a TCP port or 0")
+        _check(self.log_level.upper() in LOG_LEVELS, "log_level", "must be DEBUG, INFO, WARNING or ERROR")
+        if self.buckets is not None:
+            bad = [b for b in self.buckets if not (isinstance(b, int) and 0 <= b < NUM_BUCKETS)]
+            _check(not bad, "buckets", f"buckets must be in 0..{NUM_BUCKETS - 1}, got {bad}")
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.heartbeat_interval_s if self.heartbeat_interval_s is not None else self.lease_s / 3
+
+    @property
+    def static_buckets(self) -> tuple[int, ...]:
+        """The buckets a static assignment gives this worker: explicit list, or worker i of N."""
+        if self.buckets is not None:
+            return self.buckets
+        return tuple(b for b in range(NUM_BUCKETS) if b % self.worker_count == self.worker_index)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with `changes`; validated like any construction (ConfigError names the field)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, **flags: Any) -> Config:
+        """Env vars first, then CLI flags (non-None values win); validated before it is returned.
+
+        A bad value raises ConfigError naming the setting as the user wrote it: the flag if one
+        was given for that field, else its env var.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for s in _SETTINGS:
+            raw = environ.get(s.env_var)
+            if raw is not None and raw.strip() != "" and flags.get(s.name) is None:  # a flag wins, even over bad text
+                values[s.name] = _parse(s, raw.strip(), s.env_var)
+        for name, value in flags.items():
+            if value is None:
+                continue
+            s = _BY_NAME.get(name)
+            if s is None:
+                raise ConfigError(f"--{name.replace('_', '-')}", "unknown setting")
+            values[name] = _parse(s, value, s.flag) if isinstance(value, str) else value
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            s = _BY_NAME[exc.setting]
+            origin = s.flag if flags.get(s.name) is not None else s.env_var
+            raise ConfigError(origin, exc.message) from None
+
+
+def _check(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(field, message)
+
+
+def _parse(s: Setting, raw: str, origin: str) -> Any:
     try:
-        return _PARSERS[name](raw)
+        return s.parse(raw)
     except (ValueError, TypeError) as exc:
         raise ConfigError(origin, f"cannot parse {raw!r}: {exc}") from None
+
+
+def _setting_of(field: dataclasses.Field[Any]) -> Setting:
+    meta: _Meta = field.metadata[_META_KEY]
+    default = None if field.default is dataclasses.MISSING else field.default
+    return Setting(
+        name=field.name, env_var=ENV_PREFIX + field.name.upper(), flag="--" + field.name.replace("_", "-"),
+        parse=meta.parse, help=meta.help, unit=meta.unit, default=default,
+        default_text=meta.shown if meta.shown is not None else _show(default),
+    )
+
+
+_SETTINGS: tuple[Setting, ...] = tuple(_setting_of(f) for f in dataclasses.fields(Config))
+_BY_NAME: dict[str, Setting] = {s.name: s for s in _SETTINGS}
+_NULLABLE = frozenset(f.name for f in dataclasses.fields(Config) if f.default is None)
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every Config field, in declaration order, with its env var, flag, parser, help and default."""
+    return _SETTINGS

@@ -2,10 +2,12 @@
 
 from typing import Final
 
-# Every job carries a bucket in [0, NUM_BUCKETS). The jobs table CHECKs the same range
-# (tests/unit/test_schema.py keeps the two in step). 64 buckets give 16 workers 4 each, and a
-# bucket moves as a unit, so more buckets would only add planner branches per claim.
-NUM_BUCKETS: Final = 64
+from coordinator import buckets as _buckets
+
+# Every job carries a bucket in [0, NUM_BUCKETS): the coordinator's bucket space (why 64: see
+# coordinator/buckets.py). The jobs table CHECKs the same range
+# (tests/unit/test_queries.py::test_schema_bucket_check_matches_the_constant keeps the two in step).
+NUM_BUCKETS: Final = _buckets.NUM_BUCKETS
 
 NOTIFY_CHANNEL: Final = "dispatcher_jobs"
 

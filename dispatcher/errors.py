@@ -11,6 +11,7 @@ class ConfigError(DispatcherError):
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(f"{setting}: {message}")
         self.setting = setting
+        self.message = message
 
 
 class PayloadError(DispatcherError, ValueError):

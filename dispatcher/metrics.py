@@ -1,7 +1,7 @@
 """Prometheus metrics for the worker runtime: the queue, and the database pressure it causes.
 
 Counters move once per batch (a claim, a flush), never once per job: an increment costs about
-0.5 us, which matters at 100k jobs/s (PERF-NOTES).
+0.5 us, 5% of the ~10 us of CPU a job costs at 100k jobs/s.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ JOBS_RELEASED = Counter("dispatcher_jobs_released_total", "Claimed-but-unstarted
 JOBS_REAPED = Counter("dispatcher_jobs_reaped_total", "Running jobs whose lease expired, requeued or failed")
 LEASES_LOST = Counter("dispatcher_leases_lost_total", "Heartbeats that found the job no longer ours")
 JOBS_PRUNED = Counter("dispatcher_jobs_pruned_total", "Finished jobs deleted by the pruner")
+STOLEN_JOBS = Counter("dispatcher_jobs_stolen_total", "Jobs claimed from other workers' buckets (own buckets idle)")
 STORE_ERRORS = Counter("dispatcher_store_errors_total", "Failed database statements", ["operation"])
 
 JOBS_IN_FLIGHT = Gauge("dispatcher_jobs_in_flight", "Jobs claimed by this worker and not finished")

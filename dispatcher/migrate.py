@@ -1,6 +1,10 @@
 """Versioned schema migrations, safe when N pods run `dispatcher migrate` at the same moment.
 
-Migrations are `sql/migrations/NNNN_name.sql`, applied in order inside ONE transaction that
+Each package ships the migrations of the tables it owns, as `<package>/sql/migrations/NNNN_name.sql`:
+dispatcher the jobs table, coordinator its coordination tables. Together they form ONE version
+sequence (a version number is unique across both packages; a clash is refused before anything
+runs), recorded in one `dispatcher_schema_version` table, so a database migrated when all files
+lived in dispatcher/ sees nothing new. They are applied in version order inside ONE transaction that
 first takes a transaction-scoped advisory lock: concurrent runners queue behind it, then see the
 versions the winner recorded and apply nothing. Transaction-scoped (not session) locks also work
 behind PgBouncer in transaction pooling mode.
@@ -8,10 +12,13 @@ behind PgBouncer in transaction pooling mode.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
+from typing import Final
 
 import psycopg
 
@@ -21,6 +28,9 @@ from .errors import MigrationError
 log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+# Packages whose sql/migrations/ make up the schema.
+MIGRATION_PACKAGES: Final = ("dispatcher", "coordinator")
 
 _CREATE_VERSION_TABLE = """
 CREATE TABLE IF NOT EXISTS dispatcher_schema_version (
@@ -35,25 +45,33 @@ class Migration:
     version: int
     name: str
     sql: str
+    package: str = "dispatcher"
 
 
-def available_migrations(package: str = "dispatcher") -> list[Migration]:
-    folder = resources.files(package).joinpath("sql", "migrations")
-    found = []
-    for entry in folder.iterdir():
-        match = _FILE.match(entry.name)
-        if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if len(set(versions)) != len(versions):
-        raise MigrationError(f"two migrations share a version number: {versions}")
+def available_migrations(packages: Iterable[str] = MIGRATION_PACKAGES) -> list[Migration]:
+    """The migrations of `packages`, merged into one sequence by version."""
+    if isinstance(packages, str):
+        packages = (packages,)
+    found: list[Migration] = []
+    for package in packages:
+        folder = resources.files(package).joinpath("sql", "migrations")
+        if not folder.is_dir():  # e.g. a build that did not ship the .sql files: never skip silently
+            raise MigrationError(f"no migrations folder in package {package!r}")
+        for entry in folder.iterdir():
+            match = _FILE.match(entry.name)
+            if match:
+                found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8"), package))
+    found.sort(key=lambda m: (m.version, m.package, m.name))
+    for a, b in itertools.pairwise(found):
+        if a.version == b.version:
+            raise MigrationError(f"two migrations share version {a.version}: "
+                                 f"{a.package}/{a.version:04d}_{a.name}.sql and {b.package}/{b.version:04d}_{b.name}.sql")
     return found
 
 
-def migrate(dsn: str, package: str = "dispatcher") -> list[int]:
+def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES) -> list[int]:
     """Bring the schema up to date; returns the versions applied by this call (often none)."""
-    migrations = available_migrations(package)
+    migrations = available_migrations(packages)
     try:
         with psycopg.connect(dsn, autocommit=False) as conn:
             with conn.transaction():
@@ -64,7 +82,7 @@ def migrate(dsn: str, package: str = "dispatcher") -> list[int]:
                 for migration in migrations:
                     if migration.version in done:
                         continue
-                    log.info("applying migration %04d_%s", migration.version, migration.name)
+                    log.info("applying migration %s/%04d_%s", migration.package, migration.version, migration.name)
                     conn.execute(migration.sql.encode())  # bytes: run as a multi-statement script
                     conn.execute(
                         "INSERT INTO dispatcher_schema_version (version, name) VALUES (%s, %s)",

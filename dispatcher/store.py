@@ -1,18 +1,19 @@
 """The job store: every statement the worker runs, with typed results, over one connection.
 
 Each worker loop (claims, completions, maintenance) owns one `JobStore` and so one connection in
-autocommit mode: one round trip per statement, no pool health checks or BEGIN/COMMIT around it
-(PERF-NOTES: that would multiply round trips by 4). psycopg errors become our own exceptions
-here; a broken connection is reopened on the next call.
+autocommit mode: one round trip per statement (~0.004 per job with batches of 500); a pool's
+health check plus BEGIN/COMMIT around each statement would make that four. psycopg errors
+become our own exceptions here; a broken connection is reopened on the next call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from datetime import datetime
 from typing import Any
@@ -24,10 +25,9 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from .constants import NUM_BUCKETS
 from .errors import StoreError, StoreUnavailable
 from .queries import query
+from .retry import Outcome
 
 log = logging.getLogger(__name__)
-
-_CLAIM_RETURNS = "id, job_type, payload, attempts, max_attempts, locked_at, bucket, priority"
 
 
 class Job:
@@ -48,12 +48,27 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
-class ReapedJob:
+class ExpiredLease:
+    """A running job whose lease ran out: what the retry policy and the reaper's log need."""
+
     id: int
-    status: str  # 'queued' again, or 'failed' if that was its last attempt
+    token: str
+    attempts: int
+    max_attempts: int
+    lease_expiries: int  # including this expiry
     locked_by: str | None
     locked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedWrite:
+    """A failure row as written (fenced rows are absent)."""
+
+    id: int
+    status: str
     attempts: int
+    locked_by: str | None
+    locked_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +85,44 @@ class DbPressure:
     lock_waits: int
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Failure:
-    """One failed attempt to record: retry after delay_s (status 'queued') or final."""
+    """One failed attempt to record, fenced by the claim's token; its outcome is the retry
+    policy's decision."""
 
-    job: Job
-    status: str
-    delay_s: float
-    error: str
+    id: int
+    token: str
+    outcome: Outcome
+
+
+@dataclass(slots=True)
+class HistoryRows:
+    """Rows for dispatcher_job_attempts, column by column (one array parameter each)."""
+
+    ids: list[int] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    started_at: list[datetime | None] = field(default_factory=list)
+    durations_ms: list[float | None] = field(default_factory=list)  # None: until the write's now()
+    outcomes: list[str] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+
+    def add(self, job_id: int, attempt: int, worker: str, started_at: datetime | None,
+            duration_ms: float | None, outcome: str, error: str | None) -> None:
+        self.ids.append(job_id)
+        self.attempts.append(attempt)
+        self.workers.append(worker)
+        self.started_at.append(started_at)
+        self.durations_ms.append(duration_ms)
+        self.outcomes.append(outcome)
+        self.errors.append(error)
+
+    def extend(self, other: HistoryRows) -> None:
+        for name in self.__slots__:
+            getattr(self, name).extend(getattr(other, name))
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 def int_array(values: Sequence[int]) -> str:
@@ -138,23 +183,31 @@ def claim_sql(buckets: Sequence[int] | None) -> str:
 
 
 class JobStore:
-    """One connection's worth of job statements. Not safe for concurrent use: one per loop."""
+    """One connection's worth of job statements. Tasks that share a store (the maintenance
+    services) take turns: psycopg serialises statements on a connection, and the lock below
+    makes concurrent first calls share one connect instead of each opening (and leaking) one."""
 
     def __init__(self, dsn: str, worker_id: str, *, application_name: str = "dispatcher") -> None:
         self._dsn = dsn
         self.worker_id = worker_id
         self._application_name = application_name
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._connecting = asyncio.Lock()
         self._claim_sql_cache: dict[tuple[int, ...] | None, str] = {}
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            with translate_errors("connect"):
-                self._conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name=self._application_name
-                )
-            configure_json(self._conn)
-        return self._conn
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn  # the hot path: no lock
+        async with self._connecting:
+            if self._conn is None or self._conn.closed:
+                with translate_errors("connect"):
+                    conn = await psycopg.AsyncConnection.connect(
+                        self._dsn, autocommit=True, application_name=self._application_name
+                    )
+                configure_json(conn)
+                self._conn = conn
+            return self._conn
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -198,34 +251,30 @@ class JobStore:
         cur = await self._execute("complete", query("jobs_complete_owned"), params)
         return cur.rowcount
 
-    async def jobs_fail_owned(self, failures: Sequence[Failure]) -> int:
+    async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+        """Write failed attempts where the token still matches (and, for `lease_expired`, the
+        lease is still expired); returns the rows written."""
         params = {
-            "ids": int_array([f.job.id for f in failures]),
-            "tokens": token_array([f.job.token for f in failures]),
-            "statuses": [f.status for f in failures],
-            "delays_s": [f.delay_s for f in failures],
-            "errors": [f.error for f in failures],
+            "ids": int_array([f.id for f in failures]),
+            "tokens": token_array([f.token for f in failures]),
+            "statuses": [f.outcome.status for f in failures],
+            "delays_s": [f.outcome.delay_s for f in failures],
+            "errors": [f.outcome.error for f in failures],
+            "lease_expired": lease_expired,
         }
         cur = await self._execute("fail", query("jobs_fail_owned"), params)
-        return cur.rowcount
+        return [FailedWrite(*row) for row in await cur.fetchall()]
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
         params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs])}
         cur = await self._execute("release", query("jobs_release_owned"), params)
         return cur.rowcount
 
-    async def history_record(
-        self,
-        ids: list[int],
-        attempts: list[int],
-        started_at: list[datetime],
-        durations_ms: list[float],
-        outcomes: list[str],
-        errors: list[str | None],
-    ) -> None:
+    async def history_record(self, rows: HistoryRows) -> None:
         params = {
-            "worker": self.worker_id, "ids": int_array(ids), "attempts": attempts, "started_at": started_at,
-            "durations_ms": durations_ms, "outcomes": outcomes, "errors": errors,
+            "ids": int_array(rows.ids), "attempts": rows.attempts, "workers": rows.workers,
+            "started_at": rows.started_at, "durations_ms": rows.durations_ms, "outcomes": rows.outcomes,
+            "errors": rows.errors,
         }
         await self._execute("history", query("history_record"), params)
 
@@ -237,9 +286,9 @@ class JobStore:
         cur = await self._execute("heartbeat", query("jobs_extend_leases"), params)
         return {row[0] for row in await cur.fetchall()}
 
-    async def jobs_reap_expired(self, limit: int = 1000) -> list[ReapedJob]:
-        cur = await self._execute("reap", query("jobs_reap_expired"), {"limit": limit})
-        return [ReapedJob(*row) for row in await cur.fetchall()]
+    async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
+        cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})
+        return [ExpiredLease(*row) for row in await cur.fetchall()]
 
     async def jobs_prune_finished(self, retention_s: float, limit: int = 5000) -> int:
         params = {"retention_s": retention_s, "limit": limit}

@@ -28,7 +28,7 @@ def pg_admin_dsn() -> Iterator[str]:
     if dsn:
         yield dsn
         return
-    from dispatcher.embedded import start_postgres
+    from dispatcher.devtools.embedded import start_postgres
 
     server = start_postgres(durable=False, max_connections=300)
     try:
@@ -68,3 +68,20 @@ def empty_dsn(pg_admin_dsn: str) -> Iterator[str]:
     yield _with_dbname(pg_admin_dsn, name)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """`DISPATCHER_TEST_REDIS_URL` when set, else one throwaway Redis for the session. Tests that
+    kill or freeze Redis start a server of their own instead."""
+    url = os.environ.get("DISPATCHER_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    from dispatcher.devtools.embedded import start_redis
+
+    server = start_redis()
+    try:
+        yield server.url
+    finally:
+        server.stop()

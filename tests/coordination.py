@@ -9,7 +9,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.backend import ClusterView, CoordinatorUnavailable
+from coordinator.backend import ClusterView
+from coordinator.errors import CoordinatorUnavailable
 
 
 def make_backend(kind: str, dsn: str, redis_url: str | None) -> Any:

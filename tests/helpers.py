@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from dispatcher import harness
+from dispatcher.devtools import harness
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,3 +112,17 @@ async def run_worker_until(worker: Any, predicate: Callable[[], Any], timeout_s:
     finally:
         worker.stop(grace_s=grace_s)
         await task
+
+
+# Every running -> queued transition (a retry, or a reaped lease) with the database time it was
+# written at, so a test can check that each retry was scheduled in the future.
+RETRY_LOG = """
+CREATE TABLE retry_log (job_id bigint, attempts int, run_at timestamptz, written_at timestamptz);
+CREATE FUNCTION log_retry() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO retry_log VALUES (NEW.id, NEW.attempts, NEW.run_at, now());
+    RETURN NEW;
+END $$;
+CREATE TRIGGER log_retry AFTER UPDATE ON dispatcher_jobs FOR EACH ROW
+    WHEN (OLD.status = 'running' AND NEW.status = 'queued') EXECUTE FUNCTION log_retry();
+"""

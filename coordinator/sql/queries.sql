@@ -42,7 +42,9 @@ RETURNING leader_id
 
 -- name: cluster_view
 -- Everything a member needs in one round trip: 64 bucket rows, each carrying the live members,
--- the leader and the seconds until the next lease expiry (repeated; 64 short rows).
+-- the leader and the seconds until the next lease expiry (repeated; 64 short rows). Members sort
+-- by code point (COLLATE "C"), as Python and the Redis backend sort them, whatever the database's
+-- collation.
 WITH live AS (
     SELECT m.member_id, m.expires_at
       FROM dispatcher_members m
@@ -55,7 +57,7 @@ WITH live AS (
 ), leader AS (
     SELECT leader_id, expires_at FROM dispatcher_leader WHERE id = 1 AND expires_at > now()
 ), meta AS (
-    SELECT coalesce((SELECT array_agg(member_id ORDER BY member_id) FROM live), '{}') AS members,
+    SELECT coalesce((SELECT array_agg(member_id ORDER BY member_id COLLATE "C") FROM live), '{}') AS members,
            (SELECT leader_id FROM leader) AS leader,
            extract(epoch FROM least((SELECT min(expires_at) FROM live), (SELECT expires_at FROM leader)) - now())::float8
                AS next_expiry_s
@@ -95,9 +97,10 @@ UPDATE dispatcher_bucket_owners
 
 -- name: member_leave_buckets
 -- Graceful exit: buckets with a pending hand-off go to their next owner at once, the rest become
--- unowned for the leader to place; hand-offs *to* the leaver are cancelled.
+-- unowned for the leader to place; hand-offs *to* the leaver are cancelled (nullif: a revoke of
+-- the leaver's bucket to the leaver itself leaves it unowned, not owned by the leaver).
 UPDATE dispatcher_bucket_owners
-   SET owner = CASE WHEN owner = %(member)s THEN next_owner ELSE owner END,
+   SET owner = CASE WHEN owner = %(member)s THEN nullif(next_owner, %(member)s) ELSE owner END,
        epoch = epoch + CASE WHEN owner = %(member)s THEN 1 ELSE 0 END,
        next_owner = NULL, revoke_deadline = NULL, updated_at = now()
  WHERE owner = %(member)s OR next_owner = %(member)s

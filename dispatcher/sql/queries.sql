@@ -13,7 +13,7 @@
 -- <= now()` it matches the partial indexes' predicate and the planner walked (or bitmap-ANDed)
 -- a whole claim index of 500k rows instead of fetching the selected ids by primary key.
 -- `id = ANY(ARRAY(...))`, not `UPDATE ... FROM c`: the latter was planned as a full scan of the
--- table (PERF-NOTES). tests/integration/test_claim.py guards these plans on a fresh table.
+-- table, at about half the throughput. tests/integration/test_claim.py guards these plans on a fresh table.
 UPDATE dispatcher_jobs
    SET status = 'running',
        attempts = attempts + 1,
@@ -102,21 +102,28 @@ UPDATE dispatcher_jobs AS j
    AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
 
 -- name: jobs_fail_owned
--- Record failed attempts, fenced by token like completions. %(statuses)s is per row: 'queued'
--- (retry after delay_s, decided by the worker's backoff), 'failed' (out of attempts) or
--- 'discarded' (a permanent error).
+-- Record failed attempts, fenced by token like completions. Each row's status, delay and error
+-- come from the retry policy (dispatcher/retry.py): 'queued' (retry after delay_s), 'failed'
+-- (out of attempts, or no handler) or 'discarded' (a permanent error). The reaper sends the
+-- same statement with %(lease_expired)s: then a row is written only if its lease is still
+-- expired (a heartbeat that landed meanwhile wins) and its lease_expiries count rises.
+-- Returns the rows written, for the reaper's log and history.
 UPDATE dispatcher_jobs AS j
    SET status = f.status,
        run_at = CASE WHEN f.status = 'queued' THEN now() + f.delay_s * interval '1 second' ELSE j.run_at END,
        failed_at = CASE WHEN f.status = 'queued' THEN j.failed_at ELSE now() END,
        last_error = f.error,
+       lease_expiries = j.lease_expiries + %(lease_expired)s::int,
        lock_token = NULL,
        lease_expires_at = NULL,
        updated_at = now()
   FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
               %(delays_s)s::float8[], %(errors)s::text[]) AS f(id, token, status, delay_s, error)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
-   AND CASE WHEN j.status = 'running' THEN j.lock_token = f.token ELSE false END
+   AND CASE WHEN j.status = 'running'
+            THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
+            ELSE false END
+RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at
 
 -- name: jobs_release_owned
 -- Give claimed-but-unstarted jobs back at once (graceful shutdown): queued again, and the
@@ -141,29 +148,16 @@ UPDATE dispatcher_jobs AS j
    AND CASE WHEN j.status = 'running' THEN j.lock_token = h.token ELSE false END
 RETURNING j.id
 
--- name: jobs_reap_expired
--- Put running jobs whose lease ran out (their worker died or hung) back to queued, or to
--- failed when that was their last attempt. Several workers may reap at once: SKIP LOCKED
--- splits the work and the outer WHERE re-checks the lease.
-WITH expired AS (
-    SELECT id
-      FROM dispatcher_jobs
-     WHERE status = 'running' AND lease_expires_at < now()
-     ORDER BY lease_expires_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE dispatcher_jobs
-   SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
-       failed_at = CASE WHEN attempts >= max_attempts THEN now() ELSE failed_at END,
-       last_error = 'lease expired while held by ' || coalesce(locked_by, '?')
-                    || ' (locked at ' || coalesce(locked_at::text, '?') || ')',
-       lock_token = NULL,
-       lease_expires_at = NULL,
-       updated_at = now()
- WHERE id = ANY(ARRAY(SELECT id FROM expired))
-   AND status = 'running' AND lease_expires_at < now()
-RETURNING id, status, locked_by, locked_at, attempts
+-- name: jobs_lease_expired
+-- Running jobs whose lease ran out (their worker died or stalled), oldest expiry first, with
+-- what the retry policy needs (dispatcher/retry.py). No row locks: the write that follows
+-- (jobs_fail_owned with lease_expired) is fenced by each job's token and re-checks the expiry,
+-- so reapers in N pods, or an owner that comes back to life, never double-write a job.
+SELECT id, lock_token::text, attempts, max_attempts, lease_expiries + 1, locked_by, locked_at
+  FROM dispatcher_jobs
+ WHERE status = 'running' AND lease_expires_at < now()
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
 
 -- name: jobs_prune_finished
 -- Delete up to %(limit)s completed or discarded jobs finished more than %(retention_s)s ago.
@@ -178,12 +172,14 @@ DELETE FROM dispatcher_jobs
               FOR UPDATE SKIP LOCKED))
 
 -- name: history_record
--- Execution history, one row per finished attempt (only when DISPATCHER_HISTORY is on).
+-- Execution history, one row per finished attempt (only when DISPATCHER_HISTORY is on). A NULL
+-- duration means "until now" (a reaped attempt: its worker never reported back).
 INSERT INTO dispatcher_job_attempts (job_id, attempt, worker, started_at, finished_at, duration_ms, outcome, error)
-SELECT h.id, h.attempt, %(worker)s, h.started_at, now(), h.duration_ms, h.outcome, h.error
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(started_at)s::timestamptz[],
+SELECT h.id, h.attempt, h.worker, h.started_at, now(),
+       coalesce(h.duration_ms, extract(epoch FROM now() - h.started_at) * 1000), h.outcome, h.error
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(workers)s::text[], %(started_at)s::timestamptz[],
               %(durations_ms)s::float8[], %(outcomes)s::text[], %(errors)s::text[])
-       AS h(id, attempt, started_at, duration_ms, outcome, error)
+       AS h(id, attempt, worker, started_at, duration_ms, outcome, error)
 
 -- name: jobs_insert_one
 -- Enqueue one job and wake its bucket's owner, in one round trip. A live job with the same

@@ -47,3 +47,11 @@ def record_sync(job: Job) -> None:
     start = time.time()
     time.sleep(job.payload.get("s", 0.5))
     _record(job, start, "ok")
+
+
+@registry.handler("exit_process")
+async def exit_process(job: Job) -> None:
+    """A poison job that kills its worker outright, as an OOM kill or a segfault would."""
+    _record(job, time.time(), "exit")
+    _log.flush()  # type: ignore[union-attr]
+    os._exit(1)

@@ -29,7 +29,7 @@ def coordination(request, tmp_path):
     if request.param == "postgres":
         yield "postgres", None
         return
-    from dispatcher.embedded import start_redis
+    from dispatcher.devtools.embedded import start_redis
 
     with start_redis() as redis_server:
         yield "redis", redis_server.url
@@ -101,7 +101,7 @@ def any_coordination(request):
     if request.param != "redis":
         yield request.param, None
         return
-    from dispatcher.embedded import start_redis
+    from dispatcher.devtools.embedded import start_redis
 
     with start_redis() as redis_server:
         yield "redis", redis_server.url
@@ -196,7 +196,7 @@ def test_churn_while_50k_jobs_drain(dsn, tmp_path, coordination):
 
 
 def test_redis_outage_falls_back_to_skip_locked_and_returns(dsn, tmp_path):
-    from dispatcher.embedded import start_redis
+    from dispatcher.devtools.embedded import start_redis
 
     with start_redis() as redis_server:
         enqueue_spread(dsn, "record_slow", 300, s=0.01)  # 19,200 jobs of 10 ms

@@ -1,15 +1,19 @@
-"""The PostgreSQL coordination backend and the Coordinator loop, in-process (no worker runtime)."""
+"""The Coordinator loop over the PostgreSQL backend, in-process (no worker runtime), and what only
+the PostgreSQL backend has (session advisory locks). The behaviour every backend shares is the
+contract suite's: tests/contract/."""
 
 import asyncio
+import logging
+import time
 from collections import Counter
 
 import psycopg
 import pytest
 
-from coordinator.backend import BucketChange, NotLeader
 from coordinator.backend_pg import PostgresBackend
 from coordinator.coordinator import Coordinator
-from tests.helpers import run_async
+from coordinator.errors import CoordinatorError
+from tests.helpers import fetchval, run_async
 
 
 def assignment_settled(coordinators):
@@ -28,6 +32,9 @@ async def wait_for(predicate, timeout_s, what):
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
         await asyncio.sleep(0.02)
+
+
+# --------------------------------------------------------------------------- the loop
 
 
 def test_members_split_the_buckets_and_rebalance_on_join_and_leave(dsn):
@@ -55,90 +62,84 @@ def test_members_split_the_buckets_and_rebalance_on_join_and_leave(dsn):
     run_async(main())
 
 
-def test_leadership_is_exclusive_and_only_the_leader_writes(dsn):
+def test_cooperative_hand_off_waits_for_on_revoke(dsn):
+    """A bucket moving away from a live owner is first dropped from owned(), then on_revoke is
+    awaited (the worker's claim in flight finishing), and only then handed over; the epoch rises
+    once per change of hands. Stopping revokes whatever is still owned before leaving."""
     async def main():
-        a, b = PostgresBackend(dsn), PostgresBackend(dsn)
-        await a.connect()
-        await b.connect()
-        await a.heartbeat("a", 3)
-        await b.heartbeat("b", 3)
-        assert await a.try_lead("a", 3) is True
-        assert await b.try_lead("b", 3) is False
-        assert await a.try_lead("a", 3) is True  # renewal by the holder
-        view = await b.view()
-        assert view.leader == "a" and view.members == ("a", "b")
-        change = BucketChange(0, view.buckets[0].epoch, "assign", "b")
-        with pytest.raises(NotLeader):
-            await b.apply("b", [change], 3)
-        assert await a.apply("a", [change], 3) == 1
-        assert await a.apply("a", [change], 3) == 0  # stale epoch: not applied twice
-        await a.leave("a")
-        assert await b.try_lead("b", 3) is True  # resigned on leave: taken at once
-        await a.close()
-        await b.close()
+        claim_in_flight = asyncio.Lock()
+        revoked = []
 
-    run_async(main())
+        async def on_revoke(buckets):
+            revoked.append((buckets, old.owned()))
+            async with claim_in_flight:
+                pass
 
-
-def test_a_killed_members_lock_releases_at_once_while_a_stuck_one_expires(dsn):
-    """Session lock: a closed connection (what SIGKILL does) drops the member from the view at
-    once. Lease: a member that stops heartbeating but keeps its connection drops after the lease."""
-    async def main():
-        observer, killed, stuck = PostgresBackend(dsn), PostgresBackend(dsn), PostgresBackend(dsn)
-        for backend, name in ((observer, "obs"), (killed, "killed"), (stuck, "stuck")):
-            await backend.connect()
-            await backend.heartbeat(name, 3)
-        assert (await observer.view()).members == ("killed", "obs", "stuck")
-        await killed.close()  # the connection dies with its process
-        loop = asyncio.get_running_loop()
-        gone_by = loop.time() + 1.0  # the server ends the backend (and drops its lock) within ms
-        while (await observer.view()).members != ("obs", "stuck"):
-            assert loop.time() < gone_by, "a closed member was still live a second later"
-            await asyncio.sleep(0.01)
-        started = loop.time()
-        while "stuck" in (await observer.view()).members:
-            await observer.heartbeat("obs", 3)
-            await asyncio.sleep(0.05)
-            assert loop.time() - started < 5
-        assert 2.5 < loop.time() - started  # dropped by its lease (3 s), not earlier
-        await observer.close()
-        await stuck.close()
-
-    run_async(main())
-
-
-def test_without_session_locks_liveness_rests_on_the_lease(dsn):
-    async def main():
-        observer, killed = PostgresBackend(dsn, session_locks=False), PostgresBackend(dsn, session_locks=False)
-        await observer.connect()
-        await killed.connect()
-        await killed.heartbeat("killed", 3)
-        await killed.close()
-        assert "killed" in (await observer.view()).members  # still within its lease
-        await observer.close()
-
-    run_async(main())
-
-
-def test_cooperative_hand_off_waits_for_the_claim_in_flight(dsn):
-    """A bucket moving away from a live owner is handed over only after the owner's claim fence
-    is free, and the epoch rises once per change of hands."""
-    async def main():
-        old = Coordinator(PostgresBackend(dsn), "old", lease_s=3, poll_s=0.5)
-        fence = asyncio.Lock()
-        old.bind_claim_fence(fence)
-        await old.start()
+        old = Coordinator(PostgresBackend(dsn), "old", lease_s=6, poll_s=0.5)  # on_revoke bound: 2 s
+        await old.start(on_revoke=on_revoke)
         await wait_for(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
-        await fence.acquire()  # a claim is in flight on the old owner
-        new = Coordinator(PostgresBackend(dsn), "new", lease_s=3, poll_s=0.5)
+        await claim_in_flight.acquire()
+        new = Coordinator(PostgresBackend(dsn), "new", lease_s=6, poll_s=0.5)
         await new.start()
         await wait_for(lambda: len(old.owned()) == 32, 5, "old owner stopped polling what it gives away")
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: revoked, 5, "on_revoke called")
+        given, owned_meanwhile = revoked[0]
+        assert len(given) == 32 and not set(given) & set(owned_meanwhile)  # no longer advertised
+        await asyncio.sleep(0.3)  # a negative check: nothing may move while the claim is in flight
         assert new.owned() == (), "new owner must not poll before the old owner's claim finished"
-        fence.release()
+        claim_in_flight.release()
         await wait_for(lambda: assignment_settled([old, new]), 5, "hand-off completed")
+        assert set(new.owned()) == set(given)
         epochs = Counter(s.epoch for s in (await new.backend.view()).buckets)
         assert epochs == Counter({1: 32, 2: 32})  # 1: first assignment; 2: moved once more
+        remaining = old.owned()
+        await old.stop()
+        assert revoked[-1][0] == remaining  # leaving revokes the rest first
+        await new.stop()
+
+    run_async(main())
+
+
+def test_a_stuck_on_revoke_delays_the_hand_over_by_a_bounded_time(dsn, caplog):
+    async def main():
+        calls = []
+
+        async def stuck(buckets):
+            calls.append(buckets)
+            await asyncio.Event().wait()  # never returns
+
+        old = Coordinator(PostgresBackend(dsn), "old", lease_s=6, poll_s=0.5)
+        await old.start(on_revoke=stuck)
+        await wait_for(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
+        new = Coordinator(PostgresBackend(dsn), "new", lease_s=6, poll_s=0.5)
+        await new.start()
+        await wait_for(lambda: calls, 5, "on_revoke called")
+        t0 = time.monotonic()
+        await wait_for(lambda: assignment_settled([old, new]), 10, "hand-off completed despite on_revoke")
+        waited = time.monotonic() - t0
+        # handed over by old after its bound (lease / 3 = 2 s), well before the leader would
+        # force it (a lease: 6 s); and the loop kept running (it settled, and still answers).
+        assert 1.5 < waited < 5, waited
+        assert any("overran" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+        assert not old._task.done()
+        await old.stop()
+        await new.stop()
+
+    run_async(main())
+
+
+def test_a_failing_on_revoke_is_logged_and_the_hand_over_still_happens(dsn, caplog):
+    async def main():
+        async def failing(buckets):
+            raise RuntimeError("worker bug")
+
+        old = Coordinator(PostgresBackend(dsn), "old", lease_s=6, poll_s=0.5)
+        await old.start(on_revoke=failing)
+        await wait_for(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
+        new = Coordinator(PostgresBackend(dsn), "new", lease_s=6, poll_s=0.5)
+        await new.start()
+        await wait_for(lambda: assignment_settled([old, new]), 5, "hand-off completed despite on_revoke")
+        assert any("raised" in r.getMessage() and r.exc_info for r in caplog.records if r.levelno == logging.ERROR)
         await old.stop()
         await new.stop()
 
@@ -163,5 +164,79 @@ def test_backend_outage_longer_than_the_lease_degrades_then_recovers(dsn, pg_adm
                 admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
         await wait_for(lambda: member.owned() is not None and len(member.owned()) == 64, 10, "recovered")
         await member.stop()
+
+    run_async(main())
+
+
+def test_the_loop_outlives_backend_errors_that_are_not_outages(dsn):
+    """A failing backend (here: its table renamed away, so every view is a CoordinatorError, not
+    CoordinatorUnavailable) does not end the loop: past a lease it degrades, then recovers."""
+    async def main():
+        member = Coordinator(PostgresBackend(dsn), "m", lease_s=3, poll_s=0.5)
+        await member.start()
+        await wait_for(lambda: len(member.owned() or ()) == 64, 5, "owns all")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE dispatcher_bucket_owners RENAME TO dispatcher_bucket_owners_away")
+            try:
+                await wait_for(lambda: member.owned() is None, 10, "degraded after the lease")
+                assert not member._task.done()
+            finally:
+                conn.execute("ALTER TABLE dispatcher_bucket_owners_away RENAME TO dispatcher_bucket_owners")
+        await wait_for(lambda: len(member.owned() or ()) == 64, 10, "recovered")
+        await member.stop()
+
+    run_async(main())
+
+
+# --------------------------------------------------------------------------- session advisory locks
+
+
+@pytest.mark.parametrize("session_locks", [True, False])
+def test_a_leader_whose_connection_dies_is_replaced_at_once_only_with_session_locks(dsn, session_locks):
+    async def main():
+        a, b = PostgresBackend(dsn, session_locks=session_locks), PostgresBackend(dsn, session_locks=session_locks)
+        await a.connect()
+        await b.connect()
+        assert await a.try_lead("a", 30)
+        assert not await b.try_lead("b", 30)
+        await a.close()  # what SIGKILL does: the connection, and with it a's session lock, is gone
+        if session_locks:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 2
+            while not await b.try_lead("b", 30):
+                assert loop.time() < deadline, "the dead leader's lock did not free the leadership"
+                await asyncio.sleep(0.02)
+            term = fetchval(dsn, "SELECT term FROM dispatcher_leader")
+            assert term == 2  # a new term: leadership changed hands
+        else:
+            assert not await b.try_lead("b", 30)  # only the lease decides
+        await b.close()
+
+    run_async(main())
+
+
+def test_a_member_lock_held_by_another_session_is_a_coordinator_error(dsn):
+    """Two live processes with one worker id: the second cannot take the member's lock. That is
+    a conflict, not an outage (CoordinatorError, not CoordinatorUnavailable)."""
+    async def main():
+        first, second = PostgresBackend(dsn), PostgresBackend(dsn)
+        await first.connect()
+        await second.connect()
+        await first.heartbeat("same", 10)
+        with pytest.raises(CoordinatorError, match="held by another session") as info:
+            await second.heartbeat("same", 10)
+        assert type(info.value) is CoordinatorError
+        await first.close()  # the lock goes with the connection ...
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2
+        while True:  # ... so the second may now take over the id
+            try:
+                await second.heartbeat("same", 10)
+                break
+            except CoordinatorError:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.02)
+        assert (await second.view()).members == ("same",)
+        await second.close()
 
     run_async(main())

@@ -1,4 +1,4 @@
-"""Real throwaway servers from dispatcher.embedded: start, isolate, stop, and clean up after crashes."""
+"""Real throwaway servers from dispatcher.devtools.embedded: start, isolate, stop, and clean up after crashes."""
 
 from __future__ import annotations
 
@@ -18,15 +18,21 @@ import psycopg
 import pytest
 import redis
 
-from dispatcher import embedded
-from dispatcher.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServerError, start_postgres, start_redis
+from dispatcher.devtools import embedded
+from dispatcher.devtools.embedded import (
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    EmbeddedServerError,
+    start_postgres,
+    start_redis,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
 # Started in a child interpreter that we then SIGKILL, to leave an orphan behind.
 ORPHAN_SCRIPT = """
 import json, sys, time
-from dispatcher import embedded
+from dispatcher.devtools import embedded
 kind, pdeathsig = sys.argv[1], sys.argv[2] == "1"
 embedded._USE_PDEATHSIG = pdeathsig
 srv = embedded.start_postgres() if kind == "pg" else embedded.start_redis()

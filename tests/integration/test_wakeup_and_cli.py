@@ -199,6 +199,11 @@ def test_cli_bad_setting_exits_2_and_names_it(dsn):
     assert result.returncode == 2 and "--app" in result.stderr
     result = _cli("status", env={k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")})
     assert result.returncode == 2 and "DISPATCHER_DSN" in result.stderr
+    # Non-finite floats are refused by name, from the environment or from a flag.
+    result = _cli("status", env={**os.environ, "DISPATCHER_DSN": dsn, "DISPATCHER_LEASE_S": "inf"})
+    assert result.returncode == 2 and "DISPATCHER_LEASE_S" in result.stderr and "finite" in result.stderr
+    result = _cli("status", "--dsn", dsn, "--flush-interval-s", "nan")
+    assert result.returncode == 2 and "--flush-interval-s" in result.stderr
 
 
 def test_cli_migrate_enqueue_status(empty_dsn):
@@ -209,6 +214,8 @@ def test_cli_migrate_enqueue_status(empty_dsn):
     assert _cli("enqueue", "hello", "--count", "5", "--queue", "other", "--dsn", empty_dsn).returncode == 0
     bad = _cli("enqueue", "hello", "--payload", "{not json", "--dsn", empty_dsn)
     assert bad.returncode == 2 and "--payload" in bad.stderr
+    big = _cli("enqueue", "hello", "--payload", '{"x": "0123456789"}', "--max-payload-bytes", "10", "--dsn", empty_dsn)
+    assert big.returncode == 1 and "over the limit of 10 bytes" in big.stderr
     status = _cli("status", "--dsn", empty_dsn)
     assert status.returncode == 0
     assert "default" in status.stdout and "other" in status.stdout

@@ -8,20 +8,7 @@ import pytest
 
 from dispatcher import Config, Job, PermanentJobError, Registry, Worker, enqueue_payloads_sync
 from dispatcher.backoff import retry_bound_s
-from tests.helpers import fetchall, fetchval, run_async, run_worker_until, status_counts
-
-# Test-only instrumentation on the real database: log every running -> queued transition (a retry)
-# with the database time at which it was written.
-RETRY_LOG = """
-CREATE TABLE retry_log (job_id bigint, attempts int, run_at timestamptz, written_at timestamptz);
-CREATE FUNCTION log_retry() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO retry_log VALUES (NEW.id, NEW.attempts, NEW.run_at, now());
-    RETURN NEW;
-END $$;
-CREATE TRIGGER log_retry AFTER UPDATE ON dispatcher_jobs FOR EACH ROW
-    WHEN (OLD.status = 'running' AND NEW.status = 'queued') EXECUTE FUNCTION log_retry();
-"""
+from tests.helpers import RETRY_LOG, fetchall, fetchval, run_async, run_worker_until, status_counts
 
 
 def config(dsn, **overrides):
@@ -184,3 +171,75 @@ def test_history_records_one_row_per_attempt_when_enabled(dsn):
     run_async(run_worker_until(worker, finished(dsn, 10), 30, "jobs completed on retry"))
     rows = fetchall(dsn, "SELECT attempt, outcome, count(*) FROM dispatcher_job_attempts GROUP BY 1, 2 ORDER BY 1")
     assert rows == [(1, "retried", 10), (2, "completed", 10)]
+
+
+def _hold(dsn, job_id, *, attempts, lease_s, max_attempts=3):
+    """Mark a job running under a (possibly already expired) lease of a worker that is gone."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("""UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s,
+                               locked_by = 'gone-pod', locked_at = now() - interval '10 s',
+                               lock_token = gen_random_uuid(), lease_expires_at = now() + %s * interval '1 s'
+                         WHERE id = %s""", (attempts, max_attempts, lease_s, job_id))
+
+
+def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
+    from dispatcher.maintenance import Reaper
+    from dispatcher.retry import RetryPolicy
+    from dispatcher.store import JobStore
+
+    enqueue(dsn, "t", 3)
+    a, b, c = (r[0] for r in fetchall(dsn, "SELECT id FROM dispatcher_jobs ORDER BY id"))
+    _hold(dsn, a, attempts=1, lease_s=-1)  # expired, attempts left: retried with backoff
+    _hold(dsn, b, attempts=3, lease_s=-1)  # expired on its last attempt: failed for good
+    _hold(dsn, c, attempts=1, lease_s=60)  # still leased: untouched
+    woken = []
+
+    async def main():
+        store = JobStore(dsn, "reaper-test")
+        try:
+            reaper = Reaper(store, RetryPolicy(30.0, 60.0), interval_s=1, history=True, on_reaped=lambda: woken.append(1))
+            await reaper.tick()
+            return reaper.reaped
+        finally:
+            await store.close()
+
+    assert run_async(main()) == 2 and woken == [1]
+    rows = {r[0]: r[1:] for r in fetchall(dsn, """
+        SELECT id, status, attempts, lease_expiries, run_at > now(), failed_at IS NOT NULL, lock_token IS NULL, last_error
+          FROM dispatcher_jobs""")}
+    assert rows[a][:6] == ("queued", 1, 1, True, False, True)
+    assert rows[a][6].startswith("lease expired once: its worker died or stalled (last held by gone-pod")
+    assert rows[b][:6] == ("failed", 3, 1, False, True, True)
+    assert rows[c][:3] == ("running", 1, 0)
+    history = fetchall(dsn, "SELECT job_id, attempt, worker, outcome, duration_ms > 9000 FROM dispatcher_job_attempts ORDER BY job_id")
+    assert history == [(a, 1, "gone-pod", "retried", True), (b, 3, "gone-pod", "failed", True)]
+
+
+def test_a_reap_loses_to_a_heartbeat_or_a_new_claim_that_landed_first(dsn):
+    """The reaper reads expired leases, then writes: if meanwhile the owner extended the lease
+    (a stalled worker came back) or the job was taken over, the write is fenced off."""
+    from dispatcher.retry import FailureKind, RetryPolicy
+    from dispatcher.store import Failure, JobStore
+
+    enqueue(dsn, "t", 3)
+    ids = [r[0] for r in fetchall(dsn, "SELECT id FROM dispatcher_jobs ORDER BY id")]
+    for job_id in ids:
+        _hold(dsn, job_id, attempts=1, lease_s=-1)
+    extended, retaken, reaped = ids
+    policy = RetryPolicy(1.0, 2.0)
+
+    async def main():
+        store = JobStore(dsn, "reaper-test")
+        try:
+            expired = await store.jobs_lease_expired()
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() + interval '30 s' WHERE id = %s", (extended,))
+                conn.execute("UPDATE dispatcher_jobs SET lock_token = gen_random_uuid() WHERE id = %s", (retaken,))
+            failures = [Failure(e.id, e.token, policy.decide(FailureKind.LEASE_EXPIRED, 1, 3, "x")) for e in expired]
+            return [w.id for w in await store.jobs_fail_owned(failures, lease_expired=True)]
+        finally:
+            await store.close()
+
+    assert run_async(main()) == [reaped]
+    assert dict(fetchall(dsn, "SELECT id, status FROM dispatcher_jobs")) == {
+        extended: "running", retaken: "running", reaped: "queued"}

@@ -1,6 +1,10 @@
+import dataclasses
+import re
+from pathlib import Path
+
 import pytest
 
-from dispatcher.config import Config, parse_buckets
+from dispatcher.config import Config, parse_buckets, settings
 from dispatcher.errors import ConfigError
 
 
@@ -53,3 +57,226 @@ def test_config_is_frozen():
     config = Config.load({})
     with pytest.raises(AttributeError):
         config.mode = "skip_locked"  # type: ignore[misc]
+
+
+# -- validation at construction: no Config exists with a bad value ------------------------------
+
+BAD_FIELD_VALUES = [
+    ("mode", {"mode": "fast"}),
+    ("queues", {"queues": ()}),
+    ("queues", {"queues": ("a", "")}),
+    ("concurrency", {"concurrency": 0}),
+    ("concurrency", {"concurrency": "5"}),
+    ("batch_size", {"batch_size": 10_001}),
+    ("lease_s", {"lease_s": 0}),
+    ("lease_s", {"lease_s": "30"}),
+    ("heartbeat_interval_s", {"lease_s": 10, "heartbeat_interval_s": 6}),
+    ("retry_cap_s", {"retry_base_s": 10, "retry_cap_s": 5}),
+    ("flush_interval_s", {"flush_interval_s": 6}),
+    ("redis_url", {"coordinator": "redis"}),
+    ("coordinator_poll_s", {"coordinator_lease_s": 3, "coordinator_poll_s": 2}),
+    ("buckets", {"buckets": (0, 64)}),
+    ("worker_index", {"worker_index": 4, "worker_count": 4}),
+    ("metrics_port", {"metrics_port": 70_000}),
+    ("log_level", {"log_level": "LOUD"}),
+    ("steal", {"steal": "yes"}),
+    ("worker_id", {"worker_id": None}),
+]
+
+
+@pytest.mark.parametrize(("field", "values"), BAD_FIELD_VALUES)
+def test_direct_construction_rejects_bad_values_naming_the_field(field, values):
+    with pytest.raises(ConfigError) as info:
+        Config(**values)
+    assert info.value.setting == field
+
+
+@pytest.mark.parametrize(("field", "values"), BAD_FIELD_VALUES)
+def test_replace_rejects_bad_values_naming_the_field(field, values):
+    base = Config(lease_s=60)
+    with pytest.raises(ConfigError) as info:
+        base.replace(**values)
+    assert info.value.setting == field
+    assert base.lease_s == 60  # the original is untouched
+
+
+def test_replace_returns_a_valid_copy():
+    base = Config(dsn="postgresql://x")
+    new = base.replace(lease_s=12, heartbeat_interval_s=None)
+    assert (new.lease_s, new.heartbeat_s, new.dsn, new.worker_id) == (12, 4, "postgresql://x", base.worker_id)
+    assert base.lease_s == 30
+
+
+def test_private_exception_and_parser_table_are_gone():
+    # The old private exception is gone: every rule raises the public ConfigError.
+    import dispatcher.config as config_module
+
+    assert not hasattr(config_module, "_Invalid")
+    assert not hasattr(config_module, "_PARSERS")
+
+
+@pytest.mark.parametrize(
+    ("field", "env", "flag", "bad"),
+    [
+        ("lease_s", "DISPATCHER_LEASE_S", "--lease-s", "0"),
+        ("mode", "DISPATCHER_MODE", "--mode", "sideways"),
+        ("batch_size", "DISPATCHER_BATCH_SIZE", "--batch-size", "0"),
+        ("concurrency", "DISPATCHER_CONCURRENCY", "--concurrency", "lots"),  # unparsable
+    ],
+)
+def test_load_names_the_env_var_or_the_flag_the_bad_value_came_from(field, env, flag, bad):
+    with pytest.raises(ConfigError) as info:
+        Config.load({env: bad})
+    assert info.value.setting == env
+    with pytest.raises(ConfigError) as info:
+        Config.load({}, **{field: bad})
+    assert info.value.setting == flag
+    # A good env var with a bad flag: the flag is what the user has to fix.
+    with pytest.raises(ConfigError) as info:
+        Config.load({env: str(getattr(Config(), field))}, **{field: bad})
+    assert info.value.setting == flag
+    # A bad env var overridden by a good flag is fine.
+    assert getattr(Config.load({env: bad}, **{field: str(getattr(Config(), field))}), field) == getattr(Config(), field)
+
+
+def test_load_keeps_the_rule_message_and_rejects_unknown_flags():
+    with pytest.raises(ConfigError) as info:
+        Config.load({"DISPATCHER_LEASE_S": "0.5"})
+    assert str(info.value) == "DISPATCHER_LEASE_S: must be >= 1 second"
+    with pytest.raises(ConfigError) as info:
+        Config.load({}, lease_seconds="5")
+    assert info.value.setting == "--lease-seconds"
+
+
+FLOAT_SETTINGS = [s for s in settings() if s.parse is float]
+
+
+def test_there_are_float_settings():
+    names = {s.name for s in FLOAT_SETTINGS}
+    assert {"lease_s", "heartbeat_interval_s", "flush_interval_s", "coordinator_poll_s"} <= names
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN", "Infinity"])
+@pytest.mark.parametrize("s", FLOAT_SETTINGS, ids=lambda s: s.name)
+def test_non_finite_floats_are_rejected_for_every_float_setting(s, text):
+    with pytest.raises(ConfigError) as info:
+        Config(**{s.name: float(text)})
+    assert info.value.setting == s.name
+    with pytest.raises(ConfigError) as info:
+        Config.load({s.env_var: text})
+    assert info.value.setting == s.env_var
+    assert "finite" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        Config.load({}, **{s.name: text})
+    assert info.value.setting == s.flag
+
+
+# -- field metadata: parser, help, unit, default -------------------------------------------------
+
+def test_every_field_is_a_setting_with_help_and_a_parser():
+    names = [f.name for f in dataclasses.fields(Config)]
+    assert [s.name for s in settings()] == names
+    for s in settings():
+        assert s.env_var == "DISPATCHER_" + s.name.upper()
+        assert s.flag == "--" + s.name.replace("_", "-")
+        assert callable(s.parse), s.name
+        assert len(s.help) >= 15 and "(default" not in s.help, s.name
+        assert s.description == f"{s.help} (default {s.default_text})"
+        assert s.default_text, s.name
+        if s.unit is not None:
+            assert s.unit in s.help, f"{s.name}: help should say its unit ({s.unit})"
+        if s.name.endswith("_s"):
+            assert s.unit == "seconds", s.name
+        if s.name.endswith("_bytes"):
+            assert s.unit == "bytes", s.name
+
+
+def test_each_parser_reads_back_its_own_default():
+    config = Config()
+    for s in settings():
+        default = getattr(config, s.name)
+        if default is None or s.name == "worker_id":
+            continue
+        if isinstance(default, tuple):
+            text = ",".join(map(str, default))
+        else:
+            text = str(default).lower() if isinstance(default, bool) else str(default)
+        assert s.parse(text) == default, s.name
+        assert getattr(Config.load({s.env_var: text}), s.name) == default
+
+
+def test_documented_defaults_match_the_dataclass():
+    config = Config()
+    for s in settings():
+        if s.name in ("worker_id", "heartbeat_interval_s", "buckets", "max_payload_bytes"):
+            continue  # computed or described defaults
+        assert s.default == getattr(config, s.name), s.name
+        shown = s.default_text
+        expected = getattr(config, s.name)
+        if expected is None:
+            assert shown == "none", s.name
+        else:
+            assert s.parse(shown.lower() if isinstance(expected, bool) else shown) == expected, s.name
+    assert settings()[[s.name for s in settings()].index("max_payload_bytes")].default_text.startswith("1048576")
+
+
+def test_run_help_lists_every_setting_with_its_help(capsys, monkeypatch):
+    from dispatcher.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["run", "--help"])
+    assert info.value.code == 0
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines (also at hyphens)
+    for s in settings():
+        assert "".join(f"{s.flag} V {s.description}".split()) in out, s.flag
+    assert "(default30)" in out and "(defaultNone)" not in out
+
+
+# -- README ---------------------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def settings_table(text: str) -> list[list[str]]:
+    """The rows (cells, backticks stripped) of the `| setting | default | meaning |` table."""
+    lines = text.splitlines()
+    header = re.compile(r"\|\s*setting\s*\|\s*default\s*\|\s*meaning\s*\|")
+    start = next(i for i, line in enumerate(lines) if header.fullmatch(line.strip()))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip().startswith("|"):
+            break
+        rows.append([cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def check_readme_table(text: str) -> None:
+    rows = settings_table(text)
+    by_var = {s.env_var: s for s in settings()}
+    listed = [row[0] for row in rows]
+    assert sorted(listed) == sorted(by_var), (
+        f"missing from README: {sorted(set(by_var) - set(listed))}; "
+        f"unknown or repeated there: {sorted(v for v in listed if v not in by_var or listed.count(v) > 1)}")
+    mentioned = set(re.findall(r"DISPATCHER_[A-Z0-9_]+", "\n".join("|".join(row) for row in rows)))
+    assert mentioned <= set(by_var), f"unknown settings in the README table: {sorted(mentioned - set(by_var))}"
+    for var, default, meaning in rows:
+        documented = by_var[var].default_text
+        assert default == documented, f"{var}: README default {default!r}, code {documented!r}"
+        assert meaning, var
+
+
+def test_readme_settings_table_lists_every_setting_and_no_other():
+    check_readme_table(README.read_text(encoding="utf-8"))
+
+
+def test_readme_check_catches_a_missing_an_unknown_and_a_wrong_default():
+    text = README.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `DISPATCHER_SYNC_THREADS`"))
+    for broken in (
+        text.replace(row + "\n", ""),
+        text.replace(row, row + "\n| `DISPATCHER_TURBO` | false | go faster |"),
+        text.replace(row, row.replace("| 8 |", "| 9 |")),
+    ):
+        with pytest.raises(AssertionError):
+            check_readme_table(broken)

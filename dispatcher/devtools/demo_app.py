@@ -1,12 +1,12 @@
-"""Handlers the demo and the benchmarks run: `dispatcher run --app dispatcher.demo_app:registry`."""
+"""Handlers the demo and the benchmarks run: `dispatcher run --app dispatcher.devtools.demo_app:registry`."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 
-from .registry import Registry
-from .store import Job
+from ..registry import Registry
+from ..store import Job
 
 registry = Registry()
 

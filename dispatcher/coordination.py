@@ -1,15 +1,18 @@
-"""Build the bucket assignment a worker's config asks for (DISPATCHER_COORDINATOR)."""
+"""Build the bucket assignment a worker's config asks for (DISPATCHER_COORDINATOR).
+
+Here, not in coordinator/: it maps dispatcher's Config onto coordinator objects, and the
+coordinator package imports nothing from dispatcher."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from coordinator.assignment import BucketAssignment, StaticAssignment
 
-from .assignment import BucketAssignment, StaticAssignment
+from .constants import MODE_PARTITIONED, NUM_BUCKETS
 
 if TYPE_CHECKING:
-    from dispatcher.config import Config
+    from .config import Config
 
 
 def build_assignment(config: Config) -> BucketAssignment:
@@ -17,14 +20,14 @@ def build_assignment(config: Config) -> BucketAssignment:
         return StaticAssignment(tuple(range(NUM_BUCKETS)))  # unused: SKIP LOCKED claims ignore buckets
     if config.coordinator == "static":
         return StaticAssignment(config.static_buckets)
-    from .coordinator import Coordinator
+    from coordinator.coordinator import Coordinator
 
     if config.coordinator == "redis":
-        from .backend_redis import RedisBackend
+        from coordinator.backend_redis import RedisBackend
 
         backend = RedisBackend(config.redis_url)  # type: ignore[arg-type]  # validated: set for redis
     else:
-        from .backend_pg import PostgresBackend
+        from coordinator.backend_pg import PostgresBackend
 
         backend = PostgresBackend(config.dsn, session_locks=config.session_locks)  # type: ignore[arg-type]
     return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s, poll_s=config.coordinator_poll_s)

@@ -1,0 +1,35 @@
+"""Named SQL queries: parsed once from a `.sql` file with `-- name: X` headers (procrastinate's layout).
+
+Generic over the package: `load("coordinator")` reads coordinator/sql/queries.sql, and the
+dispatcher builds its own `query(name)` on the same loader.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def parse_named_queries(text: str) -> dict[str, str]:
+    """Split a file into {name: statement}. Comment lines inside a query are dropped."""
+    parts = _HEADER.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2]):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+        statement = "\n".join(lines).strip()
+        if not statement:
+            raise ValueError(f"query {name!r} is empty")
+        queries[name] = statement
+    return queries
+
+
+@cache
+def load(package: str, filename: str = "queries.sql") -> dict[str, str]:
+    """{name: statement} of `<package>/sql/<filename>`, read once."""
+    text = resources.files(package).joinpath("sql", filename).read_text(encoding="utf-8")
+    return parse_named_queries(text)

@@ -1,0 +1,200 @@
+"""The producer: claims jobs for the executor's free slots.
+
+It sleeps until something may have work for it (a NOTIFY for one of its buckets, an assignment
+change, a reaped lease, or the jittered poll timer), then claims up to the free slots from its
+own buckets in one statement per queue (partitioned mode), or from everything with SKIP LOCKED
+(SKIP LOCKED mode, or partitioned while the coordinator is unreachable). When its own buckets
+come up short it may steal from others (dispatcher/stealing.py decides when and how much).
+
+Bucket hand-offs: the coordinator first stops listing a bucket in `owned()`, then awaits
+`on_revoke`, which returns once the claim in flight (the claim fence) has finished, and only then
+hands the bucket over. So the new owner starts after our last claim on it ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from coordinator.assignment import BucketAssignment
+
+from . import metrics
+from .backoff import jittered
+from .config import Config
+from .constants import MODE_PARTITIONED, NUM_BUCKETS
+from .errors import StoreError
+from .executor import Executor
+from .stealing import StealPolicy
+from .store import Job, JobStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ProducerStats:
+    claims: int = 0  # claim statements, steals included
+    claimed: int = 0
+    steal_claims: int = 0
+    stolen: int = 0
+
+
+class Producer:
+    def __init__(self, config: Config, store: JobStore, assignment: BucketAssignment, executor: Executor) -> None:
+        self._config = config
+        self._store = store
+        self._assignment = assignment
+        self._executor = executor
+        self._partitioned = config.mode == MODE_PARTITIONED
+        self._mode = config.mode
+        self._claim_fence = asyncio.Lock()  # held while a claim statement runs
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
+        self._steals = StealPolicy(config.steal_batch, config.batch_size)
+        self.stats = ProducerStats()
+
+    # -- signals from outside ------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def on_notify(self, queue: str, bucket: int | None) -> None:
+        """A NOTIFY from enqueue: wake only for our own buckets (or a bulk enqueue)."""
+        if bucket is not None and self._partitioned:
+            owned = self._assignment.owned()
+            if owned is not None and bucket not in owned:
+                self._steals.note_foreign_notify()
+                return  # another worker's bucket: its owner gets the same notification
+        if bucket is None:
+            self._steals.note_foreign_notify()  # a bulk enqueue: any bucket may have new work
+        self._wakeup.set()
+
+    async def on_revoke(self, buckets: tuple[int, ...]) -> None:
+        """The coordinator takes `buckets` away (already gone from owned()): return once the
+        claim in flight, which may still read them, has finished."""
+        async with self._claim_fence:
+            pass
+
+    def stop(self) -> None:
+        """Stop claiming. A claim in flight finishes and its jobs start (nothing is orphaned)."""
+        self._stopping = True
+        self._wakeup.set()
+        self._executor.slot_freed.set()
+
+    # -- the claim loop --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        follower = asyncio.create_task(self._follow_assignment(), name="assignment-follower")
+        try:
+            await self._claim_loop()
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+
+    async def _follow_assignment(self) -> None:
+        while True:
+            await self._assignment.changed.wait()
+            self._assignment.changed.clear()
+            self._wakeup.set()
+
+    async def _claim_loop(self) -> None:
+        config, executor = self._config, self._executor
+        # After a full batch (a backlog exists) wait until a quarter of the slots are free rather
+        # than claiming a handful at a time: fewer, fuller claims are cheaper for PostgreSQL.
+        refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
+        backlog = False
+        queues = list(config.queues)
+        while not self._stopping:
+            metrics.JOBS_IN_FLIGHT.set(executor.in_flight)  # per cycle, not per job: cheap and never stale for long
+            if config.concurrency - executor.in_flight < (refill_at if backlog else 1):
+                executor.slot_freed.clear()
+                await executor.slot_freed.wait()
+                continue
+            # Cleared before claiming, not after: a NOTIFY that lands while the claim runs (after
+            # its snapshot) must still wake the next cycle.
+            self._wakeup.clear()
+            own = self._assignment.owned() if self._partitioned else None
+            # Not when degraded (own is None): every claim is SKIP LOCKED over all buckets
+            # already. Pointless when we own every bucket.
+            stealing = (self._partitioned and own is not None and config.steal and len(own) < NUM_BUCKETS
+                        and self._steals.due(self._woke_by_timer))
+            if own == () and not stealing:
+                await self._sleep_until_woken()
+                continue
+            cycle_started = time.perf_counter()
+            try:
+                backlog = await self._claim_cycle(queues, own, stealing)
+            except StoreError as exc:
+                metrics.STORE_ERRORS.labels("claim").inc()
+                log.warning("claim failed: %s", exc)
+                backlog = False
+                # Not woken early by NOTIFYs: back off so a struggling database is not hammered.
+                await self._pause(jittered(min(5.0, config.poll_interval_s), 0.5))
+                continue
+            queues.append(queues.pop(0))  # rotate: no queue always goes first
+            metrics.POLL_CYCLE_SECONDS.labels(self._mode).observe(time.perf_counter() - cycle_started)
+            if not backlog:
+                await self._sleep_until_woken()
+
+    async def _claim_cycle(self, queues: list[str], own: tuple[int, ...] | None, stealing: bool) -> bool:
+        """One claim per queue for the free slots, plus a steal where our own came up short.
+        Returns whether any claim came back full (a backlog: go again without sleeping)."""
+        config, executor = self._config, self._executor
+        backlog = False
+        for queue in queues:
+            free = config.concurrency - executor.in_flight
+            if free <= 0 or self._stopping:
+                break
+            limit = min(free, config.batch_size)
+            got = -1
+            if own != ():
+                jobs = await self._claim(queue, limit, own)
+                got = len(jobs)
+                backlog |= got == limit
+                executor.start(jobs)
+            free = config.concurrency - executor.in_flight
+            if stealing and got < limit and free > 0 and not self._stopping:
+                asked = self._steals.batch(free)
+                stolen = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
+                self._steals.record(len(stolen), asked)
+                self.stats.steal_claims += 1
+                if stolen:
+                    self.stats.stolen += len(stolen)
+                    metrics.STOLEN_JOBS.inc(len(stolen))
+                backlog |= len(stolen) == asked
+                executor.start(stolen)
+        return backlog
+
+    async def _claim(self, queue: str, limit: int, buckets: tuple[int, ...] | None,
+                     steal_from: list[int] | None = None) -> list[Job]:
+        started = time.perf_counter()
+        async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
+            jobs = await self._store.jobs_claim(queue, limit, self._config.lease_s, buckets, steal_from)
+        metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)
+        metrics.CLAIM_BATCH.observe(len(jobs))
+        if jobs:
+            metrics.JOBS_CLAIMED.labels(queue, self._mode).inc(len(jobs))
+        self.stats.claims += 1
+        self.stats.claimed += len(jobs)
+        return jobs
+
+    async def _sleep_until_woken(self) -> None:
+        """Wait for a NOTIFY, an assignment change, a stop, or the jittered poll interval."""
+        if self._stopping:
+            return
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), jittered(self._config.poll_interval_s, 0.2))
+            self._woke_by_timer = False
+        except TimeoutError:
+            self._woke_by_timer = True
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, cut short only by stop()."""
+        deadline = time.monotonic() + seconds
+        while not self._stopping and (left := deadline - time.monotonic()) > 0:
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), left)

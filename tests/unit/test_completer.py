@@ -1,0 +1,108 @@
+"""The completer with a fake store: batching, fencing counts, and nothing lost on a store error."""
+
+import asyncio
+import time
+
+import pytest
+
+from dispatcher.completer import Completer
+from dispatcher.errors import StoreUnavailable
+from dispatcher.retry import Outcome
+from dispatcher.store import FailedWrite, Job
+from tests.helpers import run_async
+
+
+def job(job_id: int, attempts: int = 1) -> Job:
+    return Job((job_id, "t", {}, attempts, 5, None, 0, 0), f"00000000-0000-0000-0000-{job_id:012d}")
+
+
+class FakeStore:
+    worker_id = "w1"
+
+    def __init__(self) -> None:
+        self.completed: list[tuple[list[int], list[str]]] = []
+        self.failed: list[list[tuple[int, str]]] = []
+        self.history: list[tuple[list[int], list[str], list[str]]] = []
+        self.fence: set[int] = set()  # ids whose token "changed": their writes are dropped
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable("complete: database unavailable")
+
+    async def jobs_complete_owned(self, ids, tokens):
+        self._check()
+        self.completed.append((list(ids), list(tokens)))
+        return sum(i not in self.fence for i in ids)
+
+    async def jobs_fail_owned(self, failures, *, lease_expired=False):
+        self._check()
+        self.failed.append([(f.id, f.outcome.status) for f in failures])
+        return [FailedWrite(f.id, f.outcome.status, 1, "w1", None) for f in failures if f.id not in self.fence]
+
+    async def history_record(self, rows):
+        self._check()
+        self.history.append((list(rows.ids), list(rows.workers), list(rows.outcomes)))
+
+
+def make(store, **kw):
+    return Completer(store, flush_interval_s=kw.pop("flush_interval_s", 10.0), flush_max=kw.pop("flush_max", 1000), **kw)
+
+
+def test_one_statement_per_kind_per_flush_and_fenced_rows_are_counted_not_errors():
+    store = FakeStore()
+    store.fence = {2}
+    completer = make(store)
+    for i in (1, 2, 3):
+        completer.completed(job(i), 0.01)
+    completer.failed(job(4), Outcome("queued", 1.0, "boom"), 0.01)
+    completer.failed(job(5), Outcome("failed", 0.0, "boom"), 0.01)
+    run_async(completer.flush())
+    assert store.completed == [([1, 2, 3], [job(i).token for i in (1, 2, 3)])]
+    assert store.failed == [[(4, "queued"), (5, "failed")]]
+    assert (completer.stats.completed, completer.stats.fenced) == (2, 1)
+    assert (completer.stats.retried, completer.stats.failed, completer.stats.discarded) == (1, 1, 0)
+    assert completer.pending == 0
+
+
+def test_a_store_error_keeps_every_outcome_in_order_for_the_next_flush():
+    store = FakeStore()
+    completer = make(store, history=True)
+    completer.completed(job(1), 0.01)
+    completer.failed(job(2), Outcome("queued", 1.0, "boom"), 0.01)
+    store.down = True
+    with pytest.raises(StoreUnavailable):
+        run_async(completer.flush())
+    assert completer.pending == 2
+    completer.completed(job(3), 0.01)  # arrives while the database is away
+    store.down = False
+    run_async(completer.flush())
+    assert store.completed == [([1, 3], [job(1).token, job(3).token])]
+    assert store.failed == [[(2, "queued")]]
+    assert store.history == [([1, 2, 3], ["w1"] * 3, ["completed", "retried", "completed"])]
+
+
+def test_a_full_buffer_flushes_without_waiting_for_the_interval():
+    store = FakeStore()
+    completer = make(store, flush_interval_s=30.0, flush_max=3)
+
+    async def main():
+        task = asyncio.create_task(completer.run())
+        for i in range(3):
+            completer.completed(job(i), 0.0)
+        deadline = time.monotonic() + 5
+        while not store.completed and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run_async(main())
+    assert store.completed and store.completed[0][0] == [0, 1, 2]
+
+
+def test_history_is_only_written_when_enabled():
+    store = FakeStore()
+    completer = make(store)
+    completer.completed(job(1), 0.01)
+    run_async(completer.flush())
+    assert store.history == []

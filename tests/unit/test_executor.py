@@ -1,0 +1,208 @@
+"""The executor's decisions with a fake completer: every way an attempt ends becomes an outcome,
+and no handler can take the process down."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from dispatcher.errors import PermanentJobError
+from dispatcher.executor import Executor
+from dispatcher.registry import Registry
+from dispatcher.retry import RetryPolicy
+from dispatcher.store import Job
+from tests.helpers import run_async
+
+
+def job(job_id: int, job_type: str, attempts: int = 1, max_attempts: int = 5) -> Job:
+    return Job((job_id, job_type, {}, attempts, max_attempts, None, 0, 0), "00000000-0000-0000-0000-000000000001")
+
+
+class Recorder:
+    """Stands in for the Completer: keeps what the executor decided."""
+
+    def __init__(self) -> None:
+        self.completed_ids: list[int] = []
+        self.outcomes: dict[int, object] = {}
+
+    def completed(self, job, duration_s):
+        self.completed_ids.append(job.id)
+
+    def failed(self, job, outcome, duration_s):
+        self.outcomes[job.id] = outcome
+
+
+def make(registry, **kw):
+    recorder = Recorder()
+    executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder, worker_id="w1",
+                        job_timeout_s=kw.pop("job_timeout_s", 0), sync_threads=kw.pop("sync_threads", 2))
+    return executor, recorder
+
+
+async def until(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("exc", [ValueError("boom"), SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_anything_an_async_handler_raises_is_its_jobs_failure(exc):
+    registry = Registry()
+
+    @registry.handler("bad")
+    async def bad(job):
+        await asyncio.sleep(0)
+        raise exc
+
+    @registry.handler("good")
+    async def good(job):
+        await asyncio.sleep(0)
+
+    executor, rec = make(registry)
+
+    async def main():
+        executor.start([job(1, "bad"), job(2, "good")])
+        await until(lambda: executor.in_flight == 0)
+
+    run_async(main())  # the process (this test) lives on
+    assert rec.completed_ids == [2]
+    outcome = rec.outcomes[1]
+    assert (outcome.status, outcome.delay_s) == ("queued", 0.5)
+    assert type(exc).__name__ in outcome.error
+
+
+def test_a_handler_that_raises_without_awaiting_is_recorded_too():
+    registry = Registry()
+
+    @registry.handler("bad")
+    async def bad(job):
+        raise SystemExit("no await before this")
+
+    executor, rec = make(registry)
+
+    async def main():
+        executor.start([job(1, "bad")])
+        await until(lambda: executor.in_flight == 0)
+
+    run_async(main())
+    assert "SystemExit: no await before this" in rec.outcomes[1].error
+
+
+def test_anything_a_sync_handler_raises_is_its_jobs_failure():
+    registry = Registry()
+
+    @registry.handler("bad")
+    def bad(job):
+        raise SystemExit("from a thread")
+
+    executor, rec = make(registry)
+
+    async def main():
+        executor.start([job(1, "bad")])
+        await until(lambda: executor.in_flight == 0)
+
+    run_async(main())
+    executor.close()
+    assert rec.outcomes[1].status == "queued" and "SystemExit: from a thread" in rec.outcomes[1].error
+
+
+def test_permanent_error_unknown_type_and_last_attempt():
+    registry = Registry()
+
+    @registry.handler("perm")
+    async def perm(job):
+        raise PermanentJobError("no such customer")
+
+    @registry.handler("boom")
+    async def boom(job):
+        raise RuntimeError("boom")
+
+    executor, rec = make(registry)
+
+    async def main():
+        executor.start([job(1, "perm"), job(2, "nobody"), job(3, "boom", attempts=5, max_attempts=5)])
+        await until(lambda: executor.in_flight == 0)
+
+    run_async(main())
+    assert rec.outcomes[1].status == "discarded"
+    assert rec.outcomes[2].status == "failed" and "no handler registered for job_type 'nobody'" in rec.outcomes[2].error
+    assert "known: boom, perm" in rec.outcomes[2].error
+    assert rec.outcomes[3].status == "failed"
+
+
+def test_a_timeout_cancels_the_handler_and_backs_off():
+    registry = Registry()
+    cancelled = []
+
+    @registry.handler("hang", timeout_s=0.05)
+    async def hang(job):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(job.id)
+            raise
+
+    executor, rec = make(registry)
+
+    async def main():
+        executor.start([job(1, "hang")])
+        await until(lambda: executor.in_flight == 0)
+
+    run_async(main())
+    assert cancelled == [1] and executor.stats.timeouts == 1
+    assert rec.outcomes[1].error == "timed out after 0.05 s" and rec.outcomes[1].delay_s == 0.5
+
+
+def test_the_sync_backlog_is_handed_back_unstarted_and_running_jobs_are_held():
+    registry = Registry()
+    release = threading.Event()
+    started = []
+
+    @registry.handler("block")
+    def block(job):
+        started.append(job.id)
+        release.wait(10)
+
+    executor, rec = make(registry, sync_threads=1)
+
+    async def main():
+        executor.start([job(1, "block"), job(2, "block"), job(3, "block")])
+        await until(lambda: started == [1])
+        held = [j.id for j in executor.running_since(time.monotonic())]
+        unstarted = [j.id for j in executor.take_unstarted()]
+        in_flight = executor.in_flight
+        release.set()
+        await until(lambda: executor.in_flight == 0)
+        return held, unstarted, in_flight
+
+    held, unstarted, in_flight = run_async(main())
+    executor.close()
+    assert sorted(held) == [1, 2, 3]
+    assert unstarted == [2, 3] and in_flight == 1
+    assert started == [1] and rec.completed_ids == [1]
+
+
+def test_drain_interrupts_what_outlives_the_grace_and_retries_it_at_once():
+    registry = Registry()
+
+    @registry.handler("slow")
+    async def slow(job):
+        await asyncio.sleep(30)
+
+    @registry.handler("quick")
+    async def quick(job):
+        await asyncio.sleep(0.01)
+
+    executor, rec = make(registry)
+
+    async def main():
+        executor.start([job(1, "slow"), job(2, "quick")])
+        await executor.drain(0.3)
+
+    run_async(main())
+    assert rec.completed_ids == [2]
+    assert (rec.outcomes[1].status, rec.outcomes[1].delay_s) == ("queued", 0.0)
+    assert rec.outcomes[1].error == "interrupted: worker shut down"
+    assert executor.in_flight == 0

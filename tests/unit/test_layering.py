@@ -1,0 +1,95 @@
+"""Layering: `dispatcher` uses `coordinator`, never the other way round.
+
+Every module under coordinator/ is parsed (not imported) and every import it makes is resolved to
+an absolute module name: plain and from-imports, relative ones (`from .. import dispatcher`),
+imports under `if TYPE_CHECKING:` or inside functions, and `importlib.import_module("...")` /
+`__import__("...")` with a literal name. None may name `dispatcher` or anything below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = "dispatcher"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_names(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in `source`, the code of `module`."""
+    package = module if is_package else module.rpartition(".")[0]
+    names: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                prefix = ".".join(base)
+            else:
+                prefix = ""
+            target = ".".join(p for p in (prefix, node.module or "") if p)
+            if node.module:
+                names.append((node.lineno, target))
+            else:  # `from . import x` / `from .. import dispatcher`: the names are the modules
+                names += [(node.lineno, ".".join(p for p in (target, alias.name) if p)) for alias in node.names]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                names.append((node.lineno, node.args[0].value))
+    return names
+
+
+def forbidden_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    return [f"line {line}: {name}" for line, name in imported_names(source, module, is_package)
+            if name == FORBIDDEN or name.startswith(FORBIDDEN + ".")]
+
+
+def coordinator_modules() -> list[Path]:
+    found = sorted((ROOT / "coordinator").rglob("*.py"))
+    assert found, "no coordinator modules found"
+    return found
+
+
+@pytest.mark.parametrize("path", coordinator_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_coordinator_imports_nothing_from_dispatcher(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    bad = forbidden_imports(source, _module_name(path, ROOT), path.name == "__init__.py")
+    assert not bad, f"{path.relative_to(ROOT)} imports from dispatcher: {bad}"
+
+
+@pytest.mark.parametrize("source, module", [
+    ("from dispatcher.errors import DispatcherError", "coordinator.backend"),
+    ("import dispatcher.constants", "coordinator.assignment"),
+    ("import dispatcher", "coordinator.assignment"),
+    ("from dispatcher import queries", "coordinator.backend_pg"),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dispatcher.config import Config", "coordinator.factory"),
+    ("def f():\n    from dispatcher.backoff import jittered", "coordinator.coordinator"),
+    ("from .. import dispatcher", "coordinator.backend"),
+    ("from ..dispatcher.queries import query", "coordinator.backend"),
+    ("from ...dispatcher import x", "coordinator.sub.mod"),
+    ("import importlib\nimportlib.import_module('dispatcher.constants')", "coordinator.x"),
+])
+def test_the_check_catches_every_spelling(source: str, module: str) -> None:
+    assert forbidden_imports(source, module)
+
+
+@pytest.mark.parametrize("source, module", [
+    ("from .errors import CoordinatorError", "coordinator.backend"),
+    ("from coordinator.buckets import NUM_BUCKETS", "coordinator.assignor"),
+    ("import dispatcher_tools", "coordinator.x"),  # a different package that merely starts alike
+    ("from . import metrics", "coordinator.coordinator"),
+])
+def test_the_check_allows_the_coordinators_own_imports(source: str, module: str) -> None:
+    assert not forbidden_imports(source, module)

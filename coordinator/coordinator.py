@@ -72,6 +72,11 @@ class Coordinator:
     def owned(self) -> tuple[int, ...] | None:
         return None if self._degraded else self._owned
 
+    @property
+    def running(self) -> bool:
+        """Test signal: the background loop is alive (it must outlive any backend failure)."""
+        return self._task is not None and not self._task.done()
+
     async def start(self, on_revoke: OnRevoke | None = None) -> None:
         """Join before the worker claims anything, so it starts with its share (or degraded).
         `on_revoke(buckets)` is awaited before buckets we own are handed over (module docstring)."""

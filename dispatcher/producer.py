@@ -54,7 +54,14 @@ class Producer:
         self._stopping = False
         self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
+        self._asleep = False  # in _sleep_until_woken
         self.stats = ProducerStats()
+
+    @property
+    def idle(self) -> bool:
+        """Test signal: the claim loop sleeps and nothing has woken it yet (no NOTIFY, assignment
+        change or reap pending), so only its poll timer would start the next claim."""
+        return self._asleep and not self._wakeup.is_set() and not self._assignment.changed.is_set()
 
     # -- signals from outside ------------------------------------------------------------------------
 
@@ -185,11 +192,14 @@ class Producer:
         """Wait for a NOTIFY, an assignment change, a stop, or the jittered poll interval."""
         if self._stopping:
             return
+        self._asleep = True
         try:
             await asyncio.wait_for(self._wakeup.wait(), jittered(self._config.poll_interval_s, 0.2))
             self._woke_by_timer = False
         except TimeoutError:
             self._woke_by_timer = True
+        finally:
+            self._asleep = False
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, cut short only by stop()."""

@@ -103,6 +103,11 @@ class Worker:
         return self._listener.listening
 
     @property
+    def idle(self) -> bool:
+        """Test signal: the claim loop sleeps with no wake-up pending (see Producer.idle)."""
+        return self.producer.idle
+
+    @property
     def stats(self) -> WorkerStats:
         p = self.producer.stats
         return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, self.executor.stats.timeouts,

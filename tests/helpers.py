@@ -1,11 +1,13 @@
-"""Shared test helpers: SQL peeks, deadline polling (never fixed sleeps), worker processes."""
+"""Shared test helpers: SQL peeks, waiting for a condition (never fixed sleeps), worker processes."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,16 +34,58 @@ def status_counts(dsn: str) -> dict[str, int]:
     return dict(fetchall(dsn, "SELECT status, count(*) FROM dispatcher_jobs GROUP BY status"))
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
-    """Poll `predicate` until it returns something truthy; fail with `what` after the deadline."""
-    deadline = time.monotonic() + timeout_s
+# --------------------------------------------------------------------------- waiting for a condition
+# The one place tests wait for a condition: poll a predicate until it holds, fail after a deadline
+# saying what was awaited. Never a fixed sleep. `timeout_s` is seconds from now, or a `Deadline`
+# shared by several waits (one budget for a sequence of steps).
+
+What = str | Callable[[], str]  # what is awaited; a callable is asked only when the wait times out
+
+
+class Deadline:
+    """A time budget that starts now; several waits may share it."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.at = time.monotonic() + timeout_s
+
+    def passed(self) -> bool:
+        return time.monotonic() > self.at
+
+    def timed_out(self, what: What) -> AssertionError:
+        text = what() if callable(what) else what
+        return AssertionError(f"timed out after {self.timeout_s} s waiting for: {text}")
+
+
+def _deadline(timeout_s: float | Deadline) -> Deadline:
+    return timeout_s if isinstance(timeout_s, Deadline) else Deadline(timeout_s)
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float | Deadline, what: What, interval_s: float = 0.05) -> T:
+    """Poll `predicate` until it returns something truthy (returned); fail with `what` after the deadline."""
+    deadline = _deadline(timeout_s)
     while True:
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
+        if deadline.passed():
+            raise deadline.timed_out(what)
         time.sleep(interval_s)
+
+
+async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], timeout_s: float | Deadline, what: What,
+                           interval_s: float = 0.02) -> T:
+    """`wait_until` on the running event loop: `predicate` may be sync or return an awaitable."""
+    deadline = _deadline(timeout_s)
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if deadline.passed():
+            raise deadline.timed_out(what)
+        await asyncio.sleep(interval_s)
 
 
 def start_worker(dsn: str, record_dir: Path | None = None, app: str = "tests.apps.recording:registry",
@@ -94,21 +138,17 @@ def run_async(coro: Any) -> Any:
 async def run_worker_until(worker: Any, predicate: Callable[[], Any], timeout_s: float, what: str,
                            grace_s: float | None = None) -> Any:
     """Run an in-process Worker until `predicate()` (a sync DB check, run in a thread) holds."""
-    import asyncio
-
     task = asyncio.create_task(worker.run())
+
+    async def holds() -> Any:
+        value = await asyncio.to_thread(predicate)
+        if not value and task.done():
+            task.result()
+            raise AssertionError(f"worker exited before: {what}")
+        return value
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = await asyncio.to_thread(predicate)
-            if value:
-                return value
-            if task.done():
-                task.result()
-                raise AssertionError(f"worker exited before: {what}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
-            await asyncio.sleep(0.05)
+        return await wait_until_async(holds, timeout_s, what, interval_s=0.05)
     finally:
         worker.stop(grace_s=grace_s)
         await task

@@ -1,13 +1,11 @@
-"""Backend factories and an async deadline poll for the contract suite (fixtures: conftest.py)."""
+"""Backend factories for the contract suite (fixtures: conftest.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import psycopg
 import redis
@@ -17,7 +15,6 @@ from coordinator.backend import CoordinatorBackend
 from coordinator.backend_pg import PostgresBackend
 from coordinator.backend_redis import RedisBackend
 
-T = TypeVar("T")
 KINDS = ["postgres", "postgres_leases_only", "redis"]
 
 
@@ -149,15 +146,3 @@ class RedisFactory(BackendFactory):
             keys = list(r.scan_iter(match=f"{self.prefix}:*"))
             if keys:
                 r.delete(*keys)
-
-
-async def eventually(probe: Callable[[], Awaitable[T]], timeout_s: float, what: str, interval_s: float = 0.02) -> T:
-    """Await `probe()` until it returns something truthy; fail with `what` after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
-        await asyncio.sleep(interval_s)

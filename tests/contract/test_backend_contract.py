@@ -2,7 +2,7 @@
 locks, PostgreSQL on leases only, Redis), so the coordinator loop can rely on one behaviour.
 
 Against real servers, never a mock (fixtures: conftest.py). Leases are short (about a second) and
-every wait polls a condition with a deadline (`eventually`), never a fixed sleep.
+every wait polls a condition with a deadline (`wait_until_async`), never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from coordinator.backend import BucketChange, ClusterView, owned_by, plan_changes
 from coordinator.buckets import NUM_BUCKETS
 from coordinator.errors import CoordinatorError, CoordinatorUnavailable, NotLeader
-from tests.contract.support import BackendFactory, eventually
-from tests.helpers import run_async
+from tests.contract.support import BackendFactory
+from tests.helpers import run_async, wait_until_async
 
 LEASE_S = 1.0  # "short": expiry tests wait about this long
 FAST_S = 3.0  # an unreachable server must surface within this
@@ -140,7 +140,7 @@ def test_a_member_whose_lease_lapses_disappears(backend_factory: BackendFactory)
             await stuck.heartbeat("stuck", LEASE_S)
             t0 = time.monotonic()
             assert (await observer.view()).members == ("obs", "stuck")
-            await eventually(lambda: gone(observer, "stuck"), LEASE_S + 5, "the stuck member's lease to lapse")
+            await wait_until_async(lambda: gone(observer, "stuck"), LEASE_S + 5, "the stuck member's lease to lapse")
             assert time.monotonic() - t0 > LEASE_S * 0.7  # by its lease, not earlier
             assert (await observer.view()).members == ("obs",)
 
@@ -157,7 +157,7 @@ def test_closing_a_members_connection(backend_factory: BackendFactory) -> None:
             await killed.heartbeat("killed", 30)
             await killed.close()
             if backend_factory.drops_on_close:
-                await eventually(lambda: gone(observer, "killed"), 2, "a closed member to drop at once")
+                await wait_until_async(lambda: gone(observer, "killed"), 2, "a closed member to drop at once")
             else:
                 assert "killed" in (await observer.view()).members  # still within its lease
 
@@ -189,7 +189,7 @@ def test_an_expired_leadership_is_taken_over(backend_factory: BackendFactory) ->
         async with backend_factory.connected(2) as [a, b]:
             assert await a.try_lead("a", LEASE_S)
             t0 = time.monotonic()
-            await eventually(lambda: b.try_lead("b", 10), LEASE_S + 5, "b to take over the expired leadership")
+            await wait_until_async(lambda: b.try_lead("b", 10), LEASE_S + 5, "b to take over the expired leadership")
             assert time.monotonic() - t0 > LEASE_S * 0.7  # only once it expired
             assert not await a.try_lead("a", 10)  # a cannot renew what it lost
             assert (await a.view()).leader == "b"
@@ -268,7 +268,7 @@ def test_a_revoke_becomes_overdue_after_its_deadline(backend_factory: BackendFac
                 v = await a.view()
                 return v if v.buckets[9].revoke_overdue else None
 
-            view = await eventually(overdue, 5, "the revoke to become overdue")
+            view = await wait_until_async(overdue, 5, "the revoke to become overdue")
             assert time.monotonic() - t0 > 0.15
             assert plan_changes(view, {9: "b"}) == [assign(9, 1, "b")]  # the leader may force it
             assert await a.apply("a", plan_changes(view, {9: "b"}), 10) == 1
@@ -292,7 +292,7 @@ def test_apply_by_a_non_leader_raises_not_leader(backend_factory: BackendFactory
             async def lapsed() -> bool:
                 return (await a.view()).leader is None
 
-            await eventually(lapsed, LEASE_S + 5, "a's leadership to lapse")
+            await wait_until_async(lapsed, LEASE_S + 5, "a's leadership to lapse")
             with pytest.raises(NotLeader):  # a lost it: its stale plan is refused
                 await a.apply("a", [assign(0, 0, "a")], 1)
             assert bucket(await a.view(), 0) == (None, None, 0, False)  # nothing was written
@@ -440,6 +440,8 @@ def test_wait_for_change_wakes_on_another_members_change_only(backend_factory: B
             assert time.monotonic() - t0 >= 0.15
 
             waiter = asyncio.create_task(a.wait_for_change(10))
+            # Not a wait for a condition: a head start so the join wakes a waiter already blocked
+            # (the result does not depend on it: a notification sent before it blocks is kept for it).
             await asyncio.sleep(0.05)
             t0 = time.monotonic()
             await b.heartbeat("b", 10)  # a join notifies

@@ -13,7 +13,7 @@ import pytest
 from coordinator.backend_pg import PostgresBackend
 from coordinator.coordinator import Coordinator
 from coordinator.errors import CoordinatorError
-from tests.helpers import fetchval, run_async
+from tests.helpers import fetchval, run_async, wait_until_async
 
 
 def assignment_settled(coordinators):
@@ -25,13 +25,11 @@ def assignment_settled(coordinators):
     return sorted(flat) == list(range(64)) and max(counts) - min(counts) <= 1
 
 
-async def wait_for(predicate, timeout_s, what):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
-        await asyncio.sleep(0.02)
+async def ticks(coordinator, n, timeout_s):
+    """Wait for `n` more adopted views of `coordinator` (its loop's ticks): the n-th began after this call."""
+    for i in range(n):
+        coordinator.adopted.clear()
+        await wait_until_async(coordinator.adopted.is_set, timeout_s, f"{coordinator.member}'s tick {i + 1} of {n}")
 
 
 # --------------------------------------------------------------------------- the loop
@@ -42,18 +40,18 @@ def test_members_split_the_buckets_and_rebalance_on_join_and_leave(dsn):
         members = [Coordinator(PostgresBackend(dsn), f"m{i}", lease_s=3, poll_s=0.5) for i in range(3)]
         for m in members:
             await m.start()
-        await wait_for(lambda: assignment_settled(members), 10, "3 members own disjoint balanced shares")
+        await wait_until_async(lambda: assignment_settled(members), 10, "3 members own disjoint balanced shares")
         before = {b: m.member for m in members for b in m.owned()}
         joiner = Coordinator(PostgresBackend(dsn), "m3", lease_s=3, poll_s=0.5)
         await joiner.start()
-        await wait_for(lambda: assignment_settled(members + [joiner]), 5, "4 members settled after a join")
+        await wait_until_async(lambda: assignment_settled(members + [joiner]), 5, "4 members settled after a join")
         after = {b: m.member for m in members + [joiner] for b in m.owned()}
         moved = sum(before[b] != after[b] for b in range(64))
         assert moved == 16  # exactly the joiner's share: ceil(64/4)
         leaver = members.pop(0)
         their = set(leaver.owned())
         await leaver.stop()
-        await wait_for(lambda: assignment_settled(members + [joiner]), 5, "3 members settled after a leave")
+        await wait_until_async(lambda: assignment_settled(members + [joiner]), 5, "3 members settled after a leave")
         final = {b: m.member for m in members + [joiner] for b in m.owned()}
         assert {b for b in range(64) if final[b] != after[b]} == their  # only the leaver's buckets moved
         for m in members + [joiner]:
@@ -77,18 +75,22 @@ def test_cooperative_hand_off_waits_for_on_revoke(dsn):
 
         old = Coordinator(PostgresBackend(dsn), "old", lease_s=6, poll_s=0.5)  # on_revoke bound: 2 s
         await old.start(on_revoke=on_revoke)
-        await wait_for(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
+        await wait_until_async(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
         await claim_in_flight.acquire()
         new = Coordinator(PostgresBackend(dsn), "new", lease_s=6, poll_s=0.5)
         await new.start()
-        await wait_for(lambda: len(old.owned()) == 32, 5, "old owner stopped polling what it gives away")
-        await wait_for(lambda: revoked, 5, "on_revoke called")
+        await wait_until_async(lambda: len(old.owned()) == 32, 5, "old owner stopped polling what it gives away")
+        await wait_until_async(lambda: revoked, 5, "on_revoke called")
         given, owned_meanwhile = revoked[0]
         assert len(given) == 32 and not set(given) & set(owned_meanwhile)  # no longer advertised
-        await asyncio.sleep(0.3)  # a negative check: nothing may move while the claim is in flight
+        # A negative check: nothing may move while the claim is in flight. Its window is two ticks
+        # of the new member (~0.5 s each): the second starts after on_revoke was called, so it
+        # reads a view from after any hand-over an eager old owner would already have made. That
+        # is well within old's bound on on_revoke (lease / 3 = 2 s).
+        await ticks(new, 2, 5)
         assert new.owned() == (), "new owner must not poll before the old owner's claim finished"
         claim_in_flight.release()
-        await wait_for(lambda: assignment_settled([old, new]), 5, "hand-off completed")
+        await wait_until_async(lambda: assignment_settled([old, new]), 5, "hand-off completed")
         assert set(new.owned()) == set(given)
         epochs = Counter(s.epoch for s in (await new.backend.view()).buckets)
         assert epochs == Counter({1: 32, 2: 32})  # 1: first assignment; 2: moved once more
@@ -110,18 +112,18 @@ def test_a_stuck_on_revoke_delays_the_hand_over_by_a_bounded_time(dsn, caplog):
 
         old = Coordinator(PostgresBackend(dsn), "old", lease_s=6, poll_s=0.5)
         await old.start(on_revoke=stuck)
-        await wait_for(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
+        await wait_until_async(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
         new = Coordinator(PostgresBackend(dsn), "new", lease_s=6, poll_s=0.5)
         await new.start()
-        await wait_for(lambda: calls, 5, "on_revoke called")
+        await wait_until_async(lambda: calls, 5, "on_revoke called")
         t0 = time.monotonic()
-        await wait_for(lambda: assignment_settled([old, new]), 10, "hand-off completed despite on_revoke")
+        await wait_until_async(lambda: assignment_settled([old, new]), 10, "hand-off completed despite on_revoke")
         waited = time.monotonic() - t0
         # handed over by old after its bound (lease / 3 = 2 s), well before the leader would
         # force it (a lease: 6 s); and the loop kept running (it settled, and still answers).
         assert 1.5 < waited < 5, waited
         assert any("overran" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-        assert not old._task.done()
+        assert old.running
         await old.stop()
         await new.stop()
 
@@ -135,10 +137,10 @@ def test_a_failing_on_revoke_is_logged_and_the_hand_over_still_happens(dsn, capl
 
         old = Coordinator(PostgresBackend(dsn), "old", lease_s=6, poll_s=0.5)
         await old.start(on_revoke=failing)
-        await wait_for(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
+        await wait_until_async(lambda: len(old.owned() or ()) == 64, 5, "single member owns everything")
         new = Coordinator(PostgresBackend(dsn), "new", lease_s=6, poll_s=0.5)
         await new.start()
-        await wait_for(lambda: assignment_settled([old, new]), 5, "hand-off completed despite on_revoke")
+        await wait_until_async(lambda: assignment_settled([old, new]), 5, "hand-off completed despite on_revoke")
         assert any("raised" in r.getMessage() and r.exc_info for r in caplog.records if r.levelno == logging.ERROR)
         await old.stop()
         await new.stop()
@@ -152,17 +154,17 @@ def test_backend_outage_longer_than_the_lease_degrades_then_recovers(dsn, pg_adm
     async def main():
         member = Coordinator(PostgresBackend(dsn), "m", lease_s=3, poll_s=0.5)
         await member.start()
-        await wait_for(lambda: member.owned() is not None and len(member.owned()) == 64, 5, "owns all")
+        await wait_until_async(lambda: member.owned() is not None and len(member.owned()) == 64, 5, "owns all")
         dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                           "WHERE datname = %s AND application_name LIKE 'dispatcher-coordinator%%'", (dbname,))
             try:
-                await wait_for(lambda: member.owned() is None, 10, "degraded after the lease")
+                await wait_until_async(lambda: member.owned() is None, 10, "degraded after the lease")
             finally:
                 admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
-        await wait_for(lambda: member.owned() is not None and len(member.owned()) == 64, 10, "recovered")
+        await wait_until_async(lambda: member.owned() is not None and len(member.owned()) == 64, 10, "recovered")
         await member.stop()
 
     run_async(main())
@@ -174,15 +176,15 @@ def test_the_loop_outlives_backend_errors_that_are_not_outages(dsn):
     async def main():
         member = Coordinator(PostgresBackend(dsn), "m", lease_s=3, poll_s=0.5)
         await member.start()
-        await wait_for(lambda: len(member.owned() or ()) == 64, 5, "owns all")
+        await wait_until_async(lambda: len(member.owned() or ()) == 64, 5, "owns all")
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE dispatcher_bucket_owners RENAME TO dispatcher_bucket_owners_away")
             try:
-                await wait_for(lambda: member.owned() is None, 10, "degraded after the lease")
-                assert not member._task.done()
+                await wait_until_async(lambda: member.owned() is None, 10, "degraded after the lease")
+                assert member.running
             finally:
                 conn.execute("ALTER TABLE dispatcher_bucket_owners_away RENAME TO dispatcher_bucket_owners")
-        await wait_for(lambda: len(member.owned() or ()) == 64, 10, "recovered")
+        await wait_until_async(lambda: len(member.owned() or ()) == 64, 10, "recovered")
         await member.stop()
 
     run_async(main())
@@ -201,11 +203,7 @@ def test_a_leader_whose_connection_dies_is_replaced_at_once_only_with_session_lo
         assert not await b.try_lead("b", 30)
         await a.close()  # what SIGKILL does: the connection, and with it a's session lock, is gone
         if session_locks:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 2
-            while not await b.try_lead("b", 30):
-                assert loop.time() < deadline, "the dead leader's lock did not free the leadership"
-                await asyncio.sleep(0.02)
+            await wait_until_async(lambda: b.try_lead("b", 30), 2, "the dead leader's lock to free the leadership")
             term = fetchval(dsn, "SELECT term FROM dispatcher_leader")
             assert term == 2  # a new term: leadership changed hands
         else:
@@ -227,15 +225,15 @@ def test_a_member_lock_held_by_another_session_is_a_coordinator_error(dsn):
             await second.heartbeat("same", 10)
         assert type(info.value) is CoordinatorError
         await first.close()  # the lock goes with the connection ...
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2
-        while True:  # ... so the second may now take over the id
+
+        async def took_over():  # ... so the second may now take over the id
             try:
                 await second.heartbeat("same", 10)
-                break
             except CoordinatorError:
-                assert loop.time() < deadline
-                await asyncio.sleep(0.02)
+                return False
+            return True
+
+        await wait_until_async(took_over, 2, "the second session to take over the id")
         assert (await second.view()).members == ("same",)
         await second.close()
 

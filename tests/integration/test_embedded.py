@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -26,6 +26,7 @@ from dispatcher.devtools.embedded import (
     start_postgres,
     start_redis,
 )
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,14 +40,6 @@ srv = embedded.start_postgres() if kind == "pg" else embedded.start_redis()
 print(json.dumps({"pid": srv.pid, "tmpdir": str(srv.tmpdir)}), flush=True)
 time.sleep(600)
 """
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def pid_gone(pid: int) -> bool:
@@ -201,7 +194,7 @@ def test_sigkilled_owner_takes_postgres_down_and_next_start_cleans_dir() -> None
     assert tmpdir.is_dir() and embedded._alive(server_pid)
     sigkill(proc)
     # PDEATHSIG (set after the switch to the unprivileged user) stops the postmaster.
-    wait_until(lambda: pid_gone(server_pid), what="postmaster to die with its owner")
+    wait_until(lambda: pid_gone(server_pid), 15, "postmaster to die with its owner")
     assert tmpdir.is_dir()
     with start_postgres():
         assert not tmpdir.exists()
@@ -212,7 +205,7 @@ def test_leaked_postmaster_is_killed_by_next_start() -> None:
     sigkill(proc)
     assert embedded._alive(server_pid)  # nothing took it down: a genuine leak
     with start_postgres():
-        wait_until(lambda: pid_gone(server_pid), what="leaked postmaster to be killed")
+        wait_until(lambda: pid_gone(server_pid), 15, "leaked postmaster to be killed")
         assert not tmpdir.exists()
 
 
@@ -303,7 +296,7 @@ def test_server_started_from_short_lived_thread_outlives_it() -> None:
 def test_redis_orphan_cleaned_by_next_start() -> None:
     proc, server_pid, tmpdir = spawn_orphan("redis", pdeathsig=True)
     sigkill(proc)
-    wait_until(lambda: pid_gone(server_pid), what="redis to die with its owner")
+    wait_until(lambda: pid_gone(server_pid), 15, "redis to die with its owner")
     with start_redis():
         assert not tmpdir.exists()
 
@@ -313,5 +306,5 @@ def test_leaked_redis_is_killed_by_next_start() -> None:
     sigkill(proc)
     assert embedded._alive(server_pid)
     with start_redis():
-        wait_until(lambda: pid_gone(server_pid), what="leaked redis to be killed")
+        wait_until(lambda: pid_gone(server_pid), 15, "leaked redis to be killed")
         assert not tmpdir.exists()

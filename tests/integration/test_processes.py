@@ -7,8 +7,17 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_payloads_sync
-from tests.helpers import (RETRY_LOG, fetchall, fetchval, overlapping, read_executions, start_worker, status_counts,
-                           stop_workers, wait_until)
+from tests.helpers import (
+    RETRY_LOG,
+    fetchall,
+    fetchval,
+    overlapping,
+    read_executions,
+    start_worker,
+    status_counts,
+    stop_workers,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -104,15 +113,18 @@ def test_a_job_that_kills_its_worker_backs_off_then_fails_for_good(dsn, tmp_path
 
     workers = [spawn(), spawn()]
     deaths = []
+
+    def poison_failed():  # meanwhile, a worker that died is restarted
+        if fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE job_type = 'exit_process'") == "failed":
+            return True
+        for i, proc in enumerate(workers):
+            if proc.poll() is not None:
+                deaths.append(proc.returncode)
+                workers[i] = spawn()
+        return False
+
     try:
-        deadline = time.monotonic() + 90
-        while fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE job_type = 'exit_process'") != "failed":
-            assert time.monotonic() < deadline, f"poison job not failed after {len(deaths)} deaths"
-            for i, proc in enumerate(workers):
-                if proc.poll() is not None:
-                    deaths.append(proc.returncode)
-                    workers[i] = spawn()
-            time.sleep(0.05)
+        wait_until(poison_failed, 90, lambda: f"the poison job to fail for good (after {len(deaths)} deaths)")
         # A while longer: a failed job must not be claimed again (no 4th death).
         wait_until(lambda: status_counts(dsn).get("completed") == 200, 60, "the other 200 jobs completed")
         for proc in workers:

@@ -11,7 +11,17 @@ import psycopg
 import pytest
 
 from dispatcher import Config, Job, Registry, Worker, enqueue, enqueue_sync
-from tests.helpers import ROOT, fetchval, run_async, start_worker, status_counts, stop_workers, wait_until
+from tests.helpers import (
+    ROOT,
+    Deadline,
+    fetchval,
+    run_async,
+    start_worker,
+    status_counts,
+    stop_workers,
+    wait_until,
+    wait_until_async,
+)
 
 
 def test_notify_wakes_an_idle_worker_long_before_its_poll(dsn):
@@ -27,37 +37,37 @@ def test_notify_wakes_an_idle_worker_long_before_its_poll(dsn):
 
     async def main():
         task = asyncio.create_task(worker.run())
-        await worker._listener.listening.wait()
-        while worker.stats.claims < 1:  # the first (empty) claim of start-up has passed
-            await asyncio.sleep(0.01)
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            sent = time.monotonic()
-            await enqueue(conn, "ping")
-            while not done and time.monotonic() - sent < 5:
-                await asyncio.sleep(0.01)
-            latency = (done[0] - sent) if done else None
-            # 20 jobs, one at a time: one claim per notification at most, never one per free slot
-            # (concurrency is 100), which would be the stampede.
-            claims_before = worker.stats.claims
-            for _ in range(20):
+        try:
+            await worker.listening.wait()
+            await wait_until_async(lambda: worker.stats.claims >= 1, 10, "the first (empty) claim of start-up",
+                                   interval_s=0.01)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                sent = time.monotonic()
+                budget = Deadline(5)  # for all three rounds, from the first enqueue
                 await enqueue(conn, "ping")
-            while len(done) < 21 and time.monotonic() - sent < 5:
-                await asyncio.sleep(0.01)
-            one_by_one = worker.stats.claims - claims_before
-            # 20 jobs committed together: their notifications land at once and are coalesced.
-            claims_before = worker.stats.claims
-            async with conn.transaction():
+                await wait_until_async(lambda: done, budget, "the first ping handled", interval_s=0.01)
+                latency = done[0] - sent
+                # 20 jobs, one at a time: one claim per notification at most, never one per free slot
+                # (concurrency is 100), which would be the stampede.
+                claims_before = worker.stats.claims
                 for _ in range(20):
                     await enqueue(conn, "ping")
-            while len(done) < 41 and time.monotonic() - sent < 5:
-                await asyncio.sleep(0.01)
-            burst = worker.stats.claims - claims_before
-        worker.stop()
-        await task
+                await wait_until_async(lambda: len(done) >= 21, budget, "21 pings handled", interval_s=0.01)
+                one_by_one = worker.stats.claims - claims_before
+                # 20 jobs committed together: their notifications land at once and are coalesced.
+                claims_before = worker.stats.claims
+                async with conn.transaction():
+                    for _ in range(20):
+                        await enqueue(conn, "ping")
+                await wait_until_async(lambda: len(done) >= 41, budget, "41 pings handled", interval_s=0.01)
+                burst = worker.stats.claims - claims_before
+        finally:
+            worker.stop()
+            await task
         return latency, one_by_one, burst
 
     latency, one_by_one, burst = run_async(main())
-    assert latency is not None and latency < 1.0, latency
+    assert latency < 1.0, latency
     assert len(done) == 41
     assert one_by_one <= 20 + 2, f"{one_by_one} claims for 20 notifications"
     assert burst <= 4, f"{burst} claims for one burst of 20 notifications: not coalesced"
@@ -79,26 +89,31 @@ def test_a_notification_wakes_only_the_buckets_owner(dsn):
 
     a, b = make(), make()
 
+    def split():
+        return (len(a.assignment.owned() or ()) == 32 and len(b.assignment.owned() or ()) == 32
+                and a.listening.is_set() and b.listening.is_set())
+
     async def main():
         tasks = [asyncio.create_task(w.run()) for w in (a, b)]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while not (len(a.assignment.owned() or ()) == 32 and len(b.assignment.owned() or ()) == 32
-                   and a._listener.listening.is_set() and b._listener.listening.is_set()):
-            assert loop.time() < deadline, "two workers did not split the buckets"
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.5)  # let the start-up claims (and first steals) of both finish
-        b_claims = b.stats.claims
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            for bucket in a.assignment.owned()[:10]:
-                await enqueue(conn, "ping", bucket=bucket)
-            while len(done) < 10 and loop.time() < deadline + 5:
-                await asyncio.sleep(0.01)
-        result = len(done), b.stats.claims - b_claims
-        for w in (a, b):
-            w.stop()
-        await asyncio.gather(*tasks)
-        return result
+        try:
+            handled_by = Deadline(15)
+            await wait_until_async(split, 10, "two workers to split the buckets")
+            # The start-up claims (and first steals) of both have finished, and every wake-up
+            # that start-up left (assignment changes, LISTEN's catch-up) has been served: only a
+            # NOTIFY for its own buckets (or its 30 s timer) makes either claim now.
+            await wait_until_async(lambda: split() and a.idle and b.idle, 10,
+                                   "both workers asleep with no wake-up pending")
+            b_claims = b.stats.claims
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                for bucket in a.assignment.owned()[:10]:
+                    await enqueue(conn, "ping", bucket=bucket)
+                await wait_until_async(lambda: len(done) >= 10, handled_by, "A to handle the 10 pings",
+                                       interval_s=0.01)
+            return len(done), b.stats.claims - b_claims
+        finally:
+            for w in (a, b):
+                w.stop()
+            await asyncio.gather(*tasks)
 
     handled, b_claims = run_async(main())
     assert handled == 10
@@ -123,30 +138,30 @@ def test_idle_steals_back_off_and_a_foreign_notify_brings_them_back(dsn):
 
     async def main():
         task = asyncio.create_task(worker.run())
-        await worker._listener.listening.wait()
-        claims, steals = worker.stats.claims, worker.stats.steal_claims
+        try:
+            await worker.listening.wait()
+            claims, steals = worker.stats.claims, worker.stats.steal_claims
 
-        def idle_counts():  # (claims of our own buckets, steals) since start-up
-            return (worker.stats.claims - claims - (worker.stats.steal_claims - steals),
-                    worker.stats.steal_claims - steals)
+            def idle_counts():  # (claims of our own buckets, steals) since start-up
+                return (worker.stats.claims - claims - (worker.stats.steal_claims - steals),
+                        worker.stats.steal_claims - steals)
 
-        deadline = time.monotonic() + 20
-        while idle_counts()[0] < 40:  # 40 idle timer wake-ups (~4 s at 100 ms)
-            assert time.monotonic() < deadline, f"only {idle_counts()[0]} idle polls in 20 s"
-            await asyncio.sleep(0.01)
-        idle = idle_counts()
-        steals, deadline = worker.stats.steal_claims, time.monotonic() + 5
-        while worker.stats.steal_claims == steals:  # just after a steal: the next is 8 wake-ups away
-            assert time.monotonic() < deadline, "an idle worker stopped stealing altogether"
-            await asyncio.sleep(0.002)
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            sent = time.monotonic()
-            await enqueue(conn, "ping", bucket=40)
-            while not done and time.monotonic() - sent < 5:
-                await asyncio.sleep(0.005)
-            stolen_after = time.monotonic() - sent
-        worker.stop()
-        await task
+            # 40 idle timer wake-ups (~4 s at 100 ms)
+            await wait_until_async(lambda: idle_counts()[0] >= 40, 20,
+                                   lambda: f"40 idle polls (only {idle_counts()[0]} in 20 s)", interval_s=0.01)
+            idle = idle_counts()
+            steals = worker.stats.steal_claims
+            # just after a steal: the next is 8 wake-ups away
+            await wait_until_async(lambda: worker.stats.steal_claims != steals, 5,
+                                   "a steal by an idle worker (it stopped stealing altogether)", interval_s=0.002)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                sent = time.monotonic()
+                await enqueue(conn, "ping", bucket=40)
+                await wait_until_async(lambda: done, 5, "the foreign job to be stolen", interval_s=0.005)
+                stolen_after = time.monotonic() - sent
+        finally:
+            worker.stop()
+            await task
         return idle, stolen_after
 
     (own_claims, steal_claims), stolen_after = run_async(main())
@@ -171,12 +186,13 @@ def test_one_worker_serves_several_queues(dsn):
 
     async def main():
         task = asyncio.create_task(worker.run())
-        # The 'ignored' jobs were queued before the worker started: had it served that queue, its
-        # first claims would have taken them along with the others.
-        while sum(seen.values()) < 60:
-            await asyncio.sleep(0.02)
-        worker.stop()
-        await task
+        try:
+            # The 'ignored' jobs were queued before the worker started: had it served that queue, its
+            # first claims would have taken them along with the others.
+            await wait_until_async(lambda: sum(seen.values()) >= 60, 30, "the 60 jobs of the served queues handled")
+        finally:
+            worker.stop()
+            await task
 
     run_async(main())
     assert seen == {"emails": 30, "reports": 30}

@@ -1,7 +1,6 @@
 """The completer with a fake store: batching, fencing counts, and nothing lost on a store error."""
 
 import asyncio
-import time
 
 import pytest
 
@@ -9,7 +8,7 @@ from dispatcher.completer import Completer
 from dispatcher.errors import StoreUnavailable
 from dispatcher.retry import Outcome
 from dispatcher.store import FailedWrite, Job
-from tests.helpers import run_async
+from tests.helpers import run_async, wait_until_async
 
 
 def job(job_id: int, attempts: int = 1) -> Job:
@@ -88,13 +87,13 @@ def test_a_full_buffer_flushes_without_waiting_for_the_interval():
 
     async def main():
         task = asyncio.create_task(completer.run())
-        for i in range(3):
-            completer.completed(job(i), 0.0)
-        deadline = time.monotonic() + 5
-        while not store.completed and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        try:
+            for i in range(3):
+                completer.completed(job(i), 0.0)
+            await wait_until_async(lambda: store.completed, 5, "a flush of the full buffer", interval_s=0.01)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     run_async(main())
     assert store.completed and store.completed[0][0] == [0, 1, 2]

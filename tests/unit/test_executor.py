@@ -12,7 +12,7 @@ from dispatcher.executor import Executor
 from dispatcher.registry import Registry
 from dispatcher.retry import RetryPolicy
 from dispatcher.store import Job
-from tests.helpers import run_async
+from tests.helpers import run_async, wait_until_async
 
 
 def job(job_id: int, job_type: str, attempts: int = 1, max_attempts: int = 5) -> Job:
@@ -40,13 +40,6 @@ def make(registry, **kw):
     return executor, recorder
 
 
-async def until(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
-
-
 @pytest.mark.parametrize("exc", [ValueError("boom"), SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
 def test_anything_an_async_handler_raises_is_its_jobs_failure(exc):
     registry = Registry()
@@ -64,7 +57,7 @@ def test_anything_an_async_handler_raises_is_its_jobs_failure(exc):
 
     async def main():
         executor.start([job(1, "bad"), job(2, "good")])
-        await until(lambda: executor.in_flight == 0)
+        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
 
     run_async(main())  # the process (this test) lives on
     assert rec.completed_ids == [2]
@@ -84,7 +77,7 @@ def test_a_handler_that_raises_without_awaiting_is_recorded_too():
 
     async def main():
         executor.start([job(1, "bad")])
-        await until(lambda: executor.in_flight == 0)
+        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
 
     run_async(main())
     assert "SystemExit: no await before this" in rec.outcomes[1].error
@@ -101,7 +94,7 @@ def test_anything_a_sync_handler_raises_is_its_jobs_failure():
 
     async def main():
         executor.start([job(1, "bad")])
-        await until(lambda: executor.in_flight == 0)
+        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
 
     run_async(main())
     executor.close()
@@ -123,7 +116,7 @@ def test_permanent_error_unknown_type_and_last_attempt():
 
     async def main():
         executor.start([job(1, "perm"), job(2, "nobody"), job(3, "boom", attempts=5, max_attempts=5)])
-        await until(lambda: executor.in_flight == 0)
+        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
 
     run_async(main())
     assert rec.outcomes[1].status == "discarded"
@@ -148,7 +141,7 @@ def test_a_timeout_cancels_the_handler_and_backs_off():
 
     async def main():
         executor.start([job(1, "hang")])
-        await until(lambda: executor.in_flight == 0)
+        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
 
     run_async(main())
     assert cancelled == [1] and executor.stats.timeouts == 1
@@ -169,12 +162,12 @@ def test_the_sync_backlog_is_handed_back_unstarted_and_running_jobs_are_held():
 
     async def main():
         executor.start([job(1, "block"), job(2, "block"), job(3, "block")])
-        await until(lambda: started == [1])
+        await wait_until_async(lambda: started == [1], 5, "the first job started", interval_s=0.005)
         held = [j.id for j in executor.running_since(time.monotonic())]
         unstarted = [j.id for j in executor.take_unstarted()]
         in_flight = executor.in_flight
         release.set()
-        await until(lambda: executor.in_flight == 0)
+        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
         return held, unstarted, in_flight
 
     held, unstarted, in_flight = run_async(main())

@@ -24,6 +24,12 @@ from typing import Final, Protocol
 from .buckets import NUM_BUCKETS
 
 CHANGE_KINDS: Final = ("assign", "revoke", "cancel")
+# wait_for_change, in every backend: a burst of notifications (a leader's apply plus the
+# hand-overs it triggers, members joining together) arrives over a few ms and costs one wake-up.
+# After the first, keep draining until 10 ms pass quietly, at most 100 ms in all. Draining only
+# what was already read was flaky: the last message of a burst was routinely still in flight.
+DRAIN_QUIET_S: Final = 0.01
+DRAIN_MAX_S: Final = 0.1
 
 @dataclass(frozen=True, slots=True)
 class BucketState:

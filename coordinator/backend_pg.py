@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from .backend import BucketChange, BucketState, ClusterView, check_buckets, check_changes, check_lease
+from .backend import (DRAIN_MAX_S, DRAIN_QUIET_S, BucketChange, BucketState, ClusterView, check_buckets,
+                      check_changes, check_lease)
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .sqlfile import load
 
@@ -40,11 +41,6 @@ T = TypeVar("T")
 CHANNEL = "dispatcher_coordinator"
 LOCK_CLASS = 0x62756B  # first key of every member's session advisory lock ("buk"); fixed forever
 CONNECT_TIMEOUT_S = 5
-# A burst of notifications (a leader's apply plus the hand-overs it triggers, members joining
-# together) costs one wake-up: after the first, keep draining until 10 ms pass quietly (capped
-# at 100 ms), as the Redis backend does.
-DRAIN_QUIET_S = 0.01
-DRAIN_MAX_S = 0.1
 
 
 def query(name: str) -> str:

@@ -36,7 +36,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .backend import BucketChange, BucketState, ClusterView, check_buckets, check_changes, check_lease
+from .backend import (DRAIN_MAX_S, DRAIN_QUIET_S, BucketChange, BucketState, ClusterView, check_buckets,
+                      check_changes, check_lease)
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .redis_scripts import SCRIPTS
@@ -47,12 +48,6 @@ SOCKET_TIMEOUT_S = 2.0
 # PING an idle pooled connection before reusing it after 5 s, so a half-dead socket fails
 # (and is replaced) on the ping instead of on a script whose effect would then be unknown.
 HEALTH_CHECK_INTERVAL_S = 5
-# A burst (a leader's apply plus the hand-overs it triggers, members joining together) arrives
-# over a few ms: after the first message, keep draining until 10 ms pass quietly (capped at
-# 100 ms of draining), so the burst costs one wake-up. Draining only what was already read
-# was flaky: the last message of a burst was routinely still in flight.
-DRAIN_QUIET_S = 0.01
-DRAIN_MAX_S = 0.1
 # Dead members stay in the sorted set 10 min (handy with redis-cli), then a heartbeat prunes them.
 PRUNE_AFTER_MS = 600_000
 # Errors meaning "Redis is not usable right now" (READONLY: we reached a replica after failover).

@@ -55,7 +55,6 @@ class _Running:
 @dataclass(slots=True)
 class ExecutorStats:
     timeouts: int = 0
-    handler_errors: int = 0
 
 
 class Executor:
@@ -174,7 +173,6 @@ class Executor:
         self._finish_slot()
 
     def _fail_with(self, job: Job, exc: BaseException, started: float) -> None:
-        self.stats.handler_errors += 1
         kind = FailureKind.PERMANENT if isinstance(exc, PermanentJobError) else FailureKind.ERROR
         self._fail(job, kind, "".join(traceback.format_exception(exc)).strip(), started)
 

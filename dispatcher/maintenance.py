@@ -35,7 +35,8 @@ _LOGGED_PER_TICK = 20  # reaped jobs logged one by one per tick; the rest as a c
 class PeriodicService:
     name = "maintenance"
 
-    def __init__(self, interval_s: float, *, first_delay_s: float | None = None) -> None:
+    def __init__(self, store: JobStore, interval_s: float, *, first_delay_s: float | None = None) -> None:
+        self._store = store
         self.interval_s = interval_s
         self._first_delay_s = first_delay_s
 
@@ -59,8 +60,7 @@ class LeaseKeeper(PeriodicService):
     name = "heartbeat"
 
     def __init__(self, store: JobStore, executor: Executor, *, lease_s: float, interval_s: float) -> None:
-        super().__init__(interval_s)
-        self._store = store
+        super().__init__(store, interval_s)
         self._executor = executor
         self._lease_s = lease_s
         self.leases_lost = 0
@@ -85,8 +85,7 @@ class Reaper(PeriodicService):
 
     def __init__(self, store: JobStore, policy: RetryPolicy, *, interval_s: float, history: bool,
                  on_reaped: Callable[[], None]) -> None:
-        super().__init__(interval_s)
-        self._store = store
+        super().__init__(store, interval_s)
         self._policy = policy
         self._history = history
         self._on_reaped = on_reaped
@@ -129,8 +128,7 @@ class Pruner(PeriodicService):
 
     def __init__(self, store: JobStore, *, retention_s: float, interval_s: float) -> None:
         # First prune after a random fraction of the interval, so N pods started together spread out.
-        super().__init__(interval_s, first_delay_s=interval_s * random.random())
-        self._store = store
+        super().__init__(store, interval_s, first_delay_s=interval_s * random.random())
         self._retention_s = retention_s
 
     async def tick(self) -> float | None:
@@ -143,20 +141,12 @@ class Pruner(PeriodicService):
 class PlannerStats(PeriodicService):
     name = "analyze"
 
-    def __init__(self, store: JobStore, *, interval_s: float) -> None:
-        super().__init__(interval_s)
-        self._store = store
-
     async def tick(self) -> None:
         await self._store.jobs_analyze_if_stale()
 
 
 class PressureSampler(PeriodicService):
     name = "db_pressure"
-
-    def __init__(self, store: JobStore, *, interval_s: float) -> None:
-        super().__init__(interval_s)
-        self._store = store
 
     async def tick(self) -> None:
         p = await self._store.db_pressure()

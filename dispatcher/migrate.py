@@ -50,8 +50,6 @@ class Migration:
 
 def available_migrations(packages: Iterable[str] = MIGRATION_PACKAGES) -> list[Migration]:
     """The migrations of `packages`, merged into one sequence by version."""
-    if isinstance(packages, str):
-        packages = (packages,)
     found: list[Migration] = []
     for package in packages:
         folder = resources.files(package).joinpath("sql", "migrations")

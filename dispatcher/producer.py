@@ -51,7 +51,7 @@ class Producer:
         self._mode = config.mode
         self._claim_fence = asyncio.Lock()  # held while a claim statement runs
         self._wakeup = asyncio.Event()
-        self._stopping = False
+        self._stopped = asyncio.Event()
         self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
         self._asleep = False  # in _sleep_until_woken
@@ -87,7 +87,7 @@ class Producer:
 
     def stop(self) -> None:
         """Stop claiming. A claim in flight finishes and its jobs start (nothing is orphaned)."""
-        self._stopping = True
+        self._stopped.set()
         self._wakeup.set()
         self._executor.slot_freed.set()
 
@@ -114,7 +114,7 @@ class Producer:
         refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
         backlog = False
         queues = list(config.queues)
-        while not self._stopping:
+        while not self._stopped.is_set():
             metrics.JOBS_IN_FLIGHT.set(executor.in_flight)  # per cycle, not per job: cheap and never stale for long
             if config.concurrency - executor.in_flight < (refill_at if backlog else 1):
                 executor.slot_freed.clear()
@@ -153,7 +153,7 @@ class Producer:
         backlog = False
         for queue in queues:
             free = config.concurrency - executor.in_flight
-            if free <= 0 or self._stopping:
+            if free <= 0 or self._stopped.is_set():
                 break
             limit = min(free, config.batch_size)
             got = -1
@@ -163,7 +163,7 @@ class Producer:
                 backlog |= got == limit
                 executor.start(jobs)
             free = config.concurrency - executor.in_flight
-            if stealing and got < limit and free > 0 and not self._stopping:
+            if stealing and got < limit and free > 0 and not self._stopped.is_set():
                 asked = self._steals.batch(free)
                 stolen = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
                 self._steals.record(len(stolen), asked)
@@ -190,7 +190,7 @@ class Producer:
 
     async def _sleep_until_woken(self) -> None:
         """Wait for a NOTIFY, an assignment change, a stop, or the jittered poll interval."""
-        if self._stopping:
+        if self._stopped.is_set():
             return
         self._asleep = True
         try:
@@ -203,8 +203,5 @@ class Producer:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, cut short only by stop()."""
-        deadline = time.monotonic() + seconds
-        while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            self._wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), left)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)

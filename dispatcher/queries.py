@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.sqlfile import load, parse_named_queries
-
-__all__ = ["load", "parse_named_queries", "query"]
+from coordinator.sqlfile import load
 
 
 def query(name: str) -> str:

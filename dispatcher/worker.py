@@ -28,6 +28,7 @@ from coordinator.assignment import BucketAssignment
 from . import metrics
 from .completer import Completer
 from .config import Config
+from .constants import MODE_PARTITIONED
 from .coordination import build_assignment
 from .errors import ConfigError, StoreError
 from .executor import Executor
@@ -123,7 +124,7 @@ class Worker:
         owned = self.assignment.owned()
         log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker_id,
                  self.config.mode, ",".join(self.config.queues), self.config.concurrency,
-                 "all" if self.config.mode != "partitioned" else _fmt_buckets(owned))
+                 "all" if self.config.mode != MODE_PARTITIONED else _fmt_buckets(owned))
         try:
             await self._stop.wait()
         finally:
@@ -133,8 +134,6 @@ class Worker:
         """Begin a graceful shutdown (idempotent; call from a signal handler)."""
         if grace_s is not None:
             self._grace_override = grace_s
-        self.producer.stop()
-        self.executor.stop_starting()
         self._stop.set()
 
     async def _shutdown(self, producer: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:

@@ -33,6 +33,15 @@ class Recorder:
         self.outcomes[job.id] = outcome
 
 
+def run_to_the_end(executor: Executor, jobs: list[Job]) -> None:
+    """Start a batch on a fresh loop and wait until every attempt has ended."""
+    async def main():
+        executor.start(jobs)
+        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+
+    run_async(main())
+
+
 def make(registry, **kw):
     recorder = Recorder()
     executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder, worker_id="w1",
@@ -55,11 +64,7 @@ def test_anything_an_async_handler_raises_is_its_jobs_failure(exc):
 
     executor, rec = make(registry)
 
-    async def main():
-        executor.start([job(1, "bad"), job(2, "good")])
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
-
-    run_async(main())  # the process (this test) lives on
+    run_to_the_end(executor, [job(1, "bad"), job(2, "good")])  # the process (this test) lives on
     assert rec.completed_ids == [2]
     outcome = rec.outcomes[1]
     assert (outcome.status, outcome.delay_s) == ("queued", 0.5)
@@ -75,11 +80,7 @@ def test_a_handler_that_raises_without_awaiting_is_recorded_too():
 
     executor, rec = make(registry)
 
-    async def main():
-        executor.start([job(1, "bad")])
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
-
-    run_async(main())
+    run_to_the_end(executor, [job(1, "bad")])
     assert "SystemExit: no await before this" in rec.outcomes[1].error
 
 
@@ -92,11 +93,7 @@ def test_anything_a_sync_handler_raises_is_its_jobs_failure():
 
     executor, rec = make(registry)
 
-    async def main():
-        executor.start([job(1, "bad")])
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
-
-    run_async(main())
+    run_to_the_end(executor, [job(1, "bad")])
     executor.close()
     assert rec.outcomes[1].status == "queued" and "SystemExit: from a thread" in rec.outcomes[1].error
 
@@ -114,11 +111,7 @@ def test_permanent_error_unknown_type_and_last_attempt():
 
     executor, rec = make(registry)
 
-    async def main():
-        executor.start([job(1, "perm"), job(2, "nobody"), job(3, "boom", attempts=5, max_attempts=5)])
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
-
-    run_async(main())
+    run_to_the_end(executor, [job(1, "perm"), job(2, "nobody"), job(3, "boom", attempts=5, max_attempts=5)])
     assert rec.outcomes[1].status == "discarded"
     assert rec.outcomes[2].status == "failed" and "no handler registered for job_type 'nobody'" in rec.outcomes[2].error
     assert "known: boom, perm" in rec.outcomes[2].error
@@ -139,11 +132,7 @@ def test_a_timeout_cancels_the_handler_and_backs_off():
 
     executor, rec = make(registry)
 
-    async def main():
-        executor.start([job(1, "hang")])
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
-
-    run_async(main())
+    run_to_the_end(executor, [job(1, "hang")])
     assert cancelled == [1] and executor.stats.timeouts == 1
     assert rec.outcomes[1].error == "timed out after 0.05 s" and rec.outcomes[1].delay_s == 0.5
 

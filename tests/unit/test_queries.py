@@ -3,9 +3,9 @@ from importlib import resources
 
 import pytest
 
+from coordinator.sqlfile import load, parse_named_queries
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.migrate import available_migrations
-from dispatcher.queries import load, parse_named_queries
 from dispatcher.store import claim_sql
 
 

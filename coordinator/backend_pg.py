@@ -14,8 +14,10 @@ Notifications (`LISTEN dispatcher_coordinator`) arrive on a second connection; a
 delays a change until the next poll. Each payload starts with this backend's token, so our own
 notifications do not wake us (as in the Redis backend).
 
-Errors: psycopg's OperationalError (connection refused or lost, server shutting down) becomes
-CoordinatorUnavailable; any other psycopg error CoordinatorError.
+Errors: psycopg's OperationalError (connection refused or lost, server shutting down) and an
+operation that overruns its deadline (a stalled connection: see pglimits.py) become
+CoordinatorUnavailable; any other psycopg error CoordinatorError. So a stall shows as an
+unreachable backend, and past a lease the worker degrades to SKIP LOCKED instead of hanging.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from psycopg import sql
 from .backend import (DRAIN_MAX_S, DRAIN_QUIET_S, BucketChange, BucketState, ClusterView, check_buckets,
                       check_changes, check_lease)
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
+from .pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
 from .sqlfile import load
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,7 @@ T = TypeVar("T")
 
 CHANNEL = "dispatcher_coordinator"
 LOCK_CLASS = 0x62756B  # first key of every member's session advisory lock ("buk"); fixed forever
-CONNECT_TIMEOUT_S = 5
+LISTEN_PROBE_S = 10.0  # an idle LISTEN connection runs SELECT 1 this often, so a stall on it shows
 
 
 def query(name: str) -> str:
@@ -59,8 +62,10 @@ def _errors(what: str) -> Iterator[None]:
 
 
 class PostgresBackend:
-    def __init__(self, dsn: str, *, session_locks: bool = True) -> None:
+    def __init__(self, dsn: str, *, session_locks: bool = True, limits: ConnectionLimits | None = None) -> None:
         self._dsn = dsn
+        # Each operation (up to five statements in one transaction) gets one statement budget.
+        self._limits = limits or ConnectionLimits()
         self._session_locks = session_locks
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._locked_as: str | None = None
@@ -85,9 +90,10 @@ class PostgresBackend:
         try:
             await self._connection()
             try:
-                await asyncio.wait_for(self._listening.wait(), timeout=CONNECT_TIMEOUT_S)
+                await asyncio.wait_for(self._listening.wait(), timeout=self._limits.connect_timeout_s)
             except TimeoutError:
-                raise CoordinatorUnavailable(f"coordinator listen: no LISTEN within {CONNECT_TIMEOUT_S} s") from None
+                raise CoordinatorUnavailable(
+                    f"coordinator listen: no LISTEN within {self._limits.connect_timeout_s:g} s") from None
         except CoordinatorError:
             self._wake_on_listen = True
             raise
@@ -97,45 +103,51 @@ class PostgresBackend:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
             self._listener = None
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await self._conn.close()
-            self._conn = None
-            self._locked_as = None
+        conn, self._conn = self._conn, None
+        self._locked_as = None
+        await close_quietly(conn)
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._locked_as = None
             with _errors("connect"):
-                self._conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name="dispatcher-coordinator",
-                    connect_timeout=CONNECT_TIMEOUT_S,
-                )
+                try:
+                    self._conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator")
+                except StatementTimeout as exc:
+                    raise CoordinatorUnavailable(f"coordinator {exc}") from None
         return self._conn
+
+    def _drop(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Never use `conn` again (bounded() abandoned a statement on it and will close it)."""
+        if self._conn is conn:
+            self._conn = None
+            self._locked_as = None
 
     async def _listen(self) -> None:
         delay = 0.5
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name="dispatcher-coordinator-listen",
-                    connect_timeout=CONNECT_TIMEOUT_S,
-                ) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
-                    if self._wake_on_listen:
-                        self._changed.set()  # anything may have happened while we were not listening
-                    self._wake_on_listen = True
-                    self._listening.set()
-                    delay = 0.5
-                    async for note in conn.notifies():
+                conn = None
+                conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator-listen")
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL))
+                await bounded("listen", conn.execute(listen), self._limits.statement_timeout_s, conn)
+                if self._wake_on_listen:
+                    self._changed.set()  # anything may have happened while we were not listening
+                self._wake_on_listen = True
+                self._listening.set()
+                delay = 0.5
+                while True:
+                    async for note in conn.notifies(timeout=LISTEN_PROBE_S):
                         if note.payload.partition(":")[0] != self._token:
                             self._changed.set()
-            except psycopg.Error as exc:
+                    await bounded("listen probe", conn.execute("SELECT 1"), self._limits.statement_timeout_s, conn)
+            except (psycopg.Error, StatementTimeout) as exc:
                 log.debug("coordination listener lost its connection: %s", exc)
             except Exception:  # keep listening whatever happened
                 log.exception("coordination listener failed")
             finally:
                 self._listening.clear()
+                await close_quietly(conn)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -152,7 +164,13 @@ class PostgresBackend:
             conn = await self._connection()
             try:
                 with _errors(what):
-                    return await work(conn)
+                    return await bounded(what, work(conn), self._limits.statement_timeout_s, conn)
+            except StatementTimeout as exc:
+                self._drop(conn)
+                raise CoordinatorUnavailable(f"coordinator {exc}") from None
+            except asyncio.CancelledError:
+                self._drop(conn)
+                raise
             except CoordinatorUnavailable:
                 if attempt == 2 or not reused or not conn.broken:
                     raise

@@ -28,7 +28,10 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for s in settings():
         # default=None: an absent flag leaves the env var (or the Config default) in charge,
         # so the default shown is the dataclass's, written into the text. argparse %-formats help.
-        group.add_argument(s.flag, dest=s.name, default=None, metavar="V", help=s.description.replace("%", "%%"))
+        # A bare boolean flag means true (`--wait-for-schema`); `--steal false` still works.
+        boolean = isinstance(s.default, bool)
+        group.add_argument(s.flag, dest=s.name, default=None, metavar="V", help=s.description.replace("%", "%%"),
+                           **({"nargs": "?", "const": "true"} if boolean else {}))
 
 
 def _config_from(args: argparse.Namespace) -> Config:
@@ -80,8 +83,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         migrate(config.dsn)  # type: ignore[arg-type]
     serve(config.metrics_port)
-    run_worker(config, registry)
-    return 0
+    worker = run_worker(config, registry)
+    # Non-zero when some outcome could not be written before the deadline: those jobs come back
+    # by their leases (an operator may want to know; Kubernetes does not restart on it).
+    return 0 if worker.clean else 1
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:

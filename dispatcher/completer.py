@@ -114,8 +114,9 @@ class Completer:
                     failures = []
                 if history:
                     await self.store.history_record(history)
-            except StoreError:  # StoreUnavailable included
-                metrics.STORE_ERRORS.labels("flush").inc()
+            except BaseException as exc:  # a store error, or a cancelled final flush: keep the count right
+                if isinstance(exc, StoreError):
+                    metrics.STORE_ERRORS.labels("flush").inc()
                 self._ids[:0], self._tokens[:0] = ids, tokens
                 self._failures[:0] = failures
                 history.extend(self._history)

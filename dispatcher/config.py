@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from coordinator.pglimits import ConnectionLimits
+
 from .constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NUM_BUCKETS
 from .errors import ConfigError
 
@@ -41,6 +43,11 @@ DEFAULT_SYNC_THREADS = 8  # threads for sync handlers; async ones need none
 DEFAULT_COORDINATOR_LEASE_S = 10.0  # a dead worker's buckets move within this (+ ~0.1 s)
 DEFAULT_COORDINATOR_POLL_S = 1.0  # membership re-read at least this often; NOTIFY/pub-sub is faster
 DEFAULT_STEAL_BATCH = 100  # jobs taken per poll from other buckets when our own are idle
+DEFAULT_CONNECT_TIMEOUT_S = 5.0  # a server that does not finish the handshake in 5 s is treated as down
+# Our statements take milliseconds (a claim of 500 about 10 ms at 200k queued); 5 s means the
+# database or the path to it is stuck. Against the 30 s lease: a stalled heartbeat is noticed
+# within heartbeat (10 s) + 5 s = half a lease, with time left before any lease runs out.
+DEFAULT_STATEMENT_TIMEOUT_S = 5.0
 COORDINATORS = ("postgres", "redis", "static")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -169,6 +176,17 @@ class Config:
     heartbeat_interval_s: float | None = setting(
         None, parse=float, unit="seconds", shown="lease_s / 3",
         help="seconds between extensions of running jobs' leases; at most lease_s / 2")
+    connect_timeout_s: float = setting(
+        DEFAULT_CONNECT_TIMEOUT_S, parse=float, unit="seconds",
+        help="seconds a new database connection may take (TCP, TLS and login) before it counts as unreachable")
+    statement_timeout_s: float | None = setting(
+        None, parse=float, unit="seconds", shown=f"min({DEFAULT_STATEMENT_TIMEOUT_S:g}, lease_s / 2)",
+        help="seconds one of the worker's own statements may take before its connection counts as stalled "
+             "and is replaced (maintenance statements get 6x); at most lease_s / 2")
+    wait_for_schema: bool = setting(
+        False, parse=_parse_bool,
+        help="at start, wait (logging every few seconds) for a missing or older schema to be migrated instead "
+             "of exiting; for a migration Job that runs beside the workers")
     job_timeout_s: float = setting(
         DEFAULT_JOB_TIMEOUT_S, parse=float, unit="seconds",
         help="wall-clock limit of one job in seconds, 0: none; @handler(timeout_s=...) overrides it")
@@ -257,6 +275,10 @@ class Config:
             "heartbeat_interval_s",
             f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}) so one lost beat never expires a lease",
         )
+        _check(self.connect_timeout_s >= 1, "connect_timeout_s", "must be >= 1 second")
+        _check(0 < self.statement_s <= self.lease_s / 2, "statement_timeout_s",
+               f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}): a stalled statement must "
+               "be noticed while the leases it protects still run")
         _check(self.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
         _check(self.retry_base_s > 0, "retry_base_s", "must be > 0")
         _check(self.retry_cap_s >= self.retry_base_s, "retry_cap_s", "must be >= retry_base_s")
@@ -287,6 +309,17 @@ class Config:
     @property
     def heartbeat_s(self) -> float:
         return self.heartbeat_interval_s if self.heartbeat_interval_s is not None else self.lease_s / 3
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """The connect and statement bounds of every connection the worker opens."""
+        return ConnectionLimits(self.connect_timeout_s, self.statement_s)
+
+    @property
+    def statement_s(self) -> float:
+        if self.statement_timeout_s is not None:
+            return self.statement_timeout_s
+        return min(DEFAULT_STATEMENT_TIMEOUT_S, self.lease_s / 2)
 
     @property
     def static_buckets(self) -> tuple[int, ...]:

@@ -5,6 +5,7 @@ coordinator package imports nothing from dispatcher."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from coordinator.assignment import BucketAssignment, StaticAssignment
@@ -29,5 +30,9 @@ def build_assignment(config: Config) -> BucketAssignment:
     else:
         from coordinator.backend_pg import PostgresBackend
 
-        backend = PostgresBackend(config.dsn, session_locks=config.session_locks)  # type: ignore[arg-type]
+        # A coordination round must fail (and count towards degraded mode) well inside a membership
+        # lease: a third of it, 3.3 s at the defaults.
+        limits = dataclasses.replace(config.limits,
+                                     statement_timeout_s=min(config.statement_s, config.coordinator_lease_s / 3))
+        backend = PostgresBackend(config.dsn, session_locks=config.session_locks, limits=limits)  # type: ignore[arg-type]
     return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s, poll_s=config.coordinator_poll_s)

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import enum
 import logging
 import sys
 import time
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from . import metrics
 from .completer import Completer
 from .errors import PermanentJobError
 from .registry import Handler, Registry
@@ -44,28 +47,53 @@ def _new_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) 
     return loop.create_task(coro)
 
 
+# What became of a job whose lease we lost (the metric's label -> the log's words).
+_LOST_ACTIONS = {
+    "dropped_unstarted": "dropped before they started",
+    "cancelled": "cancelled (async)",
+    "left_running_sync": "left to finish in their threads, outcomes not written",
+}
+
+
+class _State(enum.Enum):
+    BACKLOG = "backlog"  # a sync job waiting for a thread: claimed, not started
+    RUNNING = "running"
+    LOST = "lost"  # its lease is gone: no outcome will be written, no heartbeat sent
+    ABANDONED = "abandoned"  # shutdown gave up waiting for it; the lease brings it back
+
+
 @dataclass(slots=True)
 class _Running:
     job: Job
-    held_since: float  # time.monotonic() at claim: its lease was set then (see running_since)
+    held_since: float  # time.monotonic() when its claim was sent: its lease runs from (at the latest) then
+    lease_until: float  # our conservative estimate of the lease's end, on time.monotonic()
     task: asyncio.Task[None] | None = None  # None: a sync handler (backlogged or in a thread)
     timer: asyncio.TimerHandle | None = None
+    state: _State = _State.RUNNING
 
 
 @dataclass(slots=True)
 class ExecutorStats:
     timeouts: int = 0
+    lost_dropped: int = 0  # lease lost before the job started: never started here
+    lost_cancelled: int = 0  # lease lost while an async handler ran: cancelled, no outcome
+    lost_running: int = 0  # lease lost while a sync handler ran: it finishes, its outcome is fenced
 
 
 class Executor:
     def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, *,
-                 worker_id: str, job_timeout_s: float, sync_threads: int) -> None:
+                 worker_id: str, job_timeout_s: float, sync_threads: int, lease_s: float = 30.0,
+                 start_margin_s: float = 0.0) -> None:
         self._registry = registry
         self._policy = policy
         self._completer = completer
         self._worker_id = worker_id
         self._job_timeout_s = job_timeout_s
         self._sync_threads = sync_threads
+        self._lease_s = lease_s
+        # A backlogged sync job starts only with this much of its lease left: a thread cannot be
+        # stopped, so one started on a lease about to lapse could run beside its re-run.
+        self._start_margin_s = start_margin_s
         self._threads = ThreadPoolExecutor(sync_threads, thread_name_prefix="dispatcher-sync")
         self._running: dict[int, _Running] = {}  # jobs that suspended or wait for a thread
         self._sync_backlog: collections.deque[_Running] = collections.deque()
@@ -79,18 +107,21 @@ class Executor:
 
     # -- starting ----------------------------------------------------------------------------------
 
-    def start(self, jobs: list[Job]) -> None:
-        """Start a claimed batch (called on the event loop)."""
+    def start(self, jobs: list[Job], claimed_at: float | None = None) -> None:
+        """Start a claimed batch (called on the event loop). `claimed_at`: time.monotonic() when
+        the claim statement was sent, from which the lease is counted (default: now)."""
         self.in_flight += len(jobs)
         loop = self._loop or self._bind_loop()
+        held_since = time.monotonic() if claimed_at is None else claimed_at
+        lease_until = held_since + self._lease_s
         for job in jobs:
             handler = self._registry.get(job.job_type)
             if handler is None:
                 self._unknown_job_type(job)
             elif handler.is_async:
-                self._start_async(loop, handler, job)
+                self._start_async(loop, handler, job, held_since, lease_until)
             else:
-                entry = self._running[job.id] = _Running(job, time.monotonic())
+                entry = self._running[job.id] = _Running(job, held_since, lease_until, state=_State.BACKLOG)
                 self._sync_backlog.append(entry)
         self._pump_sync()
 
@@ -98,12 +129,13 @@ class Executor:
         self._loop = asyncio.get_running_loop()
         return self._loop
 
-    def _start_async(self, loop: asyncio.AbstractEventLoop, handler: Handler, job: Job) -> None:
+    def _start_async(self, loop: asyncio.AbstractEventLoop, handler: Handler, job: Job, held_since: float,
+                     lease_until: float) -> None:
         started = time.monotonic()
         task = _new_task(loop, self._run_async(handler, job, started))
         if task.done():
             return  # finished without awaiting: outcome already buffered, slot already freed
-        entry = self._running[job.id] = _Running(job, started, task)
+        entry = self._running[job.id] = _Running(job, held_since, lease_until, task)
         timeout_s = self._timeout_of(handler)
         if timeout_s:
             entry.timer = loop.call_later(timeout_s, self._time_out, entry)
@@ -112,7 +144,10 @@ class Executor:
         try:
             await handler.fn(job)
         except asyncio.CancelledError:
-            if job.id in self._timed_out:
+            entry = self._running.get(job.id)
+            if entry is not None and entry.state is _State.LOST:
+                pass  # its lease is gone: the new owner decides; nothing of ours may be written
+            elif job.id in self._timed_out:
                 self._timed_out.discard(job.id)
                 self._fail(job, FailureKind.TIMEOUT, f"timed out after {self._timeout_of(handler):g} s", started)
             else:
@@ -136,18 +171,31 @@ class Executor:
     def _pump_sync(self) -> None:
         """Hand backlogged sync jobs to free threads; the rest wait here, claimed but unstarted."""
         loop = self._loop
+        expiring: list[int] = []
         while self._sync_backlog and self._sync_busy < self._sync_threads and self._accepting:
-            entry = self._sync_backlog.popleft()
+            entry = self._sync_backlog[0]
+            if entry.lease_until - time.monotonic() < self._start_margin_s:
+                # Our heartbeats have not reached the database for a while (else the lease would
+                # have been extended): another worker may own it by now. Never start it here.
+                expiring.append(entry.job.id)
+                self._lose(entry)  # pops it from the backlog
+                continue
+            self._sync_backlog.popleft()
             handler = self._registry.get(entry.job.job_type)
             assert handler is not None and loop is not None
             self._sync_busy += 1
+            entry.state = _State.RUNNING
             started = time.monotonic()
             future = loop.run_in_executor(self._threads, handler.fn, entry.job)
             future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
+        if expiring:
+            log.warning("lost the lease of %d backlogged jobs (it ran out before a thread was free, while "
+                        "heartbeats failed): dropped before they started; ids %s", len(expiring), expiring[:20])
 
     def _sync_done(self, future: asyncio.Future[Any], entry: _Running, handler: Handler, started: float) -> None:
         self._sync_busy -= 1
-        if self._running.pop(entry.job.id, None) is not None:  # not already given up by shutdown
+        self._running.pop(entry.job.id, None)
+        if entry.state is _State.RUNNING:
             limit = self._timeout_of(handler)
             elapsed = time.monotonic() - started
             exc = None if future.cancelled() else future.exception()
@@ -161,7 +209,7 @@ class Executor:
                 self._fail_with(entry.job, exc, started)
             else:
                 self._completer.completed(entry.job, elapsed)
-            self._finish_slot()
+        self._finish_slot()
         self._pump_sync()
 
     # -- outcomes ------------------------------------------------------------------------------------
@@ -187,14 +235,65 @@ class Executor:
     def _timeout_of(self, handler: Handler) -> float:
         return handler.timeout_s or self._job_timeout_s
 
-    # -- for the lease keeper and the shutdown ----------------------------------------------------------
+    # -- leases: for the lease keeper ---------------------------------------------------------------
 
     def running_since(self, cutoff: float) -> list[Job]:
-        """Jobs held since time.monotonic() <= cutoff: the ones whose lease needs extending."""
-        return [r.job for r in self._running.values() if r.held_since <= cutoff]
+        """Jobs held since time.monotonic() <= cutoff whose lease is still ours: the ones to extend."""
+        return [r.job for r in self._running.values()
+                if r.held_since <= cutoff and r.state in (_State.RUNNING, _State.BACKLOG)]
 
     def holds(self, job_id: int) -> bool:
-        return job_id in self._running
+        entry = self._running.get(job_id)
+        return entry is not None and entry.state in (_State.RUNNING, _State.BACKLOG)
+
+    def extended(self, ids: Iterable[int], lease_until: float) -> None:
+        """Their leases were extended by a statement sent at lease_until - lease_s."""
+        for job_id in ids:
+            entry = self._running.get(job_id)
+            if entry is not None:
+                entry.lease_until = max(entry.lease_until, lease_until)
+
+    def lose(self, ids: Iterable[int], why: str) -> int:
+        """These leases are no longer ours (`why`): nothing of these jobs may start or be written
+        here any more. Returns how many we still held."""
+        entries = [e for i in ids if (e := self._running.get(i)) is not None
+                   and e.state in (_State.RUNNING, _State.BACKLOG)]
+        if not entries:
+            return 0
+        actions = collections.Counter(self._lose(entry) for entry in entries)
+        log.warning("lost the lease of %d jobs (%s): %s; ids %s", len(entries), why,
+                    ", ".join(f"{n} {_LOST_ACTIONS[a]}" for a, n in actions.items()), [e.job.id for e in entries[:20]])
+        return len(entries)
+
+    def lose_expired(self, now: float) -> int:
+        """Our estimate of these leases ran out while the database did not answer our heartbeats:
+        another worker may run them already. Returns how many."""
+        return self.lose([r.job.id for r in self._running.values() if r.lease_until <= now],
+                         "it ran out while the database did not answer our heartbeats")
+
+    def _lose(self, entry: _Running) -> str:
+        """Stop what can be stopped of a job whose lease is gone; returns what was done."""
+        if entry.state is _State.BACKLOG:
+            with contextlib.suppress(ValueError):
+                self._sync_backlog.remove(entry)
+            self._running.pop(entry.job.id, None)
+            entry.state = _State.LOST
+            self.stats.lost_dropped += 1
+            action = "dropped_unstarted"
+            self._finish_slot()
+        elif entry.task is not None:
+            entry.state = _State.LOST
+            self.stats.lost_cancelled += 1
+            action = "cancelled"
+            entry.task.cancel()
+        else:  # a thread cannot be stopped: it finishes, and its outcome is not written
+            entry.state = _State.LOST
+            self.stats.lost_running += 1
+            action = "left_running_sync"
+        metrics.LOST_LEASE_JOBS.labels(action).inc()
+        return action
+
+    # -- shutdown ----------------------------------------------------------------------------------
 
     def stop_starting(self) -> None:
         """Shutdown has begun: backlogged sync jobs stay unstarted, to be given back."""
@@ -210,28 +309,39 @@ class Executor:
             self._finish_slot()
         return unstarted
 
-    async def drain(self, grace_s: float) -> None:
-        """Let running jobs finish within `grace_s`, then interrupt what is left."""
-        deadline = time.monotonic() + grace_s
+    async def drain(self, deadline: float) -> None:
+        """Let running jobs finish until time.monotonic() reaches `deadline`."""
         while self.in_flight > 0 and time.monotonic() < deadline:
             self.slot_freed.clear()
             try:
                 await asyncio.wait_for(self.slot_freed.wait(), timeout=max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 break
-        leftover = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
-        if leftover:
-            log.warning("grace period over: interrupting %d running jobs", len(leftover))
-            for task in leftover:
-                task.cancel()
-            await asyncio.gather(*leftover, return_exceptions=True)
-        # Sync handlers cannot be interrupted; whatever still runs in a thread is given back as an
-        # interrupted attempt, and its late result (if the process lives on) is fenced.
-        for entry in list(self._running.values()):
-            if entry.task is None:
-                del self._running[entry.job.id]
-                self._fail(entry.job, FailureKind.INTERRUPTED, "interrupted: worker shut down while a sync handler ran",
-                           entry.held_since)
+
+    async def interrupt(self, wait_s: float) -> int:
+        """The grace period is over: cancel async handlers (their attempts are retried at once)
+        and wait up to `wait_s` for them and for sync handlers, whose threads cannot be stopped.
+
+        A sync job is never given back while its thread runs (another worker would run it beside
+        it): it keeps its lease (the lease keeper still runs) and its outcome is written if it
+        returns in time. Returns how many jobs are still running after `wait_s`, abandoned: the
+        caller must end the process without waiting for them, and their leases bring them back."""
+        tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
+        threads = sum(r.task is None and r.state is _State.RUNNING for r in self._running.values())
+        if tasks or threads:
+            log.warning("grace period over: interrupting %d async handlers; %d sync handlers cannot be "
+                        "interrupted and keep their leases for up to %.0f s more", len(tasks), threads, wait_s)
+        for task in tasks:
+            task.cancel()
+        await self.drain(time.monotonic() + wait_s)
+        left = [r for r in self._running.values() if r.state is _State.RUNNING]
+        for entry in left:
+            entry.state = _State.ABANDONED  # no outcome, no more heartbeats: its lease lapses
+        if left:
+            log.error("%d handlers still run after the grace period and %.0f s more (async ones ignore "
+                      "cancellation, sync ones never return): leaving them to their leases: %s",
+                      len(left), wait_s, [e.job.id for e in left[:20]])
+        return len(left)
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

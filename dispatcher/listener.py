@@ -1,5 +1,9 @@
 """LISTEN/NOTIFY wake-ups, with reconnects. Polling remains the fallback if notifications are lost.
 
+A LISTEN connection is idle by design, so a stall on it raises nothing: after `probe_s` without
+a notification it runs `SELECT 1` within the statement budget, and reconnects if that gets no
+answer. Wake-ups come back within a probe interval (plus a connect) of the path healing.
+
 Enqueue sends one notification per call (payload `queue` or `queue:bucket`); the listener hands
 it to a callback that only sets an event, so a flood of notifications costs one claim per
 claim-loop cycle, not one claim per notification or per slot.
@@ -8,13 +12,14 @@ claim-loop cycle, not one claim per notification or per slot.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import sql
+
+from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
 
 from .backoff import jittered
 from .constants import NOTIFY_CHANNEL
@@ -36,8 +41,11 @@ def format_payload(queue: str, bucket: int | None) -> str:
 
 class Listener:
     def __init__(self, dsn: str, queues: set[str], on_notify: Callable[[str, int | None], None],
-                 channel: str = NOTIFY_CHANNEL) -> None:
+                 channel: str = NOTIFY_CHANNEL, *, limits: ConnectionLimits | None = None,
+                 probe_s: float = 10.0) -> None:
         self._dsn = dsn
+        self._limits = limits or ConnectionLimits()
+        self._probe_s = probe_s
         self._queues = queues
         self._on_notify = on_notify
         self._channel = channel
@@ -52,32 +60,30 @@ class Listener:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await self._conn.close()
+        await close_quietly(self._conn)
 
     async def _run(self) -> None:
         delay = 0.5
+        timeout_s = self._limits.statement_timeout_s
         while True:
             try:
-                self._conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name="dispatcher-listen"
-                )
-                await self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                self._conn = conn = await connect(self._dsn, self._limits, application_name="dispatcher-listen")
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
+                await bounded("listen", conn.execute(listen), timeout_s, conn)
                 self.listening.set()
                 delay = 0.5
                 # A reconnect may have missed notifications: wake the claim loop once to catch up.
                 self._on_notify(next(iter(self._queues)), None)
-                async for note in self._conn.notifies():
-                    queue, bucket = parse_payload(note.payload)
-                    if queue in self._queues:
-                        self._on_notify(queue, bucket)
-            except psycopg.Error as exc:
+                while True:
+                    async for note in conn.notifies(timeout=jittered(self._probe_s, 0.2)):
+                        queue, bucket = parse_payload(note.payload)
+                        if queue in self._queues:
+                            self._on_notify(queue, bucket)
+                    await bounded("listen probe", conn.execute("SELECT 1"), timeout_s, conn)
+            except (psycopg.Error, StatementTimeout) as exc:
                 self.listening.clear()
                 log.warning("listener lost its connection (%s); polling covers the gap, retrying in %.1f s", exc, delay)
                 await asyncio.sleep(jittered(delay))
                 delay = min(delay * 2, 10.0)
             finally:
-                if self._conn is not None and not self._conn.closed:
-                    with contextlib.suppress(psycopg.Error):
-                        await self._conn.close()
+                await close_quietly(self._conn)

@@ -57,27 +57,71 @@ class PeriodicService:
 
 
 class LeaseKeeper(PeriodicService):
+    """Extends our running jobs' leases, and is how the worker learns that it cannot keep them.
+
+    - A job the database no longer lets us extend was taken over: the executor drops it if it
+      has not started, cancels it if async (a thread cannot be stopped; its outcome is fenced).
+    - While heartbeats fail (database unreachable or stalled), `stalled` is true and the producer
+      claims nothing: new jobs' leases could not be kept either. Jobs whose lease (as we last
+      extended it) runs out meanwhile are treated as lost, since another worker may run them.
+      We probe every second until the database answers again.
+    """
+
     name = "heartbeat"
+    STALLED_PROBE_S = 1.0
 
     def __init__(self, store: JobStore, executor: Executor, *, lease_s: float, interval_s: float) -> None:
         super().__init__(store, interval_s)
         self._executor = executor
         self._lease_s = lease_s
         self.leases_lost = 0
+        self.failing_since: float | None = None
 
-    async def tick(self) -> None:
+    @property
+    def stalled(self) -> bool:
+        return self.failing_since is not None
+
+    async def tick(self) -> float | None:
         # Only jobs held longer than one interval: a job claimed since the last beat still has at
         # least lease_s - interval >= 2 intervals of lease left (config: lease_s >= 2 x interval).
-        due = self._executor.running_since(time.monotonic() - self.interval_s)
-        if not due:
-            return
-        kept = await self._store.jobs_extend_leases(due, self._lease_s)
-        # A job that finished while the statement ran was not extended either, and is not lost.
-        lost = [j.id for j in due if j.id not in kept and self._executor.holds(j.id)]
-        if lost:
-            self.leases_lost += len(lost)
-            metrics.LEASES_LOST.inc(len(lost))
-            log.warning("lost the lease of %d running jobs (taken over): %s", len(lost), lost[:_LOGGED_PER_TICK])
+        sent_at = time.monotonic()
+        due = self._executor.running_since(sent_at - self.interval_s)
+        try:
+            if due:
+                kept = await self._store.jobs_extend_leases(due, self._lease_s)
+            elif self.stalled:
+                await self._store.ping()
+        except StoreError as exc:
+            self._failing(exc)
+            self._executor.lose_expired(time.monotonic())
+            return jittered(self.STALLED_PROBE_S)
+        self._answered()
+        if due:
+            self._executor.extended(kept, sent_at + self._lease_s)
+            # A job that finished while the statement ran was not extended either, and is not lost.
+            lost = self._executor.lose([j.id for j in due if j.id not in kept],
+                                       "taken over: its lease had run out and another worker or a reaper got it")
+            if lost:
+                self.leases_lost += lost
+                metrics.LEASES_LOST.inc(lost)
+        return None
+
+    def _failing(self, exc: StoreError) -> None:
+        metrics.STORE_ERRORS.labels(self.name).inc()
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+            metrics.DB_STALLED.set(1)
+            log.warning("heartbeat failed (%s): claiming nothing until the database answers; running jobs "
+                        "keep going while their leases last", exc)
+        else:
+            log.debug("heartbeat still failing: %s", exc)
+
+    def _answered(self) -> None:
+        if self.failing_since is not None:
+            log.warning("the database answers heartbeats again after %.1f s: claiming again",
+                        time.monotonic() - self.failing_since)
+            self.failing_since = None
+            metrics.DB_STALLED.set(0)
 
 
 class Reaper(PeriodicService):

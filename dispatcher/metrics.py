@@ -23,6 +23,18 @@ JOBS_FENCED = Counter(
 JOBS_RELEASED = Counter("dispatcher_jobs_released_total", "Claimed-but-unstarted jobs given back on shutdown")
 JOBS_REAPED = Counter("dispatcher_jobs_reaped_total", "Running jobs whose lease expired, requeued or failed")
 LEASES_LOST = Counter("dispatcher_leases_lost_total", "Heartbeats that found the job no longer ours")
+LOST_LEASE_JOBS = Counter(
+    "dispatcher_lost_lease_jobs_total",
+    "Jobs whose lease this worker lost (taken over, or run out while the database was unreachable), by what "
+    "became of them here: dropped before they started, cancelled (async), or left to finish in a thread (sync; "
+    "its outcome is fenced)",
+    ["action"],
+)
+STATEMENT_TIMEOUTS = Counter(
+    "dispatcher_statement_timeouts_total",
+    "Statements that got no answer within their deadline; each costs its connection", ["operation"],
+)
+DB_STALLED = Gauge("dispatcher_db_stalled", "1 while this worker cannot keep its leases (it claims nothing)")
 JOBS_PRUNED = Counter("dispatcher_jobs_pruned_total", "Finished jobs deleted by the pruner")
 STOLEN_JOBS = Counter("dispatcher_jobs_stolen_total", "Jobs claimed from other workers' buckets (own buckets idle)")
 STORE_ERRORS = Counter("dispatcher_store_errors_total", "Failed database statements", ["operation"])

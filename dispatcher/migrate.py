@@ -22,6 +22,8 @@ from typing import Final
 
 import psycopg
 
+from coordinator.pglimits import ConnectionLimits
+
 from .constants import MIGRATE_LOCK_KEY
 from .errors import MigrationError
 
@@ -71,7 +73,7 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES) -> list[int]
     """Bring the schema up to date; returns the versions applied by this call (often none)."""
     migrations = available_migrations(packages)
     try:
-        with psycopg.connect(dsn, autocommit=False) as conn:
+        with psycopg.connect(dsn, autocommit=False, **ConnectionLimits().connect_kwargs()) as conn:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
                 conn.execute(_CREATE_VERSION_TABLE)
@@ -93,7 +95,7 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES) -> list[int]
 
 
 def current_version(dsn: str) -> int | None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, **ConnectionLimits().connect_kwargs()) as conn:
         exists = conn.execute("SELECT to_regclass('dispatcher_schema_version') IS NOT NULL").fetchone()
         if not exists or not exists[0]:
             return None

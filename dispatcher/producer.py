@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from coordinator.assignment import BucketAssignment
@@ -42,8 +43,12 @@ class ProducerStats:
 
 
 class Producer:
-    def __init__(self, config: Config, store: JobStore, assignment: BucketAssignment, executor: Executor) -> None:
+    STALLED_CHECK_S = 0.5
+
+    def __init__(self, config: Config, store: JobStore, assignment: BucketAssignment, executor: Executor,
+                 *, leases_stalled: Callable[[], bool] = lambda: False) -> None:
         self._config = config
+        self._leases_stalled = leases_stalled  # true while heartbeats fail: claim nothing
         self._store = store
         self._assignment = assignment
         self._executor = executor
@@ -120,6 +125,12 @@ class Producer:
                 executor.slot_freed.clear()
                 await executor.slot_freed.wait()
                 continue
+            if self._leases_stalled():
+                # Jobs claimed now would have leases we cannot extend; the lease keeper probes
+                # every second and clears this when the database answers again.
+                backlog = False
+                await self._pause(self.STALLED_CHECK_S)
+                continue
             # Cleared before claiming, not after: a NOTIFY that lands while the claim runs (after
             # its snapshot) must still wake the next cycle.
             self._wakeup.clear()
@@ -158,26 +169,29 @@ class Producer:
             limit = min(free, config.batch_size)
             got = -1
             if own != ():
-                jobs = await self._claim(queue, limit, own)
+                jobs, sent_at = await self._claim(queue, limit, own)
                 got = len(jobs)
                 backlog |= got == limit
-                executor.start(jobs)
+                executor.start(jobs, sent_at)
             free = config.concurrency - executor.in_flight
             if stealing and got < limit and free > 0 and not self._stopped.is_set():
                 asked = self._steals.batch(free)
-                stolen = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
+                stolen, sent_at = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
                 self._steals.record(len(stolen), asked)
                 self.stats.steal_claims += 1
                 if stolen:
                     self.stats.stolen += len(stolen)
                     metrics.STOLEN_JOBS.inc(len(stolen))
                 backlog |= len(stolen) == asked
-                executor.start(stolen)
+                executor.start(stolen, sent_at)
         return backlog
 
     async def _claim(self, queue: str, limit: int, buckets: tuple[int, ...] | None,
-                     steal_from: list[int] | None = None) -> list[Job]:
+                     steal_from: list[int] | None = None) -> tuple[list[Job], float]:
+        """Claim; returns the jobs and when the statement was sent (time.monotonic()): their
+        leases run from no earlier than that."""
         started = time.perf_counter()
+        sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
             jobs = await self._store.jobs_claim(queue, limit, self._config.lease_s, buckets, steal_from)
         metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)
@@ -186,7 +200,7 @@ class Producer:
             metrics.JOBS_CLAIMED.labels(queue, self._mode).inc(len(jobs))
         self.stats.claims += 1
         self.stats.claimed += len(jobs)
-        return jobs
+        return jobs, sent_at
 
     async def _sleep_until_woken(self) -> None:
         """Wait for a NOTIFY, an assignment change, a stop, or the jittered poll interval."""

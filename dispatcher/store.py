@@ -22,12 +22,21 @@ import orjson
 import psycopg
 from psycopg.types.json import set_json_dumps, set_json_loads
 
+from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly
+from coordinator.pglimits import connect as connect_bounded
+
+from . import metrics
 from .constants import NUM_BUCKETS
 from .errors import StoreError, StoreUnavailable
 from .queries import query
 from .retry import Outcome
 
 log = logging.getLogger(__name__)
+
+# Budgets in multiples of ConnectionLimits.statement_timeout_s. Every hot statement (claim,
+# completion, heartbeat, reap) touches at most a few thousand index entries: milliseconds.
+# ANALYZE samples 30,000 rows and a prune deletes up to 5,000: seconds on a big, busy table.
+SLOW_STATEMENT = 6.0
 
 
 class Job:
@@ -187,10 +196,12 @@ class JobStore:
     services) take turns: psycopg serialises statements on a connection, and the lock below
     makes concurrent first calls share one connect instead of each opening (and leaking) one."""
 
-    def __init__(self, dsn: str, worker_id: str, *, application_name: str = "dispatcher") -> None:
+    def __init__(self, dsn: str, worker_id: str, *, application_name: str = "dispatcher",
+                 limits: ConnectionLimits | None = None) -> None:
         self._dsn = dsn
         self.worker_id = worker_id
         self._application_name = application_name
+        self._limits = limits or ConnectionLimits()
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._connecting = asyncio.Lock()
         self._claim_sql_cache: dict[tuple[int, ...] | None, str] = {}
@@ -202,23 +213,39 @@ class JobStore:
         async with self._connecting:
             if self._conn is None or self._conn.closed:
                 with translate_errors("connect"):
-                    conn = await psycopg.AsyncConnection.connect(
-                        self._dsn, autocommit=True, application_name=self._application_name
-                    )
+                    try:
+                        conn = await connect_bounded(self._dsn, self._limits,
+                                                     application_name=self._application_name)
+                    except StatementTimeout as exc:
+                        raise StoreUnavailable(str(exc)) from None
                 configure_json(conn)
                 self._conn = conn
             return self._conn
 
     async def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await self._conn.close()
-            self._conn = None
+        conn, self._conn = self._conn, None
+        await close_quietly(conn)
 
-    async def _execute(self, what: str, sql: str, params: dict[str, Any]) -> psycopg.AsyncCursor[Any]:
+    async def _execute(self, what: str, sql: str, params: dict[str, Any], *,
+                       budget: float = 1.0) -> psycopg.AsyncCursor[Any]:
+        """One statement, bounded by `budget` x statement_timeout_s. A statement that overruns
+        (or whose caller is cancelled) costs us its connection: the next call opens a new one."""
         conn = await self.connection()
-        with translate_errors(what):
-            return await conn.execute(sql, params)
+        timeout_s = self._limits.statement_timeout_s * budget
+        try:
+            with translate_errors(what):
+                return await bounded(what, conn.execute(sql, params), timeout_s, conn)
+        except StatementTimeout as exc:
+            self._forget(conn)
+            metrics.STATEMENT_TIMEOUTS.labels(what).inc()
+            raise StoreUnavailable(str(exc)) from None
+        except asyncio.CancelledError:
+            self._forget(conn)  # bounded() abandoned the statement, and the connection with it
+            raise
+
+    def _forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self._conn is conn:
+            self._conn = None
 
     # -- claim ---------------------------------------------------------------------------------
 
@@ -286,20 +313,24 @@ class JobStore:
         cur = await self._execute("heartbeat", query("jobs_extend_leases"), params)
         return {row[0] for row in await cur.fetchall()}
 
+    async def ping(self) -> None:
+        """One round trip: does this connection answer within the statement budget?"""
+        await self._execute("ping", "SELECT 1", {})
+
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})
         return [ExpiredLease(*row) for row in await cur.fetchall()]
 
     async def jobs_prune_finished(self, retention_s: float, limit: int = 5000) -> int:
         params = {"retention_s": retention_s, "limit": limit}
-        cur = await self._execute("prune", query("jobs_prune_finished"), params)
+        cur = await self._execute("prune", query("jobs_prune_finished"), params, budget=SLOW_STATEMENT)
         return cur.rowcount
 
     async def db_pressure(self) -> DbPressure | None:
-        cur = await self._execute("db_pressure", query("db_pressure"), {})
+        cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)
         row = await cur.fetchone()
         return DbPressure(*row) if row else None
 
     async def jobs_analyze_if_stale(self) -> None:
         """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql)."""
-        await self._execute("analyze", query("jobs_analyze_if_stale"), {})
+        await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)

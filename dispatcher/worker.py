@@ -8,22 +8,30 @@ The path of a job through one worker process:
     and beside it: LeaseKeeper extends the leases of running jobs; if a worker dies or stalls,
     another worker's Reaper puts its jobs through the same RetryPolicy when their leases expire.
 
-Shutdown (SIGTERM/SIGINT in the CLI), in this order:
+Shutdown (SIGTERM/SIGINT in the CLI), in this order, all of it within shutdown_grace_s +
+SHUTDOWN_OVERRUN_S of the signal whatever the database does (the watchdog in lifecycle.py ends
+the process if it does not):
 1. stop claiming (a claim in flight finishes and its jobs start), and leave the coordination
    group, so our buckets move to the others at once while our jobs finish here;
 2. give back claimed-but-unstarted jobs, uncounted;
-3. let running jobs finish within the grace period, then interrupt them;
-4. flush every outcome (shielded from cancellation), then close.
+3. let running jobs finish until the grace period ends; then cancel async handlers (retried at
+   once) and give them and the sync handlers INTERRUPT_WAIT_S more. A sync handler is never
+   given back while its thread runs: it keeps its lease until it returns or the process ends.
+   What still runs then is abandoned to its lease, and the process exits without waiting for it;
+4. flush every outcome (shielded from cancellation) while time is left, then close. Outcomes
+   that cannot be written in time are left to the leases: fenced, or re-run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from coordinator.assignment import BucketAssignment
+from coordinator.pglimits import ConnectionLimits
 
 from . import metrics
 from .completer import Completer
@@ -41,11 +49,24 @@ from .store import JobStore
 
 log = logging.getLogger(__name__)
 
-StoreFactory = Callable[[str, str, str], JobStore]  # (dsn, worker_id, application_name)
+# After the grace period, handlers get this long to react to cancellation (async) or return
+# (sync) while their leases are kept; then they are left to their leases.
+INTERRUPT_WAIT_S = 2.0
+# Everything after the grace period (the wait above, the final flush, leaving the group) ends
+# within this; the process watchdog allows one second more.
+SHUTDOWN_OVERRUN_S = 5.0
+WATCHDOG_SLACK_S = 1.0
+
+StoreFactory = Callable[[str, str, str, ConnectionLimits], JobStore]  # (dsn, worker_id, application_name, limits)
 
 
-def _connect_store(dsn: str, worker_id: str, application_name: str) -> JobStore:
-    return JobStore(dsn, worker_id, application_name=application_name)
+def _connect_store(dsn: str, worker_id: str, application_name: str, limits: ConnectionLimits) -> JobStore:
+    return JobStore(dsn, worker_id, application_name=application_name, limits=limits)
+
+
+def exit_bound_s(config: Config) -> float:
+    """From the first signal to the end of the process, at most (enforced by the watchdog)."""
+    return config.shutdown_grace_s + SHUTDOWN_OVERRUN_S + WATCHDOG_SLACK_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +81,7 @@ class WorkerStats:
     released: int
     reaped: int
     leases_lost: int
+    abandoned: int
 
 
 class Worker:
@@ -71,9 +93,10 @@ class Worker:
         self.assignment = assignment or build_assignment(config)
 
         def store(role: str) -> JobStore:
-            return store_factory(config.dsn, config.worker_id, f"dispatcher-{role}")  # type: ignore[arg-type]
+            return store_factory(config.dsn, config.worker_id, f"dispatcher-{role}", config.limits)  # type: ignore[arg-type]
 
-        # One connection per loop: claims, completions, and the maintenance services together.
+        # One connection per loop: claims; completions and heartbeats (short owner-fenced writes,
+        # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.
         claims, completions, maint = store("claim"), store("complete"), store("maint")
         self._stores = (claims, completions, maint)
         self._maintenance_store = maint
@@ -81,10 +104,14 @@ class Worker:
         self.completer = Completer(completions, flush_interval_s=config.flush_interval_s,
                                    flush_max=config.flush_max, history=config.history)
         self.executor = Executor(registry, policy, self.completer, worker_id=config.worker_id,
-                                 job_timeout_s=config.job_timeout_s, sync_threads=config.sync_threads)
-        self.producer = Producer(config, claims, self.assignment, self.executor)
-        self._listener = Listener(config.dsn, set(config.queues), self.producer.on_notify)
-        self.lease_keeper = LeaseKeeper(maint, self.executor, lease_s=config.lease_s, interval_s=config.heartbeat_s)
+                                 job_timeout_s=config.job_timeout_s, sync_threads=config.sync_threads,
+                                 lease_s=config.lease_s, start_margin_s=config.heartbeat_s / 2)
+        self.lease_keeper = LeaseKeeper(completions, self.executor, lease_s=config.lease_s,
+                                        interval_s=config.heartbeat_s)
+        self.producer = Producer(config, claims, self.assignment, self.executor,
+                                 leases_stalled=lambda: self.lease_keeper.stalled)
+        self._listener = Listener(config.dsn, set(config.queues), self.producer.on_notify, limits=config.limits,
+                                  probe_s=max(1.0, config.lease_s / 3))
         self.reaper = Reaper(maint, policy, interval_s=config.reaper_interval_s, history=config.history,
                              on_reaped=self.producer.wake)
         self._services: list[PeriodicService] = [
@@ -94,14 +121,22 @@ class Worker:
             PressureSampler(maint, interval_s=config.reaper_interval_s),
         ]
         self._stop = asyncio.Event()
+        self._stop_requested_at: float | None = None
         self._grace_override: float | None = None
         self._released = 0
+        self.abandoned = 0  # jobs still running when shutdown ended: the process must not wait for them
+        self.unflushed = 0  # outcomes that could not be written before the deadline
         self.started = asyncio.Event()  # test signal: every service is up
 
     @property
     def listening(self) -> asyncio.Event:
         """Test signal: set while LISTEN is active (wake-ups by NOTIFY work)."""
         return self._listener.listening
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once stop() was called."""
+        return self._stop
 
     @property
     def idle(self) -> bool:
@@ -112,7 +147,12 @@ class Worker:
     def stats(self) -> WorkerStats:
         p = self.producer.stats
         return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, self.executor.stats.timeouts,
-                           self._released, self.reaper.reaped, self.lease_keeper.leases_lost)
+                           self._released, self.reaper.reaped, self.lease_keeper.leases_lost, self.abandoned)
+
+    @property
+    def clean(self) -> bool:
+        """After run(): every job we held got its outcome written (or was given back)."""
+        return self.abandoned == 0 and self.unflushed == 0
 
     async def run(self) -> None:
         await self.assignment.start(on_revoke=self.producer.on_revoke)
@@ -131,60 +171,91 @@ class Worker:
             await asyncio.shield(self._shutdown(producer, background))
 
     def stop(self, *, grace_s: float | None = None) -> None:
-        """Begin a graceful shutdown (idempotent; call from a signal handler)."""
+        """Begin a graceful shutdown (idempotent; call from a signal handler). The grace period
+        runs from the first call."""
         if grace_s is not None:
             self._grace_override = grace_s
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
         self._stop.set()
 
     async def _shutdown(self, producer: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
+        begun = self._stop_requested_at or time.monotonic()
+        grace = self._grace_override if self._grace_override is not None else self.config.shutdown_grace_s
+        grace_ends = begun + grace
+        overrun_ends = grace_ends + SHUTDOWN_OVERRUN_S
         # 1. Stop claiming (never mid-statement: a claim in flight finishes and its jobs start),
-        #    and leave the group, so our buckets move now, not after the grace period.
+        #    and leave the group, so our buckets move now, not after the grace period. Leaving
+        #    runs beside steps 2-3: a coordinator that does not answer must not eat the grace.
         self.producer.stop()
         self.executor.stop_starting()
-        await asyncio.gather(producer, return_exceptions=True)
-        await self.assignment.stop()
+        await _within(producer, grace_ends)  # a claim in flight is bounded by its statement timeout
+        leaving = asyncio.create_task(self.assignment.stop(), name="leave")
         # 2. Claimed but never started: back to the queue at once, the attempt not counted.
-        await self._release_unstarted()
-        # 3. Running jobs get the grace period, then are interrupted (retried at once elsewhere).
-        grace = self._grace_override if self._grace_override is not None else self.config.shutdown_grace_s
-        await self.executor.drain(grace)
-        # 4. Every outcome reaches the database before we close.
+        await self._release_unstarted(grace_ends)
+        # 3. Running jobs get the rest of the grace period, then are interrupted.
+        await self.executor.drain(grace_ends)
+        self.abandoned = await self.executor.interrupt(INTERRUPT_WAIT_S)
+        # 4. Every outcome we can write before the deadline reaches the database; then close.
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        await self._flush_until_done()
+        await self._flush_until(overrun_ends - 0.5)
+        await _within(leaving, overrun_ends - 0.2)
         await self._listener.stop()
         self.executor.close()
         for store in self._stores:
             await store.close()
-        log.info("worker %s stopped: %s %s", self.config.worker_id, self.stats, self.completer.stats)
+        log.info("worker %s stopped in %.1f s: %s %s", self.config.worker_id, time.monotonic() - begun,
+                 self.stats, self.completer.stats)
 
-    async def _release_unstarted(self) -> None:
+    async def _release_unstarted(self, deadline: float) -> None:
         unstarted = self.executor.take_unstarted()
         if not unstarted:
             return
-        for attempt in range(5):
+        attempt = 0
+        while time.monotonic() < deadline:
             try:
                 released = await self._maintenance_store.jobs_release_owned(unstarted)
             except StoreError as exc:
-                log.warning("release of unstarted jobs failed (try %d): %s", attempt + 1, exc)
-                await asyncio.sleep(0.2 * 2**attempt)
+                attempt += 1
+                log.warning("release of unstarted jobs failed (try %d): %s", attempt, exc)
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0, max(0.0, deadline - time.monotonic())))
                 continue
             self._released += released
             metrics.JOBS_RELEASED.inc(released)
             log.info("released %d claimed-but-unstarted jobs", released)
             return
-        log.error("could not release %d unstarted jobs; their leases will bring them back", len(unstarted))
+        log.error("could not release %d unstarted jobs in time; their leases will bring them back", len(unstarted))
 
-    async def _flush_until_done(self) -> None:
-        for attempt in range(10):
+    async def _flush_until(self, deadline: float) -> None:
+        attempt = 0
+        while True:
             try:
-                await self.completer.flush()
+                await asyncio.wait_for(self.completer.flush(), timeout=max(0.0, deadline - time.monotonic()))
                 return
-            except StoreError as exc:
-                log.warning("final flush failed (try %d): %s", attempt + 1, exc)
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-        log.error("gave up flushing %d outcomes; their leases will bring the jobs back", self.completer.pending)
+            except (StoreError, TimeoutError) as exc:
+                attempt += 1
+                if time.monotonic() >= deadline:
+                    break
+                log.warning("final flush failed (try %d): %s", attempt, exc)
+                await asyncio.sleep(min(0.1 * 2**attempt, 1.0, max(0.0, deadline - time.monotonic())))
+        self.unflushed = self.completer.pending
+        log.error("could not write %d outcomes before the shutdown deadline; their leases will bring the jobs "
+                  "back (fenced if they were written after all)", self.unflushed)
+
+
+async def _within(task: Awaitable[None], deadline: float) -> None:
+    """Wait for `task` until `deadline`, then cancel it and go on."""
+    fut = asyncio.ensure_future(task)
+    done, _ = await asyncio.wait((fut,), timeout=max(0.0, deadline - time.monotonic()))
+    name = fut.get_name() if isinstance(fut, asyncio.Task) else "a task"
+    if not done:
+        log.warning("%s did not finish in time during shutdown: cancelled", name)
+        fut.cancel()
+        await asyncio.wait((fut,), timeout=0.5)  # not longer: it may be stuck in a cancellation of its own
+    elif not fut.cancelled() and fut.exception() is not None:
+        log.warning("%s failed during shutdown: %r", name, fut.exception())
 
 
 def _fmt_buckets(buckets: tuple[int, ...] | None) -> str:
@@ -195,30 +266,34 @@ def _fmt_buckets(buckets: tuple[int, ...] | None) -> str:
 
 def run_worker(config: Config, registry: Registry, *, install_signals: bool = True,
                on_started: Callable[[Worker], None] | None = None) -> Worker:
-    """Run a worker on uvloop until SIGTERM/SIGINT; a second signal skips the grace period."""
-    import signal
+    """Run a worker on uvloop until SIGTERM/SIGINT (see lifecycle.py for the exit guarantees).
 
+    Before it starts, the database must answer with a current schema (startup.py): a login the
+    server refuses, or a missing or older schema, raises StartupError; an unreachable server is
+    waited for. If shutdown leaves handlers running (they ignored cancellation, or their threads
+    never returned), the process exits here, without waiting for them: their leases protect them.
+    """
     import uvloop
+
+    from .lifecycle import EXIT_FORCED, ShutdownSignals, hard_exit
+    from .startup import wait_until_ready
 
     worker = Worker(config, registry)
 
     async def main() -> None:
         if install_signals:
-            loop = asyncio.get_running_loop()
-            signals_seen = 0
-
-            def on_signal(signum: int) -> None:
-                nonlocal signals_seen
-                signals_seen += 1
-                log.info("received %s: %s", signal.Signals(signum).name,
-                         "stopping gracefully" if signals_seen == 1 else "skipping the grace period")
-                worker.stop(grace_s=0.0 if signals_seen > 1 else None)
-
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, on_signal, sig)
+            ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(config),
+                            announce=log.info).install()
+        ready = await wait_until_ready(config.dsn, config.limits,  # type: ignore[arg-type]  # checked by Worker
+                                       wait_for_schema=config.wait_for_schema, stopping=worker.stopping)
+        if not ready:
+            log.info("stopped before the database was ready")
+            return
         if on_started is not None:
             on_started(worker)
         await worker.run()
+        if worker.abandoned and install_signals:
+            hard_exit(f"{worker.abandoned} handlers still run after the shutdown bound", EXIT_FORCED)
 
     uvloop.run(main())
     return worker

@@ -208,7 +208,7 @@ def test_each_parser_reads_back_its_own_default():
 def test_documented_defaults_match_the_dataclass():
     config = Config()
     for s in settings():
-        if s.name in ("worker_id", "heartbeat_interval_s", "buckets", "max_payload_bytes"):
+        if s.name in ("worker_id", "heartbeat_interval_s", "statement_timeout_s", "buckets", "max_payload_bytes"):
             continue  # computed or described defaults
         assert s.default == getattr(config, s.name), s.name
         shown = s.default_text
@@ -229,7 +229,8 @@ def test_run_help_lists_every_setting_with_its_help(capsys, monkeypatch):
     assert info.value.code == 0
     out = "".join(capsys.readouterr().out.split())  # argparse wraps lines (also at hyphens)
     for s in settings():
-        assert "".join(f"{s.flag} V {s.description}".split()) in out, s.flag
+        value = "[V]" if isinstance(s.default, bool) else "V"  # a bare boolean flag means true
+        assert "".join(f"{s.flag} {value} {s.description}".split()) in out, s.flag
     assert "(default30)" in out and "(defaultNone)" not in out
 
 

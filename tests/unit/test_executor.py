@@ -181,7 +181,8 @@ def test_drain_interrupts_what_outlives_the_grace_and_retries_it_at_once():
 
     async def main():
         executor.start([job(1, "slow"), job(2, "quick")])
-        await executor.drain(0.3)
+        await executor.drain(time.monotonic() + 0.3)
+        assert await executor.interrupt(2.0) == 0
 
     run_async(main())
     assert rec.completed_ids == [2]

@@ -1,0 +1,135 @@
+"""PostgreSQL connections that never hang: a bound on every connect and on every statement.
+
+A stalled network path (a proxy or a NAT that stops forwarding without closing the socket, a
+partition that drops packets) raises no error on its own: a statement sent into it waits
+forever, and so does whatever awaits it, shutdown included. Three layers bound that:
+
+- `connect()` passes libpq's `connect_timeout` (and bounds the whole handshake on our side too),
+  plus TCP keepalives and `tcp_user_timeout`, so the kernel itself gives up on a peer that has
+  vanished (packets dropped) even on an idle connection (a LISTEN).
+- `bounded()` runs each statement with a deadline of the caller's choosing. On overrun it raises
+  `StatementTimeout` at once and leaves the statement to psycopg in the background, which sends
+  the server a cancel request and closes the connection (psycopg bounds that at about 10 s);
+  the caller must never use that connection again.
+- We do not set `statement_timeout` on the session: PgBouncer in transaction pooling rejects the
+  `options` startup parameter, and a `SET` would leak to other clients through its pool. The
+  cancel request above stops the statement on the server instead (PgBouncer forwards those).
+
+Shared by both packages (the coordinator imports nothing from dispatcher), like sqlfile.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+
+T = TypeVar("T")
+
+# A peer that vanished (packets dropped, no FIN/RST) is declared dead after 5 s of silence plus
+# 3 unanswered probes 2 s apart: 11 s. Data we sent that stays unacknowledged for 10 s fails the
+# socket (tcp_user_timeout, Linux). Both only catch a path that drops packets; a peer that keeps
+# the socket open but stops answering is caught by the statement deadlines.
+KEEPALIVES_IDLE_S = 5
+KEEPALIVES_INTERVAL_S = 2
+KEEPALIVES_COUNT = 3
+TCP_USER_TIMEOUT_MS = 10_000
+
+
+class StatementTimeout(TimeoutError):
+    """A statement (or a connect) got no answer within its deadline; the connection is abandoned."""
+
+    def __init__(self, what: str, timeout_s: float) -> None:
+        super().__init__(f"{what}: no answer within {timeout_s:g} s (connection stalled or server overloaded)")
+        self.what = what
+        self.timeout_s = timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How long a connect and a statement may take. `statement_timeout_s` is the budget of a
+    short statement; callers give longer ones (ANALYZE, pruning) a multiple of it."""
+
+    connect_timeout_s: float = 5.0
+    statement_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.connect_timeout_s > 0 or not self.statement_timeout_s > 0:
+            raise ValueError("connection limits must be > 0")
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """libpq parameters for a connection with these limits."""
+        return {
+            # libpq takes whole seconds and treats 1 as 2; round up so we never wait less than asked.
+            "connect_timeout": max(2, int(-(-self.connect_timeout_s // 1))),
+            "keepalives": 1,
+            "keepalives_idle": KEEPALIVES_IDLE_S,
+            "keepalives_interval": KEEPALIVES_INTERVAL_S,
+            "keepalives_count": KEEPALIVES_COUNT,
+            "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+        }
+
+
+# Statements abandoned on overrun, still finishing psycopg's cancel-and-close in the background.
+# Referenced here so they are not garbage-collected mid-flight.
+_abandoned: set[asyncio.Task[Any]] = set()
+
+
+async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
+                  **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+    """An autocommit connection with the limits' timeouts; StatementTimeout if the handshake
+    stalls past connect_timeout_s (+1 s for libpq's own timer to fire first)."""
+    try:
+        async with asyncio.timeout(limits.connect_timeout_s + 1.0):
+            return await psycopg.AsyncConnection.connect(
+                dsn, autocommit=True, application_name=application_name, **limits.connect_kwargs(), **kwargs)
+    except TimeoutError:
+        raise StatementTimeout("connect", limits.connect_timeout_s) from None
+
+
+async def bounded(what: str, work: Awaitable[T], timeout_s: float, conn: psycopg.AsyncConnection[Any]) -> T:
+    """Await `work` (statements on `conn`) for at most `timeout_s`.
+
+    On overrun, or if our caller is cancelled meanwhile, `work` is cancelled and left to finish
+    in the background: psycopg sends the server a cancel request, then we close `conn`. We
+    return at once (StatementTimeout, or the CancelledError): awaiting psycopg's cancellation
+    would hand the stall to the caller for up to ~10 s more. The caller must drop `conn`."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=timeout_s)
+    except asyncio.CancelledError:
+        _abandon(task, conn)
+        raise
+    if not done:
+        _abandon(task, conn)
+        raise StatementTimeout(what, timeout_s)
+    return task.result()
+
+
+def _abandon(task: asyncio.Task[Any], conn: psycopg.AsyncConnection[Any]) -> None:
+    def finished(task: asyncio.Task[Any]) -> None:
+        _abandoned.discard(task)
+        if not task.cancelled():
+            with contextlib.suppress(BaseException):
+                task.result()  # retrieved: no "exception was never retrieved" warning
+        with contextlib.suppress(Exception):
+            conn.pgconn.finish()  # sync and local: never waits on the peer
+
+    if task.done():
+        finished(task)
+        return
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(finished)
+
+
+async def close_quietly(conn: psycopg.AsyncConnection[Any] | None) -> None:
+    """Close a connection that may be stalled or broken without waiting on the network (the
+    Terminate message only goes into the socket buffer)."""
+    if conn is not None and not conn.closed:
+        with contextlib.suppress(Exception):
+            await conn.close()

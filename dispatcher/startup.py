@@ -1,0 +1,148 @@
+"""Before a worker starts: is the database there, can we log in, is the schema ours?
+
+A rollout must not look healthy while the fleet does nothing, so errors that waiting cannot fix
+end the process at once with one clear line, and only those that time can fix are waited out:
+
+- login refused (bad password, unknown role or database, pg_hba): `StartupError`, exit non-zero;
+- server unreachable (refused, timed out, name not resolved, starting up, too many clients):
+  retried with backoff (0.5 s doubling to 10 s), one line each time, until it answers or we are
+  stopped. A name that does not resolve is waited out too: in Kubernetes the database's Service
+  may simply not exist yet;
+- schema missing or older than this code: `StartupError` naming `dispatcher migrate`; with
+  `wait_for_schema` we wait instead (a migration Job may be running), logging every 5 s.
+
+A database outage once the worker runs is a different matter: that is tolerated (claims back
+off, leases carry the jobs), never fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import psycopg
+
+from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
+
+from .backoff import jittered
+from .errors import DispatcherError
+from .migrate import available_migrations
+
+log = logging.getLogger(__name__)
+
+SCHEMA_WAIT_LOG_S = 5.0
+UNREACHABLE_BACKOFF_S = (0.5, 10.0)  # first wait, cap
+
+# Server messages that a later attempt may not see again: the server is not refusing *us*.
+_TRANSIENT = ("starting up", "shutting down", "in recovery", "too many clients", "remaining connection slots",
+              "not yet accepting", "terminating connection")
+
+_APPLIED_VERSIONS = """
+SELECT CASE WHEN to_regclass('dispatcher_schema_version') IS NULL THEN NULL
+            ELSE (SELECT coalesce(array_agg(version), '{}') FROM dispatcher_schema_version) END
+"""
+
+
+class StartupError(DispatcherError):
+    """The worker cannot start and waiting would not help (the message says what to do)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    applied: frozenset[int] | None  # None: no schema at all
+    expected: frozenset[int]
+
+    @property
+    def missing(self) -> list[int]:
+        return sorted(self.expected - (self.applied or frozenset()))
+
+    @property
+    def newer(self) -> list[int]:
+        return sorted((self.applied or frozenset()) - self.expected)
+
+
+def describe_dsn(dsn: str) -> str:
+    """user@host:port/dbname: enough to tell which server, never the password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(unparsable DSN)"
+    host = info.get("host") or "localhost"
+    port = info.get("port") or "5432"
+    user = f"{info['user']}@" if info.get("user") else ""
+    return f"{user}{host}:{port}/{info.get('dbname') or ''}"
+
+
+def login_refused(exc: psycopg.OperationalError) -> bool:
+    """The server answered and refused this login for good (as opposed to: could not be reached)."""
+    text = str(exc)
+    return "FATAL:" in text and not any(marker in text for marker in _TRANSIENT)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    if "FATAL:" in text:
+        text = text[text.index("FATAL:") + len("FATAL:"):]
+    return " ".join(text.split())
+
+
+async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
+    """Connect once and read the applied migration versions (psycopg errors and StatementTimeout
+    propagate to the caller, which knows which are fatal)."""
+    conn = await connect(dsn, limits, application_name="dispatcher-startup")
+    try:
+        cur = await bounded("schema check", conn.execute(_APPLIED_VERSIONS), limits.statement_timeout_s, conn)
+        row = await cur.fetchone()
+    finally:
+        await close_quietly(conn)
+    applied = None if row is None or row[0] is None else frozenset(row[0])
+    return SchemaState(applied, frozenset(m.version for m in available_migrations()))
+
+
+async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schema: bool,
+                           stopping: asyncio.Event) -> bool:
+    """Return True once the database answers with a current schema, False if `stopping` is set
+    first; raise StartupError for what waiting cannot fix."""
+    where = describe_dsn(dsn)
+    delay = UNREACHABLE_BACKOFF_S[0]
+    last_schema_log = -1e9
+    loop = asyncio.get_running_loop()
+    while not stopping.is_set():
+        try:
+            state = await read_schema(dsn, limits)
+        except psycopg.OperationalError as exc:
+            if login_refused(exc):
+                raise StartupError(f"cannot log in to {where}: {_one_line(exc)}") from None
+            problem = _one_line(exc)
+        except StatementTimeout as exc:
+            problem = str(exc)
+        except psycopg.Error as exc:  # e.g. permission denied on the version table
+            raise StartupError(f"cannot read the schema version in {where}: {_one_line(exc)}") from None
+        else:
+            if not state.missing:
+                if state.newer:
+                    log.warning("schema has migrations this worker does not know (%s): a newer release migrated "
+                                "it; running, as migrations stay compatible with the release before", state.newer)
+                return True
+            what = ("no dispatcher schema" if state.applied is None
+                    else f"schema is older than this worker (migrations {state.missing} not applied)")
+            if not wait_for_schema:
+                raise StartupError(f"{what} in {where}: run `dispatcher migrate` first "
+                                   "(or start with --wait-for-schema while a migration job runs)")
+            if loop.time() - last_schema_log >= SCHEMA_WAIT_LOG_S:
+                log.warning("%s in %s: waiting for `dispatcher migrate` (--wait-for-schema)", what, where)
+                last_schema_log = loop.time()
+            await _sleep_unless(stopping, jittered(1.0, 0.2))
+            continue
+        log.warning("database %s unreachable at start (%s): retrying in %.1f s", where, problem, delay)
+        await _sleep_unless(stopping, jittered(delay, 0.2))
+        delay = min(delay * 2, UNREACHABLE_BACKOFF_S[1])
+    return False
+
+
+async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stopping.wait(), seconds)
+    except TimeoutError:
+        pass

@@ -38,10 +38,8 @@ UNREACHABLE_BACKOFF_S = (0.5, 10.0)  # first wait, cap
 _TRANSIENT = ("starting up", "shutting down", "in recovery", "too many clients", "remaining connection slots",
               "not yet accepting", "terminating connection")
 
-_APPLIED_VERSIONS = """
-SELECT CASE WHEN to_regclass('dispatcher_schema_version') IS NULL THEN NULL
-            ELSE (SELECT coalesce(array_agg(version), '{}') FROM dispatcher_schema_version) END
-"""
+_VERSION_TABLE_EXISTS = "SELECT to_regclass('dispatcher_schema_version') IS NOT NULL"
+_APPLIED_VERSIONS = "SELECT coalesce(array_agg(version), '{}') FROM dispatcher_schema_version"
 
 
 class StartupError(DispatcherError):
@@ -90,13 +88,18 @@ def _one_line(exc: BaseException) -> str:
 async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
     """Connect once and read the applied migration versions (psycopg errors and StatementTimeout
     propagate to the caller, which knows which are fatal)."""
+    async def versions() -> frozenset[int] | None:
+        exists = await (await conn.execute(_VERSION_TABLE_EXISTS)).fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = await (await conn.execute(_APPLIED_VERSIONS)).fetchone()
+        return frozenset(row[0]) if row else frozenset()
+
     conn = await connect(dsn, limits, application_name="dispatcher-startup")
     try:
-        cur = await bounded("schema check", conn.execute(_APPLIED_VERSIONS), limits.statement_timeout_s, conn)
-        row = await cur.fetchone()
+        applied = await bounded("schema check", versions(), limits.statement_timeout_s, conn)
     finally:
         await close_quietly(conn)
-    applied = None if row is None or row[0] is None else frozenset(row[0])
     return SchemaState(applied, frozenset(m.version for m in available_migrations()))
 
 

@@ -78,6 +78,7 @@ class PostgresBackend:
         self._changed = asyncio.Event()
         # Tags our own notifications so wait_for_change() wakes only for *other* members.
         self._token = uuid.uuid4().hex
+        self.waiting = asyncio.Event()  # test signal: wait_for_change is blocked, listening
 
     # -- connections ---------------------------------------------------------------------------------
 
@@ -284,10 +285,13 @@ class PostgresBackend:
         await self._run("leave", work)
 
     async def wait_for_change(self, timeout_s: float) -> bool:
+        self.waiting.set()
         try:
             await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, timeout_s))
         except TimeoutError:
             return False
+        finally:
+            self.waiting.clear()
         loop = asyncio.get_running_loop()
         drain_until = loop.time() + DRAIN_MAX_S
         while True:  # the rest of the burst

@@ -93,6 +93,7 @@ class RedisBackend:
         self.num_buckets = num_buckets
         # Tags our own notifications so wait_for_change() wakes only for *other* members.
         self._token = uuid.uuid4().hex
+        self.waiting = asyncio.Event()  # test signal: wait_for_change is blocked on the subscription
         self._redis: aioredis.Redis | None = None
         self._sub_redis: aioredis.Redis | None = None  # owns the pub/sub connection only
         self._pubsub: PubSub | None = None
@@ -267,6 +268,7 @@ class RedisBackend:
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout_s)
+        self.waiting.set()
         try:
             while True:
                 remaining = deadline - loop.time()
@@ -284,6 +286,8 @@ class RedisBackend:
         except RedisError as e:
             await self._drop_pubsub()
             raise CoordinatorError(f"redis wait_for_change: {e}") from e
+        finally:
+            self.waiting.clear()
         # The subscription broke: a blip or a restarted server is back at once (True, as
         # above); a dead one raises CoordinatorUnavailable within ~SOCKET_TIMEOUT_S.
         with _errors("resubscribe"):

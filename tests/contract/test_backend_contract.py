@@ -440,9 +440,8 @@ def test_wait_for_change_wakes_on_another_members_change_only(backend_factory: B
             assert time.monotonic() - t0 >= 0.15
 
             waiter = asyncio.create_task(a.wait_for_change(10))
-            # Not a wait for a condition: a head start so the join wakes a waiter already blocked
-            # (the result does not depend on it: a notification sent before it blocks is kept for it).
-            await asyncio.sleep(0.05)
+            # The join must wake a waiter already blocked (one sent before it blocks is kept for it too).
+            await wait_until_async(a.waiting.is_set, 5, "a blocks in wait_for_change")
             t0 = time.monotonic()
             await b.heartbeat("b", 10)  # a join notifies
             assert await waiter is True

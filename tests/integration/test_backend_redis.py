@@ -27,7 +27,7 @@ from coordinator.backend_redis import RedisBackend
 from coordinator.errors import CoordinatorUnavailable
 from dispatcher.devtools.embedded import EmbeddedRedis, start_redis
 from tests.contract.support import RedisFactory
-from tests.helpers import run_async
+from tests.helpers import run_async, wait_until_async
 
 FAST_S = 3.0  # "quickly": a dead Redis must surface within this
 
@@ -136,7 +136,7 @@ def test_dead_redis_raises_quickly_and_everything_recovers_after_restart(own_red
                 # ... and from then on it waits, and wakes, as usual.
                 assert await b.wait_for_change(0.2) is False
                 waiter = asyncio.create_task(b.wait_for_change(10))
-                await asyncio.sleep(0.05)  # a head start to block first, not a wait (a notification is buffered)
+                await wait_until_async(b.waiting.is_set, 5, "b blocks on its subscription")
                 await a.apply("a", [assign(0, 0, "a")], 10)
                 assert await waiter is True
                 await late.heartbeat("late", 30)
@@ -151,14 +151,14 @@ def test_subscriber_survives_a_restart_while_waiting(own_redis: EmbeddedRedis) -
     async def main() -> None:
         async with backends(own_redis.url, "fail", 2) as [a, b]:
             waiter = asyncio.create_task(b.wait_for_change(30))
-            await asyncio.sleep(0.05)  # a head start to block first: the kill must find it waiting
+            await wait_until_async(b.waiting.is_set, 5, "b blocks on its subscription")  # the kill must find it waiting
             own_redis.kill()
             with pytest.raises(CoordinatorUnavailable):
                 await asyncio.wait_for(waiter, FAST_S)
             await asyncio.to_thread(own_redis.start_again)
             assert await b.wait_for_change(5) is True  # re-subscribed (and maybe missed some)
             waiter = asyncio.create_task(b.wait_for_change(10))
-            await asyncio.sleep(0.05)  # a head start to block first, not a wait (a notification is buffered)
+            await wait_until_async(b.waiting.is_set, 5, "b blocks on its subscription")
             await a.heartbeat("a", 10)
             assert await waiter is True
 

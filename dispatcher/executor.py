@@ -83,7 +83,7 @@ class ExecutorStats:
 class Executor:
     def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, *,
                  worker_id: str, job_timeout_s: float, sync_threads: int, lease_s: float = 30.0,
-                 start_margin_s: float = 0.0) -> None:
+                 start_margin_s: float = 0.0, lose_early_s: float = 0.0) -> None:
         self._registry = registry
         self._policy = policy
         self._completer = completer
@@ -94,6 +94,11 @@ class Executor:
         # A backlogged sync job starts only with this much of its lease left: a thread cannot be
         # stopped, so one started on a lease about to lapse could run beside its re-run.
         self._start_margin_s = start_margin_s
+        # A job whose lease (as we last extended it) is about to run out is stopped this long
+        # before: its lease may be taken over the moment it ends. Only happens when heartbeats
+        # stopped reaching the database; a healthy heartbeat keeps every lease well ahead.
+        self._lose_early_s = lose_early_s
+        self._lease_watch: asyncio.TimerHandle | None = None
         self._threads = ThreadPoolExecutor(sync_threads, thread_name_prefix="dispatcher-sync")
         self._running: dict[int, _Running] = {}  # jobs that suspended or wait for a thread
         self._sync_backlog: collections.deque[_Running] = collections.deque()
@@ -124,6 +129,8 @@ class Executor:
                 entry = self._running[job.id] = _Running(job, held_since, lease_until, state=_State.BACKLOG)
                 self._sync_backlog.append(entry)
         self._pump_sync()
+        if self._lease_watch is None and self._running:
+            self._watch_leases()
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
@@ -252,6 +259,24 @@ class Executor:
             entry = self._running.get(job_id)
             if entry is not None:
                 entry.lease_until = max(entry.lease_until, lease_until)
+        self._watch_leases()
+
+    def _watch_leases(self) -> None:
+        """(Re)arm one timer for the earliest lease end among the jobs we hold: when it fires,
+        whatever is about to run out is lost (see _lose_early_s). One timer, re-armed per
+        heartbeat, not one per job."""
+        if self._lease_watch is not None:
+            self._lease_watch.cancel()
+            self._lease_watch = None
+        ends = [r.lease_until for r in self._running.values() if r.state in (_State.RUNNING, _State.BACKLOG)]
+        if ends and self._loop is not None:
+            delay = min(ends) - self._lose_early_s - time.monotonic()
+            self._lease_watch = self._loop.call_later(max(0.0, delay), self._lease_watch_fired)
+
+    def _lease_watch_fired(self) -> None:
+        self._lease_watch = None
+        self.lose_expired(time.monotonic() + self._lose_early_s)
+        self._watch_leases()
 
     def lose(self, ids: Iterable[int], why: str) -> int:
         """These leases are no longer ours (`why`): nothing of these jobs may start or be written
@@ -266,10 +291,10 @@ class Executor:
         return len(entries)
 
     def lose_expired(self, now: float) -> int:
-        """Our estimate of these leases ran out while the database did not answer our heartbeats:
-        another worker may run them already. Returns how many."""
+        """Leases that end by `now` (as we last extended them) are lost: our heartbeats did not
+        reach the database, and another worker may run these jobs once they end. Returns how many."""
         return self.lose([r.job.id for r in self._running.values() if r.lease_until <= now],
-                         "it ran out while the database did not answer our heartbeats")
+                         "it ran out while our heartbeats did not reach the database")
 
     def _lose(self, entry: _Running) -> str:
         """Stop what can be stopped of a job whose lease is gone; returns what was done."""
@@ -344,4 +369,7 @@ class Executor:
         return len(left)
 
     def close(self) -> None:
+        if self._lease_watch is not None:
+            self._lease_watch.cancel()
+            self._lease_watch = None
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -63,8 +63,8 @@ class LeaseKeeper(PeriodicService):
       has not started, cancels it if async (a thread cannot be stopped; its outcome is fenced).
     - While heartbeats fail (database unreachable or stalled), `stalled` is true and the producer
       claims nothing: new jobs' leases could not be kept either. Jobs whose lease (as we last
-      extended it) runs out meanwhile are treated as lost, since another worker may run them.
-      We probe every second until the database answers again.
+      extended it) is about to run out meanwhile are lost (Executor: another worker may take
+      them as soon as it ends). We probe every second until the database answers again.
     """
 
     name = "heartbeat"
@@ -92,8 +92,7 @@ class LeaseKeeper(PeriodicService):
             elif self.stalled:
                 await self._store.ping()
         except StoreError as exc:
-            self._failing(exc)
-            self._executor.lose_expired(time.monotonic())
+            self._failing(exc)  # leases that run out meanwhile are lost by the executor's own timer
             return jittered(self.STALLED_PROBE_S)
         self._answered()
         if due:

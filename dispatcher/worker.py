@@ -105,7 +105,8 @@ class Worker:
                                    flush_max=config.flush_max, history=config.history)
         self.executor = Executor(registry, policy, self.completer, worker_id=config.worker_id,
                                  job_timeout_s=config.job_timeout_s, sync_threads=config.sync_threads,
-                                 lease_s=config.lease_s, start_margin_s=config.heartbeat_s / 2)
+                                 lease_s=config.lease_s, start_margin_s=config.heartbeat_s / 2,
+                                 lose_early_s=min(0.5, config.heartbeat_s / 4))
         self.lease_keeper = LeaseKeeper(completions, self.executor, lease_s=config.lease_s,
                                         interval_s=config.heartbeat_s)
         self.producer = Producer(config, claims, self.assignment, self.executor,

@@ -63,22 +63,43 @@ def test_a_lost_lease_drops_unstarted_jobs_cancels_async_ones_and_fences_running
     assert not executor.running_since(time.monotonic() + 100), "nothing of ours left to heartbeat"
 
 
-def test_leases_that_ran_out_while_heartbeats_failed_are_lost_and_never_started():
+def test_leases_about_to_run_out_without_a_heartbeat_are_lost_before_they_end():
     registry, started, release = blocking_registry()
-    executor, rec = make(registry, lease_s=0.5, start_margin_s=0.1)
+    registry.handler("wait_async")(_sleep_30)
+    executor, rec = make(registry, lease_s=2.0, start_margin_s=0.1, lose_early_s=1.0)
+    lost_at = []
+    lose = executor.lose
+
+    def recording_lose(ids, why):
+        n = lose(ids, why)
+        if n:
+            lost_at.append(time.monotonic())
+        return n
+
+    executor.lose = recording_lose
 
     async def main():
-        executor.start([job(1, "block"), job(2, "block")])
+        claimed_at = time.monotonic()
+        executor.start([job(1, "block"), job(2, "block"), job(3, "wait_async")], claimed_at)
         await wait_until_async(lambda: started == [1], 5, "job 1 started", interval_s=0.005)
-        executor.extended([1, 2], time.monotonic() - 1)  # an older extension never shortens a lease
-        await asyncio.sleep(0.6)  # the lease (as we know it) runs out: no heartbeat reached the database
-        assert executor.lose_expired(time.monotonic()) == 2
+        executor.extended([1, 2, 3], claimed_at - 1)  # an older extension never shortens a lease
+        # No heartbeat reaches the database: the executor's own timer gives the jobs up 1 s
+        # before their leases end (another worker may take them the moment they do).
+        await wait_until_async(lambda: executor.stats.lost_running == 1, 5, "the leases were given up")
         release.set()
         await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+        return claimed_at
 
-    run_async(main())
+    claimed_at = run_async(main())
     executor.close()
+    assert len(lost_at) == 1, "all three at once, by one timer"
+    assert 1.0 <= lost_at[0] - claimed_at < 2.0, "given up before the lease's end (2 s), not after it"
+    assert (executor.stats.lost_dropped, executor.stats.lost_cancelled, executor.stats.lost_running) == (1, 1, 1)
     assert started == [1] and rec.completed_ids == [] and rec.outcomes == {}
+
+
+async def _sleep_30(job):
+    await asyncio.sleep(30)
 
 
 def test_a_backlogged_job_whose_lease_is_about_to_lapse_is_not_started():

@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/dispatcher demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(or $(ARGS),all)

@@ -120,12 +120,14 @@ def _complete_lines(path: Path) -> list[str]:
     return text.split("\n")[:-1]  # the last piece is "" or a partial line
 
 
-def read_executions(record_dir: Path, *, include_unfinished: bool = False) -> dict[int, list[Execution]]:
-    """job id -> its executions. By default only executions that ended (the record of every test
-    written before start lines existed); with `include_unfinished`, also those that started and
-    never ended, with end=None (see `overlapping` for how they count)."""
+def read_executions(record_dir: Path, *, include_unfinished: bool = False,
+                    pid: int | None = None) -> dict[int, list[Execution]]:
+    """job id -> its executions (only process `pid`'s, if given). By default only executions
+    that ended (the record of every test written before start lines existed); with
+    `include_unfinished`, also those that started and never ended, with end=None (see
+    `overlapping` for how they count)."""
     by_job: dict[int, list[Execution]] = defaultdict(list)
-    for path in record_dir.glob("*.log"):
+    for path in record_dir.glob("*.log" if pid is None else f"{pid}.log"):
         pid = int(path.stem)
         started: dict[tuple[str, str, str], None] = {}
         for line in _complete_lines(path):

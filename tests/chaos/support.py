@@ -50,6 +50,7 @@ class WorkerProcess:
         self.dsn = dsn
         self.settings = settings
         self.log_path = log_path
+        self.record_dir = record_dir
         self._proc = start_worker(dsn, record_dir, app=app, log_path=log_path, **settings)
         self._log = ""
         self._log_offset = 0
@@ -75,6 +76,14 @@ class WorkerProcess:
         """How long after SIGTERM this worker may take to exit: its grace period plus the
         allowance for flushing and closing."""
         return float(self.settings.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S)) + EXIT_ALLOWANCE_S
+
+    def executions(self, *, include_unfinished: bool = True) -> dict[int, list[Execution]]:
+        """This process's executions only (one file read: cheap enough to poll)."""
+        return read_executions(self.record_dir, include_unfinished=include_unfinished, pid=self.pid)
+
+    def running_handlers(self) -> list[Execution]:
+        """Its executions that have started and not ended: handlers mid-run right now."""
+        return [run for runs in self.executions().values() for run in runs if run.end is None]
 
     # -- its log ---------------------------------------------------------------------------------------
 
@@ -205,10 +214,11 @@ class Workers:
 # --------------------------------------------------------------------------- jobs
 
 
-def enqueue(dsn: str, job_type: str, n: int, **payload: Any) -> int:
-    """n jobs of `job_type`, all with `payload`, in one COPY."""
+def enqueue(dsn: str, job_type: str, n: int, payload: dict[str, Any] | None = None, **options: Any) -> int:
+    """n jobs of `job_type`, all with `payload`, in one COPY; `options` as enqueue_payloads_sync's
+    (jitter_s, max_attempts, priority ...)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return enqueue_payloads_sync(conn, job_type, [payload] * n)
+        return enqueue_payloads_sync(conn, job_type, [payload or {}] * n, **options)
 
 
 def running_ids(dsn: str, worker: str) -> set[int]:

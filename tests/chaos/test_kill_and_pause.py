@@ -40,18 +40,22 @@ def fenced_count(text: str) -> int:
 def test_kill_9_mid_drain_loses_nothing_and_its_jobs_are_taken_over_after_the_lease(chaos_dsn, workers):
     jobs = 3000
     journal.install_journal(chaos_dsn)
-    # 20 ms jobs, 20 at a time per worker: the victim always has ~20 handlers mid-run to cut.
-    enqueue(chaos_dsn, "record_slow", jobs, s=0.02)
+    # A steady stream, not a backlog: 3,000 jobs due evenly over 5 s (600/s) against room for
+    # 1,200/s (3 workers x 20 slots / 50 ms; 800/s without the victim). A job the reaper
+    # re-queues is due again at once and goes to the back of the FIFO order (by run_at), so a
+    # backlog ahead of it would measure the backlog, not the takeover. 50 ms jobs, so the victim
+    # has handlers mid-run all the time, far longer than it takes from seeing them to the kill.
     procs = [workers.start(chaos_dsn, f"k{i}", concurrency=20, batch_size=20, **OPTS) for i in range(3)]
     victim = procs[1]
-
-    def victim_mid_job():
-        mid = [e for e in unfinished(workers.executions()) if e.pid == victim.pid]
-        return status_counts(chaos_dsn).get("completed", 0) >= 500 and len(mid) >= 5
-
-    wait_until(victim_mid_job, 60, lambda: f"k1 mid-job after 500 completions:\n{workers.log_tails()}")
-    killed_db = db_now(chaos_dsn)
+    for worker in procs:  # up before the stream starts: a slow start-up would leave a backlog
+        worker.wait_for_log(r"worker k\d running", 30)
+    enqueue(chaos_dsn, "record_slow", jobs, {"s": 0.05}, jitter_s=5.0)
+    wait_until(lambda: status_counts(chaos_dsn).get("completed", 0) >= 500, 60,
+               lambda: f"500 jobs completed:\n{workers.log_tails()}")
+    wait_until(lambda: len(victim.running_handlers()) >= 5, 30, lambda: f"k1 mid-job:\n{victim.log_tail()}",
+               interval_s=0.005)
     killed_wall = victim.kill()
+    killed_db = db_now(chaos_dsn)  # read after the kill, so no earlier than the death: a fair bound
     assert status_counts(chaos_dsn).get("queued", 0) > 0, "the drain was over before the kill"
 
     wait_until(lambda: status_counts(chaos_dsn).get("completed") == jobs, 60,
@@ -76,7 +80,8 @@ def test_kill_9_mid_drain_loses_nothing_and_its_jobs_are_taken_over_after_the_le
 
     # Taken over after the lease: the reaper found every lease the victim held, each ran out no
     # later than one lease after the kill (no heartbeat from the dead), and each job was claimed
-    # again within 1 s of its lease running out, so all of them within lease + 1 s of the kill.
+    # again within 1 s of its lease running out (reaper every 0.3 s, a retry delay of at most
+    # 50 ms, an idle poll of 0.2 s), so all of them within lease + 1 s of the kill.
     taken, never = journal.takeovers(log, "k1")
     assert taken and not never, never
     finished_by_victim = {job_id for job_id, worker in journal.completed_by(log).items() if worker == "k1"}
@@ -93,7 +98,7 @@ def test_kill_9_mid_drain_loses_nothing_and_its_jobs_are_taken_over_after_the_le
 
 def test_sigstop_past_the_lease_then_sigcont_async_jobs_are_rerun_and_late_writes_fenced(chaos_dsn, workers):
     journal.install_journal(chaos_dsn)
-    enqueue(chaos_dsn, "record_slow", 10, s=2.0)
+    enqueue(chaos_dsn, "record_slow", 10, {"s": 2.0})
     paused = workers.start(chaos_dsn, "p", concurrency=10, **OPTS)
 
     def p_runs_all():
@@ -138,7 +143,7 @@ def test_sigstop_past_the_lease_then_sigcont_sync_backlog_is_not_started(chaos_d
     jobs = 40
     # 2 s jobs: p is stopped well within the run of the two it has started, so it completes none
     # before the pause (they finish at once after SIGCONT: their sleep ran out meanwhile).
-    enqueue(chaos_dsn, "record_sync", jobs, s=2.0)
+    enqueue(chaos_dsn, "record_sync", jobs, {"s": 2.0})
     sync_opts = {**OPTS, "lease_s": 3.0}  # heartbeat every 1 s; 2 threads for 40 jobs: 38 wait
     paused = workers.start(chaos_dsn, "p", concurrency=40, batch_size=40, sync_threads=2, **sync_opts)
 

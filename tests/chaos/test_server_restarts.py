@@ -39,7 +39,7 @@ def test_postgres_restart_mid_drain(restartable_pg, workers, mode):
     jobs = 4000
     # 20 ms jobs, 20 at a time per worker: at most 2,000 jobs/s, so the drain lasts >= 2 s and
     # a restart after 800 completions lands in the middle of it.
-    enqueue(dsn, "record_slow", jobs, s=0.02)
+    enqueue(dsn, "record_slow", jobs, {"s": 0.02})
     procs = [workers.start(dsn, name, concurrency=20, batch_size=20, **OPTS) for name in ("a", "b")]
     wait_until(lambda: status_counts(dsn).get("completed", 0) >= 800, 60,
                lambda: f"800 jobs completed:\n{workers.log_tails()}")
@@ -65,7 +65,7 @@ def test_redis_killed_and_started_again_mid_drain(chaos_dsn, chaos_redis, worker
     jobs, later = 4000, 500
     # 50 ms jobs, 10 at a time per worker: at most 400 jobs/s, so the first 4,000 last >= 10 s,
     # longer than the outage (3 s until the workers degrade, then a few hundred jobs without Redis).
-    enqueue(chaos_dsn, "record_slow", jobs, s=0.05)
+    enqueue(chaos_dsn, "record_slow", jobs, {"s": 0.05})
     opts = dict(coordinator="redis", redis_url=chaos_redis.url, concurrency=10, batch_size=10, **OPTS)
     procs = [workers.start(chaos_dsn, name, **opts) for name in ("r0", "r1")]
     for worker in procs:
@@ -83,7 +83,7 @@ def test_redis_killed_and_started_again_mid_drain(chaos_dsn, chaos_redis, worker
     for worker in procs:
         worker.wait_for_log("coordinator backend is back", 20, start=down[worker.name].end())
     # Back on their assigned buckets, they take new work as before.
-    enqueue(chaos_dsn, "record_slow", later, s=0.05)
+    enqueue(chaos_dsn, "record_slow", later, {"s": 0.05})
     wait_until(lambda: status_counts(chaos_dsn).get("completed") == jobs + later, 60,
                lambda: f"all jobs completed: {status_counts(chaos_dsn)}\n{workers.log_tails()}")
     assert all(w.alive() for w in procs), workers.log_tails()

@@ -128,7 +128,7 @@ def read_executions(record_dir: Path, *, include_unfinished: bool = False,
     `overlapping` for how they count)."""
     by_job: dict[int, list[Execution]] = defaultdict(list)
     for path in record_dir.glob("*.log" if pid is None else f"{pid}.log"):
-        pid = int(path.stem)
+        writer = int(path.stem)  # the worker process that wrote the file
         started: dict[tuple[str, str, str], None] = {}
         for line in _complete_lines(path):
             job_id, attempt, start, end, outcome = line.split()
@@ -136,10 +136,10 @@ def read_executions(record_dir: Path, *, include_unfinished: bool = False,
                 started[(job_id, attempt, start)] = None
                 continue
             started.pop((job_id, attempt, start), None)
-            by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), float(end), pid, outcome))
+            by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), float(end), writer, outcome))
         if include_unfinished:
             for job_id, attempt, start in started:
-                by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), None, pid))
+                by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), None, writer))
     return by_job
 
 

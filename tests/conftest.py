@@ -8,18 +8,11 @@ database cloned from a template migrated once (procrastinate's pattern): isolate
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from dispatcher.migrate import migrate
-
-
-def _with_dbname(dsn: str, dbname: str) -> str:
-    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
+from tests.databases import dbname_of, scratch_database
 
 
 @pytest.fixture(scope="session")
@@ -39,35 +32,22 @@ def pg_admin_dsn() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def template_db(pg_admin_dsn: str) -> Iterator[str]:
-    name = f"dispatcher_tmpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    migrate(_with_dbname(pg_admin_dsn, name))
-    yield name
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(pg_admin_dsn, "dispatcher_tmpl", migrated=True) as template_dsn:
+        yield dbname_of(template_dsn)
 
 
 @pytest.fixture
 def dsn(pg_admin_dsn: str, template_db: str) -> Iterator[str]:
     """A freshly migrated, empty database of its own for this test."""
-    name = f"dispatcher_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db)))
-    yield _with_dbname(pg_admin_dsn, name)
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(pg_admin_dsn, "dispatcher_test", template=template_db) as test_dsn:
+        yield test_dsn
 
 
 @pytest.fixture
 def empty_dsn(pg_admin_dsn: str) -> Iterator[str]:
     """A database with no schema at all (migration tests)."""
-    name = f"dispatcher_empty_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    yield _with_dbname(pg_admin_dsn, name)
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(pg_admin_dsn, "dispatcher_empty") as test_dsn:
+        yield test_dsn
 
 
 @pytest.fixture(scope="session")

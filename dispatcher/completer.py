@@ -84,11 +84,16 @@ class Completer:
             except TimeoutError:
                 pass
             self._full.clear()
+            flush = asyncio.ensure_future(self.flush())
             try:
                 # Shielded: when the worker cancels this loop at shutdown, a flush in flight
-                # still completes (its outcomes are already out of the buffers); the worker's
-                # final flush then waits for it on the lock and writes whatever is left.
-                await asyncio.shield(self.flush())
+                # still completes (or puts its outcomes back); the worker's final flush then
+                # waits for it on the lock and writes whatever is left, and reports any failure.
+                await asyncio.shield(flush)
+            except asyncio.CancelledError:
+                # Its error is the final flush's to report: mark it retrieved, or asyncio logs it.
+                flush.add_done_callback(lambda f: f.cancelled() or f.exception())
+                raise
             except StoreError as exc:
                 # Outcomes stay buffered (see flush); back off briefly so a down database is not hammered.
                 log.warning("completion flush failed, will retry: %s", exc)

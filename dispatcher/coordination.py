@@ -34,5 +34,6 @@ def build_assignment(config: Config) -> BucketAssignment:
         # lease: a third of it, 3.3 s at the defaults.
         limits = dataclasses.replace(config.limits,
                                      statement_timeout_s=min(config.statement_s, config.coordinator_lease_s / 3))
-        backend = PostgresBackend(config.dsn, session_locks=config.session_locks, limits=limits)  # type: ignore[arg-type]
+        backend = PostgresBackend(config.dsn, session_locks=config.session_locks,  # type: ignore[arg-type]
+                                  limits=limits)
     return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s, poll_s=config.coordinator_poll_s)

@@ -155,19 +155,25 @@ class Executor:
             if entry is not None and entry.state is _State.LOST:
                 pass  # its lease is gone: the new owner decides; nothing of ours may be written
             elif job.id in self._timed_out:
-                self._timed_out.discard(job.id)
-                self._fail(job, FailureKind.TIMEOUT, f"timed out after {self._timeout_of(handler):g} s", started)
+                self._timed_out_failure(handler, job, started)
             else:
                 self._fail(job, FailureKind.INTERRUPTED, "interrupted: worker shut down", started)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a handler is its job's failure
             self._fail_with(job, exc, started)
         else:
-            self._completer.completed(job, time.monotonic() - started)
+            if job.id in self._timed_out:  # it swallowed the cancellation and returned: still an overrun
+                self._timed_out_failure(handler, job, started)
+            else:
+                self._completer.completed(job, time.monotonic() - started)
         finally:
+            self._timed_out.discard(job.id)
             entry = self._running.pop(job.id, None)
             if entry is not None and entry.timer is not None:
                 entry.timer.cancel()
             self._finish_slot()
+
+    def _timed_out_failure(self, handler: Handler, job: Job, started: float) -> None:
+        self._fail(job, FailureKind.TIMEOUT, f"timed out after {self._timeout_of(handler):g} s", started)
 
     def _time_out(self, entry: _Running) -> None:
         if entry.task is not None and not entry.task.done():

@@ -89,7 +89,10 @@ class LeaseKeeper(PeriodicService):
         try:
             if due:
                 kept = await self._store.jobs_extend_leases(due, self._lease_s)
-            elif self.stalled:
+            elif self.stalled or self._executor.in_flight:
+                # Nothing due yet, but jobs we hold will need their heartbeats: a round trip per
+                # interval shows a stall within interval + statement timeout (15 s of the 30 s
+                # lease at the defaults), not up to an interval later.
                 await self._store.ping()
         except StoreError as exc:
             self._failing(exc)  # leases that run out meanwhile are lost by the executor's own timer

@@ -93,7 +93,8 @@ class Worker:
         self.assignment = assignment or build_assignment(config)
 
         def store(role: str) -> JobStore:
-            return store_factory(config.dsn, config.worker_id, f"dispatcher-{role}", config.limits)  # type: ignore[arg-type]
+            dsn: str = config.dsn  # type: ignore[assignment]  # checked above
+            return store_factory(dsn, config.worker_id, f"dispatcher-{role}", config.limits)
 
         # One connection per loop: claims; completions and heartbeats (short owner-fenced writes,
         # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.
@@ -156,6 +157,14 @@ class Worker:
         return self.abandoned == 0 and self.unflushed == 0
 
     async def run(self) -> None:
+        # Connect every store now: a stall that starts later then shows as a statement without
+        # an answer (statement_timeout_s), not first as a connect timeout (connect_timeout_s).
+        for store, error in zip(self._stores, await asyncio.gather(*(s.connection() for s in self._stores),
+                                                                   return_exceptions=True)):
+            if isinstance(error, StoreError):
+                log.warning("%s: will connect on first use", error)
+            elif isinstance(error, BaseException):
+                raise error
         await self.assignment.start(on_revoke=self.producer.on_revoke)
         await self._listener.start()
         background = [asyncio.create_task(self.completer.run(), name="completer")]

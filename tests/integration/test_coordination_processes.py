@@ -211,32 +211,6 @@ def test_churn_while_50k_jobs_drain(dsn, tmp_path, coordination):
     assert status_counts(dsn) == {"completed": 50_000}
 
 
-def test_redis_outage_falls_back_to_skip_locked_and_returns(dsn, tmp_path):
-    from dispatcher.devtools.embedded import start_redis
-
-    with start_redis() as redis_server:
-        enqueue_spread(dsn, "record_slow", 300, s=0.01)  # 19,200 jobs of 10 ms
-        opts = settings("redis", redis_server.url, concurrency=20)
-        logs = [tmp_path / f"r{i}.out" for i in range(3)]
-        workers = [start_worker(dsn, tmp_path, log_path=logs[i], worker_id=f"r{i}", **opts) for i in range(3)]
-        try:
-            wait_until(lambda: status_counts(dsn).get("completed", 0) > 1000, 30, "draining")
-            redis_server.kill()
-            wait_until(lambda: all("falling back to SKIP LOCKED" in p.read_text() for p in logs), LEASE_S + 10,
-                       "every worker degraded")
-            during = status_counts(dsn).get("completed", 0)
-            wait_until(lambda: status_counts(dsn).get("completed", 0) > during + 1000, 30,
-                       "jobs keep completing while Redis is down")
-            redis_server.start_again()
-            wait_until(lambda: all("backend is back" in p.read_text() for p in logs), 20, "every worker returned")
-            wait_until(lambda: status_counts(dsn).get("completed", 0) == 64 * 300, 120, "all jobs completed")
-        finally:
-            assert stop_workers(workers) == [0, 0, 0]
-    executions = read_executions(tmp_path)
-    assert len(executions) == 64 * 300 and all(len(r) == 1 for r in executions.values())
-    assert not overlapping(executions)
-
-
 def test_skewed_burst_keeps_every_worker_busy(dsn, tmp_path):
     """80% of 10,000 jobs of 10 ms in buckets 0 and 1: without stealing their one or two owners
     do over 8,000 and each other worker at most 2,000 x 16/62 = ~520; with it every one of 4

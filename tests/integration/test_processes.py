@@ -8,7 +8,6 @@ import pytest
 
 from dispatcher import enqueue_payloads_sync
 from tests.helpers import (
-    RETRY_LOG,
     fetchall,
     fetchval,
     overlapping,
@@ -93,57 +92,3 @@ def test_sigterm_gives_back_unstarted_jobs_at_once_and_finishes_running_ones(dsn
     assert status_counts(dsn) == {"queued": 9, "completed": 1}
     assert fetchval(dsn, "SELECT max(attempts) FROM dispatcher_jobs WHERE status = 'queued'") == 0
     assert len(read_executions(tmp_path)) == 1
-
-
-def test_a_job_that_kills_its_worker_backs_off_then_fails_for_good(dsn, tmp_path):
-    """A handler calls os._exit(1). Two workers, restarted when they die (as Kubernetes would).
-    With max_attempts=3 the job kills exactly 3 workers, each retry scheduled in the future by the
-    retry policy, then stays `failed` with the reason; the other jobs complete meanwhile."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(RETRY_LOG)
-        enqueue_payloads_sync(conn, "exit_process", [{}], max_attempts=3)
-    enqueue(dsn, "record", 200)
-    settings = dict(lease_s=1, coordinator_lease_s=3, retry_base_s=1.0, **FAST)
-    started = 0
-
-    def spawn():
-        nonlocal started
-        started += 1
-        return start_worker(dsn, tmp_path, log_path=tmp_path / f"w{started}.out", **settings)
-
-    workers = [spawn(), spawn()]
-    deaths = []
-
-    def poison_failed():  # meanwhile, a worker that died is restarted
-        if fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE job_type = 'exit_process'") == "failed":
-            return True
-        for i, proc in enumerate(workers):
-            if proc.poll() is not None:
-                deaths.append(proc.returncode)
-                workers[i] = spawn()
-        return False
-
-    try:
-        wait_until(poison_failed, 90, lambda: f"the poison job to fail for good (after {len(deaths)} deaths)")
-        # A while longer: a failed job must not be claimed again (no 4th death).
-        wait_until(lambda: status_counts(dsn).get("completed") == 200, 60, "the other 200 jobs completed")
-        for proc in workers:
-            assert proc.poll() is None, "a worker died after the poison job had failed for good"
-    finally:
-        codes = stop_workers(workers)
-    assert deaths == [1, 1, 1]
-    assert codes == [0, 0]
-    status, attempts, expiries, error = fetchall(
-        dsn, "SELECT status, attempts, lease_expiries, last_error FROM dispatcher_jobs WHERE job_type = 'exit_process'")[0]
-    assert (status, attempts, expiries) == ("failed", 3, 3)
-    assert error.startswith("lease expired 3 times: its worker died or stalled"), error
-    retries = fetchall(dsn, "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log "
-                            "WHERE job_id = (SELECT id FROM dispatcher_jobs WHERE job_type = 'exit_process')")
-    assert sorted(a for a, _ in retries) == [1, 2], retries
-    assert all(0 < delay <= 1.0 * 2 ** (a - 1) + 0.01 for a, delay in retries), retries
-    executions = read_executions(tmp_path)
-    poison_id = fetchval(dsn, "SELECT id FROM dispatcher_jobs WHERE job_type = 'exit_process'")
-    assert len(executions.pop(poison_id)) == 3
-    # Jobs a dying worker had finished but not yet flushed ran again after its lease: at least
-    # once, never two at a time.
-    assert len(executions) == 200 and not overlapping(executions)

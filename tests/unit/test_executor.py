@@ -189,3 +189,20 @@ def test_drain_interrupts_what_outlives_the_grace_and_retries_it_at_once():
     assert (rec.outcomes[1].status, rec.outcomes[1].delay_s) == ("queued", 0.0)
     assert rec.outcomes[1].error == "interrupted: worker shut down"
     assert executor.in_flight == 0
+
+
+def test_a_handler_that_swallows_its_timeout_and_returns_is_still_timed_out():
+    registry = Registry()
+
+    @registry.handler("deaf", timeout_s=0.05)
+    async def deaf(job):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass  # ignores the timeout, then returns as if all went well
+
+    executor, rec = make(registry)
+
+    run_to_the_end(executor, [job(1, "deaf")])
+    assert rec.completed_ids == [] and rec.outcomes[1].error == "timed out after 0.05 s"
+    assert executor.stats.timeouts == 1

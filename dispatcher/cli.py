@@ -103,7 +103,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"queue": args.queue, "priority": args.priority, "delay_s": args.delay_s,
                                "max_attempts": args.max_attempts, "jitter_s": args.jitter_s,
                                "max_payload_bytes": config.max_payload_bytes}
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, **config.limits.connect_kwargs()) as conn:
         if args.count == 1:
             job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
                                   partition_key=args.partition_key, **options)

@@ -7,13 +7,16 @@ from typing import Any
 
 import psycopg
 
+from coordinator.pglimits import ConnectionLimits
+
 from .constants import STATUSES
 from .queries import query
 from .store import DbPressure, translate_errors
 
 
 def read_status(dsn: str) -> dict[str, Any]:
-    with translate_errors("status"), psycopg.connect(dsn, autocommit=True) as conn:
+    limits = ConnectionLimits().connect_kwargs()
+    with translate_errors("status"), psycopg.connect(dsn, autocommit=True, **limits) as conn:
         counts: dict[str, dict[str, int]] = {}
         for queue, status, jobs in conn.execute(query("status_counts")):
             counts.setdefault(queue, dict.fromkeys(STATUSES, 0))[status] = jobs

@@ -315,7 +315,7 @@ class JobStore:
 
     async def ping(self) -> None:
         """One round trip: does this connection answer within the statement budget?"""
-        await self._execute("ping", "SELECT 1", {})
+        await self._execute("ping", query("ping"), {})
 
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})

@@ -159,12 +159,11 @@ class Worker:
     async def run(self) -> None:
         # Connect every store now: a stall that starts later then shows as a statement without
         # an answer (statement_timeout_s), not first as a connect timeout (connect_timeout_s).
-        for store, error in zip(self._stores, await asyncio.gather(*(s.connection() for s in self._stores),
-                                                                   return_exceptions=True)):
-            if isinstance(error, StoreError):
-                log.warning("%s: will connect on first use", error)
-            elif isinstance(error, BaseException):
-                raise error
+        for result in await asyncio.gather(*(s.connection() for s in self._stores), return_exceptions=True):
+            if isinstance(result, StoreError):
+                log.warning("%s: will connect on first use", result)
+            elif isinstance(result, BaseException):
+                raise result
         await self.assignment.start(on_revoke=self.producer.on_revoke)
         await self._listener.start()
         background = [asyncio.create_task(self.completer.run(), name="completer")]
@@ -220,15 +219,18 @@ class Worker:
                  self.stats, self.completer.stats)
 
     async def _release_unstarted(self, deadline: float) -> None:
+        """Give the unstarted jobs back: tried at least once, retried until `deadline`."""
         unstarted = self.executor.take_unstarted()
         if not unstarted:
             return
         attempt = 0
-        while time.monotonic() < deadline:
+        while True:
             try:
                 released = await self._maintenance_store.jobs_release_owned(unstarted)
             except StoreError as exc:
                 attempt += 1
+                if time.monotonic() >= deadline:
+                    break
                 log.warning("release of unstarted jobs failed (try %d): %s", attempt, exc)
                 await asyncio.sleep(min(0.2 * 2**attempt, 2.0, max(0.0, deadline - time.monotonic())))
                 continue

@@ -148,6 +148,10 @@ UPDATE dispatcher_jobs AS j
    AND CASE WHEN j.status = 'running' THEN j.lock_token = h.token ELSE false END
 RETURNING j.id
 
+-- name: ping
+-- The lease keeper's probe: does this connection still answer? (a stall raises no error)
+SELECT 1;
+
 -- name: jobs_lease_expired
 -- Running jobs whose lease ran out (their worker died or stalled), oldest expiry first, with
 -- what the retry policy needs (dispatcher/retry.py). No row locks: the write that follows

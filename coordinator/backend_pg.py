@@ -32,8 +32,17 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from .backend import (DRAIN_MAX_S, DRAIN_QUIET_S, BucketChange, BucketState, ClusterView, check_buckets,
-                      check_changes, check_lease)
+from .backend import (
+    DRAIN_MAX_S,
+    DRAIN_QUIET_S,
+    BucketChange,
+    BucketState,
+    ClusterView,
+    check_buckets,
+    check_changes,
+    check_lease,
+)
+from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
 from .sqlfile import load
@@ -62,8 +71,13 @@ def _errors(what: str) -> Iterator[None]:
 
 
 class PostgresBackend:
-    def __init__(self, dsn: str, *, session_locks: bool = True, limits: ConnectionLimits | None = None) -> None:
+    def __init__(self, dsn: str, *, group: str = "default", session_locks: bool = True,
+                 limits: ConnectionLimits | None = None) -> None:
+        if not group or ":" in group:
+            raise ValueError(f"a coordination group is a non-empty name without ':', got {group!r}")
         self._dsn = dsn
+        # Every row and statement is confined to this group: the queue whose buckets it assigns.
+        self.group = group
         # Each operation (up to five statements in one transaction) gets one statement budget.
         self._limits = limits or ConnectionLimits()
         self._session_locks = session_locks
@@ -139,7 +153,7 @@ class PostgresBackend:
                 delay = 0.5
                 while True:
                     async for note in conn.notifies(timeout=LISTEN_PROBE_S):
-                        if note.payload.partition(":")[0] != self._token:
+                        if self._from_other_member_of_group(note.payload):
                             self._changed.set()
                     await bounded("listen probe", conn.execute("SELECT 1"), self._limits.statement_timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
@@ -153,7 +167,7 @@ class PostgresBackend:
             delay = min(delay * 2, 5.0)
 
     def _params(self, **extra: Any) -> dict[str, Any]:
-        return {"lock_class": LOCK_CLASS, "session_locks": self._session_locks, **extra}
+        return {"lock_class": LOCK_CLASS, "session_locks": self._session_locks, "queue": self.group, **extra}
 
     async def _run(self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
         """`work(conn)` with driver errors mapped. A connection the server dropped since our last
@@ -183,7 +197,11 @@ class PostgresBackend:
         return await (await conn.execute(statement, params)).fetchall()
 
     def _payload(self, reason: str) -> str:
-        return f"{self._token}:{reason}"
+        return f"{self._token}:{self.group}:{reason}"
+
+    def _from_other_member_of_group(self, payload: str) -> bool:
+        token, _, rest = payload.partition(":")
+        return token != self._token and rest.partition(":")[0] == self.group
 
     async def _notify(self, conn: psycopg.AsyncConnection[Any], reason: str) -> None:
         await conn.execute(query("notify_change"), {"channel": CHANNEL, "payload": self._payload(reason)})
@@ -206,7 +224,7 @@ class PostgresBackend:
         async def work(conn: psycopg.AsyncConnection[Any]) -> None:
             await self._lock_member(conn, member)
             async with conn.transaction():  # the NOTIFY is sent with the commit, or not at all
-                rows = await self._fetch(conn, query("member_heartbeat"), {"member": member, "lease_s": lease_s})
+                rows = await self._fetch(conn, query("member_heartbeat"), self._params(member=member, lease_s=lease_s))
                 if rows and rows[0][0]:  # (re)joined: wake the others
                     await self._notify(conn, f"join {member}")
 
@@ -226,8 +244,12 @@ class PostgresBackend:
 
     async def view(self) -> ClusterView:
         rows = await self._run("view", lambda conn: self._fetch(conn, query("cluster_view"), self._params()))
+        if not rows:  # the group's first member: create its bucket rows
+            await self._run("init", lambda conn: conn.execute(query("buckets_init"),
+                                                               self._params(num_buckets=NUM_BUCKETS)))
+            rows = await self._run("view", lambda conn: self._fetch(conn, query("cluster_view"), self._params()))
         if not rows:
-            raise CoordinatorError("dispatcher_bucket_owners is empty: run `dispatcher migrate`")
+            raise CoordinatorError(f"no bucket rows for group {self.group!r}: run `dispatcher migrate`")
         first = rows[0]
         return ClusterView(
             members=tuple(first[5]),
@@ -243,15 +265,15 @@ class PostgresBackend:
             async with conn.transaction():
                 await conn.execute(query("rebalance_lock"), self._params())
                 # Even an empty plan checks: the caller learns whether it still leads.
-                if not await self._fetch(conn, query("leader_check"), {"member": leader}):
+                if not await self._fetch(conn, query("leader_check"), self._params(member=leader)):
                     raise NotLeader(f"{leader!r} does not hold the leadership")
                 if not changes:
                     return 0
-                cur = await conn.execute(query("buckets_apply"), {
-                    "buckets": [c.bucket for c in changes], "epochs": [c.expected_epoch for c in changes],
-                    "kinds": [c.kind for c in changes], "owners": [c.owner for c in changes],
-                    "deadline_s": revoke_deadline_s,
-                })
+                cur = await conn.execute(query("buckets_apply"), self._params(
+                    buckets=[c.bucket for c in changes], epochs=[c.expected_epoch for c in changes],
+                    kinds=[c.kind for c in changes], owners=[c.owner for c in changes],
+                    deadline_s=revoke_deadline_s,
+                ))
                 applied = cur.rowcount
                 await conn.execute(query("members_prune"))
                 if applied:
@@ -267,7 +289,7 @@ class PostgresBackend:
 
         async def work(conn: psycopg.AsyncConnection[Any]) -> int:
             async with conn.transaction():
-                cur = await conn.execute(query("buckets_hand_over"), {"member": member, "buckets": list(buckets)})
+                cur = await conn.execute(query("buckets_hand_over"), self._params(member=member, buckets=list(buckets)))
                 if cur.rowcount:
                     await self._notify(conn, f"hand_over {member}")
                 return cur.rowcount
@@ -277,9 +299,10 @@ class PostgresBackend:
     async def leave(self, member: str) -> None:
         async def work(conn: psycopg.AsyncConnection[Any]) -> None:
             async with conn.transaction():
-                await conn.execute(query("member_leave"), {"member": member})
-                await conn.execute(query("member_leave_buckets"), {"member": member})
-                await conn.execute(query("leader_resign"), {"member": member})
+                params = self._params(member=member)
+                await conn.execute(query("member_leave"), params)
+                await conn.execute(query("member_leave_buckets"), params)
+                await conn.execute(query("leader_resign"), params)
                 await self._notify(conn, f"leave {member}")
 
         await self._run("leave", work)

@@ -16,6 +16,11 @@ claims re-check status and completions check the claim token.
 Degraded mode: if the backend cannot be reached for longer than the lease, `owned()` returns
 None and the worker claims with SKIP LOCKED over all buckets (still correct), until the backend
 answers again.
+
+Membership follows the ability to work: while `can_work()` is false (the worker cannot claim:
+its database is unreachable or stalled, though the coordinator, e.g. Redis, still answers), the
+member leaves the group at once, so its buckets move to workers that can poll them, and stops
+heartbeating; it rejoins when `can_work()` is true again.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ def _jittered(interval_s: float, spread: float) -> float:
 
 class Coordinator:
     def __init__(self, backend: CoordinatorBackend, member: str, *, lease_s: float = 10.0,
-                 poll_s: float = 1.0, assignor: Assignor = assign) -> None:
+                 poll_s: float = 1.0, assignor: Assignor = assign,
+                 can_work: Callable[[], bool] = lambda: True) -> None:
         if lease_s < 3:
             raise ValueError("coordinator lease must be >= 3 s")
         self.backend = backend
@@ -56,6 +62,8 @@ class Coordinator:
         # at most a heartbeat interval keeps our own lease (three intervals) safely alive.
         self.revoke_timeout_s = self.heartbeat_s
         self._assign = assignor
+        self._can_work = can_work
+        self.resigned = False  # left the group because the worker cannot work (see the docstring)
         self.changed = asyncio.Event()
         self.view: ClusterView | None = None  # last view read (tests and `status` look at it)
         self.leading = False
@@ -70,6 +78,8 @@ class Coordinator:
     # -- BucketAssignment ------------------------------------------------------------------------
 
     def owned(self) -> tuple[int, ...] | None:
+        if self.resigned:
+            return ()
         return None if self._degraded else self._owned
 
     @property
@@ -113,7 +123,8 @@ class Coordinator:
         while True:
             try:
                 await self._tick()
-                wait = self._next_wait()
+                # Resigned: nothing to renew; check every second whether the worker can work again.
+                wait = _jittered(min(1.0, self.poll_s), 0.2) if self.resigned else self._next_wait()
             except NotLeader:
                 self.leading = False
                 wait = 0.0
@@ -128,6 +139,15 @@ class Coordinator:
                 await asyncio.sleep(_jittered(min(1.0, self.poll_s), 0.3))
 
     async def _tick(self) -> None:
+        if not self._can_work():
+            await self._resign()
+            return
+        if self.resigned:
+            log.warning("%s can work again: rejoining the group", self.member)
+            self.resigned = False
+            self._last_beat = -1e9  # heartbeat now: that re-registers us
+            self._last_contact = time.monotonic()  # the time resigned does not count as unreachable
+            self.changed.set()
         now = time.monotonic()
         if now - self._last_beat >= self.heartbeat_s * 0.9:
             await self.backend.heartbeat(self.member, self.lease_s)
@@ -141,6 +161,26 @@ class Coordinator:
         self.view = view
         metrics.MEMBERS.set(len(view.members))
         await self._adopt(view)
+
+    async def _resign(self) -> None:
+        """Leave the group while the worker cannot work, once; our lease then lapses anyway if
+        leaving cannot reach the backend."""
+        if self.resigned:
+            return
+        self.resigned = True
+        self.leading = False
+        metrics.IS_LEADER.set(0)
+        owned = self._owned
+        self._set_owned(())
+        self.changed.set()
+        log.warning("%s cannot work (its database is unreachable or stalled): leaving the group so its %d "
+                    "buckets move to members that can; rejoining when it can", self.member, len(owned))
+        if owned:
+            await self._revoke(owned)
+        try:
+            await self.backend.leave(self.member)
+        except CoordinatorError as exc:
+            log.warning("could not leave the group (%s): our membership lease will run out instead", exc)
 
     async def _rebalance(self, view: ClusterView) -> ClusterView:
         started = time.perf_counter()

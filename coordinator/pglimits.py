@@ -77,6 +77,10 @@ class ConnectionLimits:
 # Statements abandoned on overrun, still finishing psycopg's cancel-and-close in the background.
 # Referenced here so they are not garbage-collected mid-flight.
 _abandoned: set[asyncio.Task[Any]] = set()
+# Their connections: only the abandoned statement may close one, once it is done. Closing it
+# earlier would free its socket's fd while the event loop still watches it for that statement;
+# the next connection reuses the fd number and libuv aborts the process (seen: SIGABRT).
+_abandoned_conns: set[int] = set()  # id() of the connections
 
 
 async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
@@ -111,25 +115,35 @@ async def bounded(what: str, work: Awaitable[T], timeout_s: float, conn: psycopg
 
 
 def _abandon(task: asyncio.Task[Any], conn: psycopg.AsyncConnection[Any]) -> None:
-    def finished(task: asyncio.Task[Any]) -> None:
-        _abandoned.discard(task)
+    task.cancel()  # psycopg: a cancel request to the server, then it gives up (bounded at ~10 s)
+    _abandoned_conns.add(id(conn))
+    closer = asyncio.ensure_future(_close_after(task, conn))
+    _abandoned.add(closer)
+    closer.add_done_callback(_abandoned.discard)
+
+
+async def _close_after(task: asyncio.Task[Any], conn: psycopg.AsyncConnection[Any]) -> None:
+    """Close `conn` once the abandoned statement is done and no other statement is on it.
+
+    Under the connection's lock, because other tasks may have statements queued on it (services
+    sharing a store): psycopg holds the lock while it waits on the socket, and closing the socket
+    under such a wait frees an fd the event loop still watches (libuv then aborts the process)."""
+    try:
+        await asyncio.wait((task,))  # not `await task`: its cancellation is not ours
         if not task.cancelled():
             with contextlib.suppress(BaseException):
                 task.result()  # retrieved: no "exception was never retrieved" warning
-        with contextlib.suppress(Exception):
-            conn.pgconn.finish()  # sync and local: never waits on the peer
-
-    if task.done():
-        finished(task)
-        return
-    task.cancel()
-    _abandoned.add(task)
-    task.add_done_callback(finished)
+        async with conn.lock:
+            with contextlib.suppress(Exception):
+                conn.pgconn.finish()  # sync and local: never waits on the peer
+    finally:
+        _abandoned_conns.discard(id(conn))
 
 
 async def close_quietly(conn: psycopg.AsyncConnection[Any] | None) -> None:
     """Close a connection that may be stalled or broken without waiting on the network (the
-    Terminate message only goes into the socket buffer)."""
-    if conn is not None and not conn.closed:
+    Terminate message only goes into the socket buffer). One with an abandoned statement in
+    flight is left to that statement, which closes it when it is done (see _abandoned_conns)."""
+    if conn is not None and not conn.closed and id(conn) not in _abandoned_conns:
         with contextlib.suppress(Exception):
             await conn.close()

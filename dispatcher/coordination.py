@@ -1,4 +1,9 @@
-"""Build the bucket assignment a worker's config asks for (DISPATCHER_COORDINATOR).
+"""Build the bucket assignments a worker's config asks for (DISPATCHER_COORDINATOR), one per queue.
+
+Partitioned mode with a coordinator runs one coordination group per queue, as Kafka assigns each
+topic's partitions among that topic's subscribers: each queue's 64 buckets are shared among the
+live workers that serve that queue, balanced and sticky per queue, so a bucket is never owned by
+a worker that does not poll its queue. Static and SKIP LOCKED configs share one assignment.
 
 Here, not in coordinator/: it maps dispatcher's Config onto coordinator objects, and the
 coordinator package imports nothing from dispatcher."""
@@ -6,6 +11,7 @@ coordinator package imports nothing from dispatcher."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.assignment import BucketAssignment, StaticAssignment
@@ -16,17 +22,25 @@ if TYPE_CHECKING:
     from .config import Config
 
 
-def build_assignment(config: Config) -> BucketAssignment:
+def build_assignments(config: Config, *, can_work: Callable[[], bool] = lambda: True) -> dict[str, BucketAssignment]:
+    """queue -> its assignment. `can_work()` false (the worker cannot claim: its database is
+    unreachable or stalled) makes a coordinated member give up its membership until it can."""
     if config.mode != MODE_PARTITIONED:
-        return StaticAssignment(tuple(range(NUM_BUCKETS)))  # unused: SKIP LOCKED claims ignore buckets
+        everything = StaticAssignment(tuple(range(NUM_BUCKETS)))  # unused: SKIP LOCKED claims ignore buckets
+        return dict.fromkeys(config.queues, everything)
     if config.coordinator == "static":
-        return StaticAssignment(config.static_buckets)
+        static = StaticAssignment(config.static_buckets)
+        return dict.fromkeys(config.queues, static)
+    return {queue: _coordinated(config, queue, can_work) for queue in config.queues}
+
+
+def _coordinated(config: Config, queue: str, can_work: Callable[[], bool]) -> BucketAssignment:
     from coordinator.coordinator import Coordinator
 
     if config.coordinator == "redis":
         from coordinator.backend_redis import RedisBackend
 
-        backend = RedisBackend(config.redis_url)  # type: ignore[arg-type]  # validated: set for redis
+        backend = RedisBackend(config.redis_url, prefix=f"dispatcher:{queue}")  # type: ignore[arg-type]
     else:
         from coordinator.backend_pg import PostgresBackend
 
@@ -34,6 +48,7 @@ def build_assignment(config: Config) -> BucketAssignment:
         # lease: a third of it, 3.3 s at the defaults.
         limits = dataclasses.replace(config.limits,
                                      statement_timeout_s=min(config.statement_s, config.coordinator_lease_s / 3))
-        backend = PostgresBackend(config.dsn, session_locks=config.session_locks,  # type: ignore[arg-type]
-                                  limits=limits)
-    return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s, poll_s=config.coordinator_poll_s)
+        backend = PostgresBackend(config.dsn, group=queue,  # type: ignore[arg-type]  # validated: set
+                                  session_locks=config.session_locks, limits=limits)
+    return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s,
+                       poll_s=config.coordinator_poll_s, can_work=can_work)

@@ -6,6 +6,9 @@ own buckets in one statement per queue (partitioned mode), or from everything wi
 (SKIP LOCKED mode, or partitioned while the coordinator is unreachable). When its own buckets
 come up short it may steal from others (dispatcher/stealing.py decides when and how much).
 
+Each queue has its own assignment (partitioned mode: one coordination group per queue, so a
+queue's buckets go only to workers serving it); the claim for a queue polls that queue's buckets.
+
 Bucket hand-offs: the coordinator first stops listing a bucket in `owned()`, then awaits
 `on_revoke`, which returns once the claim in flight (the claim fence) has finished, and only then
 hands the bucket over. So the new owner starts after our last claim on it ended.
@@ -17,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from coordinator.assignment import BucketAssignment
@@ -45,12 +48,17 @@ class ProducerStats:
 class Producer:
     STALLED_CHECK_S = 0.5
 
-    def __init__(self, config: Config, store: JobStore, assignment: BucketAssignment, executor: Executor,
-                 *, leases_stalled: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, config: Config, store: JobStore, assignments: Mapping[str, BucketAssignment],
+                 executor: Executor, *, leases_stalled: Callable[[], bool] = lambda: False) -> None:
         self._config = config
         self._leases_stalled = leases_stalled  # true while heartbeats fail: claim nothing
         self._store = store
-        self._assignment = assignment
+        missing = set(config.queues) - set(assignments)
+        if missing:
+            raise ValueError(f"no bucket assignment for queues {sorted(missing)}")
+        self._assignments = dict(assignments)
+        # Distinct objects: static and SKIP LOCKED configs share one assignment across queues.
+        self._distinct = list({id(a): a for a in self._assignments.values()}.values())
         self._executor = executor
         self._partitioned = config.mode == MODE_PARTITIONED
         self._mode = config.mode
@@ -60,13 +68,15 @@ class Producer:
         self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
         self._asleep = False  # in _sleep_until_woken
+        self.failing_since: float | None = None  # time.monotonic() of the first of the claims failing now
         self.stats = ProducerStats()
 
     @property
     def idle(self) -> bool:
         """Test signal: the claim loop sleeps and nothing has woken it yet (no NOTIFY, assignment
         change or reap pending), so only its poll timer would start the next claim."""
-        return self._asleep and not self._wakeup.is_set() and not self._assignment.changed.is_set()
+        return (self._asleep and not self._wakeup.is_set()
+                and not any(a.changed.is_set() for a in self._distinct))
 
     # -- signals from outside ------------------------------------------------------------------------
 
@@ -75,8 +85,10 @@ class Producer:
 
     def on_notify(self, queue: str, bucket: int | None) -> None:
         """A NOTIFY from enqueue: wake only for our own buckets (or a bulk enqueue)."""
+        if queue not in self._assignments:
+            return
         if bucket is not None and self._partitioned:
-            owned = self._assignment.owned()
+            owned = self._assignments[queue].owned()
             if owned is not None and bucket not in owned:
                 self._steals.note_foreign_notify()
                 return  # another worker's bucket: its owner gets the same notification
@@ -99,17 +111,19 @@ class Producer:
     # -- the claim loop --------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        follower = asyncio.create_task(self._follow_assignment(), name="assignment-follower")
+        followers = [asyncio.create_task(self._follow_assignment(a), name="assignment-follower")
+                     for a in self._distinct]
         try:
             await self._claim_loop()
         finally:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
 
-    async def _follow_assignment(self) -> None:
+    async def _follow_assignment(self, assignment: BucketAssignment) -> None:
         while True:
-            await self._assignment.changed.wait()
-            self._assignment.changed.clear()
+            await assignment.changed.wait()
+            assignment.changed.clear()
             self._wakeup.set()
 
     async def _claim_loop(self) -> None:
@@ -134,30 +148,34 @@ class Producer:
             # Cleared before claiming, not after: a NOTIFY that lands while the claim runs (after
             # its snapshot) must still wake the next cycle.
             self._wakeup.clear()
-            own = self._assignment.owned() if self._partitioned else None
-            # Not when degraded (own is None): every claim is SKIP LOCKED over all buckets
-            # already. Pointless when we own every bucket.
-            stealing = (self._partitioned and own is not None and config.steal and len(own) < NUM_BUCKETS
+            owns = {q: self._assignments[q].owned() if self._partitioned else None for q in queues}
+            # Not for a degraded queue (own is None): its claims are SKIP LOCKED over all buckets
+            # already. Pointless for a queue whose every bucket we own.
+            stealing = (self._partitioned and config.steal and any(_can_steal(own) for own in owns.values())
                         and self._steals.due(self._woke_by_timer))
-            if own == () and not stealing:
+            if all(own == () for own in owns.values()) and not stealing:
                 await self._sleep_until_woken()
                 continue
             cycle_started = time.perf_counter()
             try:
-                backlog = await self._claim_cycle(queues, own, stealing)
+                backlog = await self._claim_cycle(queues, owns, stealing)
             except StoreError as exc:
                 metrics.STORE_ERRORS.labels("claim").inc()
                 log.warning("claim failed: %s", exc)
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
                 backlog = False
                 # Not woken early by NOTIFYs: back off so a struggling database is not hammered.
                 await self._pause(jittered(min(5.0, config.poll_interval_s), 0.5))
                 continue
+            self.failing_since = None
             queues.append(queues.pop(0))  # rotate: no queue always goes first
             metrics.POLL_CYCLE_SECONDS.labels(self._mode).observe(time.perf_counter() - cycle_started)
             if not backlog:
                 await self._sleep_until_woken()
 
-    async def _claim_cycle(self, queues: list[str], own: tuple[int, ...] | None, stealing: bool) -> bool:
+    async def _claim_cycle(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None],
+                           stealing: bool) -> bool:
         """One claim per queue for the free slots, plus a steal where our own came up short.
         Returns whether any claim came back full (a backlog: go again without sleeping)."""
         config, executor = self._config, self._executor
@@ -167,6 +185,7 @@ class Producer:
             if free <= 0 or self._stopped.is_set():
                 break
             limit = min(free, config.batch_size)
+            own = owns[queue]
             got = -1
             if own != ():
                 jobs, sent_at = await self._claim(queue, limit, own)
@@ -174,7 +193,7 @@ class Producer:
                 backlog |= got == limit
                 executor.start(jobs, sent_at)
             free = config.concurrency - executor.in_flight
-            if stealing and got < limit and free > 0 and not self._stopped.is_set():
+            if stealing and _can_steal(own) and got < limit and free > 0 and not self._stopped.is_set():
                 asked = self._steals.batch(free)
                 stolen, sent_at = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
                 self._steals.record(len(stolen), asked)
@@ -219,3 +238,9 @@ class Producer:
         """Sleep, cut short only by stop()."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), seconds)
+
+
+def _can_steal(own: tuple[int, ...] | None) -> bool:
+    """Stealing from a queue's other buckets makes sense when we own some but not all of them
+    (own is None: degraded, already claiming everything with SKIP LOCKED)."""
+    return own is not None and len(own) < NUM_BUCKETS

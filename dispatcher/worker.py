@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from coordinator.assignment import BucketAssignment
@@ -37,7 +37,7 @@ from . import metrics
 from .completer import Completer
 from .config import Config
 from .constants import MODE_PARTITIONED
-from .coordination import build_assignment
+from .coordination import build_assignments
 from .errors import ConfigError, StoreError
 from .executor import Executor
 from .listener import Listener
@@ -85,12 +85,15 @@ class WorkerStats:
 
 
 class Worker:
-    def __init__(self, config: Config, registry: Registry, *, assignment: BucketAssignment | None = None,
+    def __init__(self, config: Config, registry: Registry, *,
+                 assignments: Mapping[str, BucketAssignment] | None = None,
                  store_factory: StoreFactory = _connect_store) -> None:
         if config.dsn is None:
             raise ConfigError("dsn", "is required to run a worker")
         self.config = config
-        self.assignment = assignment or build_assignment(config)
+        # One per queue (coordination.py); membership is given up while the worker cannot work.
+        self.assignments = dict(assignments or build_assignments(config, can_work=self._can_work))
+        self._distinct_assignments = list({id(a): a for a in self.assignments.values()}.values())
 
         def store(role: str) -> JobStore:
             dsn: str = config.dsn  # type: ignore[assignment]  # checked above
@@ -110,7 +113,7 @@ class Worker:
                                  lose_early_s=min(0.5, config.heartbeat_s / 4))
         self.lease_keeper = LeaseKeeper(completions, self.executor, lease_s=config.lease_s,
                                         interval_s=config.heartbeat_s)
-        self.producer = Producer(config, claims, self.assignment, self.executor,
+        self.producer = Producer(config, claims, self.assignments, self.executor,
                                  leases_stalled=lambda: self.lease_keeper.stalled)
         self._listener = Listener(config.dsn, set(config.queues), self.producer.on_notify, limits=config.limits,
                                   probe_s=max(1.0, config.lease_s / 3))
@@ -151,6 +154,12 @@ class Worker:
         return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, self.executor.stats.timeouts,
                            self._released, self.reaper.reaped, self.lease_keeper.leases_lost, self.abandoned)
 
+    def _can_work(self) -> bool:
+        """False once claims or heartbeats have failed for a coordinator heartbeat interval (a
+        third of its lease): then our buckets should move to workers that can poll them."""
+        failing = [t for t in (self.lease_keeper.failing_since, self.producer.failing_since) if t is not None]
+        return not failing or time.monotonic() - min(failing) < self.config.coordinator_lease_s / 3
+
     @property
     def clean(self) -> bool:
         """After run(): every job we held got its outcome written (or was given back)."""
@@ -164,16 +173,16 @@ class Worker:
                 log.warning("%s: will connect on first use", result)
             elif isinstance(result, BaseException):
                 raise result
-        await self.assignment.start(on_revoke=self.producer.on_revoke)
+        await asyncio.gather(*(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments))
         await self._listener.start()
         background = [asyncio.create_task(self.completer.run(), name="completer")]
         background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
         producer = asyncio.create_task(self.producer.run(), name="producer")
         self.started.set()
-        owned = self.assignment.owned()
         log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker_id,
                  self.config.mode, ",".join(self.config.queues), self.config.concurrency,
-                 "all" if self.config.mode != MODE_PARTITIONED else _fmt_buckets(owned))
+                 "all" if self.config.mode != MODE_PARTITIONED else
+                 " ".join(f"{q}:{_fmt_buckets(a.owned())}" for q, a in self.assignments.items()))
         try:
             await self._stop.wait()
         finally:
@@ -199,7 +208,7 @@ class Worker:
         self.producer.stop()
         self.executor.stop_starting()
         await _within(producer, grace_ends)  # a claim in flight is bounded by its statement timeout
-        leaving = asyncio.create_task(self.assignment.stop(), name="leave")
+        leaving = asyncio.create_task(_stop_all(self._distinct_assignments), name="leave")
         # 2. Claimed but never started: back to the queue at once, the attempt not counted.
         await self._release_unstarted(grace_ends)
         # 3. Running jobs get the rest of the grace period, then are interrupted.
@@ -255,6 +264,10 @@ class Worker:
         self.unflushed = self.completer.pending
         log.error("could not write %d outcomes before the shutdown deadline; their leases will bring the jobs "
                   "back (fenced if they were written after all)", self.unflushed)
+
+
+async def _stop_all(assignments: list[BucketAssignment]) -> None:
+    await asyncio.gather(*(a.stop() for a in assignments))
 
 
 async def _within(task: Awaitable[None], deadline: float) -> None:

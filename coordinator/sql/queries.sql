@@ -1,20 +1,30 @@
 -- Statements of the PostgreSQL coordination backend (coordinator/backend_pg.py), by name.
--- %(lock_class)s is the first key of every member's session advisory lock; the second is the
--- member's lock_key (hashtext of its id, made non-negative so it compares with pg_locks.objid).
+-- Every statement is confined to one group, %(queue)s (the queue whose buckets it assigns; see
+-- migration 0005). %(lock_class)s is the first key of every member's session advisory lock; the
+-- second is the member's lock_key: hashtext of "queue/member", made non-negative so it compares
+-- with pg_locks.objid. A worker in N groups holds N such locks, one per coordination connection.
 
 -- name: member_lock
 -- Held for the life of the member's coordination connection; released by PostgreSQL the moment
 -- that connection dies (a SIGKILLed worker), which is how a death shows within a second.
-SELECT pg_try_advisory_lock(%(lock_class)s, hashtext(%(member)s) & 2147483647)
+SELECT pg_try_advisory_lock(%(lock_class)s, hashtext(%(queue)s || '/' || %(member)s) & 2147483647)
+
+-- name: buckets_init
+-- A group's 64 bucket rows, created by whichever member comes first (idempotent, DML only).
+INSERT INTO dispatcher_bucket_owners (queue, bucket)
+SELECT %(queue)s, b FROM generate_series(0, %(num_buckets)s - 1) AS b
+ON CONFLICT (queue, bucket) DO NOTHING
 
 -- name: member_heartbeat
 -- Register or refresh a member; returns true when it (re)joined, i.e. was not live before.
 WITH prev AS (
-    SELECT expires_at > now() AND NOT leaving AS live FROM dispatcher_members WHERE member_id = %(member)s
+    SELECT expires_at > now() AND NOT leaving AS live FROM dispatcher_members
+     WHERE queue = %(queue)s AND member_id = %(member)s
 ), up AS (
-    INSERT INTO dispatcher_members (member_id, lock_key, expires_at)
-    VALUES (%(member)s, hashtext(%(member)s) & 2147483647, now() + %(lease_s)s * interval '1 second')
-    ON CONFLICT (member_id) DO UPDATE
+    INSERT INTO dispatcher_members (queue, member_id, lock_key, expires_at)
+    VALUES (%(queue)s, %(member)s, hashtext(%(queue)s || '/' || %(member)s) & 2147483647,
+            now() + %(lease_s)s * interval '1 second')
+    ON CONFLICT (queue, member_id) DO UPDATE
         SET heartbeat_at = now(), expires_at = EXCLUDED.expires_at, leaving = false
     RETURNING member_id
 )
@@ -23,9 +33,10 @@ SELECT NOT coalesce((SELECT live FROM prev), false) FROM up
 -- name: leader_acquire_or_renew
 -- Win a free or expired leadership (or one whose holder's session lock is gone), or renew our
 -- own. Returns a row only if we lead after this statement.
-INSERT INTO dispatcher_leader AS l (id, leader_id, lock_key, expires_at)
-VALUES (1, %(member)s, hashtext(%(member)s) & 2147483647, now() + %(lease_s)s * interval '1 second')
-ON CONFLICT (id) DO UPDATE
+INSERT INTO dispatcher_leader AS l (queue, leader_id, lock_key, expires_at)
+VALUES (%(queue)s, %(member)s, hashtext(%(queue)s || '/' || %(member)s) & 2147483647,
+        now() + %(lease_s)s * interval '1 second')
+ON CONFLICT (queue) DO UPDATE
     SET leader_id = EXCLUDED.leader_id,
         lock_key = EXCLUDED.lock_key,
         expires_at = EXCLUDED.expires_at,
@@ -48,14 +59,14 @@ RETURNING leader_id
 WITH live AS (
     SELECT m.member_id, m.expires_at
       FROM dispatcher_members m
-     WHERE m.expires_at > now() AND NOT m.leaving
+     WHERE m.queue = %(queue)s AND m.expires_at > now() AND NOT m.leaving
        AND (NOT %(session_locks)s OR EXISTS (
                SELECT 1 FROM pg_locks k
                 WHERE k.locktype = 'advisory' AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                   AND k.classid = %(lock_class)s::oid
                   AND k.objid = m.lock_key::oid AND k.objsubid = 2 AND k.granted))
 ), leader AS (
-    SELECT leader_id, expires_at FROM dispatcher_leader WHERE id = 1 AND expires_at > now()
+    SELECT leader_id, expires_at FROM dispatcher_leader WHERE queue = %(queue)s AND expires_at > now()
 ), meta AS (
     SELECT coalesce((SELECT array_agg(member_id ORDER BY member_id COLLATE "C") FROM live), '{}') AS members,
            (SELECT leader_id FROM leader) AS leader,
@@ -66,15 +77,17 @@ SELECT b.bucket, b.owner, b.next_owner, b.epoch,
        b.next_owner IS NOT NULL AND b.revoke_deadline < now() AS revoke_overdue,
        meta.members, meta.leader, meta.next_expiry_s
   FROM dispatcher_bucket_owners b CROSS JOIN meta
+ WHERE b.queue = %(queue)s
  ORDER BY b.bucket
 
 -- name: rebalance_lock
--- One rebalance at a time, even if two members briefly both believe they lead. Transaction-
--- scoped: safe behind PgBouncer in transaction pooling mode.
-SELECT pg_advisory_xact_lock(%(lock_class)s, 0)
+-- One rebalance per group at a time, even if two members briefly both believe they lead.
+-- Transaction-scoped: safe behind PgBouncer in transaction pooling mode. Its own lock class, so
+-- it can never wait on a member's session lock.
+SELECT pg_advisory_xact_lock(%(lock_class)s + 1, hashtext(%(queue)s))
 
 -- name: leader_check
-SELECT 1 FROM dispatcher_leader WHERE id = 1 AND leader_id = %(member)s AND expires_at > now()
+SELECT 1 FROM dispatcher_leader WHERE queue = %(queue)s AND leader_id = %(member)s AND expires_at > now()
 
 -- name: buckets_apply
 -- The leader's changes, each only if the bucket is still at the epoch the plan was made from.
@@ -86,13 +99,13 @@ UPDATE dispatcher_bucket_owners AS b
        updated_at = now()
   FROM unnest(%(buckets)s::smallint[], %(epochs)s::bigint[], %(kinds)s::text[], %(owners)s::text[])
        AS c(bucket, epoch, kind, owner)
- WHERE b.bucket = c.bucket AND b.epoch = c.epoch
+ WHERE b.queue = %(queue)s AND b.bucket = c.bucket AND b.epoch = c.epoch
 
 -- name: buckets_hand_over
 -- The old owner completes hand-offs it was asked for (after its in-flight claim finished).
 UPDATE dispatcher_bucket_owners
    SET owner = next_owner, next_owner = NULL, revoke_deadline = NULL, epoch = epoch + 1, updated_at = now()
- WHERE bucket = ANY(%(buckets)s::smallint[]) AND owner = %(member)s
+ WHERE queue = %(queue)s AND bucket = ANY(%(buckets)s::smallint[]) AND owner = %(member)s
    AND next_owner IS NOT NULL AND next_owner <> %(member)s
 
 -- name: member_leave_buckets
@@ -103,13 +116,13 @@ UPDATE dispatcher_bucket_owners
    SET owner = CASE WHEN owner = %(member)s THEN nullif(next_owner, %(member)s) ELSE owner END,
        epoch = epoch + CASE WHEN owner = %(member)s THEN 1 ELSE 0 END,
        next_owner = NULL, revoke_deadline = NULL, updated_at = now()
- WHERE owner = %(member)s OR next_owner = %(member)s
+ WHERE queue = %(queue)s AND (owner = %(member)s OR next_owner = %(member)s)
 
 -- name: member_leave
-UPDATE dispatcher_members SET leaving = true, expires_at = now() WHERE member_id = %(member)s
+UPDATE dispatcher_members SET leaving = true, expires_at = now() WHERE queue = %(queue)s AND member_id = %(member)s
 
 -- name: leader_resign
-DELETE FROM dispatcher_leader WHERE id = 1 AND leader_id = %(member)s
+DELETE FROM dispatcher_leader WHERE queue = %(queue)s AND leader_id = %(member)s
 
 -- name: members_prune
 -- Forget members gone for an hour (their rows only serve people reading the table).

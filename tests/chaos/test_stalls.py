@@ -8,6 +8,7 @@ back when the path heals, and exits within its bound on SIGTERM whatever the dat
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -119,3 +120,36 @@ def test_a_second_signal_during_a_stall_exits_at_once(chaos_dsn, proxy_to, worke
     exited_s = time.monotonic() - second
     assert "received SIGINT again during shutdown" in stalled.log_text()
     print(f"\nsecond signal during a stall: exited {exited_s:.2f} s after it (grace 60 s)")
+
+
+@pytest.mark.parametrize("coordinator", ["postgres", "redis"])
+def test_a_worker_that_cannot_reach_its_database_gives_its_buckets_up(chaos_dsn, chaos_redis, proxy_to, workers,
+                                                                     coordinator):
+    """Stealing off, two workers; one's PostgreSQL path stalls while its coordinator (Redis) still
+    answers. Its buckets must move to the other within its claims' timeout + a coordinator lease
+    + 1 s, so the jobs in them do not wait for the stall to end."""
+    proxy = proxy_to(chaos_dsn)
+    coord = dict(coordinator=coordinator, steal="false", concurrency=20, **OPTS)
+    if coordinator == "redis":
+        coord["redis_url"] = chaos_redis.url
+    stalled = workers.start(proxy.dsn_via(chaos_dsn), "s", **coord)
+    healthy = workers.start(chaos_dsn, "h", **coord)
+    for worker in (stalled, healthy):
+        worker.wait_for_log(rf"worker {worker.name} running", 30)
+    enqueue(chaos_dsn, "record", 64)  # one per bucket (the bucket is random: most of them, anyway)
+    wait_until(lambda: status_counts(chaos_dsn).get("completed") == 64, 30, "both workers drain")
+    proxy.blackhole()
+    holed_at = time.monotonic()
+    enqueue(chaos_dsn, "record", 640)
+    wait_until(lambda: status_counts(chaos_dsn).get("completed") == 704, 60,
+               lambda: f"h runs every job while s is stalled: {status_counts(chaos_dsn)}\n{workers.log_tails()}")
+    drained_s = time.monotonic() - holed_at
+    # Claims time out after min(5, lease/2) = 2 s; a coordinator lease is 3 s here.
+    assert drained_s <= LEASE_S / 2 + 3 + 1 + 3, f"drained {drained_s:.1f} s after the stall began"  # + 3: load
+    if coordinator == "redis":
+        assert re.search(r"cannot work .*leaving the group", stalled.log_text()), stalled.log_tail()
+    proxy.forward()
+    if coordinator == "redis":
+        stalled.wait_for_log(r"can work again: rejoining the group", 30)
+    assert workers.stop_all() == {"s": 0, "h": 0}, workers.log_tails()
+    print(f"\n{coordinator}: jobs of the stalled worker's buckets all done {drained_s:.1f} s into the stall")

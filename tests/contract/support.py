@@ -32,7 +32,8 @@ class BackendFactory:
     drops_on_close: bool  # closing a member's backend drops it from the view at once (no lease wait)
     driver_error: type[BaseException]  # what the driver raises: never seen outside a backend
 
-    def __call__(self) -> CoordinatorBackend:
+    def __call__(self, group: str = "default") -> CoordinatorBackend:
+        """A backend of this cluster for coordination group `group` (one per queue)."""
         raise NotImplementedError
 
     def _dead(self) -> CoordinatorBackend:
@@ -85,8 +86,8 @@ class PostgresFactory(BackendFactory):
         self.drops_on_close = session_locks
         self._admin_dsn = admin_dsn
 
-    def __call__(self) -> PostgresBackend:
-        return PostgresBackend(self.dsn, session_locks=self.session_locks)
+    def __call__(self, group: str = "default") -> PostgresBackend:
+        return PostgresBackend(self.dsn, group=group, session_locks=self.session_locks)
 
     def _dead(self) -> PostgresBackend:
         dsn = psycopg.conninfo.make_conninfo(self.dsn, host="127.0.0.1", port=str(_free_port()))
@@ -120,8 +121,9 @@ class RedisFactory(BackendFactory):
         self.prefix = prefix
         self._server = server  # an EmbeddedRedis this test owns (restartable_factory), else None
 
-    def __call__(self) -> RedisBackend:
-        return RedisBackend(self.url, prefix=self.prefix)
+    def __call__(self, group: str = "default") -> RedisBackend:
+        # As dispatcher/coordination.py does it: one key prefix per group.
+        return RedisBackend(self.url, prefix=self.prefix if group == "default" else f"{self.prefix}:{group}")
 
     def _dead(self) -> RedisBackend:
         return RedisBackend(f"redis://127.0.0.1:{_free_port()}/0", prefix=self.prefix)

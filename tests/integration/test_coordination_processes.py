@@ -250,3 +250,27 @@ def test_skewed_burst_keeps_every_worker_busy(dsn, tmp_path):
     # 1,200 is twice the most a worker owning no hot bucket can do without stealing (~520), and
     # leaves room for the 2 cores being shared unevenly by 4 workers and PostgreSQL.
     assert len(per_worker) == 4 and min(per_worker.values()) >= 1200, per_worker
+
+
+def test_workers_serving_different_queues_run_every_job_without_stealing(dsn, tmp_path, coordination):
+    """Workers serving `qa`, `qb` and `qa,qb`, stealing off: each queue's buckets go only to the
+    workers serving that queue, so every job runs through its bucket's owner (none is stranded)."""
+    kind, redis_url = coordination
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many_sync(conn, [JobSpec("record", {}, queue=q, bucket=b) for q in ("qa", "qb") for b in range(64)
+                                 for _ in range(4)])  # 512 jobs, 4 in every (queue, bucket)
+    opts = settings(kind, redis_url, steal="false", concurrency=20)
+    workers = [start_worker(dsn, tmp_path, log_path=tmp_path / f"{name}.out", worker_id=name, queues=queues, **opts)
+               for name, queues in (("a", "qa"), ("b", "qb"), ("ab", "qa,qb"))]
+    try:
+        wait_until(lambda: status_counts(dsn).get("completed") == 512, 60,
+                   lambda: f"every job ran: {status_counts(dsn)}")
+    finally:
+        assert stop_workers(workers) == [0, 0, 0]
+    by_worker = dict(fetchall(dsn, "SELECT locked_by, count(*) FROM dispatcher_jobs GROUP BY 1"))
+    wrong = fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE (locked_by = 'a' AND queue_name <> 'qa') "
+                          "OR (locked_by = 'b' AND queue_name <> 'qb')")
+    assert wrong == 0, "a worker ran a job of a queue it does not serve"
+    assert set(by_worker) <= {"a", "b", "ab"}, by_worker
+    executions = read_executions(tmp_path)
+    assert len(executions) == 512 and all(len(r) == 1 for r in executions.values())

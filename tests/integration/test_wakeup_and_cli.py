@@ -90,7 +90,7 @@ def test_a_notification_wakes_only_the_buckets_owner(dsn):
     a, b = make(), make()
 
     def split():
-        return (len(a.assignment.owned() or ()) == 32 and len(b.assignment.owned() or ()) == 32
+        return (len(a.assignments["default"].owned() or ()) == 32 and len(b.assignments["default"].owned() or ()) == 32
                 and a.listening.is_set() and b.listening.is_set())
 
     async def main():
@@ -105,7 +105,7 @@ def test_a_notification_wakes_only_the_buckets_owner(dsn):
                                    "both workers asleep with no wake-up pending")
             b_claims = b.stats.claims
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                for bucket in a.assignment.owned()[:10]:
+                for bucket in a.assignments["default"].owned()[:10]:
                     await enqueue(conn, "ping", bucket=bucket)
                 await wait_until_async(lambda: len(done) >= 10, handled_by, "A to handle the 10 pings",
                                        interval_s=0.01)

@@ -261,3 +261,40 @@ def test_moves_counts_changed_gained_and_lost_owners() -> None:
     assert moves({0: "a", 1: "a", 2: None}, {0: "a", 1: "b", 2: "a", 3: "b"}) == 3  # 1 changed, 2 and 3 gained
     assert moves({0: "a", 1: None}, {}) == 1  # 0 lost its owner; 1 was and stays unowned
     assert moves({}, {}) == 0
+
+
+# -- several queues: one group per queue (dispatcher/coordination.py) ----------------------------
+
+QUEUES = ["qa", "qb", "qc"]
+serving_sets = st.dictionaries(short_names, st.sets(st.sampled_from(QUEUES), min_size=1), max_size=12)
+
+
+def assign_per_queue(serving: Mapping[str, set[str]],
+                     current: Mapping[str, Mapping[int, str | None]]) -> dict[str, dict[int, str]]:
+    """What the fleet's group leaders compute together: each queue's buckets among its servers."""
+    return {q: assign(sorted(m for m, qs in serving.items() if q in qs), current.get(q, {})) for q in QUEUES}
+
+
+@FAST
+@given(serving=serving_sets, change=serving_sets)
+def test_per_queue_assignment_is_balanced_per_queue_minimal_and_only_to_servers(serving, change) -> None:
+    first = assign_per_queue(serving, {})
+    for q in QUEUES:
+        servers = {m for m, qs in serving.items() if q in qs}
+        owners = Counter(first[q].values())
+        assert set(owners) <= servers, "nobody owns a bucket of a queue it does not serve"
+        if servers:
+            assert sum(owners.values()) == NUM_BUCKETS, "every bucket of a served queue has an owner"
+            counts = [owners.get(m, 0) for m in servers]
+            assert max(counts) - min(counts) <= 1, "balanced within each queue"
+        else:
+            assert not first[q], "a queue nobody serves has no owners"
+    # Members change their queue sets: each queue moves only what its own membership change forces.
+    second = assign_per_queue(change, first)
+    for q in QUEUES:
+        before = {m for m, qs in serving.items() if q in qs}
+        after = {m for m, qs in change.items() if q in qs}
+        if before == after:  # other queues' changes (members joining or leaving them) move nothing here
+            assert second[q] == first[q], f"{q}'s servers did not change, nor may its assignment"
+        elif after < before and after:  # only leavers: only their buckets move
+            assert moves(first[q], second[q]) == sum(1 for owner in first[q].values() if owner not in after)

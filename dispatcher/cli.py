@@ -72,6 +72,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .lifecycle import install_early
+
+    install_early()  # before the slow part of starting: a SIGTERM now still means a clean stop
     from .metrics import serve
     from .worker import run_worker
 

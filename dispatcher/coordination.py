@@ -34,13 +34,18 @@ def build_assignments(config: Config, *, can_work: Callable[[], bool] = lambda: 
     return {queue: _coordinated(config, queue, can_work) for queue in config.queues}
 
 
+def redis_prefix(queue: str) -> str:
+    """The Redis key prefix of a queue's coordination group (keys are `<prefix>:members`, ...)."""
+    return f"dispatcher:{queue}"
+
+
 def _coordinated(config: Config, queue: str, can_work: Callable[[], bool]) -> BucketAssignment:
     from coordinator.coordinator import Coordinator
 
     if config.coordinator == "redis":
         from coordinator.backend_redis import RedisBackend
 
-        backend = RedisBackend(config.redis_url, prefix=f"dispatcher:{queue}")  # type: ignore[arg-type]
+        backend = RedisBackend(config.redis_url, prefix=redis_prefix(queue))  # type: ignore[arg-type]
     else:
         from coordinator.backend_pg import PostgresBackend
 

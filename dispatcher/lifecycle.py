@@ -26,6 +26,23 @@ from types import FrameType
 
 EXIT_FORCED = 1  # the process ended without every outcome written; leases recover the rest
 
+# Signals received before the worker's loop runs (start-up: imports, config, the schema check
+# under load can take seconds), replayed by ShutdownSignals.install(). Without this a SIGTERM in
+# that window kills the process with the default action (exit -15) instead of a clean exit 0.
+_early: list[int] = []
+
+
+def install_early() -> None:
+    """Catch SIGTERM/SIGINT from the first moment `dispatcher run` starts (see _early)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _early_handler)
+
+
+def _early_handler(signum: int, frame: FrameType | None) -> None:
+    _early.append(signum)
+    if len(_early) > 1:
+        hard_exit(f"received {signal.Signals(signum).name} again while starting")
+
 
 def hard_exit(reason: str, code: int = EXIT_FORCED) -> None:
     """End the process now, after one line on stderr; never returns."""
@@ -57,6 +74,9 @@ class ShutdownSignals:
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
+        for signum in _early:  # received while starting: act on it now
+            self._handle(signum, None)
+        _early.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._seen += 1

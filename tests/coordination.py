@@ -11,13 +11,16 @@ from typing import Any
 
 from coordinator.backend import ClusterView
 from coordinator.errors import CoordinatorUnavailable
+from dispatcher.constants import DEFAULT_QUEUE
 
 
 def make_backend(kind: str, dsn: str, redis_url: str | None) -> Any:
     if kind == "redis":
         from coordinator.backend_redis import RedisBackend
 
-        return RedisBackend(redis_url)  # type: ignore[arg-type]
+        from dispatcher.coordination import redis_prefix
+
+        return RedisBackend(redis_url, prefix=redis_prefix(DEFAULT_QUEUE))  # type: ignore[arg-type]
     from coordinator.backend_pg import PostgresBackend
 
     return PostgresBackend(dsn, session_locks=kind != "postgres_leases_only")

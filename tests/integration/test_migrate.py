@@ -45,7 +45,7 @@ def test_both_packages_migrations_apply_as_one_sequence(empty_dsn):
     history = fetchall(empty_dsn, "SELECT version, name FROM dispatcher_schema_version ORDER BY version")
     assert history == [(m.version, m.name) for m in union]
     assert history[:3] == [(1, "jobs"), (2, "coordinator"), (3, "claim_index_tag")]
-    assert [m.version for m in own["coordinator"]] == [2]
+    assert [m.version for m in own["coordinator"]] == [2, 5]
     assert fetchval(empty_dsn, "SELECT to_regclass('dispatcher_bucket_owners') IS NOT NULL")
 
 

@@ -72,12 +72,16 @@ def _errors(what: str) -> Iterator[None]:
 
 class PostgresBackend:
     def __init__(self, dsn: str, *, group: str = "default", session_locks: bool = True,
-                 limits: ConnectionLimits | None = None) -> None:
+                 limits: ConnectionLimits | None = None, listen_dsn: str | None = None, listen: bool = True) -> None:
         if not group or ":" in group:
             raise ValueError(f"a coordination group is a non-empty name without ':', got {group!r}")
         self._dsn = dsn
         # Every row and statement is confined to this group: the queue whose buckets it assigns.
         self.group = group
+        # LISTEN only: a direct connection when dsn goes through PgBouncer (transaction pooling
+        # hears no notification); listen=False: none, changes are seen by polling.
+        self._listen_dsn = listen_dsn or dsn
+        self._listen_enabled = listen
         # Each operation (up to five statements in one transaction) gets one statement budget.
         self._limits = limits or ConnectionLimits()
         self._session_locks = session_locks
@@ -100,10 +104,12 @@ class PostgresBackend:
         """Open the connection and LISTEN. Like the Redis backend: once this returns, no later
         notification can be missed; if it raises (CoordinatorUnavailable), the backend stays
         usable: later calls connect on their own and the listener keeps retrying."""
-        if self._listener is None or self._listener.done():
+        if self._listen_enabled and (self._listener is None or self._listener.done()):
             self._listener = asyncio.create_task(self._listen(), name="coordinator-listen")
         try:
             await self._connection()
+            if not self._listen_enabled:
+                return
             try:
                 await asyncio.wait_for(self._listening.wait(), timeout=self._limits.connect_timeout_s)
             except TimeoutError:
@@ -143,7 +149,7 @@ class PostgresBackend:
         while True:
             try:
                 conn = None
-                conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator-listen")
+                conn = await connect(self._listen_dsn, self._limits, application_name="dispatcher-coordinator-listen")
                 listen = sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL))
                 await bounded("listen", conn.execute(listen), self._limits.statement_timeout_s, conn)
                 if self._wake_on_listen:

@@ -15,6 +15,10 @@ forever, and so does whatever awaits it, shutdown included. Three layers bound t
   `options` startup parameter, and a `SET` would leak to other clients through its pool. The
   cancel request above stops the statement on the server instead (PgBouncer forwards those).
 
+`prepared_statements=False` turns psycopg's automatic prepared statements off (it prepares a
+statement on its 6th execution on a connection): behind PgBouncer < 1.21 in transaction pooling,
+the next transaction may run on another server connection, which does not have it.
+
 Shared by both packages (the coordinator imports nothing from dispatcher), like sqlfile.py.
 """
 
@@ -52,10 +56,12 @@ class StatementTimeout(TimeoutError):
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """How long a connect and a statement may take. `statement_timeout_s` is the budget of a
-    short statement; callers give longer ones (ANALYZE, pruning) a multiple of it."""
+    short statement; callers give longer ones (ANALYZE, pruning) a multiple of it. Also whether
+    the connection may use prepared statements (see the module docstring)."""
 
     connect_timeout_s: float = 5.0
     statement_timeout_s: float = 5.0
+    prepared_statements: bool = True
 
     def __post_init__(self) -> None:
         if not self.connect_timeout_s > 0 or not self.statement_timeout_s > 0:
@@ -87,6 +93,8 @@ async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
                   **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """An autocommit connection with the limits' timeouts; StatementTimeout if the handshake
     stalls past connect_timeout_s (+1 s for libpq's own timer to fire first)."""
+    if not limits.prepared_statements:
+        kwargs["prepare_threshold"] = None
     try:
         async with asyncio.timeout(limits.connect_timeout_s + 1.0):
             return await psycopg.AsyncConnection.connect(

@@ -1,4 +1,4 @@
-"""`dispatcher` command line: migrate, run, enqueue, status, demo.
+"""`dispatcher` command line: migrate, grants, run, enqueue, status, demo.
 
 Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the same name
 (`DISPATCHER_BATCH_SIZE` / `--batch-size`). A bad setting exits with code 2 and names it.
@@ -68,6 +68,29 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     applied = migrate(_require_dsn(_config_from(args)))
     print(f"applied migrations: {applied}" if applied else "schema is up to date")
+    return 0
+
+
+def cmd_grants(args: argparse.Namespace) -> int:
+    from .privileges import worker_grants
+
+    for flag, value in (("--role", args.role), ("--schema", args.schema)):
+        if not value.strip():
+            raise ConfigError(flag, "must not be empty")
+    script = worker_grants(args.role, args.schema)
+    if not args.apply:
+        print(script, end="")
+        return 0
+    import psycopg
+
+    config = _config_from(args)
+    try:
+        with psycopg.connect(_require_dsn(config), autocommit=True, **config.limits.connect_kwargs()) as conn:
+            with conn.transaction():
+                conn.execute(script.encode())  # bytes: run as a multi-statement script
+    except psycopg.Error as exc:
+        raise DispatcherError(f"grants failed: {exc} (run them as the owner of the dispatcher tables)") from exc
+    print(f"granted the workers' privileges to {args.role}")
     return 0
 
 
@@ -148,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="create or upgrade the schema (safe to run from N pods at once)")
     _add_config_flags(p)
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("grants", help="print (or --apply) the GRANTs a DML-only workers' role needs")
+    p.add_argument("--role", required=True, help="the workers' role (it must exist)")
+    p.add_argument("--schema", default="public", help="the schema of the dispatcher tables")
+    p.add_argument("--apply", action="store_true",
+                   help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher migrate`)")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_grants)
 
     p = sub.add_parser("run", help="run a worker until SIGTERM/SIGINT")
     p.add_argument("--app", required=True, help="module:attribute of your dispatcher.Registry")

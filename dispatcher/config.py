@@ -49,6 +49,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0  # a server that does not finish the handshake i
 # within heartbeat (10 s) + 5 s = half a lease, with time left before any lease runs out.
 DEFAULT_STATEMENT_TIMEOUT_S = 5.0
 COORDINATORS = ("postgres", "redis", "static")
+LISTEN_OFF = "none"  # listen_dsn value: no LISTEN connection at all (polling only)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -154,6 +155,11 @@ class Config:
     dsn: str | None = setting(
         None, parse=str,
         help="PostgreSQL connection string (postgresql://user:pass@host/db); required except by `dispatcher demo`")
+    listen_dsn: str | None = setting(
+        None, parse=str, shown="dsn",
+        help="connection string used only for LISTEN (wake-ups of idle workers and of the PostgreSQL "
+             "coordinator): a direct one to PostgreSQL when dsn goes through PgBouncer in transaction pooling, "
+             f"where LISTEN hears nothing; {LISTEN_OFF}: no LISTEN, wake-ups by polling only")
     mode: str = setting(
         MODE_PARTITIONED, parse=str,
         help="claim strategy: partitioned (each worker claims from the buckets it owns) or skip_locked "
@@ -236,6 +242,10 @@ class Config:
         True, parse=_parse_bool,
         help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction pooling "
              "(leases only)")
+    prepared_statements: bool = setting(
+        True, parse=_parse_bool,
+        help="let psycopg prepare statements it runs often; false behind PgBouncer in transaction pooling "
+             "older than 1.21 (or with max_prepared_statements = 0), where they fail on the next server connection")
     steal: bool = setting(
         True, parse=_parse_bool, help="partitioned mode: take jobs from other buckets while ours are idle")
     steal_batch: int = setting(
@@ -301,6 +311,8 @@ class Config:
         _check(self.worker_count >= 1, "worker_count", "must be >= 1")
         _check(0 <= self.worker_index < self.worker_count, "worker_index", "must be in [0, worker_count)")
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be a TCP port or 0")
+        _check(self.listen_dsn is None or bool(self.listen_dsn.strip()), "listen_dsn",
+               f"must be a connection string or {LISTEN_OFF!r}")
         _check(self.log_level.upper() in LOG_LEVELS, "log_level", "must be DEBUG, INFO, WARNING or ERROR")
         if self.buckets is not None:
             bad = [b for b in self.buckets if not (isinstance(b, int) and 0 <= b < NUM_BUCKETS)]
@@ -313,7 +325,14 @@ class Config:
     @property
     def limits(self) -> ConnectionLimits:
         """The connect and statement bounds of every connection the worker opens."""
-        return ConnectionLimits(self.connect_timeout_s, self.statement_s)
+        return ConnectionLimits(self.connect_timeout_s, self.statement_s, self.prepared_statements)
+
+    @property
+    def listen_target(self) -> str | None:
+        """Where the worker and the PostgreSQL coordinator LISTEN: listen_dsn, else dsn; None: nowhere."""
+        if self.listen_dsn is None:
+            return self.dsn
+        return None if self.listen_dsn.strip().lower() == LISTEN_OFF else self.listen_dsn
 
     @property
     def statement_s(self) -> float:

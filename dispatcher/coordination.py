@@ -54,6 +54,7 @@ def _coordinated(config: Config, queue: str, can_work: Callable[[], bool]) -> Bu
         limits = dataclasses.replace(config.limits,
                                      statement_timeout_s=min(config.statement_s, config.coordinator_lease_s / 3))
         backend = PostgresBackend(config.dsn, group=queue,  # type: ignore[arg-type]  # validated: set
-                                  session_locks=config.session_locks, limits=limits)
+                                  session_locks=config.session_locks, limits=limits,
+                                  listen_dsn=config.listen_target, listen=config.listen_target is not None)
     return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s,
                        poll_s=config.coordinator_poll_s, can_work=can_work)

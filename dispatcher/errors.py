@@ -30,6 +30,16 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached right now (connection lost, server shutting down); retry later."""
 
 
+class StorePermissionDenied(StoreError):
+    """The database role lacks a privilege for a statement (retrying will not help). `reason` and
+    `hint` are the server's message and hint (what to grant), without our statement label."""
+
+    def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.hint = hint
+
+
 class MigrationError(StoreError):
     """The schema could not be brought up to date."""
 

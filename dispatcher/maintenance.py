@@ -4,11 +4,12 @@
 - `Reaper`: jobs whose lease ran out (their worker died or stalled) go through the retry policy
   like any other failed attempt: rescheduled with backoff, or `failed` after max_attempts.
 - `Pruner`: deletes finished rows past their retention.
-- `PlannerStats`: refreshes planner statistics when they fall far behind the table.
+- `PlannerStats`: refreshes planner statistics when they fall far behind the table (a role
+  that may not ANALYZE it gets one warning, and the service ends: that is the owner's job).
 - `PressureSampler`: what the queue costs the database, as gauges.
 
 Each runs `tick()` every jittered interval (N pods must not fire in lockstep); a store error is
-counted and logged, and the loop goes on.
+counted and logged, and the loop goes on, until a service sets `retired` (it cannot ever work).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from . import metrics
 from .backoff import jittered
 from .constants import STATUS_QUEUED
-from .errors import StoreError
+from .errors import StoreError, StorePermissionDenied
 from .executor import Executor
 from .retry import FailureKind, RetryPolicy, lease_expired_error
 from .store import Failure, HistoryRows, JobStore
@@ -39,6 +40,7 @@ class PeriodicService:
         self._store = store
         self.interval_s = interval_s
         self._first_delay_s = first_delay_s
+        self.retired = False  # set by a service that can never work here: run() then returns
 
     async def run(self) -> None:
         await asyncio.sleep(jittered(self.interval_s) if self._first_delay_s is None else self._first_delay_s)
@@ -49,6 +51,8 @@ class PeriodicService:
                 metrics.STORE_ERRORS.labels(self.name).inc()
                 log.warning("%s failed: %s", self.name, exc)
                 next_s = None
+            if self.retired:
+                return
             await asyncio.sleep(jittered(self.interval_s) if next_s is None else next_s)
 
     async def tick(self) -> float | None:
@@ -185,10 +189,21 @@ class Pruner(PeriodicService):
 
 
 class PlannerStats(PeriodicService):
+    """Refreshes the jobs table's statistics when they fall far behind (see queries.sql).
+
+    A workers' role with DML only may not ANALYZE: it learns that on its first tick, says so
+    once, and stops asking; autovacuum (and the owner) keep the statistics fresh instead."""
+
     name = "analyze"
 
     async def tick(self) -> None:
-        await self._store.jobs_analyze_if_stale()
+        try:
+            await self._store.jobs_analyze_if_stale()
+        except StorePermissionDenied as exc:
+            self.retired = True
+            log.warning("planner statistics: %s, so this worker will not refresh them (not retried). That is the "
+                        "table owner's job, and autovacuum does it; to let workers refresh them right after a bulk "
+                        "load too: %s", exc.reason, exc.hint or "see README, Roles")
 
 
 class PressureSampler(PeriodicService):

@@ -4,10 +4,14 @@ Each package ships the migrations of the tables it owns, as `<package>/sql/migra
 dispatcher the jobs table, coordinator its coordination tables. Together they form ONE version
 sequence (a version number is unique across both packages; a clash is refused before anything
 runs), recorded in one `dispatcher_schema_version` table, so a database migrated when all files
-lived in dispatcher/ sees nothing new. They are applied in version order inside ONE transaction that
-first takes a transaction-scoped advisory lock: concurrent runners queue behind it, then see the
-versions the winner recorded and apply nothing. Transaction-scoped (not session) locks also work
-behind PgBouncer in transaction pooling mode.
+lived in dispatcher/ sees nothing new.
+
+The applied versions are read first, with plain SELECTs: when nothing is missing, that is all, so
+any role that may SELECT the version table (a workers' DML-only role too) gets "up to date"
+without running any DDL. Otherwise the missing ones are applied in version order inside ONE
+transaction that first takes a transaction-scoped advisory lock and reads the versions again:
+concurrent runners queue behind it, then see the versions the winner recorded and apply nothing.
+Transaction-scoped (not session) locks also work behind PgBouncer in transaction pooling mode.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 
@@ -34,6 +38,10 @@ _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 # Packages whose sql/migrations/ make up the schema.
 MIGRATION_PACKAGES: Final = ("dispatcher", "coordinator")
 
+# Not in a migration: it records them. privileges.py grants SELECT on it to workers.
+VERSION_TABLE: Final = "dispatcher_schema_version"
+_VERSION_TABLE_EXISTS = "SELECT to_regclass('dispatcher_schema_version') IS NOT NULL"
+_APPLIED_VERSIONS = "SELECT version FROM dispatcher_schema_version"
 _CREATE_VERSION_TABLE = """
 CREATE TABLE IF NOT EXISTS dispatcher_schema_version (
     version    integer     PRIMARY KEY,
@@ -72,12 +80,18 @@ def available_migrations(packages: Iterable[str] = MIGRATION_PACKAGES) -> list[M
 def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES) -> list[int]:
     """Bring the schema up to date; returns the versions applied by this call (often none)."""
     migrations = available_migrations(packages)
+    wanted = {m.version for m in migrations}
     try:
-        with psycopg.connect(dsn, autocommit=False, **ConnectionLimits().connect_kwargs()) as conn:
+        # Prepared statements off: each statement runs once or twice, and behind PgBouncer < 1.21
+        # a prepared one would not follow us to the next server connection.
+        with psycopg.connect(dsn, autocommit=True, prepare_threshold=None,
+                             **ConnectionLimits().connect_kwargs()) as conn:
+            if wanted <= _applied(conn):
+                return []
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
                 conn.execute(_CREATE_VERSION_TABLE)
-                done = {row[0] for row in conn.execute("SELECT version FROM dispatcher_schema_version")}
+                done = _applied(conn)  # again, under the lock: a concurrent runner may have applied them
                 applied = []
                 for migration in migrations:
                     if migration.version in done:
@@ -90,13 +104,24 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES) -> list[int]
                     )
                     applied.append(migration.version)
                 return applied
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MigrationError(f"migration failed: {exc} (migrations must run as the role that owns the "
+                             "dispatcher tables, not as the workers' role: README, Roles)") from exc
     except psycopg.Error as exc:
         raise MigrationError(f"migration failed: {exc}") from exc
 
 
+def _applied(conn: psycopg.Connection[Any]) -> set[int]:
+    """The versions recorded in the database (none without a version table). SELECTs only."""
+    exists = conn.execute(_VERSION_TABLE_EXISTS).fetchone()
+    if not exists or not exists[0]:
+        return set()
+    return {row[0] for row in conn.execute(_APPLIED_VERSIONS)}
+
+
 def current_version(dsn: str) -> int | None:
     with psycopg.connect(dsn, autocommit=True, **ConnectionLimits().connect_kwargs()) as conn:
-        exists = conn.execute("SELECT to_regclass('dispatcher_schema_version') IS NOT NULL").fetchone()
+        exists = conn.execute(_VERSION_TABLE_EXISTS).fetchone()
         if not exists or not exists[0]:
             return None
         row = conn.execute("SELECT max(version) FROM dispatcher_schema_version").fetchone()

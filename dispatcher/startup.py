@@ -9,7 +9,8 @@ end the process at once with one clear line, and only those that time can fix ar
   stopped. A name that does not resolve is waited out too: in Kubernetes the database's Service
   may simply not exist yet;
 - schema missing or older than this code: `StartupError` naming `dispatcher migrate`; with
-  `wait_for_schema` we wait instead (a migration Job may be running), logging every 5 s.
+  `wait_for_schema` we wait instead (a migration Job may be running), logging every 5 s. So
+  too for a role that may not read the version table yet (the Job grants after migrating).
 
 A database outage once the worker runs is a different matter: that is tolerated (claims back
 off, leases carry the jobs), never fatal.
@@ -120,7 +121,18 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
             problem = _one_line(exc)
         except StatementTimeout as exc:
             problem = str(exc)
-        except psycopg.Error as exc:  # e.g. permission denied on the version table
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # A DML-only role before the migration Job granted it anything (README, Roles).
+            if not wait_for_schema:
+                raise StartupError(f"cannot read the schema version in {where}: {_one_line(exc)} "
+                                   "(grant it with `dispatcher grants`)") from None
+            if loop.time() - last_schema_log >= SCHEMA_WAIT_LOG_S:
+                log.warning("cannot read the schema version in %s (%s): waiting for the migration Job's "
+                            "`dispatcher grants` (--wait-for-schema)", where, _one_line(exc))
+                last_schema_log = loop.time()
+            await _sleep_unless(stopping, jittered(1.0, 0.2))
+            continue
+        except psycopg.Error as exc:
             raise StartupError(f"cannot read the schema version in {where}: {_one_line(exc)}") from None
         else:
             if not state.missing:
@@ -142,6 +154,26 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
         await _sleep_unless(stopping, jittered(delay, 0.2))
         delay = min(delay * 2, UNREACHABLE_BACKOFF_S[1])
     return False
+
+
+async def check_listen(dsn: str, limits: ConnectionLimits) -> None:
+    """DISPATCHER_LISTEN_DSN, when it is not the main DSN: a login the server refuses there is
+    fatal (a typo would otherwise only show as wake-ups that never come); an unreachable server
+    is logged and left to the listeners' retries, as polling covers the gap."""
+    where = describe_dsn(dsn)
+    try:
+        conn = await connect(dsn, limits, application_name="dispatcher-startup")
+    except psycopg.OperationalError as exc:
+        if login_refused(exc):
+            raise StartupError(f"cannot log in to {where} (DISPATCHER_LISTEN_DSN): {_one_line(exc)}") from None
+        log.warning("LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
+                    "answers", where, _one_line(exc))
+        return
+    except StatementTimeout as exc:
+        log.warning("LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
+                    "answers", where, exc)
+        return
+    await close_quietly(conn)
 
 
 async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:

@@ -27,7 +27,7 @@ from coordinator.pglimits import connect as connect_bounded
 
 from . import metrics
 from .constants import NUM_BUCKETS
-from .errors import StoreError, StoreUnavailable
+from .errors import StoreError, StorePermissionDenied, StoreUnavailable
 from .queries import query
 from .retry import Outcome
 
@@ -153,11 +153,15 @@ def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any])
 
 @contextlib.contextmanager
 def translate_errors(what: str) -> Iterator[None]:
-    """psycopg errors -> StoreUnavailable (retry later) or StoreError (a real failure)."""
+    """psycopg errors -> StoreUnavailable (retry later), StorePermissionDenied (our role may not)
+    or StoreError (a real failure)."""
     try:
         yield
     except psycopg.OperationalError as exc:
         raise StoreUnavailable(f"{what}: database unavailable: {exc}") from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise StorePermissionDenied(f"{what}: {exc}", reason=exc.diag.message_primary or str(exc),
+                                    hint=exc.diag.message_hint) from exc
     except psycopg.Error as exc:
         raise StoreError(f"{what}: {exc}") from exc
 
@@ -332,5 +336,6 @@ class JobStore:
         return DbPressure(*row) if row else None
 
     async def jobs_analyze_if_stale(self) -> None:
-        """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql)."""
+        """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql).
+        StorePermissionDenied if our role may not ANALYZE the table at all."""
         await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)

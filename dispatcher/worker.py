@@ -115,8 +115,12 @@ class Worker:
                                         interval_s=config.heartbeat_s)
         self.producer = Producer(config, claims, self.assignments, self.executor,
                                  leases_stalled=lambda: self.lease_keeper.stalled)
-        self._listener = Listener(config.dsn, set(config.queues), self.producer.on_notify, limits=config.limits,
-                                  probe_s=max(1.0, config.lease_s / 3))
+        # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
+        listen_dsn = config.listen_target
+        self._listener = None if listen_dsn is None else Listener(
+            listen_dsn, set(config.queues), self.producer.on_notify, limits=config.limits,
+            probe_s=max(1.0, config.lease_s / 3))
+        self._never = asyncio.Event()  # `listening` without a listener: never set
         self.reaper = Reaper(maint, policy, interval_s=config.reaper_interval_s, history=config.history,
                              on_reaped=self.producer.wake)
         self._services: list[PeriodicService] = [
@@ -135,8 +139,8 @@ class Worker:
 
     @property
     def listening(self) -> asyncio.Event:
-        """Test signal: set while LISTEN is active (wake-ups by NOTIFY work)."""
-        return self._listener.listening
+        """Test signal: set while LISTEN is active (wake-ups by NOTIFY work); never with listen_dsn=none."""
+        return self._never if self._listener is None else self._listener.listening
 
     @property
     def stopping(self) -> asyncio.Event:
@@ -174,7 +178,11 @@ class Worker:
             elif isinstance(result, BaseException):
                 raise result
         await asyncio.gather(*(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments))
-        await self._listener.start()
+        if self._listener is not None:
+            await self._listener.start()
+        else:
+            log.info("LISTEN is off (listen_dsn=none): idle workers find new jobs by polling every %g s",
+                     self.config.poll_interval_s)
         background = [asyncio.create_task(self.completer.run(), name="completer")]
         background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
         producer = asyncio.create_task(self.producer.run(), name="producer")
@@ -220,7 +228,8 @@ class Worker:
         await asyncio.gather(*background, return_exceptions=True)
         await self._flush_until(overrun_ends - 0.5)
         await _within(leaving, overrun_ends - 0.2)
-        await self._listener.stop()
+        if self._listener is not None:
+            await self._listener.stop()
         self.executor.close()
         for store in self._stores:
             await store.close()
@@ -301,7 +310,7 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
     import uvloop
 
     from .lifecycle import EXIT_FORCED, ShutdownSignals, hard_exit
-    from .startup import wait_until_ready
+    from .startup import check_listen, wait_until_ready
 
     worker = Worker(config, registry)
 
@@ -314,6 +323,8 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
         if not ready:
             log.info("stopped before the database was ready")
             return
+        if config.listen_target not in (None, config.dsn):
+            await check_listen(config.listen_target, config.limits)  # type: ignore[arg-type]  # not None
         if on_started is not None:
             on_started(worker)
         await worker.run()

@@ -235,8 +235,26 @@ SELECT reltuples FROM pg_class WHERE oid = 'dispatcher_jobs'::regclass
 -- Refresh planner statistics when they are far behind the table: with a freshly filled table
 -- still marked empty, each claim branch walked the SKIP LOCKED index and filtered on bucket
 -- (2,000 index entries read per 30 claimed). One pod at a time (try-lock, never waits).
+-- Only a role ANALYZE accepts gets that far: the table's owner, the database's owner, or (17+)
+-- one with MAINTAIN on it. For others ANALYZE only warns on the server and skips the table, so
+-- we raise insufficient_privilege instead, and the worker stops asking (PlannerStats).
 DO $$
+DECLARE
+    permitted boolean;
 BEGIN
+    SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') INTO permitted
+      FROM pg_class c, pg_database d
+     WHERE c.oid = 'dispatcher_jobs'::regclass AND d.datname = current_database();
+    IF NOT permitted AND current_setting('server_version_num')::int >= 170000 THEN
+        permitted := has_table_privilege('dispatcher_jobs', 'MAINTAIN');  -- an error before 17
+    END IF;
+    IF NOT permitted THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = 'role ' || quote_ident(current_user) || ' may not ANALYZE dispatcher_jobs',
+            HINT = CASE WHEN current_setting('server_version_num')::int >= 170000
+                        THEN 'GRANT MAINTAIN ON dispatcher_jobs TO ' || quote_ident(current_user)
+                        ELSE 'before PostgreSQL 17 only the owner of the table or of the database may' END;
+    END IF;
     IF pg_try_advisory_xact_lock(7022450131) AND EXISTS (
         SELECT 1 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
          WHERE c.oid = 'dispatcher_jobs'::regclass

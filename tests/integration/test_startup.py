@@ -11,7 +11,7 @@ import pytest
 
 from coordinator.pglimits import ConnectionLimits
 from dispatcher.migrate import migrate
-from dispatcher.startup import StartupError, read_schema, wait_until_ready
+from dispatcher.startup import StartupError, check_listen, read_schema, wait_until_ready
 from tests.helpers import run_async, wait_until_async
 
 LIMITS = ConnectionLimits(connect_timeout_s=2, statement_timeout_s=2)
@@ -124,3 +124,13 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def test_a_listen_dsn_the_server_refuses_is_fatal_and_named(dsn):
+    bad = psycopg.conninfo.make_conninfo(dsn, user="no_such_listener", password="s3cret")
+    with pytest.raises(StartupError) as info:
+        run_async(check_listen(bad, LIMITS))
+    message = str(info.value)
+    assert "(DISPATCHER_LISTEN_DSN)" in message and 'role "no_such_listener" does not exist' in message
+    assert "s3cret" not in message
+    run_async(check_listen(dsn, LIMITS))  # a good one passes

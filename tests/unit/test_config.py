@@ -41,6 +41,21 @@ def test_bad_values_name_the_setting(env, flags, named):
     assert info.value.setting == named
 
 
+def test_listen_goes_to_the_dsn_unless_told_otherwise_or_off():
+    assert Config(dsn="postgresql://pooled").listen_target == "postgresql://pooled"
+    direct = Config.load({"DISPATCHER_DSN": "postgresql://pooled", "DISPATCHER_LISTEN_DSN": "postgresql://direct"})
+    assert direct.listen_target == "postgresql://direct"
+    for off in ("none", "NONE", " None "):
+        assert Config.load({"DISPATCHER_DSN": "postgresql://pooled"}, listen_dsn=off).listen_target is None
+
+
+def test_prepared_statements_reach_the_connection_limits():
+    assert Config().limits.prepared_statements is True
+    off = Config.load({"DISPATCHER_PREPARED_STATEMENTS": "false"})
+    assert off.limits.prepared_statements is False
+    assert (off.limits.connect_timeout_s, off.limits.statement_timeout_s) == (off.connect_timeout_s, off.statement_s)
+
+
 def test_static_buckets_worker_i_of_n_cover_all_buckets_once():
     owned = [Config.load({}, worker_index=i, worker_count=3).static_buckets for i in range(3)]
     flat = sorted(b for part in owned for b in part)
@@ -80,6 +95,8 @@ BAD_FIELD_VALUES = [
     ("metrics_port", {"metrics_port": 70_000}),
     ("log_level", {"log_level": "LOUD"}),
     ("steal", {"steal": "yes"}),
+    ("listen_dsn", {"listen_dsn": " "}),
+    ("prepared_statements", {"prepared_statements": "false"}),
     ("worker_id", {"worker_id": None}),
 ]
 
@@ -208,7 +225,8 @@ def test_each_parser_reads_back_its_own_default():
 def test_documented_defaults_match_the_dataclass():
     config = Config()
     for s in settings():
-        if s.name in ("worker_id", "heartbeat_interval_s", "statement_timeout_s", "buckets", "max_payload_bytes"):
+        if s.name in ("worker_id", "heartbeat_interval_s", "statement_timeout_s", "buckets", "max_payload_bytes",
+                      "listen_dsn"):
             continue  # computed or described defaults
         assert s.default == getattr(config, s.name), s.name
         shown = s.default_text

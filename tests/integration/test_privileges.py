@@ -1,0 +1,220 @@
+"""Least privilege: the owner migrates, the workers run as a role with DML only (README, Roles).
+
+The roles are real (CREATE ROLE ... LOGIN on the test server, which trusts its clients) and are
+dropped after each test; nothing is mocked.
+"""
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from coordinator.pglimits import ConnectionLimits
+from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.errors import MigrationError
+from dispatcher.maintenance import PlannerStats
+from dispatcher.migrate import migrate
+from dispatcher.privileges import schema_objects
+from dispatcher.startup import StartupError, wait_until_ready
+from dispatcher.store import JobStore
+from tests.helpers import (
+    ROOT,
+    fetchall,
+    fetchval,
+    run_async,
+    start_worker,
+    status_counts,
+    stop_workers,
+    wait_until,
+    wait_until_async,
+)
+
+ANALYZE_WARNING = "planner statistics: role"
+
+
+def dispatcher_cli(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+    if dsn is not None:
+        env["DISPATCHER_DSN"] = dsn
+    return subprocess.run([sys.executable, "-m", "dispatcher", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def dml_role(admin_dsn: str):
+    """A LOGIN role with no privileges yet, and a DSN that logs in as it; yielded by fixtures."""
+    role = f"dispatcher_worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        yield role, psycopg.conninfo.make_conninfo(admin_dsn, user=role)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            # Its grants live in this database: gone with DROP OWNED, then the role can go.
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def worker_role(dsn):
+    """(role, its DSN) on the migrated test database; no grants applied yet."""
+    yield from dml_role(dsn)
+
+
+@pytest.fixture
+def empty_db_role(empty_dsn):
+    yield from dml_role(empty_dsn)
+
+
+def grant(owner_dsn: str, role: str) -> None:
+    """Apply what `dispatcher grants --role ROLE` prints, as the owner."""
+    printed = dispatcher_cli("grants", "--role", role)
+    assert printed.returncode == 0, printed.stderr
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        conn.execute(printed.stdout.encode())  # bytes: a multi-statement script
+
+
+def test_the_derived_objects_are_exactly_what_a_migrated_database_holds(dsn):
+    objects = schema_objects()
+    rows = fetchall(dsn, """SELECT c.relkind::text, c.relname FROM pg_class c
+                             WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S')""")
+    assert sorted(name for kind, name in rows if kind != "S") == sorted(objects.tables)
+    assert sorted(name for kind, name in rows if kind == "S") == sorted(objects.sequences)
+
+
+def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_date(dsn, worker_role, tmp_path):
+    role, role_dsn = worker_role
+    grant(dsn, role)
+
+    migrated = dispatcher_cli("migrate", dsn=role_dsn)
+    assert (migrated.returncode, migrated.stdout.strip()) == (0, "schema is up to date"), migrated.stderr
+
+    with psycopg.connect(role_dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "record", [{}] * 300)
+        # dedupe keys take the staging path: a temporary table, then INSERT ... ON CONFLICT
+        specs = [JobSpec("record", {}, dedupe_key=f"k{i % 50}") for i in range(100)]
+        assert enqueue_many_sync(conn, specs) == 50
+    log = tmp_path / "worker.out"
+    # reaper_interval_s paces PlannerStats too: it would ask again every ~0.3 s if it retried.
+    worker = start_worker(role_dsn, tmp_path, log_path=log, lease_s=3, poll_interval_s=0.2,
+                          flush_interval_s=0.02, reaper_interval_s=0.3, worker_id="least-privilege")
+    try:
+        wait_until(lambda: status_counts(dsn).get("completed") == 350, 60, "350 jobs completed by the DML-only role")
+        wait_until(lambda: ANALYZE_WARNING in log.read_text(), 10, "the worker's one warning about ANALYZE")
+        owned = fetchval(dsn, "SELECT count(*) FROM dispatcher_bucket_owners WHERE owner = 'least-privilege'")
+    finally:
+        codes = stop_workers([worker])
+    status = dispatcher_cli("status", dsn=role_dsn)
+    assert status.returncode == 0 and "completed" in status.stdout, status.stderr
+    text = log.read_text()
+    assert codes == [0], text[-3000:]
+    assert owned == 64, "the PostgreSQL coordinator did not work for the DML-only role"
+    warnings = [line for line in text.splitlines() if ANALYZE_WARNING in line]
+    assert len(warnings) == 1, warnings
+    assert f"role {role} may not ANALYZE dispatcher_jobs" in warnings[0]
+    assert f"GRANT MAINTAIN ON dispatcher_jobs TO {role}" in warnings[0] or "PostgreSQL 17" in warnings[0]
+    assert " failed: " not in text and "Traceback" not in text, text[-3000:]  # no other service was refused
+
+
+def test_migrating_as_the_workers_role_names_the_owner_when_there_is_something_to_apply(empty_dsn, empty_db_role):
+    role, role_dsn = empty_db_role
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")  # the default since PostgreSQL 15
+    with pytest.raises(MigrationError, match="must run as the role that owns the dispatcher tables"):
+        migrate(role_dsn)
+    assert fetchval(empty_dsn, "SELECT to_regclass('dispatcher_schema_version')") is None
+
+
+def test_grants_apply_gives_exactly_the_printed_privileges(dsn, worker_role):
+    role, role_dsn = worker_role
+    applied = dispatcher_cli("grants", "--role", role, "--apply", dsn=dsn)
+    assert applied.returncode == 0, applied.stderr
+    privileges = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+    held = dict(fetchall(dsn, """SELECT c.relname, array_agg(p ORDER BY p) FILTER (WHERE has_table_privilege(%s, c.oid, p))
+                                   FROM pg_class c, unnest(%s::text[]) p
+                                  WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
+                                  GROUP BY c.relname""", (role, list(privileges))))
+    assert held.pop("dispatcher_schema_version") == ["SELECT"]
+    assert {table: sorted(held[table]) for table in held} == {
+        table: ["DELETE", "INSERT", "SELECT", "UPDATE"] for table in schema_objects().tables[1:]}
+    assert fetchval(dsn, "SELECT has_schema_privilege(%s, 'public', 'CREATE')", (role,)) is False
+    # and it can do its job: one claim as that role
+    with psycopg.connect(role_dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{}] * 3)
+
+    async def claim():
+        store = JobStore(role_dsn, "w")
+        try:
+            return await store.jobs_claim("default", 10, 30, None)
+        finally:
+            await store.close()
+
+    assert len(run_async(claim())) == 3
+
+
+def test_planner_stats_without_permission_warn_once_and_stop_asking(dsn, worker_role, caplog):
+    role, role_dsn = worker_role
+    grant(dsn, role)
+
+    async def main():
+        store = JobStore(role_dsn, "w")
+        stats = PlannerStats(store, interval_s=0.01)
+        try:
+            # run() returns only once the service retired: it will never ask again.
+            await asyncio.wait_for(stats.run(), timeout=10)
+        finally:
+            await store.close()
+        return stats
+
+    with caplog.at_level(logging.WARNING, logger="dispatcher.maintenance"):
+        stats = run_async(main())
+    assert stats.retired
+    warnings = [r.getMessage() for r in caplog.records if r.name == "dispatcher.maintenance"]
+    assert len(warnings) == 1, warnings
+    assert f"role {role} may not ANALYZE dispatcher_jobs" in warnings[0]
+    assert "owner" in warnings[0] and "not retried" in warnings[0]
+
+
+def test_planner_stats_work_for_a_role_granted_maintain(dsn, worker_role):
+    if fetchval(dsn, "SHOW server_version_num") < "170000":
+        pytest.skip("MAINTAIN is a privilege from PostgreSQL 17 on")
+    role, role_dsn = worker_role
+    grant(dsn, role)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("GRANT MAINTAIN ON dispatcher_jobs TO {}").format(sql.Identifier(role)))
+        conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 20000) g")
+
+    async def tick():
+        store = JobStore(role_dsn, "w")
+        try:
+            await store.jobs_analyze_if_stale()
+        finally:
+            await store.close()
+
+    run_async(tick())
+    assert fetchval(dsn, "SELECT reltuples FROM pg_class WHERE relname = 'dispatcher_jobs'") == 20000
+
+
+def test_a_worker_waiting_for_the_schema_also_waits_for_its_grants(dsn, worker_role, caplog):
+    """First deployment: the migration Job migrates, then grants; a worker started meanwhile
+    with --wait-for-schema waits for both instead of exiting (without it: one line, exit)."""
+    role, role_dsn = worker_role
+    limits = ConnectionLimits(connect_timeout_s=2, statement_timeout_s=2)
+
+    async def main():
+        stopping = asyncio.Event()
+        waiting = asyncio.create_task(wait_until_ready(role_dsn, limits, wait_for_schema=True, stopping=stopping))
+        await wait_until_async(lambda: "waiting for the migration Job's" in caplog.text, 10, "a line saying why")
+        assert not waiting.done()
+        await asyncio.to_thread(grant, dsn, role)
+        return await asyncio.wait_for(waiting, 15)
+
+    with pytest.raises(StartupError, match=r"permission denied .* \(grant it with `dispatcher grants`\)"):
+        run_async(wait_until_ready(role_dsn, limits, wait_for_schema=False, stopping=asyncio.Event()))
+    with caplog.at_level(logging.WARNING, logger="dispatcher.startup"):
+        assert run_async(main()) is True

@@ -173,8 +173,10 @@ def test_churn_while_50k_jobs_drain(dsn, tmp_path, coordination):
     opts = settings(kind, redis_url, concurrency=50, batch_size=100)
     rng = random.Random(7)
     alive, n = [], 0
+    names = {}  # pid -> worker id (its log is <id>.out)
     for _ in range(3):
         alive.append(start_worker(dsn, tmp_path, log_path=tmp_path / f"c{n}.out", worker_id=f"c{n}", **opts))
+        names[alive[-1].pid] = f"c{n}"
         n += 1
     events, gone = [], []
 
@@ -189,13 +191,18 @@ def test_churn_while_50k_jobs_drain(dsn, tmp_path, coordination):
         budget, next_at = Deadline(240), time.monotonic() + 2
         while wait_until(next_step, budget, "50k jobs to drain under churn", interval_s=0.5) == "churn":
             next_at += 2
-            if len(alive) > 2 and (len(alive) >= 5 or rng.random() < 0.5):
-                leaving = alive.pop(rng.randrange(len(alive)))
+            # Only a worker that has started may leave: one still importing (seconds on a loaded
+            # 2-core machine) has no signal handler yet and dies of SIGTERM's default action.
+            started = [p for p in alive if "running:" in (tmp_path / f"{names[p.pid]}.out").read_text()]
+            if len(alive) > 2 and started and (len(alive) >= 5 or rng.random() < 0.5):
+                leaving = started[rng.randrange(len(started))]
+                alive.remove(leaving)
                 leaving.send_signal(signal.SIGTERM)
                 gone.append(leaving)
                 events.append("leave")
             else:
                 alive.append(start_worker(dsn, tmp_path, log_path=tmp_path / f"c{n}.out", worker_id=f"c{n}", **opts))
+                names[alive[-1].pid] = f"c{n}"
                 n += 1
                 events.append("join")
     finally:
@@ -256,13 +263,16 @@ def test_workers_serving_different_queues_run_every_job_without_stealing(dsn, tm
     """Workers serving `qa`, `qb` and `qa,qb`, stealing off: each queue's buckets go only to the
     workers serving that queue, so every job runs through its bucket's owner (none is stranded)."""
     kind, redis_url = coordination
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        enqueue_many_sync(conn, [JobSpec("record", {}, queue=q, bucket=b) for q in ("qa", "qb") for b in range(64)
-                                 for _ in range(4)])  # 512 jobs, 4 in every (queue, bucket)
     opts = settings(kind, redis_url, steal="false", concurrency=20)
+    names = ("a", "qa"), ("b", "qb"), ("ab", "qa,qb")
     workers = [start_worker(dsn, tmp_path, log_path=tmp_path / f"{name}.out", worker_id=name, queues=queues, **opts)
-               for name, queues in (("a", "qa"), ("b", "qb"), ("ab", "qa,qb"))]
+               for name, queues in names]
     try:
+        wait_until(lambda: all(f"worker {name} running" in (tmp_path / f"{name}.out").read_text() for name, _ in names),
+                   60, "the three workers run")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            enqueue_many_sync(conn, [JobSpec("record", {}, queue=q, bucket=b) for q in ("qa", "qb")
+                                     for b in range(64) for _ in range(4)])  # 512 jobs, 4 in every (queue, bucket)
         wait_until(lambda: status_counts(dsn).get("completed") == 512, 60,
                    lambda: f"every job ran: {status_counts(dsn)}")
     finally:

@@ -26,6 +26,7 @@ import psycopg
 from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
 
 from .backoff import jittered
+from .dsn import describe_dsn, one_line
 from .errors import DispatcherError
 from .migrate import available_migrations
 
@@ -60,29 +61,10 @@ class SchemaState:
         return sorted((self.applied or frozenset()) - self.expected)
 
 
-def describe_dsn(dsn: str) -> str:
-    """user@host:port/dbname: enough to tell which server, never the password."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "(unparsable DSN)"
-    host = info.get("host") or "localhost"
-    port = info.get("port") or "5432"
-    user = f"{info['user']}@" if info.get("user") else ""
-    return f"{user}{host}:{port}/{info.get('dbname') or ''}"
-
-
 def login_refused(exc: psycopg.OperationalError) -> bool:
     """The server answered and refused this login for good (as opposed to: could not be reached)."""
     text = str(exc)
     return "FATAL:" in text and not any(marker in text for marker in _TRANSIENT)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    if "FATAL:" in text:
-        text = text[text.index("FATAL:") + len("FATAL:"):]
-    return " ".join(text.split())
 
 
 async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
@@ -116,12 +98,12 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
             state = await read_schema(dsn, limits)
         except psycopg.OperationalError as exc:
             if login_refused(exc):
-                raise StartupError(f"cannot log in to {where}: {_one_line(exc)}") from None
-            problem = _one_line(exc)
+                raise StartupError(f"cannot log in to {where}: {one_line(exc, dsn)}") from None
+            problem = one_line(exc, dsn)
         except StatementTimeout as exc:
             problem = str(exc)
         except psycopg.Error as exc:  # e.g. permission denied on the version table
-            raise StartupError(f"cannot read the schema version in {where}: {_one_line(exc)}") from None
+            raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)}") from None
         else:
             if not state.missing:
                 if state.newer:

@@ -19,7 +19,8 @@ from typing import Any
 
 from coordinator.pglimits import ConnectionLimits
 
-from .constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NUM_BUCKETS
+from .constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN, NUM_BUCKETS, is_valid_name
+from .dsn import dsn_problem
 from .errors import ConfigError
 
 ENV_PREFIX = "DISPATCHER_"
@@ -273,9 +274,12 @@ class Config:
                    f"must be {' or '.join(k.__name__ for k in _KINDS[s.parse])}, got {type(value).__name__}")
             if s.parse is float:
                 _check(math.isfinite(value), s.name, f"must be a finite number, got {value!r}")
+        problem = dsn_problem(self.dsn) if self.dsn is not None else None  # libpq's parse (redacted)
+        _check(problem is None, "dsn", f"is not a valid PostgreSQL connection string: {problem}")
         _check(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
-        _check(bool(self.queues) and all(isinstance(q, str) and q for q in self.queues), "queues",
-               "must name at least one non-empty queue")
+        bad_queues = [q for q in self.queues if not is_valid_name(q)]  # enqueue's rule: no job could be there
+        _check(bool(self.queues) and not bad_queues, "queues",
+               f"must name queues matching {NAME_PATTERN}, got {bad_queues or 'none'}")
         _check(self.concurrency >= 1, "concurrency", "must be >= 1")
         _check(1 <= self.batch_size <= 10_000, "batch_size", "must be between 1 and 10000")
         _check(self.poll_interval_s > 0, "poll_interval_s", "must be > 0")
@@ -317,6 +321,10 @@ class Config:
         if self.buckets is not None:
             bad = [b for b in self.buckets if not (isinstance(b, int) and 0 <= b < NUM_BUCKETS)]
             _check(not bad, "buckets", f"buckets must be in 0..{NUM_BUCKETS - 1}, got {bad}")
+            _check(bool(self.buckets), "buckets", "names no bucket: a worker with none would claim nothing")
+            # Only the static coordinator reads it: anywhere else it would be silently ignored.
+            _check(self.coordinator == "static", "buckets",
+                   f"applies only to the static coordinator (coordinator is {self.coordinator!r})")
 
     @property
     def heartbeat_s(self) -> float:

@@ -1,5 +1,6 @@
 """Names and numbers shared by the whole package, in one place."""
 
+import re
 from typing import Final
 
 from coordinator import buckets as _buckets
@@ -23,6 +24,20 @@ STATUS_DISCARDED: Final = "discarded"
 STATUSES: Final = (STATUS_QUEUED, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED)
 
 DEFAULT_QUEUE: Final = "default"
+
+# What a queue name or a job type may be: enqueue refuses others, and so does a worker's
+# DISPATCHER_QUEUES. No tab, newline or backslash: bulk enqueue writes names into COPY rows as
+# they are, and a NOTIFY payload ends the queue name at its last ':'.
+NAME_PATTERN: Final = r"[A-Za-z0-9_.\-]{1,100}"
+NAME_RE: Final = re.compile(NAME_PATTERN)
+
+
+def is_valid_name(value: object) -> bool:
+    """A queue name or job type that enqueue accepts (a whole-string match: `$` would let a
+    trailing newline through)."""
+    return isinstance(value, str) and NAME_RE.fullmatch(value) is not None
+
+
 DEFAULT_MAX_ATTEMPTS: Final = 20
 
 # last_error keeps the head of a traceback: enough to diagnose, bounded so a chatty

@@ -2,33 +2,31 @@
 
 Given a connection, enqueue joins the caller's transaction (transactional outbox): the job
 exists if and only if that transaction commits. Given a pool, it takes a connection and commits
-on its own. Every job is validated and its payload serialised *before* anything is sent, so bad
-input is a clear `EnqueueError`/`PayloadError` and nothing is written.
+on its own. Every job is validated (enqueue_checks.py) and its payload serialised *before* its
+row is sent, so bad input is a clear `EnqueueError`/`PayloadError` and nothing is written.
 """
 
 from __future__ import annotations
 
 import random
-import re
 import zlib
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import orjson
 import psycopg
 import psycopg_pool
 from psycopg.types.json import Jsonb
 
 from .config import DEFAULT_MAX_PAYLOAD_BYTES
 from .constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
+from .enqueue_checks import (check_keys, check_max_payload_bytes, check_names, check_options,
+                             serialize_payload)
 from .errors import EnqueueError, PayloadError
 from .listener import format_payload
 from .queries import query
 from .store import translate_errors
-
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +54,6 @@ def bucket_for(partition_key: str) -> int:
     return zlib.crc32(partition_key.encode()) % NUM_BUCKETS
 
 
-def serialize_payload(payload: Any, max_bytes: int) -> bytes:
-    try:
-        data = orjson.dumps({} if payload is None else payload)
-    except TypeError as exc:
-        raise PayloadError(f"payload cannot be serialised to JSON: {exc}") from None
-    if len(data) > max_bytes:
-        raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes} bytes")
-    return data
-
-
 @dataclass(slots=True)
 class _Prepared:
     queue: str
@@ -79,40 +67,8 @@ class _Prepared:
     dedupe_key: str | None
 
 
-_checked_names: set[tuple[str, str]] = set()  # (queue, job_type) pairs already validated
-
-
-def _check_names(queue: str, job_type: str) -> None:
-    if (queue, job_type) in _checked_names:
-        return
-    if not isinstance(job_type, str) or not _NAME.match(job_type):
-        raise EnqueueError(f"job_type must match {_NAME.pattern}, got {job_type!r}")
-    if not isinstance(queue, str) or not _NAME.match(queue):
-        raise EnqueueError(f"queue must match {_NAME.pattern}, got {queue!r}")
-    if len(_checked_names) < 10_000:
-        _checked_names.add((queue, job_type))
-
-
-def _check_options(priority: int, max_attempts: int, delay_s: float, jitter_s: float,
-                   run_at: datetime | None) -> None:
-    if not -32768 <= priority <= 32767:
-        raise EnqueueError(f"priority must fit in a smallint, got {priority}")
-    if not 1 <= max_attempts <= 1_000_000:
-        raise EnqueueError(f"max_attempts must be >= 1, got {max_attempts}")
-    if delay_s < 0 or jitter_s < 0:
-        raise EnqueueError("delay_s and jitter_s must be >= 0")
-    if run_at is not None and delay_s:
-        raise EnqueueError("give run_at or delay_s, not both")
-    if run_at is not None and run_at.tzinfo is None:
-        raise EnqueueError("run_at must be timezone-aware")
-
-
 def _pick_bucket(bucket: int | None, partition_key: str | None) -> int:
     if bucket is not None:
-        if partition_key is not None:
-            raise EnqueueError("give bucket or partition_key, not both")
-        if not 0 <= bucket < NUM_BUCKETS:
-            raise EnqueueError(f"bucket must be in 0..{NUM_BUCKETS - 1}, got {bucket}")
         return bucket
     if partition_key is not None:
         return bucket_for(partition_key)
@@ -120,8 +76,9 @@ def _pick_bucket(bucket: int | None, partition_key: str | None) -> int:
 
 
 def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
-    _check_names(spec.queue, spec.job_type)
-    _check_options(spec.priority, spec.max_attempts, spec.delay_s, spec.jitter_s, spec.run_at)
+    check_names(spec.queue, spec.job_type)
+    check_options(spec.priority, spec.max_attempts, spec.delay_s, spec.jitter_s, spec.run_at)
+    check_keys(spec.bucket, spec.partition_key, spec.dedupe_key)
     delay = spec.delay_s + (random.uniform(0.0, spec.jitter_s) if spec.jitter_s else 0.0)
     return _Prepared(
         spec.queue, spec.job_type, serialize_payload(spec.payload, max_payload_bytes), spec.priority,
@@ -129,14 +86,22 @@ def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
     )
 
 
+def _prepare_one(job_type: str, payload: Any, max_payload_bytes: int, options: dict[str, Any]) -> _Prepared:
+    check_max_payload_bytes(max_payload_bytes)
+    return _prepare(JobSpec(job_type, payload, **options), max_payload_bytes)
+
+
 def _prepare_all(specs: Iterable[JobSpec], max_payload_bytes: int) -> Iterator[_Prepared]:
     """Validate and serialise lazily: rows are prepared while earlier COPY chunks are already on
     their way. A bad row raises inside the enqueue transaction, which then rolls back whole."""
+    check_max_payload_bytes(max_payload_bytes)
     for index, spec in enumerate(specs):
         try:
             yield _prepare(spec, max_payload_bytes)
-        except (EnqueueError, PayloadError) as exc:
-            raise type(exc)(f"job #{index} ({spec.job_type!r}): {exc}") from None
+        except EnqueueError as exc:
+            raise EnqueueError(f"job #{index} ({spec.job_type!r}): {exc}", exc.option) from None
+        except PayloadError as exc:
+            raise PayloadError(f"job #{index} ({spec.job_type!r}): {exc}") from None
 
 
 def _prepare_payloads(
@@ -146,8 +111,9 @@ def _prepare_payloads(
 ) -> Iterator[_Prepared]:
     """The columnar form of _prepare_all: options are checked once, here and now (before any
     statement is sent), payloads one by one as the COPY consumes them."""
-    _check_names(queue, job_type)
-    _check_options(priority, max_attempts, delay_s, jitter_s, run_at)
+    check_names(queue, job_type)
+    check_options(priority, max_attempts, delay_s, jitter_s, run_at)
+    check_max_payload_bytes(max_payload_bytes)
     if partition_keys is not None and not isinstance(payloads, Sized):
         payloads = list(payloads)
     if partition_keys is not None and len(partition_keys) != len(payloads):  # type: ignore[arg-type]
@@ -159,15 +125,19 @@ def _prepare_payloads(
 def _iter_payloads(job_type: str, payloads: Iterable[Any], queue: str, priority: int, run_at: datetime | None,
                    delay_s: float, max_attempts: int, jitter_s: float, partition_keys: Sequence[str] | None,
                    max_payload_bytes: int) -> Iterator[_Prepared]:
-    dumps, rand, uniform = orjson.dumps, random.random, random.uniform
+    serialize, rand, uniform = serialize_payload, random.random, random.uniform
     for index, payload in enumerate(payloads):
         try:
-            data = dumps({} if payload is None else payload)
-        except TypeError as exc:
-            raise PayloadError(f"job #{index}: payload cannot be serialised to JSON: {exc}") from None
-        if len(data) > max_payload_bytes:
-            raise PayloadError(f"job #{index}: payload is {len(data)} bytes, over the limit of {max_payload_bytes} bytes")
-        bucket = bucket_for(partition_keys[index]) if partition_keys is not None else int(rand() * NUM_BUCKETS)
+            data = serialize(payload, max_payload_bytes)
+        except PayloadError as exc:
+            raise PayloadError(f"job #{index}: {exc}") from None
+        if partition_keys is None:
+            bucket = int(rand() * NUM_BUCKETS)
+        elif isinstance(key := partition_keys[index], str):
+            bucket = bucket_for(key)
+        else:
+            raise EnqueueError(f"job #{index}: partition_key must be a string, got {type(key).__name__}",
+                               "partition_keys")
         delay = delay_s + uniform(0.0, jitter_s) if jitter_s else delay_s
         yield _Prepared(queue, job_type, data, priority, bucket, max_attempts, run_at, delay, None)
 
@@ -251,7 +221,7 @@ async def enqueue(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
 ) -> int | None:
     """Enqueue one job; returns its id, or None if a live job has the same (queue, dedupe_key)."""
-    prepared = next(_prepare_all([JobSpec(job_type, payload, **options)], max_payload_bytes))
+    prepared = _prepare_one(job_type, payload, max_payload_bytes, options)
     if isinstance(target, psycopg_pool.AsyncConnectionPool):
         async with target.connection() as conn:
             return await _insert_one_async(conn, prepared)
@@ -332,7 +302,7 @@ def enqueue_sync(
     target: SyncTarget, job_type: str, payload: Any = None, *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
 ) -> int | None:
-    prepared = next(_prepare_all([JobSpec(job_type, payload, **options)], max_payload_bytes))
+    prepared = _prepare_one(job_type, payload, max_payload_bytes, options)
     if isinstance(target, psycopg_pool.ConnectionPool):
         with target.connection() as conn:
             return _insert_one_sync(conn, prepared)

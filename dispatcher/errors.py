@@ -19,7 +19,12 @@ class PayloadError(DispatcherError, ValueError):
 
 
 class EnqueueError(DispatcherError, ValueError):
-    """An enqueue option is invalid (unknown bucket, negative delay, ...); nothing was written."""
+    """An enqueue option is invalid (unknown bucket, negative delay, ...); nothing was written.
+    `option` names it as enqueue's keyword argument (`delay_s`), when one option is at fault."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class StoreError(DispatcherError):

@@ -23,6 +23,7 @@ from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, cl
 
 from .backoff import jittered
 from .constants import NOTIFY_CHANNEL
+from .dsn import redact
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class Listener:
                     await bounded("listen probe", conn.execute("SELECT 1"), timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 self.listening.clear()
-                log.warning("listener lost its connection (%s); polling covers the gap, retrying in %.1f s", exc, delay)
+                log.warning("listener lost its connection (%s); polling covers the gap, retrying in %.1f s",
+                            redact(str(exc), self._dsn), delay)
                 await asyncio.sleep(jittered(delay))
                 delay = min(delay * 2, 10.0)
             finally:

@@ -29,6 +29,7 @@ import psycopg
 from coordinator.pglimits import ConnectionLimits
 
 from .constants import MIGRATE_LOCK_KEY
+from .dsn import describe_dsn, one_line
 from .errors import MigrationError
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,9 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES) -> list[int]
         raise MigrationError(f"migration failed: {exc} (migrations must run as the role that owns the "
                              "dispatcher tables, not as the workers' role: README, Roles)") from exc
     except psycopg.Error as exc:
-        raise MigrationError(f"migration failed: {exc}") from exc
+        # One line without the password (libpq may quote the DSN), and not chained: a logged
+        # traceback would print the psycopg error's own text.
+        raise MigrationError(f"migration of {describe_dsn(dsn)} failed: {one_line(exc, dsn)}") from None
 
 
 def _applied(conn: psycopg.Connection[Any]) -> set[int]:

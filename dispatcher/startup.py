@@ -27,6 +27,7 @@ import psycopg
 from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
 
 from .backoff import jittered
+from .dsn import describe_dsn, one_line
 from .errors import DispatcherError
 from .migrate import available_migrations
 
@@ -61,29 +62,10 @@ class SchemaState:
         return sorted((self.applied or frozenset()) - self.expected)
 
 
-def describe_dsn(dsn: str) -> str:
-    """user@host:port/dbname: enough to tell which server, never the password."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "(unparsable DSN)"
-    host = info.get("host") or "localhost"
-    port = info.get("port") or "5432"
-    user = f"{info['user']}@" if info.get("user") else ""
-    return f"{user}{host}:{port}/{info.get('dbname') or ''}"
-
-
 def login_refused(exc: psycopg.OperationalError) -> bool:
     """The server answered and refused this login for good (as opposed to: could not be reached)."""
     text = str(exc)
     return "FATAL:" in text and not any(marker in text for marker in _TRANSIENT)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc)
-    if "FATAL:" in text:
-        text = text[text.index("FATAL:") + len("FATAL:"):]
-    return " ".join(text.split())
 
 
 async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
@@ -117,23 +99,23 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
             state = await read_schema(dsn, limits)
         except psycopg.OperationalError as exc:
             if login_refused(exc):
-                raise StartupError(f"cannot log in to {where}: {_one_line(exc)}") from None
-            problem = _one_line(exc)
+                raise StartupError(f"cannot log in to {where}: {one_line(exc, dsn)}") from None
+            problem = one_line(exc, dsn)
         except StatementTimeout as exc:
             problem = str(exc)
         except psycopg.errors.InsufficientPrivilege as exc:
             # A DML-only role before the migration Job granted it anything (README, Roles).
             if not wait_for_schema:
-                raise StartupError(f"cannot read the schema version in {where}: {_one_line(exc)} "
+                raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)} "
                                    "(grant it with `dispatcher grants`)") from None
             if loop.time() - last_schema_log >= SCHEMA_WAIT_LOG_S:
                 log.warning("cannot read the schema version in %s (%s): waiting for the migration Job's "
-                            "`dispatcher grants` (--wait-for-schema)", where, _one_line(exc))
+                            "`dispatcher grants` (--wait-for-schema)", where, one_line(exc, dsn))
                 last_schema_log = loop.time()
             await _sleep_unless(stopping, jittered(1.0, 0.2))
             continue
         except psycopg.Error as exc:
-            raise StartupError(f"cannot read the schema version in {where}: {_one_line(exc)}") from None
+            raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)}") from None
         else:
             if not state.missing:
                 if state.newer:
@@ -165,9 +147,9 @@ async def check_listen(dsn: str, limits: ConnectionLimits) -> None:
         conn = await connect(dsn, limits, application_name="dispatcher-startup")
     except psycopg.OperationalError as exc:
         if login_refused(exc):
-            raise StartupError(f"cannot log in to {where} (DISPATCHER_LISTEN_DSN): {_one_line(exc)}") from None
+            raise StartupError(f"cannot log in to {where} (DISPATCHER_LISTEN_DSN): {one_line(exc, dsn)}") from None
         log.warning("LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
-                    "answers", where, _one_line(exc))
+                    "answers", where, one_line(exc, dsn))
         return
     except StatementTimeout as exc:
         log.warning("LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "

@@ -11,12 +11,14 @@ from coordinator.pglimits import ConnectionLimits
 
 from .constants import STATUSES
 from .queries import query
-from .store import DbPressure, translate_errors
+from .store import DbPressure, connect_errors, translate_errors
 
 
 def read_status(dsn: str) -> dict[str, Any]:
     limits = ConnectionLimits().connect_kwargs()
-    with translate_errors("status"), psycopg.connect(dsn, autocommit=True, **limits) as conn:
+    with connect_errors(dsn):
+        conn = psycopg.connect(dsn, autocommit=True, **limits)
+    with translate_errors("status"), conn:
         counts: dict[str, dict[str, int]] = {}
         for queue, status, jobs in conn.execute(query("status_counts")):
             counts.setdefault(queue, dict.fromkeys(STATUSES, 0))[status] = jobs

@@ -27,6 +27,7 @@ from coordinator.pglimits import connect as connect_bounded
 
 from . import metrics
 from .constants import NUM_BUCKETS
+from .dsn import describe_dsn, one_line
 from .errors import StoreError, StorePermissionDenied, StoreUnavailable
 from .queries import query
 from .retry import Outcome
@@ -166,6 +167,20 @@ def translate_errors(what: str) -> Iterator[None]:
         raise StoreError(f"{what}: {exc}") from exc
 
 
+@contextlib.contextmanager
+def connect_errors(dsn: str) -> Iterator[None]:
+    """Around opening a connection: psycopg errors -> StoreUnavailable (refused, unreachable,
+    login refused) or StoreError (e.g. a malformed DSN), in one line that names the server and
+    never the password: libpq may quote the DSN. Not chained, since a logged traceback would
+    print the psycopg error's own text."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
+
+
 @cache
 def steal_sql() -> str:
     """The stealing claim: other workers' buckets, in the order given by %(steal_buckets)s.
@@ -216,7 +231,7 @@ class JobStore:
             return conn  # the hot path: no lock
         async with self._connecting:
             if self._conn is None or self._conn.closed:
-                with translate_errors("connect"):
+                with connect_errors(self._dsn):
                     try:
                         conn = await connect_bounded(self._dsn, self._limits,
                                                      application_name=self._application_name)

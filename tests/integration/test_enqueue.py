@@ -1,11 +1,12 @@
 import datetime as dt
 
+import orjson
 import psycopg
 import psycopg_pool
 import pytest
 
 from dispatcher import (EnqueueError, JobSpec, PayloadError, enqueue, enqueue_many, enqueue_many_sync,
-                        enqueue_payloads_sync, enqueue_sync)
+                        enqueue_payloads, enqueue_payloads_sync, enqueue_sync)
 from dispatcher.enqueue import bucket_for
 from tests.helpers import fetchall, fetchval, run_async
 
@@ -102,7 +103,7 @@ def test_a_bad_payload_deep_in_a_bulk_enqueue_rolls_back_rows_already_streamed(d
         ({"bucket": 64}, "bucket must be in"),
         ({"delay_s": -1}, ">= 0"),
         ({"max_attempts": 0}, "max_attempts"),
-        ({"priority": 40000}, "smallint"),
+        ({"priority": 40000}, r"priority must be in -32768\.\.32767"),
         ({"run_at": dt.datetime(2030, 1, 1)}, "timezone-aware"),
         ({"run_at": dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc), "delay_s": 5}, "not both"),
     ],
@@ -148,3 +149,74 @@ def test_bulk_enqueue_writes_every_job_with_its_payload(dsn):
     assert fetchval(dsn, "SELECT count(DISTINCT payload->>'i') FROM dispatcher_jobs WHERE job_type = 'b'") == 10_000
     rows = fetchall(dsn, "SELECT payload, dedupe_key FROM dispatcher_jobs WHERE job_type = 'a' ORDER BY id")
     assert rows[1] == ({"i": 1, **tricky}, "k\t1")
+
+
+# -- the bad-input sweep: every path applies every rule, and a refusal writes nothing ---------------
+
+PATHS = ["enqueue", "enqueue_sync", "enqueue_many", "enqueue_many_sync", "enqueue_payloads", "enqueue_payloads_sync"]
+FUNCTIONS = {f.__name__: f for f in (enqueue, enqueue_sync, enqueue_many, enqueue_many_sync, enqueue_payloads,
+                                     enqueue_payloads_sync)}
+
+
+def enqueue_by(path, dsn, payload=None, *, max_payload_bytes=1 << 20, **options):
+    """Enqueue a job carrying `payload` and `options` through `path`, on an autocommit connection
+    (whatever it wrote would stay). The bulk paths get a good job first, so a refusal of the
+    second must also take back a row already sent."""
+    function = FUNCTIONS[path]
+
+    def call(conn):
+        if path.startswith("enqueue_many"):
+            return function(conn, [JobSpec("a"), JobSpec("a", payload, **options)], max_payload_bytes=max_payload_bytes)
+        if path.startswith("enqueue_payloads"):
+            return function(conn, "a", [{}, payload], max_payload_bytes=max_payload_bytes, **options)
+        return function(conn, "a", payload, max_payload_bytes=max_payload_bytes, **options)
+
+    if path.endswith("_sync"):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return call(conn)
+
+    async def main():
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return await call(conn)
+
+    return run_async(main())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_max_payload_bytes_is_enforced_on_every_path(dsn, path):
+    payload = {"customer": "c-4242", "plan": "pro-annual-42"}  # 44 bytes of JSON
+    with pytest.raises(PayloadError, match="44 bytes, over the limit of 10 bytes"):
+        enqueue_by(path, dsn, payload, max_payload_bytes=10)
+    assert count(dsn) == 0
+    enqueue_by(path, dsn, payload, max_payload_bytes=44)  # exactly at the limit: accepted
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE payload = %s::jsonb", (orjson.dumps(payload).decode(),)) == 1
+
+
+@pytest.mark.parametrize("payload", [{"ratio": float("nan")}, {"a": None, "b": [1, {"c": float("-inf")}]}])
+@pytest.mark.parametrize("path", PATHS)
+def test_nan_or_infinity_in_a_payload_is_refused_not_stored_as_null(dsn, path, payload):
+    with pytest.raises(PayloadError, match="NaN or Infinity"):
+        enqueue_by(path, dsn, payload)
+    assert count(dsn) == 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_nul_character_is_a_payload_error_not_a_database_error(dsn, path):
+    with pytest.raises(PayloadError, match="NUL"):
+        enqueue_by(path, dsn, {"note": "a\x00b"})
+    assert count(dsn) == 0
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("delay_s", float("nan")), ("delay_s", float("inf")), ("jitter_s", float("nan")), ("jitter_s", float("inf")),
+     ("delay_s", 1e300), ("max_attempts", 1.5), ("max_attempts", True), ("priority", 2.5)],
+)
+@pytest.mark.parametrize("path", PATHS)
+def test_non_finite_times_and_non_integer_counts_are_enqueue_errors(dsn, path, option, value):
+    """Not a raw ValueError/OverflowError from the COPY path, not a database error, and not a
+    silently rounded value (max_attempts=1.5 used to be stored as 2)."""
+    with pytest.raises(EnqueueError) as info:
+        enqueue_by(path, dsn, {}, **{option: value})
+    assert info.value.option == option and option in str(info.value)
+    assert count(dsn) == 0

@@ -231,7 +231,7 @@ def test_cli_migrate_enqueue_status(empty_dsn):
     bad = _cli("enqueue", "hello", "--payload", "{not json", "--dsn", empty_dsn)
     assert bad.returncode == 2 and "--payload" in bad.stderr
     big = _cli("enqueue", "hello", "--payload", '{"x": "0123456789"}', "--max-payload-bytes", "10", "--dsn", empty_dsn)
-    assert big.returncode == 1 and "over the limit of 10 bytes" in big.stderr
+    assert big.returncode == 2 and "--payload" in big.stderr and "over the limit of 10 bytes" in big.stderr
     status = _cli("status", "--dsn", empty_dsn)
     assert status.returncode == 0
     assert "default" in status.stdout and "other" in status.stdout

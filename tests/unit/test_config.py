@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.config import Config, parse_buckets, settings
-from dispatcher.errors import ConfigError
+from dispatcher.errors import ConfigError, EnqueueError
 
 
 def test_defaults_are_valid_and_heartbeat_is_a_third_of_the_lease():
@@ -33,6 +33,16 @@ def test_env_then_flags_win():
         ({"DISPATCHER_WORKER_INDEX": "4", "DISPATCHER_WORKER_COUNT": "4"}, {}, "DISPATCHER_WORKER_INDEX"),
         ({"DISPATCHER_HISTORY": "maybe"}, {}, "DISPATCHER_HISTORY"),
         ({"DISPATCHER_QUEUES": " , "}, {}, "DISPATCHER_QUEUES"),
+        ({"DISPATCHER_QUEUES": "we ird"}, {}, "DISPATCHER_QUEUES"),  # enqueue refuses that name
+        ({"DISPATCHER_QUEUES": "emails,a/b"}, {}, "DISPATCHER_QUEUES"),
+        ({}, {"queues": "emails," + "x" * 101}, "--queues"),  # a name over 100 characters
+        # Only the static coordinator reads DISPATCHER_BUCKETS: elsewhere it was silently ignored.
+        ({"DISPATCHER_BUCKETS": "0-15"}, {}, "DISPATCHER_BUCKETS"),
+        ({"DISPATCHER_BUCKETS": "0-15", "DISPATCHER_COORDINATOR": "redis", "DISPATCHER_REDIS_URL": "redis://r"}, {},
+         "DISPATCHER_BUCKETS"),
+        ({"DISPATCHER_COORDINATOR": "static"}, {"buckets": ","}, "--buckets"),  # no bucket at all
+        ({"DISPATCHER_DSN": "postgresql://u:s3cr%t@db/jobs"}, {}, "DISPATCHER_DSN"),
+        ({}, {"dsn": "not a dsn"}, "--dsn"),
     ],
 )
 def test_bad_values_name_the_setting(env, flags, named):
@@ -56,6 +66,31 @@ def test_prepared_statements_reach_the_connection_limits():
     assert (off.limits.connect_timeout_s, off.limits.statement_timeout_s) == (off.connect_timeout_s, off.statement_s)
 
 
+def test_the_queue_rule_is_enqueues_rule():
+    """One rule for both: a queue a worker accepts is one a job can be enqueued to, and back."""
+    from dispatcher.enqueue_checks import check_names
+
+    for name in ["default", "a.b-c_9", "x" * 100, "x" * 101, "we ird", "q\n", "a:b", "é", "", "a\tb"]:
+        try:
+            check_names(name, "job")
+            enqueue_accepts = True
+        except EnqueueError:
+            enqueue_accepts = False
+        try:
+            Config(queues=(name,))
+            config_accepts = True
+        except ConfigError:
+            config_accepts = False
+        assert config_accepts == enqueue_accepts, name
+    assert Config(queues=("default", "a.b-c_9")).queues == ("default", "a.b-c_9")
+
+
+def test_a_bad_dsn_is_named_without_its_password():
+    with pytest.raises(ConfigError) as info:
+        Config.load({"DISPATCHER_DSN": "postgresql://app:s3cr%t@db/jobs"})
+    assert "percent-encoded" in str(info.value) and "s3cr" not in str(info.value)
+
+
 def test_static_buckets_worker_i_of_n_cover_all_buckets_once():
     owned = [Config.load({}, worker_index=i, worker_count=3).static_buckets for i in range(3)]
     flat = sorted(b for part in owned for b in part)
@@ -65,7 +100,7 @@ def test_static_buckets_worker_i_of_n_cover_all_buckets_once():
 
 def test_parse_buckets():
     assert parse_buckets("0-3, 7,9-9") == (0, 1, 2, 3, 7, 9)
-    assert Config.load({"DISPATCHER_BUCKETS": "5,1"}).static_buckets == (1, 5)
+    assert Config.load({"DISPATCHER_BUCKETS": "5,1", "DISPATCHER_COORDINATOR": "static"}).static_buckets == (1, 5)
 
 
 def test_config_is_frozen():
@@ -90,7 +125,12 @@ BAD_FIELD_VALUES = [
     ("flush_interval_s", {"flush_interval_s": 6}),
     ("redis_url", {"coordinator": "redis"}),
     ("coordinator_poll_s", {"coordinator_lease_s": 3, "coordinator_poll_s": 2}),
-    ("buckets", {"buckets": (0, 64)}),
+    ("buckets", {"coordinator": "static", "buckets": (0, 64)}),
+    ("buckets", {"coordinator": "static", "buckets": ()}),
+    ("buckets", {"buckets": (0, 1)}),  # without the static coordinator
+    ("queues", {"queues": ("emails", "we ird")}),
+    ("queues", {"queues": ("q\n",)}),
+    ("dsn", {"dsn": "postgresql://u:s3cr%t@db/jobs"}),
     ("worker_index", {"worker_index": 4, "worker_count": 4}),
     ("metrics_port", {"metrics_port": 70_000}),
     ("log_level", {"log_level": "LOUD"}),

@@ -1,0 +1,87 @@
+"""Connection strings in messages: say which server, never the password.
+
+libpq copies parts of the DSN into its own error messages: a bad percent-encoding quotes the
+token (`invalid percent-encoded token: "s3cr%t"`, the password itself when that is where the bad
+escape is), and some syntax errors quote the whole URI. Every message about connecting that we
+show or log goes through `redact()` (or `one_line()`), which takes the DSN the message came from
+and blanks each form the password can take in it.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+import psycopg
+
+REDACTED = "***"
+
+# Where a password sits in a DSN's text, parsable or not (libpq's own grammar):
+# - a URI's user info: after the first ':' and up to the first '@' before any '/';
+_URI_PASSWORD = re.compile(r"^\s*postgres(?:ql)?://[^@/:]*:([^@/]*)@", re.IGNORECASE)
+# - a URI's query parameter `password=...`;
+_QUERY_PASSWORD = re.compile(r"[?&]password=([^&#]*)", re.IGNORECASE)
+# - a key=value string's `password=value` or `password='quoted \' value'`.
+_KEYWORD_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:\\.|[^'\\])*'?|\S*)", re.IGNORECASE)
+
+
+def describe_dsn(dsn: str) -> str:
+    """user@host:port/dbname: enough to tell which server, never the password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(unparsable DSN)"
+    host = info.get("host") or "localhost"
+    port = info.get("port") or "5432"
+    user = f"{info['user']}@" if info.get("user") else ""
+    return f"{user}{host}:{port}/{info.get('dbname') or ''}"
+
+
+def _password_forms(dsn: str) -> list[str]:
+    """Every spelling of the DSN's password a message may quote: as written, unquoted,
+    percent-decoded, and as libpq parsed it. Longest first, so a longer form is blanked whole."""
+    forms: set[str] = set()
+    raw = [m.group(1) for pattern in (_URI_PASSWORD, _QUERY_PASSWORD) for m in pattern.finditer(dsn)]
+    for m in _KEYWORD_PASSWORD.finditer(dsn):
+        token = m.group(1)
+        raw.append(token)
+        if token.startswith("'"):
+            raw.append(re.sub(r"\\(.)", r"\1", token.strip("'")))
+    for token in raw:
+        forms.update((token, unquote(token)))
+    try:
+        parsed = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        parsed = None
+    if parsed:
+        forms.add(str(parsed))
+    forms.discard("")
+    return sorted(forms, key=len, reverse=True)
+
+
+def redact(text: str, dsn: str | None) -> str:
+    """`text` with every form of `dsn`'s password replaced by ***. A very short password may
+    blank harmless letters elsewhere in the text too: a garbled word is better than a leak."""
+    if not dsn:
+        return text
+    for form in _password_forms(dsn):
+        text = text.replace(form, REDACTED)
+    return text
+
+
+def one_line(exc: BaseException | str, dsn: str | None) -> str:
+    """A psycopg error as one line: libpq's connection prefix up to `FATAL:` dropped (the caller
+    names the server), whitespace collapsed, the password redacted."""
+    text = str(exc)
+    if "FATAL:" in text:
+        text = text[text.index("FATAL:") + len("FATAL:"):]
+    return redact(" ".join(text.split()), dsn)
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """Why libpq cannot parse `dsn` (redacted), or None if it can. Parsing only: no connection."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        return one_line(exc, dsn)
+    return None

@@ -175,10 +175,11 @@ def test_a_thread_that_returns_within_the_wait_gets_its_outcome():
 
 def test_an_async_handler_that_swallows_cancellation_is_abandoned_after_a_bounded_wait():
     registry = Registry()
-    cancels = []
+    cancels, started = [], []
 
     @registry.handler("stubborn")
     async def stubborn(job):
+        started.append(job.id)
         while True:
             try:
                 await asyncio.sleep(30)
@@ -189,7 +190,7 @@ def test_an_async_handler_that_swallows_cancellation_is_abandoned_after_a_bounde
 
     async def main():
         executor.start([job(1, "stubborn")])
-        await asyncio.sleep(0.01)
+        await wait_until_async(lambda: started == [1], 5, "the handler runs", interval_s=0.005)
         began = time.monotonic()
         left = await executor.interrupt(0.3)
         return left, time.monotonic() - began

@@ -255,10 +255,6 @@ class Executor:
         return [r.job for r in self._running.values()
                 if r.held_since <= cutoff and r.state in (_State.RUNNING, _State.BACKLOG)]
 
-    def holds(self, job_id: int) -> bool:
-        entry = self._running.get(job_id)
-        return entry is not None and entry.state in (_State.RUNNING, _State.BACKLOG)
-
     def extended(self, ids: Iterable[int], lease_until: float) -> None:
         """Their leases were extended by a statement sent at lease_until - lease_s."""
         for job_id in ids:

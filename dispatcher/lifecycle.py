@@ -83,14 +83,14 @@ class ShutdownSignals:
         name = signal.Signals(signum).name
         if self._seen > 1:
             hard_exit(f"received {name} again during shutdown")
-        self.arm(self._bound_s)
+        self._arm(self._bound_s)
         # Logged from the loop, not here: a signal handler may interrupt a logging call.
         self._loop.call_soon_threadsafe(self._announce, f"received {name}: stopping gracefully (the process "
                                         f"ends within {self._bound_s:g} s; a second signal ends it at once)")
         self._loop.call_soon_threadsafe(self._on_stop)
 
-    def arm(self, bound_s: float) -> None:
-        """Start the exit deadline (also used when shutdown begins without a signal)."""
+    def _arm(self, bound_s: float) -> None:
+        """Start the exit deadline (once)."""
         if self._watchdog is None:
             self._watchdog = threading.Timer(bound_s, hard_exit, (f"shutdown overran its {bound_s:g} s bound",))
             self._watchdog.daemon = True

@@ -37,7 +37,7 @@ def describe_dsn(dsn: str) -> str:
     return f"{user}{host}:{port}/{info.get('dbname') or ''}"
 
 
-def _password_forms(dsn: str) -> list[str]:
+def password_forms(dsn: str) -> list[str]:
     """Every spelling of the DSN's password a message may quote: as written, unquoted,
     percent-decoded, and as libpq parsed it. Longest first, so a longer form is blanked whole."""
     forms: set[str] = set()
@@ -64,7 +64,7 @@ def redact(text: str, dsn: str | None) -> str:
     blank harmless letters elsewhere in the text too: a garbled word is better than a leak."""
     if not dsn:
         return text
-    for form in _password_forms(dsn):
+    for form in password_forms(dsn):
         text = text.replace(form, REDACTED)
     return text
 
@@ -76,6 +76,24 @@ def one_line(exc: BaseException | str, dsn: str | None) -> str:
     if "FATAL:" in text:
         text = text[text.index("FATAL:") + len("FATAL:"):]
     return redact(" ".join(text.split()), dsn)
+
+
+# Passwords in any text, whoever wrote it (the last line of defence in the log formatter, which
+# cannot know every DSN a message may quote): a URI's user info `scheme://user:PASS@` (greedy to
+# the token's last '@', as urllib splits it: an unencoded '@' in a password is still covered), and
+# `password=PASS` / `password: PASS` / `'password': 'PASS'` key-values, quoted or not.
+_ANY_URI_PASSWORD = re.compile(r"""(\b[a-z][a-z0-9+.-]*://[^\s:/@'"]*:)[^\s'"]*@""", re.IGNORECASE)
+_ANY_KEY_PASSWORD = re.compile(
+    r"""(\b(?:password|passwd|pwd)['"]?\s*[=:]\s*)('(?:\\.|[^'\\])*'?|"(?:\\.|[^"\\])*"?|[^\s&,;'"]+)""",
+    re.IGNORECASE)
+
+
+def scrub(text: str) -> str:
+    """`text` with every password written in a URI's user info or as a `password=` key-value
+    replaced by ***, whichever DSN or URL it came from. Cheap when there is none (two searches)."""
+    if "://" in text:
+        text = _ANY_URI_PASSWORD.sub(rf"\1{REDACTED}@", text)
+    return _ANY_KEY_PASSWORD.sub(rf"\1{REDACTED}", text)
 
 
 def dsn_problem(dsn: str) -> str | None:

@@ -16,13 +16,15 @@ finished is brought back by its lease: fenced if the old run's outcome ever arri
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from types import FrameType
+
+from . import logs
 
 EXIT_FORCED = 1  # the process ended without every outcome written; leases recover the rest
 
@@ -46,8 +48,9 @@ def _early_handler(signum: int, frame: FrameType | None) -> None:
 
 def hard_exit(reason: str, code: int = EXIT_FORCED) -> None:
     """End the process now, after one line on stderr; never returns."""
-    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR dispatcher: {reason}; exiting now with code {code}; " \
-           "unfinished jobs come back when their leases run out\n"
+    # In the configured format (a JSON line in the json format), with the worker id, redacted.
+    line = logs.render(logging.ERROR, "dispatcher", f"{reason}; exiting now with code {code}; "
+                       "unfinished jobs come back when their leases run out") + "\n"
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -74,8 +74,6 @@ class StormFilter(logging.Filter):
         now = self._clock()
         quiet: list[tuple[Key, _Window]] = []
         with self._lock:
-            if now >= self._next_sweep:
-                quiet = self._sweep(now)
             window = self._windows.get(key)
             if window is None or now - window.start >= self.window_s:
                 self._windows[key] = _Window(now)
@@ -91,6 +89,8 @@ class StormFilter(logging.Filter):
                 window.last = record
                 self.dropped_total += 1
                 keep = False
+            if now >= self._next_sweep:  # after this key's own roll-over: its line carries its count
+                quiet = self._sweep(now)
         self._summarise(quiet, now)  # outside the lock: emitting runs the handler, which logs nothing of ours
         return keep
 

@@ -20,7 +20,7 @@ from typing import Any
 from coordinator.pglimits import ConnectionLimits
 
 from .constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN, NUM_BUCKETS, is_valid_name
-from .dsn import dsn_problem
+from .dsn import dsn_problem, redis_url_problem
 from .errors import ConfigError
 
 ENV_PREFIX = "DISPATCHER_"
@@ -311,6 +311,8 @@ class Config:
                f"must be one of {', '.join(COORDINATORS)}, got {self.coordinator!r}")
         _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url",
                "is required when coordinator is 'redis'")
+        problem = redis_url_problem(self.redis_url) if self.redis_url else None  # redis-py's parse (redacted)
+        _check(problem is None, "redis_url", f"is not a valid Redis URL: {problem}")
         _check(self.coordinator_lease_s >= 3, "coordinator_lease_s", "must be >= 3 seconds")
         _check(0 < self.coordinator_poll_s <= self.coordinator_lease_s / 3, "coordinator_poll_s",
                "must be > 0 and at most a third of coordinator_lease_s")

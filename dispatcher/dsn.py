@@ -10,7 +10,7 @@ and blanks each form the password can take in it.
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 
@@ -94,6 +94,30 @@ def scrub(text: str) -> str:
     if "://" in text:
         text = _ANY_URI_PASSWORD.sub(rf"\1{REDACTED}@", text)
     return _ANY_KEY_PASSWORD.sub(rf"\1{REDACTED}", text)
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why redis-py cannot parse `url` (redacted), or None if it can. Parsing only: no connection.
+    Else the worker would meet it at start as a traceback."""
+    from redis.connection import parse_url  # only where a Redis URL is set: ~0.1 s of imports
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        text = scrub(str(exc))
+        password = urlsplit_password(url)
+        for form in sorted({password, unquote(password)}, key=len, reverse=True) if password else ():
+            text = text.replace(form, REDACTED)
+        return text
+    return None
+
+
+def urlsplit_password(url: str) -> str | None:
+    """The password of a URL's user info as written (not percent-decoded), or None."""
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
 
 
 def dsn_problem(dsn: str) -> str | None:

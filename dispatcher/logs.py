@@ -33,11 +33,11 @@ from collections.abc import Iterator
 from datetime import datetime
 from types import TracebackType
 from typing import IO, Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import orjson
 
-from .dsn import REDACTED, password_forms, scrub
+from .dsn import REDACTED, password_forms, scrub, urlsplit_password
 from .ratelimit import SUPPRESSED, SUPPRESSED_S, StormFilter
 
 JSON = "json"
@@ -74,10 +74,7 @@ class Redactor:
         forms = set(self._forms)
         for secret in filter(None, secrets):
             forms.update(password_forms(secret))  # type: ignore[arg-type]
-            try:
-                password = urlsplit(secret).password  # type: ignore[arg-type]
-            except ValueError:
-                password = None
+            password = urlsplit_password(secret)  # type: ignore[arg-type]  # a Redis URL's
             if password:
                 forms.update((password, unquote(password)))
         forms.discard("")

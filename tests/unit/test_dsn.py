@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from dispatcher.dsn import describe_dsn, dsn_problem, one_line, password_forms, redact, scrub
+from dispatcher.dsn import describe_dsn, dsn_problem, one_line, password_forms, redact, redis_url_problem, scrub
 
 
 def libpq_message(dsn: str) -> str:
@@ -77,3 +77,14 @@ def test_scrub_leaves_text_without_a_password_alone(text):
 def test_password_forms_lists_every_spelling_longest_first():
     assert password_forms("postgresql://app:p%40ss@db/jobs") == ["p%40ss", "p@ss"]
     assert password_forms("host=db user=app") == []
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cr3t@127.0.0.1:notaport/0", "redis//:s3cr3t@h", "http://:s3cr3t@h"])
+def test_a_bad_redis_url_is_explained_without_its_password(url):
+    problem = redis_url_problem(url)
+    assert problem and "s3cr3t" not in problem
+
+
+def test_a_good_redis_url_has_no_problem():
+    assert redis_url_problem("redis://:s3cr3t@cache:6379/0") is None
+    assert redis_url_problem("unix:///run/redis.sock") is None

@@ -33,12 +33,12 @@ from .store import ExpiredLease, FailedWrite, Failure
 log = logging.getLogger("dispatcher.jobs")
 
 # Wordings by reason; arguments: job id, attempt, max_attempts, and for a retry its delay (s).
-_RETRY = "; retrying in %.1f s"
+_RETRY = "; retrying in %.3g s"
 _RETRIED: dict[FailureKind, str] = {
     FailureKind.ERROR: "job %d failed (attempt %d/%d)" + _RETRY,
     FailureKind.TIMEOUT: "job %d timed out (attempt %d/%d)" + _RETRY,
     FailureKind.INTERRUPTED: "job %d was interrupted by this worker's shutdown (attempt %d/%d); queued again, "
-                             "due in %.1f s",
+                             "due in %.3g s",
     FailureKind.LEASE_EXPIRED: "reaped job %d: its lease expired (attempt %d/%d)" + _RETRY,
 }
 _FINAL: dict[FailureKind, str] = {
@@ -83,8 +83,8 @@ def failures_written(failures: Sequence[Failure], written: Sequence[FailedWrite]
         job = failure.job
         _line(row, failure.kind or FailureKind.ERROR, failure.outcome.delay_s,
               failure.summary if failure.summary is not None else first_line(failure.outcome.error),
-              {"job_type": job.job_type, "queue": job.queue, "bucket": job.bucket, "attempt": row.attempts,
-               "max_attempts": job.max_attempts})
+              {"job_id": row.id, "job_type": job.job_type, "queue": job.queue, "bucket": job.bucket,
+               "attempt": row.attempts, "max_attempts": job.max_attempts})
 
 
 def reaped(written: Sequence[FailedWrite], failures: Sequence[Failure], expired: Sequence[ExpiredLease]) -> None:
@@ -94,14 +94,14 @@ def reaped(written: Sequence[FailedWrite], failures: Sequence[Failure], expired:
     for row in written:
         delay_s, error = delays.get(row.id, (0.0, ""))
         _line(row, FailureKind.LEASE_EXPIRED, delay_s, first_line(error),
-              {"job_type": row.job_type, "queue": row.queue, "bucket": row.bucket, "attempt": row.attempts,
-               "max_attempts": row.max_attempts, "old_owner": row.locked_by, "locked_since": utc(row.locked_at),
-               "lease_expiries": expiries.get(row.id)})
+              {"job_id": row.id, "job_type": row.job_type, "queue": row.queue, "bucket": row.bucket,
+               "attempt": row.attempts, "max_attempts": row.max_attempts, "old_owner": row.locked_by,
+               "locked_since": utc(row.locked_at), "lease_expiries": expiries.get(row.id)})
 
 
 def _line(row: FailedWrite, kind: FailureKind, delay_s: float, error: str, fields: dict[str, Any]) -> None:
     """A retry at WARNING with its next run time; a final failure (failed, discarded) at ERROR."""
-    fields.update(job_id=row.id, outcome=row.status, reason=kind.value, error=error)
+    fields.update(outcome=row.status, reason=kind.value, error=error)
     args = (row.id, fields["attempt"], fields["max_attempts"] or 0)
     if row.status == STATUS_QUEUED:
         fields.update(retry_in_s=round(delay_s, 3), next_run_at=utc(row.run_at))

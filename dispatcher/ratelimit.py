@@ -5,7 +5,7 @@ before its arguments): 500 failed attempts of 500 jobs are one key, whatever the
 gets a window of `window_s` (10 s) that starts with its first line; the first `burst` (10) lines
 of a window pass, the others are dropped and counted. The next line of the key after its window
 ends opens a new window and carries the count: `suppressed=N` and the text "(N similar lines
-suppressed in the last 12 s)", the seconds being the time since the dropped lines' window began.
+suppressed in the last 12.2 s)", the seconds being the time since the dropped lines' window began.
 
 A key that went quiet after dropping lines would keep its count forever, so once per window the
 filter sweeps its table on whatever record comes next (any key) and emits one summary line per
@@ -126,7 +126,7 @@ def _summary(window: _Window, now: float) -> logging.LogRecord:
         text = str(last.msg)
     record = logging.LogRecord(
         last.name, last.levelno, last.pathname, last.lineno,
-        "%d similar lines suppressed in the last %.0f s; the last one: %s",
+        "%d similar lines suppressed in the last %.3g s; the last one: %s",
         (window.dropped, now - window.start, text), None, last.funcName)
     setattr(record, SUPPRESSED, window.dropped)
     setattr(record, _SUMMARY, True)

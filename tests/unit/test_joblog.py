@@ -38,16 +38,16 @@ def test_a_retried_attempt_is_a_warning_with_the_databases_next_run_time(log):
     j = job(42)
     joblog.failures_written([failure(j, "queued", FailureKind.ERROR, 4.2134)], [written(j, "queued")])
     [r] = log.records
-    assert (r.levelno, r.getMessage()) == (logging.WARNING, "job 42 failed (attempt 2/5); retrying in 4.2 s")
+    assert (r.levelno, r.getMessage()) == (logging.WARNING, "job 42 failed (attempt 2/5); retrying in 4.21 s")
     assert (r.job_id, r.job_type, r.queue, r.bucket, r.attempt, r.max_attempts) == (42, "send_email", "mail", 17, 2, 5)
     assert (r.outcome, r.reason, r.error) == ("queued", "error", "ValueError: boom")
     assert (r.retry_in_s, r.next_run_at) == (4.213, "2025-01-31T09:14:07.201Z")
 
 
 @pytest.mark.parametrize("kind, status, level, text", [
-    (FailureKind.TIMEOUT, "queued", logging.WARNING, "job 1 timed out (attempt 2/5); retrying in 3.0 s"),
+    (FailureKind.TIMEOUT, "queued", logging.WARNING, "job 1 timed out (attempt 2/5); retrying in 3 s"),
     (FailureKind.INTERRUPTED, "queued", logging.WARNING,
-     "job 1 was interrupted by this worker's shutdown (attempt 2/5); queued again, due in 3.0 s"),
+     "job 1 was interrupted by this worker's shutdown (attempt 2/5); queued again, due in 3 s"),
     (FailureKind.ERROR, "failed", logging.ERROR, "job 1 failed for good: its last attempt (2/5) failed"),
     (FailureKind.TIMEOUT, "failed", logging.ERROR, "job 1 failed for good: its last attempt (2/5) timed out"),
     (FailureKind.INTERRUPTED, "failed", logging.ERROR,

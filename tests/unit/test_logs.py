@@ -88,7 +88,7 @@ def test_the_storm_count_is_a_field_and_text(stream):
     logs.configure("json", "INFO", worker="w", stream=stream)
     logging.getLogger("x").warning("job %d failed", 1, extra={SUPPRESSED: 7, SUPPRESSED_S: 12.2})
     doc = orjson.loads(lines(stream)[0])
-    assert doc["suppressed"] == 7 and doc["msg"] == "job 1 failed (7 similar lines suppressed in the last 12 s)"
+    assert doc["suppressed"] == 7 and doc["msg"] == "job 1 failed (7 similar lines suppressed in the last 12.2 s)"
     assert SUPPRESSED_S not in doc
 
 

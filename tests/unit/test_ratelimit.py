@@ -82,7 +82,7 @@ def test_a_key_that_went_quiet_gets_a_summary_on_the_next_line_of_any_key(clock)
     [summary] = summaries
     assert getattr(summary, SUPPRESSED) == 5
     assert (summary.name, summary.levelno) == ("dispatcher.jobs", logging.WARNING)
-    assert summary.getMessage() == "5 similar lines suppressed in the last 10 s; the last one: job 7 failed"
+    assert summary.getMessage() == "5 similar lines suppressed in the last 10.5 s; the last one: job 7 failed"
     assert storm.filter(summary)  # the handler passes it back through the filters: never counted or dropped
     # Reported once: the key's next line carries no count.
     line = record("job %d failed", 9)

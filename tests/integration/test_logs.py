@@ -109,3 +109,21 @@ def test_a_storm_of_failures_is_a_bounded_number_of_lines_that_add_up(dsn, tmp_p
     summaries = [d for d in finals if "job_id" not in d]  # the counts of a key that went quiet
     assert all(re.fullmatch(r"\d+ similar lines suppressed in the last [0-9.]+ s; the last one: job \d+ failed "
                             r"for good: its last attempt \(1/1\) failed", d["msg"]) for d in summaries), summaries
+
+
+def test_the_text_format_keeps_its_shape_with_the_worker_and_the_fields(dsn, tmp_path):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        job_id = enqueue_sync(conn, "fail", max_attempts=2)
+    log_path = tmp_path / "w.out"
+    run_until(dsn, log_path, lambda: status_counts(dsn) == {"failed": 1}, "the job to fail for good",
+              worker_id="text-w1", **FAST)
+    head = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: "
+    lines = log_path.read_text().splitlines()
+    assert lines and all(re.match(head + r".* worker=text-w1( |$)", line) for line in lines), lines
+    [retry] = [line for line in lines if " WARNING dispatcher.jobs: " in line]
+    bucket = fetchall(dsn, "SELECT bucket FROM dispatcher_jobs")[0][0]
+    assert re.search(rf"job {job_id} failed \(attempt 1/2\); retrying in [0-9.e-]+ s worker=text-w1 job_id={job_id} "
+                     rf"job_type=fail queue=default bucket={bucket} attempt=1 max_attempts=2 outcome=queued "
+                     rf'reason=error error="ValueError: boom {job_id}" retry_in_s=[0-9.]+ next_run_at=\S+Z$', retry)
+    [final] = [line for line in lines if " ERROR dispatcher.jobs: " in line]
+    assert f"job {job_id} failed for good: its last attempt (2/2) failed worker=text-w1" in final

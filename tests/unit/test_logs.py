@@ -152,3 +152,18 @@ def test_bad_values_fall_back_until_the_config_refuses_them(stream):
     logs.configure("xml", "LOUD", stream=stream)
     logging.getLogger("x").info("still logged")
     assert re.fullmatch(TEXT_HEAD + "INFO x: still logged", lines(stream)[0])
+
+
+def test_uncaught_exceptions_become_lines_too(stream):
+    logs.configure("json", "INFO", worker="w", stream=stream)
+    try:
+        raise RuntimeError("bug at postgresql://u:pw@h/db")
+    except RuntimeError as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+    thread = threading.Thread(target=lambda: 1 / 0, name="sync-1")
+    thread.start()
+    thread.join()
+    main, in_thread = (orjson.loads(line) for line in lines(stream))
+    assert (main["level"], main["msg"], main["worker"]) == ("CRITICAL", "uncaught RuntimeError", "w")
+    assert main["exception"].endswith("RuntimeError: bug at postgresql://u:***@h/db")
+    assert in_thread["msg"] == "uncaught ZeroDivisionError in thread sync-1"

@@ -16,17 +16,18 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=igno
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# Dependencies first, so an edit of the code alone reuses this layer.
-COPY pyproject.toml README.md ./
+# The dependencies first, so an edit of the code alone reuses this layer (a project without a
+# static [project] dependencies list just installs everything in the next step).
+COPY pyproject.toml ./
 RUN python - <<'PY' > /tmp/requirements.txt
 import tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+project = tomllib.load(open("pyproject.toml", "rb")).get("project", {})
 print("\n".join(project.get("dependencies", [])))
 PY
 RUN pip install -r /tmp/requirements.txt
 COPY . .
 # Compiled to bytecode here: the root filesystem is read-only at run time.
-RUN pip install --no-deps . && python -m compileall -q /opt/venv
+RUN pip install . && python -m compileall -q /opt/venv
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
 RUN groupadd --system --gid 10001 app \

@@ -55,20 +55,27 @@ _METRIC = re.compile(r"(?<![\w:])dispatcher_[a-z0-9_]+(?![\w:])")
 _HISTOGRAM_SERIES = re.compile(r"^(?P<base>.+)_(bucket|sum|count)$")
 
 
-def kubectl() -> str:
-    path = shutil.which("kubectl")
+_INSTALL = {
+    "kubectl": "the kustomize render tests need it (https://kubernetes.io/docs/tasks/tools/; kubectl >= 1.27 "
+               "has kustomize v5 built in)",
+    "promtool": "the alert-rule checks need it (`apt-get install prometheus`, as .ci/run does)",
+}
+
+
+def tool(name: str) -> str:
+    """The path of `name` (kubectl, promtool); skips the test, saying how to install it, where missing."""
+    path = shutil.which(name)
     if path is None:
-        pytest.skip("kubectl is not installed: the kustomize render tests need it "
-                    "(https://kubernetes.io/docs/tasks/tools/; kubectl >= 1.27 has kustomize v5 built in)")
+        pytest.skip(f"{name} is not installed: {_INSTALL[name]}")
     return path
+
+
+def kubectl() -> str:
+    return tool("kubectl")
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed: the alert-rule checks need it (`apt-get install prometheus`, "
-                    "as .ci/run does)")
-    return path
+    return tool("promtool")
 
 
 def run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

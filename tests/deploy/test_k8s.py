@@ -274,3 +274,21 @@ def test_monitoring_components_render_and_point_at_the_workers(tmp_path: Path) -
     dashboard = one(docs, "ConfigMap", "dispatcher-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert "dispatcher.json" in dashboard["data"]
+
+
+def test_dockerfile_runs_as_the_manifests_uid_without_compilers() -> None:
+    """The example image's user is the pods' runAsUser, numeric; its final stage installs nothing
+    (no compiler can reach it) and copies the virtualenv built in the first."""
+    text = (K8S.parent / "Dockerfile").read_text()
+    stages = re.split(r"(?m)^FROM ", text)[1:]
+    assert len(stages) >= 2, "multi-stage"
+    final = stages[-1]
+    (user,) = re.findall(r"(?m)^USER (\S+)$", final)
+    uid = one(rendered("partitioned-postgres"), "Deployment", "dispatcher")["spec"]["template"]["spec"][
+        "securityContext"]["runAsUser"]
+    assert user == f"{uid}:{uid}", f"USER {user}, runAsUser {uid}"
+    assert not re.search(r"apt-get|apk add|pip install|gcc|build-essential", final), "the final stage builds nothing"
+    assert "COPY --from=build /opt/venv /opt/venv" in final
+    assert "pip install ." in stages[0]
+    ignored = (K8S.parent / ".dockerignore").read_text().split()
+    assert {".git", ".venv"} <= set(ignored)

@@ -11,6 +11,7 @@
 Run workers with `dispatcher run --app myapp.jobs:registry`.
 """
 
+from ._version import __version__ as __version__  # re-exported
 from .config import Config
 from .enqueue import (JobSpec, enqueue, enqueue_many, enqueue_many_sync, enqueue_payloads,
                       enqueue_payloads_sync, enqueue_sync)

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from . import logs
+from ._version import __version__
 from .config import Config, settings
 from .errors import ConfigError, DispatcherError, EnqueueError, PayloadError
 
@@ -189,6 +190,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispatcher", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("migrate", help="create or upgrade the schema (safe to run from N pods at once)")
@@ -197,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("grants", help="print (or --apply) the GRANTs a DML-only workers' role needs")
     p.add_argument("--role", required=True, help="the workers' role (it must exist)")
-    p.add_argument("--schema", default="public", help="the schema of the dispatcher tables")
+    p.add_argument("--schema", default="public", help="the schema of the dispatcher tables (default %(default)s)")
     p.add_argument("--apply", action="store_true",
                    help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher migrate`)")
     _add_config_flags(p)
@@ -210,32 +213,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("enqueue", help="enqueue one job (or --count copies of it)")
-    p.add_argument("job_type")
-    p.add_argument("--payload", help="JSON payload", default=None)
-    p.add_argument("--queue", default="default")
-    p.add_argument("--priority", type=int, default=0, help="smaller runs first")
-    p.add_argument("--delay-s", type=float, default=0.0)
-    p.add_argument("--jitter-s", type=float, default=0.0)
-    p.add_argument("--max-attempts", type=int, default=20)
-    p.add_argument("--dedupe-key", default=None)
-    p.add_argument("--partition-key", default=None)
-    p.add_argument("--count", type=int, default=1)
+    p.add_argument("job_type", help="the job's type: the name its handler is registered under")
+    p.add_argument("--payload", default=None, help="the job's payload as JSON (default: none, null)")
+    p.add_argument("--queue", default="default", help="the queue to put it in (default %(default)s)")
+    p.add_argument("--priority", type=int, default=0, help="smaller runs first (default %(default)s)")
+    p.add_argument("--delay-s", type=float, default=0.0,
+                   help="seconds from now before it may run (default %(default)g)")
+    p.add_argument("--jitter-s", type=float, default=0.0,
+                   help="up to this many seconds more, at random, so a burst spreads out (default %(default)g)")
+    p.add_argument("--max-attempts", type=int, default=20,
+                   help="attempts before the job fails for good (default %(default)s)")
+    p.add_argument("--dedupe-key", default=None,
+                   help="a key no other live job may have: a duplicate is not enqueued (default: none)")
+    p.add_argument("--partition-key", default=None,
+                   help="jobs with the same key get the same bucket (default: none, a random bucket)")
+    p.add_argument("--count", type=int, default=1, help="how many copies of the job to enqueue (default %(default)s)")
     _add_config_flags(p)
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("status", help="jobs per status, oldest runnable age, backlog per bucket")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print it as JSON instead of a table")
     _add_config_flags(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("bench", help="benchmark suite (from a checkout): dispatcher bench SCENARIO ... --help",
                        add_help=False)
-    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="the bench suite's arguments")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="burst of jobs drained in both modes on a throwaway PostgreSQL")
-    p.add_argument("--jobs", type=int, default=50_000)
-    p.add_argument("--workers", type=int, default=2, help="worker processes per mode")
+    p.add_argument("--jobs", type=int, default=50_000, help="jobs in the burst (default %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes per mode (default %(default)s)")
     _add_config_flags(p)
     p.set_defaults(func=cmd_demo)
     return parser

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before any command runs, so its first line is in the chosen format. These raw values are
     # validated with the other settings (a bad one exits 2 naming it, in the format chosen here).
     # The worker id is known here only when it is given: else the run command sets it from its
-    # config before anything logs; the one-shot commands run no worker and log none.
+    # config before anything logs. The one-shot commands run no worker: their lines have none.
     logs.configure(_raw_setting(args, "log_format"), _raw_setting(args, "log_level"),
                    worker=_raw_setting(args, "worker_id") if args.func is cmd_run else None)
     try:

@@ -4,6 +4,7 @@
 - `fail_sync` (sync): the same from a thread of the pool;
 - `hang` (async, timeout_s=0.3): sleeps past its time limit;
 - `permanent` (async): raises PermanentJobError;
+- `slow` (async): sleeps 60 s, keeping a shutdown busy;
 - `chatty` (async): logs the payload's `dsn` through the app's own logger (a third-party logger
   to the dispatcher), from the event loop and from a thread, then succeeds.
 """
@@ -33,6 +34,11 @@ def fail_sync(job: Job) -> None:
 @registry.handler("hang", timeout_s=0.3)
 async def hang(job: Job) -> None:
     await asyncio.sleep(30)
+
+
+@registry.handler("slow")
+async def slow(job: Job) -> None:
+    await asyncio.sleep(60)
 
 
 @registry.handler("permanent")

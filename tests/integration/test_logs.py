@@ -5,6 +5,7 @@ an ERROR; a storm of failures is a bounded number of lines whose suppressed coun
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,20 @@ def test_the_text_format_keeps_its_shape_with_the_worker_and_the_fields(dsn, tmp
                      rf'reason=error error="ValueError: boom {job_id}" retry_in_s=[0-9.]+ next_run_at=\S+Z$', retry)
     [final] = [line for line in lines if " ERROR dispatcher.jobs: " in line]
     assert f"job {job_id} failed for good: its last attempt (2/2) failed worker=text-w1" in final
+
+
+def test_the_hard_exit_line_is_a_json_line_too(dsn, tmp_path):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_sync(conn, "slow")
+    log_path = tmp_path / "w.out"
+    worker = start_worker(dsn, app=APP, log_path=log_path, worker_id="hard-w1", log_format="json", **FAST)
+    try:
+        wait_until(lambda: status_counts(dsn) == {"running": 1}, 30, "the slow job to run")
+        worker.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopping gracefully" in log_path.read_text(), 30, "the graceful stop to begin")
+        worker.send_signal(signal.SIGTERM)  # a second signal: exit at once, one line written with os.write
+        assert worker.wait(30) == 1
+    finally:
+        stop_workers([worker])
+    last = json_lines(log_path, "hard-w1")[-1]
+    assert last["level"] == "ERROR" and last["msg"].startswith("received SIGTERM again during shutdown; exiting now")

@@ -72,9 +72,11 @@ class Redactor:
     def protect(self, *secrets: str | None) -> None:
         """Also blank the passwords of these DSNs (PostgreSQL) or URLs (Redis), in every spelling."""
         forms = set(self._forms)
-        for secret in filter(None, secrets):
-            forms.update(password_forms(secret))  # type: ignore[arg-type]
-            password = urlsplit_password(secret)  # type: ignore[arg-type]  # a Redis URL's
+        for secret in secrets:
+            if not secret:
+                continue
+            forms.update(password_forms(secret))
+            password = urlsplit_password(secret)  # a Redis URL's
             if password:
                 forms.update((password, unquote(password)))
         forms.discard("")

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from typing import Any
 
 import orjson
 
+from . import logs
 from ._version import __version__
 from .config import Config, settings
 from .errors import ConfigError, DispatcherError, EnqueueError, PayloadError
 
 EXIT_BAD_CONFIG = 2
-
-log = logging.getLogger("dispatcher")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +35,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def _config_from(args: argparse.Namespace) -> Config:
     flags = {s.name: getattr(args, s.name, None) for s in settings()}
-    return Config.load(**flags)
+    config = Config.load(**flags)
+    logs.protect(config.dsn, config.listen_dsn, config.redis_url)  # whatever quotes them, never in a line
+    return config
 
 
 def _require_dsn(config: Config) -> str:
@@ -99,10 +99,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .lifecycle import install_early
 
     install_early()  # before the slow part of starting: a SIGTERM now still means a clean stop
+    config = _config_from(args)  # logs nothing: the first line below already carries the worker id
+    logs.set_worker(config.worker_id)
     from .metrics import serve
     from .worker import run_worker
 
-    config = _config_from(args)
     _require_dsn(config)
     registry = load_registry(args.app)
     if args.migrate:
@@ -257,17 +258,26 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(func=cmd_bench, bench_args=argv[1:])
     else:
         args = build_parser().parse_args(argv)
-    level = (getattr(args, "log_level", None) or os.environ.get("DISPATCHER_LOG_LEVEL") or "INFO").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Before any command runs, so its first line is in the chosen format. These raw values are
+    # validated with the other settings (a bad one exits 2 naming it, in the format chosen here).
+    # The worker id is known here only when it is given: else the run command sets it from its
+    # config before anything logs. The one-shot commands run no worker: their lines have none.
+    logs.configure(_raw_setting(args, "log_format"), _raw_setting(args, "log_level"),
+                   worker=_raw_setting(args, "worker_id") if args.func is cmd_run else None)
     try:
         return int(args.func(args))
     except ConfigError as exc:
-        print(f"dispatcher: invalid setting {exc}", file=sys.stderr)
+        logs.fatal(f"invalid setting {exc}")
         return EXIT_BAD_CONFIG
     except DispatcherError as exc:
-        print(f"dispatcher: {exc}", file=sys.stderr)
+        logs.fatal(str(exc))
         return 1
+
+
+def _raw_setting(args: argparse.Namespace, name: str) -> str | None:
+    """A setting's flag, else its env var, unparsed (for what must be known before the config is)."""
+    value = getattr(args, name, None)
+    return value if value is not None else os.environ.get(f"DISPATCHER_{name.upper()}") or None
 
 
 if __name__ == "__main__":

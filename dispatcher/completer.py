@@ -16,11 +16,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from . import metrics
+from . import joblog, metrics
 from .backoff import jittered
 from .constants import STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
 from .errors import StoreError
-from .retry import Outcome
+from .retry import FailureKind, Outcome
 from .store import Failure, HistoryRows, Job, JobStore
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,10 @@ class Completer:
         if len(self._ids) >= self._flush_max:
             self._full.set()
 
-    def failed(self, job: Job, outcome: Outcome, duration_s: float) -> None:
-        self._failures.append(Failure(job.id, job.token, outcome))
+    def failed(self, job: Job, outcome: Outcome, duration_s: float, *, kind: FailureKind = FailureKind.ERROR,
+               summary: str | None = None) -> None:
+        """A failed attempt; `kind` and `summary` (the error in one line) are for its log line."""
+        self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary))
         if self._history_on:
             self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
                               _HISTORY_OUTCOME[outcome.status], outcome.error)
@@ -116,7 +118,8 @@ class Completer:
                 if failures:
                     rows = await self.store.jobs_fail_owned(failures)
                     self._count_failures(failures, len(rows))
-                    failures = []
+                    written, failures = failures, []
+                    joblog.failures_written(written, rows)  # once written: the lines say what the rows hold
                 if history:
                     await self.store.history_record(history)
             except BaseException as exc:  # a store error, or a cancelled final flush: keep the count right

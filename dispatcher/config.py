@@ -20,7 +20,7 @@ from typing import Any
 from coordinator.pglimits import ConnectionLimits
 
 from .constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN, NUM_BUCKETS, is_valid_name
-from .dsn import dsn_problem
+from .dsn import dsn_problem, redis_url_problem
 from .errors import ConfigError
 
 ENV_PREFIX = "DISPATCHER_"
@@ -52,6 +52,7 @@ DEFAULT_STATEMENT_TIMEOUT_S = 5.0
 COORDINATORS = ("postgres", "redis", "static")
 LISTEN_OFF = "none"  # listen_dsn value: no LISTEN connection at all (polling only)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")  # see dispatcher/logs.py
 
 
 def parse_buckets(text: str) -> tuple[int, ...]:
@@ -263,6 +264,8 @@ class Config:
         0, parse=int, help="TCP port of the Prometheus /metrics server; 0: no server")
     log_level: str = setting(
         "INFO", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
+    log_format: str = setting(
+        "text", parse=str, help="log lines: text (human-readable) or json (one JSON object per line)")
 
     def __post_init__(self) -> None:
         """Every rule, at construction: a Config that exists is valid. Raises ConfigError(field name)."""
@@ -308,6 +311,8 @@ class Config:
                f"must be one of {', '.join(COORDINATORS)}, got {self.coordinator!r}")
         _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url",
                "is required when coordinator is 'redis'")
+        problem = redis_url_problem(self.redis_url) if self.redis_url else None  # redis-py's parse (redacted)
+        _check(problem is None, "redis_url", f"is not a valid Redis URL: {problem}")
         _check(self.coordinator_lease_s >= 3, "coordinator_lease_s", "must be >= 3 seconds")
         _check(0 < self.coordinator_poll_s <= self.coordinator_lease_s / 3, "coordinator_poll_s",
                "must be > 0 and at most a third of coordinator_lease_s")
@@ -318,6 +323,7 @@ class Config:
         _check(self.listen_dsn is None or bool(self.listen_dsn.strip()), "listen_dsn",
                f"must be a connection string or {LISTEN_OFF!r}")
         _check(self.log_level.upper() in LOG_LEVELS, "log_level", "must be DEBUG, INFO, WARNING or ERROR")
+        _check(self.log_format.lower() in LOG_FORMATS, "log_format", f"must be text or json, got {self.log_format!r}")
         if self.buckets is not None:
             bad = [b for b in self.buckets if not (isinstance(b, int) and 0 <= b < NUM_BUCKETS)]
             _check(not bad, "buckets", f"buckets must be in 0..{NUM_BUCKETS - 1}, got {bad}")

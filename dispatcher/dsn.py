@@ -10,7 +10,7 @@ and blanks each form the password can take in it.
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 
@@ -37,7 +37,7 @@ def describe_dsn(dsn: str) -> str:
     return f"{user}{host}:{port}/{info.get('dbname') or ''}"
 
 
-def _password_forms(dsn: str) -> list[str]:
+def password_forms(dsn: str) -> list[str]:
     """Every spelling of the DSN's password a message may quote: as written, unquoted,
     percent-decoded, and as libpq parsed it. Longest first, so a longer form is blanked whole."""
     forms: set[str] = set()
@@ -64,7 +64,7 @@ def redact(text: str, dsn: str | None) -> str:
     blank harmless letters elsewhere in the text too: a garbled word is better than a leak."""
     if not dsn:
         return text
-    for form in _password_forms(dsn):
+    for form in password_forms(dsn):
         text = text.replace(form, REDACTED)
     return text
 
@@ -76,6 +76,53 @@ def one_line(exc: BaseException | str, dsn: str | None) -> str:
     if "FATAL:" in text:
         text = text[text.index("FATAL:") + len("FATAL:"):]
     return redact(" ".join(text.split()), dsn)
+
+
+# Passwords in any text, whoever wrote it (the last line of defence in the log formatter, which
+# cannot know every DSN a message may quote): a URI's user info `scheme://user:PASS@` (greedy to
+# the token's last '@', as urllib splits it: an unencoded '@' in a password is still covered), and
+# `password=PASS` / `password: PASS` / `'password': 'PASS'` key-values, quoted or not.
+_ANY_URI_PASSWORD = re.compile(r"""(\b[a-z][a-z0-9+.-]*://[^\s:/@'"]*:)[^\s'"]*@""", re.IGNORECASE)
+_ANY_KEY_PASSWORD = re.compile(
+    r"""(\b(?:password|passwd|pwd)['"]?\s*[=:]\s*)('(?:\\.|[^'\\])*'?|"(?:\\.|[^"\\])*"?|[^\s&,;'"]+)""",
+    re.IGNORECASE)
+
+
+_MAYBE_PASSWORD = re.compile(r"://|pass|pwd", re.IGNORECASE)  # what both patterns need: one search to rule out
+
+
+def scrub(text: str) -> str:
+    """`text` with every password written in a URI's user info or as a `password=` key-value
+    replaced by ***, whichever DSN or URL it came from. One search when there is none."""
+    if not _MAYBE_PASSWORD.search(text):
+        return text
+    if "://" in text:
+        text = _ANY_URI_PASSWORD.sub(rf"\1{REDACTED}@", text)
+    return _ANY_KEY_PASSWORD.sub(rf"\1{REDACTED}", text)
+
+
+def redis_url_problem(url: str) -> str | None:
+    """Why redis-py cannot parse `url` (redacted), or None if it can. Parsing only: no connection.
+    Else the worker would meet it at start as a traceback."""
+    from redis.connection import parse_url  # only where a Redis URL is set: ~0.1 s of imports
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        text = scrub(str(exc))
+        password = urlsplit_password(url)
+        for form in sorted({password, unquote(password)}, key=len, reverse=True) if password else ():
+            text = text.replace(form, REDACTED)
+        return text
+    return None
+
+
+def urlsplit_password(url: str) -> str | None:
+    """The password of a URL's user info as written (not percent-decoded), or None."""
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
 
 
 def dsn_problem(dsn: str) -> str | None:

@@ -32,6 +32,7 @@ from typing import Any
 from . import metrics
 from .completer import Completer
 from .errors import PermanentJobError
+from .joblog import exception_line
 from .registry import Handler, Registry
 from .retry import FailureKind, RetryPolicy
 from .store import Job
@@ -203,7 +204,8 @@ class Executor:
             future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
         if expiring:
             log.warning("lost the lease of %d backlogged jobs (it ran out before a thread was free, while "
-                        "heartbeats failed): dropped before they started; ids %s", len(expiring), expiring[:20])
+                        "heartbeats failed): dropped before they started; ids %s", len(expiring), expiring[:20],
+                        extra={"lost_jobs": len(expiring), "job_ids": expiring[:20]})
 
     def _sync_done(self, future: asyncio.Future[Any], entry: _Running, handler: Handler, started: float) -> None:
         self._sync_busy -= 1
@@ -235,11 +237,12 @@ class Executor:
 
     def _fail_with(self, job: Job, exc: BaseException, started: float) -> None:
         kind = FailureKind.PERMANENT if isinstance(exc, PermanentJobError) else FailureKind.ERROR
-        self._fail(job, kind, "".join(traceback.format_exception(exc)).strip(), started)
+        self._fail(job, kind, "".join(traceback.format_exception(exc)).strip(), started,
+                   summary=exception_line(exc))
 
-    def _fail(self, job: Job, kind: FailureKind, error: str, started: float) -> None:
+    def _fail(self, job: Job, kind: FailureKind, error: str, started: float, summary: str | None = None) -> None:
         outcome = self._policy.decide(kind, job.attempts, job.max_attempts, error)
-        self._completer.failed(job, outcome, time.monotonic() - started)
+        self._completer.failed(job, outcome, time.monotonic() - started, kind=kind, summary=summary)
 
     def _finish_slot(self) -> None:
         self.in_flight -= 1
@@ -288,8 +291,10 @@ class Executor:
         if not entries:
             return 0
         actions = collections.Counter(self._lose(entry) for entry in entries)
+        ids = [e.job.id for e in entries[:20]]
         log.warning("lost the lease of %d jobs (%s): %s; ids %s", len(entries), why,
-                    ", ".join(f"{n} {_LOST_ACTIONS[a]}" for a, n in actions.items()), [e.job.id for e in entries[:20]])
+                    ", ".join(f"{n} {_LOST_ACTIONS[a]}" for a, n in actions.items()), ids,
+                    extra={"lost_jobs": len(entries), "job_ids": ids, "actions": dict(actions)})
         return len(entries)
 
     def lose_expired(self, now: float) -> int:

@@ -16,13 +16,15 @@ finished is brought back by its lease: fenced if the old run's outcome ever arri
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from types import FrameType
+
+from . import logs
 
 EXIT_FORCED = 1  # the process ended without every outcome written; leases recover the rest
 
@@ -46,17 +48,17 @@ def _early_handler(signum: int, frame: FrameType | None) -> None:
 
 def hard_exit(reason: str, code: int = EXIT_FORCED) -> None:
     """End the process now, after one line on stderr; never returns."""
-    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR dispatcher: {reason}; exiting now with code {code}; " \
-           "unfinished jobs come back when their leases run out\n"
+    text = f"{reason}; exiting now with code {code}; unfinished jobs come back when their leases run out"
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 - a broken stream must not stop the exit
         pass
     try:
-        os.write(2, line.encode())
+        # In the configured format (a JSON line in the json format), with the worker id, redacted.
+        os.write(2, (logs.render(logging.ERROR, "dispatcher", text) + "\n").encode())
     finally:
-        os._exit(code)
+        os._exit(code)  # whatever happened above
 
 
 class ShutdownSignals:

@@ -20,7 +20,7 @@ import random
 import time
 from collections.abc import Callable
 
-from . import metrics
+from . import joblog, metrics
 from .backoff import jittered
 from .constants import STATUS_QUEUED
 from .errors import StoreError, StorePermissionDenied
@@ -29,8 +29,6 @@ from .retry import FailureKind, RetryPolicy, lease_expired_error
 from .store import Failure, HistoryRows, JobStore
 
 log = logging.getLogger(__name__)
-
-_LOGGED_PER_TICK = 20  # reaped jobs logged one by one per tick; the rest as a count
 
 
 class PeriodicService:
@@ -156,6 +154,7 @@ class Reaper(PeriodicService):
         written = await self._store.jobs_fail_owned(failures, lease_expired=True)
         if not written:
             return
+        joblog.reaped(written, failures, expired)  # once written, one line each with the old owner
         errors = {f.id: f.outcome.error for f in failures}
         if self._history:
             rows = HistoryRows()
@@ -165,10 +164,6 @@ class Reaper(PeriodicService):
             await self._store.history_record(rows)
         self.reaped += len(written)
         metrics.JOBS_REAPED.inc(len(written))
-        for w in written[:_LOGGED_PER_TICK]:
-            log.warning("reaped job %d (attempt %d) -> %s: %s", w.id, w.attempts, w.status, errors[w.id])
-        if len(written) > _LOGGED_PER_TICK:
-            log.warning("... and %d more expired leases", len(written) - _LOGGED_PER_TICK)
         self._on_reaped()
 
 

@@ -26,11 +26,11 @@ from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, cl
 from coordinator.pglimits import connect as connect_bounded
 
 from . import metrics
-from .constants import NUM_BUCKETS
+from .constants import DEFAULT_QUEUE, NUM_BUCKETS
 from .dsn import describe_dsn, one_line
 from .errors import StoreError, StorePermissionDenied, StoreUnavailable
 from .queries import query
-from .retry import Outcome
+from .retry import FailureKind, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +44,17 @@ class Job:
     """A claimed job as handlers see it. Slotted: one is built per job on the hot path.
 
     `token` is the claim's fencing token as a string (one uuid per claim statement, shared by
-    the batch): kept as text so writes can send it without a per-job conversion."""
+    the batch): kept as text so writes can send it without a per-job conversion. `queue` is the
+    queue the claim read (one per statement), not a column read back per row."""
 
-    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "locked_at", "bucket", "priority", "token")
+    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "locked_at", "bucket", "priority", "token",
+                 "queue")
 
-    def __init__(self, row: tuple[Any, ...], token: str) -> None:
+    def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE) -> None:
         (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
          self.locked_at, self.bucket, self.priority) = row
         self.token = token
+        self.queue = queue
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, job_type={self.job_type!r}, attempt={self.attempts}/{self.max_attempts})"
@@ -79,6 +82,13 @@ class FailedWrite:
     attempts: int
     locked_by: str | None
     locked_at: datetime | None
+    # For the outcome lines (joblog.py): when a retry is due (the database's clock), and what the
+    # reaper, which holds no Job, reports of the job.
+    run_at: datetime | None = None
+    job_type: str | None = None
+    queue: str | None = None
+    bucket: int | None = None
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +108,15 @@ class DbPressure:
 @dataclass(frozen=True, slots=True)
 class Failure:
     """One failed attempt to record, fenced by the claim's token; its outcome is the retry
-    policy's decision."""
+    policy's decision. `job`, `kind` and `summary` (the error in one line) are for its log line
+    (joblog.py), set by the executor's failures."""
 
     id: int
     token: str
     outcome: Outcome
+    job: Job | None = None
+    kind: FailureKind | None = None
+    summary: str | None = None
 
 
 @dataclass(slots=True)
@@ -287,7 +301,7 @@ class JobStore:
                     self._claim_sql_cache.clear()
                 sql = self._claim_sql_cache[key] = claim_sql(key)
         cur = await self._execute("claim", sql, params)
-        return [Job(row, token) for row in await cur.fetchall()]
+        return [Job(row, token, queue) for row in await cur.fetchall()]
 
     # -- finishing -----------------------------------------------------------------------------
 

@@ -107,7 +107,8 @@ UPDATE dispatcher_jobs AS j
 -- (out of attempts, or no handler) or 'discarded' (a permanent error). The reaper sends the
 -- same statement with %(lease_expired)s: then a row is written only if its lease is still
 -- expired (a heartbeat that landed meanwhile wins) and its lease_expiries count rises.
--- Returns the rows written, for the reaper's log and history.
+-- Returns the rows written, for the outcome lines (joblog.py: run_at is when a retry is due, by
+-- the database's clock) and the reaper's history. Failures are rare: completions return nothing.
 UPDATE dispatcher_jobs AS j
    SET status = f.status,
        run_at = CASE WHEN f.status = 'queued' THEN now() + f.delay_s * interval '1 second' ELSE j.run_at END,
@@ -123,7 +124,8 @@ UPDATE dispatcher_jobs AS j
    AND CASE WHEN j.status = 'running'
             THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
             ELSE false END
-RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at
+RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
+          j.max_attempts
 
 -- name: jobs_release_owned
 -- Give claimed-but-unstarted jobs back at once (graceful shutdown): queued again, and the

@@ -30,9 +30,6 @@ EXPECTED_SETTINGS = {
     "skip-locked": {"DISPATCHER_MODE": "skip_locked"},
     "static": {"DISPATCHER_MODE": "partitioned", "DISPATCHER_COORDINATOR": "static"},
 }
-# Settings the ConfigMap names that other parts of issue 10 add to config.py (the logs branch):
-# remove once merged, so a typo in a key can never hide here.
-PENDING_SETTINGS = frozenset({"DISPATCHER_LOG_FORMAT"})
 WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 _rendered: dict[str, str] = {}
@@ -161,7 +158,7 @@ def test_the_configmap_holds_the_mode_and_valid_settings(overlay: str) -> None:
     data = {k: str(v) for k, v in config_map["data"].items()}
     for key, value in EXPECTED_SETTINGS[overlay].items():
         assert data.get(key) == value, f"{overlay}: {key}={data.get(key)!r}, expected {value!r}"
-    known = {s.env_var for s in settings()} | PENDING_SETTINGS
+    known = {s.env_var for s in settings()}
     assert set(data) <= known, f"not settings: {sorted(set(data) - known)}"
     # Exactly what a worker pod would load (its DSN comes from the secret): no ConfigError.
     config = Config.load({**data, "DISPATCHER_DSN": "postgresql://app_worker@postgres/app"})

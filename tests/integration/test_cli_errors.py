@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_sync
-from tests.helpers import ROOT, fetchval, wait_until
+from tests.helpers import ROOT, fetchval, start_worker, stop_workers, wait_until
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -175,3 +175,56 @@ def test_bench_help_is_the_bench_suites_help():
     result = cli("bench", "--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m bench") and "--quick" in result.stdout
+
+
+# -- no password in any log line, in either format -------------------------------------------------
+
+def messages(text: str, fmt: str) -> list[str]:
+    """The log's lines (in the json format each must be a JSON object with a `worker`: its msg)."""
+    if fmt == "text":
+        return text.splitlines()
+    docs = [orjson.loads(line) for line in text.splitlines()]
+    assert all("worker" in doc for doc in docs), text
+    return [doc["msg"] for doc in docs]
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_refused_login_logs_no_password_in_either_format(password_server, fmt):
+    dsn = f"postgresql://app:s3cr%25tX@127.0.0.1:{password_server}/postgres"
+    result = cli("run", "--app", "tests.apps.recording:registry", "--log-level", "DEBUG", "--log-format", fmt,
+                 env={"DISPATCHER_DSN": dsn, "DISPATCHER_LISTEN_DSN": dsn})
+    assert result.returncode == 1, result.stderr
+    assert "s3cr" not in result.stderr + result.stdout
+    last = messages(result.stderr, fmt)[-1]
+    assert 'cannot log in to app@127.0.0.1' in last and 'password authentication failed for user "app"' in last
+    if fmt == "json":  # the config was read: every line names the worker
+        assert all(orjson.loads(line)["worker"] for line in result.stderr.splitlines())
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_redis_password_is_in_no_line_when_redis_refuses_it(dsn, redis_url, tmp_path, fmt):
+    # The session's Redis has no such user, so it refuses our AUTH; the worker logs it while it
+    # falls back to SKIP LOCKED, at DEBUG: as many lines as it can make.
+    url = redis_url.replace("redis://", "redis://nobody:Rs3cr3t@", 1)
+    log_path = tmp_path / "w.out"
+    worker = start_worker(dsn, log_path=log_path, coordinator="redis", redis_url=url, coordinator_lease_s=3,
+                          log_format=fmt, log_level="DEBUG", poll_interval_s=0.2)
+    try:
+        wait_until(lambda: "falling back to SKIP LOCKED" in log_path.read_text() or worker.poll() is not None, 30,
+                   "the worker to give up on Redis for now")
+    finally:
+        assert stop_workers([worker]) == [0], log_path.read_text()[-3000:]
+    text = log_path.read_text()
+    assert "falling back to SKIP LOCKED" in text and "invalid username-password pair" in text, text[-3000:]
+    assert "Rs3cr3t" not in text
+    messages(text, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_malformed_redis_url_is_a_bad_setting_without_its_password(dsn, fmt):
+    result = cli("run", "--app", "tests.apps.recording:registry", "--log-format", fmt,
+                 env={"DISPATCHER_DSN": dsn, "DISPATCHER_COORDINATOR": "redis",
+                      "DISPATCHER_REDIS_URL": "redis://:Rs3cr3t@127.0.0.1:notaport/0"})
+    assert result.returncode == 2, result.stderr
+    [line] = messages(result.stderr, fmt)
+    assert "DISPATCHER_REDIS_URL" in line and "notaport" in line and "Rs3cr3t" not in line

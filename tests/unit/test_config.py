@@ -134,6 +134,8 @@ BAD_FIELD_VALUES = [
     ("worker_index", {"worker_index": 4, "worker_count": 4}),
     ("metrics_port", {"metrics_port": 70_000}),
     ("log_level", {"log_level": "LOUD"}),
+    ("log_format", {"log_format": "xml"}),
+    ("redis_url", {"coordinator": "redis", "redis_url": "redis://:pw@cache:notaport/0"}),
     ("steal", {"steal": "yes"}),
     ("listen_dsn", {"listen_dsn": " "}),
     ("prepared_statements", {"prepared_statements": "false"}),

@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from dispatcher.dsn import describe_dsn, dsn_problem, one_line, redact
+from dispatcher.dsn import describe_dsn, dsn_problem, one_line, password_forms, redact, redis_url_problem, scrub
 
 
 def libpq_message(dsn: str) -> str:
@@ -44,3 +44,47 @@ def test_a_valid_dsn_has_no_problem():
     assert dsn_problem("postgresql://app:s3cret@db:6432/jobs") is None
     assert dsn_problem("host=db port=bar") is None  # a bad port is found when connecting
     assert describe_dsn("postgresql://u:s3cr%t@h/db") == "(unparsable DSN)"
+
+
+# -- scrub: passwords in any text, whatever DSN or URL they came from --------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("postgresql://app:s3cret@db:5432/jobs", "postgresql://app:***@db:5432/jobs"),
+    ("postgres://app:p@ss@db/jobs", "postgres://app:***@db/jobs"),  # an unencoded @: up to the last one
+    ("redis://:s3cret@cache:6379/0 and rediss://user:s3cret@cache", "redis://:***@cache:6379/0 and "
+                                                                    "rediss://user:***@cache"),
+    ("dsn='postgresql://a:s3cret@h/db'", "dsn='postgresql://a:***@h/db'"),
+    ("host=db password=s3cret user=app", "host=db password=*** user=app"),
+    ("host=db password = 's3 cr\\'et' user=app", "host=db password = *** user=app"),
+    ("postgresql://app@db/jobs?sslmode=require&password=s3cret&x=1",
+     "postgresql://app@db/jobs?sslmode=require&password=***&x=1"),
+    ("{'user': 'app', 'password': 's3cret'}", "{'user': 'app', 'password': ***}"),
+    ('{"PASSWORD":"s3cret"}', '{"PASSWORD":***}'),
+    ("pwd: s3cret, passwd=s3cret", "pwd: ***, passwd=***"),
+])
+def test_scrub_blanks_every_password_it_can_see(text, expected):
+    assert scrub(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    'FATAL:  password authentication failed for user "app"',
+    "postgresql://db:5432/jobs", "redis://cache:6379/0", "http://example.com/a:b", "no password here",
+])
+def test_scrub_leaves_text_without_a_password_alone(text):
+    assert scrub(text) == text
+
+
+def test_password_forms_lists_every_spelling_longest_first():
+    assert password_forms("postgresql://app:p%40ss@db/jobs") == ["p%40ss", "p@ss"]
+    assert password_forms("host=db user=app") == []
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cr3t@127.0.0.1:notaport/0", "redis//:s3cr3t@h", "http://:s3cr3t@h"])
+def test_a_bad_redis_url_is_explained_without_its_password(url):
+    problem = redis_url_problem(url)
+    assert problem and "s3cr3t" not in problem
+
+
+def test_a_good_redis_url_has_no_problem():
+    assert redis_url_problem("redis://:s3cr3t@cache:6379/0") is None
+    assert redis_url_problem("unix:///run/redis.sock") is None

@@ -10,7 +10,7 @@ import pytest
 from dispatcher.errors import PermanentJobError
 from dispatcher.executor import Executor
 from dispatcher.registry import Registry
-from dispatcher.retry import RetryPolicy
+from dispatcher.retry import FailureKind, RetryPolicy
 from dispatcher.store import Job
 from tests.helpers import run_async, wait_until_async
 
@@ -25,12 +25,16 @@ class Recorder:
     def __init__(self) -> None:
         self.completed_ids: list[int] = []
         self.outcomes: dict[int, object] = {}
+        self.kinds: dict[int, object] = {}  # the FailureKind, for the outcome's log line
+        self.summaries: dict[int, str | None] = {}
 
     def completed(self, job, duration_s):
         self.completed_ids.append(job.id)
 
-    def failed(self, job, outcome, duration_s):
+    def failed(self, job, outcome, duration_s, *, kind, summary=None):
         self.outcomes[job.id] = outcome
+        self.kinds[job.id] = kind
+        self.summaries[job.id] = summary
 
 
 def run_to_the_end(executor: Executor, jobs: list[Job]) -> None:
@@ -116,6 +120,10 @@ def test_permanent_error_unknown_type_and_last_attempt():
     assert rec.outcomes[2].status == "failed" and "no handler registered for job_type 'nobody'" in rec.outcomes[2].error
     assert "known: boom, perm" in rec.outcomes[2].error
     assert rec.outcomes[3].status == "failed"
+    # What the outcome lines say: why each attempt failed, and the exception in one line.
+    assert rec.kinds == {1: FailureKind.PERMANENT, 2: FailureKind.UNKNOWN_TYPE, 3: FailureKind.ERROR}
+    assert rec.summaries[1] == "dispatcher.errors.PermanentJobError: no such customer"
+    assert rec.summaries[3] == "RuntimeError: boom"
 
 
 def test_a_timeout_cancels_the_handler_and_backs_off():
@@ -134,6 +142,7 @@ def test_a_timeout_cancels_the_handler_and_backs_off():
 
     run_to_the_end(executor, [job(1, "hang")])
     assert cancelled == [1] and executor.stats.timeouts == 1
+    assert rec.kinds[1] is FailureKind.TIMEOUT
     assert rec.outcomes[1].error == "timed out after 0.05 s" and rec.outcomes[1].delay_s == 0.5
 
 
@@ -188,6 +197,7 @@ def test_drain_interrupts_what_outlives_the_grace_and_retries_it_at_once():
     assert rec.completed_ids == [2]
     assert (rec.outcomes[1].status, rec.outcomes[1].delay_s) == ("queued", 0.0)
     assert rec.outcomes[1].error == "interrupted: worker shut down"
+    assert rec.kinds[1] is FailureKind.INTERRUPTED
     assert executor.in_flight == 0
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from . import metrics
 from .completer import Completer
 from .errors import PermanentJobError
+from .job_metrics import JOB_STATS, JobStats
 from .registry import Handler, Registry
 from .retry import FailureKind, RetryPolicy
 from .store import Job
@@ -83,8 +84,9 @@ class ExecutorStats:
 class Executor:
     def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, *,
                  worker_id: str, job_timeout_s: float, sync_threads: int, lease_s: float = 30.0,
-                 start_margin_s: float = 0.0, lose_early_s: float = 0.0) -> None:
+                 start_margin_s: float = 0.0, lose_early_s: float = 0.0, job_stats: JobStats = JOB_STATS) -> None:
         self._registry = registry
+        self._job_stats = job_stats
         self._policy = policy
         self._completer = completer
         self._worker_id = worker_id
@@ -178,6 +180,7 @@ class Executor:
     def _time_out(self, entry: _Running) -> None:
         if entry.task is not None and not entry.task.done():
             self.stats.timeouts += 1
+            self._job_stats.timed_out(entry.job.job_type)
             self._timed_out.add(entry.job.id)
             entry.task.cancel()
 
@@ -216,6 +219,7 @@ class Executor:
                 # A thread cannot be interrupted; an overrun is recorded as a timeout when it returns
                 # (its lease was kept alive meanwhile, so it never ran twice at once).
                 self.stats.timeouts += 1
+                self._job_stats.timed_out(entry.job.job_type)
                 self._fail(entry.job, FailureKind.TIMEOUT,
                            f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)", started)
             elif exc is not None:
@@ -247,6 +251,16 @@ class Executor:
 
     def _timeout_of(self, handler: Handler) -> float:
         return handler.timeout_s or self._job_timeout_s
+
+    def running_by_queue(self) -> dict[str, int]:
+        """Jobs whose handler runs now, by queue; for a scrape, from the HTTP server's thread. A job
+        that finished without awaiting never shows (it ran inside start()); a backlogged one has
+        not started. dict.copy() is one C call: atomic under the GIL, so the loop may go on."""
+        counts: dict[str, int] = {}
+        for entry in self._running.copy().values():
+            if entry.state is not _State.BACKLOG:
+                counts[entry.job.queue] = counts.get(entry.job.queue, 0) + 1
+        return counts
 
     # -- leases: for the lease keeper ---------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, cl
 from coordinator.pglimits import connect as connect_bounded
 
 from . import metrics
-from .constants import NUM_BUCKETS
+from .constants import DEFAULT_QUEUE, NUM_BUCKETS
 from .dsn import describe_dsn, one_line
 from .errors import StoreError, StorePermissionDenied, StoreUnavailable
 from .queries import query
@@ -44,14 +44,17 @@ class Job:
     """A claimed job as handlers see it. Slotted: one is built per job on the hot path.
 
     `token` is the claim's fencing token as a string (one uuid per claim statement, shared by
-    the batch): kept as text so writes can send it without a per-job conversion."""
+    the batch): kept as text so writes can send it without a per-job conversion. `queue` is the
+    queue the claim read (not a returned column: one claim statement serves one queue)."""
 
-    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "locked_at", "bucket", "priority", "token")
+    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "locked_at", "bucket", "priority", "token",
+                 "queue")
 
-    def __init__(self, row: tuple[Any, ...], token: str) -> None:
+    def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE) -> None:
         (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
          self.locked_at, self.bucket, self.priority) = row
         self.token = token
+        self.queue = queue
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, job_type={self.job_type!r}, attempt={self.attempts}/{self.max_attempts})"
@@ -92,7 +95,18 @@ class DbPressure:
     n_tup_upd: int
     n_tup_hot_upd: int
     claim_idx_tup_read: int
-    lock_waits: int
+    lock_waits: int  # our sessions (application_name dispatcher-*) waiting on a lock
+    active_sessions: int  # sessions of this database running a statement, the sampler's own excluded
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """One row of query queue_depth: jobs of one queue in one status (oldest_due_age_s: queued only)."""
+
+    queue: str
+    status: str  # queued (due), scheduled, running, failed
+    jobs: int
+    oldest_due_age_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +301,7 @@ class JobStore:
                     self._claim_sql_cache.clear()
                 sql = self._claim_sql_cache[key] = claim_sql(key)
         cur = await self._execute("claim", sql, params)
-        return [Job(row, token) for row in await cur.fetchall()]
+        return [Job(row, token, queue) for row in await cur.fetchall()]
 
     # -- finishing -----------------------------------------------------------------------------
 
@@ -349,6 +363,20 @@ class JobStore:
         cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)
         row = await cur.fetchone()
         return DbPressure(*row) if row else None
+
+    async def queue_depth(self) -> list[QueueDepth]:
+        cur = await self._execute("queue_depth", query("queue_depth"), {}, budget=SLOW_STATEMENT)
+        return [QueueDepth(*row) for row in await cur.fetchall()]
+
+    async def maintenance_lease_take(self, name: str, ttl_s: float) -> bool:
+        """Take or renew the one-pod-at-a-time role `name` for `ttl_s` (database clock); True: ours."""
+        params = {"name": name, "holder": self.worker_id, "ttl_s": ttl_s}
+        cur = await self._execute("lease_take", query("maintenance_lease_take"), params)
+        return await cur.fetchone() is not None
+
+    async def maintenance_lease_release(self, name: str) -> None:
+        params = {"name": name, "holder": self.worker_id}
+        await self._execute("lease_release", query("maintenance_lease_release"), params)
 
     async def jobs_analyze_if_stale(self) -> None:
         """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql).

@@ -106,6 +106,7 @@ class Executor:
         self._sync_backlog: collections.deque[_Running] = collections.deque()
         self._sync_busy = 0
         self._timed_out: set[int] = set()
+        self._starting: Job | None = None
         self._accepting = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self.in_flight = 0  # claimed and not finished: what the producer's free slots are counted from
@@ -141,7 +142,9 @@ class Executor:
     def _start_async(self, loop: asyncio.AbstractEventLoop, handler: Handler, job: Job, held_since: float,
                      lease_until: float) -> None:
         started = time.monotonic()
+        self._starting = job  # running inside the eager start: not in _running yet (running_by_queue)
         task = _new_task(loop, self._run_async(handler, job, started))
+        self._starting = None
         if task.done():
             return  # finished without awaiting: outcome already buffered, slot already freed
         entry = self._running[job.id] = _Running(job, held_since, lease_until, task)
@@ -253,12 +256,14 @@ class Executor:
         return handler.timeout_s or self._job_timeout_s
 
     def running_by_queue(self) -> dict[str, int]:
-        """Jobs whose handler runs now, by queue; for a scrape, from the HTTP server's thread. A job
-        that finished without awaiting never shows (it ran inside start()); a backlogged one has
-        not started. dict.copy() is one C call: atomic under the GIL, so the loop may go on."""
-        counts: dict[str, int] = {}
+        """Jobs whose handler runs now, by queue; for a scrape, from the HTTP server's thread: the
+        ones in _running but the backlog (not started), and the one running inside its eager start
+        (an async handler has not awaited yet, maybe blocking the loop). dict.copy() is one C call:
+        atomic under the GIL, so the loop may go on meanwhile."""
+        starting = self._starting
+        counts: dict[str, int] = {starting.queue: 1} if starting is not None else {}
         for entry in self._running.copy().values():
-            if entry.state is not _State.BACKLOG:
+            if entry.state is not _State.BACKLOG and entry.job is not starting:
                 counts[entry.job.queue] = counts.get(entry.job.queue, 0) + 1
         return counts
 

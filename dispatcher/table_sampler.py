@@ -159,12 +159,13 @@ def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metri
     families: list[Metric] = [jobs, oldest, dead, live, claim_reads, lock_waits, active]
     if sample is None:
         return families
-    counts = {(q, s): 0 for q in queues for s in DEPTH_STATUSES}
-    ages = dict.fromkeys(queues, 0.0)
+    known = dict.fromkeys([*queues, *(row.queue for row in sample.depth)])  # each exported, 0 when empty
+    counts = {(q, s): 0 for q in known for s in DEPTH_STATUSES}
+    ages = dict.fromkeys(known, 0.0)
     for row in sample.depth:
         counts[(row.queue, row.status)] = row.jobs
-        if row.oldest_due_age_s is not None:
-            ages[row.queue] = max(0.0, row.oldest_due_age_s)
+        if row.status == "queued" and row.oldest_due_age_s is not None:
+            ages[row.queue] = max(0.0, row.oldest_due_age_s)  # the clocks' rounding: never below 0
     for (queue, status), n in sorted(counts.items()):
         jobs.add_metric([queue, status], n)
     for queue, age_s in sorted(ages.items()):

@@ -325,12 +325,15 @@ SELECT t.n_live_tup, t.n_dead_tup, t.seq_scan, t.idx_scan, t.n_tup_upd, t.n_tup_
 -- time): queued and due, scheduled (queued, run_at in the future), running, failed; and the age
 -- of the oldest due job per queue (0 when none is due). Finished rows (completed, discarded) are
 -- in no index, on purpose (an index entry per completion would cost the hot path), so counting
--- them would be a scan of the whole table: 183 ms per 1M rows here, growing with retention.
--- Each branch reads only its status's rows; EXPLAIN ANALYZE on 1M rows (PostgreSQL 18, this
--- 2-core machine): 10k queued, 20k failed, 970k finished: index-only scans of
--- dispatcher_jobs_claim_bucket_idx and dispatcher_jobs_failed_idx, 4.6 ms; 400k queued, 10k
--- running, 50k failed: the planner reads the queued 40% by a parallel seq scan, 240 ms. Bounded
--- by the maintenance statement budget (store.SLOW_STATEMENT).
+-- them is a scan of the whole table, growing with retention: a GROUP BY queue, status over all
+-- rows took 180-310 ms per 1M rows here. Each branch below reads only its own status's rows.
+-- EXPLAIN ANALYZE on 1M rows (PostgreSQL 18, this 2-core machine, busy with other work):
+-- - 10k queued, 20k failed, 970k finished: index-only scans of dispatcher_jobs_claim_bucket_idx
+--   and dispatcher_jobs_failed_idx, 5-16 ms;
+-- - 400k queued, 10k running, 50k failed: the planner reads the queued 40% of the table by a
+--   parallel seq scan, the running by dispatcher_jobs_lease_idx, the failed by a bitmap scan of
+--   dispatcher_jobs_failed_idx: 320-540 ms.
+-- Bounded by the maintenance statement budget (store.SLOW_STATEMENT: 30 s at the defaults).
 WITH queued AS (
     SELECT queue_name,
            count(*) FILTER (WHERE run_at <= now()) AS due,
@@ -340,8 +343,10 @@ WITH queued AS (
      WHERE status = 'queued'
      GROUP BY queue_name
 )
-SELECT q.queue_name, s.status, s.jobs, coalesce(extract(epoch FROM now() - q.oldest_due), 0)::float8
-  FROM queued q CROSS JOIN LATERAL (VALUES ('queued', q.due), ('scheduled', q.scheduled)) AS s(status, jobs)
+SELECT q.queue_name, s.status, s.jobs, s.oldest_due_age_s
+  FROM queued q
+ CROSS JOIN LATERAL (VALUES ('queued', q.due, coalesce(extract(epoch FROM now() - q.oldest_due), 0)::float8),
+                            ('scheduled', q.scheduled, NULL)) AS s(status, jobs, oldest_due_age_s)
 UNION ALL
 -- Separate branches, not `status IN ('running', 'failed')`: that is planned as a scan of the table.
 SELECT queue_name, 'running', count(*), NULL FROM dispatcher_jobs WHERE status = 'running' GROUP BY queue_name

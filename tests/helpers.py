@@ -124,6 +124,26 @@ def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes] 
         return None
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def metric_samples(text: str) -> Samples:
+    """(sample name, sorted labels) -> value of a Prometheus text page, by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def collected(collector: Any) -> Samples:
+    """What `collector` exports when scraped, as metric_samples."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return metric_samples(generate_latest(registry).decode())
+
+
 def start_serving_worker(dsn: str, log_path: Path, *, record_dir: Path | None = None,
                          app: str = "tests.apps.recording:registry", tries: int = 3,
                          **settings: Any) -> tuple[subprocess.Popen[bytes], int]:

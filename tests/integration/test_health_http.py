@@ -12,7 +12,6 @@ import urllib.request
 import orjson
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher import JobSpec, enqueue_many_sync
 from dispatcher.config import Config
@@ -21,6 +20,7 @@ from dispatcher.startup import StartupError, wait_until_ready
 from tests.helpers import (
     fetchall,
     http_get,
+    metric_samples,
     run_async,
     start_serving_worker,
     status_counts,
@@ -48,18 +48,12 @@ def scrape(port) -> str:
     return answer[1].decode()
 
 
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """(sample name, sorted labels) -> value, parsed by prometheus_client's own parser."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
 def value(text: str, name: str, **labels) -> float | None:
-    return samples(text).get((name, tuple(sorted(labels.items()))))
+    return metric_samples(text).get((name, tuple(sorted(labels.items()))))
 
 
 def names(text: str) -> set[str]:
-    return {name for name, _ in samples(text)}
+    return {name for name, _ in metric_samples(text)}
 
 
 def enqueue(dsn, specs):
@@ -103,7 +97,7 @@ def test_probes_answer_and_the_metrics_count_the_jobs_run(dsn, tmp_path):
         assert 0 <= value(text, "dispatcher_loop_heartbeat_age_seconds") < 10
         assert value(text, "dispatcher_coordinator_owned_buckets", queue="default") == 64
         assert 0 <= value(text, "dispatcher_coordinator_heartbeat_age_seconds") < 10
-        assert [k for k in samples(text) if k[0] == "dispatcher_build_info"] and \
+        assert [k for k in metric_samples(text) if k[0] == "dispatcher_build_info"] and \
             value(text, "dispatcher_build_info", version=_version()) == 1
         # The only worker samples the table: every table-wide series is there.
         assert value(text, "dispatcher_table_sampler") == 1

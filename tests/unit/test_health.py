@@ -7,23 +7,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.metrics import _HeartbeatAge
 from dispatcher.health import Health, HealthCollector, assignment_state, judge
 from dispatcher.store import DbPressure, QueueDepth
 from dispatcher.table_sampler import STALE_TICKS, TableCollector, TableSample, TableSampler
+from tests.helpers import collected
 
 READY = dict(worker="running", database="ok", schema="current", assignment="owned")
-
-
-def exported(collector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    registry = CollectorRegistry()
-    registry.register(collector)
-    text = generate_latest(registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_ready_only_when_every_check_passes():
@@ -114,20 +105,20 @@ def test_the_loop_heartbeat_task_stamps_the_loop_time():
 
 def test_ready_and_loop_age_are_computed_at_scrape_time():
     collector = HealthCollector()
-    assert exported(collector) == {}  # no worker in this process: no samples
+    assert collected(collector) == {}  # no worker in this process: no samples
     health = Health(loop_stall_s=10)
     collector.track(health)
     health._beat = time.monotonic() - 3
-    out = exported(collector)
+    out = collected(collector)
     assert out[("dispatcher_ready", ())] == 0
     assert out[("dispatcher_loop_heartbeat_age_seconds", ())] >= 3
     health._beat = time.monotonic() - 7
-    assert exported(collector)[("dispatcher_loop_heartbeat_age_seconds", ())] >= 7  # grows between scrapes
+    assert collected(collector)[("dispatcher_loop_heartbeat_age_seconds", ())] >= 7  # grows between scrapes
 
 
 def test_coordinator_heartbeat_age_is_computed_at_scrape_time_and_absent_without_a_coordinator():
     ages = _HeartbeatAge()
-    assert exported(ages) == {}
+    assert collected(ages) == {}
     class Beating:
         def __init__(self, age_s):
             self.age_s = age_s
@@ -138,9 +129,9 @@ def test_coordinator_heartbeat_age_is_computed_at_scrape_time_and_absent_without
     beating = [Beating(1.5), Beating(4.0)]
     for c in beating:
         ages.track(c)
-    assert exported(ages) == {("dispatcher_coordinator_heartbeat_age_seconds", ()): 4.0}  # the oldest group's
+    assert collected(ages) == {("dispatcher_coordinator_heartbeat_age_seconds", ()): 4.0}  # the oldest group's
     ages.untrack(beating[1])
-    assert exported(ages) == {("dispatcher_coordinator_heartbeat_age_seconds", ()): 1.5}
+    assert collected(ages) == {("dispatcher_coordinator_heartbeat_age_seconds", ()): 1.5}
 
 
 TABLE_WIDE = {"dispatcher_queue_jobs", "dispatcher_queue_oldest_runnable_age_seconds", "dispatcher_db_dead_tuples",
@@ -162,11 +153,11 @@ def test_the_table_collector_exports_the_holders_fresh_sample_only():
     collector = TableCollector()
     s = sampler()
     collector.track(s)
-    out = exported(collector)
+    out = collected(collector)
     assert out == {("dispatcher_table_sampler", ()): 0, ("dispatcher_table_sample_age_seconds", ()): math.inf}
 
     s.sample, s._held_until = sample(age_s=0.25), time.monotonic() + 3  # what a tick that holds the lease leaves
-    out = exported(collector)
+    out = collected(collector)
     assert out[("dispatcher_table_sampler", ())] == 1
     assert 0.25 <= out[("dispatcher_table_sample_age_seconds", ())] < 5
     jobs = {tuple(v for _, v in labels): n for (name, labels), n in out.items() if name == "dispatcher_queue_jobs"}
@@ -183,10 +174,10 @@ def test_the_table_collector_exports_the_holders_fresh_sample_only():
     assert (out[("dispatcher_db_lock_waits", ())], out[("dispatcher_db_active_sessions", ())]) == (2, 3)
 
     s.sample = sample(age_s=STALE_TICKS * s.interval_s + 0.5)  # the database stopped answering
-    out = exported(collector)
+    out = collected(collector)
     assert not {name for name, _ in out} & TABLE_WIDE
     assert out[("dispatcher_table_sampler", ())] == 1
 
     s.sample, s._held_until = sample(), time.monotonic() - 0.1  # the lease ran out: held no more
-    out = exported(collector)
+    out = collected(collector)
     assert out == {("dispatcher_table_sampler", ()): 0, ("dispatcher_table_sample_age_seconds", ()): math.inf}

@@ -4,29 +4,21 @@
 import sys
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher.completer import Completer
 from dispatcher.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
 from dispatcher.retry import Outcome
 from dispatcher.store import Job
-
-
-def exported(collector: JobCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    registry = CollectorRegistry()
-    registry.register(collector)
-    text = generate_latest(registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+from tests.helpers import collected
 
 
 def test_the_histogram_is_cumulative_with_prometheus_bucket_bounds():
     stats = JobStats(bounds_s=(0.1, 1.0))
     for duration_s in (0.05, 0.1, 0.1000001, 1.0, 7.0):  # a duration equal to a bound is in that bucket (le)
         stats.finished("t", "completed", duration_s)
-    out = exported(JobCollector(stats))
-    buckets = {dict(labels)["le"]: v for (name, labels), v in out.items() if name == "dispatcher_job_duration_seconds_bucket"}
+    out = collected(JobCollector(stats))
+    buckets = {dict(labels)["le"]: v for (name, labels), v in out.items()
+               if name == "dispatcher_job_duration_seconds_bucket"}
     assert buckets == {"0.1": 2, "1.0": 4, "+Inf": 5}
     assert out[("dispatcher_job_duration_seconds_count", (("job_type", "t"),))] == 5
     assert out[("dispatcher_job_duration_seconds_sum", (("job_type", "t"),))] == pytest.approx(8.2500001)
@@ -38,7 +30,7 @@ def test_every_outcome_and_the_timeouts_are_exported_per_job_type_from_the_first
     stats.finished("a", "retried", 0.01)
     stats.finished("a", "retried", 0.01)
     stats.timed_out("b")
-    out = exported(JobCollector(stats))
+    out = collected(JobCollector(stats))
     outcomes = {(dict(k)["job_type"], dict(k)["outcome"]): v for (name, k), v in out.items()
                 if name == "dispatcher_job_outcomes_total"}
     assert outcomes == {**{("a", o): 0 for o in OUTCOMES}, ("a", "completed"): 1, ("a", "retried"): 2,
@@ -66,16 +58,16 @@ class FakeExecutor:
         return dict(self.running)
 
 
-def test_running_jobs_are_summed_over_executors_and_every_served_queue_is_exported():
+def test_running_jobs_are_summed_over_executors_and_every_served_queue_is_collected():
     collector = JobCollector(JobStats())
     one, two = FakeExecutor({"default": 2}), FakeExecutor({"default": 1, "mail": 4})
     collector.track(one, ["default", "idle"])
     collector.track(two, ["default", "mail"])
-    out = exported(collector)
+    out = collected(collector)
     running = {dict(k)["queue"]: v for (name, k), v in out.items() if name == "dispatcher_jobs_running"}
     assert running == {"default": 3, "idle": 0, "mail": 4}
     collector.untrack(two)
-    out = exported(collector)
+    out = collected(collector)
     assert {dict(k)["queue"]: v for (name, k), v in out.items() if name == "dispatcher_jobs_running"} == {
         "default": 2, "idle": 0}
 

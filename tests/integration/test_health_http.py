@@ -140,6 +140,8 @@ def test_a_blocked_event_loop_fails_livez_and_readyz_until_it_runs_again(dsn, tm
         assert code == 503 and body["checks"]["worker"] == "stalled", body
         text = scrape(port)
         assert value(text, "dispatcher_loop_heartbeat_age_seconds") > 2
+        # Computed at scrape time: it grows while the loop (where heartbeats are sent) is stuck.
+        assert value(text, "dispatcher_coordinator_heartbeat_age_seconds") > 2
         assert value(text, "dispatcher_ready") == 0
         assert value(text, "dispatcher_jobs_running", queue="default") == 1
         wait_until(lambda: get_json(port, "/livez")[0] == 200, 30, "/livez 200 again once the handler returned")

@@ -89,7 +89,7 @@ class TableSampler(PeriodicService):
             self._held_until, self.sample = None, None
             return
         if self._held_until is None:
-            log.info("table sampler: this worker samples the table-wide metrics (lease %.0f s)", self.lease_s)
+            log.info("table sampler: this worker samples the table-wide metrics (lease %g s)", self.lease_s)
         self._held_until = sent_at + self.lease_s  # counted from the send: never longer than the database's
         depth = tuple(await self._store.queue_depth())
         pressure = await self._store.db_pressure()

@@ -93,10 +93,12 @@ class Fleet:
 
 
 def _gauge(text: str, name: str) -> float:
+    """The value of gauge `name`, summed over its labels (owned buckets are per queue)."""
+    total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
+        if line.startswith((name + " ", name + "{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def quantile_ms(buckets: list[tuple[float, float]], q: float) -> float | None:

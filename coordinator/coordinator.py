@@ -50,7 +50,7 @@ def _jittered(interval_s: float, spread: float) -> float:
 class Coordinator:
     def __init__(self, backend: CoordinatorBackend, member: str, *, lease_s: float = 10.0,
                  poll_s: float = 1.0, assignor: Assignor = assign,
-                 can_work: Callable[[], bool] = lambda: True) -> None:
+                 can_work: Callable[[], bool] = lambda: True, group: str = "") -> None:
         if lease_s < 3:
             raise ValueError("coordinator lease must be >= 3 s")
         self.backend = backend
@@ -70,6 +70,9 @@ class Coordinator:
         self._owned: tuple[int, ...] = ()
         self._degraded = False
         self._last_beat = -1e9
+        self._beat_at = time.monotonic()  # last successful heartbeat (or creation), for the age metric
+        self._stopped = False
+        self._owned_gauge = metrics.OWNED_BUCKETS.labels(group)  # group: the queue it assigns
         self._last_contact = time.monotonic()
         self._on_revoke: OnRevoke | None = None
         self._task: asyncio.Task[None] | None = None
@@ -83,6 +86,21 @@ class Coordinator:
         return None if self._degraded else self._owned
 
     @property
+    def state(self) -> str:
+        """For a readiness check: joining (no view read yet), member, degraded (backend unreachable
+        past the lease: SKIP LOCKED), resigned (the worker cannot work) or stopped."""
+        if self._stopped:
+            return "stopped"
+        if self.resigned:
+            return "resigned"
+        if self._degraded:
+            return "degraded"
+        return "joining" if self.view is None else "member"
+
+    def heartbeat_age_s(self) -> float:
+        return time.monotonic() - self._beat_at
+
+    @property
     def running(self) -> bool:
         """Test signal: the background loop is alive (it must outlive any backend failure)."""
         return self._task is not None and not self._task.done()
@@ -91,6 +109,7 @@ class Coordinator:
         """Join before the worker claims anything, so it starts with its share (or degraded).
         `on_revoke(buckets)` is awaited before buckets we own are handed over (module docstring)."""
         self._on_revoke = on_revoke
+        metrics.HEARTBEAT_AGE.track(self)
         try:
             await self.backend.connect()
             await self._tick()
@@ -102,6 +121,8 @@ class Coordinator:
 
     async def stop(self) -> None:
         """Leave at once so the others take our buckets now, not a lease from now."""
+        self._stopped = True
+        metrics.HEARTBEAT_AGE.untrack(self)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -115,7 +136,7 @@ class Coordinator:
             log.warning("could not leave cleanly (%s): our lease will expire instead", exc or type(exc).__name__)
         await self.backend.close()
         metrics.IS_LEADER.set(0)
-        metrics.OWNED_BUCKETS.set(0)
+        self._owned_gauge.set(0)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -131,7 +152,6 @@ class Coordinator:
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any failure
                 self._unreachable(exc)
                 wait = _jittered(min(1.0, self.poll_s), 0.3)
-            metrics.HEARTBEAT_AGE.set(time.monotonic() - self._last_beat)
             try:
                 await self.backend.wait_for_change(wait)
             except Exception as exc:  # noqa: BLE001 - the same
@@ -151,7 +171,7 @@ class Coordinator:
         now = time.monotonic()
         if now - self._last_beat >= self.heartbeat_s * 0.9:
             await self.backend.heartbeat(self.member, self.lease_s)
-            self._last_beat = now
+            self._last_beat = self._beat_at = now
         self.leading = await self.backend.try_lead(self.member, self.lease_s)
         metrics.IS_LEADER.set(1 if self.leading else 0)
         view = await self.backend.view()
@@ -232,7 +252,7 @@ class Coordinator:
     def _set_owned(self, buckets: tuple[int, ...]) -> None:
         if buckets != self._owned:
             self._owned = buckets
-            metrics.OWNED_BUCKETS.set(len(buckets))
+            self._owned_gauge.set(len(buckets))
             self.changed.set()
 
     def _next_wait(self) -> float:

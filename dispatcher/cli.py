@@ -101,17 +101,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     install_early()  # before the slow part of starting: a SIGTERM now still means a clean stop
     config = _config_from(args)  # logs nothing: the first line below already carries the worker id
     logs.set_worker(config.worker_id)
-    from .metrics import serve
+    from .health import Health
+    from .http_server import HealthServer
     from .worker import run_worker
 
     _require_dsn(config)
     registry = load_registry(args.app)
-    if args.migrate:
-        from .migrate import migrate
+    # Probes answer from here on (not ready until the worker runs), through --migrate and the
+    # start-up checks; port 0: no server.
+    health = Health(loop_stall_s=config.loop_stall_s)
+    server = HealthServer(config.metrics_port, health) if config.metrics_port else None
+    if server is not None:
+        server.start()
+    try:
+        if args.migrate:
+            from .migrate import migrate
 
-        migrate(config.dsn)  # type: ignore[arg-type]
-    serve(config.metrics_port)
-    worker = run_worker(config, registry)
+            migrate(config.dsn)  # type: ignore[arg-type]
+        worker = run_worker(config, registry, health=health)
+    finally:
+        if server is not None:
+            server.stop()
     # Non-zero when some outcome could not be written before the deadline: those jobs come back
     # by their leases (an operator may want to know; Kubernetes does not restart on it).
     return 0 if worker.clean else 1

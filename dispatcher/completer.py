@@ -20,11 +20,14 @@ from . import joblog, metrics
 from .backoff import jittered
 from .constants import STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
 from .errors import StoreError
+from .job_metrics import JOB_STATS, JobStats
 from .retry import FailureKind, Outcome
 from .store import Failure, HistoryRows, Job, JobStore
 
 log = logging.getLogger(__name__)
 
+# A failed attempt's outcome word, by the status it was decided to end in: in the history rows and
+# in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its own.)
 _HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded"}
 
 
@@ -40,9 +43,11 @@ class CompletionStats:
 
 class Completer:
     def __init__(
-        self, store: JobStore, *, flush_interval_s: float, flush_max: int, history: bool = False
+        self, store: JobStore, *, flush_interval_s: float, flush_max: int, history: bool = False,
+        job_stats: JobStats = JOB_STATS,
     ) -> None:
         self.store = store
+        self._job_stats = job_stats  # run time and outcome of every finished attempt (job_metrics.py)
         self._interval_s = flush_interval_s
         self._flush_max = flush_max
         self._history_on = history
@@ -54,10 +59,11 @@ class Completer:
         self._lock = asyncio.Lock()  # one flush at a time: the run loop and a shutdown flush
         self.stats = CompletionStats()
 
-    # Hot path: two appends and a length check per job.
+    # Hot path: two appends, the job's metrics (+0.27 us: job_metrics.py) and a length check per job.
     def completed(self, job: Job, duration_s: float) -> None:
         self._ids.append(job.id)
         self._tokens.append(job.token)
+        self._job_stats.finished(job.job_type, "completed", duration_s)
         if self._history_on:
             self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
                               "completed", None)
@@ -68,6 +74,7 @@ class Completer:
                summary: str | None = None) -> None:
         """A failed attempt; `kind` and `summary` (the error in one line) are for its log line."""
         self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary))
+        self._job_stats.finished(job.job_type, _HISTORY_OUTCOME[outcome.status], duration_s)
         if self._history_on:
             self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
                               _HISTORY_OUTCOME[outcome.status], outcome.error)

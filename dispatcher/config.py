@@ -49,6 +49,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0  # a server that does not finish the handshake i
 # database or the path to it is stuck. Against the 30 s lease: a stalled heartbeat is noticed
 # within heartbeat (10 s) + 5 s = half a lease, with time left before any lease runs out.
 DEFAULT_STATEMENT_TIMEOUT_S = 5.0
+DEFAULT_LOOP_STALL_S = 10.0  # the loop ticks every 1 s; 10 s silent is a blocked loop, not a busy one
+DEFAULT_TABLE_SAMPLE_INTERVAL_S = 15.0  # a common Prometheus scrape interval; one pod samples (table_sampler.py)
 COORDINATORS = ("postgres", "redis", "static")
 LISTEN_OFF = "none"  # listen_dsn value: no LISTEN connection at all (polling only)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -261,7 +263,13 @@ class Config:
     worker_count: int = setting(
         1, parse=int, unit="workers", help="static coordinator: number N of workers sharing the buckets")
     metrics_port: int = setting(
-        0, parse=int, help="TCP port of the Prometheus /metrics server; 0: no server")
+        0, parse=int, help="TCP port of the /metrics, /livez and /readyz server (all interfaces); 0: no server")
+    loop_stall_s: float = setting(
+        DEFAULT_LOOP_STALL_S, parse=float, unit="seconds",
+        help="/livez fails once the event loop was silent for this many seconds (>= 2)")
+    table_sample_interval_s: float = setting(
+        DEFAULT_TABLE_SAMPLE_INTERVAL_S, parse=float, unit="seconds",
+        help="seconds between samples of the table-wide metrics, taken by one pod at a time (> 0)")
     log_level: str = setting(
         "INFO", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
     log_format: str = setting(
@@ -320,6 +328,8 @@ class Config:
         _check(self.worker_count >= 1, "worker_count", "must be >= 1")
         _check(0 <= self.worker_index < self.worker_count, "worker_index", "must be in [0, worker_count)")
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be a TCP port or 0")
+        _check(self.loop_stall_s >= 2, "loop_stall_s", "must be >= 2 seconds (the loop ticks every second)")
+        _check(self.table_sample_interval_s > 0, "table_sample_interval_s", "must be > 0")
         _check(self.listen_dsn is None or bool(self.listen_dsn.strip()), "listen_dsn",
                f"must be a connection string or {LISTEN_OFF!r}")
         _check(self.log_level.upper() in LOG_LEVELS, "log_level", "must be DEBUG, INFO, WARNING or ERROR")

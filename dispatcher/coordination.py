@@ -57,4 +57,4 @@ def _coordinated(config: Config, queue: str, can_work: Callable[[], bool]) -> Bu
                                   session_locks=config.session_locks, limits=limits,
                                   listen_dsn=config.listen_target, listen=config.listen_target is not None)
     return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s,
-                       poll_s=config.coordinator_poll_s, can_work=can_work)
+                       poll_s=config.coordinator_poll_s, can_work=can_work, group=queue)

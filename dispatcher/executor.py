@@ -32,6 +32,7 @@ from typing import Any
 from . import metrics
 from .completer import Completer
 from .errors import PermanentJobError
+from .job_metrics import JOB_STATS, JobStats
 from .joblog import exception_line
 from .registry import Handler, Registry
 from .retry import FailureKind, RetryPolicy
@@ -84,8 +85,9 @@ class ExecutorStats:
 class Executor:
     def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, *,
                  worker_id: str, job_timeout_s: float, sync_threads: int, lease_s: float = 30.0,
-                 start_margin_s: float = 0.0, lose_early_s: float = 0.0) -> None:
+                 start_margin_s: float = 0.0, lose_early_s: float = 0.0, job_stats: JobStats = JOB_STATS) -> None:
         self._registry = registry
+        self._job_stats = job_stats
         self._policy = policy
         self._completer = completer
         self._worker_id = worker_id
@@ -105,6 +107,7 @@ class Executor:
         self._sync_backlog: collections.deque[_Running] = collections.deque()
         self._sync_busy = 0
         self._timed_out: set[int] = set()
+        self._starting: Job | None = None
         self._accepting = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self.in_flight = 0  # claimed and not finished: what the producer's free slots are counted from
@@ -140,7 +143,9 @@ class Executor:
     def _start_async(self, loop: asyncio.AbstractEventLoop, handler: Handler, job: Job, held_since: float,
                      lease_until: float) -> None:
         started = time.monotonic()
+        self._starting = job  # running inside the eager start: not in _running yet (running_by_queue)
         task = _new_task(loop, self._run_async(handler, job, started))
+        self._starting = None
         if task.done():
             return  # finished without awaiting: outcome already buffered, slot already freed
         entry = self._running[job.id] = _Running(job, held_since, lease_until, task)
@@ -179,6 +184,7 @@ class Executor:
     def _time_out(self, entry: _Running) -> None:
         if entry.task is not None and not entry.task.done():
             self.stats.timeouts += 1
+            self._job_stats.timed_out(entry.job.job_type)
             self._timed_out.add(entry.job.id)
             entry.task.cancel()
 
@@ -218,6 +224,7 @@ class Executor:
                 # A thread cannot be interrupted; an overrun is recorded as a timeout when it returns
                 # (its lease was kept alive meanwhile, so it never ran twice at once).
                 self.stats.timeouts += 1
+                self._job_stats.timed_out(entry.job.job_type)
                 self._fail(entry.job, FailureKind.TIMEOUT,
                            f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)", started)
             elif exc is not None:
@@ -250,6 +257,18 @@ class Executor:
 
     def _timeout_of(self, handler: Handler) -> float:
         return handler.timeout_s or self._job_timeout_s
+
+    def running_by_queue(self) -> dict[str, int]:
+        """Jobs whose handler runs now, by queue; for a scrape, from the HTTP server's thread: the
+        ones in _running but the backlog (not started), and the one running inside its eager start
+        (an async handler has not awaited yet, maybe blocking the loop). dict.copy() is one C call:
+        atomic under the GIL, so the loop may go on meanwhile."""
+        starting = self._starting
+        counts: dict[str, int] = {starting.queue: 1} if starting is not None else {}
+        for entry in self._running.copy().values():
+            if entry.state is not _State.BACKLOG and entry.job is not starting:
+                counts[entry.job.queue] = counts.get(entry.job.queue, 0) + 1
+        return counts
 
     # -- leases: for the lease keeper ---------------------------------------------------------------
 

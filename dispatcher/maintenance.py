@@ -6,7 +6,7 @@
 - `Pruner`: deletes finished rows past their retention.
 - `PlannerStats`: refreshes planner statistics when they fall far behind the table (a role
   that may not ANALYZE it gets one warning, and the service ends: that is the owner's job).
-- `PressureSampler`: what the queue costs the database, as gauges.
+(The table-wide figures, sampled by one pod at a time, are table_sampler.py's.)
 
 Each runs `tick()` every jittered interval (N pods must not fire in lockstep); a store error is
 counted and logged, and the loop goes on, until a service sets `retired` (it cannot ever work).
@@ -39,16 +39,23 @@ class PeriodicService:
         self.interval_s = interval_s
         self._first_delay_s = first_delay_s
         self.retired = False  # set by a service that can never work here: run() then returns
+        # time.monotonic() of the first of the ticks failing now (a store error): what readiness
+        # reads of the reaper, which every pod runs every few seconds on its maintenance connection.
+        # (Not LeaseKeeper.failing_since: that one's ticks catch their own errors.)
+        self.tick_failing_since: float | None = None
 
     async def run(self) -> None:
         await asyncio.sleep(jittered(self.interval_s) if self._first_delay_s is None else self._first_delay_s)
         while True:
             try:
                 next_s = await self.tick()
+                self.tick_failing_since = None
             except StoreError as exc:
                 metrics.STORE_ERRORS.labels(self.name).inc()
                 log.warning("%s failed: %s", self.name, exc)
                 next_s = None
+                if self.tick_failing_since is None:
+                    self.tick_failing_since = time.monotonic()
             if self.retired:
                 return
             await asyncio.sleep(jittered(self.interval_s) if next_s is None else next_s)
@@ -199,16 +206,3 @@ class PlannerStats(PeriodicService):
             log.warning("planner statistics: %s, so this worker will not refresh them (not retried). That is the "
                         "table owner's job, and autovacuum does it; to let workers refresh them right after a bulk "
                         "load too: %s", exc.reason, exc.hint or "see README, Roles")
-
-
-class PressureSampler(PeriodicService):
-    name = "db_pressure"
-
-    async def tick(self) -> None:
-        p = await self._store.db_pressure()
-        if p is None:
-            return
-        metrics.DB_DEAD_TUPLES.set(p.n_dead_tup)
-        metrics.DB_LIVE_TUPLES.set(p.n_live_tup)
-        metrics.DB_CLAIM_INDEX_TUPLES_READ.set(p.claim_idx_tup_read)
-        metrics.DB_LOCK_WAITS.set(p.lock_waits)

@@ -1,12 +1,17 @@
-"""Prometheus metrics for the worker runtime: the queue, and the database pressure it causes.
+"""Prometheus metrics for the worker runtime (served by http_server.py).
 
 Counters move once per batch (a claim, a flush), never once per job: an increment costs about
-0.5 us, 5% of the ~10 us of CPU a job costs at 100k jobs/s.
+0.5 us, 5% of the ~10 us of CPU a job costs at 100k jobs/s. What is counted per job (run time and
+outcome by job type) is counted in plain Python and read at scrape time (job_metrics.py); the
+table-wide figures come from the one pod that samples them (table_sampler.py); readiness and the
+loop heartbeat are judged at scrape time (health.py).
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from importlib import metadata
+
+from prometheus_client import Counter, Gauge, Histogram
 
 # Fine enough to read p50/p99 of a claim (0.5-20 ms here) from the buckets, as the bench suite does.
 _LATENCY_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015,
@@ -54,16 +59,13 @@ CLAIM_BATCH = Histogram(
 )
 FLUSH_SECONDS = Histogram("dispatcher_flush_seconds", "Latency of one completion flush", buckets=_LATENCY_BUCKETS)
 
-# Database pressure, sampled by the maintenance loop from pg_stat_* (see query db_pressure).
-DB_DEAD_TUPLES = Gauge("dispatcher_db_dead_tuples", "Dead tuples in the jobs table")
-DB_LIVE_TUPLES = Gauge("dispatcher_db_live_tuples", "Live tuples in the jobs table")
-DB_CLAIM_INDEX_TUPLES_READ = Gauge(
-    "dispatcher_db_claim_index_tuples_read", "Index entries read through the claim indexes (cumulative)"
-)
-DB_LOCK_WAITS = Gauge("dispatcher_db_lock_waits", "Sessions waiting on a lock in this database right now")
+
+def _version() -> str:
+    try:
+        return metadata.version("bucket-dispatcher")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on `port` (0: do nothing)."""
-    if port:
-        start_http_server(port)
+BUILD_INFO = Gauge("dispatcher_build_info", "Always 1; the version of bucket-dispatcher in its label", ["version"])
+BUILD_INFO.labels(_version()).set(1)

@@ -26,7 +26,8 @@ _ADD_COLUMN = re.compile(r"\bALTER\s+TABLE\s+(?:ONLY\s+)?(\w+)\s+ADD\s+(?:COLUMN
 _SEQUENCE_COLUMN = re.compile(r"^\s*(\w+)\s+(?:\w*serial\d?\b|.*\bGENERATED\s+(?:ALWAYS|BY\s+DEFAULT)\s+AS\s+IDENTITY)",
                               re.IGNORECASE)
 
-# Rows only. DELETE: the pruner deletes finished jobs, members leave, a leader resigns.
+# Rows only. DELETE: the pruner deletes finished jobs, members leave, a leader resigns, a worker
+# gives up its maintenance lease (dispatcher_maintenance_leases: the table sampler's role).
 TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 SEQUENCE_PRIVILEGES = "USAGE, SELECT"
 # Workers check the schema version at start and `dispatcher migrate` reads it; only the owner writes it.
@@ -119,5 +120,8 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
         "-- Optional (PostgreSQL 17+): let workers refresh planner statistics right after a bulk load;",
         "-- without it autovacuum does, within about a minute, and each worker logs once that it cannot.",
         f"-- GRANT MAINTAIN ON TABLE {qualified(ANALYZED_TABLE)} TO {who};",
+        "-- Optional: let the table sampler's dispatcher_db_active_sessions count the sessions of other",
+        "-- roles too (PostgreSQL shows a role the state of its own sessions only).",
+        f"-- GRANT pg_read_all_stats TO {who};",
     ]
     return "\n".join(lines) + "\n"

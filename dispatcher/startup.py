@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -87,9 +88,11 @@ async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
 
 
 async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schema: bool,
-                           stopping: asyncio.Event) -> bool:
+                           stopping: asyncio.Event, on_state: Callable[[str, str], None] | None = None) -> bool:
     """Return True once the database answers with a current schema, False if `stopping` is set
-    first; raise StartupError for what waiting cannot fix."""
+    first; raise StartupError for what waiting cannot fix. `on_state(database, schema)` hears each
+    attempt's finding, for /readyz (health.StartupState)."""
+    report = on_state or (lambda database, schema: None)
     where = describe_dsn(dsn)
     delay = UNREACHABLE_BACKOFF_S[0]
     last_schema_log = -1e9
@@ -105,6 +108,7 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
             problem = str(exc)
         except psycopg.errors.InsufficientPrivilege as exc:
             # A DML-only role before the migration Job granted it anything (README, Roles).
+            report("ok", "unreadable")
             if not wait_for_schema:
                 raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)} "
                                    "(grant it with `dispatcher grants`)") from None
@@ -117,6 +121,7 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
         except psycopg.Error as exc:
             raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)}") from None
         else:
+            report("ok", "current" if not state.missing else "older" if state.applied else "missing")
             if not state.missing:
                 if state.newer:
                     log.warning("schema has migrations this worker does not know (%s): a newer release migrated "
@@ -132,6 +137,7 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
                 last_schema_log = loop.time()
             await _sleep_unless(stopping, jittered(1.0, 0.2))
             continue
+        report("unreachable", "unknown")
         log.warning("database %s unreachable at start (%s): retrying in %.1f s", where, problem, delay)
         await _sleep_unless(stopping, jittered(delay, 0.2))
         delay = min(delay * 2, UNREACHABLE_BACKOFF_S[1])

@@ -53,6 +53,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append("")
         lines.append(
             f"table: {db['n_live_tup']} live / {db['n_dead_tup']} dead tuples; "
-            f"claim-index tuples read {db['claim_idx_tup_read']}; sessions waiting on locks {db['lock_waits']}"
+            f"claim-index tuples read {db['claim_idx_tup_read']}; worker sessions waiting on locks "
+            f"{db['lock_waits']}; sessions running a statement {db['active_sessions']}"
         )
     return "\n".join(lines)

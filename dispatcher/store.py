@@ -102,7 +102,18 @@ class DbPressure:
     n_tup_upd: int
     n_tup_hot_upd: int
     claim_idx_tup_read: int
-    lock_waits: int
+    lock_waits: int  # our sessions (application_name dispatcher-*) waiting on a lock
+    active_sessions: int  # sessions of this database running a statement, the sampler's own excluded
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """One row of query queue_depth: jobs of one queue in one status (oldest_due_age_s: queued only)."""
+
+    queue: str
+    status: str  # queued (due), scheduled, running, failed
+    jobs: int
+    oldest_due_age_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +374,20 @@ class JobStore:
         cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)
         row = await cur.fetchone()
         return DbPressure(*row) if row else None
+
+    async def queue_depth(self) -> list[QueueDepth]:
+        cur = await self._execute("queue_depth", query("queue_depth"), {}, budget=SLOW_STATEMENT)
+        return [QueueDepth(*row) for row in await cur.fetchall()]
+
+    async def maintenance_lease_take(self, name: str, ttl_s: float) -> bool:
+        """Take or renew the one-pod-at-a-time role `name` for `ttl_s` (database clock); True: ours."""
+        params = {"name": name, "holder": self.worker_id, "ttl_s": ttl_s}
+        cur = await self._execute("lease_take", query("maintenance_lease_take"), params)
+        return await cur.fetchone() is not None
+
+    async def maintenance_lease_release(self, name: str) -> None:
+        params = {"name": name, "holder": self.worker_id}
+        await self._execute("lease_release", query("maintenance_lease_release"), params)
 
     async def jobs_analyze_if_stale(self) -> None:
         """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql).

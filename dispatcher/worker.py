@@ -29,11 +29,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from coordinator.assignment import BucketAssignment
 from coordinator.pglimits import ConnectionLimits
 
-from . import metrics
+from . import job_metrics, metrics
 from .completer import Completer
 from .config import Config
 from .constants import MODE_PARTITIONED
@@ -41,11 +42,15 @@ from .coordination import build_assignments
 from .errors import ConfigError, StoreError
 from .executor import Executor
 from .listener import Listener
-from .maintenance import LeaseKeeper, PeriodicService, PlannerStats, PressureSampler, Pruner, Reaper
+from .maintenance import LeaseKeeper, PeriodicService, PlannerStats, Pruner, Reaper
 from .producer import Producer
 from .registry import Registry
 from .retry import RetryPolicy
 from .store import JobStore
+from .table_sampler import TableSampler
+
+if TYPE_CHECKING:
+    from .health import Health
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +128,14 @@ class Worker:
         self._never = asyncio.Event()  # `listening` without a listener: never set
         self.reaper = Reaper(maint, policy, interval_s=config.reaper_interval_s, history=config.history,
                              on_reaped=self.producer.wake)
+        self.table_sampler = TableSampler(maint, interval_s=config.table_sample_interval_s, queues=config.queues)
         self._services: list[PeriodicService] = [
             self.lease_keeper, self.reaper,
             Pruner(maint, retention_s=config.completed_retention_s, interval_s=config.prune_interval_s),
             PlannerStats(maint, interval_s=config.reaper_interval_s),
-            PressureSampler(maint, interval_s=config.reaper_interval_s),
+            self.table_sampler,
         ]
+        job_metrics.COLLECTOR.track(self.executor, config.queues)  # dispatcher_jobs_running{queue}
         self._stop = asyncio.Event()
         self._stop_requested_at: float | None = None
         self._grace_override: float | None = None
@@ -226,11 +233,15 @@ class Worker:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        # Beside the flush (another connection): the next pod samples the table at its next tick.
+        releasing = asyncio.create_task(self.table_sampler.release(), name="release the table sampler role")
         await self._flush_until(overrun_ends - 0.5)
         await _within(leaving, overrun_ends - 0.2)
+        await _within(releasing, overrun_ends - 0.2)
         if self._listener is not None:
             await self._listener.stop()
         self.executor.close()
+        job_metrics.COLLECTOR.untrack(self.executor)
         for store in self._stores:
             await store.close()
         log.info("worker %s stopped in %.1f s: %s %s", self.config.worker_id, time.monotonic() - begun,
@@ -299,8 +310,11 @@ def _fmt_buckets(buckets: tuple[int, ...] | None) -> str:
 
 
 def run_worker(config: Config, registry: Registry, *, install_signals: bool = True,
-               on_started: Callable[[Worker], None] | None = None) -> Worker:
+               on_started: Callable[[Worker], None] | None = None, health: Health | None = None) -> Worker:
     """Run a worker on uvloop until SIGTERM/SIGINT (see lifecycle.py for the exit guarantees).
+
+    `health` (what the HTTP server's probes read) gets the loop heartbeat from the loop's first
+    moment, the start-up checks' findings, and the worker.
 
     Before it starts, the database must answer with a current schema (startup.py): a login the
     server refuses, or a missing or older schema, raises StartupError; an unreachable server is
@@ -313,13 +327,24 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
     from .startup import check_listen, wait_until_ready
 
     worker = Worker(config, registry)
+    if health is not None:
+        health.attach(worker)
 
     async def main() -> None:
+        beat = None if health is None else asyncio.create_task(health.beat_forever(), name="loop heartbeat")
+        try:
+            await start_and_run()
+        finally:
+            if beat is not None:
+                beat.cancel()
+
+    async def start_and_run() -> None:
         if install_signals:
             ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(config),
                             announce=log.info).install()
         ready = await wait_until_ready(config.dsn, config.limits,  # type: ignore[arg-type]  # checked by Worker
-                                       wait_for_schema=config.wait_for_schema, stopping=worker.stopping)
+                                       wait_for_schema=config.wait_for_schema, stopping=worker.stopping,
+                                       on_state=None if health is None else health.startup.update)
         if not ready:
             log.info("stopped before the database was ready")
             return

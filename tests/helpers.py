@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -99,6 +102,64 @@ def start_worker(dsn: str, record_dir: Path | None = None, app: str = "tests.app
 
 
 stop_workers = harness.stop_workers
+
+
+def free_port() -> int:
+    """A TCP port the kernel just handed out and took back: free now, though not reserved (see
+    start_serving_worker, which tries another if a worker loses the race for it)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
+    """(status, body) of GET http://127.0.0.1:port/path; None if nothing answered."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+    except OSError:
+        return None
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def metric_samples(text: str) -> Samples:
+    """(sample name, sorted labels) -> value of a Prometheus text page, by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def collected(collector: Any) -> Samples:
+    """What `collector` exports when scraped, as metric_samples."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return metric_samples(generate_latest(registry).decode())
+
+
+def start_serving_worker(dsn: str, log_path: Path, *, record_dir: Path | None = None,
+                         app: str = "tests.apps.recording:registry", tries: int = 3,
+                         **settings: Any) -> tuple[subprocess.Popen[bytes], int]:
+    """A worker process serving /metrics, /livez and /readyz on a free port: (process, port)
+    once /livez answers. A port taken between free_port() and the worker's bind makes the worker
+    exit 1 naming DISPATCHER_METRICS_PORT: then another port is tried."""
+    for _ in range(tries):
+        port = free_port()
+        proc = start_worker(dsn, record_dir, app=app, log_path=log_path, metrics_port=port, **settings)
+        wait_until(lambda: proc.poll() is not None or http_get(port, "/livez"), 60,
+                   lambda: f"/livez on port {port}: {log_path.read_text()[-2000:]}")
+        if proc.poll() is None:
+            return proc, port
+        if "DISPATCHER_METRICS_PORT" not in log_path.read_text():
+            raise AssertionError(f"worker exited {proc.returncode}: {log_path.read_text()[-2000:]}")
+    raise AssertionError(f"no free port for the worker's HTTP server in {tries} tries")
 
 
 @dataclass(frozen=True)

@@ -123,9 +123,9 @@ def test_migrations_through_pgbouncer_apply_once_from_four_runners(empty_dsn, pg
 @pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
 def test_a_worker_process_drains_through_pgbouncer(dsn, pgbouncer, tmp_path, mode):
     """A real `dispatcher run` whose every statement goes through PgBouncer (LISTEN excepted):
-    claims, completions, the reaper and, in partitioned mode, the PostgreSQL coordinator with
-    leases only. Five jobs run 1.5 leases long: each completes in one attempt only if its
-    heartbeats, through PgBouncer too, kept its lease alive."""
+    claims, completions, the reaper, the table sampler's lease and, in partitioned mode, the
+    PostgreSQL coordinator with leases only. Five jobs run 1.5 leases long: each completes in one
+    attempt only if its heartbeats, through PgBouncer too, kept its lease alive."""
     pooled = pgbouncer.dsn_for(dsn)
     with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as conn:
         enqueue_payloads_sync(conn, "record", [{}] * 2000)
@@ -137,6 +137,8 @@ def test_a_worker_process_drains_through_pgbouncer(dsn, pgbouncer, tmp_path, mod
         wait_until(lambda: status_counts(dsn).get("completed") == 2005, 90, "2005 jobs completed")
         clients = pgbouncer.clients()
         owned = fetchval(dsn, "SELECT count(*) FROM dispatcher_bucket_owners WHERE owner = 'pooled'")
+        wait_until(lambda: fetchval(dsn, "SELECT holder FROM dispatcher_maintenance_leases") == "pooled", 30,
+                   "the table sampler's lease taken through PgBouncer")
     finally:
         codes = stop_workers([worker])
     text = log.read_text()

@@ -23,6 +23,7 @@ from dispatcher.migrate import migrate
 from dispatcher.privileges import schema_objects
 from dispatcher.startup import StartupError, wait_until_ready
 from dispatcher.store import JobStore
+from dispatcher.table_sampler import LEASE_NAME, TableSampler
 from tests.helpers import (
     ROOT,
     fetchall,
@@ -218,3 +219,39 @@ def test_a_worker_waiting_for_the_schema_also_waits_for_its_grants(dsn, worker_r
         run_async(wait_until_ready(role_dsn, limits, wait_for_schema=False, stopping=asyncio.Event()))
     with caplog.at_level(logging.WARNING, logger="dispatcher.startup"):
         assert run_async(main()) is True
+
+
+def test_a_dml_only_role_takes_renews_releases_and_takes_over_the_table_sampler_lease(dsn, worker_role):
+    """The one-pod-at-a-time sampler role (migration 0006) needs nothing but the granted DML."""
+    role, role_dsn = worker_role
+    grant(dsn, role)
+    with psycopg.connect(role_dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{}] * 3)
+
+    async def main():
+        stores = [JobStore(role_dsn, name, application_name="dispatcher-maint") for name in ("a", "b")]
+        a, b = (TableSampler(store, interval_s=0.2) for store in stores)  # lease: 0.6 s
+        try:
+            await a.tick()
+            await b.tick()
+            assert (a.holding, b.holding) == (True, False)
+            assert {(d.queue, d.status): d.jobs for d in a.sample.depth}[("default", "queued")] == 3
+            assert a.sample.pressure is not None and b.sample is None
+            await a.tick()  # renewed by its holder
+            await a.release()
+            await b.tick()
+            assert (a.holding, b.holding) == (False, True)
+            await a.tick()
+            assert not a.holding
+            # b stops renewing (a dead pod): a takes over once the lease, on the database's clock, ran out.
+            async def a_holds():
+                await a.tick()
+                return a.holding
+
+            await wait_until_async(a_holds, 10, "a takes over after b's lease ran out")
+            return fetchall(dsn, "SELECT name, holder FROM dispatcher_maintenance_leases")
+        finally:
+            for store in stores:
+                await store.close()
+
+    assert run_async(main()) == [(LEASE_NAME, "a")]

@@ -250,7 +250,8 @@ def test_worker_exposes_prometheus_metrics(dsn, tmp_path):
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(50):
             enqueue_sync(conn, "record")
-    worker = start_worker(dsn, tmp_path, log_path=tmp_path / "w.out", metrics_port=port, poll_interval_s=0.2)
+    worker = start_worker(dsn, tmp_path, log_path=tmp_path / "w.out", metrics_port=port, poll_interval_s=0.2,
+                          table_sample_interval_s=0.5)
     try:
         wait_until(lambda: status_counts(dsn).get("completed") == 50, 30, "jobs completed")
 
@@ -260,8 +261,8 @@ def test_worker_exposes_prometheus_metrics(dsn, tmp_path):
             except OSError:
                 return None
 
-        text = wait_until(lambda: (t := scrape()) and "dispatcher_jobs_completed_total 50.0" in t and t, 10,
-                          "metrics show 50 completions")
+        text = wait_until(lambda: (t := scrape()) and "dispatcher_jobs_completed_total 50.0" in t
+                          and "dispatcher_db_dead_tuples" in t and t, 10, "metrics show 50 completions and a table sample")
         for name in ("dispatcher_jobs_claimed_total", "dispatcher_claim_seconds_bucket",
                      "dispatcher_poll_cycle_seconds_bucket", "dispatcher_fenced_writes_total",
                      "dispatcher_db_dead_tuples", "dispatcher_db_lock_waits", "dispatcher_jobs_stolen_total",
@@ -272,7 +273,7 @@ def test_worker_exposes_prometheus_metrics(dsn, tmp_path):
         # The only worker: it leads, sees itself as the one member and polls all 64 buckets.
         assert "dispatcher_coordinator_members 1.0" in text
         assert "dispatcher_coordinator_is_leader 1.0" in text
-        assert "dispatcher_coordinator_owned_buckets 64.0" in text
+        assert 'dispatcher_coordinator_owned_buckets{queue="default"} 64.0' in text
         assert "dispatcher_coordinator_degraded 0.0" in text
     finally:
         assert stop_workers([worker]) == [0]

@@ -1,0 +1,183 @@
+"""The readiness rule, /livez's judgement of the loop heartbeat, and the scrape-time collectors
+(health.py, table_sampler.py, coordinator/metrics.py), without servers."""
+
+import asyncio
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from coordinator.metrics import _HeartbeatAge
+from dispatcher.health import Health, HealthCollector, assignment_state, judge
+from dispatcher.store import DbPressure, QueueDepth
+from dispatcher.table_sampler import STALE_TICKS, TableCollector, TableSample, TableSampler
+from tests.helpers import collected
+
+READY = dict(worker="running", database="ok", schema="current", assignment="owned")
+
+
+def test_ready_only_when_every_check_passes():
+    assert judge(**READY).ready
+    assert judge(**{**READY, "assignment": "degraded"}).ready  # degraded by design: SKIP LOCKED still works
+    assert judge(**{**READY, "assignment": "not used"}).ready
+    for check, state in [("worker", "starting"), ("worker", "stopping"), ("worker", "stalled"),
+                         ("database", "failing"), ("database", "unreachable"), ("schema", "missing"),
+                         ("schema", "older"), ("schema", "unreadable"), ("assignment", "joining"),
+                         ("assignment", "resigned"), ("assignment", "stopped"), ("assignment", "not started")]:
+        readiness = judge(**{**READY, check: state})
+        assert not readiness.ready, (check, state)
+        assert readiness.body() == {"status": "not ready", "checks": {**READY, check: state}}
+
+
+@pytest.mark.parametrize("mode, coordinator, states, expected", [
+    ("skip_locked", "postgres", ["member"], "not used"),
+    ("partitioned", "static", ["member"], "not used"),
+    ("partitioned", "redis", ["member", "member"], "owned"),
+    ("partitioned", "redis", ["member", "degraded"], "degraded"),
+    ("partitioned", "postgres", ["degraded", "joining"], "joining"),  # the worst queue decides
+    ("partitioned", "postgres", ["member", "resigned"], "resigned"),
+    ("partitioned", "postgres", ["stopped", "resigned"], "stopped"),
+    ("partitioned", "postgres", [], "not started"),
+])
+def test_the_assignment_check(mode, coordinator, states, expected):
+    assert assignment_state(mode, coordinator, states) == expected
+
+
+def fake_worker(mode="partitioned", coordinator="postgres", states=("member",)):
+    return SimpleNamespace(
+        config=SimpleNamespace(mode=mode, coordinator=coordinator), started=asyncio.Event(),
+        stopping=asyncio.Event(), lease_keeper=SimpleNamespace(failing_since=None),
+        producer=SimpleNamespace(failing_since=None), reaper=SimpleNamespace(tick_failing_since=None),
+        assignments={f"q{i}": SimpleNamespace(state=s) for i, s in enumerate(states)})
+
+
+def test_readiness_follows_the_worker_from_start_to_stop():
+    health = Health(loop_stall_s=10)
+    assert health.readiness().checks == {"worker": "starting", "database": "unknown", "schema": "unknown",
+                                         "assignment": "not started"}
+    health.startup.update("ok", "missing")  # what startup.wait_until_ready reports
+    worker = fake_worker()
+    health.attach(worker)
+    assert health.readyz() == (503, {"status": "not ready", "checks": {
+        "worker": "starting", "database": "ok", "schema": "missing", "assignment": "not started"}})
+    health.startup.update("ok", "current")
+    worker.started.set()
+    assert health.readyz() == (200, {"status": "ready", "checks": READY})
+    worker.reaper.tick_failing_since = time.monotonic()
+    assert health.readiness().checks["database"] == "failing" and not health.readiness().ready
+    worker.reaper.tick_failing_since = None
+    worker.assignments["q0"].state = "degraded"
+    assert health.readyz()[0] == 200
+    worker.stopping.set()
+    assert health.readyz() == (503, {"status": "not ready", "checks": {**READY, "worker": "stopping",
+                                                                        "assignment": "degraded"}})
+
+
+def test_livez_judges_the_age_of_the_loop_heartbeat():
+    health = Health(loop_stall_s=10)
+    assert health.livez() == (200, {"status": "ok", "loop_heartbeat_age_s": None})  # the loop has not started
+    health._beat = time.monotonic() - 0.5
+    code, body = health.livez()
+    assert code == 200 and 0.5 <= body["loop_heartbeat_age_s"] < 10
+    health._beat = time.monotonic() - 11
+    code, body = health.livez()
+    assert code == 503 and body["status"] == "stalled" and body["loop_heartbeat_age_s"] >= 11
+    worker = fake_worker()
+    worker.started.set()
+    health.attach(worker)
+    health.startup.update("ok", "current")
+    assert health.readiness().checks["worker"] == "stalled"
+
+
+def test_the_loop_heartbeat_task_stamps_the_loop_time():
+    health = Health(loop_stall_s=10)
+
+    async def main():
+        task = asyncio.create_task(health.beat_forever())
+        await asyncio.sleep(0)
+        age = health.loop_age_s()
+        task.cancel()
+        return age
+
+    assert 0 <= asyncio.run(main()) < 1
+
+
+def test_ready_and_loop_age_are_computed_at_scrape_time():
+    collector = HealthCollector()
+    assert collected(collector) == {}  # no worker in this process: no samples
+    health = Health(loop_stall_s=10)
+    collector.track(health)
+    health._beat = time.monotonic() - 3
+    out = collected(collector)
+    assert out[("dispatcher_ready", ())] == 0
+    assert out[("dispatcher_loop_heartbeat_age_seconds", ())] >= 3
+    health._beat = time.monotonic() - 7
+    assert collected(collector)[("dispatcher_loop_heartbeat_age_seconds", ())] >= 7  # grows between scrapes
+
+
+def test_coordinator_heartbeat_age_is_computed_at_scrape_time_and_absent_without_a_coordinator():
+    ages = _HeartbeatAge()
+    assert collected(ages) == {}
+    class Beating:
+        def __init__(self, age_s):
+            self.age_s = age_s
+
+        def heartbeat_age_s(self):
+            return self.age_s
+
+    beating = [Beating(1.5), Beating(4.0)]
+    for c in beating:
+        ages.track(c)
+    assert collected(ages) == {("dispatcher_coordinator_heartbeat_age_seconds", ()): 4.0}  # the oldest group's
+    ages.untrack(beating[1])
+    assert collected(ages) == {("dispatcher_coordinator_heartbeat_age_seconds", ()): 1.5}
+
+
+TABLE_WIDE = {"dispatcher_queue_jobs", "dispatcher_queue_oldest_runnable_age_seconds", "dispatcher_db_dead_tuples",
+              "dispatcher_db_live_tuples", "dispatcher_db_claim_index_tuples_read_total", "dispatcher_db_lock_waits",
+              "dispatcher_db_active_sessions"}
+
+
+def sampler(interval_s=1.0, queues=("default", "mail")):
+    return TableSampler(SimpleNamespace(), interval_s=interval_s, queues=queues)
+
+
+def sample(age_s=0.0):
+    depth = (QueueDepth("default", "queued", 5, 12.5), QueueDepth("default", "scheduled", 2, None),
+             QueueDepth("other", "failed", 1, None))
+    return TableSample(depth, DbPressure(100, 7, 0, 0, 0, 0, 12345, 2, 3), time.monotonic() - age_s)
+
+
+def test_the_table_collector_exports_the_holders_fresh_sample_only():
+    collector = TableCollector()
+    s = sampler()
+    collector.track(s)
+    out = collected(collector)
+    assert out == {("dispatcher_table_sampler", ()): 0, ("dispatcher_table_sample_age_seconds", ()): math.inf}
+
+    s.sample, s._held_until = sample(age_s=0.25), time.monotonic() + 3  # what a tick that holds the lease leaves
+    out = collected(collector)
+    assert out[("dispatcher_table_sampler", ())] == 1
+    assert 0.25 <= out[("dispatcher_table_sample_age_seconds", ())] < 5
+    jobs = {tuple(v for _, v in labels): n for (name, labels), n in out.items() if name == "dispatcher_queue_jobs"}
+    # Every status of every known queue (configured, or seen in a sample) is exported, 0 when empty.
+    assert jobs == {("default", "queued"): 5, ("default", "scheduled"): 2, ("default", "running"): 0,
+                    ("default", "failed"): 0, ("mail", "queued"): 0, ("mail", "scheduled"): 0,
+                    ("mail", "running"): 0, ("mail", "failed"): 0, ("other", "queued"): 0, ("other", "scheduled"): 0,
+                    ("other", "running"): 0, ("other", "failed"): 1}
+    oldest = {dict(labels)["queue"]: v for (name, labels), v in out.items()
+              if name == "dispatcher_queue_oldest_runnable_age_seconds"}
+    assert oldest == {"default": 12.5, "mail": 0.0, "other": 0.0}
+    assert out[("dispatcher_db_claim_index_tuples_read_total", ())] == 12345  # a counter now
+    assert (out[("dispatcher_db_live_tuples", ())], out[("dispatcher_db_dead_tuples", ())]) == (100, 7)
+    assert (out[("dispatcher_db_lock_waits", ())], out[("dispatcher_db_active_sessions", ())]) == (2, 3)
+
+    s.sample = sample(age_s=STALE_TICKS * s.interval_s + 0.5)  # the database stopped answering
+    out = collected(collector)
+    assert not {name for name, _ in out} & TABLE_WIDE
+    assert out[("dispatcher_table_sampler", ())] == 1
+
+    s.sample, s._held_until = sample(), time.monotonic() - 0.1  # the lease ran out: held no more
+    out = collected(collector)
+    assert out == {("dispatcher_table_sampler", ()): 0, ("dispatcher_table_sample_age_seconds", ()): math.inf}

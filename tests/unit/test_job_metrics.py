@@ -1,0 +1,159 @@
+"""Per-job metrics counted in plain Python and exported at scrape time (dispatcher/job_metrics.py)."""
+
+
+import sys
+
+import pytest
+
+from dispatcher.completer import Completer
+from dispatcher.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
+from dispatcher.retry import Outcome
+from dispatcher.store import Job
+from tests.helpers import collected
+
+
+def test_the_histogram_is_cumulative_with_prometheus_bucket_bounds():
+    stats = JobStats(bounds_s=(0.1, 1.0))
+    for duration_s in (0.05, 0.1, 0.1000001, 1.0, 7.0):  # a duration equal to a bound is in that bucket (le)
+        stats.finished("t", "completed", duration_s)
+    out = collected(JobCollector(stats))
+    buckets = {dict(labels)["le"]: v for (name, labels), v in out.items()
+               if name == "dispatcher_job_duration_seconds_bucket"}
+    assert buckets == {"0.1": 2, "1.0": 4, "+Inf": 5}
+    assert out[("dispatcher_job_duration_seconds_count", (("job_type", "t"),))] == 5
+    assert out[("dispatcher_job_duration_seconds_sum", (("job_type", "t"),))] == pytest.approx(8.2500001)
+
+
+def test_every_outcome_and_the_timeouts_are_exported_per_job_type_from_the_first_job():
+    stats = JobStats()
+    stats.finished("a", "completed", 0.01)
+    stats.finished("a", "retried", 0.01)
+    stats.finished("a", "retried", 0.01)
+    stats.timed_out("b")
+    out = collected(JobCollector(stats))
+    outcomes = {(dict(k)["job_type"], dict(k)["outcome"]): v for (name, k), v in out.items()
+                if name == "dispatcher_job_outcomes_total"}
+    assert outcomes == {**{("a", o): 0 for o in OUTCOMES}, ("a", "completed"): 1, ("a", "retried"): 2,
+                        **{("b", o): 0 for o in OUTCOMES}}
+    assert out[("dispatcher_job_timeouts_total", (("job_type", "a"),))] == 0
+    assert out[("dispatcher_job_timeouts_total", (("job_type", "b"),))] == 1
+    assert out[("dispatcher_job_duration_seconds_count", (("job_type", "b"),))] == 0
+
+
+def test_job_types_past_the_cap_are_counted_together():
+    stats = JobStats(max_types=3)
+    for i in range(10):
+        stats.finished(f"type{i}", "failed", 0.0)
+    types = {job_type for job_type, *_ in stats.snapshot()}
+    assert types == {"type0", "type1", OTHER_TYPE}
+    assert {t: outcomes["failed"] for t, _, _, outcomes, _ in stats.snapshot()} == {"type0": 1, "type1": 1,
+                                                                                    OTHER_TYPE: 8}
+
+
+class FakeExecutor:
+    def __init__(self, running):
+        self.running = running
+
+    def running_by_queue(self):
+        return dict(self.running)
+
+
+def test_running_jobs_are_summed_over_executors_and_every_served_queue_is_collected():
+    collector = JobCollector(JobStats())
+    one, two = FakeExecutor({"default": 2}), FakeExecutor({"default": 1, "mail": 4})
+    collector.track(one, ["default", "idle"])
+    collector.track(two, ["default", "mail"])
+    out = collected(collector)
+    running = {dict(k)["queue"]: v for (name, k), v in out.items() if name == "dispatcher_jobs_running"}
+    assert running == {"default": 3, "idle": 0, "mail": 4}
+    collector.untrack(two)
+    out = collected(collector)
+    assert {dict(k)["queue"]: v for (name, k), v in out.items() if name == "dispatcher_jobs_running"} == {
+        "default": 2, "idle": 0}
+
+
+class NoStore:
+    worker_id = "w"
+
+
+def job(job_type: str) -> Job:
+    return Job((1, job_type, {}, 1, 5, None, 0, 0), "00000000-0000-0000-0000-000000000001")
+
+
+def test_the_completer_counts_what_was_decided_for_each_attempt():
+    stats = JobStats()
+    completer = Completer(NoStore(), flush_interval_s=1, flush_max=100, job_stats=stats)
+    completer.completed(job("x"), 0.5)
+    completer.failed(job("x"), Outcome("queued", 1.0, "boom"), 0.25)
+    completer.failed(job("x"), Outcome("failed", 0.0, "boom"), 0.25)
+    completer.failed(job("y"), Outcome("discarded", 0.0, "permanent"), 2.0)
+    by_type = {t: (sum(buckets), total, outcomes) for t, buckets, total, outcomes, _ in stats.snapshot()}
+    assert by_type["x"][:2] == (3, 1.0)
+    assert {o: n for o, n in by_type["x"][2].items() if n} == {"completed": 1, "retried": 1, "failed": 1}
+    assert {o: n for o, n in by_type["y"][2].items() if n} == {"discarded": 1}
+    assert by_type["y"][:2] == (1, 2.0)
+
+
+def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type():
+    """Running: an async handler suspended, one still inside its eager start (seen from another
+    thread, as a scrape sees it), a sync one in its thread; not one waiting for a thread."""
+    import asyncio
+    import threading
+
+    from dispatcher.executor import Executor
+    from dispatcher.registry import Registry
+    from dispatcher.retry import RetryPolicy
+    from tests.helpers import run_async, wait_until_async
+
+    registry = Registry()
+    release = threading.Event()
+    seen_from_a_thread: list[dict[str, int]] = []
+
+    @registry.handler("suspends")
+    async def suspends(job):
+        await asyncio.sleep(3600)
+
+    @registry.handler("blocks")
+    async def blocks(job):  # no await: runs inside start(); a scrape thread looks meanwhile
+        scrape = threading.Thread(target=lambda: seen_from_a_thread.append(executor.running_by_queue()))
+        scrape.start()
+        scrape.join()
+
+    @registry.handler("sync")
+    def sync(job):
+        release.wait(10)
+
+    @registry.handler("slow", timeout_s=0.05)
+    async def slow(job):
+        await asyncio.sleep(3600)
+
+    class Sink:
+        def completed(self, job, duration_s): ...
+        def failed(self, job, outcome, duration_s): ...
+
+    stats = JobStats()
+    executor = Executor(registry, RetryPolicy(1.0, 60.0), Sink(), worker_id="w", job_timeout_s=0, sync_threads=1,
+                        job_stats=stats)
+
+    def queued(job_id, job_type, queue):
+        return Job((job_id, job_type, {}, 1, 5, None, 0, 0), "00000000-0000-0000-0000-000000000001", queue)
+
+    async def main():
+        # In order: two async ones suspend, two sync ones wait for the pump after the batch, and
+        # "blocks" looks from a thread while it runs inside its eager start.
+        executor.start([queued(1, "suspends", "a"), queued(5, "slow", "a"), queued(2, "sync", "b"),
+                        queued(3, "sync", "b"), queued(4, "blocks", "c")])
+        running = executor.running_by_queue()
+        await wait_until_async(lambda: stats.snapshot() and any(t == "slow" and n for t, *_, n in stats.snapshot()),
+                               5, "the slow job timed out")
+        executor.take_unstarted()
+        release.set()
+        assert await executor.interrupt(5) == 0
+        executor.close()
+        return running
+
+    running = run_async(main())
+    # Python < 3.12 has no eager tasks: "blocks" runs on the loop after start(), the sync pump done.
+    assert seen_from_a_thread == [{"a": 2, "c": 1} if sys.version_info >= (3, 12) else {"a": 2, "b": 1, "c": 1}]
+    assert running == {"a": 2, "b": 1}  # after start(): 1 of the 2 sync ones has the one thread
+    assert {t: n for t, *_, n in stats.snapshot()} == {"slow": 1}

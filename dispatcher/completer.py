@@ -18,14 +18,18 @@ from dataclasses import dataclass
 
 from . import joblog, metrics
 from .backoff import jittered
-from .constants import STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
+from .constants import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
 from .errors import StoreError
 from .retry import FailureKind, Outcome
 from .store import Failure, HistoryRows, Job, JobStore
 
 log = logging.getLogger(__name__)
 
-_HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded"}
+# A failed attempt's outcome word, by the status it was decided to end in (history rows; and the
+# outcome label of dispatcher_job_outcomes_total, which counts by this word where outcomes are
+# counted below: `cancelled` is its own outcome).
+_HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded",
+                    STATUS_CANCELLED: "cancelled"}
 
 
 @dataclass(slots=True)
@@ -34,6 +38,7 @@ class CompletionStats:
     retried: int = 0
     failed: int = 0
     discarded: int = 0
+    cancelled: int = 0
     fenced: int = 0
     flushes: int = 0
 
@@ -144,10 +149,15 @@ class Completer:
         # fenced count exact.
         retried = sum(f.outcome.status == STATUS_QUEUED for f in failures)
         failed = sum(f.outcome.status == STATUS_FAILED for f in failures)
-        discarded = len(failures) - retried - failed
+        # An operator's cancel: the hook for dispatcher_job_outcomes_total{outcome="cancelled"}. (A
+        # retry that the database turned into a cancel, its request too recent for our last
+        # heartbeat, is counted as the retry we decided: jobs_fail_owned.)
+        cancelled = sum(f.outcome.status == STATUS_CANCELLED for f in failures)
+        discarded = len(failures) - retried - failed - cancelled
         self.stats.retried += retried
         self.stats.failed += failed
         self.stats.discarded += discarded
+        self.stats.cancelled += cancelled
         metrics.JOBS_RETRIED.inc(retried)
         metrics.JOBS_FAILED.inc(failed)
         metrics.JOBS_DISCARDED.inc(discarded)

@@ -15,6 +15,7 @@ from dispatcher.queries import query
 from dispatcher.store import JobStore
 from tests.helpers import fetchall, fetchval, run_async, start_worker, status_counts, stop_workers, wait_until
 from tests.integration.test_admin import add
+from tests.integration.test_wakeup_and_cli import _free_port as free_port
 
 HOUR, DAY = 3600.0, 86400.0
 RETENTIONS = {"completed": HOUR, "failed": 7 * DAY, "history": 7 * DAY}
@@ -38,6 +39,13 @@ def sample(name: str, kind: str) -> float | None:
 
 def pruned(kind: str) -> float:
     return sample("dispatcher_jobs_pruned_total", kind) or 0.0
+
+
+def metrics_page(port: int) -> str:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return ""  # not serving yet
 
 
 def pruner_on(dsn: str, retentions=RETENTIONS, batch: int = 1000) -> tuple[Pruner, JobStore]:
@@ -122,17 +130,9 @@ def test_a_retention_of_0_keeps_that_kind_forever(dsn):
     assert counts(dsn) == {"completed": 2, "history": 2}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_a_worker_prunes_completed_jobs_and_exports_what_it_pruned(dsn, tmp_path):
-    port = _free_port()
+    port = free_port()
     add(dsn, 20, status="failed", age_s=8 * DAY)  # past the default 7 days
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'record', i % 64 "
@@ -143,14 +143,8 @@ def test_a_worker_prunes_completed_jobs_and_exports_what_it_pruned(dsn, tmp_path
         wait_until(lambda: fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 0, 60,
                    "the 30 jobs ran and were pruned a second later, and the 20 old failures too")
 
-        def scrape():
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-            except OSError:
-                return ""
-
-        text = wait_until(lambda: (t := scrape()) and 'dispatcher_jobs_pruned_total{kind="completed"} 30.0' in t and t,
-                          10, "the metrics show 30 completed jobs pruned")
+        text = wait_until(lambda: (t := metrics_page(port)) and 'dispatcher_jobs_pruned_total{kind="completed"} 30.0' in t
+                          and t, 10, "the metrics show 30 completed jobs pruned")
         assert 'dispatcher_jobs_pruned_total{kind="failed"} 20.0' in text
         assert 'dispatcher_janitor_lag_seconds{kind="history"}' in text
     finally:

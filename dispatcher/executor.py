@@ -223,9 +223,8 @@ class Executor:
             limit = self._timeout_of(handler)
             elapsed = time.monotonic() - started
             exc = None if future.cancelled() else future.exception()
-            if entry.cancelling:  # a thread cannot be stopped: recorded when it returns, however it ended
-                self._cancelled(entry.job, "the sync handler ran until it returned (a thread cannot be "
-                                "interrupted)", started)
+            if entry.cancelling:  # recorded when it returns, however it ended
+                self._cancelled(entry.job, "the sync handler ran to its end (a thread cannot be interrupted)", started)
             elif limit and elapsed > limit:
                 # A thread cannot be interrupted; an overrun is recorded as a timeout when it returns
                 # (its lease was kept alive meanwhile, so it never ran twice at once).
@@ -303,11 +302,9 @@ class Executor:
         self._watch_leases()
 
     def cancel(self, ids: Iterable[int]) -> int:
-        """An operator asked to cancel these jobs (the lease keeper read it with a heartbeat): an
-        async handler is cancelled now, a sync job not started yet is recorded cancelled and never
-        starts, a sync handler running in a thread is recorded cancelled when it returns (a thread
-        cannot be stopped; its lease is kept meanwhile). Each ends 'cancelled', never retried.
-        Returns how many jobs this call began to cancel."""
+        """An operator asked to cancel these jobs (read with a heartbeat): an async handler is cancelled
+        now, an unstarted sync job never starts, a sync handler's thread (it cannot be stopped) keeps
+        its lease until it returns. Each ends 'cancelled', never retried. Returns how many began to."""
         entries = [e for i in ids if (e := self._running.get(i)) is not None and not e.cancelling
                    and e.state in (_State.RUNNING, _State.BACKLOG)]
         for entry in entries:

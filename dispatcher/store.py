@@ -37,12 +37,9 @@ T = TypeVar("T")
 
 # Budgets in multiples of ConnectionLimits.statement_timeout_s. Every hot statement (claim,
 # completion, heartbeat, reap) touches at most a few thousand index entries: milliseconds.
-# ANALYZE samples 30,000 rows and a prune round deletes a few batches of prune_batch rows
-# (1.7 ms per 1,000 at 500k rows, but seconds on a big, busy table).
+# ANALYZE samples 30,000 rows and a prune round (janitor.py) deletes a few batches of prune_batch
+# rows (1.7 ms per 1,000 at 500k rows, but seconds on a big, busy table).
 SLOW_STATEMENT = 6.0
-
-# What the pruner deletes, by kind (the label of dispatcher_jobs_pruned_total): its named query.
-PRUNE_QUERIES = {"completed": "jobs_prune_completed", "failed": "jobs_prune_unsuccessful", "history": "history_prune"}
 
 
 class Job:
@@ -109,17 +106,6 @@ class DbPressure:
     n_tup_hot_upd: int
     claim_idx_tup_read: int
     lock_waits: int
-
-
-@dataclass(frozen=True, slots=True)
-class PruneRound:
-    """One pruning round of this pod: rows deleted by kind, whether some kind had more past its
-    retention than the round's statements took, and the age of the oldest row of each kind left
-    (seconds; None: no such row), from which the janitor's lag is computed."""
-
-    deleted: dict[str, int]
-    more: bool
-    oldest_age_s: dict[str, float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,12 +270,12 @@ class JobStore:
                        budget: float = 1.0) -> psycopg.AsyncCursor[Any]:
         """One statement, bounded by `budget` x statement_timeout_s. A statement that overruns
         (or whose caller is cancelled) costs us its connection: the next call opens a new one."""
-        return await self._run(what, lambda conn: conn.execute(sql, params), budget=budget)
+        return await self.run(what, lambda conn: conn.execute(sql, params), budget=budget)
 
-    async def _run(self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
-                   budget: float = 1.0) -> T:
-        """`work(conn)` (a statement, or a transaction of a few), bounded like `_execute`; the
-        wait for our turn on the connection counts against the bound, as psycopg's own wait for
+    async def run(self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
+                  budget: float = 1.0) -> T:
+        """`work(conn)` (a statement, or a transaction of a few: janitor.py), bounded like `_execute`;
+        the wait for our turn on the connection counts against the bound, as psycopg's own wait for
         the connection did before transactions shared it."""
         conn = await self.connection()
         turn = self._turn  # the connection's (no await since connection() set or returned it)
@@ -389,34 +375,6 @@ class JobStore:
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})
         return [ExpiredLease(*row) for row in await cur.fetchall()]
-
-    async def prune_round(self, retentions_s: dict[str, float], limit: int, max_statements: int) -> PruneRound | None:
-        """One pruning round, in one transaction: None if another pod holds the pruner's lock (it
-        is pruning now; never waited for). Else deletes of at most `limit` rows of each kind past
-        its retention (kinds of PRUNE_QUERIES; absent: kept forever), again for kinds whose
-        batch came back full while fewer than `max_statements` ran, then the oldest ages."""
-        async def work(conn: psycopg.AsyncConnection[Any]) -> PruneRound | None:
-            async with conn.transaction():
-                row = await (await conn.execute(query("prune_try_lock"))).fetchone()
-                if not row or not row[0]:
-                    return None
-                deleted = dict.fromkeys(retentions_s, 0)
-                pending, statements = list(retentions_s), 0
-                while pending and statements < max_statements:
-                    for kind in list(pending):
-                        params = {"retention_s": retentions_s[kind], "limit": limit}
-                        n = (await conn.execute(query(PRUNE_QUERIES[kind]), params)).rowcount
-                        deleted[kind] += n
-                        statements += 1
-                        if n < limit:
-                            pending.remove(kind)
-                        if statements >= max_statements:
-                            break
-                ages = await (await conn.execute(query("janitor_ages"))).fetchone()
-            return PruneRound(deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True)))
-
-        # The round's statements share one budget: each takes milliseconds (EXPLAINs in queries.sql).
-        return await self._run("prune", work, budget=SLOW_STATEMENT)
 
     async def db_pressure(self) -> DbPressure | None:
         cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)

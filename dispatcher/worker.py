@@ -41,7 +41,8 @@ from .coordination import build_assignments
 from .errors import ConfigError, StoreError
 from .executor import Executor
 from .listener import Listener
-from .maintenance import LeaseKeeper, PeriodicService, PlannerStats, PressureSampler, Pruner, Reaper
+from .janitor import Pruner
+from .maintenance import LeaseKeeper, PeriodicService, PlannerStats, PressureSampler, Reaper
 from .producer import Producer
 from .registry import Registry
 from .retry import RetryPolicy

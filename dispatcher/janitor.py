@@ -1,0 +1,124 @@
+"""The janitor: deletes rows past their retention, one pod at a time, in bounded batches.
+
+Three kinds, each with its own retention (config: completed_retention_s, failed_retention_s,
+history_retention_s; 0 keeps a kind forever) and named query, each an index range oldest first
+(migration 0007): completed jobs; failed, discarded and cancelled jobs; attempt-history rows.
+Live jobs (queued, running) are never touched.
+
+A round is one transaction on the maintenance connection: a try-lock first
+(pg_try_advisory_xact_lock: transaction-scoped, so it works through PgBouncer in transaction
+pooling and nothing is left held by a pod that dies), then DELETEs of at most prune_batch rows
+each, then the age of the oldest row of each kind left (the lag). The lock is held for the
+round's milliseconds only, so pods take turns: never two rounds at once, and whichever pod ticks
+next prunes next.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from . import metrics
+from .backoff import jittered
+from .errors import StoreError
+from .maintenance import PeriodicService
+from .queries import query
+from .store import SLOW_STATEMENT, JobStore
+
+# What the pruner deletes, by kind (the label of dispatcher_jobs_pruned_total): its named query.
+PRUNE_QUERIES = {"completed": "jobs_prune_completed", "failed": "jobs_prune_unsuccessful", "history": "history_prune"}
+
+
+@dataclass(frozen=True, slots=True)
+class PruneRound:
+    """One pruning round of this pod: rows deleted by kind, whether some kind had more past its
+    retention than the round's statements took, and the age of the oldest row of each kind left
+    (seconds; None: no such row), from which the janitor's lag is computed."""
+
+    deleted: dict[str, int]
+    more: bool
+    oldest_age_s: dict[str, float | None]
+
+
+async def prune_round(store: JobStore, retentions_s: Mapping[str, float], limit: int,
+                      max_statements: int) -> PruneRound | None:
+    """One round: None if another pod holds the pruner's lock (it is pruning now; never waited
+    for). Else deletes of at most `limit` rows of each kind past its retention (kinds of
+    PRUNE_QUERIES; absent: kept forever), again for kinds whose batch came back full while fewer
+    than `max_statements` ran, then the oldest ages."""
+    async def work(conn: psycopg.AsyncConnection[Any]) -> PruneRound | None:
+        async with conn.transaction():
+            row = await (await conn.execute(query("prune_try_lock"))).fetchone()
+            if not row or not row[0]:
+                return None
+            deleted = dict.fromkeys(retentions_s, 0)
+            pending, statements = list(retentions_s), 0
+            while pending and statements < max_statements:
+                for kind in list(pending):
+                    params = {"retention_s": retentions_s[kind], "limit": limit}
+                    n = (await conn.execute(query(PRUNE_QUERIES[kind]), params)).rowcount
+                    deleted[kind] += n
+                    statements += 1
+                    if n < limit:
+                        pending.remove(kind)
+                    if statements >= max_statements:
+                        break
+            ages = await (await conn.execute(query("janitor_ages"))).fetchone()
+        return PruneRound(deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True)))
+
+    # The round's statements share one budget: each takes milliseconds (EXPLAINs in queries.sql).
+    return await store.run("prune", work, budget=SLOW_STATEMENT)
+
+
+class Pruner(PeriodicService):
+    """Deletes rows past their retention, by kind (PRUNE_QUERIES: completed jobs, failed ones,
+    history rows; a kind whose retention is 0 is kept forever).
+
+    One pod at a time: a round is one transaction that first takes a try-lock; a pod that finds
+    it taken skips the round (another is pruning now) and exports no lag. In bounded batches:
+    each DELETE takes at most `batch` rows (~2 ms per 1,000 at 500k rows), a round at most
+    ROUND_STATEMENTS of them; while some kind has more waiting, the next round comes about
+    CATCH_UP_S later instead of an interval later, so a backlog drains (up to ~12,000 rows a
+    second at the default batch) without a long statement or transaction, and other pods get
+    their turn in between."""
+
+    name = "prune"
+    ROUND_STATEMENTS = 6
+    CATCH_UP_S = 0.5
+
+    def __init__(self, store: JobStore, *, retentions_s: Mapping[str, float], batch: int, interval_s: float) -> None:
+        # First prune after a random fraction of the interval, so N pods started together spread out.
+        super().__init__(store, interval_s, first_delay_s=interval_s * random.random())
+        self._retentions_s = {kind: r for kind, r in retentions_s.items() if r > 0}
+        self._batch = batch
+        self.rounds = 0  # rounds this pod ran (it held the lock)
+        self.skipped = 0  # rounds skipped: another pod held the lock
+        self.last_round: PruneRound | None = None
+        for kind in PRUNE_QUERIES:
+            metrics.JOBS_PRUNED.labels(kind)  # every kind's series exists from the start (0)
+
+    async def tick(self) -> float | None:
+        if not self._retentions_s:
+            self.retired = True  # every kind is kept forever
+            return None
+        try:
+            done = await prune_round(self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS)
+        except StoreError:
+            metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
+            raise
+        if done is None:
+            self.skipped += 1
+            metrics.JANITOR_LAG.clear()  # the pod pruning now exports it
+            return None
+        self.rounds += 1
+        self.last_round = done
+        for kind, n in done.deleted.items():
+            metrics.JOBS_PRUNED.labels(kind).inc(n)
+        for kind, retention_s in self._retentions_s.items():
+            age_s = done.oldest_age_s[kind]
+            metrics.JANITOR_LAG.labels(kind).set(0.0 if age_s is None else max(0.0, age_s - retention_s))
+        return jittered(self.CATCH_UP_S) if done.more else None

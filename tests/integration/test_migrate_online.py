@@ -46,6 +46,8 @@ def test_upgrading_a_table_with_rows_gives_the_cancelled_status_and_the_new_inde
                         "WHERE id = 1 RETURNING id")
     with pytest.raises(psycopg.errors.CheckViolation):
         fetchall(empty_dsn, "UPDATE dispatcher_jobs SET status = 'canceled' WHERE id = 2")
+    fetchall(empty_dsn, "INSERT INTO dispatcher_job_attempts VALUES (1, 2, 'w', now(), now(), 1, 'cancelled', NULL) "
+                        "RETURNING job_id")
     with pytest.raises(psycopg.errors.CheckViolation):
         fetchall(empty_dsn, "INSERT INTO dispatcher_job_attempts VALUES (1, 2, 'w', now(), now(), 1, 'lost', NULL)")
     assert migrate(empty_dsn) == []

@@ -43,7 +43,8 @@ def parse_duration_s(text: str) -> float:
     nan, inf, an unknown unit)."""
     match = _DURATION.fullmatch(text.strip().lower())
     if match is None:
-        raise ValueError(f"expected an age >= 0: seconds, or a number with s, m, h or d (90s, 10m, 2h, 7d), got {text!r}")
+        raise ValueError(f"expected an age >= 0: seconds, or a number with s, m, h or d (90s, 10m, 2h, 7d), "
+                         f"got {text!r}")
     value = float(match[1]) * _UNITS_S[match[2] or "s"]
     if not math.isfinite(value):
         raise ValueError(f"too large: {text!r}")
@@ -77,7 +78,8 @@ def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParse
         _add_selection(p)
         p.add_argument("--all", action="store_true", help="every job it applies to, with no filter")
         p.add_argument("--yes", action="store_true", help="do a bulk change (without ids); without it, only count")
-        p.add_argument("--batch", default=str(DEFAULT_BATCH), help="most jobs changed per statement (default %(default)s)")
+        p.add_argument("--batch", default=str(DEFAULT_BATCH),
+                       help="most jobs changed per statement (default %(default)s)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         add_config_flags(p)
         p.set_defaults(func=lambda args, action=action: _change(args, config_from(args), action))
@@ -242,8 +244,8 @@ def render_show(detail: JobDetail) -> str:
     else:
         lines.append(f"attempts ({len(detail.attempts)}):")
         for a in detail.attempts:
-            lines.append(f"  #{a.attempt:<3} {a.outcome:<10} {a.duration_ms:>10.1f} ms  {a.started_at:%Y-%m-%d %H:%M:%S}"
-                         f"  {a.worker}  {error_line(a.error)}")
+            lines.append(f"  #{a.attempt:<3} {a.outcome:<10} {a.duration_ms:>10.1f} ms  "
+                         f"{a.started_at:%Y-%m-%d %H:%M:%S}  {a.worker}  {error_line(a.error)}")
     return "\n".join(lines)
 
 

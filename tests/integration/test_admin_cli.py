@@ -71,7 +71,8 @@ def test_cancel_all_needs_all_and_yes_and_leaves_finished_jobs_alone(dsn):
     done = jobs(dsn, "cancel", "--all", "--yes")
     assert done.returncode == 0, done
     assert done.stdout.splitlines()[0] == "cancelled 2 of 3 jobs (cancelled): " + ", ".join(map(str, queued))
-    assert f"cancel requested for 1 running jobs (cancelled at their owner's next heartbeat): {running[0]}" in done.stdout
+    requested = f"cancel requested for 1 running jobs (cancelled at their owner's next heartbeat): {running[0]}"
+    assert requested in done.stdout
     assert statuses(dsn, queued + running + failed) == ["cancelled", "cancelled", "running", "failed"]
 
 

@@ -79,7 +79,8 @@ def test_each_kind_is_pruned_past_its_retention_and_not_before_and_live_jobs_nev
                            "history": 1}
     assert {kind: pruned(kind) - before[kind] for kind in RETENTIONS} == {"completed": 3, "failed": 6, "history": 4}
     assert all(sample("dispatcher_janitor_lag_seconds", kind) == 0.0 for kind in RETENTIONS)
-    still = fetchall(dsn, "SELECT id FROM dispatcher_jobs WHERE status IN ('completed', 'queued', 'running') ORDER BY id")
+    still = fetchall(dsn, "SELECT id FROM dispatcher_jobs WHERE status IN ('completed', 'queued', 'running') "
+                          "ORDER BY id")
     assert [r[0] for r in still] == sorted(young_completed + live)
 
 
@@ -143,8 +144,9 @@ def test_a_worker_prunes_completed_jobs_and_exports_what_it_pruned(dsn, tmp_path
         wait_until(lambda: fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 0, 60,
                    "the 30 jobs ran and were pruned a second later, and the 20 old failures too")
 
-        text = wait_until(lambda: (t := metrics_page(port)) and 'dispatcher_jobs_pruned_total{kind="completed"} 30.0' in t
-                          and t, 10, "the metrics show 30 completed jobs pruned")
+        pruned_30 = 'dispatcher_jobs_pruned_total{kind="completed"} 30.0'
+        text = wait_until(lambda: (t := metrics_page(port)) and pruned_30 in t and t, 10,
+                          "the metrics show 30 completed jobs pruned")
         assert 'dispatcher_jobs_pruned_total{kind="failed"} 20.0' in text
         assert 'dispatcher_janitor_lag_seconds{kind="history"}' in text
     finally:

@@ -25,11 +25,11 @@ from .store import Failure, HistoryRows, Job, JobStore
 
 log = logging.getLogger(__name__)
 
-# A failed attempt's outcome word, by the status it was decided to end in (history rows; and the
-# outcome label of dispatcher_job_outcomes_total, which counts by this word where outcomes are
-# counted below: `cancelled` is its own outcome).
-_HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded",
-                    STATUS_CANCELLED: "cancelled"}
+_HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded"}
+
+# An operator's cancel is an outcome of its own: in the history rows, and the outcome label of
+# dispatcher_job_outcomes_total{outcome="cancelled"} wherever outcomes are counted by this word.
+_HISTORY_OUTCOME[STATUS_CANCELLED] = "cancelled"
 
 
 @dataclass(slots=True)

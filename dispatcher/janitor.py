@@ -1,4 +1,5 @@
-"""The janitor: deletes rows past their retention, one pod at a time, in bounded batches.
+"""The janitor's round: deletes rows past their retention, one pod at a time, in bounded batches
+(maintenance.Pruner runs it every prune_interval_s).
 
 Three kinds, each with its own retention (config: completed_retention_s, failed_retention_s,
 history_retention_s; 0 keeps a kind forever) and named query, each an index range oldest first
@@ -15,17 +16,12 @@ next prunes next.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from . import metrics
-from .backoff import jittered
-from .errors import StoreError
-from .maintenance import PeriodicService
 from .queries import query
 from .store import SLOW_STATEMENT, JobStore
 
@@ -72,53 +68,3 @@ async def prune_round(store: JobStore, retentions_s: Mapping[str, float], limit:
 
     # The round's statements share one budget: each takes milliseconds (EXPLAINs in queries.sql).
     return await store.run("prune", work, budget=SLOW_STATEMENT)
-
-
-class Pruner(PeriodicService):
-    """Deletes rows past their retention, by kind (PRUNE_QUERIES: completed jobs, failed ones,
-    history rows; a kind whose retention is 0 is kept forever).
-
-    One pod at a time: a round is one transaction that first takes a try-lock; a pod that finds
-    it taken skips the round (another is pruning now) and exports no lag. In bounded batches:
-    each DELETE takes at most `batch` rows (~2 ms per 1,000 at 500k rows), a round at most
-    ROUND_STATEMENTS of them; while some kind has more waiting, the next round comes about
-    CATCH_UP_S later instead of an interval later, so a backlog drains (up to ~12,000 rows a
-    second at the default batch) without a long statement or transaction, and other pods get
-    their turn in between."""
-
-    name = "prune"
-    ROUND_STATEMENTS = 6
-    CATCH_UP_S = 0.5
-
-    def __init__(self, store: JobStore, *, retentions_s: Mapping[str, float], batch: int, interval_s: float) -> None:
-        # First prune after a random fraction of the interval, so N pods started together spread out.
-        super().__init__(store, interval_s, first_delay_s=interval_s * random.random())
-        self._retentions_s = {kind: r for kind, r in retentions_s.items() if r > 0}
-        self._batch = batch
-        self.rounds = 0  # rounds this pod ran (it held the lock)
-        self.skipped = 0  # rounds skipped: another pod held the lock
-        self.last_round: PruneRound | None = None
-        for kind in PRUNE_QUERIES:
-            metrics.JOBS_PRUNED.labels(kind)  # every kind's series exists from the start (0)
-
-    async def tick(self) -> float | None:
-        if not self._retentions_s:
-            self.retired = True  # every kind is kept forever
-            return None
-        try:
-            done = await prune_round(self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS)
-        except StoreError:
-            metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
-            raise
-        if done is None:
-            self.skipped += 1
-            metrics.JANITOR_LAG.clear()  # the pod pruning now exports it
-            return None
-        self.rounds += 1
-        self.last_round = done
-        for kind, n in done.deleted.items():
-            metrics.JOBS_PRUNED.labels(kind).inc(n)
-        for kind, retention_s in self._retentions_s.items():
-            age_s = done.oldest_age_s[kind]
-            metrics.JANITOR_LAG.labels(kind).set(0.0 if age_s is None else max(0.0, age_s - retention_s))
-        return jittered(self.CATCH_UP_S) if done.more else None

@@ -26,8 +26,7 @@ _ADD_COLUMN = re.compile(r"\bALTER\s+TABLE\s+(?:ONLY\s+)?(\w+)\s+ADD\s+(?:COLUMN
 _SEQUENCE_COLUMN = re.compile(r"^\s*(\w+)\s+(?:\w*serial\d?\b|.*\bGENERATED\s+(?:ALWAYS|BY\s+DEFAULT)\s+AS\s+IDENTITY)",
                               re.IGNORECASE)
 
-# Rows only. DELETE: the pruner deletes finished jobs and history rows (and `dispatcher jobs purge`, run
-# as this role, finished jobs), members leave, a leader resigns.
+# Rows only. DELETE: the pruner deletes finished jobs, members leave, a leader resigns.
 TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 SEQUENCE_PRIVILEGES = "USAGE, SELECT"
 # Workers check the schema version at start and `dispatcher migrate` reads it; only the owner writes it.

@@ -41,8 +41,7 @@ from .coordination import build_assignments
 from .errors import ConfigError, StoreError
 from .executor import Executor
 from .listener import Listener
-from .janitor import Pruner
-from .maintenance import LeaseKeeper, PeriodicService, PlannerStats, PressureSampler, Reaper
+from .maintenance import LeaseKeeper, PeriodicService, PlannerStats, PressureSampler, Pruner, Reaper
 from .producer import Producer
 from .registry import Registry
 from .retry import RetryPolicy

@@ -227,145 +227,6 @@ SELECT extract(epoch FROM now() - (SELECT min(updated_at) FROM dispatcher_jobs W
                                     WHERE status IN ('failed', 'discarded', 'cancelled')))::float8,
        extract(epoch FROM now() - (SELECT min(finished_at) FROM dispatcher_job_attempts))::float8
 
--- name: history_record
--- Execution history, one row per finished attempt (only when DISPATCHER_HISTORY is on). A NULL
--- duration means "until now" (a reaped attempt: its worker never reported back).
-INSERT INTO dispatcher_job_attempts (job_id, attempt, worker, started_at, finished_at, duration_ms, outcome, error)
-SELECT h.id, h.attempt, h.worker, h.started_at, now(),
-       coalesce(h.duration_ms, extract(epoch FROM now() - h.started_at) * 1000), h.outcome, h.error
-  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(workers)s::text[], %(started_at)s::timestamptz[],
-              %(durations_ms)s::float8[], %(outcomes)s::text[], %(errors)s::text[])
-       AS h(id, attempt, worker, started_at, duration_ms, outcome, error)
-
--- name: jobs_insert_one
--- Enqueue one job and wake its bucket's owner, in one round trip. A live job with the same
--- (queue, dedupe_key) makes this a no-op: no row back, no notification.
-WITH inserted AS (
-    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
-    VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
-            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s)
-    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
-    DO NOTHING
-    RETURNING id
-)
-SELECT id, pg_notify(%(channel)s, %(notify)s) FROM inserted
-
--- name: jobs_copy_in
--- Bulk enqueue through COPY (text format, built by enqueue._copy_chunks). run_at is computed by the caller from the database's
--- now() read in the same transaction, so the database clock still rules.
-COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
-FROM STDIN
-
--- name: jobs_stage_create
--- Bulk enqueue with dedupe keys: COPY into a temporary staging table first, because COPY
--- itself cannot skip conflicting rows.
-CREATE TEMPORARY TABLE IF NOT EXISTS dispatcher_jobs_stage (
-    queue_name text, job_type text, payload jsonb, priority smallint, bucket smallint,
-    max_attempts integer, run_at timestamptz, dedupe_key text
-) ON COMMIT DELETE ROWS
-
--- name: jobs_stage_copy_in
-COPY dispatcher_jobs_stage (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
-FROM STDIN
-
--- name: jobs_stage_publish
--- Move staged rows into the jobs table, skipping live duplicates (also within the batch).
-INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
-SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key
-  FROM dispatcher_jobs_stage
-ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
-DO NOTHING
-
--- name: jobs_stage_clear
-TRUNCATE dispatcher_jobs_stage
-
--- name: jobs_reltuples
--- The planner's idea of the table's size (-1: never analyzed).
-SELECT reltuples FROM pg_class WHERE oid = 'dispatcher_jobs'::regclass
-
--- name: jobs_analyze_if_stale
--- Refresh planner statistics when they are far behind the table: with a freshly filled table
--- still marked empty, each claim branch walked the SKIP LOCKED index and filtered on bucket
--- (2,000 index entries read per 30 claimed). One pod at a time (try-lock, never waits).
--- Only a role ANALYZE accepts gets that far: the table's owner, the database's owner, or (17+)
--- one with MAINTAIN on it. For others ANALYZE only warns on the server and skips the table, so
--- we raise insufficient_privilege instead, and the worker stops asking (PlannerStats).
-DO $$
-DECLARE
-    permitted boolean;
-BEGIN
-    SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') INTO permitted
-      FROM pg_class c, pg_database d
-     WHERE c.oid = 'dispatcher_jobs'::regclass AND d.datname = current_database();
-    IF NOT permitted AND current_setting('server_version_num')::int >= 170000 THEN
-        permitted := has_table_privilege('dispatcher_jobs', 'MAINTAIN');  -- an error before 17
-    END IF;
-    IF NOT permitted THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-            MESSAGE = 'role ' || quote_ident(current_user) || ' may not ANALYZE dispatcher_jobs',
-            HINT = CASE WHEN current_setting('server_version_num')::int >= 170000
-                        THEN 'GRANT MAINTAIN ON dispatcher_jobs TO ' || quote_ident(current_user)
-                        ELSE 'before PostgreSQL 17 only the owner of the table or of the database may' END;
-    END IF;
-    IF pg_try_advisory_xact_lock(7022450131) AND EXISTS (
-        SELECT 1 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
-         WHERE c.oid = 'dispatcher_jobs'::regclass
-           AND (c.reltuples < 0 OR s.n_mod_since_analyze > greatest(10000, c.reltuples * 0.5)))
-    THEN
-        ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at,
-                                 updated_at);
-    END IF;
-END
-$$
-
--- name: jobs_analyze
--- Only the columns plans depend on: statistics on the jsonb payload are the costly part of a
--- full ANALYZE (190 ms vs 130 ms per 200k rows) and no query filters on it.
-ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at,
-                         updated_at)
-
--- name: db_now
-SELECT now()
-
--- name: notify_enqueued
--- Wake idle workers when the enqueuing transaction commits. One notification per enqueue call,
--- not per job; PostgreSQL folds identical notifications within a transaction.
-SELECT pg_notify(%(channel)s, %(payload)s)
-
--- name: status_counts
-SELECT queue_name, status, count(*) AS jobs
-  FROM dispatcher_jobs
- GROUP BY queue_name, status
- ORDER BY queue_name, status
-
--- name: status_oldest_runnable
--- Age in seconds of the oldest job that is due and waiting, per queue.
-SELECT queue_name, extract(epoch FROM now() - min(run_at))::float8 AS oldest_runnable_age_s
-  FROM dispatcher_jobs
- WHERE status = 'queued' AND run_at <= now()
- GROUP BY queue_name
- ORDER BY queue_name
-
--- name: status_backlog_by_bucket
-SELECT bucket, count(*) AS runnable
-  FROM dispatcher_jobs
- WHERE status = 'queued' AND run_at <= now()
- GROUP BY bucket
- ORDER BY bucket
-
--- name: db_pressure
--- The database-side cost of the queue: dead tuples waiting for vacuum, index entries read by
--- claims, and sessions waiting on a lock right now.
-SELECT t.n_live_tup, t.n_dead_tup, t.seq_scan, t.idx_scan, t.n_tup_upd, t.n_tup_hot_upd,
-       coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i
-                  WHERE i.relid = t.relid
-                    AND i.indexrelname IN ('dispatcher_jobs_claim_bucket_idx', 'dispatcher_jobs_claim_idx')), 0)::bigint
-           AS claim_idx_tup_read,
-       (SELECT count(*) FROM pg_stat_activity a
-         WHERE a.datname = current_database() AND a.wait_event_type = 'Lock')::bigint AS lock_waits
-  FROM pg_stat_user_tables t
- WHERE t.relname = 'dispatcher_jobs'
-
 -- Failed-job admin (dispatcher/admin.py, `dispatcher jobs ...`). Each statement runs in its own
 -- short transaction with SET LOCAL statement_timeout (admin_statement_timeout), never prepared,
 -- so it is planned with its parameters' values: a filter left out ({filters}: NULL) folds away
@@ -506,3 +367,142 @@ UNION ALL
 SELECT t.id, j.status, coalesce({filters}, false), NULL, false
   FROM unnest(%(ids)s::bigint[]) AS t(id)
   LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
+
+-- name: history_record
+-- Execution history, one row per finished attempt (only when DISPATCHER_HISTORY is on). A NULL
+-- duration means "until now" (a reaped attempt: its worker never reported back).
+INSERT INTO dispatcher_job_attempts (job_id, attempt, worker, started_at, finished_at, duration_ms, outcome, error)
+SELECT h.id, h.attempt, h.worker, h.started_at, now(),
+       coalesce(h.duration_ms, extract(epoch FROM now() - h.started_at) * 1000), h.outcome, h.error
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(workers)s::text[], %(started_at)s::timestamptz[],
+              %(durations_ms)s::float8[], %(outcomes)s::text[], %(errors)s::text[])
+       AS h(id, attempt, worker, started_at, duration_ms, outcome, error)
+
+-- name: jobs_insert_one
+-- Enqueue one job and wake its bucket's owner, in one round trip. A live job with the same
+-- (queue, dedupe_key) makes this a no-op: no row back, no notification.
+WITH inserted AS (
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+    VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
+            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s)
+    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+    DO NOTHING
+    RETURNING id
+)
+SELECT id, pg_notify(%(channel)s, %(notify)s) FROM inserted
+
+-- name: jobs_copy_in
+-- Bulk enqueue through COPY (text format, built by enqueue._copy_chunks). run_at is computed by the caller from the database's
+-- now() read in the same transaction, so the database clock still rules.
+COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+FROM STDIN
+
+-- name: jobs_stage_create
+-- Bulk enqueue with dedupe keys: COPY into a temporary staging table first, because COPY
+-- itself cannot skip conflicting rows.
+CREATE TEMPORARY TABLE IF NOT EXISTS dispatcher_jobs_stage (
+    queue_name text, job_type text, payload jsonb, priority smallint, bucket smallint,
+    max_attempts integer, run_at timestamptz, dedupe_key text
+) ON COMMIT DELETE ROWS
+
+-- name: jobs_stage_copy_in
+COPY dispatcher_jobs_stage (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+FROM STDIN
+
+-- name: jobs_stage_publish
+-- Move staged rows into the jobs table, skipping live duplicates (also within the batch).
+INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key
+  FROM dispatcher_jobs_stage
+ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+DO NOTHING
+
+-- name: jobs_stage_clear
+TRUNCATE dispatcher_jobs_stage
+
+-- name: jobs_reltuples
+-- The planner's idea of the table's size (-1: never analyzed).
+SELECT reltuples FROM pg_class WHERE oid = 'dispatcher_jobs'::regclass
+
+-- name: jobs_analyze_if_stale
+-- Refresh planner statistics when they are far behind the table: with a freshly filled table
+-- still marked empty, each claim branch walked the SKIP LOCKED index and filtered on bucket
+-- (2,000 index entries read per 30 claimed). One pod at a time (try-lock, never waits).
+-- Only a role ANALYZE accepts gets that far: the table's owner, the database's owner, or (17+)
+-- one with MAINTAIN on it. For others ANALYZE only warns on the server and skips the table, so
+-- we raise insufficient_privilege instead, and the worker stops asking (PlannerStats).
+DO $$
+DECLARE
+    permitted boolean;
+BEGIN
+    SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') INTO permitted
+      FROM pg_class c, pg_database d
+     WHERE c.oid = 'dispatcher_jobs'::regclass AND d.datname = current_database();
+    IF NOT permitted AND current_setting('server_version_num')::int >= 170000 THEN
+        permitted := has_table_privilege('dispatcher_jobs', 'MAINTAIN');  -- an error before 17
+    END IF;
+    IF NOT permitted THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = 'role ' || quote_ident(current_user) || ' may not ANALYZE dispatcher_jobs',
+            HINT = CASE WHEN current_setting('server_version_num')::int >= 170000
+                        THEN 'GRANT MAINTAIN ON dispatcher_jobs TO ' || quote_ident(current_user)
+                        ELSE 'before PostgreSQL 17 only the owner of the table or of the database may' END;
+    END IF;
+    IF pg_try_advisory_xact_lock(7022450131) AND EXISTS (
+        SELECT 1 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+         WHERE c.oid = 'dispatcher_jobs'::regclass
+           AND (c.reltuples < 0 OR s.n_mod_since_analyze > greatest(10000, c.reltuples * 0.5)))
+    THEN
+        ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at,
+                                 updated_at);
+    END IF;
+END
+$$
+
+-- name: jobs_analyze
+-- Only the columns plans depend on: statistics on the jsonb payload are the costly part of a
+-- full ANALYZE (190 ms vs 130 ms per 200k rows) and no query filters on it.
+ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at,
+                         updated_at)
+
+-- name: db_now
+SELECT now()
+
+-- name: notify_enqueued
+-- Wake idle workers when the enqueuing transaction commits. One notification per enqueue call,
+-- not per job; PostgreSQL folds identical notifications within a transaction.
+SELECT pg_notify(%(channel)s, %(payload)s)
+
+-- name: status_counts
+SELECT queue_name, status, count(*) AS jobs
+  FROM dispatcher_jobs
+ GROUP BY queue_name, status
+ ORDER BY queue_name, status
+
+-- name: status_oldest_runnable
+-- Age in seconds of the oldest job that is due and waiting, per queue.
+SELECT queue_name, extract(epoch FROM now() - min(run_at))::float8 AS oldest_runnable_age_s
+  FROM dispatcher_jobs
+ WHERE status = 'queued' AND run_at <= now()
+ GROUP BY queue_name
+ ORDER BY queue_name
+
+-- name: status_backlog_by_bucket
+SELECT bucket, count(*) AS runnable
+  FROM dispatcher_jobs
+ WHERE status = 'queued' AND run_at <= now()
+ GROUP BY bucket
+ ORDER BY bucket
+
+-- name: db_pressure
+-- The database-side cost of the queue: dead tuples waiting for vacuum, index entries read by
+-- claims, and sessions waiting on a lock right now.
+SELECT t.n_live_tup, t.n_dead_tup, t.seq_scan, t.idx_scan, t.n_tup_upd, t.n_tup_hot_upd,
+       coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i
+                  WHERE i.relid = t.relid
+                    AND i.indexrelname IN ('dispatcher_jobs_claim_bucket_idx', 'dispatcher_jobs_claim_idx')), 0)::bigint
+           AS claim_idx_tup_read,
+       (SELECT count(*) FROM pg_stat_activity a
+         WHERE a.datname = current_database() AND a.wait_event_type = 'Lock')::bigint AS lock_waits
+  FROM pg_stat_user_tables t
+ WHERE t.relname = 'dispatcher_jobs'

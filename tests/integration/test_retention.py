@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from dispatcher.janitor import Pruner
+from dispatcher.maintenance import Pruner
 from dispatcher.queries import query
 from dispatcher.store import JobStore
 from tests.helpers import fetchall, fetchval, run_async, start_worker, status_counts, stop_workers, wait_until

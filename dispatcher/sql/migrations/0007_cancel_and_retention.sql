@@ -48,13 +48,12 @@ ALTER TABLE dispatcher_job_attempts VALIDATE CONSTRAINT dispatcher_job_attempts_
 CREATE INDEX CONCURRENTLY IF NOT EXISTS dispatcher_jobs_completed_idx
     ON dispatcher_jobs (updated_at) WHERE status = 'completed';
 
--- Jobs that ended without success: failed, discarded, cancelled. Replaces dispatcher_jobs_failed_idx
--- (queue_name, failed_at) WHERE status = 'failed', which neither the pruner nor the admin
--- filters could use for discarded or cancelled jobs. Written only when a job ends so (rare).
+-- Jobs that ended without success: failed, discarded, cancelled, for the pruner and the admin
+-- filters, which dispatcher_jobs_failed_idx (queue_name, failed_at) WHERE status = 'failed' cannot
+-- serve for discarded or cancelled jobs, nor in age order. That one stays: failures are counted
+-- per queue through it, index-only. Written only when a job ends so (rare).
 CREATE INDEX CONCURRENTLY IF NOT EXISTS dispatcher_jobs_unsuccessful_idx
     ON dispatcher_jobs (updated_at) WHERE status IN ('failed', 'discarded', 'cancelled');
-
-DROP INDEX CONCURRENTLY IF EXISTS dispatcher_jobs_failed_idx;
 
 -- History rows by age, for the pruner (history is append-only: each insert lands at the right
 -- edge of this index). Costs one index insert per history row, only with DISPATCHER_HISTORY on.

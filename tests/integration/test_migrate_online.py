@@ -10,10 +10,11 @@ import psycopg
 import pytest
 
 from dispatcher.errors import MigrationError
-from dispatcher.migrate import migrate
+from dispatcher.migrate import available_migrations, migrate
 from tests.helpers import fetchall, fetchval, wait_until
 
-BEFORE = 5  # the last migration of the release before this one
+CANCEL = 7  # 0007_cancel_and_retention
+BEFORE = max(m.version for m in available_migrations() if m.version < CANCEL)  # the schema it upgrades
 INDEXES = ("dispatcher_jobs_completed_idx", "dispatcher_jobs_unsuccessful_idx", "dispatcher_job_attempts_finished_idx")
 
 
@@ -34,7 +35,7 @@ def valid_indexes(dsn: str) -> dict[str, bool]:
 def test_upgrading_a_table_with_rows_gives_the_cancelled_status_and_the_new_indexes(empty_dsn):
     migrate(empty_dsn, up_to=BEFORE)
     fill(empty_dsn)
-    assert migrate(empty_dsn) == [7]
+    assert migrate(empty_dsn, up_to=CANCEL) == [CANCEL]
     checks = dict(fetchall(empty_dsn, "SELECT conname, convalidated FROM pg_constraint WHERE conname IN "
                                       "('dispatcher_jobs_status_check', 'dispatcher_job_attempts_outcome_check')"))
     assert checks == {"dispatcher_jobs_status_check": True, "dispatcher_job_attempts_outcome_check": True}
@@ -50,7 +51,7 @@ def test_upgrading_a_table_with_rows_gives_the_cancelled_status_and_the_new_inde
                         "RETURNING job_id")
     with pytest.raises(psycopg.errors.CheckViolation):
         fetchall(empty_dsn, "INSERT INTO dispatcher_job_attempts VALUES (1, 2, 'w', now(), now(), 1, 'lost', NULL)")
-    assert migrate(empty_dsn) == []
+    assert migrate(empty_dsn, up_to=CANCEL) == []
 
 
 def test_the_index_builds_let_the_workers_write(empty_dsn):
@@ -61,7 +62,7 @@ def test_the_index_builds_let_the_workers_write(empty_dsn):
         # A transaction older than the build: CREATE INDEX CONCURRENTLY waits for it to end.
         old_snapshot.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         old_snapshot.execute("SELECT 1")
-        runner = threading.Thread(target=lambda: _capture(errors, lambda: migrate(empty_dsn)))
+        runner = threading.Thread(target=lambda: _capture(errors, lambda: migrate(empty_dsn, up_to=CANCEL)))
         runner.start()
         wait_until(lambda: fetchval(empty_dsn, "SELECT count(*) FROM pg_stat_progress_create_index") == 1, 30,
                    "an index build under way (waiting for the old transaction)")
@@ -73,12 +74,12 @@ def test_the_index_builds_let_the_workers_write(empty_dsn):
             worker.execute("UPDATE dispatcher_jobs SET status = 'completed' WHERE id = 1")
             worker.execute("DELETE FROM dispatcher_jobs WHERE id = 2")
         assert runner.is_alive(), "the build was waiting all along"
-        assert fetchval(empty_dsn, "SELECT count(*) FROM dispatcher_schema_version WHERE version = 7") == 0
+        assert fetchval(empty_dsn, "SELECT count(*) FROM dispatcher_schema_version WHERE version = %s", (CANCEL,)) == 0
         old_snapshot.rollback()
         runner.join(60)
     assert not errors and not runner.is_alive()
     assert all(valid_indexes(empty_dsn).get(name) for name in INDEXES)
-    assert fetchval(empty_dsn, "SELECT count(*) FROM dispatcher_schema_version WHERE version = 7") == 1
+    assert fetchval(empty_dsn, "SELECT count(*) FROM dispatcher_schema_version WHERE version = %s", (CANCEL,)) == 1
 
 
 def test_an_index_left_invalid_by_a_cut_short_build_is_built_again(empty_dsn):
@@ -89,7 +90,7 @@ def test_an_index_left_invalid_by_a_cut_short_build_is_built_again(empty_dsn):
                      "WHERE status = 'completed'")
         conn.execute("UPDATE pg_index SET indisvalid = false "
                      "WHERE indexrelid = 'dispatcher_jobs_completed_idx'::regclass")
-    assert migrate(empty_dsn) == [7]
+    assert migrate(empty_dsn, up_to=CANCEL) == [CANCEL]
     assert valid_indexes(empty_dsn)["dispatcher_jobs_completed_idx"] is True
 
 
@@ -99,11 +100,11 @@ def test_a_migration_that_cannot_get_its_exclusive_lock_gives_up_instead_of_queu
         long_reader.execute("SELECT count(*) FROM dispatcher_jobs")  # holds ACCESS SHARE until it ends
         started = time.monotonic()
         with pytest.raises(MigrationError, match="lock timeout"):
-            migrate(empty_dsn)
+            migrate(empty_dsn, up_to=CANCEL)
         assert time.monotonic() - started < 30
         long_reader.rollback()
     assert fetchval(empty_dsn, "SELECT max(version) FROM dispatcher_schema_version") == BEFORE
-    assert migrate(empty_dsn) == [7]  # run again, it completes
+    assert migrate(empty_dsn, up_to=CANCEL) == [CANCEL]  # run again, it completes
 
 
 def _capture(errors: list[BaseException], work) -> None:

@@ -1,4 +1,4 @@
-"""`dispatcher` command line: migrate, grants, run, enqueue, status, demo.
+"""`dispatcher` command line: migrate, grants, run, enqueue, status, jobs, demo.
 
 Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the same name
 (`DISPATCHER_BATCH_SIZE` / `--batch-size`). A bad setting exits with code 2 and names it.
@@ -16,6 +16,7 @@ import orjson
 
 from . import logs
 from ._version import __version__
+from .cli_jobs import add_jobs_parser
 from .config import Config, settings
 from .errors import ConfigError, DispatcherError, EnqueueError, PayloadError
 
@@ -245,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print it as JSON instead of a table")
     _add_config_flags(p)
     p.set_defaults(func=cmd_status)
+
+    add_jobs_parser(sub, _add_config_flags, _config_from)
 
     p = sub.add_parser("bench", help="benchmark suite (from a checkout): dispatcher bench SCENARIO ... --help",
                        add_help=False)

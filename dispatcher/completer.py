@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from . import joblog, metrics
 from .backoff import jittered
-from .constants import STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
+from .constants import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
 from .errors import StoreError
 from .job_metrics import JOB_STATS, JobStats
 from .retry import FailureKind, Outcome
@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 # in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its own.)
 _HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded"}
 
+# An operator's cancel is an outcome of its own: in the history rows, and the outcome label of
+# dispatcher_job_outcomes_total{outcome="cancelled"} wherever outcomes are counted by this word.
+_HISTORY_OUTCOME[STATUS_CANCELLED] = "cancelled"
+
 
 @dataclass(slots=True)
 class CompletionStats:
@@ -37,6 +41,7 @@ class CompletionStats:
     retried: int = 0
     failed: int = 0
     discarded: int = 0
+    cancelled: int = 0
     fenced: int = 0
     flushes: int = 0
 
@@ -151,10 +156,15 @@ class Completer:
         # fenced count exact.
         retried = sum(f.outcome.status == STATUS_QUEUED for f in failures)
         failed = sum(f.outcome.status == STATUS_FAILED for f in failures)
-        discarded = len(failures) - retried - failed
+        # An operator's cancel: the hook for dispatcher_job_outcomes_total{outcome="cancelled"}. (A
+        # retry that the database turned into a cancel, its request too recent for our last
+        # heartbeat, is counted as the retry we decided: jobs_fail_owned.)
+        cancelled = sum(f.outcome.status == STATUS_CANCELLED for f in failures)
+        discarded = len(failures) - retried - failed - cancelled
         self.stats.retried += retried
         self.stats.failed += failed
         self.stats.discarded += discarded
+        self.stats.cancelled += cancelled
         metrics.JOBS_RETRIED.inc(retried)
         metrics.JOBS_FAILED.inc(failed)
         metrics.JOBS_DISCARDED.inc(discarded)

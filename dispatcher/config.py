@@ -1,7 +1,8 @@
 """Worker configuration: one frozen dataclass built from `DISPATCHER_*` env vars and CLI flags.
 
 Every field has a named default with its unit in the name, and declares its parser, help text
-and unit in its metadata (`setting(...)`); `settings()` lists them for the CLI and the docs.
+and unit in its metadata (`setting(...)`, settings_meta.py); `settings()` lists them for the CLI
+and the docs.
 A `Config` is validated when it is constructed, so none exists with a bad value: `Config(lease_s=0)`
 raises `ConfigError` naming the field (`lease_s`), and `Config.load()` names the env var or flag
 the value came from (`DISPATCHER_LEASE_S`, `--lease-s`); the CLI turns that into exit code 2.
@@ -14,7 +15,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from coordinator.pglimits import ConnectionLimits
@@ -22,6 +23,10 @@ from coordinator.pglimits import ConnectionLimits
 from .constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN, NUM_BUCKETS, is_valid_name
 from .dsn import dsn_problem, redis_url_problem
 from .errors import ConfigError
+from .settings_meta import KINDS as _KINDS
+from .settings_meta import Setting, parse_buckets, setting, setting_of
+from .settings_meta import parse_bool as _parse_bool
+from .settings_meta import parse_queues as _parse_queues
 
 ENV_PREFIX = "DISPATCHER_"
 
@@ -38,7 +43,10 @@ DEFAULT_FLUSH_MAX = 2000  # ... or as soon as 2,000 are pending
 DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds is 30
 DEFAULT_REAPER_INTERVAL_S = 5.0
 DEFAULT_PRUNE_INTERVAL_S = 60.0
-DEFAULT_COMPLETED_RETENTION_S = 3600.0  # finished rows kept an hour for inspection, then deleted
+DEFAULT_COMPLETED_RETENTION_S = 3600.0  # completed rows kept an hour for inspection, then deleted
+DEFAULT_FAILED_RETENTION_S = 604800.0  # failed, discarded, cancelled: a week for people to look at or retry
+DEFAULT_HISTORY_RETENTION_S = 604800.0  # attempt history: a week
+DEFAULT_PRUNE_BATCH = 1000  # rows per DELETE: ~2 ms at 500k rows, and no more row locks than that
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a job payload is a reference, not a blob store
 DEFAULT_SYNC_THREADS = 8  # threads for sync handlers; async ones need none
 DEFAULT_COORDINATOR_LEASE_S = 10.0  # a dead worker's buckets move within this (+ ~0.1 s)
@@ -57,101 +65,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")  # see dispatcher/logs.py
 
 
-def parse_buckets(text: str) -> tuple[int, ...]:
-    """'0-15,32,40-41' -> (0, ..., 15, 32, 40, 41). Raises ValueError on bad syntax."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = (int(x) for x in part.split("-", 1))
-            if hi < lo:
-                raise ValueError(f"range {part!r} runs backwards")
-            out.update(range(lo, hi + 1))
-        else:
-            out.add(int(part))
-    return tuple(sorted(out))
-
-
-def _parse_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("expected true/false")
-
-
-def _parse_queues(text: str) -> tuple[str, ...]:
-    return tuple(q.strip() for q in text.split(",") if q.strip())
-
-
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-# What a value of each parser's result must be when a Config is built directly (no text parsed).
-# bool is an int, so ints accept bools; that is not worth a rule.
-_KINDS: dict[Callable[[str], Any], tuple[type, ...]] = {
-    str: (str,), int: (int,), float: (int, float), _parse_bool: (bool,),
-    _parse_queues: (tuple,), parse_buckets: (tuple,),
-}
-_META_KEY = "dispatcher.setting"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Meta:
-    parse: Callable[[str], Any]
-    help: str
-    unit: str | None
-    shown: str | None
-
-
-def setting(default: Any = dataclasses.MISSING, *, parse: Callable[[str], Any], help: str, unit: str | None = None,
-            shown: str | None = None, default_factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:
-    """A Config field: its default, the parser for its env var / flag text, what it does, its unit.
-
-    `help` says what the setting does, with its unit, but not its default (that is appended from
-    the field, or from `shown` where the default is computed or None means something).
-    """
-    if parse not in _KINDS:
-        raise TypeError(f"setting(): no value rule for parser {parse!r}; add it to _KINDS")
-    meta = {_META_KEY: _Meta(parse, help, unit, shown)}
-    if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Setting:
-    """One Config field as the outside world sees it (env var, flag, help). From `settings()`."""
-
-    name: str  # field name: "lease_s"
-    env_var: str  # "DISPATCHER_LEASE_S"
-    flag: str  # "--lease-s"
-    parse: Callable[[str], Any]  # text -> value; raises ValueError on bad text
-    help: str  # what it does, with its unit, without the default
-    unit: str | None  # "seconds", "bytes", "jobs", ... or None
-    default: Any  # the dataclass default; None where it is computed at construction (see default_text)
-    default_text: str  # the default as documented: "30", "partitioned", "lease_s / 3"
-
-    @property
-    def description(self) -> str:
-        """Help text with the default: what `dispatcher run --help` prints."""
-        return f"{self.help} (default {self.default_text})"
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    return str(value)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -220,10 +135,18 @@ class Config:
         help="seconds between sweeps that put jobs whose lease expired through the retry policy")
     prune_interval_s: float = setting(
         DEFAULT_PRUNE_INTERVAL_S, parse=float, unit="seconds",
-        help="seconds between deletions of finished jobs older than completed_retention_s")
+        help="seconds between rounds of the pruner, which deletes rows past their retention (one pod at a time)")
     completed_retention_s: float = setting(
         DEFAULT_COMPLETED_RETENTION_S, parse=float, unit="seconds",
-        help="seconds completed and discarded jobs are kept before they are deleted (failed ones are kept)")
+        help="seconds completed jobs are kept before they are deleted; 0: kept forever")
+    failed_retention_s: float = setting(
+        DEFAULT_FAILED_RETENTION_S, parse=float, unit="seconds",
+        help="seconds failed, discarded and cancelled jobs are kept before they are deleted; 0: kept forever")
+    history_retention_s: float = setting(
+        DEFAULT_HISTORY_RETENTION_S, parse=float, unit="seconds",
+        help="seconds rows of the attempt history (dispatcher_job_attempts) are kept; 0: kept forever")
+    prune_batch: int = setting(
+        DEFAULT_PRUNE_BATCH, parse=int, unit="rows", help="most rows one DELETE of the pruner takes (1 to 10000)")
     max_payload_bytes: int = setting(
         DEFAULT_MAX_PAYLOAD_BYTES, parse=int, unit="bytes", shown="1048576 = 1 MiB",
         help="largest JSON payload in bytes that `dispatcher enqueue` accepts (>= 2)")
@@ -312,7 +235,9 @@ class Config:
         _check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
         _check(self.reaper_interval_s > 0, "reaper_interval_s", "must be > 0")
         _check(self.prune_interval_s > 0, "prune_interval_s", "must be > 0")
-        _check(self.completed_retention_s >= 0, "completed_retention_s", "must be >= 0")
+        for name in ("completed_retention_s", "failed_retention_s", "history_retention_s"):
+            _check(getattr(self, name) >= 0, name, "must be >= 0 (0: kept forever)")
+        _check(1 <= self.prune_batch <= 10_000, "prune_batch", "must be between 1 and 10000")
         _check(self.max_payload_bytes >= 2, "max_payload_bytes", "must be >= 2")
         _check(self.sync_threads >= 1, "sync_threads", "must be >= 1")
         _check(self.coordinator in COORDINATORS, "coordinator",
@@ -415,17 +340,7 @@ def _parse(s: Setting, raw: str, origin: str) -> Any:
         raise ConfigError(origin, f"cannot parse {raw!r}: {exc}") from None
 
 
-def _setting_of(field: dataclasses.Field[Any]) -> Setting:
-    meta: _Meta = field.metadata[_META_KEY]
-    default = None if field.default is dataclasses.MISSING else field.default
-    return Setting(
-        name=field.name, env_var=ENV_PREFIX + field.name.upper(), flag="--" + field.name.replace("_", "-"),
-        parse=meta.parse, help=meta.help, unit=meta.unit, default=default,
-        default_text=meta.shown if meta.shown is not None else _show(default),
-    )
-
-
-_SETTINGS: tuple[Setting, ...] = tuple(_setting_of(f) for f in dataclasses.fields(Config))
+_SETTINGS: tuple[Setting, ...] = tuple(setting_of(f, ENV_PREFIX) for f in dataclasses.fields(Config))
 _BY_NAME: dict[str, Setting] = {s.name: s for s in _SETTINGS}
 _NULLABLE = frozenset(f.name for f in dataclasses.fields(Config) if f.default is None)
 

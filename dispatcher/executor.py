@@ -5,6 +5,7 @@
                  ->  no handler: failed at once
     the handler returns             -> completer.completed
     it raises, times out, or is interrupted by shutdown -> RetryPolicy -> completer.failed
+    an operator cancels it (seen with a heartbeat: cancel()) -> cancelled, however it ends
 
 A handler can never take the process down: every `BaseException` it raises (SystemExit and
 KeyboardInterrupt included) is that job's failure, recorded with its traceback.
@@ -72,6 +73,7 @@ class _Running:
     task: asyncio.Task[None] | None = None  # None: a sync handler (backlogged or in a thread)
     timer: asyncio.TimerHandle | None = None
     state: _State = _State.RUNNING
+    cancelling: bool = False  # an operator asked to cancel it: it ends 'cancelled' however it ends
 
 
 @dataclass(slots=True)
@@ -160,14 +162,21 @@ class Executor:
             entry = self._running.get(job.id)
             if entry is not None and entry.state is _State.LOST:
                 pass  # its lease is gone: the new owner decides; nothing of ours may be written
+            elif entry is not None and entry.cancelling:
+                self._cancelled(job, "the handler was interrupted", started)
             elif job.id in self._timed_out:
                 self._timed_out_failure(handler, job, started)
             else:
                 self._fail(job, FailureKind.INTERRUPTED, "interrupted: worker shut down", started)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a handler is its job's failure
-            self._fail_with(job, exc, started)
+            if self._cancelling(job):  # e.g. it turned the cancellation into an error of its own
+                self._cancelled(job, f"the handler then raised {type(exc).__name__}", started)
+            else:
+                self._fail_with(job, exc, started)
         else:
-            if job.id in self._timed_out:  # it swallowed the cancellation and returned: still an overrun
+            if self._cancelling(job):  # it swallowed the cancellation and returned: cancelled all the same
+                self._cancelled(job, "the handler returned anyway", started)
+            elif job.id in self._timed_out:  # it swallowed the cancellation and returned: still an overrun
                 self._timed_out_failure(handler, job, started)
             else:
                 self._completer.completed(job, time.monotonic() - started)
@@ -220,7 +229,9 @@ class Executor:
             limit = self._timeout_of(handler)
             elapsed = time.monotonic() - started
             exc = None if future.cancelled() else future.exception()
-            if limit and elapsed > limit:
+            if entry.cancelling:  # recorded when it returns, however it ended
+                self._cancelled(entry.job, "the sync handler ran to its end (a thread cannot be interrupted)", started)
+            elif limit and elapsed > limit:
                 # A thread cannot be interrupted; an overrun is recorded as a timeout when it returns
                 # (its lease was kept alive meanwhile, so it never ran twice at once).
                 self.stats.timeouts += 1
@@ -250,6 +261,13 @@ class Executor:
     def _fail(self, job: Job, kind: FailureKind, error: str, started: float, summary: str | None = None) -> None:
         outcome = self._policy.decide(kind, job.attempts, job.max_attempts, error)
         self._completer.failed(job, outcome, time.monotonic() - started, kind=kind, summary=summary)
+
+    def _cancelling(self, job: Job) -> bool:
+        entry = self._running.get(job.id)
+        return entry is not None and entry.cancelling and entry.state is not _State.LOST
+
+    def _cancelled(self, job: Job, how: str, started: float) -> None:
+        self._fail(job, FailureKind.CANCELLED, f"cancelled: an operator asked (dispatcher jobs cancel); {how}", started)
 
     def _finish_slot(self) -> None:
         self.in_flight -= 1
@@ -301,6 +319,26 @@ class Executor:
         self._lease_watch = None
         self.lose_expired(time.monotonic() + self._lose_early_s)
         self._watch_leases()
+
+    def cancel(self, ids: Iterable[int]) -> int:
+        """An operator asked to cancel these jobs (read with a heartbeat): an async handler is cancelled
+        now, an unstarted sync job never starts, a sync handler's thread (it cannot be stopped) keeps
+        its lease until it returns. Each ends 'cancelled', never retried. Returns how many began to."""
+        entries = [e for i in ids if (e := self._running.get(i)) is not None and not e.cancelling
+                   and e.state in (_State.RUNNING, _State.BACKLOG)]
+        for entry in entries:
+            entry.cancelling = True
+            if entry.state is _State.BACKLOG:
+                with contextlib.suppress(ValueError):
+                    self._sync_backlog.remove(entry)
+                self._running.pop(entry.job.id, None)
+                self._cancelled(entry.job, "it had not started", time.monotonic())
+                self._finish_slot()
+            elif entry.task is not None:
+                entry.task.cancel()
+        if entries:
+            log.info("cancelling %d jobs at an operator's request: %s", len(entries), [e.job.id for e in entries[:20]])
+        return len(entries)
 
     def lose(self, ids: Iterable[int], why: str) -> int:
         """These leases are no longer ours (`why`): nothing of these jobs may start or be written

@@ -7,8 +7,8 @@ another owner is not reported as ours (the completer counts those), and a failur
 waits for the database is logged when it lands. Failures are rare; completions run no code here.
 
 Every line has the fields job_id, job_type, queue, bucket, attempt, max_attempts, outcome (the
-status written: queued, failed, discarded), reason (the retry policy's FailureKind: error,
-timeout, interrupted, unknown_type, permanent, lease_expired) and error, one line: the handler's
+status written: queued, failed, discarded, cancelled), reason (the retry policy's FailureKind: error,
+timeout, interrupted, unknown_type, permanent, lease_expired, cancelled) and error, one line: the handler's
 exception as `Type: first line of its message` (the whole traceback is the job's last_error and
 attempt history, not a log line: a 40-line traceback per attempt would drown a storm's other
 lines). A retry adds retry_in_s (the policy's delay) and next_run_at; a reaped job old_owner and
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from .constants import STATUS_DISCARDED, STATUS_QUEUED
+from .constants import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_QUEUED
 from .retry import FailureKind
 from .store import ExpiredLease, FailedWrite, Failure
 
@@ -50,6 +50,9 @@ _FINAL: dict[FailureKind, str] = {
     FailureKind.PERMANENT: "job %d discarded: its handler raised PermanentJobError (attempt %d/%d)",
     FailureKind.LEASE_EXPIRED: "reaped job %d failed for good: its lease expired on its last attempt (%d/%d)",
 }
+
+
+_CANCELLED = "job %d cancelled at an operator's request (attempt %d/%d); not retried"
 
 
 def exception_line(exc: BaseException) -> str:
@@ -106,6 +109,8 @@ def _line(row: FailedWrite, kind: FailureKind, delay_s: float, error: str, field
     if row.status == STATUS_QUEUED:
         fields.update(retry_in_s=round(delay_s, 3), next_run_at=utc(row.run_at))
         log.warning(_RETRIED.get(kind, _RETRIED[FailureKind.ERROR]), *args, delay_s, extra=fields)
+    elif row.status == STATUS_CANCELLED:  # an operator's doing, not the job's failure: not an error
+        log.warning(_CANCELLED, *args, extra=fields)
     else:
         final = FailureKind.PERMANENT if row.status == STATUS_DISCARDED else kind
         log.error(_FINAL.get(final, _FINAL[FailureKind.ERROR]), *args, extra=fields)

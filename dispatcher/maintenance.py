@@ -1,9 +1,12 @@
 """Maintenance: small periodic services beside the job path, each with one job.
 
-- `LeaseKeeper`: extends the leases of this worker's running jobs (the heartbeat).
+- `LeaseKeeper`: extends the leases of this worker's running jobs (the heartbeat), and learns
+  from the same statement which of them an operator asked to cancel.
 - `Reaper`: jobs whose lease ran out (their worker died or stalled) go through the retry policy
-  like any other failed attempt: rescheduled with backoff, or `failed` after max_attempts.
-- `Pruner`: deletes finished rows past their retention.
+  like any other failed attempt: rescheduled with backoff, or `failed` after max_attempts, or
+  `cancelled` if an operator had asked.
+- `Pruner`: deletes finished rows and history past their retention, one pod at a time (its
+  round: janitor.py).
 - `PlannerStats`: refreshes planner statistics when they fall far behind the table (a role
   that may not ANALYZE it gets one warning, and the service ends: that is the owner's job).
 (The table-wide figures, sampled by one pod at a time, are table_sampler.py's.)
@@ -18,7 +21,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from . import joblog, metrics
 from .backoff import jittered
@@ -26,6 +29,7 @@ from .constants import STATUS_QUEUED
 from .errors import StoreError, StorePermissionDenied
 from .executor import Executor
 from .retry import FailureKind, RetryPolicy, lease_expired_error
+from .janitor import PRUNE_QUERIES, PruneRound, prune_round
 from .store import Failure, HistoryRows, JobStore
 
 log = logging.getLogger(__name__)
@@ -70,6 +74,10 @@ class LeaseKeeper(PeriodicService):
 
     - A job the database no longer lets us extend was taken over: the executor drops it if it
       has not started, cancels it if async (a thread cannot be stopped; its outcome is fenced).
+    - A job an operator asked to cancel (the heartbeat returns the request) is cancelled by the
+      executor and ends 'cancelled'. Only jobs held longer than one interval get a heartbeat, so a
+      request is seen within two intervals (+10% jitter, + a statement) of being made: 20-22 s
+      at the default 30 s lease.
     - While heartbeats fail (database unreachable or stalled), `stalled` is true and the producer
       claims nothing: new jobs' leases could not be kept either. Jobs whose lease (as we last
       extended it) is about to run out meanwhile are lost (Executor: another worker may take
@@ -97,7 +105,7 @@ class LeaseKeeper(PeriodicService):
         due = self._executor.running_since(sent_at - self.interval_s)
         try:
             if due:
-                kept = await self._store.jobs_extend_leases(due, self._lease_s)
+                kept = await self._store.jobs_extend_leases(due, self._lease_s)  # id -> cancel requested
             elif self.stalled or self._executor.in_flight:
                 # Nothing due yet, but jobs we hold will need their heartbeats: a round trip per
                 # interval shows a stall within interval + statement timeout (15 s of the 30 s
@@ -115,6 +123,7 @@ class LeaseKeeper(PeriodicService):
             if lost:
                 self.leases_lost += lost
                 metrics.LEASES_LOST.inc(lost)
+            self._executor.cancel([job_id for job_id, cancel in kept.items() if cancel])
         return None
 
     def _failing(self, exc: StoreError) -> None:
@@ -152,8 +161,9 @@ class Reaper(PeriodicService):
             return
         failures = [
             Failure(e.id, e.token, self._policy.decide(
-                FailureKind.LEASE_EXPIRED, e.attempts, e.max_attempts,
-                lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at)))
+                FailureKind.CANCELLED if e.cancel_requested else FailureKind.LEASE_EXPIRED, e.attempts, e.max_attempts,
+                ("cancelled: an operator asked, and the job's " if e.cancel_requested else "")
+                + lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at)))
             for e in expired
         ]
         # Fenced by token and re-checked for expiry: a reaper in another pod, or an owner whose
@@ -167,7 +177,7 @@ class Reaper(PeriodicService):
             rows = HistoryRows()
             for w in written:
                 rows.add(w.id, w.attempts, w.locked_by or "?", w.locked_at, None,
-                         "retried" if w.status == STATUS_QUEUED else "failed", errors[w.id])
+                         "retried" if w.status == STATUS_QUEUED else w.status, errors[w.id])
             await self._store.history_record(rows)
         self.reaped += len(written)
         metrics.JOBS_REAPED.inc(len(written))
@@ -175,19 +185,53 @@ class Reaper(PeriodicService):
 
 
 class Pruner(PeriodicService):
-    name = "prune"
-    BATCH = 5000  # rows per statement: a short transaction, whatever the backlog of finished rows
+    """Deletes rows past their retention, by kind (PRUNE_QUERIES: completed jobs, failed ones,
+    history rows; a kind whose retention is 0 is kept forever).
 
-    def __init__(self, store: JobStore, *, retention_s: float, interval_s: float) -> None:
+    One pod at a time: a round is one transaction that first takes a try-lock; a pod that finds
+    it taken skips the round (another is pruning now) and exports no lag. In bounded batches:
+    each DELETE takes at most `batch` rows (~2 ms per 1,000 at 500k rows), a round at most
+    ROUND_STATEMENTS of them; while some kind has more waiting, the next round comes about
+    CATCH_UP_S later instead of an interval later, so a backlog drains (up to ~12,000 rows a
+    second at the default batch) without a long statement or transaction, and other pods get
+    their turn in between."""
+
+    name = "prune"
+    ROUND_STATEMENTS = 6
+    CATCH_UP_S = 0.5
+
+    def __init__(self, store: JobStore, *, retentions_s: Mapping[str, float], batch: int, interval_s: float) -> None:
         # First prune after a random fraction of the interval, so N pods started together spread out.
         super().__init__(store, interval_s, first_delay_s=interval_s * random.random())
-        self._retention_s = retention_s
+        self._retentions_s = {kind: r for kind, r in retentions_s.items() if r > 0}
+        self._batch = batch
+        self.rounds = 0  # rounds this pod ran (it held the lock)
+        self.skipped = 0  # rounds skipped: another pod held the lock
+        self.last_round: PruneRound | None = None
+        for kind in PRUNE_QUERIES:
+            metrics.JOBS_PRUNED.labels(kind)  # every kind's series exists from the start (0)
 
     async def tick(self) -> float | None:
-        pruned = await self._store.jobs_prune_finished(self._retention_s, self.BATCH)
-        metrics.JOBS_PRUNED.inc(pruned)
-        # A full batch means more is waiting: go again soon rather than a whole interval later.
-        return 0.5 if pruned >= self.BATCH else None
+        if not self._retentions_s:
+            self.retired = True  # every kind is kept forever
+            return None
+        try:
+            done = await prune_round(self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS)
+        except StoreError:
+            metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
+            raise
+        if done is None:
+            self.skipped += 1
+            metrics.JANITOR_LAG.clear()  # the pod pruning now exports it
+            return None
+        self.rounds += 1
+        self.last_round = done
+        for kind, n in done.deleted.items():
+            metrics.JOBS_PRUNED.labels(kind).inc(n)
+        for kind, retention_s in self._retentions_s.items():
+            age_s = done.oldest_age_s[kind]
+            metrics.JANITOR_LAG.labels(kind).set(0.0 if age_s is None else max(0.0, age_s - retention_s))
+        return jittered(self.CATCH_UP_S) if done.more else None
 
 
 class PlannerStats(PeriodicService):

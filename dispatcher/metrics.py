@@ -40,7 +40,16 @@ STATEMENT_TIMEOUTS = Counter(
     "Statements that got no answer within their deadline; each costs its connection", ["operation"],
 )
 DB_STALLED = Gauge("dispatcher_db_stalled", "1 while this worker cannot keep its leases (it claims nothing)")
-JOBS_PRUNED = Counter("dispatcher_jobs_pruned_total", "Finished jobs deleted by the pruner")
+JOBS_PRUNED = Counter(
+    "dispatcher_jobs_pruned_total",
+    "Rows deleted by this pod's pruner past their retention, by kind: completed jobs, failed ones (failed, "
+    "discarded, cancelled) and history rows", ["kind"],
+)
+JANITOR_LAG = Gauge(
+    "dispatcher_janitor_lag_seconds",
+    "How far past its retention the oldest row of each kind still there is (0: caught up); from the pods "
+    "whose last prune round ran, none from a pod that found another pruning", ["kind"],
+)
 STOLEN_JOBS = Counter("dispatcher_jobs_stolen_total", "Jobs claimed from other workers' buckets (own buckets idle)")
 STORE_ERRORS = Counter("dispatcher_store_errors_total", "Failed database statements", ["operation"])
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backoff import retry_delay_s
-from .constants import LAST_ERROR_MAX_CHARS, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
+from .constants import LAST_ERROR_MAX_CHARS, STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED
 
 
 class FailureKind(enum.Enum):
@@ -27,11 +27,12 @@ class FailureKind(enum.Enum):
     UNKNOWN_TYPE = "unknown_type"  # no handler for the job type in this worker: no retry
     INTERRUPTED = "interrupted"  # the worker shut down while the handler ran: retry at once
     LEASE_EXPIRED = "lease_expired"  # the owner stopped renewing the lease: died or stalled
+    CANCELLED = "cancelled"  # an operator asked to cancel it (dispatcher jobs cancel): no retry
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str  # 'queued' (retry after delay_s), 'failed' or 'discarded'
+    status: str  # 'queued' (retry after delay_s), 'failed', 'discarded' or 'cancelled'
     delay_s: float
     error: str  # the text stored in last_error, at most LAST_ERROR_MAX_CHARS
 
@@ -50,6 +51,10 @@ class RetryPolicy:
         """The outcome of attempt number `attempts` (1-based, already counted) of a job allowed
         `max_attempts`, which failed as `kind` with `error`."""
         error = error[:LAST_ERROR_MAX_CHARS]
+        if kind is FailureKind.CANCELLED:
+            # Whatever the attempt: a job someone cancelled must not run again. (The database
+            # also turns a retry of a job with a cancel request into 'cancelled': jobs_fail_owned.)
+            return Outcome(STATUS_CANCELLED, 0.0, error)
         if kind is FailureKind.PERMANENT:
             return Outcome(STATUS_DISCARDED, 0.0, error)
         if kind is FailureKind.UNKNOWN_TYPE or attempts >= max_attempts:

@@ -131,7 +131,9 @@ class Worker:
         self.table_sampler = TableSampler(maint, interval_s=config.table_sample_interval_s, queues=config.queues)
         self._services: list[PeriodicService] = [
             self.lease_keeper, self.reaper,
-            Pruner(maint, retention_s=config.completed_retention_s, interval_s=config.prune_interval_s),
+            Pruner(maint, retentions_s={"completed": config.completed_retention_s,
+                                        "failed": config.failed_retention_s, "history": config.history_retention_s},
+                   batch=config.prune_batch, interval_s=config.prune_interval_s),
             PlannerStats(maint, interval_s=config.reaper_interval_s),
             self.table_sampler,
         ]

@@ -124,7 +124,7 @@ def test_completion_by_a_stale_owner_is_rejected(dsn):
         fresh = await new.jobs_claim("default", 10, 30, ALL)
         assert sorted(j.id for j in fresh) == sorted(j.id for j in stale)
         assert await old.jobs_complete_owned([j.id for j in stale], [j.token for j in stale]) == 0
-        assert await old.jobs_extend_leases(stale, 30) == set()
+        assert await old.jobs_extend_leases(stale, 30) == {}
         assert await old.jobs_release_owned(stale) == 0
         statuses = fetchall(dsn, "SELECT status, locked_by, attempts FROM dispatcher_jobs")
         assert set(statuses) == {("running", "new", 2)}  # untouched by the stale owner

@@ -99,7 +99,7 @@ def test_run_refuses_settings_it_would_ignore_or_never_serve(dsn, env, named):
 
 # -- a database the CLI cannot use -----------------------------------------------------------------
 
-COMMANDS = [["enqueue", "hello"], ["status"], ["migrate"]]
+COMMANDS = [["enqueue", "hello"], ["status"], ["migrate"], ["jobs", "list"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])

@@ -224,3 +224,32 @@ def test_listen_off_means_polling_only_and_no_listen_connection(dsn, pgbouncer):
     assert not worker.listening.is_set()
     assert not [name for name in sessions + clients if name.endswith("-listen")], (sessions, clients)
     assert "dispatcher-coordinator" in clients, clients
+
+
+def test_the_admin_and_the_pruner_work_through_it_and_leave_no_session_state(dsn, pgbouncer):
+    """The admin's statement_timeout is SET LOCAL (its transaction only) and its statements are
+    never prepared; the pruner's lock is transaction-scoped: nothing reaches the next client."""
+    from dispatcher.admin import Filters, list_jobs, retry_jobs
+    from dispatcher.maintenance import Pruner
+    from tests.integration.test_admin import add
+
+    pooled = pgbouncer.dsn_for(dsn)
+    failed = add(dsn, 5, status="failed")
+    add(dsn, 3, status="completed", age_s=7200)
+    assert len(list_jobs(pooled, Filters(statuses=("failed",)))) == 5
+    assert retry_jobs(pooled, Filters(statuses=("failed",)), batch=2).changed_count == 5
+    assert set(fetchall(dsn, "SELECT status FROM dispatcher_jobs WHERE id = ANY(%s)", (failed,))) == {("queued",)}
+    store = JobStore(pooled, "pruner", limits=ConnectionLimits(prepared_statements=False))
+    pruner = Pruner(store, retentions_s={"completed": 3600}, batch=2, interval_s=60)
+
+    async def prune():
+        try:
+            return await pruner.tick()
+        finally:
+            await store.close()
+
+    run_async(prune())
+    assert pruner.last_round.deleted == {"completed": 3}
+    with psycopg.connect(pooled, autocommit=True) as next_client:
+        assert next_client.execute("SHOW statement_timeout").fetchone() == ("0",)
+        assert next_client.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone() == (0,)

@@ -105,3 +105,14 @@ def test_history_is_only_written_when_enabled():
     completer.completed(job(1), 0.01)
     run_async(completer.flush())
     assert store.history == []
+
+
+def test_a_cancelled_attempt_is_counted_as_cancelled_and_recorded_as_such_in_history():
+    store = FakeStore()
+    completer = make(store, history=True)
+    completer.failed(job(1), Outcome("cancelled", 0.0, "cancelled: an operator asked"), 0.01)
+    completer.failed(job(2), Outcome("discarded", 0.0, "bad"), 0.01)
+    run_async(completer.flush())
+    assert store.failed == [[(1, "cancelled"), (2, "discarded")]]
+    assert store.history[0][2] == ["cancelled", "discarded"]
+    assert (completer.stats.cancelled, completer.stats.discarded, completer.stats.failed) == (1, 1, 0)

@@ -140,7 +140,21 @@ BAD_FIELD_VALUES = [
     ("listen_dsn", {"listen_dsn": " "}),
     ("prepared_statements", {"prepared_statements": "false"}),
     ("worker_id", {"worker_id": None}),
+    ("completed_retention_s", {"completed_retention_s": -1}),
+    ("failed_retention_s", {"failed_retention_s": -0.5}),
+    ("history_retention_s", {"history_retention_s": float("nan")}),
+    ("prune_batch", {"prune_batch": 0}),
+    ("prune_batch", {"prune_batch": 10_001}),
 ]
+
+
+def test_retention_settings_default_to_a_week_for_failures_and_history_and_0_keeps_forever():
+    config = Config.load({"DISPATCHER_FAILED_RETENTION_S": "0", "DISPATCHER_PRUNE_BATCH": "250"})
+    assert (config.completed_retention_s, config.failed_retention_s, config.history_retention_s) == (3600, 0, 604800)
+    assert config.prune_batch == 250
+    with pytest.raises(ConfigError) as info:
+        Config.load({"DISPATCHER_HISTORY_RETENTION_S": "-1"})
+    assert info.value.setting == "DISPATCHER_HISTORY_RETENTION_S"
 
 
 @pytest.mark.parametrize(("field", "values"), BAD_FIELD_VALUES)

@@ -57,3 +57,11 @@ def test_lease_expired_error_says_how_often_and_who_held_it():
     assert lease_expired_error(1, "pod-a", "12:00") == (
         "lease expired once: its worker died or stalled (last held by pod-a since 12:00)")
     assert lease_expired_error(3, None, None).startswith("lease expired 3 times: its worker died or stalled")
+
+
+@pytest.mark.parametrize("attempts, max_attempts", [(1, 20), (20, 20), (25, 20)])
+def test_a_cancelled_job_ends_cancelled_whatever_the_attempt(attempts, max_attempts):
+    """An operator's cancel is never retried, and never turned into 'failed' by a used-up attempt count."""
+    assert POLICY.decide(FailureKind.CANCELLED, attempts, max_attempts, "cancelled: asked") == Outcome(
+        "cancelled", 0.0, "cancelled: asked")
+    assert not POLICY.decide(FailureKind.CANCELLED, attempts, max_attempts, "x").retried

@@ -1,0 +1,98 @@
+"""`dispatcher jobs list|show|retry|cancel|purge` in a subprocess: output, bulk confirmation, exit
+codes, and bad input refused with exit 2 naming the flag before anything is read or written."""
+
+import orjson
+import pytest
+
+from tests.helpers import fetchval
+from tests.integration.test_admin import add, statuses
+from tests.integration.test_cli_errors import cli, one_line_error
+
+
+def jobs(dsn, *args):
+    return cli("jobs", *args, "--dsn", dsn)
+
+
+def test_list_prints_a_table_or_json(dsn):
+    failed = add(dsn, 2, status="failed", queue="mail", job_type="send", age_s=7200,
+                 last_error="Traceback (most recent call last):\n  ...\nValueError: no such customer")
+    add(dsn, 3)
+    table = jobs(dsn, "list", "--status", "failed")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:4] == ["id", "queue", "type", "status"] and len(lines) == 3
+    assert lines[1].split()[:6] == [str(failed[1]), "mail", "send", "failed", "0/20", "2h00m"]
+    assert lines[1].endswith("ValueError: no such customer")
+    listed = orjson.loads(jobs(dsn, "list", "--status", "failed,queued", "--limit", "4", "--json").stdout)
+    assert len(listed) == 4 and {j["status"] for j in listed} <= {"failed", "queued"}
+    assert jobs(dsn, "list", "--queue", "nowhere").stdout.strip() == "(no jobs match)"
+
+
+def test_show_prints_the_job_and_its_last_error_and_a_missing_one_exits_1(dsn):
+    (job_id,) = add(dsn, status="failed", last_error="Traceback ...\nKeyError: 'x'")
+    shown = jobs(dsn, "show", str(job_id))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"job {job_id} (failed)") and "KeyError: 'x'" in shown.stdout
+    assert "attempts: none recorded" in shown.stdout
+    assert orjson.loads(jobs(dsn, "show", str(job_id), "--json").stdout)["job"]["id"] == job_id
+    one_line_error(jobs(dsn, "show", "999999"), 1, "no job 999999")
+
+
+def test_retry_by_id_acts_at_once_and_exits_1_when_an_id_was_skipped(dsn):
+    failed, running = add(dsn, status="failed")[0], add(dsn, status="running")[0]
+    done = jobs(dsn, "retry", str(failed))
+    assert done.returncode == 0 and done.stdout.startswith("retried 1 of 1 jobs"), done
+    assert statuses(dsn, [failed]) == ["queued"]
+    skipped = jobs(dsn, "retry", "--id", str(running))
+    assert skipped.returncode == 1
+    assert f"{running}: it is running: retry applies to failed, discarded jobs" in skipped.stdout
+    assert statuses(dsn, [running]) == ["running"]
+
+
+def test_a_bulk_change_prints_the_count_and_needs_yes(dsn):
+    old = add(dsn, 3, status="completed", age_s=3 * 86400)
+    young = add(dsn, 2, status="completed", age_s=60)
+    asked = jobs(dsn, "purge", "--status", "completed", "--older-than", "2d")
+    assert asked.returncode == 1, asked
+    assert asked.stdout.strip() == "3 jobs match; nothing was changed: re-run with --yes to purge them"
+    assert statuses(dsn, old) == ["completed"] * 3
+    done = jobs(dsn, "purge", "--status", "completed", "--older-than", "2d", "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    result = orjson.loads(done.stdout)
+    assert (result["action"], result["changed_count"], sorted(result["changed"])) == ("purge", 3, old)
+    assert statuses(dsn, old + young) == [None] * 3 + ["completed"] * 2
+    nothing = jobs(dsn, "purge", "--status", "completed", "--older-than", "2d")
+    assert (nothing.returncode, nothing.stdout.strip()) == (0, "no jobs match: nothing to purge")
+
+
+def test_cancel_all_needs_all_and_yes_and_leaves_finished_jobs_alone(dsn):
+    queued, running, failed = add(dsn, 2), add(dsn, status="running"), add(dsn, status="failed")
+    one_line_error(jobs(dsn, "cancel", "--yes"), 2, "arguments", "--all")  # nothing named: refused
+    done = jobs(dsn, "cancel", "--all", "--yes")
+    assert done.returncode == 0, done
+    assert done.stdout.splitlines()[0] == "cancelled 2 of 3 jobs (cancelled): " + ", ".join(map(str, queued))
+    requested = f"cancel requested for 1 running jobs (cancelled at their owner's next heartbeat): {running[0]}"
+    assert requested in done.stdout
+    assert statuses(dsn, queued + running + failed) == ["cancelled", "cancelled", "running", "failed"]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["list", "--status", "nope"], "--status"),
+    (["list", "--status", "failed,bogus"], "--status"),
+    (["list", "--older-than", "-5"], "--older-than"),
+    (["list", "--newer-than", "3 weeks"], "--newer-than"),
+    (["list", "--limit", "0"], "--limit"),
+    (["list", "--limit", "ten"], "--limit"),
+    (["list", "--queue", "we ird"], "--queue"),
+    (["retry", "12x"], "ids"),
+    (["retry", "--id", "-3"], "--id"),
+    (["show", "abc"], "id"),
+    (["retry", "--status", "running", "--yes"], "--status"),
+    (["purge", "--status", "queued", "--yes"], "--status"),
+    (["cancel", "--all", "--yes", "--batch", "0"], "--batch"),
+])
+def test_bad_input_exits_2_naming_the_flag_and_changes_nothing(dsn, args, named):
+    ids = add(dsn, status="failed") + add(dsn)
+    one_line_error(jobs(dsn, *args), 2, named)
+    assert statuses(dsn, ids) == ["failed", "queued"]
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 2

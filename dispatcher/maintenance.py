@@ -188,8 +188,11 @@ class Pruner(PeriodicService):
     """Deletes rows past their retention, by kind (PRUNE_QUERIES: completed jobs, failed ones,
     history rows; a kind whose retention is 0 is kept forever).
 
-    One pod at a time: a round is one transaction that first takes a try-lock; a pod that finds
-    it taken skips the round (another is pruning now) and exports no lag. In bounded batches:
+    One pod at a time: the pod holding the `janitor` maintenance lease (migration 0006, on the
+    database's clock, LEASE_INTERVALS intervals long, renewed each round, given up at shutdown)
+    prunes and exports the lag; the others skip their rounds and export no lag, so N pods do not
+    export N copies. A round is also one transaction behind a try-lock: a pod whose lease ran out
+    mid-round never prunes beside the next holder. In bounded batches:
     each DELETE takes at most `batch` rows (~2 ms per 1,000 at 500k rows), a round at most
     ROUND_STATEMENTS of them; while some kind has more waiting, the next round comes about
     CATCH_UP_S later instead of an interval later, so a backlog drains (up to ~12,000 rows a
@@ -199,6 +202,8 @@ class Pruner(PeriodicService):
     name = "prune"
     ROUND_STATEMENTS = 6
     CATCH_UP_S = 0.5
+    LEASE_NAME = "janitor"
+    LEASE_INTERVALS = 3  # a holder may miss two rounds (a slow statement, a blip) and keep the role
 
     def __init__(self, store: JobStore, *, retentions_s: Mapping[str, float], batch: int, interval_s: float) -> None:
         # First prune after a random fraction of the interval, so N pods started together spread out.
@@ -208,6 +213,7 @@ class Pruner(PeriodicService):
         self.rounds = 0  # rounds this pod ran (it held the lock)
         self.skipped = 0  # rounds skipped: another pod held the lock
         self.last_round: PruneRound | None = None
+        self.holding = False  # this pod holds the janitor lease (as of its last round)
         for kind in PRUNE_QUERIES:
             metrics.JOBS_PRUNED.labels(kind)  # every kind's series exists from the start (0)
 
@@ -216,7 +222,10 @@ class Pruner(PeriodicService):
             self.retired = True  # every kind is kept forever
             return None
         try:
-            done = await prune_round(self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS)
+            self.holding = await self._store.maintenance_lease_take(self.LEASE_NAME,
+                                                                    self.LEASE_INTERVALS * self.interval_s)
+            done = None if not self.holding else await prune_round(self._store, self._retentions_s, self._batch,
+                                                                   self.ROUND_STATEMENTS)
         except StoreError:
             metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
             raise
@@ -232,6 +241,12 @@ class Pruner(PeriodicService):
             age_s = done.oldest_age_s[kind]
             metrics.JANITOR_LAG.labels(kind).set(0.0 if age_s is None else max(0.0, age_s - retention_s))
         return jittered(self.CATCH_UP_S) if done.more else None
+
+    async def release(self) -> None:
+        """Give the janitor lease up (shutdown): another pod prunes at its next round."""
+        if self.holding:
+            self.holding = False
+            await self._store.maintenance_lease_release(self.LEASE_NAME)
 
 
 class PlannerStats(PeriodicService):

@@ -128,12 +128,14 @@ class Worker:
         self._never = asyncio.Event()  # `listening` without a listener: never set
         self.reaper = Reaper(maint, policy, interval_s=config.reaper_interval_s, history=config.history,
                              on_reaped=self.producer.wake)
+        self.pruner = Pruner(maint, retentions_s={"completed": config.completed_retention_s,
+                                                  "failed": config.failed_retention_s,
+                                                  "history": config.history_retention_s},
+                             batch=config.prune_batch, interval_s=config.prune_interval_s)
         self.table_sampler = TableSampler(maint, interval_s=config.table_sample_interval_s, queues=config.queues)
         self._services: list[PeriodicService] = [
             self.lease_keeper, self.reaper,
-            Pruner(maint, retentions_s={"completed": config.completed_retention_s,
-                                        "failed": config.failed_retention_s, "history": config.history_retention_s},
-                   batch=config.prune_batch, interval_s=config.prune_interval_s),
+            self.pruner,
             PlannerStats(maint, interval_s=config.reaper_interval_s),
             self.table_sampler,
         ]
@@ -235,8 +237,9 @@ class Worker:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        # Beside the flush (another connection): the next pod samples the table at its next tick.
-        releasing = asyncio.create_task(self.table_sampler.release(), name="release the table sampler role")
+        # Beside the flush (another connection): the next pod samples the table, and prunes, at
+        # its next tick instead of after our leases run out.
+        releasing = asyncio.create_task(_release_roles(self.table_sampler, self.pruner), name="release roles")
         await self._flush_until(overrun_ends - 0.5)
         await _within(leaving, overrun_ends - 0.2)
         await _within(releasing, overrun_ends - 0.2)
@@ -286,6 +289,11 @@ class Worker:
         self.unflushed = self.completer.pending
         log.error("could not write %d outcomes before the shutdown deadline; their leases will bring the jobs "
                   "back (fenced if they were written after all)", self.unflushed)
+
+
+async def _release_roles(sampler: TableSampler, pruner: Pruner) -> None:
+    await sampler.release()
+    await pruner.release()
 
 
 async def _stop_all(assignments: list[BucketAssignment]) -> None:

@@ -48,8 +48,8 @@ def metrics_page(port: int) -> str:
         return ""  # not serving yet
 
 
-def pruner_on(dsn: str, retentions=RETENTIONS, batch: int = 1000) -> tuple[Pruner, JobStore]:
-    store = JobStore(dsn, "pruner-test")
+def pruner_on(dsn: str, retentions=RETENTIONS, batch: int = 1000, pod: str = "pruner-test") -> tuple[Pruner, JobStore]:
+    store = JobStore(dsn, pod)
     return Pruner(store, retentions_s=retentions, batch=batch, interval_s=60), store
 
 
@@ -115,6 +115,32 @@ def test_a_round_is_skipped_while_another_pod_holds_the_pruners_lock(dsn):
     # Transaction-scoped: nothing is held between rounds, so another pod's next round may prune.
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
         assert conn.execute(query("prune_try_lock")).fetchone() == (True,)
+
+
+def test_only_the_pod_holding_the_janitor_lease_prunes_until_it_gives_the_lease_up(dsn):
+    """One pruning pod, not one per round: the janitor lease stays with its holder while it renews
+    it, so the lag is exported by one pod; at shutdown it is given up and the next pod prunes."""
+    add(dsn, 3, status="completed", age_s=2 * HOUR)
+    first, first_store = pruner_on(dsn, pod="pod-a")
+    second, second_store = pruner_on(dsn, pod="pod-b")
+    tick(first, first_store)
+    assert first.holding and first.rounds == 1 and status_counts(dsn) == {}
+    add(dsn, 2, status="completed", age_s=2 * HOUR)
+    tick(second, second_store)
+    assert (second.holding, second.rounds, second.skipped) == (False, 0, 1)
+    assert status_counts(dsn) == {"completed": 2}, "a pod without the lease pruned"
+    tick(first, first_store)  # renewed: still the holder
+    assert first.holding and first.rounds == 2 and status_counts(dsn) == {}
+
+    async def release():
+        try:
+            await first.release()
+        finally:
+            await first_store.close()
+    run_async(release())
+    add(dsn, 1, status="completed", age_s=2 * HOUR)
+    tick(second, second_store)
+    assert second.holding and second.rounds == 1 and status_counts(dsn) == {}
 
 
 def test_a_retention_of_0_keeps_that_kind_forever(dsn):

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "table_sampler"
 LEASE_TICKS = 3  # the lease lasts this many intervals
 STALE_TICKS = 3  # a sample older than this many intervals is not exported
-DEPTH_STATUSES = ("queued", "scheduled", "running", "failed")  # query queue_depth: the indexed statuses
+# query queue_depth: every status but completed (throughput x retention rows; read it as a rate)
+DEPTH_STATUSES = ("queued", "scheduled", "running", "failed", "discarded", "cancelled")
 _MAX_QUEUES = 1000  # queues remembered to export 0 for once they are empty (bounded: names come from enqueue)
 
 
@@ -146,7 +147,8 @@ def _role_families(holding: int, age_s: float) -> list[Metric]:
 
 def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metric]:
     jobs = GaugeMetricFamily("dispatcher_queue_jobs",
-                             "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed",
+                             "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, discarded, "
+                             "cancelled",
                              labels=["queue", "status"])
     oldest = GaugeMetricFamily("dispatcher_queue_oldest_runnable_age_seconds",
                                "Age of the oldest due job waiting per queue (0 when none is due)", labels=["queue"])

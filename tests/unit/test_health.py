@@ -11,7 +11,7 @@ import pytest
 from coordinator.metrics import _HeartbeatAge
 from dispatcher.health import Health, HealthCollector, assignment_state, judge
 from dispatcher.store import DbPressure, QueueDepth
-from dispatcher.table_sampler import STALE_TICKS, TableCollector, TableSample, TableSampler
+from dispatcher.table_sampler import DEPTH_STATUSES, STALE_TICKS, TableCollector, TableSample, TableSampler
 from tests.helpers import collected
 
 READY = dict(worker="running", database="ok", schema="current", assignment="owned")
@@ -162,10 +162,10 @@ def test_the_table_collector_exports_the_holders_fresh_sample_only():
     assert 0.25 <= out[("dispatcher_table_sample_age_seconds", ())] < 5
     jobs = {tuple(v for _, v in labels): n for (name, labels), n in out.items() if name == "dispatcher_queue_jobs"}
     # Every status of every known queue (configured, or seen in a sample) is exported, 0 when empty.
-    assert jobs == {("default", "queued"): 5, ("default", "scheduled"): 2, ("default", "running"): 0,
-                    ("default", "failed"): 0, ("mail", "queued"): 0, ("mail", "scheduled"): 0,
-                    ("mail", "running"): 0, ("mail", "failed"): 0, ("other", "queued"): 0, ("other", "scheduled"): 0,
-                    ("other", "running"): 0, ("other", "failed"): 1}
+    expected = {(q, status): 0 for q in ("default", "mail", "other") for status in DEPTH_STATUSES}
+    expected.update({("default", "queued"): 5, ("default", "scheduled"): 2, ("other", "failed"): 1})
+    assert jobs == expected
+    assert set(DEPTH_STATUSES) == {"queued", "scheduled", "running", "failed", "discarded", "cancelled"}
     oldest = {dict(labels)["queue"]: v for (name, labels), v in out.items()
               if name == "dispatcher_queue_oldest_runnable_age_seconds"}
     assert oldest == {"default": 12.5, "mail": 0.0, "other": 0.0}

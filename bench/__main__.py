@@ -61,7 +61,8 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
     elif scenario == "latency":
         latency_suite(dsn, result, jobs=args.jobs or (20 if quick else 200),
                       workers=_ints(args.workers or "2")[0], modes=modes)
-        columns = ["mode", "workers", "jobs", "add_to_start_p50_ms", "add_to_start_p99_ms", "add_to_start_max_ms"]
+        columns = ["mode", "workers", "jobs", "add_to_start_p50_ms", "add_to_start_p99_ms", "add_to_start_max_ms",
+                   "run_at_to_start_p50_ms", "run_at_to_start_p99_ms", "run_at_to_start_max_ms"]
     else:
         enqueue_suite(dsn, result, single=500 if quick else 5_000, bulk=jobs, repeat=1 if quick else args.repeat)
         columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]

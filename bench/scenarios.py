@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Any
@@ -72,8 +73,11 @@ def jitter_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: li
 
 
 def latency_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:
-    """Idle workers; one job enqueued at a time (own transaction, 20 ms apart); add-to-start
-    latency = locked_at - created_at, both on the database clock."""
+    """Idle workers polling every 1 s; one job enqueued at a time (own transaction, 20 ms apart):
+    add-to-start latency = locked_at - created_at, both on the database clock. Then as many delayed
+    jobs (delay_s 0.3-0.7 s, 20 ms apart, so run_ats interleave with enqueues and never fall on a
+    poll): start lateness = locked_at - run_at. Without the due timer that lateness is the time to
+    the next poll, ~500 ms on average; with it, a claim's round trip."""
     for mode in modes:
         with psycopg.connect(dsn, autocommit=True) as conn:
             reset(conn)
@@ -83,19 +87,37 @@ def latency_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: l
                 for _ in range(jobs):
                     enqueue_sync(conn, "noop")
                     time.sleep(0.02)
-                deadline = time.monotonic() + 30
-                while conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status <> 'completed'").fetchone()[0]:  # type: ignore[index]
-                    fleet.check_alive()
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("latency jobs not done")
-                    time.sleep(0.05)
-            latencies = [r[0] for r in conn.execute(
-                "SELECT 1000 * extract(epoch FROM locked_at - created_at)::float8 FROM dispatcher_jobs").fetchall()]
-        latencies.sort()
-        result.add(mode=mode, workers=workers, jobs=len(latencies),
-                   add_to_start_p50_ms=round(statistics.median(latencies), 2),
-                   add_to_start_p99_ms=round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
-                   add_to_start_max_ms=round(latencies[-1], 2))
+                _wait_done(conn, fleet)
+                immediate = _ms(conn, "locked_at - created_at")
+                conn.execute("DELETE FROM dispatcher_jobs")
+                for _ in range(jobs):
+                    enqueue_sync(conn, "noop", delay_s=random.uniform(0.3, 0.7))
+                    time.sleep(0.02)
+                _wait_done(conn, fleet)
+                delayed = _ms(conn, "locked_at - run_at")
+        result.add(mode=mode, workers=workers, jobs=len(immediate), **_percentiles("add_to_start", immediate),
+                   **_percentiles("run_at_to_start", delayed))
+
+
+def _wait_done(conn: psycopg.Connection[Any], fleet: Fleet) -> None:
+    deadline = time.monotonic() + 30
+    while conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status <> 'completed'").fetchone()[0]:  # type: ignore[index]
+        fleet.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError("latency jobs not done")
+        time.sleep(0.05)
+
+
+def _ms(conn: psycopg.Connection[Any], interval: str) -> list[float]:
+    """`interval` (a fixed expression of this module, never input) of every job, in ms, sorted."""
+    return sorted(r[0] for r in conn.execute(
+        f"SELECT 1000 * extract(epoch FROM {interval})::float8 FROM dispatcher_jobs").fetchall())
+
+
+def _percentiles(name: str, values: list[float]) -> dict[str, float]:
+    return {f"{name}_p50_ms": round(statistics.median(values), 2),
+            f"{name}_p99_ms": round(values[min(len(values) - 1, int(0.99 * len(values)))], 2),
+            f"{name}_max_ms": round(values[-1], 2)}
 
 
 def _ratio(result: Result, column: str) -> None:

@@ -4,9 +4,10 @@ A LISTEN connection is idle by design, so a stall on it raises nothing: after `p
 a notification it runs `SELECT 1` within the statement budget, and reconnects if that gets no
 answer. Wake-ups come back within a probe interval (plus a connect) of the path healing.
 
-Enqueue sends one notification per call (payload `queue` or `queue:bucket`); the listener hands
-it to a callback that only sets an event, so a flood of notifications costs one claim per
-claim-loop cycle, not one claim per notification or per slot.
+Enqueue sends one notification per call (payload `queue`, `queue:bucket`, or for a job not due
+yet `queue:bucket:ms_until_run_at`); the listener hands it to a callback that only sets an event
+(or arms the due timer), so a flood of notifications costs one claim per claim-loop cycle, not one
+claim per notification or per slot.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from .dsn import redact
 log = logging.getLogger(__name__)
 
 
-def parse_payload(payload: str) -> tuple[str, int | None]:
-    """'emails' -> ('emails', None); 'emails:17' -> ('emails', 17)."""
-    queue, sep, tail = payload.rpartition(":")
-    if sep and tail.isdigit():
-        return queue, int(tail)
-    return payload, None
+def parse_payload(payload: str) -> tuple[str, int | None, float | None]:
+    """'emails' -> ('emails', None, None); 'emails:17' -> ('emails', 17, None); 'emails:17:1500'
+    -> ('emails', 17, 1.5): bucket 17's job is due in 1,500 ms. Queue names have no ':'
+    (NAME_PATTERN); anything else comes back whole as the queue, which matches no queue."""
+    parts = payload.split(":")
+    if len(parts) == 2 and parts[1].isdigit():
+        return parts[0], int(parts[1]), None
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        return parts[0], int(parts[1]), int(parts[2]) / 1000
+    return payload, None, None
 
 
 def format_payload(queue: str, bucket: int | None) -> str:
@@ -41,7 +46,7 @@ def format_payload(queue: str, bucket: int | None) -> str:
 
 
 class Listener:
-    def __init__(self, dsn: str, queues: set[str], on_notify: Callable[[str, int | None], None],
+    def __init__(self, dsn: str, queues: set[str], on_notify: Callable[[str, int | None, float | None], None],
                  channel: str = NOTIFY_CHANNEL, *, limits: ConnectionLimits | None = None,
                  probe_s: float = 10.0) -> None:
         self._dsn = dsn
@@ -74,12 +79,12 @@ class Listener:
                 self.listening.set()
                 delay = 0.5
                 # A reconnect may have missed notifications: wake the claim loop once to catch up.
-                self._on_notify(next(iter(self._queues)), None)
+                self._on_notify(next(iter(self._queues)), None, None)
                 while True:
                     async for note in conn.notifies(timeout=jittered(self._probe_s, 0.2)):
-                        queue, bucket = parse_payload(note.payload)
+                        queue, bucket, due_in_s = parse_payload(note.payload)
                         if queue in self._queues:
-                            self._on_notify(queue, bucket)
+                            self._on_notify(queue, bucket, due_in_s)
                     await bounded("listen probe", conn.execute("SELECT 1"), timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 self.listening.clear()

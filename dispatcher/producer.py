@@ -12,6 +12,9 @@ queue's buckets go only to workers serving it); the claim for a queue polls that
 Bucket hand-offs: the coordinator first stops listing a bucket in `owned()`, then awaits
 `on_revoke`, which returns once the claim in flight (the claim fence) has finished, and only then
 hands the bucket over. So the new owner starts after our last claim on it ended.
+
+Delayed jobs: the due timer (due_timer.py) wakes the loop at the earliest known run_at of our
+jobs, so they start within a claim's round trip of it however long the poll interval is.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from . import metrics
 from .backoff import jittered
 from .config import Config
 from .constants import MODE_PARTITIONED, NUM_BUCKETS
+from .due_timer import DueTimer
 from .errors import StoreError
 from .executor import Executor
 from .stealing import StealPolicy
@@ -66,6 +70,13 @@ class Producer:
         self._wakeup = asyncio.Event()
         self._stopped = asyncio.Event()
         self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
+        self._due = DueTimer(self._on_due)
+        # Ask the database for our next run_at before the next sleep (jobs_next_due_in): at start-up
+        # (jobs scheduled before we started), after a poll or due-timer wake-up (the next one after
+        # those that just came due, or a missed NOTIFY), a bulk NOTIFY (COPY carries no run_at) and
+        # an assignment change (gained buckets). Never after a plain per-job NOTIFY: no cost per
+        # immediate job; at idle one cheap query per poll interval.
+        self._look_ahead = True
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
         self._asleep = False  # in _sleep_until_woken
         self.failing_since: float | None = None  # time.monotonic() of the first of the claims failing now
@@ -83,17 +94,28 @@ class Producer:
     def wake(self) -> None:
         self._wakeup.set()
 
-    def on_notify(self, queue: str, bucket: int | None) -> None:
-        """A NOTIFY from enqueue: wake only for our own buckets (or a bulk enqueue)."""
+    def on_notify(self, queue: str, bucket: int | None, due_in_s: float | None = None) -> None:
+        """A NOTIFY from enqueue: wake only for our own buckets (or a bulk enqueue). A job not due
+        yet (`due_in_s`) only arms the due timer: claiming now would find nothing."""
         if queue not in self._assignments:
             return
         if bucket is not None and self._partitioned:
             owned = self._assignments[queue].owned()
             if owned is not None and bucket not in owned:
+                if due_in_s is not None:
+                    return  # not work for anyone yet: no reason to end the steal back-off
                 self._steals.note_foreign_notify()
                 return  # another worker's bucket: its owner gets the same notification
+        if due_in_s is not None:
+            self._due.arm(due_in_s)
+            return
         if bucket is None:
             self._steals.note_foreign_notify()  # a bulk enqueue: any bucket may have new work
+            self._look_ahead = True  # and may have scheduled some for later
+        self._wakeup.set()
+
+    def _on_due(self) -> None:
+        self._look_ahead = True  # learn the next run_at after claiming these
         self._wakeup.set()
 
     async def on_revoke(self, buckets: tuple[int, ...]) -> None:
@@ -105,6 +127,7 @@ class Producer:
     def stop(self) -> None:
         """Stop claiming. A claim in flight finishes and its jobs start (nothing is orphaned)."""
         self._stopped.set()
+        self._due.cancel()
         self._wakeup.set()
         self._executor.slot_freed.set()
 
@@ -124,6 +147,7 @@ class Producer:
         while True:
             await assignment.changed.wait()
             assignment.changed.clear()
+            self._look_ahead = True  # gained buckets may hold jobs scheduled for later
             self._wakeup.set()
 
     async def _claim_loop(self) -> None:
@@ -172,6 +196,8 @@ class Producer:
             queues.append(queues.pop(0))  # rotate: no queue always goes first
             metrics.POLL_CYCLE_SECONDS.labels(self._mode).observe(time.perf_counter() - cycle_started)
             if not backlog:
+                if self._look_ahead and not self._stopped.is_set():
+                    await self._arm_next_due(queues, owns)
                 await self._sleep_until_woken()
 
     async def _claim_cycle(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None],
@@ -221,6 +247,24 @@ class Producer:
         self.stats.claimed += len(jobs)
         return jobs, sent_at
 
+    async def _arm_next_due(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None]) -> None:
+        """Arm the due timer at our earliest not-yet-due job (one bounded query per queue we claim
+        from). A failure costs only precision: the poll still finds the job."""
+        self._look_ahead = False
+        for queue in queues:
+            own = owns[queue]
+            if own == ():
+                continue
+            buckets = None if own is None or len(own) == NUM_BUCKETS else own  # all: no bucket filter
+            try:
+                due_in_s = await self._store.jobs_next_due_in(queue, buckets)
+            except StoreError as exc:
+                metrics.STORE_ERRORS.labels("next_due").inc()
+                log.debug("next run_at query failed: %s", exc)
+                return
+            if due_in_s is not None:
+                self._due.arm(due_in_s)
+
     async def _sleep_until_woken(self) -> None:
         """Wait for a NOTIFY, an assignment change, a stop, or the jittered poll interval."""
         if self._stopped.is_set():
@@ -231,6 +275,7 @@ class Producer:
             self._woke_by_timer = False
         except TimeoutError:
             self._woke_by_timer = True
+            self._look_ahead = True
         finally:
             self._asleep = False
 

@@ -334,6 +334,14 @@ class JobStore:
         cur = await self._execute("claim", sql, params)
         return [Job(row, token, queue) for row in await cur.fetchall()]
 
+    async def jobs_next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
+        """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in `buckets`
+        (None: any bucket); None if there is none."""
+        params = {"queue": queue, "buckets": None if buckets is None else int_array(buckets)}
+        cur = await self._execute("next_due", query("jobs_next_due_in"), params)
+        row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     # -- finishing -----------------------------------------------------------------------------
 
     async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:

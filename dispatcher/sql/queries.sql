@@ -381,15 +381,22 @@ SELECT h.id, h.attempt, h.worker, h.started_at, now(),
 -- name: jobs_insert_one
 -- Enqueue one job and wake its bucket's owner, in one round trip. A live job with the same
 -- (queue, dedupe_key) makes this a no-op: no row back, no notification.
+-- A job not due yet appends ':<ms until run_at>' to the payload ('queue:bucket:1500'): its owner arms
+-- its due timer instead of claiming now (producer.py). Measured from clock_timestamp(), so only the
+-- time from this statement to COMMIT delays the wake-up. An immediate job's payload is unchanged, and
+-- a worker of an older release parses 'queue:bucket:1500' as queue 'queue:bucket', which no queue
+-- can be named (NAME_PATTERN has no ':'): it ignores it and polls the job up as before.
 WITH inserted AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
     VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
             coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s)
     ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
     DO NOTHING
-    RETURNING id
+    RETURNING id, run_at
 )
-SELECT id, pg_notify(%(channel)s, %(notify)s) FROM inserted
+SELECT id, pg_notify(%(channel)s, %(notify)s || CASE WHEN due_in_ms > 0 THEN ':' || due_in_ms ELSE '' END)
+  FROM (SELECT id, ceil(1000 * extract(epoch FROM run_at - clock_timestamp()))::bigint AS due_in_ms
+          FROM inserted) AS i
 
 -- name: jobs_copy_in
 -- Bulk enqueue through COPY (text format, built by enqueue._copy_chunks). run_at is computed by the caller from the database's
@@ -467,6 +474,45 @@ ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_exp
 
 -- name: db_now
 SELECT now()
+
+-- name: jobs_next_due_in
+-- Seconds (database clock) until the earliest queued job of one queue that is not due yet, in
+-- %(buckets)s (NULL: any bucket); NULL if none. The producer asks after a poll, a due-timer or a bulk
+-- wake-up or an assignment change, never per job: it finds jobs scheduled before the worker started,
+-- in buckets it just gained, or whose NOTIFY was missed. Bounded: a loose index scan of
+-- dispatcher_jobs_claim_idx, two descents per distinct priority, each then reading at most 256 future
+-- entries in run_at order until one is in our buckets (uniform buckets: ~64/|buckets| entries). If none
+-- of the 256 is ours, the 256th run_at is returned: ours are no earlier, so waking then and asking
+-- again is never late.
+WITH RECURSIVE priorities AS (
+    (SELECT priority FROM dispatcher_jobs
+      WHERE queue_name = %(queue)s AND status = 'queued' AND priority > -32769
+      ORDER BY priority LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority FROM dispatcher_jobs j
+             WHERE j.queue_name = %(queue)s AND j.status = 'queued' AND j.priority > -32769
+               AND j.priority > p.priority
+             ORDER BY j.priority LIMIT 1)
+      FROM priorities p
+     WHERE p.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min(next.run_at) - now())::float8
+  FROM priorities p
+ CROSS JOIN LATERAL (
+    SELECT coalesce(
+        (SELECT w.run_at
+           FROM (SELECT j.run_at, j.bucket FROM dispatcher_jobs j
+                  WHERE j.queue_name = %(queue)s AND j.status = 'queued' AND j.priority > -32769
+                    AND j.priority = p.priority AND j.run_at > now()
+                  ORDER BY j.run_at LIMIT 256) AS w
+          WHERE %(buckets)s::smallint[] IS NULL OR w.bucket = ANY(%(buckets)s::smallint[])
+          LIMIT 1),
+        (SELECT j.run_at FROM dispatcher_jobs j
+          WHERE j.queue_name = %(queue)s AND j.status = 'queued' AND j.priority > -32769
+            AND j.priority = p.priority AND j.run_at > now()
+          ORDER BY j.run_at OFFSET 255 LIMIT 1)) AS run_at
+ ) AS next
+ WHERE p.priority IS NOT NULL
 
 -- name: notify_enqueued
 -- Wake idle workers when the enqueuing transaction commits. One notification per enqueue call,

@@ -45,6 +45,24 @@ def _timer() -> tuple[DueTimer, FakeLoop, list[float]]:
     return DueTimer(lambda: fired.append(loop.now), loop), loop, fired  # type: ignore[arg-type]
 
 
+class EarlyLoop(FakeLoop):
+    """A scheduler that runs timers up to 2 ms before their time, as uvloop's millisecond-cached
+    clock can."""
+
+    def call_at(self, when: float, callback) -> FakeHandle:
+        return super().call_at(max(self.now, when - 0.002), callback)
+
+
+def test_a_timer_that_fires_early_waits_for_the_rest_of_its_delay():
+    loop, fired = EarlyLoop(), []
+    timer = DueTimer(lambda: fired.append(loop.now), loop)  # type: ignore[arg-type]
+    timer.arm(0.5)
+    loop.advance(0.499)
+    assert fired == [] and timer.deadline == 100.5  # fired at 100.498: armed again for the rest
+    loop.advance(0.01)
+    assert fired and fired[0] >= 100.5 and timer.deadline is None
+
+
 def test_fires_at_the_delay_from_when_it_was_armed():
     timer, loop, fired = _timer()
     assert timer.arm(1.5)

@@ -7,6 +7,8 @@ the timer itself is late by a claim's round trip (a few ms).
 """
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import psycopg
@@ -28,6 +30,21 @@ def _worker(dsn: str, mode: str, done: list[int]) -> Worker:
     return Worker(Config(dsn=dsn, mode=mode, poll_interval_s=5, flush_interval_s=0.01).replace(), registry)
 
 
+@contextlib.asynccontextmanager
+async def _idle_worker(dsn: str, mode: str, done: list[int]) -> AsyncIterator[Worker]:
+    """A running worker whose start-up claims and wake-ups are served: from here only a NOTIFY,
+    the due timer or the 4-6 s poll makes it claim."""
+    worker = _worker(dsn, mode, done)
+    task = asyncio.create_task(worker.run())
+    try:
+        await worker.listening.wait()
+        await wait_until_async(lambda: worker.stats.claims >= 1 and worker.idle, 15, "an idle worker")
+        yield worker
+    finally:
+        worker.stop()
+        await task
+
+
 def _lateness_s(dsn: str) -> dict[int, float]:
     rows = fetchall(dsn, "SELECT id, extract(epoch FROM locked_at - run_at)::float8 FROM dispatcher_jobs")
     return {job_id: late for job_id, late in rows}
@@ -37,22 +54,13 @@ def _lateness_s(dsn: str) -> dict[int, float]:
 def test_a_delayed_job_enqueued_while_the_worker_idles_starts_at_its_run_at(dsn, mode):
     """The NOTIFY path: the enqueue's notification carries the delay; the owner arms its timer."""
     done: list[int] = []
-    worker = _worker(dsn, mode, done)
 
     async def main():
-        task = asyncio.create_task(worker.run())
-        try:
-            await worker.listening.wait()
-            # Start-up's claims and wake-ups served: from here only a NOTIFY, the due timer or the
-            # 4-6 s poll makes the worker claim.
-            await wait_until_async(lambda: worker.stats.claims >= 1 and worker.idle, 15, "an idle worker")
+        async with _idle_worker(dsn, mode, done):
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 job_id = await enqueue(conn, "ping", delay_s=1.5)
             await wait_until_async(lambda: done, Deadline(10), "the delayed ping handled", interval_s=0.01)
             return job_id
-        finally:
-            worker.stop()
-            await task
 
     job_id = run_async(main())
     late_s = _lateness_s(dsn)[job_id]
@@ -103,13 +111,9 @@ def test_delayed_jobs_due_a_few_ms_apart_each_start_at_their_run_at(dsn, mode):
     claim see a job not due yet.)"""
     pairs = 8
     done: list[int] = []
-    worker = _worker(dsn, mode, done)
 
     async def main():
-        task = asyncio.create_task(worker.run())
-        try:
-            await worker.listening.wait()
-            await wait_until_async(lambda: worker.stats.claims >= 1 and worker.idle, 15, "an idle worker")
+        async with _idle_worker(dsn, mode, done):
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 base = (await (await conn.execute("SELECT now()")).fetchone())[0]
                 for i in range(pairs):
@@ -117,9 +121,6 @@ def test_delayed_jobs_due_a_few_ms_apart_each_start_at_their_run_at(dsn, mode):
                         await enqueue(conn, "ping", run_at=base + timedelta(seconds=1.5 + 0.6 * i + offset_s))
             await wait_until_async(lambda: len(done) >= 2 * pairs, Deadline(20), "every delayed ping handled",
                                    interval_s=0.01)
-        finally:
-            worker.stop()
-            await task
 
     run_async(main())
     lateness = sorted(_lateness_s(dsn).values())

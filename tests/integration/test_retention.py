@@ -13,9 +13,8 @@ from prometheus_client import REGISTRY
 from dispatcher.maintenance import Pruner
 from dispatcher.queries import query
 from dispatcher.store import JobStore
-from tests.helpers import fetchall, fetchval, run_async, start_worker, status_counts, stop_workers, wait_until
+from tests.helpers import fetchall, fetchval, free_port, run_async, start_worker, status_counts, stop_workers, wait_until
 from tests.integration.test_admin import add
-from tests.integration.test_wakeup_and_cli import _free_port as free_port
 
 HOUR, DAY = 3600.0, 86400.0
 RETENTIONS = {"completed": HOUR, "failed": 7 * DAY, "history": 7 * DAY}

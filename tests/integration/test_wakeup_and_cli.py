@@ -1,7 +1,6 @@
 """LISTEN/NOTIFY wake-ups, multiple queues, the CLI and the metrics endpoint."""
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from dispatcher import Config, Job, Registry, Worker, enqueue, enqueue_sync
 from tests.helpers import (
     ROOT,
     Deadline,
+    free_port,
     fetchval,
     run_async,
     start_worker,
@@ -238,15 +238,9 @@ def test_cli_migrate_enqueue_status(empty_dsn):
     assert status_counts(empty_dsn) == {"queued": 6}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_worker_exposes_prometheus_metrics(dsn, tmp_path):
-    port = _free_port()
+    port = free_port()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(50):
             enqueue_sync(conn, "record")

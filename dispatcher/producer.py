@@ -180,14 +180,16 @@ class Producer:
             if all(own == () for own in owns.values()) and not stealing:
                 await self._sleep_until_woken()
                 continue
-            if self._look_ahead:
-                # Before the claim, not after: every job due after this query's now() is then
-                # either armed (the earliest) or taken by the claim (its now() is later). Asked
-                # after the claim, a job that came due between the two statements was neither:
-                # it waited for the next wake-up (the latency bench's partitioned p99 was 68 ms).
-                await self._arm_next_due(queues, owns)
-            cycle_started = time.perf_counter()
             try:
+                if self._look_ahead:
+                    # Before the claim, not after: every job due after this query's now() is then
+                    # either armed (the earliest) or taken by the claim (its now() is later). Asked
+                    # after the claim, a job that came due between the two statements was neither:
+                    # it waited for the next wake-up (the latency bench's partitioned p99 was 68 ms).
+                    # It fails like a claim (same connection): a stall is noticed after one
+                    # statement timeout, not two.
+                    await self._arm_next_due(queues, owns)
+                cycle_started = time.perf_counter()
                 backlog = await self._claim_cycle(queues, owns, stealing)
             except StoreError as exc:
                 metrics.STORE_ERRORS.labels("claim").inc()
@@ -253,19 +255,14 @@ class Producer:
 
     async def _arm_next_due(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None]) -> None:
         """Arm the due timer at our earliest not-yet-due job (one bounded query per queue we claim
-        from). A failure costs only precision: the poll still finds the job."""
+        from). Raises StoreError like a claim."""
         self._look_ahead = False
         for queue in queues:
             own = owns[queue]
             if own == ():
                 continue
             buckets = None if own is None or len(own) == NUM_BUCKETS else own  # all: no bucket filter
-            try:
-                due_in_s = await self._store.jobs_next_due_in(queue, buckets)
-            except StoreError as exc:
-                metrics.STORE_ERRORS.labels("next_due").inc()
-                log.debug("next run_at query failed: %s", exc)
-                return
+            due_in_s = await self._store.jobs_next_due_in(queue, buckets)  # a StoreError: as the claim's
             if due_in_s is not None:
                 self._due.arm(due_in_s)
 

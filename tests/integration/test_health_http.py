@@ -35,6 +35,9 @@ FAST = dict(poll_interval_s=0.2, flush_interval_s=0.02, reaper_interval_s=0.3, t
             retry_base_s=0.05, retry_cap_s=0.1)
 READY = {"worker": "running", "database": "ok", "schema": "current", "assignment": "owned"}
 
+# The janitor holds a lease in the same table (maintenance.Pruner): only the sampler's row here.
+SAMPLER_HOLDER = "SELECT holder FROM dispatcher_maintenance_leases WHERE name = 'table_sampler'"
+
 
 def get_json(port, path):
     answer = http_get(port, path)
@@ -240,7 +243,7 @@ def test_one_worker_exports_the_table_wide_series_and_another_takes_over_when_it
         holders, exporting, texts = wait_until(roles, 30, "one worker holding the sampler role and exporting")
         assert len(holders) == 1, holders
         holder, other = holders[0], "b" if holders[0] == "a" else "a"
-        assert fetchall(dsn, "SELECT holder FROM dispatcher_maintenance_leases") == [(f"w-{holder}",)]
+        assert fetchall(dsn, SAMPLER_HOLDER) == [(f"w-{holder}",)]
         assert value(texts[holder], "dispatcher_queue_jobs", queue="default", status="scheduled") == 4
         quiet = texts[other]
         assert value(quiet, "dispatcher_table_sampler") == 0
@@ -262,7 +265,7 @@ def test_one_worker_exports_the_table_wide_series_and_another_takes_over_when_it
         took_over_s = time.monotonic() - stopped_at
         print(f"table sampler taken over {took_over_s:.2f} s after the holder exited (lease {3 * interval_s:g} s)")
         assert took_over_s < 3 * interval_s, "the released role was not taken within the lease"
-        assert fetchall(dsn, "SELECT holder FROM dispatcher_maintenance_leases") == [(f"w-{other}",)]
+        assert fetchall(dsn, SAMPLER_HOLDER) == [(f"w-{other}",)]
     finally:
         codes = stop_workers(procs)
     assert codes == [0, 0], [(tmp_path / f"{n}.out").read_text()[-2000:] for n in workers]

@@ -13,13 +13,14 @@ import os
 import sys
 from pathlib import Path
 
+from .coldstart import coldstart_suite, rolling_suite
 from .core import OUT_DIR, Result, database, machine
 from .drain import drain_suite
 from .enqueue import enqueue_suite
-from .plots import curve_plot, scaling_plots
+from .plots import coldstart_plot, curve_plot, scaling_plots
 from .scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 
-SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue"]
+SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling"]
 MODES = ["partitioned", "skip_locked"]
 RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
                "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
@@ -63,6 +64,22 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                       workers=_ints(args.workers or "2")[0], modes=modes)
         columns = ["mode", "workers", "jobs", "add_to_start_p50_ms", "add_to_start_p99_ms", "add_to_start_max_ms",
                    "run_at_to_start_p50_ms", "run_at_to_start_p99_ms", "run_at_to_start_max_ms"]
+    elif scenario == "coldstart":
+        coldstart_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "2,4,8")),
+                        modes=modes, profiles=tuple(args.profiles.split(",")))
+        columns = ["profile", "mode", "workers", "jobs", "spawn_to_first_claim_s", "spawn_to_done_s", "drain_s",
+                   "jobs_per_s", "vs_skip_locked", "ran_twice", "max_lock_waiters", "pg_cpu_us_per_job",
+                   "client_cpu_us_per_job"]
+        coldstart_plot(result.rows, out_dir, label)
+    elif scenario == "rolling":
+        rolling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0],
+                      modes=modes, profiles=tuple(args.profiles.split(",")))
+        columns = ["profile", "mode", "workers", "jobs", "seconds", "jobs_per_s", "vs_skip_locked", "rollout_s",
+                   "rollout_share_of_drain", "steady_jobs_per_s", "dip_jobs_per_s", "dip_vs_steady", "ran_twice",
+                   "not_completed", "stop_max_s"]
+        curve_plot(result.rows, out_dir, label, "rolling_drain_curve.png",
+                   f"{jobs} jobs drained while every worker is replaced",
+                   label_of=lambda r: f"{r['mode']}, {r['profile']}", xlabel="seconds after the first claim")
     else:
         enqueue_suite(dsn, result, single=500 if quick else 5_000, bulk=jobs, repeat=1 if quick else args.repeat)
         columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]
@@ -79,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="jobs per run (default 200,000; --quick 3,000)")
     parser.add_argument("--workers", default=None, help="comma-separated worker process counts")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--profiles", default="defaults,bench",
+                        help="coldstart/rolling: settings profiles, defaults (what a user gets) and/or bench "
+                             "(concurrency 500, poll 0.1 s)")
     parser.add_argument("--repeat", type=int, default=3, help="drain/enqueue: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)

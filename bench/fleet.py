@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
 import time
 import urllib.request
 from collections import defaultdict
@@ -28,16 +29,53 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The settings every scenario runs at unless it asks for the defaults a user gets (profile
+# "defaults": concurrency 100, poll 1 s, coordinator lease 10 s; see dispatcher/config.py).
+TUNED = dict(concurrency=500, batch_size=500, coordinator="postgres", coordinator_lease_s=10, poll_interval_s=0.1)
+PROFILES: dict[str, dict[str, Any]] = {"bench": TUNED, "defaults": {}}
+
+
 class Fleet:
-    def __init__(self, dsn: str, mode: str, workers: int, **settings: Any) -> None:
+    def __init__(self, dsn: str, mode: str, workers: int, *, profile: str = "bench", **settings: Any) -> None:
         self.dsn, self.mode, self.size = dsn, mode, workers
-        self.ports = [free_port() for _ in range(workers)]
-        base = dict(mode=mode, concurrency=500, batch_size=500, log_level="WARNING", coordinator="postgres",
-                    coordinator_lease_s=10, poll_interval_s=0.1)
-        base.update(settings)
-        self.procs = [start_worker(dsn, APP, metrics_port=port, worker_id=f"bench-{mode}-{i}", **base)
-                      for i, port in enumerate(self.ports)]
+        self.settings = dict(mode=mode, log_level="WARNING", **PROFILES[profile])
+        self.settings.update(settings)
+        self.ports: list[int] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._spawned = 0
+        for _ in range(workers):
+            self.spawn()
         self._cpu_at_stop: float | None = None
+        self._cpu_of_retired = 0.0
+
+    def spawn(self) -> int:
+        """Start one more worker process; returns its index in `procs`."""
+        port = free_port()
+        self.procs.append(start_worker(self.dsn, APP, metrics_port=port, worker_id=f"bench-{self.mode}-{self._spawned}",
+                                       **self.settings))
+        self.ports.append(port)
+        self._spawned += 1
+        return len(self.procs) - 1
+
+    def retire(self, index: int, timeout_s: float = 60) -> float:
+        """SIGTERM worker `index` (as a rollout does) and wait for it to exit; returns the seconds
+        that took. Its CPU so far is kept in the fleet's total."""
+        proc = self.procs.pop(index)
+        self.ports.pop(index)
+        self._cpu_of_retired += cpu_seconds_of([proc.pid])
+        started = time.monotonic()
+        code = stop_workers([proc], timeout_s)[0]
+        if code != 0:
+            raise RuntimeError(f"a retired worker exited with code {code}")
+        return time.monotonic() - started
+
+    def ready(self, index: int) -> bool:
+        """Worker `index` answers /readyz with 200 (running, database reachable, buckets owned)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[index]}/readyz", timeout=2) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
 
     def __enter__(self) -> Fleet:
         return self
@@ -62,7 +100,7 @@ class Fleet:
                 if self.mode != "partitioned":
                     return
                 owned = [_gauge(t, "dispatcher_coordinator_owned_buckets") for t in texts]  # type: ignore[arg-type]
-                if sum(owned) == 64 and (self.size > 64 or min(owned) > 0):
+                if sum(owned) == 64 and (len(self.procs) > 64 or min(owned) > 0):
                     return
             if time.monotonic() > deadline:
                 raise TimeoutError("worker fleet not ready")
@@ -84,11 +122,13 @@ class Fleet:
         return {name: sorted(b.items()) for name, b in merged.items()}
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds_of([p.pid for p in self.procs]) if self._cpu_at_stop is None else self._cpu_at_stop
+        if self._cpu_at_stop is None:
+            return self._cpu_of_retired + cpu_seconds_of([p.pid for p in self.procs])
+        return self._cpu_at_stop
 
     def stop(self) -> None:
         if self._cpu_at_stop is None:
-            self._cpu_at_stop = cpu_seconds_of([p.pid for p in self.procs])
+            self._cpu_at_stop = self.cpu_seconds()
             stop_workers(self.procs)
 
 

@@ -50,7 +50,7 @@ def scaling_plots(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> li
 
 
 def curve_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str, filename: str, title: str,
-               label_of: Any = lambda r: r["mode"]) -> Path:
+               label_of: Any = lambda r: r["mode"], xlabel: str = "seconds after the jobs became due") -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for row in rows:
@@ -58,8 +58,25 @@ def curve_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str, filename
             color, _ = MODES.get(row["mode"], ("black", "."))
             xs, ys = zip(*row["curve"])
             ax.plot((0, *xs), (0, *ys), color=color, label=label_of(row),
-                    linestyle="--" if row.get("jitter_s") else "-")
-    ax.set_xlabel("seconds after the jobs became due")
+                    linestyle="--" if row.get("jitter_s") or row.get("profile") == "defaults" else "-")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("jobs done")
     ax.set_title(title)
     return _finish(plt, fig, ax, out_dir / filename, machine)
+
+
+def coldstart_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
+    """Spawn -> all done against worker processes, per mode and settings profile."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for profile, style in (("defaults", "--"), ("bench", "-")):
+        for mode, (color, marker) in MODES.items():
+            points = sorted((r["workers"], r["spawn_to_done_s"]) for r in rows
+                            if r["mode"] == mode and r.get("profile") == profile)
+            if points:
+                ax.plot(*zip(*points), marker=marker, color=color, linestyle=style, label=f"{mode}, {profile}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("worker processes spawned against the backlog")
+    ax.set_ylabel("seconds, spawn -> all done")
+    ax.set_title("Cold start: workers spawned against a queued backlog")
+    return _finish(plt, fig, ax, out_dir / "coldstart.png", machine)

@@ -49,15 +49,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             before = table_counters(conn)
             pg_cpu = postgres_cpu_seconds(postmaster)
             enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share)
-            started, done, max_waiters = time.monotonic(), 0, 0
-            while done < jobs:
-                fleet.check_alive()
-                if time.monotonic() - started > timeout_s:
-                    raise TimeoutError(f"{label}: {jobs - done} jobs left after {timeout_s} s")
-                time.sleep(0.1)
-                done = completed(conn)
-                max_waiters = max(max_waiters, lock_waiters(conn))
-                progress(label, done, jobs, time.monotonic() - started)
+            max_waiters = wait_all_done(conn, fleet, jobs, label, timeout_s)
             # Read every figure now, with the fleet idle but running: backends flush their
             # statistics at most once a second (hence the 1.2 s), and stopping the fleet first
             # would count its shutdown too (the last worker standing briefly owns all 64
@@ -94,14 +86,33 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
     }
 
 
+def wait_all_done(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str, timeout_s: float,
+                  every_s: float = 0.1) -> int:
+    """Watch until `jobs` are completed (progress bar, deadline, a dead worker fails the run);
+    returns the most lock waiters seen at once."""
+    started, done, max_waiters = time.monotonic(), 0, 0
+    while done < jobs:
+        fleet.check_alive()
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"{label}: {jobs - done} jobs left after {timeout_s} s")
+        time.sleep(every_s)
+        done = completed(conn)
+        max_waiters = max(max_waiters, lock_waiters(conn))
+        progress(label, done, jobs, time.monotonic() - started)
+    return max_waiters
+
+
 def drain_curve(dsn: str, since_due: bool, bins_s: float = 0.1) -> list[tuple[float, int]]:
     """(seconds after the first claim, or after the due instant; jobs completed by then)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # t0 first, on its own: as a CTE joined to the rows, stale statistics (1 completed row
+        # estimated, 60k there) made it a nested loop that re-ran min() per row, for minutes.
+        start = "min(run_at)" if since_due else "min(locked_at)"
+        t0 = conn.execute(f"SELECT {start} FROM dispatcher_jobs").fetchone()[0]  # type: ignore[index]
         rows = conn.execute(
-            f"""WITH t0 AS (SELECT {'min(run_at)' if since_due else 'min(locked_at)'} AS t FROM dispatcher_jobs)
-                SELECT floor(extract(epoch FROM completed_at - t0.t) / %s)::int AS bin, count(*)
-                  FROM dispatcher_jobs, t0 WHERE status = 'completed' GROUP BY 1 ORDER BY 1""",
-            (bins_s,),
+            """SELECT floor(extract(epoch FROM completed_at - %s) / %s)::int AS bin, count(*)
+                 FROM dispatcher_jobs WHERE status = 'completed' GROUP BY 1 ORDER BY 1""",
+            (t0, bins_s),
         ).fetchall()
     curve, total = [], 0
     for bin_index, count in rows:

@@ -35,6 +35,7 @@ from .constants import MODE_PARTITIONED, NUM_BUCKETS
 from .due_timer import DueTimer
 from .errors import StoreError
 from .executor import Executor
+from .claim_windows import ClaimWindows
 from .stealing import StealPolicy
 from .store import Job, JobStore
 
@@ -78,6 +79,7 @@ class Producer:
         # immediate job; at idle one cheap query per poll interval.
         self._look_ahead = True
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
+        self._windows = ClaimWindows()
         self._asleep = False  # in _sleep_until_woken
         self.failing_since: float | None = None  # time.monotonic() of the first of the claims failing now
         self.stats = ProducerStats()
@@ -190,7 +192,7 @@ class Producer:
                     # statement timeout, not two.
                     await self._arm_next_due(queues, owns)
                 cycle_started = time.perf_counter()
-                backlog = await self._claim_cycle(queues, owns, stealing)
+                backlog = await self._claim_cycle(queues, owns, stealing, backlog)
             except StoreError as exc:
                 metrics.STORE_ERRORS.labels("claim").inc()
                 log.warning("claim failed: %s", exc)
@@ -207,7 +209,7 @@ class Producer:
                 await self._sleep_until_woken()
 
     async def _claim_cycle(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None],
-                           stealing: bool) -> bool:
+                           stealing: bool, in_backlog: bool) -> bool:
         """One claim per queue for the free slots, plus a steal where our own came up short.
         Returns whether any claim came back full (a backlog: go again without sleeping)."""
         config, executor = self._config, self._executor
@@ -218,16 +220,21 @@ class Producer:
                 break
             limit = min(free, config.batch_size)
             own = owns[queue]
-            got = -1
+            selected, windowed = -1, False
             if own != ():
-                jobs, sent_at = await self._claim(queue, limit, own)
-                got = len(jobs)
-                backlog |= got == limit
+                buckets, windowed = self._windows.pick(queue, own) if in_backlog else (own, False)
+                jobs, selected, sent_at = await self._claim(queue, limit, buckets)
+                # A full selection means more may be waiting even if others took some of it (a
+                # stealer, or the previous owner during a hand-off): go again, do not sleep. A
+                # short window says only that its buckets ran low: go on to the next window.
+                backlog |= self._windows.record(queue, selected >= limit) if windowed else selected >= limit
                 executor.start(jobs, sent_at)
             free = config.concurrency - executor.in_flight
-            if stealing and _can_steal(own) and got < limit and free > 0 and not self._stopped.is_set():
+            # Steal only where all our own buckets ran short, not where others took rows of them.
+            if (stealing and not windowed and _can_steal(own) and selected < limit and free > 0
+                    and not self._stopped.is_set()):
                 asked = self._steals.batch(free)
-                stolen, sent_at = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
+                stolen, _, sent_at = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
                 self._steals.record(len(stolen), asked)
                 self.stats.steal_claims += 1
                 if stolen:
@@ -238,20 +245,21 @@ class Producer:
         return backlog
 
     async def _claim(self, queue: str, limit: int, buckets: tuple[int, ...] | None,
-                     steal_from: list[int] | None = None) -> tuple[list[Job], float]:
-        """Claim; returns the jobs and when the statement was sent (time.monotonic()): their
-        leases run from no earlier than that."""
+                     steal_from: list[int] | None = None) -> tuple[list[Job], int, float]:
+        """Claim; returns the jobs, how many the selection found, and when the statement was sent
+        (time.monotonic()): their leases run from no earlier than that."""
         started = time.perf_counter()
         sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
-            jobs = await self._store.jobs_claim(queue, limit, self._config.lease_s, buckets, steal_from)
+            claimed = await self._store.jobs_claim_counted(queue, limit, self._config.lease_s, buckets, steal_from)
+        jobs = claimed.jobs
         metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)
         metrics.CLAIM_BATCH.observe(len(jobs))
         if jobs:
             metrics.JOBS_CLAIMED.labels(queue, self._mode).inc(len(jobs))
         self.stats.claims += 1
         self.stats.claimed += len(jobs)
-        return jobs, sent_at
+        return jobs, claimed.selected, sent_at
 
     async def _arm_next_due(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None]) -> None:
         """Arm the due timer at our earliest not-yet-due job (one bounded query per queue we claim

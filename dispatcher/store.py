@@ -54,12 +54,20 @@ class Job:
 
     def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE) -> None:
         (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
-         self.locked_at, self.bucket, self.priority) = row
+         self.locked_at, self.bucket, self.priority) = row[:8]  # a claim's rows also carry `selected`
         self.token = token
         self.queue = queue
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, job_type={self.job_type!r}, attempt={self.attempts}/{self.max_attempts})"
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claim's jobs, and how many its selection found (jobs plus those others took meanwhile)."""
+
+    jobs: list[Job]
+    selected: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +327,14 @@ class JobStore:
     ) -> list[Job]:
         """Claim up to `limit` runnable jobs in one statement: from `buckets` (partitioned), from
         everything with SKIP LOCKED (`buckets=None`), or stealing from `steal_from` in order."""
+        return (await self.jobs_claim_counted(queue, limit, lease_s, buckets, steal_from)).jobs
+
+    async def jobs_claim_counted(
+        self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
+        steal_from: Sequence[int] | None = None,
+    ) -> Claimed:
+        """jobs_claim, plus how many runnable jobs its selection found: more than it claimed
+        means others took some meanwhile, not that the buckets ran dry."""
         token = str(uuid.uuid4())
         params = {"queue": queue, "limit": limit, "lease_s": lease_s, "worker": self.worker_id, "token": token}
         if steal_from is not None:
@@ -332,7 +348,11 @@ class JobStore:
                     self._claim_sql_cache.clear()
                 sql = self._claim_sql_cache[key] = claim_sql(key)
         cur = await self._execute("claim", sql, params)
-        return [Job(row, token, queue) for row in await cur.fetchall()]
+        rows = await cur.fetchall()
+        selected = rows[0][8] if rows else 0
+        if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
+            return Claimed([], selected)
+        return Claimed([Job(row, token, queue) for row in rows], selected)
 
     async def jobs_next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
         """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in `buckets`

@@ -8,23 +8,34 @@
 -- lease, count the attempt, return the rows.
 -- The WHERE re-checks status (and run_at: a job retried meanwhile is not due yet) on the row it
 -- updates. The partitioned selections take no row locks, so if two owners overlap during a
--- hand-off the second waits for the first and then skips the row: contention, never a double
--- claim. The re-check is written as a CASE on purpose: as plain `status = 'queued' AND run_at
--- <= now()` it matches the partial indexes' predicate and the planner walked (or bitmap-ANDed)
--- a whole claim index of 500k rows instead of fetching the selected ids by primary key.
--- `id = ANY(ARRAY(...))`, not `UPDATE ... FROM c`: the latter was planned as a full scan of the
--- table, at about half the throughput. tests/integration/test_claim.py guards these plans on a fresh table.
-UPDATE dispatcher_jobs
-   SET status = 'running',
-       attempts = attempts + 1,
-       locked_at = now(),
-       locked_by = %(worker)s,
-       lock_token = %(token)s::uuid,
-       lease_expires_at = now() + %(lease_s)s * interval '1 second',
-       updated_at = now()
- WHERE id = ANY(ARRAY({select_ids}))
-   AND CASE WHEN status = 'queued' THEN run_at <= now() ELSE false END
-RETURNING id, job_type, payload, attempts, max_attempts, locked_at, bucket, priority
+-- hand-off (or a stealer takes rows of our buckets) the second waits for the first and then
+-- skips the row: contention, never a double claim. The re-check is written as a CASE on purpose:
+-- as plain `status = 'queued' AND run_at <= now()` it matches the partial indexes' predicate and
+-- the planner walked (or bitmap-ANDed) a whole claim index of 500k rows instead of fetching the
+-- selected ids by primary key. `id = ANY(ids)`, not `UPDATE ... FROM c`: the latter was planned
+-- as a full scan of the table, at about half the throughput. tests/integration/test_claim.py
+-- guards these plans on a fresh table.
+-- Every row also carries how many ids the selection found (`selected`), and the statement
+-- returns one row of NULLs with it when it claimed nothing: a claim that came back short only
+-- because others took rows it had selected is not "our buckets ran dry". Without this, an owner
+-- whose claim lost a few rows to a stealer at start-up slept a whole poll interval while a
+-- stealer drained its buckets (spawn -> done 0.7x of SKIP LOCKED at 2 workers).
+WITH picked AS MATERIALIZED (SELECT ARRAY({select_ids}) AS ids),
+     claimed AS (
+       UPDATE dispatcher_jobs
+          SET status = 'running',
+              attempts = attempts + 1,
+              locked_at = now(),
+              locked_by = %(worker)s,
+              lock_token = %(token)s::uuid,
+              lease_expires_at = now() + %(lease_s)s * interval '1 second',
+              updated_at = now()
+        WHERE id = ANY((SELECT ids FROM picked)::bigint[])  -- an array, not ANY(subquery)
+          AND CASE WHEN status = 'queued' THEN run_at <= now() ELSE false END
+       RETURNING id, job_type, payload, attempts, max_attempts, locked_at, bucket, priority)
+SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority,
+       cardinality(p.ids) AS selected
+  FROM picked AS p LEFT JOIN claimed AS c ON true
 
 -- name: claim_select_partitioned
 -- Partitioned mode: {bucket_branches} is one claim_select_partitioned_branch per owned bucket,

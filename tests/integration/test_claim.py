@@ -158,3 +158,38 @@ def test_overlapping_owners_never_claim_the_same_job(dsn, mode):
     assert len(claimed) == 6000
     assert len(set(claimed)) == 6000
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1") == 0
+
+
+@pytest.mark.parametrize("taken", [3, 10])
+def test_a_claim_counts_the_rows_it_selected_when_others_took_some(dsn, taken):
+    """A partitioned selection takes no locks: rows another transaction claims first are skipped
+    by our UPDATE. The claim still reports what it selected, so the worker knows its buckets are
+    not dry (and one row of NULLs, not nothing, when every selected row was taken)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many_sync(conn, [JobSpec("a", bucket=5) for _ in range(10)])
+        first = [r[0] for r in conn.execute("SELECT id FROM dispatcher_jobs ORDER BY id LIMIT %s", (taken,))]
+
+    async def main():
+        store = JobStore(dsn, "w")
+        other = await psycopg.AsyncConnection.connect(dsn)
+        try:
+            # Someone else holds the first rows (a stealer's claim, not yet committed) ...
+            await other.execute("UPDATE dispatcher_jobs SET status = 'running', locked_by = 'other' "
+                                "WHERE id = ANY(%s)", (first,))
+            claim = asyncio.ensure_future(store.jobs_claim_counted("default", 10, 30, (5, 6)))
+            # ... our claim selects all 10 and waits on their row locks ...
+            deadline = asyncio.get_running_loop().time() + 10
+            while fetchval(dsn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") == 0:
+                assert asyncio.get_running_loop().time() < deadline, "the claim never waited on the other's rows"
+                await asyncio.sleep(0.02)
+            await other.commit()  # ... and skips them once the other commits.
+            return await asyncio.wait_for(claim, 10)
+        finally:
+            await other.close()
+            await store.close()
+
+    claimed = run_async(main())
+    assert (len(claimed.jobs), claimed.selected) == (10 - taken, 10)
+    assert not {j.id for j in claimed.jobs} & set(first)
+    assert fetchall(dsn, "SELECT locked_by, count(*) FROM dispatcher_jobs GROUP BY 1 ORDER BY 1") == (
+        [("other", taken), ("w", 10 - taken)] if taken < 10 else [("other", 10)])

@@ -1,0 +1,163 @@
+"""Fleets that start or change under load: `coldstart` and `rolling` (see bench/__main__.py).
+
+coldstart: N jobs are queued first; then W worker processes are spawned and the run is timed,
+on the database clock, from the spawn to the last completion. Process start-up, joining the
+coordinator, the hand-off on every join and the first claims all count, as they do after a
+deploy, an outage or a scale-up. Run at the defaults a user gets and at the bench's settings.
+
+rolling: W workers drain N jobs while every one of them is replaced, one at a time, the way a
+Deployment rollout with maxSurge 1 / maxUnavailable 0 does it: start a new worker, wait until it
+answers /readyz, SIGTERM an old one and wait for it to exit. Reported: time to done, the dip in
+throughput (the slowest 0.5 s during the rollout against the median before it), and jobs that ran
+more than once (attempts > 1: a no-op job that ran to completion once never needs a second).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+from dispatcher.devtools.harness import progress
+
+from .core import Result, postgres_cpu_seconds, postmaster_pid, reset
+from .fleet import Fleet
+from .runs import completed, drain_curve, enqueue_jobs, wait_all_done
+
+PROFILE_NAMES = ("defaults", "bench")
+WINDOW_S = 0.5  # throughput window of the rolling dip
+
+
+def coldstart_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
+                    profiles: tuple[str, ...] = PROFILE_NAMES) -> None:
+    postmaster = postmaster_pid(dsn)
+    for profile in profiles:
+        for w in workers:
+            for mode in modes:
+                result.add(**coldstart_run(dsn, mode, w, jobs, postmaster, profile=profile))
+    _ratios(result, ("profile", "workers"), "spawn_to_done_s")
+
+
+def coldstart_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None, *,
+                  profile: str, timeout_s: float = 900) -> dict[str, Any]:
+    label = f"coldstart {mode} x{workers} {profile}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        reset(conn)
+        enqueue_jobs(conn, jobs)
+        # A backlog that has waited a while: written out and analysed, as it would be by the time
+        # a fleet comes back (and the same for both modes: no run pays for the other's checkpoint).
+        conn.execute("CHECKPOINT")
+        conn.execute("VACUUM ANALYZE dispatcher_jobs")
+        spawned_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        pg_cpu = postgres_cpu_seconds(postmaster)
+        with Fleet(dsn, mode, workers, profile=profile) as fleet:
+            max_waiters = wait_all_done(conn, fleet, jobs, label, timeout_s, every_s=0.05)
+            worker_cpu = fleet.cpu_seconds()
+            pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
+        first_claim, to_done, twice = conn.execute(
+            """SELECT extract(epoch FROM min(locked_at) - %(t)s)::float8,
+                      extract(epoch FROM max(completed_at) - %(t)s)::float8,
+                      count(*) FILTER (WHERE attempts > 1)
+                 FROM dispatcher_jobs""", {"t": spawned_at}).fetchone()  # type: ignore[misc]
+    return {
+        "mode": mode, "profile": profile, "workers": workers, "jobs": jobs,
+        "spawn_to_first_claim_s": round(first_claim, 3), "spawn_to_done_s": round(to_done, 3),
+        "drain_s": round(to_done - first_claim, 3), "jobs_per_s": round(jobs / to_done),
+        "ran_twice": int(twice), "max_lock_waiters": max_waiters,
+        "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1), "client_cpu_us_per_job": round(worker_cpu / jobs * 1e6, 1),
+    }
+
+
+def rolling_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str],
+                  profiles: tuple[str, ...] = PROFILE_NAMES) -> None:
+    for profile in profiles:
+        for mode in modes:
+            row = rolling_run(dsn, mode, workers, jobs, profile=profile)
+            row["curve"] = drain_curve(dsn, since_due=False)
+            result.add(**row)
+    _ratios(result, ("profile", "workers"), "seconds")
+
+
+def rolling_run(dsn: str, mode: str, workers: int, jobs: int, *, profile: str,
+                timeout_s: float = 900) -> dict[str, Any]:
+    label = f"rolling {mode} x{workers} {profile}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        reset(conn)
+        with Fleet(dsn, mode, workers, profile=profile) as fleet:
+            fleet.wait_ready()
+            enqueue_jobs(conn, jobs)
+            t0 = time.monotonic()
+            samples: list[tuple[float, int]] = [(0.0, 0)]
+
+            def sample() -> int:
+                fleet.check_alive()
+                if time.monotonic() - t0 > timeout_s:
+                    raise TimeoutError(f"{label}: not done after {timeout_s} s")
+                done = completed(conn)
+                if samples[-1][1] < jobs:
+                    progress(label, done, jobs, time.monotonic() - t0)
+                samples.append((time.monotonic() - t0, done))
+                return done
+
+            # Steady state first (a fifth of the jobs), then replace every worker, oldest first.
+            while sample() < jobs // 5:
+                time.sleep(0.05)
+            rollout_started = samples[-1][0]
+            stop_s = []
+            for _ in range(workers):
+                new = fleet.spawn()
+                while not fleet.ready(new):
+                    sample()
+                    time.sleep(0.05)
+                stop_s.append(fleet.retire(0))
+            rollout_ended = samples[-1][0]
+            while sample() < jobs:
+                time.sleep(0.05)
+            drained = next(s for s, d in samples if d >= jobs)
+        spread, twice, lost = conn.execute(
+            """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
+                      count(*) FILTER (WHERE attempts > 1), count(*) FILTER (WHERE status <> 'completed')
+                 FROM dispatcher_jobs""").fetchone()  # type: ignore[misc]
+    # The dip is read while jobs were left: a rollout that outlasts the drain has idle windows.
+    during = _rates(samples, rollout_started, min(rollout_ended, drained))
+    # Steady rate: from the first completions to the rollout's start (workers ready all along).
+    first_s, first_done = next((s, d) for s, d in samples if d > 0)
+    at_rollout = max(d for s, d in samples if s <= rollout_started)
+    steady = (at_rollout - first_done) / (rollout_started - first_s) if rollout_started > first_s else None
+    return {
+        "mode": mode, "profile": profile, "workers": workers, "jobs": jobs,
+        "seconds": round(spread, 3), "jobs_per_s": round(jobs / spread),
+        "rollout_s": round(rollout_ended - rollout_started, 2),
+        "rollout_share_of_drain": round((min(rollout_ended, drained) - rollout_started) / drained, 2),
+        "steady_jobs_per_s": round(steady) if steady else None,
+        "dip_jobs_per_s": round(min(during)) if during else None,
+        "dip_vs_steady": round(min(during) / steady, 2) if during and steady else None,
+        "ran_twice": int(twice), "not_completed": int(lost),
+        "stop_max_s": round(max(stop_s), 2),
+    }
+
+
+def _rates(samples: list[tuple[float, int]], start_s: float, end_s: float) -> list[float]:
+    """Jobs/s over consecutive WINDOW_S windows between start_s and end_s."""
+    rates = []
+    t = start_s
+    while t + WINDOW_S <= end_s:
+        done_at = [d for s, d in samples if s <= t]
+        done_after = [d for s, d in samples if s <= t + WINDOW_S]
+        if done_at and done_after:
+            rates.append((done_after[-1] - done_at[-1]) / WINDOW_S)
+        t += WINDOW_S
+    return rates
+
+
+def _ratios(result: Result, keys: tuple[str, ...], column: str) -> None:
+    """partitioned vs skip_locked per configuration: skip_locked's time / partitioned's time
+    (above 1: partitioned is faster)."""
+    groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for row in result.rows:
+        groups.setdefault(tuple(row[k] for k in keys), {})[row["mode"]] = row
+    for by_mode in groups.values():
+        if "partitioned" in by_mode and "skip_locked" in by_mode and by_mode["partitioned"][column]:
+            by_mode["partitioned"]["vs_skip_locked"] = round(
+                by_mode["skip_locked"][column] / by_mode["partitioned"][column], 2)

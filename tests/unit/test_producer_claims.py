@@ -1,0 +1,162 @@
+"""The producer's claim decisions against a fake store: when a backlog goes on, which buckets each
+claim reads (claim windows), and when it steals. The store's SQL is tested against PostgreSQL in
+tests/integration/test_claim.py; here only the decisions, fast."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from coordinator.assignment import StaticAssignment
+from dispatcher.claim_windows import WINDOW_BUCKETS, ClaimWindows
+from dispatcher.config import Config
+from dispatcher.producer import Producer
+from dispatcher.store import Claimed, Job
+
+ALL = tuple(range(64))
+
+
+class FakeStore:
+    """Buckets hold `queued[b]` jobs. A claim takes them in bucket order from the buckets asked;
+    `stolen_by_others` jobs of each selection are taken by someone else first (a stealer)."""
+
+    def __init__(self, queued: dict[int, int], stolen_by_others: int = 0) -> None:
+        self.queued = dict(queued)
+        self.stolen_by_others = stolen_by_others
+        self.claims: list[tuple[tuple[int, ...] | None, int, bool]] = []  # (buckets, limit, steal)
+        self.next_id = 1
+
+    async def jobs_next_due_in(self, queue, buckets):
+        return None
+
+    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal_from=None):
+        self.claims.append((tuple(steal_from) if steal_from is not None else buckets, limit, steal_from is not None))
+        await asyncio.sleep(0)
+        readable = steal_from if steal_from is not None else (buckets if buckets is not None else ALL)
+        selected = []
+        for b in readable:
+            while self.queued.get(b, 0) and len(selected) < limit:
+                self.queued[b] -= 1
+                selected.append(b)
+        lost = 0 if steal_from is not None else min(self.stolen_by_others, len(selected))
+        jobs = []
+        for b in selected[lost:]:
+            jobs.append(Job((self.next_id, "noop", {}, 1, 5, None, b, 0), "00000000-0000-0000-0000-000000000001"))
+            self.next_id += 1
+        return Claimed(jobs, len(selected))
+
+    def left(self) -> int:
+        return sum(self.queued.values())
+
+
+class FakeExecutor:
+    """Runs every job at once: slots free as soon as a claim's jobs start."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.slot_freed = asyncio.Event()
+        self.started = 0
+
+    def start(self, jobs, sent_at) -> None:
+        self.started += len(jobs)
+
+
+async def drive(store: FakeStore, own: tuple[int, ...], *, until, steal: bool = True, timeout_s: float = 5.0,
+                **settings) -> Producer:
+    """Run a producer over `own` until `until(store)` holds or `timeout_s` passes (a failure)."""
+    config = Config(dsn="postgresql://x", concurrency=100, batch_size=500, poll_interval_s=30.0, steal=steal,
+                    **settings)
+    producer = Producer(config, store, {"default": StaticAssignment(own)}, FakeExecutor())
+    task = asyncio.create_task(producer.run())
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not until(store):
+                await asyncio.sleep(0.001)
+    finally:
+        producer.stop()
+        await asyncio.wait_for(task, 5)
+    return producer
+
+
+def test_a_claim_that_lost_rows_to_others_is_still_a_backlog():
+    asyncio.run(_test_a_claim_that_lost_rows_to_others_is_still_a_backlog())
+
+
+async def _test_a_claim_that_lost_rows_to_others_is_still_a_backlog():
+    """Every selection loses 10 rows to a stealer: the owner must keep claiming, not sleep for the
+    30 s poll interval while its buckets still hold jobs."""
+    store = FakeStore({b: 1000 for b in range(0, 64, 2)}, stolen_by_others=10)
+    await drive(store, tuple(range(0, 64, 2)), until=lambda s: s.left() == 0, steal=False)
+    assert store.left() == 0
+
+
+def test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket():
+    asyncio.run(_test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket())
+
+
+async def _test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket():
+    own = tuple(range(0, 64, 2))  # 32 buckets: 4 windows
+    store = FakeStore({b: 400 for b in own})
+    await drive(store, own, until=lambda s: s.left() == 0, steal=False)
+    first, *rest = [c for c in store.claims if not c[2]]
+    assert first[0] == own  # out of a backlog: all our buckets
+    windows = [c[0] for c in rest if c[0] != own]
+    assert windows and all(len(w) == WINDOW_BUCKETS for w in windows)
+    assert set().union(*windows) == set(own)
+    read = Counter(b for w in windows for b in w)
+    assert max(read.values()) - min(read.values()) <= 2  # even rotation
+
+
+def test_short_windows_end_the_backlog_only_after_a_whole_round():
+    asyncio.run(_test_short_windows_end_the_backlog_only_after_a_whole_round())
+
+
+async def _test_short_windows_end_the_backlog_only_after_a_whole_round():
+    """Only one bucket of 32 has jobs: windows without it come back short, yet the claims go on
+    until its window is read, and then a claim over all buckets ends the backlog."""
+    own = tuple(range(32))
+    store = FakeStore({31: 5000})
+    await drive(store, own, until=lambda s: s.left() == 0, steal=False)
+    assert store.left() == 0
+
+
+def test_no_steal_while_a_window_comes_back_short():
+    asyncio.run(_test_no_steal_while_a_window_comes_back_short())
+
+
+async def _test_no_steal_while_a_window_comes_back_short():
+    own = tuple(range(32))
+    store = FakeStore({**{b: 300 for b in own}, **{b: 300 for b in range(32, 64)}})
+    await drive(store, own, until=lambda s: all(s.queued[b] == 0 for b in own))
+    steals_after_a_window = [i for i, c in enumerate(store.claims)
+                             if c[2] and i > 0 and store.claims[i - 1][0] not in (own,)]
+    assert not steals_after_a_window
+
+
+@pytest.mark.parametrize("owned, windowed", [(8, False), (9, True), (32, True), (64, True)])
+def test_windows_only_where_more_buckets_than_a_window(owned, windowed):
+    windows = ClaimWindows()
+    buckets, is_window = windows.pick("q", tuple(range(owned)))
+    assert is_window == windowed
+    assert len(buckets) <= WINDOW_BUCKETS if windowed else buckets == tuple(range(owned))
+
+
+def test_a_full_window_resets_the_count_of_short_ones():
+    windows = ClaimWindows()
+    own = tuple(range(32))  # 4 windows
+    for _ in range(3):
+        windows.pick("q", own)
+        assert windows.record("q", full=False)
+    windows.pick("q", own)
+    assert windows.record("q", full=True)
+    for _ in range(3):
+        windows.pick("q", own)
+        assert windows.record("q", full=False)
+    windows.pick("q", own)
+    assert not windows.record("q", full=False)  # four short in a row: the backlog ends
+
+
+def test_degraded_and_skip_locked_claims_are_never_windowed():
+    assert ClaimWindows().pick("q", None) == (None, False)

@@ -3,7 +3,8 @@
 # whose pyproject.toml (or setup.py) depends on bucket-dispatcher, and build there:
 #   docker build -t registry.example.com/myapp:1.4.0 .
 # Built from this repository as it is, it gives an image of bucket-dispatcher alone, which runs
-# the demo handlers: `dispatcher run --app dispatcher.devtools.demo_app:registry`.
+# the demo handlers: `dispatcher run --app dispatcher.devtools.demo_app:registry`, and the bench
+# suite: `python -m bench burst --external-workers` from /app (the Job in k8s/bench).
 #
 # Two stages: the first installs the project and its dependencies into a virtualenv (compilers,
 # if a dependency has no wheel, go here only); the second copies that virtualenv onto a clean
@@ -28,12 +29,17 @@ RUN pip install -r /tmp/requirements.txt
 COPY . .
 # Compiled to bytecode here: the root filesystem is read-only at run time.
 RUN pip install . && python -m compileall -q /opt/venv
+# The bench suite is no package of the wheel (the runtime stays clean): when this repository is
+# built, bench/ goes to /opt/app, the final stage's working directory, where `python -m bench`
+# finds it. Your app's repository has no bench/: /opt/app stays empty.
+RUN mkdir /opt/app && if [ -d bench ]; then cp -r bench /opt/app/ && python -m compileall -q /opt/app; fi
 
 FROM python:${PYTHON_VERSION}-slim-bookworm
 RUN groupadd --system --gid 10001 app \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin app
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/app /app
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

@@ -2,7 +2,8 @@
 write bench/out/SCENARIO.json and PNG plots.
 
 Runs against a throwaway embedded PostgreSQL (stock durability: fsync and synchronous_commit on)
-unless --dsn or DISPATCHER_DSN names a server. Workers are real `dispatcher run` processes.
+unless --dsn or DISPATCHER_DSN names a server. Workers are real `dispatcher run` processes;
+with --external-workers, the live workers of a deployed fleet instead (bench/external.py).
 Never gated in CI on a wall-clock figure: `--quick` only proves the suite runs.
 """
 
@@ -17,6 +18,8 @@ from .coldstart import coldstart_suite, rolling_suite
 from .core import OUT_DIR, Result, database, machine
 from .drain import drain_suite
 from .enqueue import enqueue_suite
+from .external import add_arguments as add_external_arguments
+from .external import main as external_main
 from .plots import coldstart_plot, curve_plot, scaling_plots
 from .scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 
@@ -102,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="drain/enqueue: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
+    add_external_arguments(parser)
     args = parser.parse_args(argv)
     scenarios = SCENARIOS if "all" in args.scenarios else args.scenarios
+    if args.external_workers:
+        return external_main(args, scenarios)
     args.out.mkdir(parents=True, exist_ok=True)
     with database(args.dsn) as dsn:
         for scenario in scenarios:

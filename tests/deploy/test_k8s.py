@@ -120,25 +120,30 @@ def test_every_pod_is_locked_down(overlay: str) -> None:
     seccomp, no service account token, requests and a memory limit, /tmp-style writable mounts only
     from emptyDir volumes."""
     for name, spec in pod_specs(rendered(overlay)):
-        pod_sc = spec.get("securityContext", {})
-        assert spec.get("automountServiceAccountToken") is False, name
-        # The Service dispatcher-metrics would inject DISPATCHER_METRICS_PORT=tcp://...: a setting.
-        assert spec.get("enableServiceLinks") is False, name
-        empty_dirs = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
-        for container in spec.get("initContainers", []) + spec["containers"]:
-            where = f"{name} container {container['name']}"
-            sc = {**pod_sc, **container.get("securityContext", {})}  # the container's fields win
-            assert sc.get("runAsNonRoot") is True, where
-            assert isinstance(sc.get("runAsUser"), int) and sc["runAsUser"] > 0, f"{where}: numeric non-root uid"
-            assert sc.get("readOnlyRootFilesystem") is True, where
-            assert sc.get("allowPrivilegeEscalation") is False, where
-            assert sc.get("capabilities", {}).get("drop") == ["ALL"], where
-            assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
-            resources = container.get("resources", {})
-            assert {"cpu", "memory"} <= set(resources.get("requests", {})), f"{where}: requests"
-            assert "memory" in resources.get("limits", {}), f"{where}: memory limit"
-            for mount in container.get("volumeMounts", []):
-                assert mount["name"] in empty_dirs, f"{where}: {mount['mountPath']} is not an emptyDir"
+        assert_locked_down(name, spec)
+
+
+def assert_locked_down(name: str, spec: dict[str, Any]) -> None:
+    """One pod spec of workload `name` (Kind/name): the checks above (the bench Job's too)."""
+    pod_sc = spec.get("securityContext", {})
+    assert spec.get("automountServiceAccountToken") is False, name
+    # The Service dispatcher-metrics would inject DISPATCHER_METRICS_PORT=tcp://...: a setting.
+    assert spec.get("enableServiceLinks") is False, name
+    empty_dirs = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        where = f"{name} container {container['name']}"
+        sc = {**pod_sc, **container.get("securityContext", {})}  # the container's fields win
+        assert sc.get("runAsNonRoot") is True, where
+        assert isinstance(sc.get("runAsUser"), int) and sc["runAsUser"] > 0, f"{where}: numeric non-root uid"
+        assert sc.get("readOnlyRootFilesystem") is True, where
+        assert sc.get("allowPrivilegeEscalation") is False, where
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], where
+        assert sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+        resources = container.get("resources", {})
+        assert {"cpu", "memory"} <= set(resources.get("requests", {})), f"{where}: requests"
+        assert "memory" in resources.get("limits", {}), f"{where}: memory limit"
+        for mount in container.get("volumeMounts", []):
+            assert mount["name"] in empty_dirs, f"{where}: {mount['mountPath']} is not an emptyDir"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -107,10 +107,14 @@ def rolling_run(dsn: str, mode: str, workers: int, jobs: int, *, profile: str,
             stop_s = []
             for _ in range(workers):
                 new = fleet.spawn()
-                while not fleet.ready(new):
+                while not fleet.worker_ready(new):
                     sample()
                     time.sleep(0.05)
-                stop_s.append(fleet.retire(0))
+                stopping = time.monotonic()
+                code = fleet.retire(0)
+                if code != 0:
+                    raise RuntimeError(f"{label}: a retired worker exited with code {code}")
+                stop_s.append(time.monotonic() - stopping)
             rollout_ended = samples[-1][0]
             while sample() < jobs:
                 time.sleep(0.05)

@@ -254,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="the bench suite's arguments")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("demo", help="burst of jobs drained in both modes on a throwaway PostgreSQL")
-    p.add_argument("--jobs", type=int, default=50_000, help="jobs in the burst (default %(default)s)")
+    p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
+    p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")
     p.add_argument("--workers", type=int, default=2, help="worker processes per mode (default %(default)s)")
     _add_config_flags(p)
     p.set_defaults(func=cmd_demo)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import socket
 import subprocess
 import time
 import urllib.error
@@ -104,12 +103,7 @@ def start_worker(dsn: str, record_dir: Path | None = None, app: str = "tests.app
 stop_workers = harness.stop_workers
 
 
-def free_port() -> int:
-    """A TCP port the kernel just handed out and took back: free now, though not reserved (see
-    start_serving_worker, which tries another if a worker loses the race for it)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+free_port = harness.free_port  # start_serving_worker tries another if a worker loses the race
 
 
 def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:

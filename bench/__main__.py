@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .coldstart import coldstart_suite, rolling_suite
+from . import statements
 from .core import OUT_DIR, Result, database, machine
 from .drain import drain_suite
 from .enqueue import enqueue_suite
@@ -88,6 +89,11 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
         columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]
     print()
     print(result.table([c for c in columns if any(c in r for r in result.rows)]))
+    for row in result.rows:
+        if row.get("statements"):
+            what = f"{row.get('kind', 'runtime')} {row['mode']} x{row['workers']}"
+            print(f"\n{what}: PostgreSQL time per job by statement")
+            print(statements.table(row["statements"]))
     print(f"written: {result.save(out_dir)}", flush=True)
     return result
 
@@ -102,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="defaults,bench",
                         help="coldstart/rolling: settings profiles, defaults (what a user gets) and/or bench "
                              "(concurrency 500, poll 0.1 s)")
+    parser.add_argument("--statements", action="store_true",
+                        help="drain/burst/scaling/skew/jitter: PostgreSQL's time per statement per job "
+                             "(pg_stat_statements; the throwaway server preloads it)")
     parser.add_argument("--repeat", type=int, default=3, help="drain/enqueue: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
@@ -111,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.external_workers:
         return external_main(args, scenarios)
     args.out.mkdir(parents=True, exist_ok=True)
-    with database(args.dsn) as dsn:
+    with database(args.dsn, statements=args.statements) as dsn:
+        if args.statements:
+            statements.enable(dsn)
         for scenario in scenarios:
             run(scenario, args, dsn, args.out)
     return 0

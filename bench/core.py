@@ -25,16 +25,18 @@ OUT_DIR = Path(__file__).resolve().parent / "out"
 
 
 @contextmanager
-def database(dsn: str | None) -> Iterator[str]:
+def database(dsn: str | None, *, statements: bool = False) -> Iterator[str]:
     """The DSN given, or a throwaway embedded PostgreSQL with stock durability (fsync on), so the
-    figures are those of a real deployment's settings, not of a RAM-disk toy."""
+    figures are those of a real deployment's settings, not of a RAM-disk toy. `statements`:
+    the throwaway server preloads pg_stat_statements (bench/statements.py)."""
     if dsn:
         migrate(dsn)
         yield dsn
         return
     from dispatcher.devtools.embedded import start_postgres
 
-    with start_postgres(durable=True, max_connections=300) as server:
+    settings = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
+    with start_postgres(durable=True, max_connections=300, settings=settings) as server:
         migrate(server.dsn)
         yield server.dsn
 

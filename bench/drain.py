@@ -24,6 +24,7 @@ from dispatcher.enqueue import enqueue_payloads_sync
 from dispatcher.queries import query
 from dispatcher.store import claim_sql, int_array, token_array
 
+from . import statements
 from .core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes
 from .runs import completed, measured_run
 
@@ -90,13 +91,16 @@ def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | 
     with psycopg.connect(dsn, autocommit=True) as conn:
         fill(conn, jobs)
         before = table_counters(conn)
+        usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
         pg_cpu = postgres_cpu_seconds(postmaster)
         client_cpu = sum(run_processes(plain_sql_drainer, [(dsn, mode, i, workers) for i in range(workers)]))
         pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
         delta = table_counters(conn).minus(before)
+        by_statement = statements.per_job(usage, statements.snapshot(conn), jobs) if usage is not None else None
         seconds = drain_seconds(conn)
         assert completed(conn) == jobs, "ceiling drain left jobs behind"
-    return _row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)
+    row = _row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)
+    return {**row, "statements": by_statement} if by_statement is not None else row
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:

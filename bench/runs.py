@@ -19,6 +19,7 @@ import psycopg
 from dispatcher.devtools.harness import lock_waiters, progress, table_counters
 from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 
+from . import statements
 from .core import postgres_cpu_seconds, reset
 from .fleet import Fleet, quantile_ms
 
@@ -47,6 +48,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         with Fleet(dsn, mode, workers, **settings) as fleet:
             fleet.wait_ready()
             before = table_counters(conn)
+            usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
             pg_cpu = postgres_cpu_seconds(postmaster)
             enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share)
             max_waiters = wait_all_done(conn, fleet, jobs, label, timeout_s)
@@ -59,6 +61,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             worker_cpu = fleet.cpu_seconds()
             pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
             delta = table_counters(conn).minus(before)
+            by_statement = statements.per_job(usage, statements.snapshot(conn), jobs) if usage is not None else None
         timing = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                       extract(epoch FROM max(completed_at) - min(run_at))::float8,
@@ -83,6 +86,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         "heap_fetch_per_job": round(delta.idx_tup_fetch / jobs, 2),
         "max_lock_waiters": max_waiters, "dead_tuples_end": int(dead[0]) if dead else None,
         "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1), "client_cpu_us_per_job": round(worker_cpu / jobs * 1e6, 1),
+        **({"statements": by_statement} if by_statement is not None else {}),
     }
 
 

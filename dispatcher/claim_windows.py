@@ -9,10 +9,11 @@ partitioned's steady drain half as fast as SKIP LOCKED's at the defaults (17k vs
 
 So while a backlog lasts, each claim reads one window of at most WINDOW_BUCKETS of our buckets
 (strided: own[i::n], so windows are even and fixed for an assignment) and the next claim the next
-window. A window that comes back short (its buckets ran low) passes to the next one; only when
-every window in a row came back short does the backlog end, and the next claim reads all our
-buckets again (as every claim out of a backlog does: a wake-up for one job must find it wherever
-it is). Order: within a claim, (priority, run_at, id) as always; across our buckets, a job of high
+window. A window that comes back short (its buckets ran low) passes to the next one; when every
+window in a row came back short, the next claim reads all our buckets at once, without sleeping
+first, and that claim decides as any other: full, the backlog goes on; short, the worker may
+steal, then sleeps (as every claim out of a backlog reads all buckets: a wake-up for one job must
+find it wherever it is). Order: within a claim, (priority, run_at, id) as always; across our buckets, a job of high
 priority waits at most n - 1 claims of a backlog for its window (3 claims, a few ms, at 32 buckets).
 """
 
@@ -27,10 +28,14 @@ class ClaimWindows:
         self._next: dict[str, int] = {}  # queue -> the window the next claim reads
         self._short: dict[str, int] = {}  # queue -> windows in a row that came back short
         self._count: dict[str, int] = {}  # queue -> windows of the assignment last seen
+        self._round_over: set[str] = set()  # queues whose next claim reads all their buckets
 
     def pick(self, queue: str, own: tuple[int, ...] | None) -> tuple[tuple[int, ...] | None, bool]:
         """The buckets of this claim, and whether they are a window (a part of `own`)."""
         if own is None or len(own) <= self._size:
+            return own, False
+        if queue in self._round_over:
+            self._round_over.discard(queue)
             return own, False
         count = -(-len(own) // self._size)
         if self._count.get(queue) != count:
@@ -39,11 +44,10 @@ class ClaimWindows:
         self._next[queue] = index + 1
         return own[index::count], True
 
-    def record(self, queue: str, full: bool) -> bool:
-        """After a windowed claim: whether the backlog goes on (this window was full, or some
-        window of this round may still hold jobs)."""
+    def record(self, queue: str, full: bool) -> None:
+        """After a windowed claim: a whole round of short windows makes the next claim read all
+        the buckets (and that claim decides whether the backlog goes on)."""
         self._short[queue] = 0 if full else self._short.get(queue, 0) + 1
         if self._short[queue] >= self._count.get(queue, 1):
             self._short[queue] = 0
-            return False
-        return True
+            self._round_over.add(queue)

@@ -226,8 +226,10 @@ class Producer:
                 jobs, selected, sent_at = await self._claim(queue, limit, buckets)
                 # A full selection means more may be waiting even if others took some of it (a
                 # stealer, or the previous owner during a hand-off): go again, do not sleep. A
-                # short window says only that its buckets ran low: go on to the next window.
-                backlog |= self._windows.record(queue, selected >= limit) if windowed else selected >= limit
+                # short window says only that its buckets ran low: go on (claim_windows.py).
+                if windowed:
+                    self._windows.record(queue, selected >= limit)
+                backlog |= windowed or selected >= limit
                 executor.start(jobs, sent_at)
             free = config.concurrency - executor.in_flight
             # Steal only where all our own buckets ran short, not where others took rows of them.

@@ -168,8 +168,12 @@ def test_kill_stop_and_join_move_buckets_fast(dsn, tmp_path, any_coordination):
 
 def test_churn_while_50k_jobs_drain(dsn, tmp_path, coordination):
     kind, redis_url = coordination
+    # Jobs of 30 ms at concurrency 50: at most ~1,700 jobs/s per worker, so the drain lasts at
+    # least 6 s with up to 5 workers, long enough for the 2 s churn schedule to both remove and add
+    # a worker during it however fast the machine (no-op jobs drained in under 4 s and the test
+    # saw a single event).
     with psycopg.connect(dsn, autocommit=True) as conn:
-        enqueue_payloads_sync(conn, "record", [{}] * 50_000)
+        enqueue_payloads_sync(conn, "record_slow", [{"s": 0.03}] * 50_000)
     opts = settings(kind, redis_url, concurrency=50, batch_size=100)
     rng = random.Random(7)
     alive, n = [], 0

@@ -135,6 +135,20 @@ async def _test_no_steal_while_a_window_comes_back_short():
     assert not steals_after_a_window
 
 
+def test_when_our_buckets_run_dry_the_worker_steals_without_sleeping_first():
+    """A skewed backlog: our 32 buckets hold a few jobs, the other 32 many. Once a round of
+    windows comes back short, a claim over all our buckets comes back short too and the worker
+    steals in the same cycle; sleeping first would cost the whole 30 s poll interval."""
+    asyncio.run(_test_when_our_buckets_run_dry_the_worker_steals_without_sleeping_first())
+
+
+async def _test_when_our_buckets_run_dry_the_worker_steals_without_sleeping_first():
+    own = tuple(range(32))
+    store = FakeStore({**{b: 5 for b in own}, **{b: 1000 for b in range(32, 64)}})
+    await drive(store, own, until=lambda s: s.left() == 0)
+    assert store.left() == 0
+
+
 @pytest.mark.parametrize("owned, windowed", [(8, False), (9, True), (32, True), (64, True)])
 def test_windows_only_where_more_buckets_than_a_window(owned, windowed):
     windows = ClaimWindows()
@@ -147,15 +161,16 @@ def test_a_full_window_resets_the_count_of_short_ones():
     windows = ClaimWindows()
     own = tuple(range(32))  # 4 windows
     for _ in range(3):
-        windows.pick("q", own)
-        assert windows.record("q", full=False)
-    windows.pick("q", own)
-    assert windows.record("q", full=True)
-    for _ in range(3):
-        windows.pick("q", own)
-        assert windows.record("q", full=False)
-    windows.pick("q", own)
-    assert not windows.record("q", full=False)  # four short in a row: the backlog ends
+        assert windows.pick("q", own)[1]
+        windows.record("q", full=False)
+    assert windows.pick("q", own)[1]
+    windows.record("q", full=True)
+    for _ in range(4):
+        assert windows.pick("q", own)[1]
+        windows.record("q", full=False)
+    # Four short in a row: the next claim reads every bucket (it decides the backlog), then windows again.
+    assert windows.pick("q", own) == (own, False)
+    assert windows.pick("q", own)[1]
 
 
 def test_degraded_and_skip_locked_claims_are_never_windowed():

@@ -1,0 +1,108 @@
+"""Where PostgreSQL's time goes, per statement (`--statements`): pg_stat_statements deltas over a run.
+
+The throwaway server is started with pg_stat_statements preloaded; against a server of your own
+the extension must be preloaded there (`shared_preload_libraries`) or the option says it is not
+available. Each statement is named after its named query (dispatcher/sql, coordinator/sql),
+recognised by the start of its text; the rest keep their first words.
+Figures are per job of the run: calls, execution time in µs (`total_exec_time`, the server's own
+clock, so it includes lock waits) and rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from coordinator.sqlfile import load
+
+# The claim's variants share one statement shape: told apart by their selection.
+CLAIM_KINDS = (("claim (steal)", "unnest("), ("claim (skip_locked)", "SKIP LOCKED"),
+               ("claim (partitioned)", "UNION ALL"), ("claim (all buckets)", ""))
+_SPACE = re.compile(r"\s+")
+_PARAM = re.compile(r"%\(\w+\)s|\$\d+")
+_COMMENT = re.compile(r"--[^\n]*")
+PREFIX = 60  # characters of normalised text that tell our statements apart
+
+
+def _normal(text: str) -> str:
+    return _SPACE.sub(" ", _PARAM.sub("$", _COMMENT.sub("", text))).strip()
+
+
+@functools.cache
+def _named() -> dict[str, str]:
+    """Normalised prefix -> query name, for every named query of both packages."""
+    named = {}
+    for package in ("coordinator", "dispatcher"):
+        for name, text in load(package).items():
+            named.setdefault(_normal(text)[:PREFIX], name)
+    return named
+
+
+RECORDING = {"on": False}  # set once by `python -m bench --statements`; read by runs.measured_run
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    calls: int
+    exec_ms: float
+    rows: int
+
+
+def enable(dsn: str) -> None:
+    """Create the extension (the server must preload the library) and record from now on;
+    raises SystemExit with one line where the server cannot."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT 1 FROM pg_stat_statements LIMIT 1")
+    except psycopg.Error as exc:
+        raise SystemExit(f"bench: --statements needs pg_stat_statements in shared_preload_libraries: "
+                         f"{str(exc).strip().splitlines()[0]}") from None
+    RECORDING["on"] = True
+
+
+def name_of(text: str) -> str:
+    """Our query's name (dispatcher/sql, coordinator/sql), or the statement's first words."""
+    normal = _normal(text)
+    if normal.startswith("WITH picked AS MATERIALIZED"):
+        return next(kind for kind, fragment in CLAIM_KINDS if fragment in normal)
+    return _named().get(normal[:PREFIX]) or " ".join(normal.split(" ")[:4])[:40]
+
+
+def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Usage]:
+    """Cumulative usage per statement name, this database only."""
+    totals: dict[str, list[float]] = {}
+    for query, calls, exec_ms, rows in conn.execute(
+            """SELECT s.query, s.calls, s.total_exec_time, s.rows
+                 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                WHERE d.datname = current_database()""").fetchall():
+        entry = totals.setdefault(name_of(query), [0, 0.0, 0])
+        entry[0] += calls
+        entry[1] += exec_ms
+        entry[2] += rows
+    return {name: Usage(int(c), float(ms), int(r)) for name, (c, ms, r) in totals.items()}
+
+
+def per_job(before: dict[str, Usage], after: dict[str, Usage], jobs: int, top: int = 8) -> list[dict[str, Any]]:
+    """The statements that took the most time between two snapshots, per job of the run."""
+    rows = []
+    for name, usage in after.items():
+        was = before.get(name, Usage(0, 0.0, 0))
+        calls, exec_ms = usage.calls - was.calls, usage.exec_ms - was.exec_ms
+        if calls > 0:
+            rows.append({"statement": name, "calls_per_1k_jobs": round(1000 * calls / jobs, 2),
+                         "exec_us_per_job": round(1000 * exec_ms / jobs, 2),
+                         "exec_ms_per_call": round(exec_ms / calls, 3)})
+    rows.sort(key=lambda r: -r["exec_us_per_job"])
+    return rows[:top]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"  {'statement':<28}{'calls/1k jobs':>15}{'exec us/job':>13}{'ms/call':>10}"]
+    lines += [f"  {r['statement']:<28}{r['calls_per_1k_jobs']:>15.2f}{r['exec_us_per_job']:>13.2f}"
+              f"{r['exec_ms_per_call']:>10.3f}" for r in rows]
+    return "\n".join(lines)

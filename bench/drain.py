@@ -67,7 +67,7 @@ async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int) -> Non
         while True:
             token = str(uuid.uuid4())
             rows = await (await conn.execute(claim_statement, {**params, "token": token})).fetchall()
-            if not rows:
+            if not rows or rows[0][0] is None:  # the claim's one row of NULLs: nothing left
                 await batches.put(None)
                 return
             await batches.put(([r[0] for r in rows], [token] * len(rows)))

@@ -20,25 +20,26 @@ import psycopg
 from coordinator.sqlfile import load
 
 # The claim's variants share one statement shape: told apart by their selection.
-CLAIM_KINDS = (("claim (steal)", "unnest("), ("claim (skip_locked)", "SKIP LOCKED"),
+CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED"),
                ("claim (partitioned)", "UNION ALL"), ("claim (all buckets)", ""))
-_SPACE = re.compile(r"\s+")
-_PARAM = re.compile(r"%\(\w+\)s|\$\d+")
+_STRING = re.compile(r"'(?:[^']|'')*'|%\(\w+\)s")
 _COMMENT = re.compile(r"--[^\n]*")
-PREFIX = 60  # characters of normalised text that tell our statements apart
+_WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 
 
 def _normal(text: str) -> str:
-    return _SPACE.sub(" ", _PARAM.sub("$", _COMMENT.sub("", text))).strip()
+    """The statement's words only: pg_stat_statements replaces every constant (strings and
+    numbers) by $n, psycopg every %(name)s parameter; the words are what both texts keep."""
+    return " ".join(_WORD.findall(_STRING.sub(" ", _COMMENT.sub("", text))))
 
 
 @functools.cache
 def _named() -> dict[str, str]:
-    """Normalised prefix -> query name, for every named query of both packages."""
+    """A named query's words -> its name, for every named query of both packages."""
     named = {}
     for package in ("coordinator", "dispatcher"):
         for name, text in load(package).items():
-            named.setdefault(_normal(text)[:PREFIX], name)
+            named.setdefault(_normal(text), name)
     return named
 
 
@@ -70,7 +71,7 @@ def name_of(text: str) -> str:
     normal = _normal(text)
     if normal.startswith("WITH picked AS MATERIALIZED"):
         return next(kind for kind, fragment in CLAIM_KINDS if fragment in normal)
-    return _named().get(normal[:PREFIX]) or " ".join(normal.split(" ")[:4])[:40]
+    return _named().get(normal) or " ".join(normal.split(" ")[:4])[:28]
 
 
 def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Usage]:
@@ -87,7 +88,7 @@ def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Usage]:
     return {name: Usage(int(c), float(ms), int(r)) for name, (c, ms, r) in totals.items()}
 
 
-def per_job(before: dict[str, Usage], after: dict[str, Usage], jobs: int, top: int = 8) -> list[dict[str, Any]]:
+def per_job(before: dict[str, Usage], after: dict[str, Usage], jobs: int, top: int = 10) -> list[dict[str, Any]]:
     """The statements that took the most time between two snapshots, per job of the run."""
     rows = []
     for name, usage in after.items():
@@ -103,6 +104,6 @@ def per_job(before: dict[str, Usage], after: dict[str, Usage], jobs: int, top: i
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [f"  {'statement':<28}{'calls/1k jobs':>15}{'exec us/job':>13}{'ms/call':>10}"]
-    lines += [f"  {r['statement']:<28}{r['calls_per_1k_jobs']:>15.2f}{r['exec_us_per_job']:>13.2f}"
+    lines += [f"  {r['statement'][:27]:<28}{r['calls_per_1k_jobs']:>15.2f}{r['exec_us_per_job']:>13.2f}"
               f"{r['exec_ms_per_call']:>10.3f}" for r in rows]
     return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""bench --statements names pg_stat_statements' texts after our named queries."""
+
+import re
+
+import pytest
+
+from bench.statements import Usage, name_of, per_job
+from coordinator.sqlfile import load
+from dispatcher.store import claim_sql, steal_sql
+
+
+def as_pg_stat_statements_shows_it(text: str) -> str:
+    """What pg_stat_statements stores: comments kept, parameters and constants as $1, $2, ..."""
+    n = iter(range(1, 10_000))
+    lines = [line.split("--")[0] for line in text.splitlines()]  # (kept by the server; we drop them)
+    text = "\n".join(lines)
+    text = re.sub(r"%\(\w+\)s", lambda m: f"${next(n)}", text)
+    text = re.sub(r"'[^']*'", lambda m: f"${next(n)}", text)
+    return re.sub(r"(?<![\w$])\d+", lambda m: f"${next(n)}", text)
+
+
+@pytest.mark.parametrize("package", ["dispatcher", "coordinator"])
+def test_every_named_query_is_recognised(package):
+    texts = {name: text for name, text in load(package).items() if "{" not in text}  # fragments: below
+    wrong = {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in texts.items()}
+    # notify_enqueued and notify_change are the same statement.
+    assert {n: got for n, got in wrong.items() if got != n and got not in ("notify_change", "notify_enqueued")} == {}
+
+
+def test_the_claims_variants_are_told_apart():
+    assert [name_of(as_pg_stat_statements_shows_it(t)) for t in
+            (claim_sql(None), claim_sql((1, 2)), claim_sql(tuple(range(64))), steal_sql())] == [
+        "claim (skip_locked)", "claim (partitioned)", "claim (all buckets)", "claim (steal)"]
+
+
+def test_per_job_figures_are_deltas_over_the_run():
+    before = {"claim (partitioned)": Usage(10, 5.0, 100)}
+    after = {"claim (partitioned)": Usage(30, 25.0, 2100), "jobs_complete_owned": Usage(4, 8.0, 2000)}
+    rows = per_job(before, after, jobs=2000)
+    assert [tuple(r.values()) for r in rows] == [("claim (partitioned)", 10.0, 10.0, 1.0),
+                                                 ("jobs_complete_owned", 2.0, 4.0, 2.0)]

@@ -25,12 +25,14 @@ CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED
 _STRING = re.compile(r"'(?:[^']|'')*'|%\(\w+\)s")
 _COMMENT = re.compile(r"--[^\n]*")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+_CONSTANT_WORDS = {"NULL", "TRUE", "FALSE"}  # constants too, to pg_stat_statements
 
 
 def _normal(text: str) -> str:
-    """The statement's words only: pg_stat_statements replaces every constant (strings and
-    numbers) by $n, psycopg every %(name)s parameter; the words are what both texts keep."""
-    return " ".join(_WORD.findall(_STRING.sub(" ", _COMMENT.sub("", text))))
+    """The statement's words only: pg_stat_statements replaces every constant (strings, numbers,
+    NULL, true, false) by $n, psycopg every %(name)s parameter; the words are what both keep."""
+    words = _WORD.findall(_STRING.sub(" ", _COMMENT.sub("", text)))
+    return " ".join(w for w in words if w.upper() not in _CONSTANT_WORDS)
 
 
 @functools.cache

@@ -4,7 +4,7 @@ A partitioned claim merges one ordered index walk per bucket it reads (Merge App
 walk costs a descent of the bucket index to start: on 200k queued jobs a claim's selection took
 0.30 ms over 8 buckets, 0.43-0.49 ms over 16 and 0.87-1.0 ms over 32, against 0.16-0.25 ms for
 SKIP LOCKED's single walk (limit 25, the claim size a backlog gives at the default concurrency
-100: a claim refills a quarter of the slots). With 2 workers, each owning 32 buckets, that made
+100: a claim waits for a quarter of the slots to be free). With 2 workers, each owning 32 buckets, that made
 partitioned's steady drain half as fast as SKIP LOCKED's at the defaults (17k vs 32k jobs/s).
 
 So while a backlog lasts, each claim reads one window of at most WINDOW_BUCKETS of our buckets
@@ -13,7 +13,9 @@ window. A window that comes back short (its buckets ran low) passes to the next 
 window in a row came back short, the next claim reads all our buckets at once, without sleeping
 first, and that claim decides as any other: full, the backlog goes on; short, the worker may
 steal, then sleeps (as every claim out of a backlog reads all buckets: a wake-up for one job must
-find it wherever it is). Order: within a claim, (priority, run_at, id) as always; across our buckets, a job of high
+find it wherever it is).
+
+Order: within a claim, (priority, run_at, id) as always; across our buckets, a job of high
 priority waits at most n - 1 claims of a backlog for its window (3 claims, a few ms, at 32 buckets).
 """
 

@@ -30,12 +30,12 @@ from coordinator.assignment import BucketAssignment
 
 from . import metrics
 from .backoff import jittered
+from .claim_windows import ClaimWindows
 from .config import Config
 from .constants import MODE_PARTITIONED, NUM_BUCKETS
 from .due_timer import DueTimer
 from .errors import StoreError
 from .executor import Executor
-from .claim_windows import ClaimWindows
 from .stealing import StealPolicy
 from .store import Job, JobStore
 

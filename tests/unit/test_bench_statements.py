@@ -10,12 +10,13 @@ from dispatcher.store import claim_sql, steal_sql
 
 
 def as_pg_stat_statements_shows_it(text: str) -> str:
-    """What pg_stat_statements stores: comments kept, parameters and constants as $1, $2, ..."""
+    """What pg_stat_statements stores (seen on PostgreSQL 18): parameters and constants, NULL and
+    booleans included, as $1, $2, ... (it keeps comments; we drop them here and in name_of)."""
     n = iter(range(1, 10_000))
     lines = [line.split("--")[0] for line in text.splitlines()]  # (kept by the server; we drop them)
     text = "\n".join(lines)
     text = re.sub(r"%\(\w+\)s", lambda m: f"${next(n)}", text)
-    text = re.sub(r"'[^']*'", lambda m: f"${next(n)}", text)
+    text = re.sub(r"'[^']*'|\b(?:NULL|true|false)\b", lambda m: f"${next(n)}", text, flags=re.IGNORECASE)
     return re.sub(r"(?<![\w$])\d+", lambda m: f"${next(n)}", text)
 
 

@@ -14,10 +14,10 @@ from ..constants import NUM_BUCKETS
 
 WHEN_EACH_MODE_WINS = """\
 When each mode wins (bench/RESULTS.md in the repository has the full runs and the reasons):
-- At the default settings (concurrency 100) partitioned drains a backlog faster, from a ready fleet
-  and from a cold start: 1.2-1.6x at 2 to 8 worker processes in bench/RESULTS.md, where its claims
-  read a few of their buckets at a time. Tuned for throughput (concurrency 500) the two are within
-  the noise of each other with 2-4 processes: there is little contention to avoid.
+- At the default settings (concurrency 100) partitioned drained a queued backlog 1.2-1.6x as fast
+  as SKIP LOCKED from a cold start with 2 to 8 worker processes (bench/RESULTS.md, coldstart): its
+  claims read a few of their buckets at a time. Tuned for throughput (concurrency 500) the two are
+  within the noise of each other with 2-8 processes: on 2 cores there is little contention to avoid.
 - Partitioned pays off when PostgreSQL is the bottleneck with many workers: its index reads per job stay
   flat as workers are added, while SKIP LOCKED's grow (each claim walks past rows other workers hold).
 - With most jobs in a few buckets, SKIP LOCKED is still a little faster: partitioned workers then

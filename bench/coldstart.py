@@ -8,8 +8,9 @@ deploy, an outage or a scale-up. Run at the defaults a user gets and at the benc
 rolling: W workers drain N jobs while every one of them is replaced, one at a time, the way a
 Deployment rollout with maxSurge 1 / maxUnavailable 0 does it: start a new worker, wait until it
 answers /readyz, SIGTERM an old one and wait for it to exit. Reported: time to done, the dip in
-throughput (the slowest 0.5 s during the rollout against the median before it), and jobs that ran
-more than once (attempts > 1: a no-op job that ran to completion once never needs a second).
+throughput (the slowest 0.5 s window during the rollout against the steady rate before it, both
+from completed_at), and jobs that ran more than once (attempts > 1: a no-op job that ran to
+completion once never needs a second) or never completed.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from .coldstart import coldstart_suite, rolling_suite
 from . import statements
+from .coldstart import coldstart_suite, rolling_suite
 from .core import OUT_DIR, Result, database, machine
 from .drain import drain_suite
 from .enqueue import enqueue_suite

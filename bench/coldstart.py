@@ -21,11 +21,11 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.devtools.harness import progress
+from dispatcher.devtools.harness import completed_jobs, progress, watch_until_done
 
 from .core import Result, postgres_cpu_seconds, postmaster_pid, reset
 from .fleet import Fleet
-from .runs import completed, drain_curve, enqueue_jobs, wait_all_done
+from .runs import drain_curve, enqueue_jobs
 
 PROFILE_NAMES = ("defaults", "bench")
 WINDOW_S = 0.5  # throughput window of the rolling dip
@@ -55,7 +55,7 @@ def coldstart_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int 
         spawned_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
         pg_cpu = postgres_cpu_seconds(postmaster)
         with Fleet(dsn, mode, workers, profile=profile) as fleet:
-            max_waiters = wait_all_done(conn, fleet, jobs, label, timeout_s, every_s=0.05)
+            max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.05)
             worker_cpu = fleet.cpu_seconds()
             pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
         first_claim, to_done, twice = conn.execute(
@@ -96,7 +96,7 @@ def rolling_run(dsn: str, mode: str, workers: int, jobs: int, *, profile: str,
                 fleet.check_alive()
                 if time.monotonic() - started > timeout_s:
                     raise TimeoutError(f"{label}: {jobs - done} jobs left after {timeout_s} s")
-                return completed(conn)
+                return completed_jobs(conn)
 
             # Steady state first (a fifth of the jobs), then replace every worker, oldest first.
             while (done := watch()) < jobs // 5:

@@ -19,14 +19,14 @@ from typing import Any
 import psycopg
 
 from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
-from dispatcher.devtools.harness import table_counters
+from dispatcher.devtools.harness import completed_jobs, table_counters
 from dispatcher.enqueue import enqueue_payloads_sync
 from dispatcher.queries import query
 from dispatcher.store import claim_sql, int_array, token_array
 
 from . import statements
 from .core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes
-from .runs import completed, measured_run
+from .runs import measured_run
 
 BATCH = 500
 
@@ -98,7 +98,7 @@ def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | 
         delta = table_counters(conn).minus(before)
         by_statement = statements.per_job(usage, statements.snapshot(conn), jobs) if usage is not None else None
         seconds = drain_seconds(conn)
-        assert completed(conn) == jobs, "ceiling drain left jobs behind"
+        assert completed_jobs(conn) == jobs, "ceiling drain left jobs behind"
     row = _row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)
     return {**row, "statements": by_statement} if by_statement is not None else row
 

@@ -16,16 +16,12 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.devtools.harness import lock_waiters, progress, table_counters
+from dispatcher.devtools.harness import table_counters, watch_until_done
 from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 
 from . import statements
 from .core import postgres_cpu_seconds, reset
 from .fleet import Fleet, quantile_ms
-
-
-def completed(conn: psycopg.Connection[Any]) -> int:
-    return int(conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'").fetchone()[0])  # type: ignore[index]
 
 
 def enqueue_jobs(conn: psycopg.Connection[Any], jobs: int, *, delay_s: float = 0.0, jitter_s: float = 0.0,
@@ -51,7 +47,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
             pg_cpu = postgres_cpu_seconds(postmaster)
             enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share)
-            max_waiters = wait_all_done(conn, fleet, jobs, label, timeout_s)
+            max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1)
             # Read every figure now, with the fleet idle but running: backends flush their
             # statistics at most once a second (hence the 1.2 s), and stopping the fleet first
             # would count its shutdown too (the last worker standing briefly owns all 64
@@ -88,22 +84,6 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1), "client_cpu_us_per_job": round(worker_cpu / jobs * 1e6, 1),
         **({"statements": by_statement} if by_statement is not None else {}),
     }
-
-
-def wait_all_done(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str, timeout_s: float,
-                  every_s: float = 0.1) -> int:
-    """Watch until `jobs` are completed (progress bar, deadline, a dead worker fails the run);
-    returns the most lock waiters seen at once."""
-    started, done, max_waiters = time.monotonic(), 0, 0
-    while done < jobs:
-        fleet.check_alive()
-        if time.monotonic() - started > timeout_s:
-            raise TimeoutError(f"{label}: {jobs - done} jobs left after {timeout_s} s")
-        time.sleep(every_s)
-        done = completed(conn)
-        max_waiters = max(max_waiters, lock_waiters(conn))
-        progress(label, done, jobs, time.monotonic() - started)
-    return max_waiters
 
 
 def drain_curve(dsn: str, since_due: bool, bins_s: float = 0.1) -> list[tuple[float, int]]:

@@ -38,7 +38,7 @@ from ..enqueue import enqueue_payloads_sync
 from ..errors import ConfigError, DispatcherError
 from ..migrate import migrate
 from .demo_report import Measurement, ModeResult, render
-from .harness import Fleet, lock_waiters, progress, table_counters
+from .harness import Fleet, table_counters, watch_until_done
 
 APP = "dispatcher.devtools.demo_app:registry"
 SAMPLE_S = 0.25  # progress and lock waiters are sampled this often
@@ -53,30 +53,8 @@ def _drain_timeout_s(jobs: int) -> float:
     return 60 + jobs / 500
 
 
-def _completed(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'").fetchone()
-    return int(row[0]) if row else 0
-
-
 def _watch(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str) -> int:
-    """Waits until all `jobs` are completed, drawing progress on stderr; returns the most
-    sessions seen waiting on a lock at once."""
-    started, done, max_waiters = time.monotonic(), 0, 0
-    timeout_s = _drain_timeout_s(jobs)
-    try:
-        while done < jobs:
-            fleet.check_alive()
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"{label}: {jobs - done} of {jobs} jobs left after {timeout_s:g} s")
-            time.sleep(SAMPLE_S)
-            done = _completed(conn)
-            max_waiters = max(max_waiters, lock_waiters(conn))
-            progress(label, done, jobs, time.monotonic() - started, sys.stderr)
-    except BaseException:
-        if sys.stderr.isatty() and done < jobs:
-            print(file=sys.stderr)  # end the progress line before the error
-        raise
-    return max_waiters
+    return watch_until_done(conn, fleet, jobs, label, timeout_s=_drain_timeout_s(jobs), every_s=SAMPLE_S)
 
 
 def _spans(conn: psycopg.Connection[Any], since: datetime | None) -> tuple[float, float]:

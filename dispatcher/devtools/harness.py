@@ -236,3 +236,29 @@ def lock_waiters(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                        "AND wait_event_type = 'Lock'").fetchone()
     return int(row[0]) if row else 0
+
+
+def completed_jobs(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def watch_until_done(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str, *, timeout_s: float,
+                     every_s: float) -> int:
+    """Waits until `jobs` are completed, drawing progress on stderr; a worker that exits or the
+    deadline fails the wait. Returns the most sessions seen waiting on a lock at once."""
+    started, done, max_waiters = time.monotonic(), 0, 0
+    try:
+        while done < jobs:
+            fleet.check_alive()
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"{label}: {jobs - done} of {jobs} jobs left after {timeout_s:g} s")
+            time.sleep(every_s)
+            done = completed_jobs(conn)
+            max_waiters = max(max_waiters, lock_waiters(conn))
+            progress(label, done, jobs, time.monotonic() - started, sys.stderr)
+    except BaseException:
+        if sys.stderr.isatty() and done < jobs:
+            print(file=sys.stderr)  # end the progress line before the error
+        raise
+    return max_waiters

@@ -28,7 +28,8 @@ SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue"
 MODES = ["partitioned", "skip_locked"]
 RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
                "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
-               "pg_cpu_us_per_job", "client_cpu_us_per_job"]
+               "pg_cpu_us_per_job", "client_cpu_us_per_job", "client_start_cpu_s", "idle_pg_cpu_ms_per_s",
+               "idle_client_cpu_ms_per_s"]
 
 
 def _ints(text: str) -> list[int]:

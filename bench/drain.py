@@ -96,7 +96,8 @@ def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | 
         client_cpu = sum(run_processes(plain_sql_drainer, [(dsn, mode, i, workers) for i in range(workers)]))
         pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
         delta = table_counters(conn).minus(before)
-        by_statement = statements.per_job(usage, statements.snapshot(conn), jobs) if usage is not None else None
+        by_statement = (statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)
+                        if usage is not None else None)
         seconds = drain_seconds(conn)
         assert completed_jobs(conn) == jobs, "ceiling drain left jobs behind"
     row = _row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)

@@ -6,7 +6,8 @@ Shape of every runtime run:
 3. watch until all are done (progress bar, lock waiters sampled from pg_stat_activity);
 4. read the figures: times from the database clock (first claim or T, to the last completion),
    claim / poll-cycle quantiles from the workers' histograms, index and heap reads per job
-   from pg_stat deltas, dead tuples at the end, CPU seconds of PostgreSQL and of the workers.
+   from pg_stat deltas, dead tuples at the end, CPU seconds of PostgreSQL and of the workers over
+   the drain alone, as the plain-SQL ceiling's (costs.py), plus start-up and idle CPU apart.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import psycopg
 
 from dispatcher.devtools.harness import table_counters, watch_until_done
 from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.queries import query
 
 from . import statements
-from .core import postgres_cpu_seconds, reset
+from .core import reset
+from .costs import CostMeter
 from .fleet import Fleet, quantile_ms
 
 
@@ -43,21 +46,27 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         reset(conn)
         with Fleet(dsn, mode, workers, **settings) as fleet:
             fleet.wait_ready()
+            start_cpu_s = fleet.cpu_seconds() / workers
+            meter = CostMeter(conn, postmaster, fleet)
+            idle = meter.idle(1.0)
             before = table_counters(conn)
-            usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
-            pg_cpu = postgres_cpu_seconds(postmaster)
-            enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share)
+            with conn.transaction():  # the jobs appear at once, when it commits
+                enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share)
+                conn.execute(query("jobs_analyze"))  # as enqueue does after a bulk COPY of its own
+                if not delay_s:
+                    meter.start()  # the jobs can be claimed from the commit on (costs.py)
+            if delay_s:
+                _sleep_until_due(conn)
+                meter.start()
             max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1)
-            # Read every figure now, with the fleet idle but running: backends flush their
+            costs = meter.stop()
+            # The fleet stays up, idle, while the table counters settle: backends flush their
             # statistics at most once a second (hence the 1.2 s), and stopping the fleet first
             # would count its shutdown too (the last worker standing briefly owns all 64
             # buckets and claims through the queue-wide index: 20k reads after the work is done).
             time.sleep(1.2)
             histograms = fleet.histograms()
-            worker_cpu = fleet.cpu_seconds()
-            pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
             delta = table_counters(conn).minus(before)
-            by_statement = statements.per_job(usage, statements.snapshot(conn), jobs) if usage is not None else None
         timing = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                       extract(epoch FROM max(completed_at) - min(run_at))::float8,
@@ -81,9 +90,17 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         "idx_reads_per_job": round(delta.claim_idx_tup_read / jobs, 2),
         "heap_fetch_per_job": round(delta.idx_tup_fetch / jobs, 2),
         "max_lock_waiters": max_waiters, "dead_tuples_end": int(dead[0]) if dead else None,
-        "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1), "client_cpu_us_per_job": round(worker_cpu / jobs * 1e6, 1),
-        **({"statements": by_statement} if by_statement is not None else {}),
+        "pg_cpu_us_per_job": round(costs.pg_cpu_s / jobs * 1e6, 1),
+        "client_cpu_us_per_job": round(costs.client_cpu_s / jobs * 1e6, 1),
+        "client_start_cpu_s": round(start_cpu_s, 2), **idle,
+        **({"statements": statements.per_job(costs.statements, jobs)} if costs.statements is not None else {}),
     }
+
+
+def _sleep_until_due(conn: psycopg.Connection[Any]) -> None:
+    """Until just before the first job is due (database clock): the window of a burst opens there."""
+    row = conn.execute("SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 FROM dispatcher_jobs").fetchone()
+    time.sleep(max(0.0, float(row[0]) - 0.02))  # type: ignore[index]
 
 
 def drain_curve(dsn: str, since_due: bool, bins_s: float = 0.1) -> list[tuple[float, int]]:

@@ -25,13 +25,15 @@ CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED
 _STRING = re.compile(r"'(?:[^']|'')*'|%\(\w+\)s")
 _COMMENT = re.compile(r"--[^\n]*")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+_EXTRACT_FIELD = re.compile(r"\bextract\s*\(\s*[A-Za-z_]+", re.IGNORECASE)  # extract(epoch FROM ...): a constant
 _CONSTANT_WORDS = {"NULL", "TRUE", "FALSE"}  # constants too, to pg_stat_statements
 
 
 def _normal(text: str) -> str:
     """The statement's words only: pg_stat_statements replaces every constant (strings, numbers,
-    NULL, true, false) by $n, psycopg every %(name)s parameter; the words are what both keep."""
-    words = _WORD.findall(_STRING.sub(" ", _COMMENT.sub("", text)))
+    NULL, true, false, and extract()'s field) by $n, psycopg every %(name)s parameter; the words
+    are what both keep."""
+    words = _WORD.findall(_STRING.sub(" ", _EXTRACT_FIELD.sub("extract(", _COMMENT.sub("", text))))
     return " ".join(w for w in words if w.upper() not in _CONSTANT_WORDS)
 
 
@@ -90,16 +92,21 @@ def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Usage]:
     return {name: Usage(int(c), float(ms), int(r)) for name, (c, ms, r) in totals.items()}
 
 
-def per_job(before: dict[str, Usage], after: dict[str, Usage], jobs: int, top: int = 10) -> list[dict[str, Any]]:
-    """The statements that took the most time between two snapshots, per job of the run."""
-    rows = []
+def minus(after: dict[str, Usage], before: dict[str, Usage]) -> dict[str, Usage]:
+    """Usage between two snapshots, statements that ran in between only."""
+    delta = {}
     for name, usage in after.items():
         was = before.get(name, Usage(0, 0.0, 0))
-        calls, exec_ms = usage.calls - was.calls, usage.exec_ms - was.exec_ms
-        if calls > 0:
-            rows.append({"statement": name, "calls_per_1k_jobs": round(1000 * calls / jobs, 2),
-                         "exec_us_per_job": round(1000 * exec_ms / jobs, 2),
-                         "exec_ms_per_call": round(exec_ms / calls, 3)})
+        if usage.calls > was.calls:
+            delta[name] = Usage(usage.calls - was.calls, usage.exec_ms - was.exec_ms, usage.rows - was.rows)
+    return delta
+
+
+def per_job(delta: dict[str, Usage], jobs: int, top: int = 10) -> list[dict[str, Any]]:
+    """The statements that took the most time in `delta` (minus()), per job of the run."""
+    rows = [{"statement": name, "calls_per_1k_jobs": round(1000 * u.calls / jobs, 2),
+             "exec_us_per_job": round(1000 * u.exec_ms / jobs, 2), "exec_ms_per_call": round(u.exec_ms / u.calls, 3)}
+            for name, u in delta.items()]
     rows.sort(key=lambda r: -r["exec_us_per_job"])
     return rows[:top]
 

@@ -4,19 +4,21 @@ import re
 
 import pytest
 
-from bench.statements import Usage, name_of, per_job
+from bench.statements import Usage, minus, name_of, per_job
 from coordinator.sqlfile import load
 from dispatcher.store import claim_sql, steal_sql
 
 
 def as_pg_stat_statements_shows_it(text: str) -> str:
-    """What pg_stat_statements stores (seen on PostgreSQL 18): parameters and constants, NULL and
-    booleans included, as $1, $2, ... (it keeps comments; we drop them here and in name_of)."""
+    """What pg_stat_statements stores (seen on PostgreSQL 18): parameters and constants, NULL,
+    booleans and extract()'s field included, as $1, $2, ... (it keeps comments; we drop them here
+    and in name_of)."""
     n = iter(range(1, 10_000))
     lines = [line.split("--")[0] for line in text.splitlines()]  # (kept by the server; we drop them)
     text = "\n".join(lines)
     text = re.sub(r"%\(\w+\)s", lambda m: f"${next(n)}", text)
     text = re.sub(r"'[^']*'|\b(?:NULL|true|false)\b", lambda m: f"${next(n)}", text, flags=re.IGNORECASE)
+    text = re.sub(r"(?<=extract\()\w+", lambda m: f"${next(n)}", text, flags=re.IGNORECASE)  # a constant too
     return re.sub(r"(?<![\w$])\d+", lambda m: f"${next(n)}", text)
 
 
@@ -37,6 +39,6 @@ def test_the_claims_variants_are_told_apart():
 def test_per_job_figures_are_deltas_over_the_run():
     before = {"claim (partitioned)": Usage(10, 5.0, 100)}
     after = {"claim (partitioned)": Usage(30, 25.0, 2100), "jobs_complete_owned": Usage(4, 8.0, 2000)}
-    rows = per_job(before, after, jobs=2000)
+    rows = per_job(minus(after, before), jobs=2000)
     assert [tuple(r.values()) for r in rows] == [("claim (partitioned)", 10.0, 10.0, 1.0),
                                                  ("jobs_complete_owned", 2.0, 4.0, 2.0)]

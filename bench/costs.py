@@ -1,0 +1,74 @@
+"""What the workers cost while they drain: CPU of PostgreSQL and of the worker processes, and
+where PostgreSQL's time went (pg_stat_statements), over the same window the plain-SQL ceiling
+is measured over (bench/drain.py), so the two compare per job.
+
+The window is the drain and nothing else:
+- it opens at the instant the jobs can first be claimed: just before the enqueueing transaction
+  commits (a drain), or just before the due instant (a burst). Not before the enqueue: a 200k
+  COPY takes ~1.5 s, during which the fleet polls an index full of uncommitted entries;
+- it closes when the watch sees the last job completed (within its 0.1 s step), not after the
+  pause for the statistics collector (1.2 s of idle polling, ~10% of a 3 s drain);
+- the bench's own session is left out: its CPU (the COPY, the ANALYZE, the progress counts of
+  200k rows, 16-30 ms each) is subtracted from the server's, and pg_stat_statements does not
+  track it where the role may switch tracking off for its session (a superuser, as on the
+  throwaway server);
+- start-up (interpreter, imports, joining the coordinator: ~0.3 s of CPU per process) is
+  reported apart, per worker, as is the fleet's cost per second when idle.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from . import statements
+from .core import cpu_seconds_of, postgres_cpu_seconds
+from .fleet import Fleet
+
+
+@dataclass(frozen=True)
+class Costs:
+    pg_cpu_s: float  # the server's CPU, the bench's own session excluded
+    client_cpu_s: float  # the worker processes' CPU
+    statements: dict[str, statements.Usage] | None  # cumulative usage at the window's end minus start
+
+
+class CostMeter:
+    """Readings of one fleet and server: `idle(seconds)`, then `start()` ... `stop()`."""
+
+    def __init__(self, conn: psycopg.Connection[Any], postmaster: int | None, fleet: Fleet) -> None:
+        self._conn, self._postmaster, self._fleet = conn, postmaster, fleet
+        self._bench_backend = conn.info.backend_pid
+        self._started: tuple[float, float, float, dict[str, statements.Usage] | None] | None = None
+        if statements.RECORDING["on"]:
+            try:
+                conn.execute("SET pg_stat_statements.track = 'none'")  # superusers only
+            except psycopg.errors.InsufficientPrivilege:
+                pass  # then the bench's own statements appear in the table, under their own names
+
+    def _reading(self) -> tuple[float, float, float]:
+        return (postgres_cpu_seconds(self._postmaster), cpu_seconds_of([self._bench_backend]),
+                self._fleet.cpu_seconds())
+
+    def idle(self, seconds: float) -> dict[str, float]:
+        """The idle fleet's cost per second: its polls, heartbeats and samplers (ms of CPU per s)."""
+        pg0, own0, client0 = self._reading()
+        time.sleep(seconds)
+        pg1, own1, client1 = self._reading()
+        return {"idle_pg_cpu_ms_per_s": round(1000 * ((pg1 - pg0) - (own1 - own0)) / seconds, 1),
+                "idle_client_cpu_ms_per_s": round(1000 * (client1 - client0) / seconds, 1)}
+
+    def start(self) -> None:
+        usage = statements.snapshot(self._conn) if statements.RECORDING["on"] else None
+        self._started = (*self._reading(), usage)
+
+    def stop(self) -> Costs:
+        assert self._started is not None, "CostMeter.stop() before start()"
+        pg1, own1, client1 = self._reading()
+        pg0, own0, client0, usage = self._started
+        after = statements.snapshot(self._conn) if usage is not None else None
+        return Costs(pg_cpu_s=(pg1 - pg0) - (own1 - own0), client_cpu_s=client1 - client0,
+                     statements=statements.minus(after, usage) if after is not None and usage is not None else None)

@@ -10,7 +10,7 @@ from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 from dispatcher.maintenance import Reaper
 from dispatcher.retry import RetryPolicy
 from dispatcher.store import JobStore, claim_sql, steal_sql
-from tests.helpers import fetchall, fetchval, run_async
+from tests.helpers import fetchall, fetchval, run_async, wait_until
 
 ALL = tuple(range(64))
 
@@ -63,6 +63,49 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
     scanned = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes
                   if n.get("Index Name", "").startswith("dispatcher_jobs_claim"))
     assert scanned <= 500 + 16, f"read {scanned} index entries to claim 500"
+
+
+def _table_stats(dsn):
+    return fetchall(dsn, """SELECT s.n_live_tup, s.n_tup_upd, s.analyze_count, c.reltuples
+                              FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+                             WHERE s.relname = 'dispatcher_jobs'""")[0]
+
+
+def test_planner_stats_follow_the_tables_growth_not_its_churn(dsn):
+    """PlannerStats' ANALYZE runs when rows arrived that the statistics do not know of, not when
+    known rows were claimed and completed: a drain is two updates per job and needs no new plan."""
+    def analyze_if_stale():
+        async def go():
+            store = JobStore(dsn, "w")
+            try:
+                await store.jobs_analyze_if_stale()
+            finally:
+                await store.close()
+        run_async(go())
+
+    def insert(n):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g %% 64 FROM generate_series(1, %s) g",
+                         (n,))
+
+    insert(20_000)  # a table never analyzed: stale at once
+    wait_until(lambda: _table_stats(dsn)[0] == 20_000, 15, "the insert in the table statistics")
+    analyze_if_stale()
+    live, _, analyzed, reltuples = _table_stats(dsn)
+    assert (analyzed, reltuples) == (1, 20_000)
+
+    # A drain of those rows: 40k updates, twice the old trigger's 10k modifications; no growth.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE dispatcher_jobs SET status = 'running', locked_at = now(), lease_expires_at = now()")
+        conn.execute("UPDATE dispatcher_jobs SET status = 'completed', completed_at = now()")
+    wait_until(lambda: _table_stats(dsn)[1] == 40_000, 15, "the updates in the table statistics")
+    analyze_if_stale()
+    assert _table_stats(dsn)[2] == 1, "ANALYZE ran for updates alone"
+
+    insert(30_000)  # 50k rows against statistics of 20k
+    wait_until(lambda: _table_stats(dsn)[0] == 50_000, 15, "the second insert in the table statistics")
+    analyze_if_stale()
+    assert _table_stats(dsn)[2:] == (2, 50_000)
 
 
 def test_priority_then_fifo_and_delayed_jobs_wait(dsn):

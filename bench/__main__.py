@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import statements
+from . import pyspy, statements
 from .coldstart import coldstart_suite, rolling_suite
 from .core import OUT_DIR, Result, database, machine
 from .drain import drain_suite
@@ -91,10 +91,13 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
     print()
     print(result.table([c for c in columns if any(c in r for r in result.rows)]))
     for row in result.rows:
+        what = f"{row.get('kind', 'runtime')} {row['mode']} x{row['workers']}" if "mode" in row else ""
         if row.get("statements"):
-            what = f"{row.get('kind', 'runtime')} {row['mode']} x{row['workers']}"
             print(f"\n{what}: PostgreSQL time per job by statement")
             print(statements.table(row["statements"]))
+        if row.get("py_spy"):
+            print(f"\n{what}: one worker's CPU per job by function (py-spy)")
+            print(pyspy.table(row["py_spy"]))
     print(f"written: {result.save(out_dir)}", flush=True)
     return result
 
@@ -112,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--statements", action="store_true",
                         help="drain/burst/scaling/skew/jitter: PostgreSQL's time per statement per job "
                              "(pg_stat_statements; the throwaway server preloads it)")
+    parser.add_argument("--py-spy", action="store_true",
+                        help="drain/burst/scaling/skew/jitter: sample one worker with py-spy during each run and "
+                             "list its CPU per job by function (pip install py-spy; it takes CPU of its own: "
+                             "read rates from runs without it)")
     parser.add_argument("--repeat", type=int, default=3, help="drain/enqueue: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
@@ -124,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     with database(args.dsn, statements=args.statements) as dsn:
         if args.statements:
             statements.enable(dsn)
+        if args.py_spy:
+            pyspy.enable(args.out)
         for scenario in scenarios:
             run(scenario, args, dsn, args.out)
     return 0

@@ -53,8 +53,11 @@ class CostMeter:
         return (postgres_cpu_seconds(self._postmaster), cpu_seconds_of([self._bench_backend]),
                 self._fleet.cpu_seconds())
 
-    def idle(self, seconds: float) -> dict[str, float]:
-        """The idle fleet's cost per second: its polls, heartbeats and samplers (ms of CPU per s)."""
+    def idle(self, seconds: float, settle_s: float = 1.0) -> dict[str, float]:
+        """The idle fleet's cost per second: its polls, heartbeats and samplers (ms of CPU per s),
+        after `settle_s` (the first second after readiness still has start-up's look-aheads,
+        steal probes and coordinator traffic: 2-3x the steady figure)."""
+        time.sleep(settle_s)
         pg0, own0, client0 = self._reading()
         time.sleep(seconds)
         pg1, own1, client1 = self._reading()

@@ -12,6 +12,7 @@ Shape of every runtime run:
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -21,7 +22,7 @@ from dispatcher.devtools.harness import table_counters, watch_until_done
 from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 from dispatcher.queries import query
 
-from . import statements
+from . import pyspy, statements
 from .core import reset
 from .costs import CostMeter
 from .fleet import Fleet, quantile_ms
@@ -49,17 +50,28 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             start_cpu_s = fleet.cpu_seconds() / workers
             meter = CostMeter(conn, postmaster, fleet)
             idle = meter.idle(1.0)
-            before = table_counters(conn)
             with conn.transaction():  # the jobs appear at once, when it commits
                 enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share)
                 conn.execute(query("jobs_analyze"))  # as enqueue does after a bulk COPY of its own
                 if not delay_s:
-                    meter.start()  # the jobs can be claimed from the commit on (costs.py)
+                    # The jobs can be claimed from the commit on (costs.py); the table counters
+                    # start here too. While a COPY is uncommitted, each idle poll walks the index
+                    # entries it has inserted so far in its buckets (they are not yet visible, so
+                    # nothing stops the walk early); a backend flushes what it counted up to a
+                    # second late, so up to a second of those reads still lands in the drain's.
+                    before = table_counters(conn)
+                    meter.start()
             if delay_s:
                 _sleep_until_due(conn)
+                before = table_counters(conn)
                 meter.start()
-            max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1)
-            costs = meter.stop()
+            sampler = _sampler(fleet, label)
+            try:
+                max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1)
+                costs = meter.stop()
+            finally:
+                if sampler is not None:
+                    sampler.stop()
             # The fleet stays up, idle, while the table counters settle: backends flush their
             # statistics at most once a second (hence the 1.2 s), and stopping the fleet first
             # would count its shutdown too (the last worker standing briefly owns all 64
@@ -94,7 +106,18 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         "client_cpu_us_per_job": round(costs.client_cpu_s / jobs * 1e6, 1),
         "client_start_cpu_s": round(start_cpu_s, 2), **idle,
         **({"statements": statements.per_job(costs.statements, jobs)} if costs.statements is not None else {}),
+        **({"py_spy": pyspy.top(sampler.path.read_text(), costs.client_cpu_s / jobs * 1e6)} if sampler else {}),
     }
+
+
+def _sampler(fleet: Fleet, label: str) -> pyspy.Sampler | None:
+    """py-spy on the first worker from now on (`--py-spy`), or None."""
+    out_dir = pyspy.RECORDING["dir"]
+    if out_dir is None:
+        return None
+    sampler = pyspy.Sampler(fleet.procs[0].pid, out_dir / (re.sub(r"\W+", "-", label).strip("-") + ".pyspy.raw"))
+    sampler.start()
+    return sampler
 
 
 def _sleep_until_due(conn: psycopg.Connection[Any]) -> None:

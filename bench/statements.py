@@ -5,7 +5,8 @@ the extension must be preloaded there (`shared_preload_libraries`) or the option
 available. Each statement is named after its named query (dispatcher/sql, coordinator/sql),
 recognised by the start of its text; the rest keep their first words.
 Figures are per job of the run: calls, execution time in µs (`total_exec_time`, the server's own
-clock, so it includes lock waits) and rows.
+clock, so it includes lock waits and waiting for a core), and shared buffers touched (hit or read:
+pages, a proxy for the index entries and rows a statement walked).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Usage:
     calls: int
     exec_ms: float
     rows: int
+    blocks: int = 0  # shared buffers hit or read: pages touched, a proxy for index entries walked
 
 
 def enable(dsn: str) -> None:
@@ -81,15 +83,14 @@ def name_of(text: str) -> str:
 def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Usage]:
     """Cumulative usage per statement name, this database only."""
     totals: dict[str, list[float]] = {}
-    for query, calls, exec_ms, rows in conn.execute(
-            """SELECT s.query, s.calls, s.total_exec_time, s.rows
+    for query, *figures in conn.execute(
+            """SELECT s.query, s.calls, s.total_exec_time, s.rows, s.shared_blks_hit + s.shared_blks_read
                  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
                 WHERE d.datname = current_database()""").fetchall():
-        entry = totals.setdefault(name_of(query), [0, 0.0, 0])
-        entry[0] += calls
-        entry[1] += exec_ms
-        entry[2] += rows
-    return {name: Usage(int(c), float(ms), int(r)) for name, (c, ms, r) in totals.items()}
+        entry = totals.setdefault(name_of(query), [0, 0.0, 0, 0])
+        for i, value in enumerate(figures):
+            entry[i] += value
+    return {name: Usage(int(c), float(ms), int(r), int(b)) for name, (c, ms, r, b) in totals.items()}
 
 
 def minus(after: dict[str, Usage], before: dict[str, Usage]) -> dict[str, Usage]:
@@ -98,21 +99,23 @@ def minus(after: dict[str, Usage], before: dict[str, Usage]) -> dict[str, Usage]
     for name, usage in after.items():
         was = before.get(name, Usage(0, 0.0, 0))
         if usage.calls > was.calls:
-            delta[name] = Usage(usage.calls - was.calls, usage.exec_ms - was.exec_ms, usage.rows - was.rows)
+            delta[name] = Usage(usage.calls - was.calls, usage.exec_ms - was.exec_ms, usage.rows - was.rows,
+                                usage.blocks - was.blocks)
     return delta
 
 
 def per_job(delta: dict[str, Usage], jobs: int, top: int = 10) -> list[dict[str, Any]]:
     """The statements that took the most time in `delta` (minus()), per job of the run."""
     rows = [{"statement": name, "calls_per_1k_jobs": round(1000 * u.calls / jobs, 2),
-             "exec_us_per_job": round(1000 * u.exec_ms / jobs, 2), "exec_ms_per_call": round(u.exec_ms / u.calls, 3)}
+             "exec_us_per_job": round(1000 * u.exec_ms / jobs, 2), "exec_ms_per_call": round(u.exec_ms / u.calls, 3),
+             "blocks_per_job": round(u.blocks / jobs, 2)}
             for name, u in delta.items()]
     rows.sort(key=lambda r: -r["exec_us_per_job"])
     return rows[:top]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"  {'statement':<28}{'calls/1k jobs':>15}{'exec us/job':>13}{'ms/call':>10}"]
+    lines = [f"  {'statement':<28}{'calls/1k jobs':>15}{'exec us/job':>13}{'ms/call':>10}{'blocks/job':>12}"]
     lines += [f"  {r['statement'][:27]:<28}{r['calls_per_1k_jobs']:>15.2f}{r['exec_us_per_job']:>13.2f}"
-              f"{r['exec_ms_per_call']:>10.3f}" for r in rows]
+              f"{r['exec_ms_per_call']:>10.3f}{r.get('blocks_per_job', 0):>12.2f}" for r in rows]
     return "\n".join(lines)

@@ -40,5 +40,5 @@ def test_per_job_figures_are_deltas_over_the_run():
     before = {"claim (partitioned)": Usage(10, 5.0, 100)}
     after = {"claim (partitioned)": Usage(30, 25.0, 2100), "jobs_complete_owned": Usage(4, 8.0, 2000)}
     rows = per_job(minus(after, before), jobs=2000)
-    assert [tuple(r.values()) for r in rows] == [("claim (partitioned)", 10.0, 10.0, 1.0),
+    assert [tuple(r.values())[:4] for r in rows] == [("claim (partitioned)", 10.0, 10.0, 1.0),
                                                  ("jobs_complete_owned", 2.0, 4.0, 2.0)]

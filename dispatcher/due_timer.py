@@ -5,9 +5,9 @@ default, jittered +-20%) after its run_at. With this timer it starts within a cl
 (~1-5 ms) of it, and the poll can stay at 1 s or more.
 
 Where the run_at comes from (producer.py): a delayed job's NOTIFY carries its milliseconds until
-run_at (no query at all), and after a poll, a due-timer or bulk wake-up or an assignment change
-the producer asks the database once (store.jobs_next_due_in) for jobs scheduled before it started,
-in buckets it just gained, or whose NOTIFY was missed.
+run_at (no query at all), and after a due-timer or bulk wake-up, an assignment change or a poll
+(at most once a second from polls) the producer asks the database once (store.jobs_next_due_in)
+for jobs scheduled before it started, in buckets it just gained, or whose NOTIFY was missed.
 
 Clocks: the database clock rules. Delays arrive as "seconds from now" measured by the database
 (`run_at - clock_timestamp()` / `run_at - now()`), and the deadline is that delay from the

@@ -5,6 +5,7 @@ tests/integration/test_claim.py; here only the decisions, fast."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 
 import pytest
@@ -66,8 +67,8 @@ class FakeExecutor:
 async def drive(store: FakeStore, own: tuple[int, ...], *, until, steal: bool = True, timeout_s: float = 5.0,
                 **settings) -> Producer:
     """Run a producer over `own` until `until(store)` holds or `timeout_s` passes (a failure)."""
-    config = Config(dsn="postgresql://x", concurrency=100, batch_size=500, poll_interval_s=30.0, steal=steal,
-                    **settings)
+    config = Config(dsn="postgresql://x", concurrency=100, batch_size=500, steal=steal,
+                    **{"poll_interval_s": 30.0, **settings})
     producer = Producer(config, store, {"default": StaticAssignment(own)}, FakeExecutor())
     task = asyncio.create_task(producer.run())
     try:
@@ -175,3 +176,25 @@ def test_a_full_window_resets_the_count_of_short_ones():
 
 def test_degraded_and_skip_locked_claims_are_never_windowed():
     assert ClaimWindows().pick("q", None) == (None, False)
+
+
+def test_poll_wake_ups_look_ahead_at_most_once_a_second():
+    asyncio.run(_test_poll_wake_ups_look_ahead_at_most_once_a_second())
+
+
+async def _test_poll_wake_ups_look_ahead_at_most_once_a_second():
+    """Idle, polling every 20 ms: every poll claims, but only about one a second looks ahead (the
+    look-ahead walks the queue-wide index from its start). Before: one look-ahead per poll."""
+    class CountingStore(FakeStore):
+        look_aheads = 0
+
+        async def jobs_next_due_in(self, queue, buckets):
+            self.look_aheads += 1
+            return None
+
+    store = CountingStore({})
+    started = time.monotonic()
+    await drive(store, ALL[:8], until=lambda s: len(s.claims) >= 15, poll_interval_s=0.02, steal=False)
+    elapsed_s = time.monotonic() - started
+    # One at start-up, then at most one per started second of polling.
+    assert 1 <= store.look_aheads <= 2 + int(elapsed_s), (store.look_aheads, len(store.claims), elapsed_s)

@@ -29,7 +29,7 @@ MODES = ["partitioned", "skip_locked"]
 RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
                "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
                "pg_cpu_us_per_job", "client_cpu_us_per_job", "client_start_cpu_s", "idle_pg_cpu_ms_per_s",
-               "idle_client_cpu_ms_per_s"]
+               "idle_client_cpu_ms_per_s", "autovacuums"]
 
 
 def _ints(text: str) -> list[int]:
@@ -49,8 +49,10 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
         drain_suite(dsn, result, jobs=jobs, workers=workers, modes=modes, repeat=1 if quick else args.repeat)
         columns = ["kind", *RUN_COLUMNS[:5], "ratio_to_ceiling", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
     elif scenario == "burst":
-        burst_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes)
-        columns = [*RUN_COLUMNS[:5], "due_to_done_s", "start_late_p99_ms", "vs_skip_locked", *RUN_COLUMNS[5:]]
+        burst_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes,
+                    repeat=1 if quick else args.repeat)
+        columns = [*RUN_COLUMNS[:5], "due_to_done_s", "start_late_p99_ms", "vs_skip_locked", "rounds_vs_skip_locked",
+                   *RUN_COLUMNS[5:], "runs_jobs_per_s"]
         curve_plot(result.rows, out_dir, label, "burst_drain_curve.png", f"Burst: {jobs} jobs due at one instant")
     elif scenario == "scaling":
         scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")), modes=modes)
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="drain/burst/scaling/skew/jitter: sample one worker with py-spy during each run and "
                              "list its CPU per job by function (pip install py-spy; it takes CPU of its own: "
                              "read rates from runs without it)")
-    parser.add_argument("--repeat", type=int, default=3, help="drain/enqueue: runs per configuration (median)")
+    parser.add_argument("--repeat", type=int, default=3, help="drain/burst/enqueue: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     add_external_arguments(parser)

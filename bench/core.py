@@ -147,6 +147,40 @@ def postgres_cpu_seconds(postmaster: int | None) -> float:
     return total / tick
 
 
+def wait_backends_gone(postmaster: int | None, conn: psycopg.Connection[Any], timeout_s: float = 10.0) -> None:
+    """Until the server has reaped the client backends of conn's database but conn's own: an
+    exited backend's CPU reaches postgres_cpu_seconds() only once the postmaster has waited for it
+    (cutime), so a reading taken while the backends of processes that just closed their
+    connections are still exiting misses theirs (a 1-worker ceiling once read 0 µs per job)."""
+    if postmaster is None:
+        return
+    own, database = conn.info.backend_pid, conn.info.dbname
+    deadline = time.monotonic() + timeout_s
+    while [pid for pid in _client_backends(postmaster, database) if pid != own]:
+        if time.monotonic() > deadline:
+            print(f"  (client backends of {database} still up {timeout_s:g} s after the run: "
+                  "their CPU so far is counted, the rest is not)", flush=True)
+            return
+        time.sleep(0.01)
+
+
+def _client_backends(postmaster: int, database: str) -> list[int]:
+    """The postmaster's children that serve a client of `database`: their title is
+    'postgres: USER DATABASE HOST(PORT) ...' (or [local]); background processes have no host."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if _stat(int(entry.name))[1] != postmaster:
+                    continue
+                words = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+            except (OSError, ValueError, IndexError):
+                continue
+            if database in words and any("(" in w or w == "[local]" for w in words):
+                pids.append(int(entry.name))
+    return pids
+
+
 def _stat(pid: int) -> list[int]:
     """Numeric fields of /proc/PID/stat after the command name (index 0 is the state, as 0)."""
     parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

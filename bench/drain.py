@@ -25,7 +25,7 @@ from dispatcher.queries import query
 from dispatcher.store import claim_sql, int_array, token_array
 
 from . import statements
-from .core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes
+from .core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes, wait_backends_gone
 from .runs import measured_run
 
 BATCH = 500
@@ -94,6 +94,7 @@ def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | 
         usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
         pg_cpu = postgres_cpu_seconds(postmaster)
         client_cpu = sum(run_processes(plain_sql_drainer, [(dsn, mode, i, workers) for i in range(workers)]))
+        wait_backends_gone(postmaster, conn)
         pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
         delta = table_counters(conn).minus(before)
         by_statement = (statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)

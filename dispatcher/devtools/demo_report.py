@@ -14,12 +14,13 @@ from ..constants import NUM_BUCKETS
 
 WHEN_EACH_MODE_WINS = """\
 When each mode wins (bench/RESULTS.md in the repository has the full runs and the reasons):
-- At the default settings (concurrency 100) partitioned drained a queued backlog 1.2-1.6x as fast
-  as SKIP LOCKED from a cold start with 2 to 8 worker processes (bench/RESULTS.md, coldstart): its
-  claims read a few of their buckets at a time. Tuned for throughput (concurrency 500) the two are
-  within the noise of each other with 2-8 processes: on 2 cores there is little contention to avoid.
-- Partitioned pays off when PostgreSQL is the bottleneck with many workers: its index reads per job stay
-  flat as workers are added, while SKIP LOCKED's grow (each claim walks past rows other workers hold).
+- From a cold start against a queued backlog, 2 to 8 worker processes, partitioned drained about as
+  fast as SKIP LOCKED: ahead in most runs (up to 1.2x on a fast 2-core machine, 1.6x on a slower one,
+  at the default concurrency 100) and up to 10% behind in some (bench/RESULTS.md, coldstart).
+- On 2 cores both modes cost the same CPU per job, so neither pulls far ahead. What grows with the
+  workers is SKIP LOCKED's claim: the pages it touches per job doubled from 1 to 16 workers (it walks
+  past rows other workers hold), while a partitioned claim's stayed flat. That pays off where
+  PostgreSQL has cores to spare.
 - With most jobs in a few buckets, SKIP LOCKED is still a little faster: partitioned workers then
   depend on stealing from the owners of the busy buckets.
 - The burst measures the queue; the cold start adds process start-up and, in partitioned mode, joining

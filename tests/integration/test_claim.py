@@ -88,11 +88,12 @@ def test_planner_stats_follow_the_tables_growth_not_its_churn(dsn):
             conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g %% 64 FROM generate_series(1, %s) g",
                          (n,))
 
+    with psycopg.connect(dsn, autocommit=True) as conn:  # this test's own database: no autovacuum racing our ANALYZE
+        conn.execute("ALTER TABLE dispatcher_jobs SET (autovacuum_enabled = false)")
     insert(20_000)  # a table never analyzed: stale at once
     wait_until(lambda: _table_stats(dsn)[0] == 20_000, 15, "the insert in the table statistics")
     analyze_if_stale()
-    live, _, analyzed, reltuples = _table_stats(dsn)
-    assert (analyzed, reltuples) == (1, 20_000)
+    assert _table_stats(dsn)[2:] == (1, 20_000)
 
     # A drain of those rows: 40k updates, twice the old trigger's 10k modifications; no growth.
     with psycopg.connect(dsn, autocommit=True) as conn:

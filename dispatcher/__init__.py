@@ -18,7 +18,7 @@ from .enqueue import (JobSpec, enqueue, enqueue_many, enqueue_many_sync, enqueue
 from .errors import (ConfigError, DispatcherError, EnqueueError, PayloadError, PermanentJobError,
                      StoreError, StoreUnavailable)
 from .registry import Registry
-from .store import Job
+from .rows import Job
 from .worker import Worker, run_worker
 
 __all__ = [

@@ -22,7 +22,8 @@ from .constants import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS
 from .errors import StoreError
 from .job_metrics import JOB_STATS, JobStats
 from .retry import FailureKind, Outcome
-from .store import Failure, HistoryRows, Job, JobStore
+from .rows import Failure, HistoryRows, Job
+from .store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from .job_metrics import JOB_STATS, JobStats
 from .joblog import exception_line
 from .registry import Handler, Registry
 from .retry import FailureKind, RetryPolicy
-from .store import Job
+from .rows import Job
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from .constants import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_QUEUED
 from .retry import FailureKind
-from .store import ExpiredLease, FailedWrite, Failure
+from .rows import ExpiredLease, FailedWrite, Failure
 
 log = logging.getLogger("dispatcher.jobs")
 

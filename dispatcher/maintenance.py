@@ -28,9 +28,10 @@ from .backoff import jittered
 from .constants import STATUS_QUEUED
 from .errors import StoreError, StorePermissionDenied
 from .executor import Executor
-from .retry import FailureKind, RetryPolicy, lease_expired_error
 from .janitor import PRUNE_QUERIES, PruneRound, prune_round
-from .store import Failure, HistoryRows, JobStore
+from .retry import FailureKind, RetryPolicy, lease_expired_error
+from .rows import Failure, HistoryRows
+from .store import JobStore
 
 log = logging.getLogger(__name__)
 

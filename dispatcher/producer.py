@@ -36,8 +36,9 @@ from .constants import MODE_PARTITIONED, NUM_BUCKETS
 from .due_timer import DueTimer
 from .errors import StoreError
 from .executor import Executor
+from .rows import Job
 from .stealing import StealPolicy
-from .store import Job, JobStore
+from .store import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from coordinator.pglimits import ConnectionLimits
 
 from .constants import STATUSES
 from .queries import query
-from .store import DbPressure, connect_errors, translate_errors
+from .rows import DbPressure
+from .store import connect_errors, translate_errors
 
 
 def read_status(dsn: str) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .maintenance import PeriodicService
-from .store import DbPressure, JobStore, QueueDepth
+from .rows import DbPressure, QueueDepth
+from .store import JobStore
 
 log = logging.getLogger(__name__)
 

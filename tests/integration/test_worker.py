@@ -219,7 +219,8 @@ def test_a_reap_loses_to_a_heartbeat_or_a_new_claim_that_landed_first(dsn):
     """The reaper reads expired leases, then writes: if meanwhile the owner extended the lease
     (a stalled worker came back) or the job was taken over, the write is fenced off."""
     from dispatcher.retry import FailureKind, RetryPolicy
-    from dispatcher.store import Failure, JobStore
+    from dispatcher.rows import Failure
+    from dispatcher.store import JobStore
 
     enqueue(dsn, "t", 3)
     ids = [r[0] for r in fetchall(dsn, "SELECT id FROM dispatcher_jobs ORDER BY id")]

@@ -7,7 +7,7 @@ import pytest
 from dispatcher.completer import Completer
 from dispatcher.errors import StoreUnavailable
 from dispatcher.retry import Outcome
-from dispatcher.store import FailedWrite, Job
+from dispatcher.rows import FailedWrite, Job
 from tests.helpers import run_async, wait_until_async
 
 

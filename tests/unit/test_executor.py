@@ -11,7 +11,7 @@ from dispatcher.errors import PermanentJobError
 from dispatcher.executor import Executor
 from dispatcher.registry import Registry
 from dispatcher.retry import FailureKind, RetryPolicy
-from dispatcher.store import Job
+from dispatcher.rows import Job
 from tests.helpers import run_async, wait_until_async
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.metrics import _HeartbeatAge
 from dispatcher.health import Health, HealthCollector, assignment_state, judge
-from dispatcher.store import DbPressure, QueueDepth
+from dispatcher.rows import DbPressure, QueueDepth
 from dispatcher.table_sampler import DEPTH_STATUSES, STALE_TICKS, TableCollector, TableSample, TableSampler
 from tests.helpers import collected
 

@@ -8,7 +8,7 @@ import pytest
 from dispatcher.completer import Completer
 from dispatcher.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
 from dispatcher.retry import Outcome
-from dispatcher.store import Job
+from dispatcher.rows import Job
 from tests.helpers import collected
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from dispatcher import joblog
 from dispatcher.retry import FailureKind, Outcome
-from dispatcher.store import ExpiredLease, FailedWrite, Failure, Job
+from dispatcher.rows import ExpiredLease, FailedWrite, Failure, Job
 
 CEST = timezone(timedelta(hours=2))  # the session's time zone need not be UTC
 RUN_AT = datetime(2025, 1, 31, 11, 14, 7, 201_000, tzinfo=CEST)

@@ -14,7 +14,7 @@ from coordinator.assignment import StaticAssignment
 from dispatcher.claim_windows import WINDOW_BUCKETS, ClaimWindows
 from dispatcher.config import Config
 from dispatcher.producer import Producer
-from dispatcher.store import Claimed, Job
+from dispatcher.rows import Claimed, Job
 
 ALL = tuple(range(64))
 

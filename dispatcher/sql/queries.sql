@@ -447,7 +447,7 @@ SELECT reltuples FROM pg_class WHERE oid = 'dispatcher_jobs'::regclass
 -- still marked empty, each claim branch walked the SKIP LOCKED index and filtered on bucket
 -- (2,000 index entries read per 30 claimed). Growth, not churn: rows arrive by INSERT, and
 -- n_live_tup counts inserts and deletes, not updates. Counting modifications instead, a 200k
--- drain (400k updates: claim, then completion) fired it 2-4 times, 120-230 ms each, 1-3 us of
+-- drain (400k updates: claim, then completion) fired it 2-4 times, 120-230 ms each, 0.6-3.3 us of
 -- PostgreSQL per job, for statistics no claim plan needs; autovacuum's ANALYZE (at 2% of
 -- changes, see 0001_jobs.sql) follows the churn. One pod at a time (try-lock, never waits).
 -- Only a role ANALYZE accepts gets that far: the table's owner, the database's owner, or (17+)

@@ -21,7 +21,10 @@ def test_worker_process_and_faulty_handlers_record_start_and_end(chaos_dsn, work
     worker = workers.start(chaos_dsn, "w", job_timeout_s=0.1)  # swallow_cancel ignores the timeout
     match = worker.wait_for_log(r"worker (\w+) running", 30)
     assert match.group(1) == "w"
-    finished = "SELECT job_type, status FROM dispatcher_jobs WHERE status <> 'running' ORDER BY job_type"
+    # Claimed at least once (a claim counts the attempt) and no longer running: before the first
+    # claim, the four queued rows would pass for finished.
+    finished = ("SELECT job_type, status FROM dispatcher_jobs WHERE status <> 'running' AND attempts > 0 "
+                "ORDER BY job_type")
     rows = wait_until(lambda: r if len(r := fetchall(chaos_dsn, finished)) == 4 else None, 30,
                       lambda: f"4 jobs finished:\n{worker.log_tail()}")
     statuses = dict(rows)

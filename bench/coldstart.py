@@ -52,7 +52,7 @@ def coldstart_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int 
         # a fleet comes back (and the same for both modes: no run pays for the other's checkpoint).
         conn.execute("CHECKPOINT")
         conn.execute("VACUUM ANALYZE dispatcher_jobs")
-        spawned_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        spawned_at = _now(conn)
         pg_cpu = postgres_cpu_seconds(postmaster)
         with Fleet(dsn, mode, workers, profile=profile) as fleet:
             max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.05)

@@ -59,11 +59,11 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
                     # entries it has inserted so far in its buckets (they are not yet visible, so
                     # nothing stops the walk early); a backend flushes what it counted up to a
                     # second late, so up to a second of those reads still lands in the drain's.
-                    before, vacuums = table_counters(conn), _vacuums(conn)
+                    before = table_counters(conn)
                     meter.start()
             if delay_s:
                 _sleep_until_due(conn)
-                before, vacuums = table_counters(conn), _vacuums(conn)
+                before = table_counters(conn)
                 meter.start()
             sampler = _sampler(fleet, label)
             try:
@@ -79,7 +79,6 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             time.sleep(1.2)
             histograms = fleet.histograms()
             delta = table_counters(conn).minus(before)
-            vacuums = _vacuums(conn) - vacuums
         timing = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                       extract(epoch FROM max(completed_at) - min(run_at))::float8,
@@ -105,19 +104,10 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         "max_lock_waiters": max_waiters, "dead_tuples_end": int(dead[0]) if dead else None,
         "pg_cpu_us_per_job": round(costs.pg_cpu_s / jobs * 1e6, 1),
         "client_cpu_us_per_job": round(costs.client_cpu_s / jobs * 1e6, 1),
-        "client_start_cpu_s": round(start_cpu_s, 2), **idle, "autovacuums": vacuums,
+        "client_start_cpu_s": round(start_cpu_s, 2), **idle, "autovacuums": delta.autovacuums,
         **({"statements": statements.per_job(costs.statements, jobs)} if costs.statements is not None else {}),
         **({"py_spy": pyspy.top(sampler.path.read_text(), costs.client_cpu_s / jobs * 1e6)} if sampler else {}),
     }
-
-
-def _vacuums(conn: psycopg.Connection[Any]) -> int:
-    """Autovacuum's VACUUMs and ANALYZEs of the jobs table so far. One that lands in a 3 s window
-    adds its CPU to the server's (the vacuum of the dead rows the drain leaves, two per job): the
-    column says which runs carry it."""
-    row = conn.execute("SELECT autovacuum_count + autoanalyze_count FROM pg_stat_user_tables "
-                       "WHERE relname = 'dispatcher_jobs'").fetchone()
-    return int(row[0]) if row else 0
 
 
 def _sampler(fleet: Fleet, label: str) -> pyspy.Sampler | None:
@@ -132,7 +122,8 @@ def _sampler(fleet: Fleet, label: str) -> pyspy.Sampler | None:
 
 def _sleep_until_due(conn: psycopg.Connection[Any]) -> None:
     """Until just before the first job is due (database clock): the window of a burst opens there."""
-    row = conn.execute("SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 FROM dispatcher_jobs").fetchone()
+    row = conn.execute(
+        "SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 FROM dispatcher_jobs").fetchone()
     time.sleep(max(0.0, float(row[0]) - 0.02))  # type: ignore[index]
 
 

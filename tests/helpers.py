@@ -227,6 +227,20 @@ def run_async(coro: Any) -> Any:
     return uvloop.run(coro)
 
 
+def analyze_if_stale(dsn: str) -> None:
+    """One PlannerStats tick (store.jobs_analyze_if_stale) as the role of `dsn`, on a store of its own."""
+    from dispatcher.store import JobStore
+
+    async def tick() -> None:
+        store = JobStore(dsn, "w")
+        try:
+            await store.jobs_analyze_if_stale()
+        finally:
+            await store.close()
+
+    run_async(tick())
+
+
 async def run_worker_until(worker: Any, predicate: Callable[[], Any], timeout_s: float, what: str,
                            grace_s: float | None = None) -> Any:
     """Run an in-process Worker until `predicate()` (a sync DB check, run in a thread) holds."""

@@ -10,7 +10,7 @@ from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 from dispatcher.maintenance import Reaper
 from dispatcher.retry import RetryPolicy
 from dispatcher.store import JobStore, claim_sql, steal_sql
-from tests.helpers import fetchall, fetchval, run_async, wait_until
+from tests.helpers import analyze_if_stale, fetchall, fetchval, run_async, wait_until
 
 ALL = tuple(range(64))
 
@@ -30,13 +30,7 @@ def _fill_by_plain_insert_then_worker_maintenance(dsn):
     """Rows that arrived without enqueue_many's ANALYZE: the worker's maintenance must fix stats."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 50000) g")
-
-    async def maintain():
-        store = JobStore(dsn, "w")
-        await store.jobs_analyze_if_stale()
-        await store.close()
-
-    run_async(maintain())
+    analyze_if_stale(dsn)
 
 
 @pytest.mark.parametrize("fill", [_fill_by_bulk_enqueue, _fill_by_plain_insert_then_worker_maintenance])
@@ -74,15 +68,6 @@ def _table_stats(dsn):
 def test_planner_stats_follow_the_tables_growth_not_its_churn(dsn):
     """PlannerStats' ANALYZE runs when rows arrived that the statistics do not know of, not when
     known rows were claimed and completed: a drain is two updates per job and needs no new plan."""
-    def analyze_if_stale():
-        async def go():
-            store = JobStore(dsn, "w")
-            try:
-                await store.jobs_analyze_if_stale()
-            finally:
-                await store.close()
-        run_async(go())
-
     def insert(n):
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g %% 64 FROM generate_series(1, %s) g",
@@ -92,7 +77,7 @@ def test_planner_stats_follow_the_tables_growth_not_its_churn(dsn):
         conn.execute("ALTER TABLE dispatcher_jobs SET (autovacuum_enabled = false)")
     insert(20_000)  # a table never analyzed: stale at once
     wait_until(lambda: _table_stats(dsn)[0] == 20_000, 15, "the insert in the table statistics")
-    analyze_if_stale()
+    analyze_if_stale(dsn)
     assert _table_stats(dsn)[2:] == (1, 20_000)
 
     # A drain of those rows: 40k updates, twice the old trigger's 10k modifications; no growth.
@@ -100,12 +85,12 @@ def test_planner_stats_follow_the_tables_growth_not_its_churn(dsn):
         conn.execute("UPDATE dispatcher_jobs SET status = 'running', locked_at = now(), lease_expires_at = now()")
         conn.execute("UPDATE dispatcher_jobs SET status = 'completed', completed_at = now()")
     wait_until(lambda: _table_stats(dsn)[1] == 40_000, 15, "the updates in the table statistics")
-    analyze_if_stale()
+    analyze_if_stale(dsn)
     assert _table_stats(dsn)[2] == 1, "ANALYZE ran for updates alone"
 
     insert(30_000)  # 50k rows against statistics of 20k
     wait_until(lambda: _table_stats(dsn)[0] == 50_000, 15, "the second insert in the table statistics")
-    analyze_if_stale()
+    analyze_if_stale(dsn)
     assert _table_stats(dsn)[2:] == (2, 50_000)
 
 

@@ -26,6 +26,7 @@ from dispatcher.store import JobStore
 from dispatcher.table_sampler import LEASE_NAME, TableSampler
 from tests.helpers import (
     ROOT,
+    analyze_if_stale,
     fetchall,
     fetchval,
     run_async,
@@ -189,15 +190,7 @@ def test_planner_stats_work_for_a_role_granted_maintain(dsn, worker_role):
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("GRANT MAINTAIN ON dispatcher_jobs TO {}").format(sql.Identifier(role)))
         conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 20000) g")
-
-    async def tick():
-        store = JobStore(role_dsn, "w")
-        try:
-            await store.jobs_analyze_if_stale()
-        finally:
-            await store.close()
-
-    run_async(tick())
+    analyze_if_stale(role_dsn)
     assert fetchval(dsn, "SELECT reltuples FROM pg_class WHERE relname = 'dispatcher_jobs'") == 20000
 
 

@@ -181,14 +181,19 @@ class Worker:
         return self.abandoned == 0 and self.unflushed == 0
 
     async def run(self) -> None:
+        # Join the coordination groups beside everything else: until a queue's coordinator has
+        # adopted its first view, its owned() is None and we claim with SKIP LOCKED over all its
+        # buckets (coordinator/coordinator.py), so the join is off the path to the first claim.
+        joining = asyncio.create_task(self._join(), name="join")
         # Connect every store now: a stall that starts later then shows as a statement without
         # an answer (statement_timeout_s), not first as a connect timeout (connect_timeout_s).
         for result in await asyncio.gather(*(s.connection() for s in self._stores), return_exceptions=True):
             if isinstance(result, StoreError):
                 log.warning("%s: will connect on first use", result)
             elif isinstance(result, BaseException):
+                joining.cancel()
+                await asyncio.gather(joining, return_exceptions=True)
                 raise result
-        await asyncio.gather(*(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments))
         if self._listener is not None:
             await self._listener.start()
         else:
@@ -197,15 +202,25 @@ class Worker:
         background = [asyncio.create_task(self.completer.run(), name="completer")]
         background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
         producer = asyncio.create_task(self.producer.run(), name="producer")
-        self.started.set()
-        log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker_id,
-                 self.config.mode, ",".join(self.config.queues), self.config.concurrency,
-                 "all" if self.config.mode != MODE_PARTITIONED else
-                 " ".join(f"{q}:{_fmt_buckets(a.owned())}" for q, a in self.assignments.items()))
+        stopping = asyncio.create_task(self._stop.wait(), name="stop requested")
         try:
-            await self._stop.wait()
+            await asyncio.wait((joining, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if joining.done():
+                joining.result()  # a bug in a coordinator's start raises here, as it always did
+                self.started.set()
+                log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker_id,
+                         self.config.mode, ",".join(self.config.queues), self.config.concurrency,
+                         "all" if self.config.mode != MODE_PARTITIONED else
+                         " ".join(f"{q}:{_fmt_buckets(a.owned())}" for q, a in self.assignments.items()))
+            await stopping
         finally:
+            stopping.cancel()
+            joining.cancel()  # a stop during the join: leaving (in the shutdown) cleans up after it
+            await asyncio.gather(stopping, joining, return_exceptions=True)
             await asyncio.shield(self._shutdown(producer, background))
+
+    async def _join(self) -> None:
+        await asyncio.gather(*(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments))
 
     def stop(self, *, grace_s: float | None = None) -> None:
         """Begin a graceful shutdown (idempotent; call from a signal handler). The grace period
@@ -315,7 +330,7 @@ async def _within(task: Awaitable[None], deadline: float) -> None:
 
 def _fmt_buckets(buckets: tuple[int, ...] | None) -> str:
     if buckets is None:
-        return "none yet (degraded: SKIP LOCKED)"
+        return "none yet (joining or degraded: SKIP LOCKED)"
     return ",".join(map(str, buckets)) if len(buckets) < 12 else f"{len(buckets)} buckets"
 
 

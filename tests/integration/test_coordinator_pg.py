@@ -170,6 +170,31 @@ def test_backend_outage_longer_than_the_lease_degrades_then_recovers(dsn, pg_adm
     run_async(main())
 
 
+def test_until_its_first_view_a_member_claims_everything_with_skip_locked(dsn):
+    """A member that has not joined yet has no share to keep to: owned() is None (SKIP LOCKED
+    over all buckets) from the start, not after a lease of owning nothing. Here the join fails
+    (the owners table renamed away) and the lease is long, so None can only come from joining."""
+    async def main():
+        member = Coordinator(PostgresBackend(dsn), "m", lease_s=60, poll_s=0.5)
+        assert (member.owned(), member.state) == (None, "joining")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE dispatcher_bucket_owners RENAME TO dispatcher_bucket_owners_away")
+            try:
+                await member.start()
+                await ticks(member, 0, 1)
+                assert (member.owned(), member.state) == (None, "joining")
+                assert member.running  # retrying in the background
+            finally:
+                conn.execute("ALTER TABLE dispatcher_bucket_owners_away RENAME TO dispatcher_bucket_owners")
+        member.changed.clear()
+        await wait_until_async(lambda: member.owned() == tuple(range(64)), 10, "joined: owns all")
+        assert member.state == "member" and member.changed.is_set()  # the worker is told to switch
+        await member.stop()
+        assert member.owned() == ()
+
+    run_async(main())
+
+
 def test_the_loop_outlives_backend_errors_that_are_not_outages(dsn):
     """A failing backend (here: its table renamed away, so every view is a CoordinatorError, not
     CoordinatorUnavailable) does not end the loop: past a lease it degrades, then recovers."""

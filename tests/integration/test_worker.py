@@ -47,6 +47,31 @@ def test_worker_drains_every_job_once(dsn, mode):
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1 OR lock_token IS NOT NULL") == 0
 
 
+def test_a_partitioned_worker_claims_before_its_coordinator_has_joined(dsn):
+    """The join is off the path to the first claim: until its coordinator adopts a view, the
+    worker claims with SKIP LOCKED. Here the join cannot succeed (the owners table is renamed
+    away), stealing is off and the coordinator lease is a minute, so the jobs can only finish in
+    time through the joining worker's own SKIP LOCKED claims."""
+    registry = Registry()
+
+    @registry.handler("a")
+    async def a(job: Job) -> None:
+        return None
+
+    enqueue(dsn, "a", 500)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE dispatcher_bucket_owners RENAME TO dispatcher_bucket_owners_away")
+        try:
+            worker = Worker(config(dsn, mode="partitioned", coordinator="postgres", coordinator_lease_s=60,
+                                   steal=False), registry)
+            run_async(run_worker_until(worker, finished(dsn, 500), 30, "500 jobs finished while joining"))
+            assert [a.view for a in worker.assignments.values()] == [None]  # never joined: all claimed while joining
+        finally:
+            conn.execute("ALTER TABLE dispatcher_bucket_owners_away RENAME TO dispatcher_bucket_owners")
+    assert status_counts(dsn) == {"completed": 500}
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1") == 0
+
+
 def test_retries_land_in_the_future_with_growing_delay_then_fail(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(RETRY_LOG)

@@ -198,3 +198,47 @@ async def _test_poll_wake_ups_look_ahead_at_most_once_a_second():
     elapsed_s = time.monotonic() - started
     # One at start-up, then at most one per started second of polling.
     assert 1 <= store.look_aheads <= 2 + int(elapsed_s), (store.look_aheads, len(store.claims), elapsed_s)
+
+
+def test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
+    asyncio.run(_test_no_look_ahead_during_a_backlog_and_one_before_sleeping())
+
+
+async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
+    """Assignment changes and bulk NOTIFYs during a backlog each ask for a look-ahead; none is
+    taken while the backlog lasts (the next claim comes at once anyway), and the one left is
+    taken after the backlog's last claim, before the loop sleeps."""
+    events: list[str] = []
+    assignment = StaticAssignment(ALL[:8])
+    producer: Producer
+
+    class RecordingStore(FakeStore):
+        async def jobs_next_due_in(self, queue, buckets):
+            events.append("look")
+            return None
+
+        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal_from=None):
+            claimed = await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal_from)
+            events.append("full" if claimed.selected >= limit else "short")
+            if len(events) % 5 == 0:
+                assignment.changed.set()  # as a rebalance does
+                producer.on_notify("default", None)  # a bulk enqueue
+            return claimed
+
+    store = RecordingStore({b: 1000 for b in ALL[:8]})
+    config = Config(dsn="postgresql://x", concurrency=100, batch_size=500, steal=False, poll_interval_s=30.0)
+    producer = Producer(config, store, {"default": assignment}, FakeExecutor())
+    task = asyncio.create_task(producer.run())
+    try:
+        async with asyncio.timeout(5):
+            while not (store.left() == 0 and producer.idle):
+                await asyncio.sleep(0.001)
+    finally:
+        producer.stop()
+        await asyncio.wait_for(task, 5)
+    full = events.count("full")
+    assert full >= 80  # 8000 jobs, 100 a claim: a long backlog with ~16 change signals in it
+    assert events[0] == "look"  # start-up: jobs may be scheduled already
+    assert "look" not in events[1:events.index("short")]  # none during the backlog
+    assert events[events.index("short"):].count("look") == 1  # the one left, once the backlog ended
+    assert events[-2:] == ["look", "short"]  # ... taken before the claim the loop sleeps after

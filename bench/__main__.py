@@ -73,10 +73,10 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                    "run_at_to_start_p50_ms", "run_at_to_start_p99_ms", "run_at_to_start_max_ms"]
     elif scenario == "coldstart":
         coldstart_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "2,4,8")),
-                        modes=modes, profiles=tuple(args.profiles.split(",")))
+                        modes=modes, profiles=tuple(args.profiles.split(",")), repeat=1 if quick else args.repeat)
         columns = ["profile", "mode", "workers", "jobs", "spawn_to_first_claim_s", "spawn_to_done_s", "drain_s",
-                   "jobs_per_s", "vs_skip_locked", "ran_twice", "max_lock_waiters", "pg_cpu_us_per_job",
-                   "client_cpu_us_per_job"]
+                   "jobs_per_s", "vs_skip_locked", "rounds_vs_skip_locked", "ran_twice", "max_lock_waiters",
+                   "autovacuums", "pg_cpu_us_per_job", "client_cpu_us_per_job", "runs_jobs_per_s"]
         coldstart_plot(result.rows, out_dir, label)
     elif scenario == "rolling":
         rolling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0],
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="drain/burst/scaling/skew/jitter: sample one worker with py-spy during each run and "
                              "list its CPU per job by function (pip install py-spy; it takes CPU of its own: "
                              "read rates from runs without it)")
-    parser.add_argument("--repeat", type=int, default=3, help="drain/burst/enqueue: runs per configuration (median)")
+    parser.add_argument("--repeat", type=int, default=3, help="drain/burst/enqueue/coldstart: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     add_external_arguments(parser)

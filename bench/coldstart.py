@@ -21,9 +21,10 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.devtools.harness import completed_jobs, progress, watch_until_done
+from dispatcher.devtools.harness import completed_jobs, progress, table_counters, watch_until_done
 
 from .core import Result, postgres_cpu_seconds, postmaster_pid, reset
+from .drain import median_run
 from .fleet import Fleet
 from .runs import drain_curve, enqueue_jobs
 
@@ -33,12 +34,23 @@ WINDOW = timedelta(seconds=WINDOW_S)
 
 
 def coldstart_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
-                    profiles: tuple[str, ...] = PROFILE_NAMES) -> None:
+                    profiles: tuple[str, ...] = PROFILE_NAMES, repeat: int = 1) -> None:
+    """With `repeat`, rounds of one run per mode (interleaved, so drift hits both alike); each
+    mode's row is its median run, with every round's rate, and every round's ratio beside it: a
+    5 s drain after a spawn moves by +-10% from run to run on 2 cores."""
     postmaster = postmaster_pid(dsn)
     for profile in profiles:
         for w in workers:
+            runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+            for _ in range(repeat):
+                for mode in modes:
+                    runs[mode].append(coldstart_run(dsn, mode, w, jobs, postmaster, profile=profile))
             for mode in modes:
-                result.add(**coldstart_run(dsn, mode, w, jobs, postmaster, profile=profile))
+                result.add(**median_run(runs[mode]))
+            if repeat > 1 and "partitioned" in runs and "skip_locked" in runs:
+                result.rows[-len(modes) + modes.index("partitioned")]["rounds_vs_skip_locked"] = [
+                    round(s["spawn_to_done_s"] / p["spawn_to_done_s"], 2)
+                    for p, s in zip(runs["partitioned"], runs["skip_locked"])]
     _ratios(result, ("profile", "workers"), "spawn_to_done_s")
 
 
@@ -52,12 +64,14 @@ def coldstart_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int 
         # a fleet comes back (and the same for both modes: no run pays for the other's checkpoint).
         conn.execute("CHECKPOINT")
         conn.execute("VACUUM ANALYZE dispatcher_jobs")
+        before = table_counters(conn)
         spawned_at = _now(conn)
         pg_cpu = postgres_cpu_seconds(postmaster)
         with Fleet(dsn, mode, workers, profile=profile) as fleet:
             max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.05)
             worker_cpu = fleet.cpu_seconds()
             pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
+        counted = table_counters(conn).minus(before)  # after the workers exited: their statistics are flushed
         first_claim, to_done, twice = conn.execute(
             """SELECT extract(epoch FROM min(locked_at) - %(t)s)::float8,
                       extract(epoch FROM max(completed_at) - %(t)s)::float8,
@@ -67,7 +81,7 @@ def coldstart_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int 
         "mode": mode, "profile": profile, "workers": workers, "jobs": jobs,
         "spawn_to_first_claim_s": round(first_claim, 3), "spawn_to_done_s": round(to_done, 3),
         "drain_s": round(to_done - first_claim, 3), "jobs_per_s": round(jobs / to_done),
-        "ran_twice": int(twice), "max_lock_waiters": max_waiters,
+        "ran_twice": int(twice), "max_lock_waiters": max_waiters, "autovacuums": counted.autovacuums,
         "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1), "client_cpu_us_per_job": round(worker_cpu / jobs * 1e6, 1),
     }
 

@@ -152,6 +152,13 @@ def current_owners(view: ClusterView) -> dict[int, str | None]:
     return {s.bucket: s.next_owner or s.owner for s in view.buckets}
 
 
+def unassigned(view: ClusterView) -> bool:
+    """No bucket is owned by a live member: a group starting, or starting again after every
+    member died (the coordinator's initial delay applies; see coordinator.py)."""
+    live = set(view.members)
+    return not any(s.owner is not None and s.owner in live for s in view.buckets)
+
+
 def owned_by(view: ClusterView, member: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(buckets `member` may poll, buckets it must hand over)."""
     poll = tuple(s.bucket for s in view.buckets if s.owner == member and s.next_owner in (None, member))

@@ -21,6 +21,15 @@ spawn to first claim of 8 processes on 2 cores, `python -m bench coldstart`). It
 claims and the owners' partitioned ones meet as a steal and its owner do: contention, never a
 double claim.
 
+Starting together (Kafka's initial rebalance delay, KIP-134): while no bucket has a live owner
+(a group starting, or starting again after every member died), the leader makes the first
+assignment only once no member has joined for INITIAL_SETTLE_S, and at most INITIAL_DELAY_MAX_S
+after it first saw the group so. Meanwhile every member claims with SKIP LOCKED over all
+buckets, as while joining, so nothing waits. Without it, 8 workers spawned together against a
+backlog joined over ~0.6 s, and each join moved buckets from live owners: for the first ~1.2 s
+claims read 1-2 buckets while hand-offs were pending, and 14% of the jobs were taken by steals
+(`python -m bench coldstart`). A group that has live owners rebalances at once, as before.
+
 Degraded mode: if the backend cannot be reached for longer than the lease, `owned()` returns
 None and the worker claims with SKIP LOCKED over all buckets (still correct), until the backend
 answers again.
@@ -42,12 +51,19 @@ from collections.abc import Callable, Mapping, Sequence
 from . import metrics
 from .assignment import OnRevoke
 from .assignor import assign, moves
-from .backend import ClusterView, CoordinatorBackend, current_owners, owned_by, plan_changes
+from .backend import ClusterView, CoordinatorBackend, current_owners, owned_by, plan_changes, unassigned
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 
 log = logging.getLogger(__name__)
 
 Assignor = Callable[[Sequence[str], Mapping[int, str | None]], dict[int, str]]
+
+# The first assignment of a group without live owners waits until no member has joined for this
+# long (8 processes spawned together on 2 cores joined within ~0.6 s; pods of a Deployment start
+# within a few seconds of each other), and at most this long after the leader first saw the
+# group so (Kafka waits 3 s, its consumers idle meanwhile; ours claim with SKIP LOCKED).
+INITIAL_SETTLE_S = 1.0
+INITIAL_DELAY_MAX_S = 5.0
 
 
 def _jittered(interval_s: float, spread: float) -> float:
@@ -58,7 +74,8 @@ def _jittered(interval_s: float, spread: float) -> float:
 class Coordinator:
     def __init__(self, backend: CoordinatorBackend, member: str, *, lease_s: float = 10.0,
                  poll_s: float = 1.0, assignor: Assignor = assign,
-                 can_work: Callable[[], bool] = lambda: True, group: str = "") -> None:
+                 can_work: Callable[[], bool] = lambda: True, group: str = "",
+                 initial_settle_s: float = INITIAL_SETTLE_S, initial_delay_max_s: float = INITIAL_DELAY_MAX_S) -> None:
         if lease_s < 3:
             raise ValueError("coordinator lease must be >= 3 s")
         self.backend = backend
@@ -77,6 +94,13 @@ class Coordinator:
         self.leading = False
         self._owned: tuple[int, ...] = ()
         self._joined = False  # a view was adopted: owned() is our share from then on
+        self._unassigned = True  # in the view adopted last, no bucket had a live owner: SKIP LOCKED
+        # The leader's initial delay (module docstring), on its own monotonic clock.
+        self._unassigned_since: float | None = None
+        self._members_seen: tuple[str, ...] = ()
+        self._members_changed_at = 0.0
+        self._initial_delay_left_s = 0.0
+        self._initial_settle_s, self._initial_delay_max_s = initial_settle_s, initial_delay_max_s
         self._degraded = False
         self._last_beat = -1e9
         self._beat_at = time.monotonic()  # last successful heartbeat (or creation), for the age metric
@@ -92,20 +116,20 @@ class Coordinator:
     def owned(self) -> tuple[int, ...] | None:
         if self.resigned or self._stopped:
             return ()
-        return None if self._degraded or not self._joined else self._owned
+        return None if self._degraded or not self._joined or self._unassigned else self._owned
 
     @property
     def state(self) -> str:
-        """For a readiness check: joining (no view adopted yet: SKIP LOCKED), member, degraded
-        (backend unreachable past the lease: SKIP LOCKED), resigned (the worker cannot work) or
-        stopped."""
+        """For a readiness check: joining (no view adopted yet, or the group's first assignment
+        is still pending: SKIP LOCKED), member, degraded (backend unreachable past the lease:
+        SKIP LOCKED), resigned (the worker cannot work) or stopped."""
         if self._stopped:
             return "stopped"
         if self.resigned:
             return "resigned"
         if self._degraded:
             return "degraded"
-        return "member" if self._joined else "joining"
+        return "member" if self._joined and not self._unassigned else "joining"
 
     def heartbeat_age_s(self) -> float:
         return time.monotonic() - self._beat_at
@@ -187,6 +211,7 @@ class Coordinator:
         self.leading = await self.backend.try_lead(self.member, self.lease_s)
         metrics.IS_LEADER.set(1 if self.leading else 0)
         view = await self.backend.view()
+        self._initial_delay_left_s = 0.0
         if self.leading:
             view = await self._rebalance(view)
         self._contact()
@@ -215,6 +240,9 @@ class Coordinator:
             log.warning("could not leave the group (%s): our membership lease will run out instead", exc)
 
     async def _rebalance(self, view: ClusterView) -> ClusterView:
+        self._initial_delay_left_s = self._initial_delay_s(view)
+        if self._initial_delay_left_s > 0:
+            return view
         started = time.perf_counter()
         target = self._assign(view.members, current_owners(view))
         changes = plan_changes(view, target)
@@ -228,6 +256,21 @@ class Coordinator:
         log.info("rebalance by %s over %d members: %d changes applied (%d buckets move)",
                  self.member, len(view.members), applied, moves(current_owners(view), target))
         return await self.backend.view()
+
+    def _initial_delay_s(self, view: ClusterView) -> float:
+        """How long the first assignment of a group without live owners still waits (module
+        docstring); 0 once a bucket has a live owner."""
+        if not unassigned(view):
+            self._unassigned_since = None
+            return 0.0
+        now = time.monotonic()
+        if self._unassigned_since is None:
+            self._unassigned_since = now
+        if view.members != self._members_seen:
+            self._members_seen, self._members_changed_at = view.members, now
+        settled_at = min(self._unassigned_since + self._initial_delay_max_s,
+                         self._members_changed_at + self._initial_settle_s)
+        return max(0.0, settled_at - now)
 
     @staticmethod
     def _reason(view: ClusterView) -> str:
@@ -247,9 +290,9 @@ class Coordinator:
             handed = await self.backend.hand_over(self.member, give)
             metrics.HANDOVERS.inc(handed)
         self._set_owned(poll)
-        if not self._joined:
-            self._joined = True
-            self.changed.set()  # from SKIP LOCKED over everything to our share, even an empty one
+        if not self._joined or self._unassigned != unassigned(view):
+            self._joined, self._unassigned = True, unassigned(view)
+            self.changed.set()  # between SKIP LOCKED over everything and our share, even an empty one
         self.adopted.set()
 
     async def _revoke(self, buckets: tuple[int, ...]) -> None:
@@ -275,6 +318,8 @@ class Coordinator:
         expiry = self.view.next_expiry_s if self.view is not None else None
         if expiry is not None:
             wait = min(wait, expiry + 0.05)  # wake just after a lease runs out
+        if self._initial_delay_left_s > 0:
+            wait = min(wait, self._initial_delay_left_s + 0.01)  # assign once the group has settled
         heartbeat_due = self._last_beat + self.heartbeat_s - time.monotonic()
         return max(0.0, min(wait, heartbeat_due))
 

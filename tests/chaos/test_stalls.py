@@ -136,6 +136,10 @@ def test_a_worker_that_cannot_reach_its_database_gives_its_buckets_up(chaos_dsn,
     healthy = workers.start(chaos_dsn, "h", **coord)
     for worker in (stalled, healthy):
         worker.wait_for_log(rf"worker {worker.name} running", 30)
+    # The group's first assignment waits for it to settle (1 s; both claim with SKIP LOCKED until
+    # then): the stall must hit a worker that owns buckets.
+    wait_until(lambda: any(re.search(r"rebalance by \w+ over 2 members", w.log_text()) for w in (stalled, healthy)),
+               30, lambda: f"the two workers share the buckets\n{workers.log_tails()}")
     enqueue(chaos_dsn, "record", 64)  # one per bucket (the bucket is random: most of them, anyway)
     wait_until(lambda: status_counts(chaos_dsn).get("completed") == 64, 30, "both workers drain")
     proxy.blackhole()

@@ -73,7 +73,9 @@ def test_probes_answer_and_the_metrics_count_the_jobs_run(dsn, tmp_path):
         wait_until(lambda: status_counts(dsn) == {"completed": 7}, 60, "7 jobs completed (2 after a retry)")
         code, body = get_json(port, "/livez")
         assert code == 200 and body["status"] == "ok" and 0 <= body["loop_heartbeat_age_s"] < 10, body
-        assert get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY})
+        # Ready once its group's first assignment is made (a lone member's waits 1 s to settle).
+        wait_until(lambda: get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY}), 10,
+                   lambda: f"ready: {get_json(port, '/readyz')}")
         for path in ("/healthz", "/", "/metrics/extra"):
             code, body = get_json(port, path)
             assert code == 404 and body["status"] == "not found" and body["path"] == path, body
@@ -88,7 +90,10 @@ def test_probes_answer_and_the_metrics_count_the_jobs_run(dsn, tmp_path):
 
         text = wait_until(lambda: (t := scrape(port))
                           and value(t, "dispatcher_job_outcomes_total", job_type="flaky", outcome="completed") == 7
-                          and settled(t) and t, 20, "the scrape shows 7 completions and a table sample of none left")
+                          and settled(t)
+                          # a lone member's first assignment waits for its group to settle (1 s)
+                          and value(t, "dispatcher_coordinator_owned_buckets", queue="default") == 64
+                          and t, 20, "the scrape shows 7 completions, a table sample of none left and 64 buckets owned")
         flaky = {outcome: value(text, "dispatcher_job_outcomes_total", job_type="flaky", outcome=outcome)
                  for outcome in ("completed", "retried", "failed", "discarded", "cancelled")}
         assert flaky == {"completed": 7, "retried": 2, "failed": 0, "discarded": 0, "cancelled": 0}

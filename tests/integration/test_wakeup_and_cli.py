@@ -256,7 +256,10 @@ def test_worker_exposes_prometheus_metrics(dsn, tmp_path):
                 return None
 
         text = wait_until(lambda: (t := scrape()) and "dispatcher_jobs_completed_total 50.0" in t
-                          and "dispatcher_db_dead_tuples" in t and t, 10, "metrics show 50 completions and a table sample")
+                          and "dispatcher_db_dead_tuples" in t
+                          # its group's first assignment waits 1 s for other members to join
+                          and 'dispatcher_coordinator_owned_buckets{queue="default"} 64.0' in t
+                          and t, 10, "metrics show 50 completions, a table sample and 64 buckets owned")
         for name in ("dispatcher_jobs_claimed_total", "dispatcher_claim_seconds_bucket",
                      "dispatcher_poll_cycle_seconds_bucket", "dispatcher_fenced_writes_total",
                      "dispatcher_db_dead_tuples", "dispatcher_db_lock_waits", "dispatcher_jobs_stolen_total",

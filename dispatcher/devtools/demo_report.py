@@ -14,17 +14,17 @@ from ..constants import NUM_BUCKETS
 
 WHEN_EACH_MODE_WINS = """\
 When each mode wins (bench/RESULTS.md in the repository has the full runs and the reasons):
-- From a cold start against a queued backlog, 2 to 8 worker processes, partitioned drained about as
-  fast as SKIP LOCKED: ahead in most runs (up to 1.2x on a fast 2-core machine, 1.6x on a slower one,
-  at the default concurrency 100) and up to 10% behind in some (bench/RESULTS.md, coldstart).
+- From a cold start against a queued backlog, partitioned drained about as fast as SKIP LOCKED: even
+  with 2 worker processes, 6-9% ahead with 4 (and with 8 at the default concurrency 100), 7-15% behind
+  with 8 at concurrency 500 (medians of 5 rounds on 2 cores; bench/RESULTS.md, coldstart).
 - On 2 cores both modes cost the same CPU per job, so neither pulls far ahead. What grows with the
   workers is SKIP LOCKED's claim: the pages it touches per job doubled from 1 to 16 workers (it walks
   past rows other workers hold), while a partitioned claim's stayed flat. That pays off where
   PostgreSQL has cores to spare.
 - With most jobs in a few buckets, SKIP LOCKED is still a little faster: partitioned workers then
   depend on stealing from the owners of the busy buckets.
-- The burst measures the queue; the cold start adds process start-up and, in partitioned mode, joining
-  the coordinator and the bucket assignment: how soon a fresh fleet gets going, not how fast it drains.
+- The burst measures the queue; the cold start adds process start-up and, in partitioned mode, the
+  switch to buckets: a fleet that starts together claims with SKIP LOCKED until its one assignment.
 - Single runs vary by 20% or more on a shared machine: compare the modes within one run, and repeated
   runs (`dispatcher bench`, from the repository) before drawing conclusions."""
 

@@ -37,7 +37,7 @@ def coldstart_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], 
                     profiles: tuple[str, ...] = PROFILE_NAMES, repeat: int = 1) -> None:
     """With `repeat`, rounds of one run per mode (interleaved, so drift hits both alike); each
     mode's row is its median run, with every round's rate, and every round's ratio beside it: a
-    5 s drain after a spawn moves by +-10% from run to run on 2 cores."""
+    cold start of 5-9 s moves by up to +-30% from round to round on 2 cores."""
     postmaster = postmaster_pid(dsn)
     for profile in profiles:
         for w in workers:

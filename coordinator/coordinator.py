@@ -94,8 +94,8 @@ class Coordinator:
         self.view: ClusterView | None = None  # last view read (tests and `status` look at it)
         self.leading = False
         self._owned: tuple[int, ...] = ()
-        self._joined = False  # a view was adopted: owned() is our share from then on
-        self._unassigned = True  # in the view adopted last, no bucket had a live owner: SKIP LOCKED
+        # No view adopted yet, or in the last one no bucket had a live owner: SKIP LOCKED over all.
+        self._unassigned = True
         # The leader's initial delay (module docstring), on its own monotonic clock.
         self._unassigned_since: float | None = None
         self._members_seen: tuple[str, ...] = ()
@@ -117,7 +117,7 @@ class Coordinator:
     def owned(self) -> tuple[int, ...] | None:
         if self.resigned or self._stopped:
             return ()
-        return None if self._degraded or not self._joined or self._unassigned else self._owned
+        return None if self._degraded or self._unassigned else self._owned
 
     @property
     def state(self) -> str:
@@ -130,7 +130,7 @@ class Coordinator:
             return "resigned"
         if self._degraded:
             return "degraded"
-        return "member" if self._joined and not self._unassigned else "joining"
+        return "joining" if self._unassigned else "member"
 
     def heartbeat_age_s(self) -> float:
         return time.monotonic() - self._beat_at
@@ -298,8 +298,9 @@ class Coordinator:
             handed = await self.backend.hand_over(self.member, give)
             metrics.HANDOVERS.inc(handed)
         self._set_owned(poll)
-        if not self._joined or self._unassigned != unassigned(view):
-            self._joined, self._unassigned = True, unassigned(view)
+        now_unassigned = unassigned(view)
+        if now_unassigned != self._unassigned:
+            self._unassigned = now_unassigned
             self.changed.set()  # between SKIP LOCKED over everything and our share, even an empty one
         self.adopted.set()
 

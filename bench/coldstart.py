@@ -24,7 +24,7 @@ import psycopg
 from dispatcher.devtools.harness import completed_jobs, progress, table_counters, watch_until_done
 
 from .core import Result, postgres_cpu_seconds, postmaster_pid, reset
-from .drain import median_run
+from .drain import add_medians, interleaved_rounds
 from .fleet import Fleet
 from .runs import drain_curve, enqueue_jobs
 
@@ -41,16 +41,9 @@ def coldstart_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], 
     postmaster = postmaster_pid(dsn)
     for profile in profiles:
         for w in workers:
-            runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-            for _ in range(repeat):
-                for mode in modes:
-                    runs[mode].append(coldstart_run(dsn, mode, w, jobs, postmaster, profile=profile))
-            for mode in modes:
-                result.add(**median_run(runs[mode]))
-            if repeat > 1 and "partitioned" in runs and "skip_locked" in runs:
-                result.rows[-len(modes) + modes.index("partitioned")]["rounds_vs_skip_locked"] = [
-                    round(s["spawn_to_done_s"] / p["spawn_to_done_s"], 2)
-                    for p, s in zip(runs["partitioned"], runs["skip_locked"])]
+            runs = interleaved_rounds(modes, repeat, lambda mode: coldstart_run(dsn, mode, w, jobs, postmaster,
+                                                                                profile=profile))
+            add_medians(result, runs, lambda p, s: s["spawn_to_done_s"] / p["spawn_to_done_s"])
     _ratios(result, ("profile", "workers"), "spawn_to_done_s")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -111,6 +112,29 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen = dict(ordered[len(ordered) // 2])
     chosen["runs_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
     return chosen
+
+
+def interleaved_rounds(modes: list[str], repeat: int,
+                       run: Callable[[str], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """`repeat` rounds of one run per mode, interleaved so that slow drift hits every mode alike."""
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for _ in range(repeat):
+        for mode in modes:
+            runs[mode].append(run(mode))
+    return runs
+
+
+def add_medians(result: Result, runs: dict[str, list[dict[str, Any]]],
+                ratio: Callable[[dict[str, Any], dict[str, Any]], float]) -> None:
+    """Each mode's median run as its row; with several rounds, partitioned's row also gets every
+    round's `ratio(partitioned run, skip_locked run)` (above 1: partitioned is faster)."""
+    rows = {}
+    for mode, mode_runs in runs.items():
+        result.add(**median_run(mode_runs))
+        rows[mode] = result.rows[-1]
+    if len(runs.get("partitioned", ())) > 1 and "skip_locked" in runs:
+        rows["partitioned"]["rounds_vs_skip_locked"] = [
+            round(ratio(p, s), 2) for p, s in zip(runs["partitioned"], runs["skip_locked"])]
 
 
 def drain_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],

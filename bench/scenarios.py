@@ -13,7 +13,7 @@ from dispatcher.enqueue import enqueue_sync
 
 from .core import Result, postmaster_pid, reset
 from .fleet import Fleet
-from .drain import median_run
+from .drain import add_medians, interleaved_rounds
 from .runs import drain_curve, measured_run
 
 
@@ -27,20 +27,15 @@ def burst_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: lis
     `repeat`, rounds of one run per mode (interleaved, so drift hits both alike); each mode's row
     is its median run, with every round's rate and ratio beside it."""
     postmaster = postmaster_pid(dsn)
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-    for _ in range(repeat):
-        for mode in modes:
-            row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"burst {mode} x{workers}",
-                               delay_s=_lead_s(jobs))
-            row["curve"] = drain_curve(dsn, since_due=True)
-            runs[mode].append(row)
-    for mode in modes:
-        result.add(**median_run(runs[mode]))
+
+    def run(mode: str) -> dict[str, Any]:
+        row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"burst {mode} x{workers}",
+                           delay_s=_lead_s(jobs))
+        row["curve"] = drain_curve(dsn, since_due=True)
+        return row
+
+    add_medians(result, interleaved_rounds(modes, repeat, run), lambda p, s: p["jobs_per_s"] / s["jobs_per_s"])
     _ratio(result, "jobs_per_s")
-    if "partitioned" in runs and "skip_locked" in runs and repeat > 1:
-        partitioned = next(r for r in result.rows if r["mode"] == "partitioned")
-        partitioned["rounds_vs_skip_locked"] = [
-            round(p["jobs_per_s"] / s["jobs_per_s"], 2) for p, s in zip(runs["partitioned"], runs["skip_locked"])]
 
 
 def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str]) -> None:

@@ -62,15 +62,15 @@ def test_members_split_the_buckets_and_rebalance_on_join_and_leave(dsn):
 
 def test_members_starting_together_get_one_assignment_once_they_settle(dsn):
     """A group without live owners is assigned once no member has joined for the settle time:
-    members joining 0.3 s apart all claim with SKIP LOCKED (owned() None) until then, and every
+    members joining one after another all claim with SKIP LOCKED (owned() None) until then, and every
     bucket changes hands exactly once (epoch 1): no hand-off from a first member that took all."""
     async def main():
         members = []
         for i in range(3):
             members.append(Coordinator(PostgresBackend(dsn), f"m{i}", lease_s=6, poll_s=0.5, initial_settle_s=3))
             await members[-1].start()
+            # Each start() ends after its member's first round, well inside the 3 s settle time.
             assert [(m.owned(), m.state) for m in members] == [(None, "joining")] * len(members)  # still settling
-            await asyncio.sleep(0.3)  # the next member joins well inside the settle time
         await wait_until_async(lambda: assignment_settled(members), 10, "3 members assigned")
         await wait_until_async(lambda: all(m.state == "member" for m in members), 5, "3 members ready")
         epochs = Counter(s.epoch for s in (await members[0].backend.view()).buckets)

@@ -12,7 +12,7 @@ KeyboardInterrupt included) is that job's failure, recorded with its traceback.
 
 Hot path (one Task per job costs ~6 us of client CPU; the whole per-job budget of plain SQL is
 ~3 us): an async handler that finishes without awaiting runs to completion inside an eagerly
-started Task on Python >= 3.12 (0.6 us instead of 6 us), and gets no timer, no `_Running` entry.
+started Task on Python >= 3.12 (0.6 us instead of 6 us), and gets no timer, no `Running` entry.
 """
 
 from __future__ import annotations
@@ -20,19 +20,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import enum
 import logging
-import sys
 import time
 import traceback
-from collections.abc import Coroutine, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from . import metrics
 from .completer import Completer
 from .errors import PermanentJobError
+from .held_jobs import LOST_ACTIONS, ExecutorStats, Running, State, new_task
 from .job_metrics import JOB_STATS, JobStats
 from .joblog import exception_line
 from .registry import Handler, Registry
@@ -40,49 +38,6 @@ from .retry import FailureKind, RetryPolicy
 from .rows import Job
 
 log = logging.getLogger(__name__)
-
-_EAGER_TASKS = sys.version_info >= (3, 12)
-
-
-def _new_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-    if _EAGER_TASKS:
-        return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
-    return loop.create_task(coro)
-
-
-# What became of a job whose lease we lost (the metric's label -> the log's words).
-_LOST_ACTIONS = {
-    "dropped_unstarted": "dropped before they started",
-    "cancelled": "cancelled (async)",
-    "left_running_sync": "left to finish in their threads, outcomes not written",
-}
-
-
-class _State(enum.Enum):
-    BACKLOG = "backlog"  # a sync job waiting for a thread: claimed, not started
-    RUNNING = "running"
-    LOST = "lost"  # its lease is gone: no outcome will be written, no heartbeat sent
-    ABANDONED = "abandoned"  # shutdown gave up waiting for it; the lease brings it back
-
-
-@dataclass(slots=True)
-class _Running:
-    job: Job
-    held_since: float  # time.monotonic() when its claim was sent: its lease runs from (at the latest) then
-    lease_until: float  # our conservative estimate of the lease's end, on time.monotonic()
-    task: asyncio.Task[None] | None = None  # None: a sync handler (backlogged or in a thread)
-    timer: asyncio.TimerHandle | None = None
-    state: _State = _State.RUNNING
-    cancelling: bool = False  # an operator asked to cancel it: it ends 'cancelled' however it ends
-
-
-@dataclass(slots=True)
-class ExecutorStats:
-    timeouts: int = 0
-    lost_dropped: int = 0  # lease lost before the job started: never started here
-    lost_cancelled: int = 0  # lease lost while an async handler ran: cancelled, no outcome
-    lost_running: int = 0  # lease lost while a sync handler ran: it finishes, its outcome is fenced
-
 
 class Executor:
     def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, *,
@@ -105,8 +60,8 @@ class Executor:
         self._lose_early_s = lose_early_s
         self._lease_watch: asyncio.TimerHandle | None = None
         self._threads = ThreadPoolExecutor(sync_threads, thread_name_prefix="dispatcher-sync")
-        self._running: dict[int, _Running] = {}  # jobs that suspended or wait for a thread
-        self._sync_backlog: collections.deque[_Running] = collections.deque()
+        self._running: dict[int, Running] = {}  # jobs that suspended or wait for a thread
+        self._sync_backlog: collections.deque[Running] = collections.deque()
         self._sync_busy = 0
         self._timed_out: set[int] = set()
         self._starting: Job | None = None
@@ -132,7 +87,7 @@ class Executor:
             elif handler.is_async:
                 self._start_async(loop, handler, job, held_since, lease_until)
             else:
-                entry = self._running[job.id] = _Running(job, held_since, lease_until, state=_State.BACKLOG)
+                entry = self._running[job.id] = Running(job, held_since, lease_until, state=State.BACKLOG)
                 self._sync_backlog.append(entry)
         self._pump_sync()
         if self._lease_watch is None and self._running:
@@ -146,11 +101,11 @@ class Executor:
                      lease_until: float) -> None:
         started = time.monotonic()
         self._starting = job  # running inside the eager start: not in _running yet (running_by_queue)
-        task = _new_task(loop, self._run_async(handler, job, started))
+        task = new_task(loop, self._run_async(handler, job, started))
         self._starting = None
         if task.done():
             return  # finished without awaiting: outcome already buffered, slot already freed
-        entry = self._running[job.id] = _Running(job, held_since, lease_until, task)
+        entry = self._running[job.id] = Running(job, held_since, lease_until, task)
         timeout_s = self._timeout_of(handler)
         if timeout_s:
             entry.timer = loop.call_later(timeout_s, self._time_out, entry)
@@ -160,7 +115,7 @@ class Executor:
             await handler.fn(job)
         except asyncio.CancelledError:
             entry = self._running.get(job.id)
-            if entry is not None and entry.state is _State.LOST:
+            if entry is not None and entry.state is State.LOST:
                 pass  # its lease is gone: the new owner decides; nothing of ours may be written
             elif entry is not None and entry.cancelling:
                 self._cancelled(job, "the handler was interrupted", started)
@@ -190,7 +145,7 @@ class Executor:
     def _timed_out_failure(self, handler: Handler, job: Job, started: float) -> None:
         self._fail(job, FailureKind.TIMEOUT, f"timed out after {self._timeout_of(handler):g} s", started)
 
-    def _time_out(self, entry: _Running) -> None:
+    def _time_out(self, entry: Running) -> None:
         if entry.task is not None and not entry.task.done():
             self.stats.timeouts += 1
             self._job_stats.timed_out(entry.job.job_type)
@@ -213,7 +168,7 @@ class Executor:
             handler = self._registry.get(entry.job.job_type)
             assert handler is not None and loop is not None
             self._sync_busy += 1
-            entry.state = _State.RUNNING
+            entry.state = State.RUNNING
             started = time.monotonic()
             future = loop.run_in_executor(self._threads, handler.fn, entry.job)
             future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
@@ -222,10 +177,10 @@ class Executor:
                         "heartbeats failed): dropped before they started; ids %s", len(expiring), expiring[:20],
                         extra={"lost_jobs": len(expiring), "job_ids": expiring[:20]})
 
-    def _sync_done(self, future: asyncio.Future[Any], entry: _Running, handler: Handler, started: float) -> None:
+    def _sync_done(self, future: asyncio.Future[Any], entry: Running, handler: Handler, started: float) -> None:
         self._sync_busy -= 1
         self._running.pop(entry.job.id, None)
-        if entry.state is _State.RUNNING:
+        if entry.state is State.RUNNING:
             limit = self._timeout_of(handler)
             elapsed = time.monotonic() - started
             exc = None if future.cancelled() else future.exception()
@@ -264,7 +219,7 @@ class Executor:
 
     def _cancelling(self, job: Job) -> bool:
         entry = self._running.get(job.id)
-        return entry is not None and entry.cancelling and entry.state is not _State.LOST
+        return entry is not None and entry.cancelling and entry.state is not State.LOST
 
     def _cancelled(self, job: Job, how: str, started: float) -> None:
         self._fail(job, FailureKind.CANCELLED, f"cancelled: an operator asked (dispatcher jobs cancel); {how}", started)
@@ -284,7 +239,7 @@ class Executor:
         starting = self._starting
         counts: dict[str, int] = {starting.queue: 1} if starting is not None else {}
         for entry in self._running.copy().values():
-            if entry.state is not _State.BACKLOG and entry.job is not starting:
+            if entry.state is not State.BACKLOG and entry.job is not starting:
                 counts[entry.job.queue] = counts.get(entry.job.queue, 0) + 1
         return counts
 
@@ -293,7 +248,7 @@ class Executor:
     def running_since(self, cutoff: float) -> list[Job]:
         """Jobs held since time.monotonic() <= cutoff whose lease is still ours: the ones to extend."""
         return [r.job for r in self._running.values()
-                if r.held_since <= cutoff and r.state in (_State.RUNNING, _State.BACKLOG)]
+                if r.held_since <= cutoff and r.state in (State.RUNNING, State.BACKLOG)]
 
     def extended(self, ids: Iterable[int], lease_until: float) -> None:
         """Their leases were extended by a statement sent at lease_until - lease_s."""
@@ -310,7 +265,7 @@ class Executor:
         if self._lease_watch is not None:
             self._lease_watch.cancel()
             self._lease_watch = None
-        ends = [r.lease_until for r in self._running.values() if r.state in (_State.RUNNING, _State.BACKLOG)]
+        ends = [r.lease_until for r in self._running.values() if r.state in (State.RUNNING, State.BACKLOG)]
         if ends and self._loop is not None:
             delay = min(ends) - self._lose_early_s - time.monotonic()
             self._lease_watch = self._loop.call_later(max(0.0, delay), self._lease_watch_fired)
@@ -325,10 +280,10 @@ class Executor:
         now, an unstarted sync job never starts, a sync handler's thread (it cannot be stopped) keeps
         its lease until it returns. Each ends 'cancelled', never retried. Returns how many began to."""
         entries = [e for i in ids if (e := self._running.get(i)) is not None and not e.cancelling
-                   and e.state in (_State.RUNNING, _State.BACKLOG)]
+                   and e.state in (State.RUNNING, State.BACKLOG)]
         for entry in entries:
             entry.cancelling = True
-            if entry.state is _State.BACKLOG:
+            if entry.state is State.BACKLOG:
                 with contextlib.suppress(ValueError):
                     self._sync_backlog.remove(entry)
                 self._running.pop(entry.job.id, None)
@@ -344,13 +299,13 @@ class Executor:
         """These leases are no longer ours (`why`): nothing of these jobs may start or be written
         here any more. Returns how many we still held."""
         entries = [e for i in ids if (e := self._running.get(i)) is not None
-                   and e.state in (_State.RUNNING, _State.BACKLOG)]
+                   and e.state in (State.RUNNING, State.BACKLOG)]
         if not entries:
             return 0
         actions = collections.Counter(self._lose(entry) for entry in entries)
         ids = [e.job.id for e in entries[:20]]
         log.warning("lost the lease of %d jobs (%s): %s; ids %s", len(entries), why,
-                    ", ".join(f"{n} {_LOST_ACTIONS[a]}" for a, n in actions.items()), ids,
+                    ", ".join(f"{n} {LOST_ACTIONS[a]}" for a, n in actions.items()), ids,
                     extra={"lost_jobs": len(entries), "job_ids": ids, "actions": dict(actions)})
         return len(entries)
 
@@ -360,23 +315,23 @@ class Executor:
         return self.lose([r.job.id for r in self._running.values() if r.lease_until <= now],
                          "it ran out while our heartbeats did not reach the database")
 
-    def _lose(self, entry: _Running) -> str:
+    def _lose(self, entry: Running) -> str:
         """Stop what can be stopped of a job whose lease is gone; returns what was done."""
-        if entry.state is _State.BACKLOG:
+        if entry.state is State.BACKLOG:
             with contextlib.suppress(ValueError):
                 self._sync_backlog.remove(entry)
             self._running.pop(entry.job.id, None)
-            entry.state = _State.LOST
+            entry.state = State.LOST
             self.stats.lost_dropped += 1
             action = "dropped_unstarted"
             self._finish_slot()
         elif entry.task is not None:
-            entry.state = _State.LOST
+            entry.state = State.LOST
             self.stats.lost_cancelled += 1
             action = "cancelled"
             entry.task.cancel()
         else:  # a thread cannot be stopped: it finishes, and its outcome is not written
-            entry.state = _State.LOST
+            entry.state = State.LOST
             self.stats.lost_running += 1
             action = "left_running_sync"
         metrics.LOST_LEASE_JOBS.labels(action).inc()
@@ -416,16 +371,16 @@ class Executor:
         returns in time. Returns how many jobs are still running after `wait_s`, abandoned: the
         caller must end the process without waiting for them, and their leases bring them back."""
         tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
-        threads = sum(r.task is None and r.state is _State.RUNNING for r in self._running.values())
+        threads = sum(r.task is None and r.state is State.RUNNING for r in self._running.values())
         if tasks or threads:
             log.warning("grace period over: interrupting %d async handlers; %d sync handlers cannot be "
                         "interrupted and keep their leases for up to %.0f s more", len(tasks), threads, wait_s)
         for task in tasks:
             task.cancel()
         await self.drain(time.monotonic() + wait_s)
-        left = [r for r in self._running.values() if r.state is _State.RUNNING]
+        left = [r for r in self._running.values() if r.state is State.RUNNING]
         for entry in left:
-            entry.state = _State.ABANDONED  # no outcome, no more heartbeats: its lease lapses
+            entry.state = State.ABANDONED  # no outcome, no more heartbeats: its lease lapses
         if left:
             log.error("%d handlers still run after the grace period and %.0f s more (async ones ignore "
                       "cancellation, sync ones never return): leaving them to their leases: %s",

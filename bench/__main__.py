@@ -52,7 +52,7 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
         burst_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes,
                     repeat=1 if quick else args.repeat)
         columns = [*RUN_COLUMNS[:5], "due_to_done_s", "start_late_p99_ms", "vs_skip_locked", "rounds_vs_skip_locked",
-                   *RUN_COLUMNS[5:], "runs_jobs_per_s"]
+                   "median_round_vs_skip_locked", "median_interval", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
         curve_plot(result.rows, out_dir, label, "burst_drain_curve.png", f"Burst: {jobs} jobs due at one instant")
     elif scenario == "scaling":
         scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")), modes=modes)
@@ -75,8 +75,9 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
         coldstart_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "2,4,8")),
                         modes=modes, profiles=tuple(args.profiles.split(",")), repeat=1 if quick else args.repeat)
         columns = ["profile", "mode", "workers", "jobs", "spawn_to_first_claim_s", "spawn_to_done_s", "drain_s",
-                   "jobs_per_s", "vs_skip_locked", "rounds_vs_skip_locked", "ran_twice", "max_lock_waiters",
-                   "autovacuums", "pg_cpu_us_per_job", "client_cpu_us_per_job", "runs_jobs_per_s"]
+                   "jobs_per_s", "vs_skip_locked", "rounds_vs_skip_locked", "median_round_vs_skip_locked",
+                   "median_interval", "ran_twice", "max_lock_waiters", "autovacuums", "pg_cpu_us_per_job",
+                   "client_cpu_us_per_job", "runs_jobs_per_s"]
         coldstart_plot(result.rows, out_dir, label)
     elif scenario == "rolling":
         rolling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0],

@@ -12,6 +12,7 @@ completion (max completed_at), so process start-up and poll latency are not coun
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from dispatcher.store import claim_sql, int_array, token_array
 
 from . import statements
 from .core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes, wait_backends_gone
+from .rounds import median_interval
 from .runs import measured_run
 
 BATCH = 500
@@ -127,14 +129,19 @@ def interleaved_rounds(modes: list[str], repeat: int,
 def add_medians(result: Result, runs: dict[str, list[dict[str, Any]]],
                 ratio: Callable[[dict[str, Any], dict[str, Any]], float]) -> None:
     """Each mode's median run as its row; with several rounds, partitioned's row also gets every
-    round's `ratio(partitioned run, skip_locked run)` (above 1: partitioned is faster)."""
+    round's `ratio(partitioned run, skip_locked run)` (above 1: partitioned is faster), their
+    median, and an interval for that median (bench/rounds.py)."""
     rows = {}
     for mode, mode_runs in runs.items():
         result.add(**median_run(mode_runs))
         rows[mode] = result.rows[-1]
     if len(runs.get("partitioned", ())) > 1 and "skip_locked" in runs:
-        rows["partitioned"]["rounds_vs_skip_locked"] = [
-            round(ratio(p, s), 2) for p, s in zip(runs["partitioned"], runs["skip_locked"])]
+        ratios = [ratio(p, s) for p, s in zip(runs["partitioned"], runs["skip_locked"])]
+        low, high, coverage = median_interval(ratios)
+        rows["partitioned"]["rounds_vs_skip_locked"] = [round(r, 2) for r in ratios]
+        rows["partitioned"]["median_round_vs_skip_locked"] = round(statistics.median(ratios), 2)
+        # e.g. "0.91-1.08 (96%)": where the median ratio lies, distribution-free (bench/rounds.py)
+        rows["partitioned"]["median_interval"] = f"{low:.2f}-{high:.2f} ({coverage:.0%})"
 
 
 def drain_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],

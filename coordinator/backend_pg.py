@@ -45,6 +45,7 @@ from .backend import (
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
+from .pgnotify import NotificationWait
 from .sqlfile import load
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ T = TypeVar("T")
 
 CHANNEL = "dispatcher_coordinator"
 LOCK_CLASS = 0x62756B  # first key of every member's session advisory lock ("buk"); fixed forever
-LISTEN_PROBE_S = 10.0  # an idle LISTEN connection runs SELECT 1 this often, so a stall on it shows
+LISTEN_PROBE_S = 10.0  # a LISTEN connection silent this long runs SELECT 1, so a stall on it shows
 
 
 def query(name: str) -> str:
@@ -157,11 +158,10 @@ class PostgresBackend:
                 self._wake_on_listen = True
                 self._listening.set()
                 delay = 0.5
+                notifications = NotificationWait(conn, self._on_notification)
                 while True:
-                    async for note in conn.notifies(timeout=LISTEN_PROBE_S):
-                        if self._from_other_member_of_group(note.payload):
-                            self._changed.set()
-                    await bounded("listen probe", conn.execute("SELECT 1"), self._limits.statement_timeout_s, conn)
+                    if not await notifications.wait(LISTEN_PROBE_S):
+                        await bounded("listen probe", conn.execute("SELECT 1"), self._limits.statement_timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 log.debug("coordination listener lost its connection: %s", exc)
             except Exception:  # keep listening whatever happened
@@ -171,6 +171,10 @@ class PostgresBackend:
                 await close_quietly(conn)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def _on_notification(self, note: psycopg.Notify) -> None:
+        if self._from_other_member_of_group(note.payload):
+            self._changed.set()
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         return {"lock_class": LOCK_CLASS, "session_locks": self._session_locks, "queue": self.group, **extra}

@@ -2,7 +2,8 @@
 
 A LISTEN connection is idle by design, so a stall on it raises nothing: after `probe_s` without
 a notification it runs `SELECT 1` within the statement budget, and reconnects if that gets no
-answer. Wake-ups come back within a probe interval (plus a connect) of the path healing.
+answer. It waits on the socket for the whole interval (coordinator/pgnotify.py), not in psycopg's
+0.1 s steps. Wake-ups come back within a probe interval (plus a connect) of the path healing.
 
 Enqueue sends one notification per call (payload `queue`, `queue:bucket`, or for a job not due
 yet `queue:bucket:ms_until_run_at`); the listener hands it to a callback that only sets an event
@@ -21,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
+from coordinator.pgnotify import NotificationWait
 
 from .backoff import jittered
 from .constants import NOTIFY_CHANNEL
@@ -68,6 +70,11 @@ class Listener:
             await asyncio.gather(self._task, return_exceptions=True)
         await close_quietly(self._conn)
 
+    def _deliver(self, note: psycopg.Notify) -> None:
+        queue, bucket, due_in_s = parse_payload(note.payload)
+        if queue in self._queues:
+            self._on_notify(queue, bucket, due_in_s)
+
     async def _run(self) -> None:
         delay = 0.5
         timeout_s = self._limits.statement_timeout_s
@@ -80,12 +87,10 @@ class Listener:
                 delay = 0.5
                 # A reconnect may have missed notifications: wake the claim loop once to catch up.
                 self._on_notify(next(iter(self._queues)), None, None)
+                notifications = NotificationWait(conn, self._deliver)
                 while True:
-                    async for note in conn.notifies(timeout=jittered(self._probe_s, 0.2)):
-                        queue, bucket, due_in_s = parse_payload(note.payload)
-                        if queue in self._queues:
-                            self._on_notify(queue, bucket, due_in_s)
-                    await bounded("listen probe", conn.execute("SELECT 1"), timeout_s, conn)
+                    if not await notifications.wait(jittered(self._probe_s, 0.2)):
+                        await bounded("listen probe", conn.execute("SELECT 1"), timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 self.listening.clear()
                 log.warning("listener lost its connection (%s); polling covers the gap, retrying in %.1f s",

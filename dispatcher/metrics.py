@@ -9,9 +9,9 @@ loop heartbeat are judged at scrape time (health.py).
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from prometheus_client import Counter, Gauge, Histogram
+
+from ._version import __version__
 
 # Fine enough to read p50/p99 of a claim (0.5-20 ms here) from the buckets, as the bench suite does.
 _LATENCY_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015,
@@ -69,12 +69,5 @@ CLAIM_BATCH = Histogram(
 FLUSH_SECONDS = Histogram("dispatcher_flush_seconds", "Latency of one completion flush", buckets=_LATENCY_BUCKETS)
 
 
-def _version() -> str:
-    try:
-        return metadata.version("bucket-dispatcher")
-    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown"
-
-
 BUILD_INFO = Gauge("dispatcher_build_info", "Always 1; the version of bucket-dispatcher in its label", ["version"])
-BUILD_INFO.labels(_version()).set(1)
+BUILD_INFO.labels(__version__).set(1)

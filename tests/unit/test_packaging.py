@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tomllib
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,10 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def test_version_is_the_distributions() -> None:
-    assert dispatcher.__version__ == PYPROJECT["project"]["version"]
+    # pyproject.toml reads the version from dispatcher/_version.py; the installed metadata agrees.
+    assert PYPROJECT["project"]["dynamic"] == ["version"]
+    assert dispatcher.__version__ == metadata.version("bucket-dispatcher")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", dispatcher.__version__)
 
 
 def test_cli_prints_the_version() -> None:

@@ -93,9 +93,11 @@ class CoordinatorBackend(Protocol):
     async def hand_over(self, member: str, buckets: Sequence[int]) -> int:
         """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1; notify."""
 
-    async def wait_for_change(self, timeout_s: float) -> bool:
+    async def wait_for_change(self, timeout_s: float, *, joins: bool = True) -> bool:
         """Block until another member notifies a change (True) or the timeout passes (False).
-        Our own notifications do not wake us; a burst of them is one wake-up."""
+        Our own notifications do not wake us; a burst of them is one wake-up. `joins=False`:
+        another member's (re)join does not wake us either, only the changes that follow it (a
+        follower does nothing with a join: the leader rebalances, and its apply notifies)."""
 
 
 def check_lease(lease_s: float) -> None:

@@ -95,6 +95,7 @@ class PostgresBackend:
         # of a connect() that succeeds (nothing can have been missed before it returned).
         self._wake_on_listen = False
         self._changed = asyncio.Event()
+        self._wake_on_join = True  # the last wait_for_change's `joins`, for notifications between waits too
         # Tags our own notifications so wait_for_change() wakes only for *other* members.
         self._token = uuid.uuid4().hex
         self.waiting = asyncio.Event()  # test signal: wait_for_change is blocked, listening
@@ -173,7 +174,9 @@ class PostgresBackend:
             delay = min(delay * 2, 5.0)
 
     def _on_notification(self, note: psycopg.Notify) -> None:
-        if self._from_other_member_of_group(note.payload):
+        token, _, rest = note.payload.partition(":")
+        group, _, reason = rest.partition(":")
+        if token != self._token and group == self.group and (self._wake_on_join or not reason.startswith("join ")):
             self._changed.set()
 
     def _params(self, **extra: Any) -> dict[str, Any]:
@@ -208,10 +211,6 @@ class PostgresBackend:
 
     def _payload(self, reason: str) -> str:
         return f"{self._token}:{self.group}:{reason}"
-
-    def _from_other_member_of_group(self, payload: str) -> bool:
-        token, _, rest = payload.partition(":")
-        return token != self._token and rest.partition(":")[0] == self.group
 
     async def _notify(self, conn: psycopg.AsyncConnection[Any], reason: str) -> None:
         await conn.execute(query("notify_change"), {"channel": CHANNEL, "payload": self._payload(reason)})
@@ -317,7 +316,8 @@ class PostgresBackend:
 
         await self._run("leave", work)
 
-    async def wait_for_change(self, timeout_s: float) -> bool:
+    async def wait_for_change(self, timeout_s: float, *, joins: bool = True) -> bool:
+        self._wake_on_join = joins
         self.waiting.set()
         try:
             await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, timeout_s))

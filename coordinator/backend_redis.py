@@ -252,10 +252,13 @@ class RedisBackend:
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()
 
-    def _from_other(self, msg: dict[str, Any] | None) -> bool:
-        return msg is not None and msg["type"] == "message" and str(msg["data"]).partition(":")[0] != self._token
+    def _wakes_us(self, msg: dict[str, Any] | None, joins: bool) -> bool:
+        if msg is None or msg["type"] != "message":
+            return False
+        token, _, reason = str(msg["data"]).partition(":")
+        return token != self._token and (joins or not reason.startswith("join "))
 
-    async def wait_for_change(self, timeout_s: float) -> bool:
+    async def wait_for_change(self, timeout_s: float, *, joins: bool = True) -> bool:
         """Block until another member notifies a change (True) or the timeout passes (False).
 
         A burst of notifications is drained, so it costs one wake-up. If the subscription had
@@ -274,7 +277,7 @@ class RedisBackend:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return False
-                if self._from_other(await self._pubsub.get_message(timeout=remaining)):
+                if self._wakes_us(await self._pubsub.get_message(timeout=remaining), joins):
                     break
             drain_until = loop.time() + DRAIN_MAX_S
             while loop.time() < drain_until:  # the rest of the burst

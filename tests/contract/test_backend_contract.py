@@ -463,6 +463,31 @@ def test_wait_for_change_wakes_on_another_members_change_only(backend_factory: B
     run_async(main())
 
 
+def test_a_wait_without_joins_sleeps_through_a_join_but_not_through_what_follows(backend_factory: BackendFactory) -> None:
+    """A follower waits with joins=False: only the leader acts on a join, and its apply (or a
+    hand-over, or a leave) is what the follower must see."""
+    async def main() -> None:
+        async with backend_factory.connected(2) as [a, b]:
+            await b.heartbeat("b", 10)
+            assert await a.wait_for_change(5) is True  # b joined: a wait with joins wakes
+            waiter = asyncio.create_task(a.wait_for_change(10, joins=False))
+            await wait_until_async(a.waiting.is_set, 5, "a blocks in wait_for_change")
+            t0 = time.monotonic()
+            for m in ("c", "d"):  # joins, sent while a waits without joins ...
+                await b.heartbeat(m, 10)
+            assert await b.try_lead("b", 10)
+            await b.apply("b", [assign(0, 0, "c")], 10)  # ... then the leader's apply
+            assert await waiter is True  # woken by the apply
+            assert time.monotonic() - t0 < 5
+            assert await a.wait_for_change(0.2, joins=False) is False  # the joins did not queue a wake-up
+            await b.heartbeat("e", 10)  # nor does a join sent between two waits
+            assert await a.wait_for_change(0.3, joins=False) is False
+            await b.leave("c")  # a leave does wake a follower
+            assert await a.wait_for_change(5, joins=False) is True
+
+    run_async(main())
+
+
 def test_apply_hand_over_and_leave_notify_only_when_something_changed(backend_factory: BackendFactory) -> None:
     async def main() -> None:
         async with backend_factory.connected(2) as [a, b]:

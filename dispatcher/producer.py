@@ -30,7 +30,7 @@ from coordinator.assignment import BucketAssignment
 
 from . import metrics
 from .backoff import jittered
-from .claim_windows import ClaimWindows
+from .claim_windows import ClaimWindows, window_buckets
 from .config import Config
 from .constants import MODE_PARTITIONED, NUM_BUCKETS
 from .due_timer import DueTimer
@@ -89,7 +89,10 @@ class Producer:
         self._look_ahead = True
         self._poll_look_ahead_at = 0.0  # time.monotonic() from which a poll wake-up looks ahead again
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
-        self._windows = ClaimWindows()
+        # After a full batch (a backlog exists) wait until a quarter of the slots are free rather
+        # than claiming a handful at a time: fewer, fuller claims are cheaper for PostgreSQL.
+        self._refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
+        self._windows = ClaimWindows(window_buckets(self._refill_at))  # claims of a backlog take ~refill_at jobs
         self._asleep = False  # in _sleep_until_woken
         self.failing_since: float | None = None  # time.monotonic() of the first of the claims failing now
         self.stats = ProducerStats()
@@ -164,14 +167,11 @@ class Producer:
 
     async def _claim_loop(self) -> None:
         config, executor = self._config, self._executor
-        # After a full batch (a backlog exists) wait until a quarter of the slots are free rather
-        # than claiming a handful at a time: fewer, fuller claims are cheaper for PostgreSQL.
-        refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
         backlog = False
         queues = list(config.queues)
         while not self._stopped.is_set():
             metrics.JOBS_IN_FLIGHT.set(executor.in_flight)  # per cycle, not per job: cheap and never stale for long
-            if config.concurrency - executor.in_flight < (refill_at if backlog else 1):
+            if config.concurrency - executor.in_flight < (self._refill_at if backlog else 1):
                 executor.slot_freed.clear()
                 await executor.slot_freed.wait()
                 continue

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from coordinator.assignment import StaticAssignment
-from dispatcher.claim_windows import WINDOW_BUCKETS, ClaimWindows
+from dispatcher.claim_windows import MAX_WINDOW_BUCKETS, ClaimWindows, window_buckets
 from dispatcher.config import Config
 from dispatcher.producer import Producer
 from dispatcher.rows import Claimed, Job
@@ -67,8 +67,8 @@ class FakeExecutor:
 async def drive(store: FakeStore, own: tuple[int, ...], *, until, steal: bool = True, timeout_s: float = 5.0,
                 **settings) -> Producer:
     """Run a producer over `own` until `until(store)` holds or `timeout_s` passes (a failure)."""
-    config = Config(dsn="postgresql://x", concurrency=100, batch_size=500, steal=steal,
-                    **{"poll_interval_s": 30.0, **settings})
+    config = Config(dsn="postgresql://x", batch_size=500, steal=steal,
+                    **{"concurrency": 100, "poll_interval_s": 30.0, **settings})
     producer = Producer(config, store, {"default": StaticAssignment(own)}, FakeExecutor())
     task = asyncio.create_task(producer.run())
     try:
@@ -93,18 +93,21 @@ async def _test_a_claim_that_lost_rows_to_others_is_still_a_backlog():
     assert store.left() == 0
 
 
-def test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket():
-    asyncio.run(_test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket())
+@pytest.mark.parametrize("concurrency, window", [(100, 2), (500, 8)])
+def test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket(concurrency, window):
+    asyncio.run(_test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket(concurrency, window))
 
 
-async def _test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket():
-    own = tuple(range(0, 64, 2))  # 32 buckets: 4 windows
+async def _test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket(concurrency, window):
+    """A backlog's claims take a quarter of the slots (25 at the default concurrency 100, 125 at
+    500); the window holds ~16 jobs' worth of buckets: 2 and 8."""
+    own = tuple(range(0, 64, 2))  # 32 buckets: 16 windows of 2, or 4 of 8
     store = FakeStore({b: 400 for b in own})
-    await drive(store, own, until=lambda s: s.left() == 0, steal=False)
+    await drive(store, own, until=lambda s: s.left() == 0, steal=False, concurrency=concurrency)
     first, *rest = [c for c in store.claims if not c[2]]
     assert first[0] == own  # out of a backlog: all our buckets
     windows = [c[0] for c in rest if c[0] != own]
-    assert windows and all(len(w) == WINDOW_BUCKETS for w in windows)
+    assert windows and all(len(w) == window for w in windows)
     assert set().union(*windows) == set(own)
     read = Counter(b for w in windows for b in w)
     assert max(read.values()) - min(read.values()) <= 2  # even rotation
@@ -152,14 +155,26 @@ async def _test_when_our_buckets_run_dry_the_worker_steals_without_sleeping_firs
 
 @pytest.mark.parametrize("owned, windowed", [(8, False), (9, True), (32, True), (64, True)])
 def test_windows_only_where_more_buckets_than_a_window(owned, windowed):
-    windows = ClaimWindows()
+    windows = ClaimWindows(MAX_WINDOW_BUCKETS)
     buckets, is_window = windows.pick("q", tuple(range(owned)))
     assert is_window == windowed
-    assert len(buckets) <= WINDOW_BUCKETS if windowed else buckets == tuple(range(owned))
+    assert len(buckets) <= MAX_WINDOW_BUCKETS if windowed else buckets == tuple(range(owned))
+
+
+@pytest.mark.parametrize("claim_size, window", [(1, 2), (25, 2), (32, 2), (33, 3), (48, 3), (125, 8), (500, 8)])
+def test_a_window_holds_about_16_jobs_worth_of_buckets_from_2_to_8(claim_size, window):
+    assert window_buckets(claim_size) == window
+
+
+def test_sizes_that_cannot_be_are_refused():
+    with pytest.raises(ValueError, match="at least 1 job"):
+        window_buckets(0)
+    with pytest.raises(ValueError, match="at least 1 bucket"):
+        ClaimWindows(0)
 
 
 def test_a_full_window_resets_the_count_of_short_ones():
-    windows = ClaimWindows()
+    windows = ClaimWindows(8)
     own = tuple(range(32))  # 4 windows
     for _ in range(3):
         assert windows.pick("q", own)[1]
@@ -175,7 +190,7 @@ def test_a_full_window_resets_the_count_of_short_ones():
 
 
 def test_degraded_and_skip_locked_claims_are_never_windowed():
-    assert ClaimWindows().pick("q", None) == (None, False)
+    assert ClaimWindows(2).pick("q", None) == (None, False)
 
 
 def test_poll_wake_ups_look_ahead_at_most_once_a_second():

@@ -6,7 +6,8 @@ costs ten event-loop wake-ups a second, each of them a timer and a reader added 
 worker has one such connection (the jobs' LISTEN), and in partitioned mode a second one (its
 coordinator's). Eight idle coordinators in one process spent 20-33 ms of CPU a second, 40% of it
 in those wake-ups (cProfile with a CPU clock); the fleet pays it for as long as it runs,
-during a drain too.
+during a drain too. Measured on worker processes: an idle partitioned worker (8 of them, default
+settings, 10 s) used 7.1 ms of CPU a second before this wait and 5.1 ms after.
 
 `NotificationWait.wait()` waits on the socket itself (`loop.add_reader`) for the whole interval
 and reads what arrived through libpq (`consume_input`, `notifies`). Notifications that psycopg

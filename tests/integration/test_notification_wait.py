@@ -4,7 +4,9 @@ reads it; a broken connection raises; and an idle wait does not wake up every 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -21,6 +23,16 @@ async def _listening(dsn: str) -> psycopg.AsyncConnection:
     return conn
 
 
+@contextlib.asynccontextmanager
+async def _waiting(dsn: str, on_notify) -> AsyncIterator[tuple[psycopg.AsyncConnection, NotificationWait]]:
+    """A LISTEN connection and its NotificationWait, closed afterwards."""
+    conn = await _listening(dsn)
+    try:
+        yield conn, NotificationWait(conn, on_notify)
+    finally:
+        await conn.close()
+
+
 async def _notify(dsn: str, *payloads: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
         for payload in payloads:
@@ -29,10 +41,8 @@ async def _notify(dsn: str, *payloads: str) -> None:
 
 def test_a_notification_wakes_the_wait_at_once_with_its_payload(dsn):
     async def main():
-        conn = await _listening(dsn)
         got: list[str] = []
-        waiter = NotificationWait(conn, lambda note: got.append(note.payload))
-        try:
+        async with _waiting(dsn, lambda note: got.append(note.payload)) as (_, waiter):
             waiting = asyncio.create_task(waiter.wait(30))
             await asyncio.sleep(0.05)  # the wait is on the socket now
             started = time.monotonic()
@@ -42,37 +52,30 @@ def test_a_notification_wakes_the_wait_at_once_with_its_payload(dsn):
                 assert await waiter.wait(10) is True
             assert got == ["a", "b"]
             assert time.monotonic() - started < 10  # woken by the data, not by the 30 s timeout
-        finally:
-            await conn.close()
 
     run_async(main())
 
 
 def test_a_notification_read_during_a_statement_is_delivered_once(dsn):
     async def main():
-        conn = await _listening(dsn)
         got: list[str] = []
-        waiter = NotificationWait(conn, lambda note: got.append(note.payload))
-        try:
+        async with _waiting(dsn, lambda note: got.append(note.payload)) as (conn, waiter):
             await _notify(dsn, "during")
             # psycopg reads it with this statement's answer: the notify handler delivers it ...
             await conn.execute("SELECT 1")
             await waiter.wait(0.2)  # ... and the wait, reading libpq's queue, does not again
             await waiter.wait(0.2)
             assert got == ["during"]
-        finally:
-            await conn.close()
 
     run_async(main())
 
 
 def test_a_silent_wait_times_out_and_a_broken_connection_raises(dsn):
     async def main():
-        conn = await _listening(dsn)
-        waiter = NotificationWait(conn, lambda note: None)
-        try:
+        async with _waiting(dsn, lambda note: None) as (conn, waiter):
             assert await waiter.wait(0.2) is False
             pid = conn.info.backend_pid
+
             async def wait_as_a_listener_does():
                 while True:  # the server's last words (an error message) may come in a read of their own
                     await waiter.wait(30)
@@ -83,8 +86,6 @@ def test_a_silent_wait_times_out_and_a_broken_connection_raises(dsn):
                 await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             with pytest.raises(psycopg.OperationalError):
                 await asyncio.wait_for(waiting, 10)  # at once, not after a 30 s wait
-        finally:
-            await conn.close()
 
     run_async(main())
 

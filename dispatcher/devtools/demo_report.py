@@ -15,8 +15,8 @@ from ..constants import NUM_BUCKETS
 WHEN_EACH_MODE_WINS = """\
 When each mode wins (bench/RESULTS.md in the repository has the full runs and the reasons):
 - From a cold start against a queued backlog at the default concurrency 100, partitioned drained
-  faster than SKIP LOCKED with 2, 4 and 8 worker processes (medians of 10 rounds 1.04-1.12x). At
-  concurrency 500 the two tie (0.98-1.02x): large claims cost both modes the same CPU on 2 cores,
+  faster than SKIP LOCKED with 2, 4 and 8 worker processes (medians of 15 rounds 1.03-1.09x). At
+  concurrency 500 the two tie (0.99-1.00x): large claims cost both modes the same CPU on 2 cores,
   and a partitioned fleet also runs its coordinator (bench/RESULTS.md, coldstart).
 - On 2 cores both modes cost the same CPU per job, so neither pulls far ahead. What grows with the
   workers is SKIP LOCKED's claim: the pages it touches per job doubled from 1 to 16 workers (it walks

@@ -35,6 +35,7 @@ class NotificationWait:
         self._conn = conn
         self._on_notify = on_notify
         conn.add_notify_handler(on_notify)  # those psycopg reads during our statements
+        self.on_socket = False  # test signal: wait() is blocked on the socket
 
     async def wait(self, timeout_s: float) -> bool:
         """Wait until data arrives on the connection or `timeout_s` passes; hand every
@@ -46,11 +47,13 @@ class NotificationWait:
         arrived = loop.create_future()
         socket = self._conn.pgconn.socket
         loop.add_reader(socket, _resolve, arrived)
+        self.on_socket = True
         try:
             await asyncio.wait_for(arrived, timeout_s)
         except TimeoutError:
             return False
         finally:
+            self.on_socket = False
             loop.remove_reader(socket)
         self._read()  # may be a partial message: the next wait reads the rest
         return True

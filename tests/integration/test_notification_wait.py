@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from coordinator.pgnotify import NotificationWait
-from tests.helpers import run_async
+from tests.helpers import run_async, wait_until_async
 
 CHANNEL = "notification_wait_test"
 
@@ -44,7 +44,7 @@ def test_a_notification_wakes_the_wait_at_once_with_its_payload(dsn):
         got: list[str] = []
         async with _waiting(dsn, lambda note: got.append(note.payload)) as (_, waiter):
             waiting = asyncio.create_task(waiter.wait(30))
-            await asyncio.sleep(0.05)  # the wait is on the socket now
+            await wait_until_async(lambda: waiter.on_socket, 10, "the wait is on the socket")
             started = time.monotonic()
             await _notify(dsn, "a", "b")
             assert await asyncio.wait_for(waiting, 10) is True
@@ -81,7 +81,7 @@ def test_a_silent_wait_times_out_and_a_broken_connection_raises(dsn):
                     await waiter.wait(30)
 
             waiting = asyncio.create_task(wait_as_a_listener_does())
-            await asyncio.sleep(0.05)
+            await wait_until_async(lambda: waiter.on_socket, 10, "the wait is on the socket")
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
                 await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             with pytest.raises(psycopg.OperationalError):

@@ -100,6 +100,16 @@ class CoordinatorBackend(Protocol):
         follower does nothing with a join: the leader rebalances, and its apply notifies)."""
 
 
+def join_reason(member: str) -> str:
+    """The reason a (re)joining member's heartbeat notifies with, in every backend."""
+    return f"join {member}"
+
+
+def wakes_waiter(reason: str, joins: bool) -> bool:
+    """Whether another member's notification with `reason` wakes `wait_for_change(joins=joins)`."""
+    return joins or not reason.startswith(join_reason(""))
+
+
 def check_lease(lease_s: float) -> None:
     """A lease below 1 ms is refused: it would mean "already expired" (and Redis refuses PX 0)."""
     if not (isinstance(lease_s, int | float) and math.isfinite(lease_s) and lease_s >= 0.001):

@@ -41,6 +41,8 @@ from .backend import (
     check_buckets,
     check_changes,
     check_lease,
+    join_reason,
+    wakes_waiter,
 )
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
@@ -176,7 +178,7 @@ class PostgresBackend:
     def _on_notification(self, note: psycopg.Notify) -> None:
         token, _, rest = note.payload.partition(":")
         group, _, reason = rest.partition(":")
-        if token != self._token and group == self.group and (self._wake_on_join or not reason.startswith("join ")):
+        if token != self._token and group == self.group and wakes_waiter(reason, self._wake_on_join):
             self._changed.set()
 
     def _params(self, **extra: Any) -> dict[str, Any]:
@@ -235,7 +237,7 @@ class PostgresBackend:
             async with conn.transaction():  # the NOTIFY is sent with the commit, or not at all
                 rows = await self._fetch(conn, query("member_heartbeat"), self._params(member=member, lease_s=lease_s))
                 if rows and rows[0][0]:  # (re)joined: wake the others
-                    await self._notify(conn, f"join {member}")
+                    await self._notify(conn, join_reason(member))
 
         await self._run("heartbeat", work)
 

@@ -37,7 +37,7 @@ from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .backend import (DRAIN_MAX_S, DRAIN_QUIET_S, BucketChange, BucketState, ClusterView, check_buckets,
-                      check_changes, check_lease)
+                      check_changes, check_lease, join_reason, wakes_waiter)
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .redis_scripts import SCRIPTS
@@ -157,7 +157,7 @@ class RedisBackend:
         k = self.keys
         lease_ms = _lease_ms(lease_s)
         await self._run("heartbeat", [k.members, k.member(member)],
-                        [k.channel, self._payload(f"join {member}"), member, lease_ms, PRUNE_AFTER_MS])
+                        [k.channel, self._payload(join_reason(member)), member, lease_ms, PRUNE_AFTER_MS])
 
     async def leave(self, member: str) -> None:
         """Graceful exit: drop the member, release its buckets (to their next_owner if a hand-off
@@ -256,7 +256,7 @@ class RedisBackend:
         if msg is None or msg["type"] != "message":
             return False
         token, _, reason = str(msg["data"]).partition(":")
-        return token != self._token and (joins or not reason.startswith("join "))
+        return token != self._token and wakes_waiter(reason, joins)
 
     async def wait_for_change(self, timeout_s: float, *, joins: bool = True) -> bool:
         """Block until another member notifies a change (True) or the timeout passes (False).

@@ -14,15 +14,15 @@ import os
 import sys
 from pathlib import Path
 
-from . import pyspy, statements
-from .coldstart import coldstart_suite, rolling_suite
-from .core import OUT_DIR, Result, database, machine
-from .drain import drain_suite
-from .enqueue import enqueue_suite
-from .external import add_arguments as add_external_arguments
-from .external import main as external_main
-from .plots import coldstart_plot, curve_plot, scaling_plots
-from .scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
+from bench import pyspy, statements
+from bench.coldstart import coldstart_suite, rolling_suite
+from bench.core import OUT_DIR, Result, database, machine
+from bench.drain import drain_suite
+from bench.enqueue import enqueue_suite
+from bench.external import add_arguments as add_external_arguments
+from bench.external import main as external_main
+from bench.plots import coldstart_plot, curve_plot, scaling_plots
+from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 
 SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling"]
 MODES = ["partitioned", "skip_locked"]

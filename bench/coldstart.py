@@ -21,12 +21,11 @@ from typing import Any
 
 import psycopg
 
+from bench.core import Result, postgres_cpu_seconds, postmaster_pid, reset
+from bench.drain import add_medians, interleaved_rounds
+from bench.fleet import Fleet
+from bench.runs import drain_curve, enqueue_jobs
 from dispatcher.devtools.harness import completed_jobs, progress, table_counters, watch_until_done
-
-from .core import Result, postgres_cpu_seconds, postmaster_pid, reset
-from .drain import add_medians, interleaved_rounds
-from .fleet import Fleet
-from .runs import drain_curve, enqueue_jobs
 
 PROFILE_NAMES = ("defaults", "bench")
 WINDOW_S = 0.5  # throughput window of the rolling dip

@@ -25,9 +25,9 @@ from typing import Any
 
 import psycopg
 
-from . import statements
-from .core import cpu_seconds_of, postgres_cpu_seconds
-from .fleet import Fleet
+from bench import statements
+from bench.core import cpu_seconds_of, postgres_cpu_seconds
+from bench.fleet import Fleet
 
 
 @dataclass(frozen=True)

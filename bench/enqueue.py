@@ -15,10 +15,9 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync, enqueue_sync
-from dispatcher.queries import query
-
-from .core import Result, reset
+from bench.core import Result, reset
+from dispatcher.api.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync, enqueue_sync
+from dispatcher.db.queries import query
 
 
 def _raw_copy(conn: psycopg.Connection[Any], jobs: int) -> float:

@@ -39,13 +39,12 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from bench.core import Result, machine
+from bench.fleetview import FleetSampler, claim_sessions, live_members
+from coordinator.pg.dsn import describe_dsn, one_line
+from dispatcher.api.enqueue import enqueue_payloads_sync, enqueue_sync
 from dispatcher.devtools.harness import TableCounters, progress, table_counters
-from dispatcher.dsn import describe_dsn, one_line
-from dispatcher.enqueue import enqueue_payloads_sync, enqueue_sync
 from dispatcher.errors import DispatcherError
-
-from .core import Result, machine
-from .fleetview import FleetSampler, claim_sessions, live_members
 
 T = TypeVar("T")
 ENV_FLAG = "BENCH_EXTERNAL_WORKERS"
@@ -375,7 +374,7 @@ def _delete(conn: psycopg.Connection[Any], ours: Ours) -> int:
 
 def _plot(result: Result, out_dir: Path, opts: Options) -> None:
     try:
-        from .plots import curve_plot
+        from bench.plots import curve_plot
 
         machine_label = f"bench driver: {result.machine['cores']} cores; PostgreSQL {result.machine['postgres']}"
         path = curve_plot(result.rows, out_dir, machine_label, f"{SCENARIO}_drain_curve.png",

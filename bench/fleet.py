@@ -11,17 +11,16 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from bench.core import cpu_seconds_of
 from dispatcher.devtools import harness
 from dispatcher.devtools.harness import http_text
-
-from .core import cpu_seconds_of
 
 APP = "dispatcher.devtools.demo_app:registry"
 _BUCKET = re.compile(r'^(dispatcher_\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"(?:,[^}]*)?\}\s+([0-9.e+]+)$')
 
 
 # The settings every scenario runs at unless it asks for the defaults a user gets (profile
-# "defaults": concurrency 100, poll 1 s, coordinator lease 10 s; see dispatcher/config.py).
+# "defaults": concurrency 100, poll 1 s, coordinator lease 10 s; see dispatcher/settings/config.py).
 TUNED = dict(concurrency=500, batch_size=500, coordinator="postgres", coordinator_lease_s=10, poll_interval_s=0.1)
 PROFILES: dict[str, dict[str, Any]] = {"bench": TUNED, "defaults": {}}
 

@@ -24,9 +24,9 @@ from typing import Any
 import psycopg
 
 from dispatcher.constants import NUM_BUCKETS
+from dispatcher.db.queries import query
+from dispatcher.db.store import claim_sql
 from dispatcher.devtools.harness import lock_waiters
-from dispatcher.queries import query
-from dispatcher.store import claim_sql
 
 CLAIM_APPLICATION = "dispatcher-claim"  # worker.py: f"dispatcher-{role}" for the claim store
 PARTITIONED, SKIP_LOCKED = "partitioned", "skip_locked"

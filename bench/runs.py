@@ -18,14 +18,13 @@ from typing import Any
 
 import psycopg
 
+from bench import pyspy, statements
+from bench.core import reset
+from bench.costs import CostMeter
+from bench.fleet import Fleet, quantile_ms
+from dispatcher.api.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.db.queries import query
 from dispatcher.devtools.harness import table_counters, watch_until_done
-from dispatcher.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
-from dispatcher.queries import query
-
-from . import pyspy, statements
-from .core import reset
-from .costs import CostMeter
-from .fleet import Fleet, quantile_ms
 
 
 def enqueue_jobs(conn: psycopg.Connection[Any], jobs: int, *, delay_s: float = 0.0, jitter_s: float = 0.0,

@@ -9,12 +9,11 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.enqueue import enqueue_sync
-
-from .core import Result, postmaster_pid, reset
-from .fleet import Fleet
-from .drain import add_medians, interleaved_rounds
-from .runs import drain_curve, measured_run
+from bench.core import Result, postmaster_pid, reset
+from bench.drain import add_medians, interleaved_rounds
+from bench.fleet import Fleet
+from bench.runs import drain_curve, measured_run
+from dispatcher.api.enqueue import enqueue_sync
 
 
 def _lead_s(jobs: int) -> float:

@@ -2,7 +2,7 @@
 
 The throwaway server is started with pg_stat_statements preloaded; against a server of your own
 the extension must be preloaded there (`shared_preload_libraries`) or the option says it is not
-available. Each statement is named after its named query (dispatcher/sql, coordinator/sql),
+available. Each statement is named after its named query (dispatcher/db/sql, coordinator/sql),
 recognised by the start of its text; the rest keep their first words.
 Figures are per job of the run: calls, execution time in µs (`total_exec_time`, the server's own
 clock, so it includes lock waits and waiting for a core), and shared buffers touched (hit or read:
@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from coordinator.sqlfile import load
+from coordinator.pg.sqlfile import load
 
 # The claim's variants share one statement shape: told apart by their selection.
 CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED"),
@@ -42,7 +42,7 @@ def _normal(text: str) -> str:
 def _named() -> dict[str, str]:
     """A named query's words -> its name, for every named query of both packages."""
     named = {}
-    for package in ("coordinator", "dispatcher"):
+    for package in ("coordinator", "dispatcher.db"):
         for name, text in load(package).items():
             named.setdefault(_normal(text), name)
     return named
@@ -73,7 +73,7 @@ def enable(dsn: str) -> None:
 
 
 def name_of(text: str) -> str:
-    """Our query's name (dispatcher/sql, coordinator/sql), or the statement's first words."""
+    """Our query's name (dispatcher/db/sql, coordinator/sql), or the statement's first words."""
     normal = _normal(text)
     if normal.startswith("WITH picked AS MATERIALIZED"):
         return next(kind for kind, fragment in CLAIM_KINDS if fragment in normal)

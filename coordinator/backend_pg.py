@@ -46,9 +46,9 @@ from .backend import (
 )
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
-from .pglimits import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
-from .pgnotify import NotificationWait
-from .sqlfile import load
+from .pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
+from .pg.notify import NotificationWait
+from .pg.sqlfile import load
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

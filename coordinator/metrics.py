@@ -1,4 +1,4 @@
-"""Prometheus metrics of the coordinator (the queue's own live in dispatcher/metrics.py)."""
+"""Prometheus metrics of the coordinator (the queue's own live in dispatcher/observe/metrics.py)."""
 
 from __future__ import annotations
 

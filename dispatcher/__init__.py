@@ -11,15 +11,29 @@
 Run workers with `dispatcher run --app myapp.jobs:registry`.
 """
 
-from ._version import __version__ as __version__  # re-exported
-from .config import Config
-from .enqueue import (JobSpec, enqueue, enqueue_many, enqueue_many_sync, enqueue_payloads,
-                      enqueue_payloads_sync, enqueue_sync)
-from .errors import (ConfigError, DispatcherError, EnqueueError, PayloadError, PermanentJobError,
-                     StoreError, StoreUnavailable)
-from .registry import Registry
-from .rows import Job
-from .worker import Worker, run_worker
+from dispatcher._version import __version__ as __version__
+from dispatcher.api.enqueue import (
+    JobSpec,
+    enqueue,
+    enqueue_many,
+    enqueue_many_sync,
+    enqueue_payloads,
+    enqueue_payloads_sync,
+    enqueue_sync,
+)
+from dispatcher.api.registry import Registry
+from dispatcher.errors import (
+    ConfigError,
+    DispatcherError,
+    EnqueueError,
+    PayloadError,
+    PermanentJobError,
+    StoreError,
+    StoreUnavailable,
+)
+from dispatcher.model import Job
+from dispatcher.serve.worker import Worker, run_worker
+from dispatcher.settings.config import Config
 
 __all__ = [
     "Config", "ConfigError", "DispatcherError", "EnqueueError", "Job", "JobSpec", "PayloadError",

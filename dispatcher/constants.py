@@ -16,17 +16,6 @@ MODE_PARTITIONED: Final = "partitioned"
 MODE_SKIP_LOCKED: Final = "skip_locked"
 MODES: Final = (MODE_PARTITIONED, MODE_SKIP_LOCKED)
 
-STATUS_QUEUED: Final = "queued"
-STATUS_RUNNING: Final = "running"
-STATUS_COMPLETED: Final = "completed"
-STATUS_FAILED: Final = "failed"
-STATUS_DISCARDED: Final = "discarded"
-STATUS_CANCELLED: Final = "cancelled"  # by an operator (dispatcher jobs cancel): never retried
-STATUSES: Final = (STATUS_QUEUED, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED,
-                   STATUS_CANCELLED)
-# Where a job's life ends: nothing changes it any more, except an operator (retry, purge) or the pruner.
-FINISHED_STATUSES: Final = (STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED, STATUS_CANCELLED)
-
 DEFAULT_QUEUE: Final = "default"
 
 # What a queue name or a job type may be: enqueue refuses others, and so does a worker's

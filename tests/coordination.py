@@ -17,8 +17,7 @@ from dispatcher.constants import DEFAULT_QUEUE
 def make_backend(kind: str, dsn: str, redis_url: str | None) -> Any:
     if kind == "redis":
         from coordinator.backend_redis import RedisBackend
-
-        from dispatcher.coordination import redis_prefix
+        from dispatcher.serve.coordination import redis_prefix
 
         return RedisBackend(redis_url, prefix=redis_prefix(DEFAULT_QUEUE))  # type: ignore[arg-type]
     from coordinator.backend_pg import PostgresBackend

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import sql
 
-from dispatcher.migrate import migrate
+from dispatcher.db.migrate import migrate
 
 
 def with_dbname(dsn: str, dbname: str) -> str:

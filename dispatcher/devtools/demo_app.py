@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from ..registry import Registry
-from ..store import Job
+from dispatcher.api.registry import Registry
+from dispatcher.db.store import Job
 
 registry = Registry()
 

@@ -75,7 +75,7 @@ from typing import Any, Self
 import psycopg
 import redis
 
-from ..errors import DispatcherError
+from dispatcher.errors import DispatcherError
 
 log = logging.getLogger(__name__)
 

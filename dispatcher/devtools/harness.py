@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import psycopg
 
-from ..constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
 
 
 def progress(label: str, done: int, total: int, elapsed_s: float, stream: IO[str] | None = None) -> None:

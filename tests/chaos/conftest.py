@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from dispatcher.db.migrate import migrate
 from dispatcher.devtools.embedded import EmbeddedPostgres, EmbeddedRedis, start_postgres, start_redis
-from dispatcher.migrate import migrate
 from tests.chaos.proxy import Proxy
 from tests.chaos.support import Workers
 from tests.databases import dbname_of, scratch_database

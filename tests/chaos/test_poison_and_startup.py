@@ -14,10 +14,19 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_payloads_sync
-from dispatcher.migrate import migrate
+from dispatcher.db.migrate import migrate
 from tests.chaos.support import FAST, enqueue
-from tests.helpers import (RETRY_LOG, fetchall, fetchval, overlapping, read_executions, start_worker, status_counts,
-                           stop_workers, wait_until)
+from tests.helpers import (
+    RETRY_LOG,
+    fetchall,
+    fetchval,
+    overlapping,
+    read_executions,
+    start_worker,
+    status_counts,
+    stop_workers,
+    wait_until,
+)
 
 pytestmark = pytest.mark.chaos
 

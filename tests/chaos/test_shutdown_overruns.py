@@ -19,7 +19,7 @@ pytestmark = pytest.mark.chaos
 LEASE_S = 3.0
 GRACE_S = 1.0
 OPTS = dict(lease_s=LEASE_S, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05)
-# dispatcher/worker.py: everything after the grace within 5 s, the watchdog 1 s later.
+# dispatcher/serve/worker.py: everything after the grace within 5 s, the watchdog 1 s later.
 EXIT_BOUND_S = GRACE_S + 6.0
 
 

@@ -25,7 +25,7 @@ LEASE_S = 4.0  # heartbeat every 1.33 s; statements get min(5, lease/2) = 2 s be
 # unanswered for the statement timeout: 3.5 s here; 16 s of the 30 s lease at the defaults.
 NOTICE_BOUND_S = LEASE_S / 3 * 1.1 + LEASE_S / 2
 OPTS = dict(lease_s=LEASE_S, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05)
-# The worker's own bound after SIGTERM: grace + 5 s, and its watchdog 1 s later (dispatcher/worker.py).
+# The worker's own bound after SIGTERM: grace + 5 s, and its watchdog 1 s later (dispatcher/serve/worker.py).
 EXIT_AFTER_GRACE_S = 6.0
 
 

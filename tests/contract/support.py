@@ -122,7 +122,7 @@ class RedisFactory(BackendFactory):
         self._server = server  # an EmbeddedRedis this test owns (restartable_factory), else None
 
     def __call__(self, group: str = "default") -> RedisBackend:
-        # As dispatcher/coordination.py does it: one key prefix per group.
+        # As dispatcher/serve/coordination.py does it: one key prefix per group.
         return RedisBackend(self.url, prefix=self.prefix if group == "default" else f"{self.prefix}:{group}")
 
     def _dead(self) -> RedisBackend:

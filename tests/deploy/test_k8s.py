@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.config import Config, settings
-from dispatcher.worker import exit_bound_s
+from dispatcher.serve.worker import exit_bound_s
+from dispatcher.settings.config import Config, settings
 from tests.deploy.support import APP_IMAGE, K8S, OVERLAYS, documents, find, one, render, run
 
 # Schemas to validate against: the oldest Kubernetes the manifests support (1.28: the static

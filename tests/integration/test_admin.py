@@ -1,4 +1,4 @@
-"""The failed-job admin (dispatcher/admin.py) against a real PostgreSQL: each command, its filters,
+"""The failed-job admin (dispatcher/api/admin.py) against a real PostgreSQL: each command, its filters,
 bulk changes in batches, and the status re-check of every write. Retried jobs are then run by a
 real worker. (The CLI: test_admin_cli.py; cancels reaching running jobs: test_cancel.py.)"""
 
@@ -7,10 +7,18 @@ import threading
 import psycopg
 import pytest
 
-from coordinator.pglimits import ConnectionLimits
+from coordinator.pg.connect import ConnectionLimits
 from dispatcher import Config, Registry, Worker
-from dispatcher.admin import (AdminInputError, Filters, cancel_jobs, count_jobs, list_jobs, purge_jobs, retry_jobs,
-                              show_job)
+from dispatcher.api.admin import (
+    AdminInputError,
+    Filters,
+    cancel_jobs,
+    count_jobs,
+    list_jobs,
+    purge_jobs,
+    retry_jobs,
+    show_job,
+)
 from dispatcher.errors import StoreError
 from tests.helpers import fetchall, fetchval, run_async, run_worker_until, wait_until
 

@@ -9,10 +9,10 @@ import time
 import psycopg
 import pytest
 
-from coordinator.pglimits import ConnectionLimits, StatementTimeout, bounded, connect
-from dispatcher import metrics
+from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, connect
+from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreUnavailable
-from dispatcher.store import JobStore
+from dispatcher.observe import metrics
 from tests.helpers import fetchval, run_async, wait_until, wait_until_async
 
 

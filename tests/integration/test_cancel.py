@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_sync
-from dispatcher.admin import Filters, cancel_jobs
+from dispatcher.api.admin import Filters, cancel_jobs
 from tests.helpers import fetchall, fetchval, read_executions, start_worker, status_counts, stop_workers, wait_until
 
 pytestmark = pytest.mark.slow

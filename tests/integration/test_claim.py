@@ -7,9 +7,9 @@ import psycopg
 import pytest
 
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
-from dispatcher.maintenance import Reaper
-from dispatcher.retry import RetryPolicy
-from dispatcher.store import JobStore, claim_sql, steal_sql
+from dispatcher.db.store import JobStore, claim_sql, steal_sql
+from dispatcher.runtime.maintenance import Reaper
+from dispatcher.runtime.retry import RetryPolicy
 from tests.helpers import analyze_if_stale, fetchall, fetchval, run_async, wait_until
 
 ALL = tuple(range(64))

@@ -1,4 +1,4 @@
-"""Delayed jobs start at their run_at, not at the next poll: the due timer (dispatcher/due_timer.py).
+"""Delayed jobs start at their run_at, not at the next poll: the due timer (dispatcher/runtime/due_timer.py).
 
 The poll interval is 5 s (jittered to 4-6 s) and every job is due 1.5-3.6 s after the worker last
 polled or claimed, so only the due timer can start one within 0.5 s of its run_at. Lateness is
@@ -14,7 +14,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from dispatcher import Config, Job, Registry, Worker, enqueue, enqueue_sync
+from dispatcher import Config, Job, Registry, Worker, enqueue_sync
+from dispatcher.api import enqueue
 from tests.helpers import Deadline, fetchall, run_async, wait_until_async
 
 LATE_BOUND_S = 0.5

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 
 from dispatcher import JobSpec, enqueue_many_sync
-from dispatcher.config import Config
-from dispatcher.migrate import migrate
-from dispatcher.startup import StartupError, wait_until_ready
+from dispatcher.db.migrate import migrate
+from dispatcher.serve.startup import StartupError, wait_until_ready
+from dispatcher.settings.config import Config
 from tests.helpers import (
     fetchall,
     http_get,

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_payloads_sync, enqueue_sync
-from dispatcher.joblog import utc
+from dispatcher.runtime.joblog import utc
 from tests.helpers import RETRY_LOG, fetchall, start_worker, status_counts, stop_workers, wait_until
 
 pytestmark = pytest.mark.slow

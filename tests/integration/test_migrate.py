@@ -5,8 +5,8 @@ import psycopg
 import pytest
 
 from coordinator.buckets import NUM_BUCKETS
+from dispatcher.db.migrate import MIGRATION_PACKAGES, available_migrations, current_version, migrate
 from dispatcher.errors import MigrationError
-from dispatcher.migrate import MIGRATION_PACKAGES, available_migrations, current_version, migrate
 from tests.helpers import fetchall, fetchval
 
 
@@ -64,7 +64,7 @@ def test_a_version_used_by_two_packages_is_refused_before_anything_runs(empty_ds
     (folder / "0002_other.sql").write_text("CREATE TABLE must_not_exist (id int);")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(MigrationError, match="share version 2"):
-        available_migrations(("dispatcher", "coordinator", package))
+        available_migrations(("dispatcher.db", "coordinator", package))
     with pytest.raises(MigrationError, match="share version 2"):
         migrate(empty_dsn, (*MIGRATION_PACKAGES, package))
     assert current_version(empty_dsn) is None  # nothing ran, not even the version table

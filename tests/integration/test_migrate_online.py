@@ -9,8 +9,8 @@ import time
 import psycopg
 import pytest
 
+from dispatcher.db.migrate import available_migrations, migrate
 from dispatcher.errors import MigrationError
-from dispatcher.migrate import available_migrations, migrate
 from tests.helpers import fetchall, fetchval, wait_until
 
 CANCEL = 7  # 0007_cancel_and_retention

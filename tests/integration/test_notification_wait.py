@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from coordinator.pgnotify import NotificationWait
+from coordinator.pg.notify import NotificationWait
 from tests.helpers import run_async, wait_until_async
 
 CHANNEL = "notification_wait_test"

@@ -13,12 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from coordinator.pglimits import ConnectionLimits
-from dispatcher import Config, Job, JobSpec, Registry, Worker, enqueue, enqueue_many_sync, enqueue_payloads_sync
-from dispatcher import enqueue_sync
+from coordinator.pg.connect import ConnectionLimits
+from dispatcher import Config, Job, JobSpec, Registry, Worker, enqueue_many_sync, enqueue_payloads_sync, enqueue_sync
+from dispatcher.api import enqueue
+from dispatcher.db.migrate import available_migrations, current_version, migrate
+from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
-from dispatcher.migrate import available_migrations, current_version, migrate
-from dispatcher.store import JobStore
 from tests.helpers import (
     Deadline,
     fetchall,
@@ -229,8 +229,8 @@ def test_listen_off_means_polling_only_and_no_listen_connection(dsn, pgbouncer):
 def test_the_admin_and_the_pruner_work_through_it_and_leave_no_session_state(dsn, pgbouncer):
     """The admin's statement_timeout is SET LOCAL (its transaction only) and its statements are
     never prepared; the pruner's lock is transaction-scoped: nothing reaches the next client."""
-    from dispatcher.admin import Filters, list_jobs, retry_jobs
-    from dispatcher.maintenance import Pruner
+    from dispatcher.api.admin import Filters, list_jobs, retry_jobs
+    from dispatcher.runtime.maintenance import Pruner
     from tests.integration.test_admin import add
 
     pooled = pgbouncer.dsn_for(dsn)

@@ -15,15 +15,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from coordinator.pglimits import ConnectionLimits
+from coordinator.pg.connect import ConnectionLimits
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.db.migrate import migrate
+from dispatcher.db.privileges import schema_objects
+from dispatcher.db.store import JobStore
 from dispatcher.errors import MigrationError
-from dispatcher.maintenance import PlannerStats
-from dispatcher.migrate import migrate
-from dispatcher.privileges import schema_objects
-from dispatcher.startup import StartupError, wait_until_ready
-from dispatcher.store import JobStore
-from dispatcher.table_sampler import LEASE_NAME, TableSampler
+from dispatcher.runtime.maintenance import PlannerStats
+from dispatcher.runtime.table_sampler import LEASE_NAME, TableSampler
+from dispatcher.serve.startup import StartupError, wait_until_ready
 from tests.helpers import (
     ROOT,
     analyze_if_stale,
@@ -176,10 +176,10 @@ def test_planner_stats_without_permission_warn_once_and_stop_asking(dsn, worker_
             await store.close()
         return stats
 
-    with caplog.at_level(logging.WARNING, logger="dispatcher.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="dispatcher.runtime.maintenance"):
         stats = run_async(main())
     assert stats.retired
-    warnings = [r.getMessage() for r in caplog.records if r.name == "dispatcher.maintenance"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "dispatcher.runtime.maintenance"]
     assert len(warnings) == 1, warnings
     assert f"role {role} may not ANALYZE dispatcher_jobs" in warnings[0]
     assert "owner" in warnings[0] and "not retried" in warnings[0]
@@ -213,7 +213,7 @@ def test_a_worker_waiting_for_the_schema_also_waits_for_its_grants(dsn, worker_r
 
     with pytest.raises(StartupError, match=r"permission denied .* \(grant it with `dispatcher grants`\)"):
         run_async(wait_until_ready(role_dsn, limits, wait_for_schema=False, stopping=asyncio.Event()))
-    with caplog.at_level(logging.WARNING, logger="dispatcher.startup"):
+    with caplog.at_level(logging.WARNING, logger="dispatcher.serve.startup"):
         assert run_async(main()) is True
 
 

@@ -10,10 +10,19 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from dispatcher.maintenance import Pruner
-from dispatcher.queries import query
-from dispatcher.store import JobStore
-from tests.helpers import fetchall, fetchval, free_port, run_async, start_worker, status_counts, stop_workers, wait_until
+from dispatcher.db.queries import query
+from dispatcher.db.store import JobStore
+from dispatcher.runtime.maintenance import Pruner
+from tests.helpers import (
+    fetchall,
+    fetchval,
+    free_port,
+    run_async,
+    start_worker,
+    status_counts,
+    stop_workers,
+    wait_until,
+)
 from tests.integration.test_admin import add
 
 HOUR, DAY = 3600.0, 86400.0

@@ -9,9 +9,9 @@ import threading
 import psycopg
 import pytest
 
-from coordinator.pglimits import ConnectionLimits
-from dispatcher.migrate import migrate
-from dispatcher.startup import StartupError, check_listen, read_schema, wait_until_ready
+from coordinator.pg.connect import ConnectionLimits
+from dispatcher.db.migrate import migrate
+from dispatcher.serve.startup import StartupError, check_listen, read_schema, wait_until_ready
 from tests.helpers import run_async, wait_until_async
 
 LIMITS = ConnectionLimits(connect_timeout_s=2, statement_timeout_s=2)
@@ -55,7 +55,7 @@ def test_wait_for_schema_waits_for_the_migration_then_starts(empty_dsn, caplog):
         await asyncio.to_thread(migrate, empty_dsn)
         return await asyncio.wait_for(waiting, 15)
 
-    with caplog.at_level(logging.WARNING, logger="dispatcher.startup"):
+    with caplog.at_level(logging.WARNING, logger="dispatcher.serve.startup"):
         assert run_async(main()) is True
 
 
@@ -72,7 +72,7 @@ def test_an_unreachable_server_is_retried_with_a_line_each_time_until_stopped(ca
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again: connections are refused
-    with caplog.at_level(logging.WARNING, logger="dispatcher.startup"):
+    with caplog.at_level(logging.WARNING, logger="dispatcher.serve.startup"):
         assert ready(f"postgresql://app:s3cret@127.0.0.1:{port}/jobs", stop_after_s=2.0) is False
     lines = [r.getMessage() for r in caplog.records if "unreachable at start" in r.getMessage()]
     assert len(lines) >= 2, lines

@@ -9,12 +9,13 @@ import urllib.request
 import psycopg
 import pytest
 
-from dispatcher import Config, Job, Registry, Worker, enqueue, enqueue_sync
+from dispatcher import Config, Job, Registry, Worker, enqueue_sync
+from dispatcher.api import enqueue
 from tests.helpers import (
     ROOT,
     Deadline,
-    free_port,
     fetchval,
+    free_port,
     run_async,
     start_worker,
     status_counts,

@@ -208,9 +208,9 @@ def _hold(dsn, job_id, *, attempts, lease_s, max_attempts=3):
 
 
 def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
-    from dispatcher.maintenance import Reaper
-    from dispatcher.retry import RetryPolicy
-    from dispatcher.store import JobStore
+    from dispatcher.db.store import JobStore
+    from dispatcher.runtime.maintenance import Reaper
+    from dispatcher.runtime.retry import RetryPolicy
 
     enqueue(dsn, "t", 3)
     a, b, c = (r[0] for r in fetchall(dsn, "SELECT id FROM dispatcher_jobs ORDER BY id"))
@@ -243,9 +243,10 @@ def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
 def test_a_reap_loses_to_a_heartbeat_or_a_new_claim_that_landed_first(dsn):
     """The reaper reads expired leases, then writes: if meanwhile the owner extended the lease
     (a stalled worker came back) or the job was taken over, the write is fenced off."""
-    from dispatcher.retry import FailureKind, RetryPolicy
-    from dispatcher.rows import Failure
-    from dispatcher.store import JobStore
+    from dispatcher.db.rows import Failure
+    from dispatcher.db.store import JobStore
+    from dispatcher.model import FailureKind
+    from dispatcher.runtime.retry import RetryPolicy
 
     enqueue(dsn, "t", 3)
     ids = [r[0] for r in fetchall(dsn, "SELECT id FROM dispatcher_jobs ORDER BY id")]

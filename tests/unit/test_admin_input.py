@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from dispatcher.admin import AdminInputError, Filters
-from dispatcher.cli_jobs import age_text, error_line, parse_duration_s
+from dispatcher.api.admin import AdminInputError, Filters
+from dispatcher.cli.jobs import age_text, error_line, parse_duration_s
 
 
 @pytest.mark.parametrize("text, seconds", [

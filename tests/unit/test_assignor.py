@@ -263,7 +263,7 @@ def test_moves_counts_changed_gained_and_lost_owners() -> None:
     assert moves({}, {}) == 0
 
 
-# -- several queues: one group per queue (dispatcher/coordination.py) ----------------------------
+# -- several queues: one group per queue (dispatcher/serve/coordination.py) ----------------------------
 
 QUEUES = ["qa", "qb", "qc"]
 serving_sets = st.dictionaries(short_names, st.sets(st.sampled_from(QUEUES), min_size=1), max_size=12)

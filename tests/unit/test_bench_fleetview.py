@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.fleetview import PARTITIONED, SKIP_LOCKED, FleetSampler, claim_mode, server_text
-from dispatcher.store import claim_sql, steal_sql
+from dispatcher.db.store import claim_sql, steal_sql
 
 CLAIMS = {
     "skip_locked": (claim_sql(None), SKIP_LOCKED),

@@ -5,8 +5,8 @@ import re
 import pytest
 
 from bench.statements import Usage, minus, name_of, per_job
-from coordinator.sqlfile import load
-from dispatcher.store import claim_sql, steal_sql
+from coordinator.pg.sqlfile import load
+from dispatcher.db.store import claim_sql, steal_sql
 
 
 def as_pg_stat_statements_shows_it(text: str) -> str:
@@ -22,7 +22,7 @@ def as_pg_stat_statements_shows_it(text: str) -> str:
     return re.sub(r"(?<![\w$])\d+", lambda m: f"${next(n)}", text)
 
 
-@pytest.mark.parametrize("package", ["dispatcher", "coordinator"])
+@pytest.mark.parametrize("package", ["dispatcher.db", "coordinator"])
 def test_every_named_query_is_recognised(package):
     texts = {name: text for name, text in load(package).items() if "{" not in text}  # fragments: below
     wrong = {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in texts.items()}

@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from dispatcher.completer import Completer
+from dispatcher.db.rows import FailedWrite
 from dispatcher.errors import StoreUnavailable
-from dispatcher.retry import Outcome
-from dispatcher.rows import FailedWrite, Job
+from dispatcher.model import Job, Outcome
+from dispatcher.runtime.completer import Completer
 from tests.helpers import run_async, wait_until_async
 
 

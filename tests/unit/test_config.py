@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.config import Config, parse_buckets, settings
 from dispatcher.errors import ConfigError, EnqueueError
+from dispatcher.settings.config import Config, parse_buckets, settings
 
 
 def test_defaults_are_valid_and_heartbeat_is_a_third_of_the_lease():
@@ -68,7 +68,7 @@ def test_prepared_statements_reach_the_connection_limits():
 
 def test_the_queue_rule_is_enqueues_rule():
     """One rule for both: a queue a worker accepts is one a job can be enqueued to, and back."""
-    from dispatcher.enqueue_checks import check_names
+    from dispatcher.api.enqueue_checks import check_names
 
     for name in ["default", "a.b-c_9", "x" * 100, "x" * 101, "we ird", "q\n", "a:b", "é", "", "a\tb"]:
         try:
@@ -182,7 +182,7 @@ def test_replace_returns_a_valid_copy():
 
 def test_private_exception_and_parser_table_are_gone():
     # The old private exception is gone: every rule raises the public ConfigError.
-    import dispatcher.config as config_module
+    import dispatcher.settings.config as config_module
 
     assert not hasattr(config_module, "_Invalid")
     assert not hasattr(config_module, "_PARSERS")
@@ -295,7 +295,7 @@ def test_documented_defaults_match_the_dataclass():
 
 
 def test_run_help_lists_every_setting_with_its_help(capsys, monkeypatch):
-    from dispatcher.cli import build_parser
+    from dispatcher.cli.commands import build_parser
 
     monkeypatch.setenv("COLUMNS", "100")
     with pytest.raises(SystemExit) as info:

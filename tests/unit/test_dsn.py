@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from dispatcher.dsn import describe_dsn, dsn_problem, one_line, password_forms, redact, redis_url_problem, scrub
+from coordinator.pg.dsn import describe_dsn, dsn_problem, one_line, password_forms, redact, redis_url_problem, scrub
 
 
 def libpq_message(dsn: str) -> str:

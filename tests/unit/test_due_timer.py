@@ -1,7 +1,7 @@
 """The due timer's decisions on a fake clock, and the NOTIFY payload that feeds it."""
 
-from dispatcher.due_timer import DueTimer
-from dispatcher.listener import parse_payload
+from dispatcher.db.listener import parse_payload
+from dispatcher.runtime.due_timer import DueTimer
 
 
 class FakeHandle:

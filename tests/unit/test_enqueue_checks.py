@@ -7,8 +7,15 @@ import enum
 
 import pytest
 
-from dispatcher.enqueue_checks import (MAX_DELAY_S, check_keys, check_names, check_options, holds_nul,
-                                       non_finite_float, serialize_payload)
+from dispatcher.api.enqueue_checks import (
+    MAX_DELAY_S,
+    check_keys,
+    check_names,
+    check_options,
+    holds_nul,
+    non_finite_float,
+    serialize_payload,
+)
 from dispatcher.errors import EnqueueError, PayloadError
 
 NAN, INF = float("nan"), float("inf")

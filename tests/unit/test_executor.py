@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from dispatcher.api.registry import Registry
 from dispatcher.errors import PermanentJobError
-from dispatcher.executor import Executor
-from dispatcher.registry import Registry
-from dispatcher.retry import FailureKind, RetryPolicy
-from dispatcher.rows import Job
+from dispatcher.model import FailureKind, Job
+from dispatcher.runtime.executor import Executor
+from dispatcher.runtime.retry import RetryPolicy
 from tests.helpers import run_async, wait_until_async
 
 

@@ -4,8 +4,8 @@ every job it reaches ends 'cancelled', however its handler ends, and is never re
 import asyncio
 import threading
 
-from dispatcher.registry import Registry
-from dispatcher.retry import FailureKind
+from dispatcher.api.registry import Registry
+from dispatcher.model import FailureKind
 from tests.helpers import run_async, wait_until_async
 from tests.unit.test_executor import job
 from tests.unit.test_executor_leases import make

@@ -5,9 +5,9 @@ import asyncio
 import threading
 import time
 
-from dispatcher.executor import Executor
-from dispatcher.registry import Registry
-from dispatcher.retry import RetryPolicy
+from dispatcher.api.registry import Registry
+from dispatcher.runtime.executor import Executor
+from dispatcher.runtime.retry import RetryPolicy
 from tests.helpers import run_async, wait_until_async
 from tests.unit.test_executor import Recorder, job
 

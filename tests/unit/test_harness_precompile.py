@@ -6,7 +6,7 @@ import py_compile
 from pathlib import Path
 
 import coordinator.coordinator
-import dispatcher.worker
+import dispatcher.serve.worker
 from dispatcher.devtools import harness
 
 
@@ -15,14 +15,14 @@ def _cached(module: object) -> Path:
 
 
 def test_precompile_writes_the_bytecode_of_both_packages_once(monkeypatch):
-    targets = [_cached(dispatcher.worker), _cached(coordinator.coordinator)]
+    targets = [_cached(dispatcher.serve.worker), _cached(coordinator.coordinator)]
     for pyc in targets:
         pyc.unlink(missing_ok=True)  # gitignored; an import meanwhile would just compile from source
     monkeypatch.setattr(harness, "_precompiled", False)
     harness.precompile()
     assert all(pyc.is_file() for pyc in targets)
     # Valid for the source as it is now: the loader would use it rather than compile again.
-    for module, pyc in zip((dispatcher.worker, coordinator.coordinator), targets):
+    for module, pyc in zip((dispatcher.serve.worker, coordinator.coordinator), targets):
         header = pyc.read_bytes()[:16]
         assert header[:4] == importlib.util.MAGIC_NUMBER
         assert int.from_bytes(header[8:12], "little") == int(Path(module.__file__).stat().st_mtime)
@@ -30,4 +30,4 @@ def test_precompile_writes_the_bytecode_of_both_packages_once(monkeypatch):
     targets[0].unlink()
     harness.precompile()  # once per process: the second call does nothing
     assert not targets[0].exists()
-    py_compile.compile(dispatcher.worker.__file__)  # leave it as precompile() did
+    py_compile.compile(dispatcher.serve.worker.__file__)  # leave it as precompile() did

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from coordinator.metrics import _HeartbeatAge
-from dispatcher.health import Health, HealthCollector, assignment_state, judge
-from dispatcher.rows import DbPressure, QueueDepth
-from dispatcher.table_sampler import DEPTH_STATUSES, STALE_TICKS, TableCollector, TableSample, TableSampler
+from dispatcher.db.rows import DbPressure, QueueDepth
+from dispatcher.runtime.table_sampler import DEPTH_STATUSES, STALE_TICKS, TableCollector, TableSample, TableSampler
+from dispatcher.serve.health import Health, HealthCollector, assignment_state, judge
 from tests.helpers import collected
 
 READY = dict(worker="running", database="ok", schema="current", assignment="owned")

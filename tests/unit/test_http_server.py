@@ -1,5 +1,5 @@
 """The worker's HTTP server in this process (no database): routes, and bounds on what clients
-can hold (dispatcher/http_server.py). The real workers' answers: tests/integration/test_health_http.py."""
+can hold (dispatcher/serve/http_server.py). The real workers' answers: tests/integration/test_health_http.py."""
 
 import socket
 import time
@@ -8,9 +8,9 @@ import urllib.request
 import orjson
 import pytest
 
-from dispatcher import http_server
 from dispatcher.errors import DispatcherError
-from dispatcher.health import Health
+from dispatcher.serve import http_server
+from dispatcher.serve.health import Health
 from tests.helpers import http_get, wait_until
 
 

@@ -1,14 +1,13 @@
-"""Per-job metrics counted in plain Python and exported at scrape time (dispatcher/job_metrics.py)."""
+"""Per-job metrics counted in plain Python and exported at scrape time (dispatcher/observe/job_metrics.py)."""
 
 
 import sys
 
 import pytest
 
-from dispatcher.completer import Completer
-from dispatcher.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
-from dispatcher.retry import Outcome
-from dispatcher.rows import Job
+from dispatcher.model import Job, Outcome
+from dispatcher.observe.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
+from dispatcher.runtime.completer import Completer
 from tests.helpers import collected
 
 
@@ -100,9 +99,9 @@ def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type(
     import asyncio
     import threading
 
-    from dispatcher.executor import Executor
-    from dispatcher.registry import Registry
-    from dispatcher.retry import RetryPolicy
+    from dispatcher.api.registry import Registry
+    from dispatcher.runtime.executor import Executor
+    from dispatcher.runtime.retry import RetryPolicy
     from tests.helpers import run_async, wait_until_async
 
     registry = Registry()

@@ -5,9 +5,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dispatcher import joblog
-from dispatcher.retry import FailureKind, Outcome
-from dispatcher.rows import ExpiredLease, FailedWrite, Failure, Job
+from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure
+from dispatcher.model import FailureKind, Job, Outcome
+from dispatcher.runtime import joblog
 
 CEST = timezone(timedelta(hours=2))  # the session's time zone need not be UTC
 RUN_AT = datetime(2025, 1, 31, 11, 14, 7, 201_000, tzinfo=CEST)

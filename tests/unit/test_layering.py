@@ -74,7 +74,7 @@ def test_coordinator_imports_nothing_from_dispatcher(path: Path) -> None:
     ("import dispatcher.constants", "coordinator.assignment"),
     ("import dispatcher", "coordinator.assignment"),
     ("from dispatcher import queries", "coordinator.backend_pg"),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dispatcher.config import Config", "coordinator.factory"),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dispatcher.settings.config import Config", "coordinator.factory"),
     ("def f():\n    from dispatcher.backoff import jittered", "coordinator.coordinator"),
     ("from .. import dispatcher", "coordinator.backend"),
     ("from ..dispatcher.queries import query", "coordinator.backend"),

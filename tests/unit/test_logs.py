@@ -9,8 +9,8 @@ import threading
 import orjson
 import pytest
 
-from dispatcher import logs
-from dispatcher.ratelimit import SUPPRESSED, SUPPRESSED_S
+from dispatcher.observe import logs
+from dispatcher.observe.ratelimit import SUPPRESSED, SUPPRESSED_S
 
 TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 TEXT_HEAD = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "  # today's asctime
@@ -68,8 +68,8 @@ def test_every_logger_gets_the_worker_id_also_set_after_configure(stream):
 
 def test_text_without_a_worker_omits_it(stream):
     logs.configure("text", "INFO", stream=stream)
-    logging.getLogger("dispatcher.migrate").info("applied")
-    assert lines(stream)[0].endswith("dispatcher.migrate: applied")
+    logging.getLogger("dispatcher.db.migrate").info("applied")
+    assert lines(stream)[0].endswith("dispatcher.db.migrate: applied")
 
 
 def test_an_exception_is_one_json_line_and_text_lines_after(stream):

@@ -1,11 +1,11 @@
-"""Migrations in steps (dispatcher/migrate.py): how a file is split, and what is refused."""
+"""Migrations in steps (dispatcher/db/migrate.py): how a file is split, and what is refused."""
 
 import re
 
 import pytest
 
+from dispatcher.db.migrate import Migration, available_migrations
 from dispatcher.errors import MigrationError
-from dispatcher.migrate import Migration, available_migrations
 
 
 def test_a_file_without_step_lines_is_one_transaction():

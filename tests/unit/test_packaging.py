@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import dispatcher
-from dispatcher.cli import build_parser
-from dispatcher.config import settings
+from dispatcher.cli.commands import build_parser
+from dispatcher.settings.config import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -122,6 +122,6 @@ def test_the_wheel_carries_type_markers_sql_and_license(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("bucket_dispatcher-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"dispatcher/py.typed", "coordinator/py.typed", "dispatcher/sql/queries.sql"} <= names
+    assert {"dispatcher/py.typed", "coordinator/py.typed", "dispatcher/db/sql/queries.sql"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(n for n in names if "dist-info" in n)
     assert not any(n.startswith(("tests/", "bench/", "k8s/")) for n in names)

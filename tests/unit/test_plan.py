@@ -12,8 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.assignor import assign
-from coordinator.backend import (BucketChange, BucketState, ClusterView, check_changes, current_owners, owned_by,
-                                 plan_changes)
+from coordinator.backend import (
+    BucketChange,
+    BucketState,
+    ClusterView,
+    check_changes,
+    current_owners,
+    owned_by,
+    plan_changes,
+)
 
 N = 8  # a small bucket space keeps the cases readable; nothing in the planning depends on 64
 

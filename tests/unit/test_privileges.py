@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.migrate import VERSION_TABLE
-from dispatcher.privileges import SchemaObjects, schema_objects, worker_grants
+from dispatcher.db.migrate import VERSION_TABLE
+from dispatcher.db.privileges import SchemaObjects, schema_objects, worker_grants
 
 
 @pytest.fixture

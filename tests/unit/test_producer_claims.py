@@ -11,10 +11,11 @@ from collections import Counter
 import pytest
 
 from coordinator.assignment import StaticAssignment
-from dispatcher.claim_windows import MAX_WINDOW_BUCKETS, ClaimWindows, window_buckets
-from dispatcher.config import Config
-from dispatcher.producer import Producer
-from dispatcher.rows import Claimed, Job
+from dispatcher.db.rows import Claimed
+from dispatcher.model import Job
+from dispatcher.runtime.claim_windows import MAX_WINDOW_BUCKETS, ClaimWindows, window_buckets
+from dispatcher.runtime.producer import Producer
+from dispatcher.settings.config import Config
 
 ALL = tuple(range(64))
 

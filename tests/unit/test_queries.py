@@ -3,14 +3,14 @@ from importlib import resources
 
 import pytest
 
-from coordinator.sqlfile import load, parse_named_queries
+from coordinator.pg.sqlfile import load, parse_named_queries
 from dispatcher.constants import NUM_BUCKETS
-from dispatcher.migrate import available_migrations
-from dispatcher.store import claim_sql
+from dispatcher.db.migrate import available_migrations
+from dispatcher.db.store import claim_sql
 
 
 def test_every_query_parses_and_has_no_leftover_comment_lines():
-    queries = load("dispatcher")
+    queries = load("dispatcher.db")
     assert {"jobs_claim", "claim_select_partitioned", "claim_select_skip_locked", "jobs_complete_owned"} <= set(queries)
     for name, text in queries.items():
         assert text and not text.lstrip().startswith("--"), name
@@ -47,5 +47,5 @@ def test_partitioned_claim_refuses_bad_buckets(bad):
 
 
 def test_migrations_ship_with_the_package():
-    names = [p.name for p in resources.files("dispatcher").joinpath("sql", "migrations").iterdir()]
+    names = [p.name for p in resources.files("dispatcher.db").joinpath("sql", "migrations").iterdir()]
     assert "0001_jobs.sql" in names

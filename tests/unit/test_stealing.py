@@ -1,7 +1,7 @@
 """StealPolicy: when an idle partitioned worker looks in other workers' buckets."""
 
 from dispatcher.constants import NUM_BUCKETS
-from dispatcher.stealing import MAX_SKIPPED_WAKEUPS, StealPolicy
+from dispatcher.runtime.stealing import MAX_SKIPPED_WAKEUPS, StealPolicy
 
 
 def timer_wakeups_that_steal(policy: StealPolicy, wakeups: int, found: int = 0) -> list[int]:

@@ -1,0 +1,341 @@
+"""Failed-job admin: list, show, retry, cancel and purge jobs. The API under `dispatcher jobs`.
+
+Sync psycopg, on a DSN (a connection of its own, closed after) or on your connection (idle: not
+inside a transaction of yours, as every batch commits on its own). Each statement runs in a short
+transaction of its own with `SET LOCAL statement_timeout` (the worker's statement timeout x
+ADMIN_BUDGET; local to that transaction, so nothing leaks through a PgBouncer pool), and is
+never prepared, so its filters are planned with their values (see queries.sql, admin_*).
+
+Every write is guarded like the workers' writes: the status it requires is re-checked on the row
+it writes, in the same statement, so a job that changed meanwhile (claimed, finished, retried by
+someone else) is skipped and reported, never overwritten. A change works on ids (each one
+reported: changed, or skipped and why) or on all jobs that match the filters; the latter runs in
+batches of at most `batch` rows per statement (keyset over ids, up to the newest id that matched
+when it began), so it never holds many row locks nor runs one long statement.
+
+    retry   failed, discarded -> queued, due now; attempts kept, max_attempts raised by one if used
+            up (River's JobRetry, Oban's retry_job)
+    cancel  queued (due or scheduled) -> cancelled at once; running -> a cancel request its owner
+            sees at its next heartbeat (within two heartbeat intervals): the handler is cancelled
+            and the job ends cancelled, not retried. Best effort, as in River: a handler that
+            finishes before the request is seen ends completed.
+    purge   deletes finished jobs (completed, failed, discarded, cancelled); live ones are never
+            touched. Their attempt history stays until history_retention_s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from coordinator.pg.connect import ConnectionLimits
+from dispatcher.db.queries import query
+from dispatcher.db.store import connect_errors, translate_errors
+from dispatcher.errors import DispatcherError, StoreError
+from dispatcher.model import FINISHED_STATUSES, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, STATUS_RUNNING, STATUSES
+
+ADMIN_BUDGET = 6.0  # statement timeout = statement_timeout_s x this (30 s at the defaults), as maintenance's
+DEFAULT_BATCH = 1000  # rows per statement of a bulk change: ~2 ms each, 1,000 row locks at most
+DEFAULT_LIST_LIMIT = 50
+MAX_REPORTED_IDS = 100_000  # ids of changed jobs kept in a result; the counts are always exact
+_UNIQUE_RETRIES = 3  # a batch that hit a dedupe key enqueued meanwhile is sent again (it is then skipped)
+
+# Which statuses each change applies to.
+ELIGIBLE = {
+    "retry": (STATUS_FAILED, STATUS_DISCARDED),
+    "cancel": (STATUS_QUEUED, STATUS_RUNNING),
+    "purge": FINISHED_STATUSES,
+}
+
+
+class AdminInputError(DispatcherError, ValueError):
+    """A bad filter or argument; nothing was read or written. `option` names it (Filters field)."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which jobs: all of the given conditions (an empty one: any). Ages are seconds since the job
+    entered its status (updated_at: enqueued or retried, claimed, finished)."""
+
+    statuses: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+    job_types: tuple[str, ...] = ()
+    older_than_s: float | None = None
+    newer_than_s: float | None = None
+    ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.statuses if s not in STATUSES]
+        if unknown:
+            raise AdminInputError(f"unknown status {', '.join(map(repr, unknown))} (one of {', '.join(STATUSES)})",
+                                  "statuses")
+        for name in ("older_than_s", "newer_than_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise AdminInputError(f"must be a number of seconds >= 0, got {value!r}", name)
+        bad = [i for i in self.ids if isinstance(i, bool) or not isinstance(i, int) or i < 1]
+        if bad:
+            raise AdminInputError(f"job ids are whole numbers >= 1, got {bad[:5]}", "ids")
+
+    def params(self) -> dict[str, Any]:
+        return {"statuses": list(self.statuses) or None, "queues": list(self.queues) or None,
+                "job_types": list(self.job_types) or None, "older_than_s": self.older_than_s,
+                "newer_than_s": self.newer_than_s, "ids": list(self.ids) or None}
+
+    def for_action(self, action: str) -> Filters:
+        """These filters narrowed to the statuses `action` applies to; a status it never applies
+        to is an error (naming `statuses`), not a silent no-op."""
+        eligible = ELIGIBLE[action]
+        wrong = [s for s in self.statuses if s not in eligible]
+        if wrong:
+            raise AdminInputError(f"{action} applies to {', '.join(eligible)} jobs, not {', '.join(wrong)}", "statuses")
+        return replace(self, statuses=self.statuses or eligible)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    id: int
+    queue: str
+    job_type: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime  # when it entered its status
+    age_s: float  # since then, by the database's clock
+    locked_by: str | None
+    cancel_requested_at: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    attempt: int
+    worker: str
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    outcome: str
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """`show`: the whole row (as a dict of its columns), its last error, its attempt history."""
+
+    job: dict[str, Any]
+    last_error: str | None
+    attempts: list[Attempt]
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    id: int
+    status: str | None  # when the statement began (None: no such job)
+    reason: str
+
+
+@dataclass(slots=True)
+class AdminResult:
+    """What a retry, cancel or purge did. `changed`: retried / cancelled at once / purged; for a
+    cancel, `requested`: running jobs that got a cancel request. Ids beyond MAX_REPORTED_IDS are
+    counted, not listed."""
+
+    action: str
+    matched: int = 0  # jobs considered: the ids given, or those the filters matched
+    changed_count: int = 0
+    requested_count: int = 0
+    changed: list[int] = field(default_factory=list)
+    requested: list[int] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+Target = str | psycopg.Connection[Any]
+
+
+def list_jobs(target: Target, filters: Filters = Filters(), *, limit: int = DEFAULT_LIST_LIMIT,
+              limits: ConnectionLimits | None = None) -> list[JobRow]:
+    """Jobs that match, newest first, at most `limit`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
+    with _session(target, limits) as run:
+        rows = run("list", _sql("admin_jobs_list"), {**filters.params(), "limit": limit})
+    return [JobRow(*row) for row in rows]
+
+
+def count_jobs(target: Target, filters: Filters, action: str | None = None, *,
+               limits: ConnectionLimits | None = None) -> int:
+    """How many jobs match (those `action` would touch, if given): what a bulk change asks to confirm."""
+    if action is not None:
+        filters = filters.for_action(action)
+    with _session(target, limits) as run:
+        return int(run("count", _sql("admin_jobs_count"), filters.params())[0][0])
+
+
+def show_job(target: Target, job_id: int, *, attempts_limit: int = 100,
+             limits: ConnectionLimits | None = None) -> JobDetail | None:
+    """The job's row, last error and attempt history (None: no such job)."""
+    Filters(ids=(job_id,))  # validates the id
+    with _session(target, limits) as run:
+        cur_rows = run("show", query("admin_job_show"), {"id": job_id}, columns=True)
+        if len(cur_rows) < 2:
+            return None
+        attempts = run("show", query("admin_job_attempts"), {"id": job_id, "limit": attempts_limit})
+    names, values = cur_rows[0], cur_rows[1]
+    job = dict(zip(names, values, strict=True))
+    return JobDetail(job, job.get("last_error"), [Attempt(*row) for row in attempts])
+
+
+def retry_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
+               limits: ConnectionLimits | None = None) -> AdminResult:
+    """Failed or discarded jobs back to queued, due now (see the module docstring)."""
+    return _change("retry", target, filters, batch, up_to_id, limits)
+
+
+def cancel_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
+                limits: ConnectionLimits | None = None) -> AdminResult:
+    """Queued jobs cancelled at once; running ones get a cancel request (see the module docstring)."""
+    return _change("cancel", target, filters, batch, up_to_id, limits)
+
+
+def purge_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
+               limits: ConnectionLimits | None = None) -> AdminResult:
+    """Delete finished jobs that match (see the module docstring)."""
+    return _change("purge", target, filters, batch, up_to_id, limits)
+
+
+# -- how a change runs ------------------------------------------------------------------------------
+
+def _change(action: str, target: Target, filters: Filters, batch: int, up_to_id: int | None,
+            limits: ConnectionLimits | None) -> AdminResult:
+    """With ids: those jobs (the filters must match too), each reported. Without: every job the
+    filters match (narrowed to the statuses `action` applies to), batch by batch, up to `up_to_id`
+    (default: the newest that matches now)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
+        raise AdminInputError(f"must be a whole number from 1 to 10000, got {batch!r}", "batch")
+    result = AdminResult(action)
+    sql = _sql(f"admin_jobs_{action}")
+    with _session(target, limits) as run:
+        if filters.ids:
+            ids = list(dict.fromkeys(filters.ids))
+            result.matched = len(ids)
+            for start in range(0, len(ids), batch):
+                _write(run, action, sql, ids[start:start + batch], filters, result)
+            return result
+        narrowed = filters.for_action(action)
+        params = narrowed.params()
+        count, newest = run("count", _sql("admin_jobs_count"), params)[0]
+        result.matched = int(count)
+        last = newest if up_to_id is None else min(up_to_id, newest or 0)
+        after = 0
+        while last is not None and after < last:
+            page = [row[0] for row in run(action, _sql("admin_jobs_page"),
+                                          {**params, "after_id": after, "max_id": last, "limit": batch})]
+            if not page:
+                break
+            _write(run, action, sql, page, narrowed, result)
+            after = page[-1]
+            if len(page) < batch:
+                break
+    return result
+
+
+def _write(run: Any, action: str, sql: str, ids: list[int], filters: Filters, result: AdminResult) -> None:
+    """One statement over `ids`: the change, re-checked on each row; the report of each id."""
+    params = {**filters.params(), "ids": ids}
+    for attempt in range(_UNIQUE_RETRIES):
+        try:
+            rows = run(action, sql, params)
+            break
+        except _DedupeRace:
+            if attempt == _UNIQUE_RETRIES - 1:
+                raise StoreError(f"{action}: jobs with the same dedupe key kept being enqueued meanwhile; "
+                                 "run it again") from None
+    eligible = ELIGIBLE[action]
+    after = {job_id: status for job_id, _, _, status, _ in rows if status is not None}  # the changed rows
+    for job_id, before, matches, status, dedupe_held in rows:
+        if status is not None:
+            continue  # the row as written; each id comes again below, as it was before
+        if job_id not in after:
+            result.skipped.append(Skipped(job_id, before, _why(action, before, matches, dedupe_held, eligible)))
+        elif action == "cancel" and after[job_id] == STATUS_RUNNING:
+            result.requested_count += 1
+            _keep(result.requested, job_id)
+        else:
+            result.changed_count += 1
+            _keep(result.changed, job_id)
+
+
+def _why(action: str, status: str | None, matches: bool, dedupe_held: bool, eligible: Sequence[str]) -> str:
+    if status is None:
+        return "no such job"
+    if status not in eligible:
+        return f"it is {status}: {action} applies to {', '.join(eligible)} jobs"
+    if not matches:
+        return "it does not match the filters"
+    if dedupe_held:
+        return "a live job holds its dedupe key"
+    return "its status changed meanwhile"
+
+
+def _keep(ids: list[int], job_id: int) -> None:
+    if len(ids) < MAX_REPORTED_IDS:
+        ids.append(job_id)
+
+
+class _DedupeRace(Exception):
+    """A job with the same dedupe key became live between the check and the write."""
+
+
+def _sql(name: str) -> str:
+    return query(name).replace("{filters}", "(" + query("admin_filters") + ")")
+
+
+@contextlib.contextmanager
+def _session(target: Target, limits: ConnectionLimits | None) -> Iterator[Any]:
+    """A `run(what, sql, params)` that executes one statement in its own bounded transaction on
+    `target` and returns its rows (with `columns=True`: the column names first)."""
+    limits = limits or ConnectionLimits()
+    timeout = f"{int(limits.statement_timeout_s * ADMIN_BUDGET * 1000)}ms"
+
+    def run(what: str, sql: str, params: dict[str, Any], columns: bool = False) -> list[Any]:
+        try:
+            with translate_errors(f"jobs {what}"), conn.transaction():
+                conn.execute(query("admin_statement_timeout"), {"timeout": timeout}, prepare=False)
+                cur = conn.execute(sql, params, prepare=False)
+                rows = cur.fetchall()
+                return [tuple(c.name for c in cur.description or ()), *rows] if columns else rows
+        except StoreError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, psycopg.errors.UniqueViolation):
+                raise _DedupeRace() from None
+            if isinstance(cause, psycopg.errors.QueryCanceled):
+                raise StoreError(f"jobs {what}: no answer within {timeout} (statement_timeout); narrow the "
+                                 "filters (a status, a queue), or raise DISPATCHER_STATEMENT_TIMEOUT_S") from None
+            raise
+
+    if isinstance(target, str):
+        with connect_errors(target):
+            conn = psycopg.connect(target, autocommit=True, application_name="dispatcher-admin",
+                                   **limits.connect_kwargs())
+        with conn:
+            yield run
+    else:
+        conn = target
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise AdminInputError("admin changes commit batch by batch: pass a connection that is not inside a "
+                                  "transaction", "conn")
+        yield run

@@ -1,0 +1,162 @@
+"""What enqueue accepts: names, options and payloads, all checked before anything is sent.
+
+A bad value raises `EnqueueError` naming its option (`exc.option`: the CLI turns it into its
+flag) or `PayloadError`, and nothing is written. Python would otherwise let several through in a
+changed form: `max_attempts=1.5` stored as 2, NaN in a payload stored as null, an infinite
+`delay_s` scheduling a job that never runs, a queue name with a trailing newline. The bulk paths
+run these per job, so the common case costs a few comparisons (payloads: two byte searches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, Final
+
+import orjson
+
+from dispatcher.constants import NAME_PATTERN, NUM_BUCKETS, is_valid_name
+from dispatcher.errors import EnqueueError, PayloadError
+
+# Largest delay_s or jitter_s. Far beyond any schedule (a delay that long is a unit mistake), and
+# far inside what a timestamp can hold: run_at = now + delay stays below Python's year 9999.
+MAX_DELAY_S: Final = 100 * 365.25 * 86_400  # 100 years
+MIN_PRIORITY, MAX_PRIORITY = -32768, 32767  # the column is a smallint
+MAX_ATTEMPTS: Final = 1_000_000
+MIN_PAYLOAD_BYTES: Final = 2  # "{}"
+
+
+def check_integer(option: str, value: Any, lo: int, hi: int) -> None:
+    """An int in lo..hi. Not a float (1.5 would be rounded or truncated on the way to the
+    database) and not a bool (True for a count is a bug, not a 1)."""
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise EnqueueError(f"{option} must be an integer, got {value!r}", option)
+    if not lo <= value <= hi:
+        raise EnqueueError(f"{option} must be in {lo}..{hi}, got {value}", option)
+
+
+def check_seconds(option: str, value: Any) -> None:
+    """A finite number of seconds in 0..MAX_DELAY_S. NaN fails every comparison, so it fails
+    here too, as do the infinities; bools are refused like in check_integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_DELAY_S:
+        raise EnqueueError(f"{option} must be a number of seconds >= 0 and at most {MAX_DELAY_S:.0f} "
+                           f"(100 years), got {value!r}", option)
+
+
+def check_max_payload_bytes(value: Any) -> None:
+    check_integer("max_payload_bytes", value, MIN_PAYLOAD_BYTES, 2**62)
+
+
+_checked_names: set[tuple[str, str]] = set()  # (queue, job_type) pairs already validated
+
+
+def check_names(queue: Any, job_type: Any) -> None:
+    if type(queue) is str and type(job_type) is str and (queue, job_type) in _checked_names:
+        return  # the hot path of a bulk enqueue: one set lookup (unhashable values never get here)
+    if not is_valid_name(job_type):
+        raise EnqueueError(f"job_type must match {NAME_PATTERN}, got {job_type!r}", "job_type")
+    if not is_valid_name(queue):
+        raise EnqueueError(f"queue must match {NAME_PATTERN}, got {queue!r}", "queue")
+    if len(_checked_names) < 10_000:
+        _checked_names.add((queue, job_type))
+
+
+def check_options(priority: Any, max_attempts: Any, delay_s: Any, jitter_s: Any, run_at: Any) -> None:
+    check_integer("priority", priority, MIN_PRIORITY, MAX_PRIORITY)
+    check_integer("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+    check_seconds("delay_s", delay_s)
+    check_seconds("jitter_s", jitter_s)
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise EnqueueError(f"run_at must be a datetime, got {type(run_at).__name__}", "run_at")
+        if delay_s:
+            raise EnqueueError("give run_at or delay_s, not both", "run_at")
+        if run_at.tzinfo is None:
+            raise EnqueueError("run_at must be timezone-aware", "run_at")
+
+
+def check_keys(bucket: Any, partition_key: Any, dedupe_key: Any) -> None:
+    """bucket, partition_key and dedupe_key: the first two exclude each other."""
+    if bucket is not None:
+        if partition_key is not None:
+            raise EnqueueError("give bucket or partition_key, not both", "bucket")
+        check_integer("bucket", bucket, 0, NUM_BUCKETS - 1)
+    if partition_key is not None and not isinstance(partition_key, str):
+        raise EnqueueError(f"partition_key must be a string, got {type(partition_key).__name__}", "partition_key")
+    if dedupe_key is not None and not isinstance(dedupe_key, str):
+        raise EnqueueError(f"dedupe_key must be a string, got {type(dedupe_key).__name__}", "dedupe_key")
+
+
+def serialize_payload(payload: Any, max_bytes: int) -> bytes:
+    """The payload as JSON bytes; PayloadError if it cannot be stored exactly as given."""
+    try:
+        data = orjson.dumps({} if payload is None else payload)
+    except TypeError as exc:
+        raise PayloadError(f"payload cannot be serialised to JSON: {exc}") from None
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes} bytes")
+    # orjson writes NaN and the infinities as null (JSON has no such numbers), and PostgreSQL's
+    # jsonb refuses the escape \u0000. Only JSON with a null, or with that escape, can come from
+    # such a payload: a byte search each, and a walk of the payload only after a hit (a
+    # legitimate None costs one walk of the containers, no more). find(), not `in`: bytes' `in`
+    # first tries its operand as an int and pays for the TypeError (~0.4 us a search).
+    if data.find(b"null") >= 0 and (bad := non_finite_float(payload)) is not None:
+        raise PayloadError(f"payload holds {bad!r}: JSON has no NaN or Infinity (it would be stored as null)")
+    if data.find(b"\\u0000") >= 0 and holds_nul(payload):
+        raise PayloadError("payload holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
+    return data
+
+
+def _children(item: Any) -> Iterable[Any] | None:
+    """What orjson serialises inside `item`, beyond dicts, lists and tuples (their subclasses,
+    enums, dataclasses); None for a leaf. orjson has refused cycles and unknown types already."""
+    if isinstance(item, dict):
+        return [*item.keys(), *item.values()]
+    if isinstance(item, (list, tuple)):
+        return item
+    if isinstance(item, enum.Enum):
+        return (item.value,)
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return [getattr(item, f.name) for f in dataclasses.fields(item)]
+    return None
+
+
+_LEAVES = frozenset({str, int, bool, type(None)})
+
+
+def non_finite_float(value: Any) -> float | None:
+    """The first NaN or infinity in `value`, else None. This runs for every payload that holds a
+    None, so exact types come first and leaves are judged where they sit, never stacked: the
+    common JSON shapes take no isinstance() chain."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        items = item.values() if kind is dict else item if kind is list or kind is tuple else (item,)
+        for v in items:
+            kind = type(v)
+            if kind is float:
+                if v - v != 0.0:  # NaN or an infinity (inf - inf is NaN): one float operation
+                    return v  # type: ignore[no-any-return]
+            elif kind in _LEAVES:
+                continue
+            elif kind is dict or kind is list or kind is tuple:
+                stack.append(v)
+            elif (children := _children(v)) is not None:  # subclasses, enums, dataclasses
+                stack.extend(children)
+    return None
+
+
+def holds_nul(value: Any) -> bool:
+    """Whether a string in `value` (a dict key too) holds a NUL character."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif (children := _children(item)) is not None:
+            stack.extend(children)
+    return False

@@ -1,0 +1,59 @@
+"""`dispatcher status`: what is queued where, how old the oldest waiting job is, what it costs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import psycopg
+
+from coordinator.pg.connect import ConnectionLimits
+from dispatcher.db.queries import query
+from dispatcher.db.rows import DbPressure
+from dispatcher.db.store import connect_errors, translate_errors
+from dispatcher.model import STATUSES
+
+
+def read_status(dsn: str) -> dict[str, Any]:
+    limits = ConnectionLimits().connect_kwargs()
+    with connect_errors(dsn):
+        conn = psycopg.connect(dsn, autocommit=True, **limits)
+    with translate_errors("status"), conn:
+        counts: dict[str, dict[str, int]] = {}
+        for queue, status, jobs in conn.execute(query("status_counts")):
+            counts.setdefault(queue, dict.fromkeys(STATUSES, 0))[status] = jobs
+        oldest = dict(conn.execute(query("status_oldest_runnable")).fetchall())
+        backlog = dict(conn.execute(query("status_backlog_by_bucket")).fetchall())
+        row = conn.execute(query("db_pressure")).fetchone()
+    return {
+        "queues": {q: {"counts": c, "oldest_runnable_age_s": oldest.get(q)} for q, c in counts.items()},
+        "runnable_by_bucket": backlog,
+        "db": dataclasses.asdict(DbPressure(*row)) if row else None,
+    }
+
+
+def render_status(status: dict[str, Any]) -> str:
+    lines = [f"{'queue':<20}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'oldest due':>12}"]
+    for queue, info in sorted(status["queues"].items()):
+        age = info["oldest_runnable_age_s"]
+        lines.append(
+            f"{queue:<20}" + "".join(f"{info['counts'][s]:>11}" for s in STATUSES)
+            + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}")
+        )
+    if not status["queues"]:
+        lines.append("(no jobs)")
+    backlog = status["runnable_by_bucket"]
+    if backlog:
+        lines.append("")
+        lines.append("runnable jobs per bucket:")
+        cells = [f"{b:>2}:{n:<7}" for b, n in sorted(backlog.items())]
+        lines.extend(" ".join(cells[i:i + 8]) for i in range(0, len(cells), 8))
+    db = status["db"]
+    if db:
+        lines.append("")
+        lines.append(
+            f"table: {db['n_live_tup']} live / {db['n_dead_tup']} dead tuples; "
+            f"claim-index tuples read {db['claim_idx_tup_read']}; worker sessions waiting on locks "
+            f"{db['lock_waits']}; sessions running a statement {db['active_sessions']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,297 @@
+"""`dispatcher` command line: migrate, grants, run, enqueue, status, jobs, demo.
+
+Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the same name
+(`DISPATCHER_BATCH_SIZE` / `--batch-size`). A bad setting exits with code 2 and names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from dispatcher._version import __version__
+from dispatcher.cli.jobs import add_jobs_parser
+from dispatcher.errors import ConfigError, DispatcherError, EnqueueError, PayloadError
+from dispatcher.observe import logs
+from dispatcher.settings.config import Config, settings
+
+EXIT_BAD_CONFIG = 2
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("worker settings (each also DISPATCHER_<NAME> in the environment)")
+    for s in settings():
+        # default=None: an absent flag leaves the env var (or the Config default) in charge,
+        # so the default shown is the dataclass's, written into the text. argparse %-formats help.
+        # A bare boolean flag means true (`--wait-for-schema`); `--steal false` still works.
+        boolean = isinstance(s.default, bool)
+        group.add_argument(s.flag, dest=s.name, default=None, metavar="V", help=s.description.replace("%", "%%"),
+                           **({"nargs": "?", "const": "true"} if boolean else {}))
+
+
+def _config_from(args: argparse.Namespace) -> Config:
+    flags = {s.name: getattr(args, s.name, None) for s in settings()}
+    config = Config.load(**flags)
+    logs.protect(config.dsn, config.listen_dsn, config.redis_url)  # whatever quotes them, never in a line
+    return config
+
+
+def _require_dsn(config: Config) -> str:
+    if not config.dsn:
+        raise ConfigError("DISPATCHER_DSN", "is not set (or pass --dsn); `dispatcher demo` runs without one")
+    return config.dsn
+
+
+def load_registry(spec: str) -> Any:
+    """'package.module:attribute' -> the Registry object it names."""
+    from dispatcher.api.registry import Registry
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError("--app", f"expected 'module:attribute', got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError("--app", f"cannot import {module_name!r}: {exc}") from None
+    registry = getattr(module, attribute, None)
+    if not isinstance(registry, Registry):
+        raise ConfigError("--app", f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})")
+    return registry
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from dispatcher.db.migrate import migrate
+
+    applied = migrate(_require_dsn(_config_from(args)))
+    print(f"applied migrations: {applied}" if applied else "schema is up to date")
+    return 0
+
+
+def cmd_grants(args: argparse.Namespace) -> int:
+    from dispatcher.db.privileges import worker_grants
+
+    for flag, value in (("--role", args.role), ("--schema", args.schema)):
+        if not value.strip():
+            raise ConfigError(flag, "must not be empty")
+    script = worker_grants(args.role, args.schema)
+    if not args.apply:
+        print(script, end="")
+        return 0
+    import psycopg
+
+    config = _config_from(args)
+    try:
+        with psycopg.connect(_require_dsn(config), autocommit=True, **config.limits.connect_kwargs()) as conn:
+            with conn.transaction():
+                conn.execute(script.encode())  # bytes: run as a multi-statement script
+    except psycopg.Error as exc:
+        raise DispatcherError(f"grants failed: {exc} (run them as the owner of the dispatcher tables)") from exc
+    print(f"granted the workers' privileges to {args.role}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dispatcher.serve.lifecycle import install_early
+
+    install_early()  # before the slow part of starting: a SIGTERM now still means a clean stop
+    config = _config_from(args)  # logs nothing: the first line below already carries the worker id
+    logs.set_worker(config.worker_id)
+    from dispatcher.serve.health import Health
+    from dispatcher.serve.http_server import HealthServer
+    from dispatcher.serve.worker import run_worker
+
+    _require_dsn(config)
+    registry = load_registry(args.app)
+    # Probes answer from here on (not ready until the worker runs), through --migrate and the
+    # start-up checks; port 0: no server.
+    health = Health(loop_stall_s=config.loop_stall_s)
+    server = HealthServer(config.metrics_port, health) if config.metrics_port else None
+    if server is not None:
+        server.start()
+    try:
+        if args.migrate:
+            from dispatcher.db.migrate import migrate
+
+            migrate(config.dsn)  # type: ignore[arg-type]
+        worker = run_worker(config, registry, health=health)
+    finally:
+        if server is not None:
+            server.stop()
+    # Non-zero when some outcome could not be written before the deadline: those jobs come back
+    # by their leases (an operator may want to know; Kubernetes does not restart on it).
+    return 0 if worker.clean else 1
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    import psycopg
+
+    from dispatcher.api.enqueue import enqueue_payloads_sync, enqueue_sync
+    from dispatcher.db.store import connect_errors
+
+    config = _config_from(args)
+    dsn = _require_dsn(config)
+    if args.count < 1:
+        raise ConfigError("--count", f"must be >= 1, got {args.count}")
+    try:
+        payload = orjson.loads(args.payload) if args.payload else None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError("--payload", f"not valid JSON: {exc}") from None
+    options: dict[str, Any] = {"queue": args.queue, "priority": args.priority, "delay_s": args.delay_s,
+                               "max_attempts": args.max_attempts, "jitter_s": args.jitter_s,
+                               "max_payload_bytes": config.max_payload_bytes}
+    with connect_errors(dsn):
+        conn = psycopg.connect(dsn, autocommit=True, **config.limits.connect_kwargs())
+    # Enqueue's own rules judge the arguments (one copy of each rule); a value they refuse is a
+    # bad argument like any other, so it exits 2 naming the flag. Nothing was written.
+    try:
+        with conn:
+            if args.count == 1:
+                job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
+                                      partition_key=args.partition_key, **options)
+                print(f"enqueued job {job_id}" if job_id is not None else "duplicate: a live job has that dedupe key")
+            else:
+                n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, **options)
+                print(f"enqueued {n} jobs")
+    except PayloadError as exc:
+        raise ConfigError("--payload", str(exc)) from None
+    except EnqueueError as exc:
+        raise ConfigError(_flag_of(exc.option), str(exc)) from None
+    return 0
+
+
+def _flag_of(option: str | None) -> str:
+    """enqueue's keyword argument -> the `dispatcher enqueue` argument that sets it."""
+    if option is None:
+        return "arguments"  # a rule about several options at once
+    return option if option == "job_type" else "--" + option.replace("_", "-")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from dispatcher.api.status import read_status, render_status
+
+    status = read_status(_require_dsn(_config_from(args)))
+    if args.json:  # OPT_NON_STR_KEYS: runnable_by_bucket is keyed by bucket number; JSON keys are strings
+        print(orjson.dumps(status, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+    else:
+        print(render_status(status))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from dispatcher.devtools.demo import run_demo
+
+    return run_demo(_config_from(args), jobs=args.jobs, workers=args.workers)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The benchmark suite lives in the repository (bench/), not in the installed package."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        from bench.__main__ import main as bench_main
+    except ImportError:
+        raise ConfigError("bench", "run `dispatcher bench` from the repository root (bench/ is not installed)") from None
+    return bench_main(args.bench_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dispatcher", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the installed version and exit")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("migrate", help="create or upgrade the schema (safe to run from N pods at once)")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("grants", help="print (or --apply) the GRANTs a DML-only workers' role needs")
+    p.add_argument("--role", required=True, help="the workers' role (it must exist)")
+    p.add_argument("--schema", default="public", help="the schema of the dispatcher tables (default %(default)s)")
+    p.add_argument("--apply", action="store_true",
+                   help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher migrate`)")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_grants)
+
+    p = sub.add_parser("run", help="run a worker until SIGTERM/SIGINT")
+    p.add_argument("--app", required=True, help="module:attribute of your dispatcher.Registry")
+    p.add_argument("--migrate", action="store_true", help="run migrations before starting")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("enqueue", help="enqueue one job (or --count copies of it)")
+    p.add_argument("job_type", help="the job's type: the name its handler is registered under")
+    p.add_argument("--payload", default=None, help="the job's payload as JSON (default: none, null)")
+    p.add_argument("--queue", default="default", help="the queue to put it in (default %(default)s)")
+    p.add_argument("--priority", type=int, default=0, help="smaller runs first (default %(default)s)")
+    p.add_argument("--delay-s", type=float, default=0.0,
+                   help="seconds from now before it may run (default %(default)g)")
+    p.add_argument("--jitter-s", type=float, default=0.0,
+                   help="up to this many seconds more, at random, so a burst spreads out (default %(default)g)")
+    p.add_argument("--max-attempts", type=int, default=20,
+                   help="attempts before the job fails for good (default %(default)s)")
+    p.add_argument("--dedupe-key", default=None,
+                   help="a key no other live job may have: a duplicate is not enqueued (default: none)")
+    p.add_argument("--partition-key", default=None,
+                   help="jobs with the same key get the same bucket (default: none, a random bucket)")
+    p.add_argument("--count", type=int, default=1, help="how many copies of the job to enqueue (default %(default)s)")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("status", help="jobs per status, oldest runnable age, backlog per bucket")
+    p.add_argument("--json", action="store_true", help="print it as JSON instead of a table")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_status)
+
+    add_jobs_parser(sub, _add_config_flags, _config_from)
+
+    p = sub.add_parser("bench", help="benchmark suite (from a checkout): dispatcher bench SCENARIO ... --help",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="the bench suite's arguments")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
+    p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes per mode (default %(default)s)")
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        # Everything after `bench` is the bench suite's, for its own parser: argparse's REMAINDER
+        # does not take an option that comes first, so `dispatcher bench --help` would be
+        # refused here (exit 2) instead of printing the suite's help.
+        args = argparse.Namespace(func=cmd_bench, bench_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
+    # Before any command runs, so its first line is in the chosen format. These raw values are
+    # validated with the other settings (a bad one exits 2 naming it, in the format chosen here).
+    # The worker id is known here only when it is given: else the run command sets it from its
+    # config before anything logs. The one-shot commands run no worker: their lines have none.
+    logs.configure(_raw_setting(args, "log_format"), _raw_setting(args, "log_level"),
+                   worker=_raw_setting(args, "worker_id") if args.func is cmd_run else None)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        logs.fatal(f"invalid setting {exc}")
+        return EXIT_BAD_CONFIG
+    except DispatcherError as exc:
+        logs.fatal(str(exc))
+        return 1
+
+
+def _raw_setting(args: argparse.Namespace, name: str) -> str | None:
+    """A setting's flag, else its env var, unparsed (for what must be known before the config is)."""
+    value = getattr(args, name, None)
+    return value if value is not None else os.environ.get(f"DISPATCHER_{name.upper()}") or None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

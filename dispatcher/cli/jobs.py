@@ -1,0 +1,282 @@
+"""`dispatcher jobs list|show|retry|cancel|purge`: the failed-job admin (dispatcher/api/admin.py) on
+the command line.
+
+Which jobs: ids (arguments, or --id repeated), and/or filters (--status, --queue, --type, each
+repeated or comma-separated; --older-than / --newer-than an age in seconds or 90s, 10m, 2h, 7d,
+by the time the job entered its status). A change given ids acts at once and reports each id.
+A change without ids is a bulk change of every job that matches (--all: no filter at all); it
+first prints how many match, and acts only with --yes: without it nothing changes and the exit
+code is 1, so a script that forgot --yes does not take "nothing done" for success.
+
+Exit codes: 0 done (a bulk change may report jobs skipped because they changed meanwhile);
+1 a bulk change not confirmed, a given id that could not be changed (each is reported with why),
+a job `show` does not find, or a database error; 2 bad input (an unknown status, a negative
+age, an id that is no whole number...), naming the flag, before anything is read or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from dispatcher.api.admin import (
+    DEFAULT_BATCH,
+    DEFAULT_LIST_LIMIT,
+    AdminInputError,
+    AdminResult,
+    Filters,
+    JobDetail,
+    JobRow,
+    cancel_jobs,
+    count_jobs,
+    list_jobs,
+    purge_jobs,
+    retry_jobs,
+    show_job,
+)
+from dispatcher.constants import is_valid_name
+from dispatcher.errors import ConfigError, DispatcherError
+from dispatcher.model import STATUSES
+
+_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+_FLAGS = {"statuses": "--status", "queues": "--queue", "job_types": "--type", "older_than_s": "--older-than",
+          "newer_than_s": "--newer-than", "ids": "ids", "limit": "--limit", "batch": "--batch"}
+_CHANGES = {"retry": (retry_jobs, "retried", "put back to queued"), "cancel": (cancel_jobs, "cancelled", "cancelled"),
+            "purge": (purge_jobs, "purged", "deleted")}
+_ERROR_CHARS = 60  # of the last error's last line, in the list table
+
+
+def parse_duration_s(text: str) -> float:
+    """'90' or '90s' -> 90.0, '10m' -> 600.0, '2h', '1.5d'; ValueError for anything else (negative,
+    nan, inf, an unknown unit)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise ValueError(f"expected an age >= 0: seconds, or a number with s, m, h or d (90s, 10m, 2h, 7d), "
+                         f"got {text!r}")
+    value = float(match[1]) * _UNITS_S[match[2] or "s"]
+    if not math.isfinite(value):
+        raise ValueError(f"too large: {text!r}")
+    return value
+
+
+def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParser], None],
+                    config_from: Callable[[argparse.Namespace], Any]) -> None:
+    """Register `dispatcher jobs ...` on the top-level subparsers."""
+    jobs = sub.add_parser("jobs", help="list, show, retry, cancel or purge jobs (failed-job admin)",
+                          description=__doc__.split("\n\n")[1].replace("\n", " "))
+    commands = jobs.add_subparsers(dest="jobs_command", required=True)
+
+    p = commands.add_parser("list", help="jobs that match, newest first")
+    _add_selection(p)
+    p.add_argument("--limit", default=str(DEFAULT_LIST_LIMIT), help="most jobs listed (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print them as JSON instead of a table")
+    add_config_flags(p)
+    p.set_defaults(func=lambda args: _list(args, config_from(args)))
+
+    p = commands.add_parser("show", help="one job: its row, last error and attempt history")
+    p.add_argument("id", help="the job's id")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    add_config_flags(p)
+    p.set_defaults(func=lambda args: _show(args, config_from(args)))
+
+    for action, what in (("retry", "failed or discarded jobs back to queued, due now"),
+                         ("cancel", "queued jobs: cancelled at once; running ones: cancelled at their next heartbeat"),
+                         ("purge", "delete finished jobs (completed, failed, discarded, cancelled)")):
+        p = commands.add_parser(action, help=what)
+        _add_selection(p)
+        p.add_argument("--all", action="store_true", help="every job it applies to, with no filter")
+        p.add_argument("--yes", action="store_true", help="do a bulk change (without ids); without it, only count")
+        p.add_argument("--batch", default=str(DEFAULT_BATCH),
+                       help="most jobs changed per statement (default %(default)s)")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        add_config_flags(p)
+        p.set_defaults(func=lambda args, action=action: _change(args, config_from(args), action))
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ids", nargs="*", help="job ids")
+    p.add_argument("--id", action="append", default=[], dest="id_flags", metavar="ID", help="a job id (repeatable)")
+    p.add_argument("--status", action="append", default=[], metavar="S",
+                   help=f"only jobs in this status (repeatable, or comma-separated): {', '.join(STATUSES)}")
+    p.add_argument("--queue", action="append", default=[], metavar="Q", help="only jobs of this queue (repeatable)")
+    p.add_argument("--type", action="append", default=[], dest="job_type", metavar="T",
+                   help="only jobs of this job type (repeatable)")
+    p.add_argument("--older-than", default=None, metavar="AGE",
+                   help="only jobs in their status for longer than this: seconds, or 90s, 10m, 2h, 7d")
+    p.add_argument("--newer-than", default=None, metavar="AGE", help="only jobs in their status for at most this")
+
+
+# -- commands ----------------------------------------------------------------------------------------
+
+def _list(args: argparse.Namespace, config: Any) -> int:
+    filters = _filters(args)
+    rows = _guarded(lambda: list_jobs(_dsn(config), filters, limit=_whole(args.limit, "--limit"),
+                                      limits=config.limits))
+    if args.json:
+        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_list(rows))
+    return 0
+
+
+def _show(args: argparse.Namespace, config: Any) -> int:
+    job_id = _whole(args.id, "id")
+    detail = _guarded(lambda: show_job(_dsn(config), job_id, limits=config.limits))
+    if detail is None:
+        raise DispatcherError(f"no job {job_id}")  # one line on stderr, exit 1
+    print(orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode() if args.json else render_show(detail))
+    return 0
+
+
+def _change(args: argparse.Namespace, config: Any, action: str) -> int:
+    change, done, meaning = _CHANGES[action]
+    filters = _filters(args)
+    batch = _whole(args.batch, "--batch")
+    dsn = _dsn(config)
+    if not filters.ids:
+        if not args.all and filters == Filters():
+            raise ConfigError("arguments", f"name the jobs to {action}: ids, filters (--status, --queue, --type, "
+                                           "--older-than, --newer-than) or --all")
+        matching = _guarded(lambda: count_jobs(dsn, filters, action, limits=config.limits))
+        if matching == 0:
+            print(f"no jobs match: nothing to {action}")
+            return 0
+        if not args.yes:
+            print(f"{matching} jobs match; nothing was changed: re-run with --yes to {action} them")
+            return 1
+    # A bulk change goes up to the newest job that matches when it begins (jobs enqueued later stay).
+    result = _guarded(lambda: change(dsn, filters, batch=batch, limits=config.limits))
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_result(result, done, meaning))
+    return 1 if filters.ids and result.skipped else 0
+
+
+# -- input ---------------------------------------------------------------------------------------------
+
+def _filters(args: argparse.Namespace) -> Filters:
+    ids = tuple(_whole(text, "ids" if i < len(args.ids) else "--id")
+                for i, text in enumerate([*args.ids, *args.id_flags]))
+    names = {"--queue": _split(args.queue), "--type": _split(args.job_type)}
+    for flag, values in names.items():
+        bad = [v for v in values if not is_valid_name(v)]
+        if bad:
+            raise ConfigError(flag, f"{bad[0]!r} is not a name a job can have (letters, digits, _ . -)")
+    return _guarded(lambda: Filters(statuses=_split(args.status), queues=names["--queue"],
+                                    job_types=names["--type"], older_than_s=_age(args.older_than, "--older-than"),
+                                    newer_than_s=_age(args.newer_than, "--newer-than"), ids=ids))
+
+
+def _split(values: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(v.strip() for value in values for v in value.split(",") if v.strip()))
+
+
+def _age(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration_s(text)
+    except ValueError as exc:
+        raise ConfigError(flag, str(exc)) from None
+
+
+def _whole(text: str, flag: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ConfigError(flag, f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise ConfigError(flag, f"must be >= 1, got {value}")
+    return value
+
+
+def _dsn(config: Any) -> str:
+    if not config.dsn:
+        raise ConfigError("DISPATCHER_DSN", "is not set (or pass --dsn)")
+    return str(config.dsn)
+
+
+def _guarded(work: Callable[[], Any]) -> Any:
+    """admin's own input errors -> ConfigError naming the flag (exit 2)."""
+    try:
+        return work()
+    except AdminInputError as exc:
+        raise ConfigError(_FLAGS.get(exc.option, exc.option), str(exc)) from None
+
+
+# -- output --------------------------------------------------------------------------------------------
+
+def age_text(seconds: float) -> str:
+    """A compact age: 45s, 12m, 3h05m, 2d04h."""
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def error_line(error: str | None) -> str:
+    """The last line of a traceback (the exception), shortened for a table."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 1] + "…"
+
+
+def render_list(rows: list[JobRow]) -> str:
+    if not rows:
+        return "(no jobs match)"
+    lines = [f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last error"]
+    for r in rows:
+        status = r.status + ("*" if r.cancel_requested_at and r.status == "running" else "")
+        lines.append(f"{r.id:>10}  {r.queue[:14]:<14} {r.job_type[:20]:<20} {status:<10} "
+                     f"{f'{r.attempts}/{r.max_attempts}':>8}  {age_text(r.age_s):>7}  {error_line(r.last_error)}")
+    if any(r.cancel_requested_at and r.status == "running" for r in rows):
+        lines.append("* cancel requested: its worker cancels it at its next heartbeat")
+    return "\n".join(lines)
+
+
+def render_show(detail: JobDetail) -> str:
+    job = detail.job
+    lines = [f"job {job['id']} ({job['status']})"]
+    lines += [f"  {name:<20} {'' if value is None else value}" for name, value in job.items()
+              if name not in ("id", "status", "last_error", "payload")]
+    lines.append(f"  {'payload':<20} {orjson.dumps(job['payload']).decode()}")
+    lines.append("last error:" if detail.last_error else "last error: none")
+    lines += [f"  {line}" for line in (detail.last_error or "").splitlines()]
+    if not detail.attempts:
+        lines.append("attempts: none recorded (the history is kept with DISPATCHER_HISTORY=true)")
+    else:
+        lines.append(f"attempts ({len(detail.attempts)}):")
+        for a in detail.attempts:
+            lines.append(f"  #{a.attempt:<3} {a.outcome:<10} {a.duration_ms:>10.1f} ms  "
+                         f"{a.started_at:%Y-%m-%d %H:%M:%S}  {a.worker}  {error_line(a.error)}")
+    return "\n".join(lines)
+
+
+def render_result(result: AdminResult, done: str, meaning: str) -> str:
+    lines = [f"{done} {result.changed_count} of {result.matched} jobs ({meaning})"
+             + (f": {_ids(result.changed)}" if result.changed else "")]
+    if result.requested_count:
+        lines.append(f"cancel requested for {result.requested_count} running jobs (cancelled at their owner's next "
+                     f"heartbeat): {_ids(result.requested)}")
+    if result.skipped:
+        lines.append(f"skipped {len(result.skipped)}:")
+        lines += [f"  {s.id}: {s.reason}" for s in result.skipped[:50]]
+        if len(result.skipped) > 50:
+            lines.append(f"  ... and {len(result.skipped) - 50} more (--json lists them all)")
+    return "\n".join(lines)
+
+
+def _ids(ids: list[int], most: int = 20) -> str:
+    shown = ", ".join(map(str, ids[:most]))
+    return shown + (f", ... ({len(ids) - most} more)" if len(ids) > most else "")

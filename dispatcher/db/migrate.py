@@ -1,0 +1,243 @@
+"""Versioned schema migrations, safe when N pods run `dispatcher migrate` at the same moment.
+
+Each package ships the migrations of the tables it owns, as `<package>/sql/migrations/NNNN_name.sql`:
+dispatcher the jobs table, coordinator its coordination tables. Together they form ONE version
+sequence (a version number is unique across both packages; a clash is refused before anything
+runs), recorded in one `dispatcher_schema_version` table, so a database migrated when all files
+lived in dispatcher/ sees nothing new.
+
+The applied versions are read first, with plain SELECTs: when nothing is missing, that is all, so
+any role that may SELECT the version table (a workers' DML-only role too) gets "up to date"
+without running any DDL. Otherwise a second connection opens a transaction that takes a
+transaction-scoped advisory lock and holds it while the first one applies the missing migrations
+in version order, after reading the versions again: concurrent runners wait for the lock, then
+see the versions the winner recorded and apply nothing. Transaction-scoped (not session) locks
+also work behind PgBouncer in transaction pooling mode. The lock's transaction holds no snapshot
+and touches no table, and runners waiting for it try it every 0.2 s outside any transaction
+instead of blocking in one: CREATE INDEX CONCURRENTLY waits for every older snapshot, and would
+wait forever for a session blocked on the lock its own runner holds.
+
+A migration is one transaction, unless it is written in steps, so that a change to a live table
+never holds a strong lock for long: a line `-- step: transaction` or `-- step: autocommit` starts
+a step (what comes before the first such line is a transaction step). A transaction step runs
+as one transaction and commits; an autocommit step runs its statements one by one outside any
+transaction (CREATE INDEX CONCURRENTLY must), each ending with `;` at the end of a line, with no
+`$$` body. The version is recorded with the last step, so a migration cut short (a crash, a
+lock_timeout) is run again from its first step: every step but the last must be idempotent
+(IF NOT EXISTS, DROP ... IF EXISTS). An index that a cut-short CREATE INDEX CONCURRENTLY IF NOT
+EXISTS left invalid is dropped and built again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Final
+
+import psycopg
+
+from coordinator.pg.connect import ConnectionLimits
+from coordinator.pg.dsn import describe_dsn, one_line
+from dispatcher.backoff import jittered
+from dispatcher.constants import MIGRATE_LOCK_KEY
+from dispatcher.errors import MigrationError
+
+log = logging.getLogger(__name__)
+
+_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_STEP = re.compile(r"^--\s*step:\s*(\w+)[^\n]*$", re.MULTILINE)
+_STEP_KINDS = ("transaction", "autocommit")
+_COMMENT = re.compile(r"--[^\n]*")
+_CONCURRENT_INDEX = re.compile(r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)",
+                               re.IGNORECASE)
+_INDEX_IS_VALID = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
+
+# Packages whose sql/migrations/ make up the schema.
+MIGRATION_PACKAGES: Final = ("dispatcher.db", "coordinator")
+
+# Not in a migration: it records them. privileges.py grants SELECT on it to workers.
+VERSION_TABLE: Final = "dispatcher_schema_version"
+_VERSION_TABLE_EXISTS = "SELECT to_regclass('dispatcher_schema_version') IS NOT NULL"
+_APPLIED_VERSIONS = "SELECT version FROM dispatcher_schema_version"
+# The key inlined, not a parameter: a statement with parameters leaves its portal, and with it a
+# snapshot (backend_xmin), open until the transaction ends, and CREATE INDEX CONCURRENTLY in the
+# work connection would wait for that snapshot forever ("waiting for old snapshots").
+_TRY_LOCK = f"SELECT pg_try_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})"
+_TRY_LOCK_S = 0.2  # between tries of a runner waiting for another's migration
+_WAIT_LOG_S = 10.0
+_RECORD_VERSION = "INSERT INTO dispatcher_schema_version (version, name) VALUES (%s, %s)"
+_CREATE_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS dispatcher_schema_version (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    autocommit: bool  # False: one transaction
+    sql: str
+
+    @property
+    def statements(self) -> list[str]:
+        """An autocommit step's statements, one by one (comments dropped)."""
+        return [s.strip() for s in _COMMENT.sub("", self.sql).split(";") if s.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+    package: str = "dispatcher.db"
+
+    @property
+    def steps(self) -> list[Step]:
+        """The file's steps (see the module docstring); a file without step lines is one transaction."""
+        where = f"{self.package}/{self.version:04d}_{self.name}.sql"
+        marks = list(_STEP.finditer(self.sql))
+        steps = [Step(False, self.sql[:marks[0].start()] if marks else self.sql)]
+        for i, mark in enumerate(marks):
+            if mark[1] not in _STEP_KINDS:
+                raise MigrationError(f"{where}: unknown step kind {mark[1]!r} (one of {', '.join(_STEP_KINDS)})")
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(self.sql)
+            steps.append(Step(mark[1] == "autocommit", self.sql[mark.end():end]))
+        steps = [s for s in steps if _COMMENT.sub("", s.sql).strip()]
+        if any(s.autocommit and "$$" in s.sql for s in steps):
+            raise MigrationError(f"{where}: an autocommit step cannot hold a $$ body (its statements are split at ';')")
+        return steps
+
+
+def available_migrations(packages: Iterable[str] = MIGRATION_PACKAGES) -> list[Migration]:
+    """The migrations of `packages`, merged into one sequence by version."""
+    found: list[Migration] = []
+    for package in packages:
+        folder = resources.files(package).joinpath("sql", "migrations")
+        if not folder.is_dir():  # e.g. a build that did not ship the .sql files: never skip silently
+            raise MigrationError(f"no migrations folder in package {package!r}")
+        for entry in folder.iterdir():
+            match = _FILE.match(entry.name)
+            if match:
+                found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8"), package))
+    found.sort(key=lambda m: (m.version, m.package, m.name))
+    for a, b in itertools.pairwise(found):
+        if a.version == b.version:
+            raise MigrationError(f"two migrations share version {a.version}: "
+                                 f"{a.package}/{a.version:04d}_{a.name}.sql and {b.package}/{b.version:04d}_{b.name}.sql")
+    return found
+
+
+def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: int | None = None) -> list[int]:
+    """Bring the schema up to date (or up to version `up_to`); returns the versions applied by
+    this call (often none)."""
+    migrations = [m for m in available_migrations(packages) if up_to is None or m.version <= up_to]
+    wanted = {m.version for m in migrations}
+    try:
+        with _connect(dsn) as conn:
+            if wanted <= _applied(conn):
+                return []
+            with _connect(dsn) as lock_conn, _migration_lock(lock_conn):
+                conn.execute(_CREATE_VERSION_TABLE)
+                done = _applied(conn)  # again, under the lock: a concurrent runner may have applied them
+                applied = []
+                for migration in migrations:
+                    if migration.version in done:
+                        continue
+                    log.info("applying migration %s/%04d_%s", migration.package, migration.version, migration.name)
+                    _apply(conn, migration)
+                    applied.append(migration.version)
+                return applied
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MigrationError(f"migration failed: {exc} (migrations must run as the role that owns the "
+                             "dispatcher tables, not as the workers' role: README, Roles)") from exc
+    except psycopg.Error as exc:
+        # One line without the password (libpq may quote the DSN), and not chained: a logged
+        # traceback would print the psycopg error's own text.
+        raise MigrationError(f"migration of {describe_dsn(dsn)} failed: {one_line(exc, dsn)}") from None
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    # Prepared statements off: each statement runs once or twice, and behind PgBouncer < 1.21
+    # a prepared one would not follow us to the next server connection.
+    return psycopg.connect(dsn, autocommit=True, prepare_threshold=None, **ConnectionLimits().connect_kwargs())
+
+
+@contextlib.contextmanager
+def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Hold the migration lock for the block: a transaction of `conn` that took it. Tried, not
+    waited for: a session blocked in pg_advisory_xact_lock holds a snapshot all the while, and the
+    runner holding the lock would wait for that snapshot in CREATE INDEX CONCURRENTLY, forever.
+    Between tries no transaction is open here."""
+    next_log = time.monotonic()
+    while True:
+        conn.execute("BEGIN")
+        if conn.execute(_TRY_LOCK).fetchone() == (True,):
+            break
+        conn.execute("ROLLBACK")
+        if time.monotonic() >= next_log:
+            log.info("waiting for another runner of `dispatcher migrate` to finish")
+            next_log = time.monotonic() + _WAIT_LOG_S
+        time.sleep(jittered(_TRY_LOCK_S))
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")  # nothing was written here: ending the transaction frees the lock
+
+
+def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
+    """Run a migration's steps in order, each committed; the version is recorded with the last."""
+    steps = migration.steps
+    record = (migration.version, migration.name)
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        if step.autocommit:
+            for statement in step.statements:
+                _run_alone(conn, statement)
+            if last:
+                conn.execute(_RECORD_VERSION, record)
+        else:
+            with conn.transaction():
+                conn.execute(step.sql.encode())  # bytes: run as a multi-statement script
+                if last:
+                    conn.execute(_RECORD_VERSION, record)
+    if not steps:
+        conn.execute(_RECORD_VERSION, record)
+
+
+def _run_alone(conn: psycopg.Connection[Any], statement: str) -> None:
+    """One statement of an autocommit step. An index that CREATE INDEX CONCURRENTLY IF NOT EXISTS
+    finds already there but invalid was left by a build cut short (we hold the migration lock, so
+    nobody else is building it): it is dropped and built again."""
+    conn.execute(statement.encode())
+    index = _CONCURRENT_INDEX.search(statement)
+    if index is None:
+        return
+    row = conn.execute(_INDEX_IS_VALID, (index[1],)).fetchone()
+    if row is not None and not row[0]:
+        log.warning("index %s was left invalid by an interrupted build: building it again", index[1])
+        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index[1]}".encode())
+        conn.execute(statement.encode())
+
+
+def _applied(conn: psycopg.Connection[Any]) -> set[int]:
+    """The versions recorded in the database (none without a version table). SELECTs only."""
+    exists = conn.execute(_VERSION_TABLE_EXISTS).fetchone()
+    if not exists or not exists[0]:
+        return set()
+    return {row[0] for row in conn.execute(_APPLIED_VERSIONS)}
+
+
+def current_version(dsn: str) -> int | None:
+    with psycopg.connect(dsn, autocommit=True, **ConnectionLimits().connect_kwargs()) as conn:
+        exists = conn.execute(_VERSION_TABLE_EXISTS).fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = conn.execute("SELECT max(version) FROM dispatcher_schema_version").fetchone()
+        return row[0] if row else None

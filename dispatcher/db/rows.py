@@ -1,0 +1,121 @@
+"""The typed rows the job store returns and takes: what the worker sees of the jobs table.
+
+Built at the boundary (dispatcher/db/store.py) from the driver's tuples, so nothing past the store
+handles a database row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from dispatcher.model import FailureKind, Job, Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claim's jobs, and how many its selection found (jobs plus those others took meanwhile)."""
+
+    jobs: list[Job]
+    selected: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    """A running job whose lease ran out: what the retry policy and the reaper's log need."""
+
+    id: int
+    token: str
+    attempts: int
+    max_attempts: int
+    lease_expiries: int  # including this expiry
+    locked_by: str | None
+    locked_at: datetime | None
+    cancel_requested: bool = False  # an operator asked to cancel it: it ends cancelled, never retried
+
+
+@dataclass(frozen=True, slots=True)
+class FailedWrite:
+    """A failure row as written (fenced rows are absent)."""
+
+    id: int
+    status: str
+    attempts: int
+    locked_by: str | None
+    locked_at: datetime | None
+    # For the outcome lines (joblog.py): when a retry is due (the database's clock), and what the
+    # reaper, which holds no Job, reports of the job.
+    run_at: datetime | None = None
+    job_type: str | None = None
+    queue: str | None = None
+    bucket: int | None = None
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DbPressure:
+    """What the queue costs the database (cumulative counters are since the stats were reset)."""
+
+    n_live_tup: int
+    n_dead_tup: int
+    seq_scan: int
+    idx_scan: int
+    n_tup_upd: int
+    n_tup_hot_upd: int
+    claim_idx_tup_read: int
+    lock_waits: int  # our sessions (application_name dispatcher-*) waiting on a lock
+    active_sessions: int  # sessions of this database running a statement, the sampler's own excluded
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """One row of query queue_depth: jobs of one queue in one status (oldest_due_age_s: queued only)."""
+
+    queue: str
+    status: str  # queued (due), scheduled, running, failed
+    jobs: int
+    oldest_due_age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed attempt to record, fenced by the claim's token; its outcome is the retry
+    policy's decision. `job`, `kind` and `summary` (the error in one line) are for its log line
+    (joblog.py), set by the executor's failures."""
+
+    id: int
+    token: str
+    outcome: Outcome
+    job: Job | None = None
+    kind: FailureKind | None = None
+    summary: str | None = None
+
+
+@dataclass(slots=True)
+class HistoryRows:
+    """Rows for dispatcher_job_attempts, column by column (one array parameter each)."""
+
+    ids: list[int] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    started_at: list[datetime | None] = field(default_factory=list)
+    durations_ms: list[float | None] = field(default_factory=list)  # None: until the write's now()
+    outcomes: list[str] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+
+    def add(self, job_id: int, attempt: int, worker: str, started_at: datetime | None,
+            duration_ms: float | None, outcome: str, error: str | None) -> None:
+        self.ids.append(job_id)
+        self.attempts.append(attempt)
+        self.workers.append(worker)
+        self.started_at.append(started_at)
+        self.durations_ms.append(duration_ms)
+        self.outcomes.append(outcome)
+        self.errors.append(error)
+
+    def extend(self, other: HistoryRows) -> None:
+        for name in self.__slots__:
+            getattr(self, name).extend(getattr(other, name))
+
+    def __len__(self) -> int:
+        return len(self.ids)

@@ -1,0 +1,309 @@
+"""The job store: every statement the worker runs, with typed results, over one connection.
+
+Each worker loop (claims, completions, maintenance) owns one `JobStore` and so one connection in
+autocommit mode: one round trip per statement (~0.004 per job with batches of 500); a pool's
+health check plus BEGIN/COMMIT around each statement would make that four. psycopg errors
+become our own exceptions here; a broken connection is reopened on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import cache
+from typing import Any, TypeVar
+
+import orjson
+import psycopg
+from psycopg.types.json import set_json_dumps, set_json_loads
+
+from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
+from coordinator.pg.connect import connect as connect_bounded
+from coordinator.pg.dsn import describe_dsn, one_line
+from dispatcher.constants import NUM_BUCKETS
+from dispatcher.db.queries import query
+from dispatcher.db.rows import Claimed, DbPressure, ExpiredLease, FailedWrite, Failure, HistoryRows, QueueDepth
+from dispatcher.errors import StoreError, StorePermissionDenied, StoreUnavailable
+from dispatcher.model import Job
+from dispatcher.observe import metrics
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Budgets in multiples of ConnectionLimits.statement_timeout_s. Every hot statement (claim,
+# completion, heartbeat, reap) touches at most a few thousand index entries: milliseconds.
+# ANALYZE samples 30,000 rows and a prune round (janitor.py) deletes a few batches of prune_batch
+# rows (1.7 ms per 1,000 at 500k rows, but seconds on a big, busy table).
+SLOW_STATEMENT = 6.0
+
+
+def int_array(values: Sequence[int]) -> str:
+    """A bigint[] as a text literal. psycopg's list dumper is pure Python and took a fifth of a
+    worker's CPU for the ids of every flush; str.join runs in C (cast with ::bigint[] in SQL)."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def token_array(tokens: Sequence[str]) -> str:
+    """A uuid[] text literal from claim tokens (already canonical uuid strings: no quoting needed)."""
+    return "{" + ",".join(tokens) + "}"
+
+
+def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> None:
+    """orjson both ways: about 5x faster than the stdlib json psycopg uses by default."""
+    set_json_loads(orjson.loads, conn)
+    set_json_dumps(orjson.dumps, conn)
+
+
+@contextlib.contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """psycopg errors -> StoreUnavailable (retry later), StorePermissionDenied (our role may not)
+    or StoreError (a real failure)."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"{what}: database unavailable: {exc}") from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise StorePermissionDenied(f"{what}: {exc}", reason=exc.diag.message_primary or str(exc),
+                                    hint=exc.diag.message_hint) from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"{what}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def connect_errors(dsn: str) -> Iterator[None]:
+    """Around opening a connection: psycopg errors -> StoreUnavailable (refused, unreachable,
+    login refused) or StoreError (e.g. a malformed DSN), in one line that names the server and
+    never the password: libpq may quote the DSN. Not chained, since a logged traceback would
+    print the psycopg error's own text."""
+    try:
+        yield
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
+
+
+@cache
+def steal_sql() -> str:
+    """The stealing claim: other workers' buckets, in the order given by %(steal_buckets)s.
+    Built once: the bucket order is a parameter, so the text never changes."""
+    return query("jobs_claim").replace("{select_ids}", query("claim_select_steal"))
+
+
+def claim_sql(buckets: Sequence[int] | None) -> str:
+    """The claim statement for a mode: SKIP LOCKED (`buckets=None`) or partitioned over `buckets`.
+
+    Buckets are validated integers inlined as literals, so each bucket set is one statement text
+    that psycopg prepares once per connection; the set only changes on a rebalance.
+    """
+    if buckets is None:
+        return query("jobs_claim").replace("{select_ids}", query("claim_select_skip_locked"))
+    if not buckets:
+        raise ValueError("a partitioned claim needs at least one bucket")
+    if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
+        raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
+    ordered = sorted(set(buckets))
+    if len(ordered) == NUM_BUCKETS:
+        selection = query("claim_select_all_buckets")
+    else:
+        branch = query("claim_select_partitioned_branch")
+        branches = "\nUNION ALL\n".join(branch.replace("{bucket}", str(b)) for b in ordered)
+        selection = query("claim_select_partitioned").replace("{bucket_branches}", branches)
+    return query("jobs_claim").replace("{select_ids}", selection)
+
+
+class JobStore:
+    """One connection's worth of job statements. Tasks that share a store (the maintenance
+    services) take turns: one statement, or one transaction of a few (a prune round), at a time,
+    so that no task's statement lands inside another's transaction; and the lock below makes
+    concurrent first calls share one connect instead of each opening (and leaking) one."""
+
+    def __init__(self, dsn: str, worker_id: str, *, application_name: str = "dispatcher",
+                 limits: ConnectionLimits | None = None) -> None:
+        self._dsn = dsn
+        self.worker_id = worker_id
+        self._application_name = application_name
+        self._limits = limits or ConnectionLimits()
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._connecting = asyncio.Lock()
+        # One statement or transaction at a time on the connection (uncontended: ~0.3 us). One lock
+        # per connection: an abandoned statement keeps its own until psycopg gives it up (~10 s).
+        self._turn = asyncio.Lock()
+        self._claim_sql_cache: dict[tuple[int, ...] | None, str] = {}
+
+    async def connection(self) -> psycopg.AsyncConnection[Any]:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn  # the hot path: no lock
+        async with self._connecting:
+            if self._conn is None or self._conn.closed:
+                with connect_errors(self._dsn):
+                    try:
+                        conn = await connect_bounded(self._dsn, self._limits,
+                                                     application_name=self._application_name)
+                    except StatementTimeout as exc:
+                        raise StoreUnavailable(str(exc)) from None
+                configure_json(conn)
+                self._conn, self._turn = conn, asyncio.Lock()
+            return self._conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        await close_quietly(conn)
+
+    async def _execute(self, what: str, sql: str, params: dict[str, Any], *,
+                       budget: float = 1.0) -> psycopg.AsyncCursor[Any]:
+        """One statement, bounded by `budget` x statement_timeout_s. A statement that overruns
+        (or whose caller is cancelled) costs us its connection: the next call opens a new one."""
+        return await self.run(what, lambda conn: conn.execute(sql, params), budget=budget)
+
+    async def run(self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
+                  budget: float = 1.0) -> T:
+        """`work(conn)` (a statement, or a transaction of a few: janitor.py), bounded like `_execute`;
+        the wait for our turn on the connection counts against the bound, as psycopg's own wait for
+        the connection did before transactions shared it."""
+        conn = await self.connection()
+        turn = self._turn  # the connection's (no await since connection() set or returned it)
+        timeout_s = self._limits.statement_timeout_s * budget
+
+        async def in_turn() -> T:
+            async with turn:
+                return await work(conn)
+
+        try:
+            with translate_errors(what):
+                return await bounded(what, in_turn(), timeout_s, conn)
+        except StatementTimeout as exc:
+            self._forget(conn)
+            metrics.STATEMENT_TIMEOUTS.labels(what).inc()
+            raise StoreUnavailable(str(exc)) from None
+        except asyncio.CancelledError:
+            self._forget(conn)  # bounded() abandoned the statement, and the connection with it
+            raise
+
+    def _forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self._conn is conn:
+            self._conn = None
+
+    # -- claim ---------------------------------------------------------------------------------
+
+    async def jobs_claim(
+        self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
+        steal_from: Sequence[int] | None = None,
+    ) -> list[Job]:
+        """Claim up to `limit` runnable jobs in one statement: from `buckets` (partitioned), from
+        everything with SKIP LOCKED (`buckets=None`), or stealing from `steal_from` in order."""
+        return (await self.jobs_claim_counted(queue, limit, lease_s, buckets, steal_from)).jobs
+
+    async def jobs_claim_counted(
+        self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
+        steal_from: Sequence[int] | None = None,
+    ) -> Claimed:
+        """jobs_claim, plus how many runnable jobs its selection found: more than it claimed
+        means others took some meanwhile, not that the buckets ran dry."""
+        token = str(uuid.uuid4())
+        params = {"queue": queue, "limit": limit, "lease_s": lease_s, "worker": self.worker_id, "token": token}
+        if steal_from is not None:
+            sql = steal_sql()
+            params["steal_buckets"] = int_array(steal_from)
+        else:
+            key = None if buckets is None else tuple(buckets)
+            sql = self._claim_sql_cache.get(key)
+            if sql is None:
+                if len(self._claim_sql_cache) > 64:  # rebalances churn the set; keep the cache small
+                    self._claim_sql_cache.clear()
+                sql = self._claim_sql_cache[key] = claim_sql(key)
+        cur = await self._execute("claim", sql, params)
+        rows = await cur.fetchall()
+        selected = rows[0][8] if rows else 0
+        if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
+            return Claimed([], selected)
+        return Claimed([Job(row, token, queue) for row in rows], selected)
+
+    async def jobs_next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
+        """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in `buckets`
+        (None: any bucket); None if there is none."""
+        params = {"queue": queue, "buckets": None if buckets is None else int_array(buckets)}
+        cur = await self._execute("next_due", query("jobs_next_due_in"), params)
+        row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    # -- finishing -----------------------------------------------------------------------------
+
+    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
+        """Mark jobs completed where the token still matches; returns how many rows changed."""
+        params = {"ids": int_array(ids), "tokens": token_array(tokens)}
+        cur = await self._execute("complete", query("jobs_complete_owned"), params)
+        return cur.rowcount
+
+    async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+        """Write failed attempts where the token still matches (and, for `lease_expired`, the
+        lease is still expired); returns the rows written."""
+        params = {
+            "ids": int_array([f.id for f in failures]),
+            "tokens": token_array([f.token for f in failures]),
+            "statuses": [f.outcome.status for f in failures],
+            "delays_s": [f.outcome.delay_s for f in failures],
+            "errors": [f.outcome.error for f in failures],
+            "lease_expired": lease_expired,
+        }
+        cur = await self._execute("fail", query("jobs_fail_owned"), params)
+        return [FailedWrite(*row) for row in await cur.fetchall()]
+
+    async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
+        params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs])}
+        cur = await self._execute("release", query("jobs_release_owned"), params)
+        return cur.rowcount
+
+    async def history_record(self, rows: HistoryRows) -> None:
+        params = {
+            "ids": int_array(rows.ids), "attempts": rows.attempts, "workers": rows.workers,
+            "started_at": rows.started_at, "durations_ms": rows.durations_ms, "outcomes": rows.outcomes,
+            "errors": rows.errors,
+        }
+        await self._execute("history", query("history_record"), params)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def jobs_extend_leases(self, jobs: Sequence[Job], lease_s: float) -> dict[int, bool]:
+        """Extend the leases of `jobs` still ours; returns their ids, each with whether an
+        operator asked to cancel it (a missing id: taken over)."""
+        params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs]),
+                  "lease_s": lease_s}
+        cur = await self._execute("heartbeat", query("jobs_extend_leases"), params)
+        return dict(await cur.fetchall())
+
+    async def ping(self) -> None:
+        """One round trip: does this connection answer within the statement budget?"""
+        await self._execute("ping", query("ping"), {})
+
+    async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
+        cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})
+        return [ExpiredLease(*row) for row in await cur.fetchall()]
+
+    async def db_pressure(self) -> DbPressure | None:
+        cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)
+        row = await cur.fetchone()
+        return DbPressure(*row) if row else None
+
+    async def queue_depth(self) -> list[QueueDepth]:
+        cur = await self._execute("queue_depth", query("queue_depth"), {}, budget=SLOW_STATEMENT)
+        return [QueueDepth(*row) for row in await cur.fetchall()]
+
+    async def maintenance_lease_take(self, name: str, ttl_s: float) -> bool:
+        """Take or renew the one-pod-at-a-time role `name` for `ttl_s` (database clock); True: ours."""
+        params = {"name": name, "holder": self.worker_id, "ttl_s": ttl_s}
+        cur = await self._execute("lease_take", query("maintenance_lease_take"), params)
+        return await cur.fetchone() is not None
+
+    async def maintenance_lease_release(self, name: str) -> None:
+        params = {"name": name, "holder": self.worker_id}
+        await self._execute("lease_release", query("maintenance_lease_release"), params)
+
+    async def jobs_analyze_if_stale(self) -> None:
+        """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql).
+        StorePermissionDenied if our role may not ANALYZE the table at all."""
+        await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)

@@ -1,0 +1,66 @@
+"""The job as every layer sees it: its statuses, the `Job` a handler receives, and how an attempt ended.
+
+The bottom of the package: it imports nothing of ours but the constants, and every layer may import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Final
+
+from dispatcher.constants import DEFAULT_QUEUE
+
+STATUS_QUEUED: Final = "queued"
+STATUS_RUNNING: Final = "running"
+STATUS_COMPLETED: Final = "completed"
+STATUS_FAILED: Final = "failed"
+STATUS_DISCARDED: Final = "discarded"
+STATUS_CANCELLED: Final = "cancelled"  # by an operator (dispatcher jobs cancel): never retried
+STATUSES: Final = (STATUS_QUEUED, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED,
+                   STATUS_CANCELLED)
+# Where a job's life ends: nothing changes it any more, except an operator (retry, purge) or the pruner.
+FINISHED_STATUSES: Final = (STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED, STATUS_CANCELLED)
+
+
+class Job:
+    """A claimed job as handlers see it. Slotted: one is built per job on the hot path.
+
+    `token` is the claim's fencing token as a string (one uuid per claim statement, shared by
+    the batch): kept as text so writes can send it without a per-job conversion. `queue` is the
+    queue the claim read (one per statement), not a column read back per row."""
+
+    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "locked_at", "bucket", "priority", "token",
+                 "queue")
+
+    def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE) -> None:
+        (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
+         self.locked_at, self.bucket, self.priority) = row[:8]  # a claim's rows also carry `selected`
+        self.token = token
+        self.queue = queue
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, job_type={self.job_type!r}, attempt={self.attempts}/{self.max_attempts})"
+
+
+class FailureKind(enum.Enum):
+    ERROR = "error"  # the handler raised (any exception, BaseException included)
+    TIMEOUT = "timeout"  # the handler overran its time limit
+    PERMANENT = "permanent"  # the handler raised PermanentJobError: no retry
+    UNKNOWN_TYPE = "unknown_type"  # no handler for the job type in this worker: no retry
+    INTERRUPTED = "interrupted"  # the worker shut down while the handler ran: retry at once
+    LEASE_EXPIRED = "lease_expired"  # the owner stopped renewing the lease: died or stalled
+    CANCELLED = "cancelled"  # an operator asked to cancel it (dispatcher jobs cancel): no retry
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str  # 'queued' (retry after delay_s), 'failed', 'discarded' or 'cancelled'
+    delay_s: float
+    error: str  # the text stored in last_error, at most LAST_ERROR_MAX_CHARS
+
+    @property
+    def retried(self) -> bool:
+        return self.status == STATUS_QUEUED
+
+

@@ -1,0 +1,168 @@
+"""Per-job metrics: run time, outcomes and timeouts by job type, and running jobs by queue.
+
+The hot path counts in plain Python (a dict lookup, a bisect, three increments) and a custom
+collector turns the counts into Prometheus families when /metrics is scraped. Measured with timeit
+(best of 5 x 1M calls on this 2-core machine: `python -m dispatcher.observe.job_metrics`): prometheus_client's
+`.labels(t).observe(d)` plus `.labels(t, o).inc()` costs 5.1 us per job (label lookups, locks, a
+bucket walk), half of the ~10 us of CPU a job may cost in all; `JobStats.finished` costs 0.34 us,
+and in place it takes `Completer.completed` from 0.22 us (a no-op call) to 0.49 us per job.
+
+Writers are on the event loop only (the completer and the executor); the scrape reads from the
+HTTP server's thread. Each reader takes a snapshot with single C-level copies (atomic under the
+GIL), and a histogram's count is the sum of its bucket copy, so `_count` always equals the +Inf
+bucket even while jobs finish during a scrape; `_sum` may include a few jobs more (read after).
+
+`dispatcher_jobs_running{queue}` costs the hot path two attribute writes per async job: it is
+counted at scrape time from the executors' own tables of running jobs (Executor.running_by_queue).
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+# Handler run times, 1 ms to an hour (the default job timeout is 10 min).
+DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                      120.0, 300.0, 600.0, 1800.0, 3600.0)
+# Every outcome is exported (0 until it happens) for each job type seen, so a rate() over it
+# exists before the first failure. `cancelled` is counted by the cancel path (admin, part 3).
+OUTCOMES = ("completed", "retried", "failed", "discarded", "cancelled")
+# Job types are the application's handlers, but a job of an unknown type (a typo in an enqueue)
+# fails with its own label too: past this many types, new ones are counted under OTHER_TYPE so a
+# stream of bogus types cannot grow the scrape without bound.
+MAX_JOB_TYPES = 500
+OTHER_TYPE = "_other"
+
+
+class _PerType:
+    __slots__ = ("buckets", "sum_s", "outcomes", "timeouts")
+
+    def __init__(self, n_buckets: int) -> None:
+        self.buckets = [0] * n_buckets  # not cumulative: bucket i counts bounds[i-1] < d <= bounds[i]
+        self.sum_s = 0.0
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.timeouts = 0
+
+
+class JobStats:
+    """Counts of finished attempts in this process; read by JobCollector at scrape time."""
+
+    def __init__(self, bounds_s: tuple[float, ...] = DURATION_BUCKETS_S, max_types: int = MAX_JOB_TYPES) -> None:
+        self.bounds_s = bounds_s
+        self._max_types = max_types
+        self._types: dict[str, _PerType] = {}
+
+    def _of(self, job_type: str) -> _PerType:
+        stats = self._types.get(job_type)
+        if stats is None:
+            key = job_type if len(self._types) < self._max_types - 1 else OTHER_TYPE
+            stats = self._types.get(key)
+            if stats is None:  # one assignment of a new object: a scrape sees it whole or not at all
+                stats = self._types[key] = _PerType(len(self.bounds_s) + 1)
+        return stats
+
+    # Hot path: once per finished attempt.
+    def finished(self, job_type: str, outcome: str, duration_s: float) -> None:
+        stats = self._types.get(job_type) or self._of(job_type)
+        stats.buckets[bisect.bisect_left(self.bounds_s, duration_s)] += 1
+        stats.sum_s += duration_s
+        stats.outcomes[outcome] += 1
+
+    def timed_out(self, job_type: str) -> None:
+        self._of(job_type).timeouts += 1
+
+    def snapshot(self) -> list[tuple[str, list[int], float, dict[str, int], int]]:
+        """(job type, bucket counts, sum, outcomes, timeouts) per type, copied for a scrape."""
+        return [(job_type, list(s.buckets), s.sum_s, s.outcomes.copy(), s.timeouts)
+                for job_type, s in list(self._types.items())]
+
+
+class RunningSource(Protocol):
+    def running_by_queue(self) -> dict[str, int]: ...
+
+
+class JobCollector:
+    """The families of JobStats, plus jobs running now from the tracked executors."""
+
+    def __init__(self, stats: JobStats) -> None:
+        self._stats = stats
+        self._sources: weakref.WeakKeyDictionary[RunningSource, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+    def track(self, source: RunningSource, queues: Iterable[str]) -> None:
+        """Count `source`'s running jobs (each of `queues` exported, 0 when idle) while it lives."""
+        self._sources[source] = tuple(queues)
+
+    def untrack(self, source: RunningSource) -> None:
+        self._sources.pop(source, None)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families([], {}))
+
+    def collect(self) -> Iterator[Metric]:
+        running: dict[str, int] = {}
+        for source, queues in list(self._sources.items()):
+            for queue in queues:
+                running.setdefault(queue, 0)
+            for queue, n in source.running_by_queue().items():
+                running[queue] = running.get(queue, 0) + n
+        return iter(self._families(self._stats.snapshot(), running))
+
+    def _families(self, snapshot: list[tuple[str, list[int], float, dict[str, int], int]],
+                  running: dict[str, int]) -> list[Metric]:
+        duration = HistogramMetricFamily("dispatcher_job_duration_seconds",
+                                         "Handler run time of every finished attempt", labels=["job_type"])
+        outcomes = CounterMetricFamily("dispatcher_job_outcomes",
+                                       "Finished attempts by the status they end in (retried: queued again)",
+                                       labels=["job_type", "outcome"])
+        timeouts = CounterMetricFamily("dispatcher_job_timeouts", "Attempts that overran their time limit",
+                                       labels=["job_type"])
+        bounds = [*map(str, self._stats.bounds_s), "+Inf"]
+        for job_type, counts, sum_s, by_outcome, timed_out in snapshot:
+            cumulative, total = [], 0
+            for bound, n in zip(bounds, counts, strict=True):
+                total += n
+                cumulative.append((bound, total))
+            duration.add_metric([job_type], cumulative, sum_s)
+            for outcome, n in by_outcome.items():
+                outcomes.add_metric([job_type, outcome], n)
+            timeouts.add_metric([job_type], timed_out)
+        jobs_running = GaugeMetricFamily("dispatcher_jobs_running",
+                                         "Jobs whose handler runs in this worker now", labels=["queue"])
+        for queue, n in sorted(running.items()):
+            jobs_running.add_metric([queue], n)
+        return [duration, outcomes, timeouts, jobs_running]
+
+
+JOB_STATS = JobStats()
+COLLECTOR = JobCollector(JOB_STATS)
+REGISTRY.register(COLLECTOR)
+
+
+def _benchmark() -> None:  # pragma: no cover - the figure in the module docstring
+    import timeit
+
+    stats = JobStats()
+    n = 1_000_000
+    for name, stmt in (("JobStats.finished", lambda: stats.finished("send_email", "completed", 0.0123)),):
+        best = min(timeit.repeat(stmt, number=n, repeat=5)) / n
+        print(f"{name}: {best * 1e6:.3f} us per call")
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    registry = CollectorRegistry()
+    hist = Histogram("h_seconds", "h", ["job_type"], buckets=DURATION_BUCKETS_S, registry=registry)
+    counter = Counter("c", "c", ["job_type", "outcome"], registry=registry)
+
+    def client() -> None:
+        hist.labels("send_email").observe(0.0123)
+        counter.labels("send_email", "completed").inc()
+
+    best = min(timeit.repeat(client, number=n, repeat=5)) / n
+    print(f"prometheus_client observe + inc: {best * 1e6:.3f} us per call")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _benchmark()

@@ -1,0 +1,252 @@
+"""Log lines of the `dispatcher` commands: text or JSON on stderr, the worker id on each, no password.
+
+`configure()` (cli.main, before any command runs) puts one handler on the root logger, so lines of
+every logger reach it: ours, coordinator/'s, psycopg's, asyncio's, the user's handlers', and
+Python warnings. On that handler:
+- `WorkerTag` gives every record the worker id (`set_worker`, from the run command's config as
+  soon as it is built; None for the one-shot commands, which run no worker);
+- `StormFilter` (ratelimit.py) rate-limits storms of similar lines;
+- a formatter, `text` (today's shape, then `worker=<id>` and the record's structured fields as
+  key=value) or `json` (one object per line, via orjson):
+
+    {"ts":"2025-01-31T09:14:03.512Z","level":"WARNING","logger":"dispatcher.runtime.joblog",
+     "msg":"job 42 failed (attempt 2/5); retrying at 2025-01-31T09:14:07.201Z","worker":"pod-a",
+     "job_id":42,"job_type":"send_email","queue":"default","bucket":17,...}
+
+  Structured fields are whatever a call passes in `extra=` (job_id, job_type, queue, bucket,
+  attempt, max_attempts, next_run_at, retry_in_s, old_owner, suppressed, ...); an exception's
+  traceback is `exception`.
+
+No password, ever: the formatter scrubs every line it writes (message, fields, traceback) of
+passwords in URIs' user info and `password=` key-values (dsn.scrub), and of every spelling of the
+passwords of the DSNs and URLs the command was configured with (`protect`, dsn.password_forms),
+whatever text quotes them. Like dsn.redact, a very short password may blank harmless letters.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from types import TracebackType
+from typing import IO, Any
+from urllib.parse import unquote
+
+import orjson
+
+from coordinator.pg.dsn import REDACTED, password_forms, scrub, urlsplit_password
+from dispatcher.observe.ratelimit import SUPPRESSED, SUPPRESSED_S, StormFilter
+
+JSON = "json"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the shape these lines always had
+
+# Every attribute a LogRecord has without `extra=`, plus those formatters add; the rest of a
+# record's attributes are the call's structured fields (names starting with "_" stay private).
+_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "worker"}
+
+
+class WorkerTag(logging.Filter):
+    """Puts the process's worker id on every record that has none (a handler filter: it sees
+    the records of every logger, not only those of loggers it is attached to)."""
+
+    def __init__(self, worker: str | None = None) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "worker", None) is None:
+            record.worker = self.worker
+        return True
+
+
+class Redactor:
+    """Blanks passwords in a formatted line: any URI user info or key-value (dsn.scrub), and each
+    spelling of the passwords of the DSNs and URLs given to `protect` (computed once, there)."""
+
+    def __init__(self) -> None:
+        self._forms: tuple[str, ...] = ()
+
+    def protect(self, *secrets: str | None) -> None:
+        """Also blank the passwords of these DSNs (PostgreSQL) or URLs (Redis), in every spelling."""
+        forms = set(self._forms)
+        for secret in secrets:
+            if not secret:
+                continue
+            forms.update(password_forms(secret))
+            password = urlsplit_password(secret)  # a Redis URL's
+            if password:
+                forms.update((password, unquote(password)))
+        forms.discard("")
+        self._forms = tuple(sorted(forms, key=len, reverse=True))  # longest first: a longer form blanked whole
+
+    def __call__(self, text: str) -> str:
+        text = scrub(text)
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, REDACTED)
+        return text
+
+
+def fields(record: logging.LogRecord) -> Iterator[tuple[str, Any]]:
+    """The record's structured fields: what the call passed in `extra=` (and `suppressed`)."""
+    for key, value in record.__dict__.items():
+        if key not in _RESERVED and key[0] != "_":
+            yield key, value
+
+
+def message(record: logging.LogRecord) -> str:
+    """The formatted message, and the storm filter's count when it carries one."""
+    text = record.getMessage()
+    suppressed_s = getattr(record, SUPPRESSED_S, None)
+    if suppressed_s is not None:
+        text += f" ({getattr(record, SUPPRESSED)} similar lines suppressed in the last {suppressed_s:.3g} s)"
+    return text
+
+
+def iso_utc(record: logging.LogRecord) -> str:
+    """ISO-8601 UTC with milliseconds: 2025-01-31T09:14:03.512Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value if value and not any(c.isspace() or c in '"=' for c in value) else orjson.dumps(value).decode()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return orjson.dumps(value, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """`2025-01-31 10:14:03,512 WARNING dispatcher.runtime.joblog: job 42 failed ... worker=pod-a job_id=42 ...`,
+    a traceback on the lines after it; redacted as a whole."""
+
+    def __init__(self, redact: Redactor) -> None:
+        super().__init__(TEXT_FORMAT)
+        self._redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = message(record)
+        record.asctime = self.formatTime(record, self.datefmt)
+        parts = [self.formatMessage(record)]
+        worker = getattr(record, "worker", None)
+        if worker is not None:
+            parts.append(f"worker={_text_value(worker)}")
+        parts += [f"{key}={_text_value(value)}" for key, value in fields(record)]
+        line = " ".join(parts)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line += "\n" + record.exc_text
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return self._redact(line)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, worker, the structured fields, and
+    `exception` / `stack` when present. Each string is redacted before it is encoded (after,
+    JSON's escapes could hide a password from the patterns, or a pattern eat a closing quote)."""
+
+    def __init__(self, redact: Redactor) -> None:
+        super().__init__()
+        self._redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        redact = self._redact
+        doc: dict[str, Any] = {"ts": iso_utc(record), "level": record.levelname, "logger": record.name,
+                               "msg": redact(message(record)), "worker": getattr(record, "worker", None)}
+        for key, value in fields(record):
+            if key not in doc:
+                doc[key] = redact(value) if isinstance(value, str) else value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            doc["exception"] = redact(record.exc_text)
+        if record.stack_info:
+            doc["stack"] = redact(self.formatStack(record.stack_info))
+        # default=str: a field orjson cannot encode (a set, an exception) becomes its text, redacted.
+        return orjson.dumps(doc, default=lambda v: redact(str(v)), option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+class LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The one handler: worker tag, storm filter, formatter. On close (logging's shutdown at
+    exit) it writes the suppressed counts not yet reported."""
+
+    def __init__(self, stream: IO[str], formatter: logging.Formatter, tag: WorkerTag) -> None:
+        super().__init__(stream)
+        self.storm = StormFilter(emit=self.handle)
+        self.addFilter(tag)  # first: a summary line of the storm filter gets the worker id too
+        self.addFilter(self.storm)
+        self.setFormatter(formatter)
+
+    def close(self) -> None:
+        for summary in self.storm.drain():
+            self.handle(summary)
+        super().close()
+
+
+_tag = WorkerTag()
+_redactor = Redactor()
+_formatter: logging.Formatter = TextFormatter(_redactor)
+_json = False
+
+
+def configure(log_format: str | None, level: str | None, *, worker: str | None = None,
+              stream: IO[str] | None = None) -> LogHandler:
+    """Send every logger's lines to `stream` (stderr) in `log_format` (text unless 'json'), at
+    `level` (INFO unless a valid level name). Lenient: it runs before the settings are
+    validated (Config then refuses a bad value, naming it, in the format chosen here)."""
+    global _formatter, _json
+    _json = (log_format or "").strip().lower() == JSON
+    _formatter = JsonFormatter(_redactor) if _json else TextFormatter(_redactor)
+    _tag.worker = worker
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, LogHandler)]:
+        root.removeHandler(old)
+        old.close()
+    handler = LogHandler(stream or sys.stderr, _formatter, _tag)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, (level or "INFO").strip().upper(), logging.INFO))
+    logging.captureWarnings(True)  # warnings.warn lines get the worker id and the format too
+    sys.excepthook = _uncaught
+    threading.excepthook = _uncaught_in_thread
+    return handler
+
+
+def set_worker(worker_id: str | None) -> None:
+    """From now on every line carries this worker id."""
+    _tag.worker = worker_id
+
+
+def protect(*secrets: str | None) -> None:
+    """Blank the passwords of these DSNs / URLs wherever a line quotes them."""
+    _redactor.protect(*secrets)
+
+
+def render(level: int, logger: str, text: str) -> str:
+    """One line as the handler would write it, without the logging machinery (no lock: for the
+    hard exit, which may run while a stuck thread holds the handler's lock)."""
+    record = logging.LogRecord(logger, level, __file__, 0, "%s", (text,), None)
+    _tag.filter(record)
+    return _formatter.format(record)
+
+
+def fatal(text: str) -> None:
+    """The one line a command that fails writes on stderr: `dispatcher: <text>` (a JSON line
+    in the json format), redacted."""
+    print(render(logging.ERROR, "dispatcher", text) if _json else "dispatcher: " + _redactor(text), file=sys.stderr)
+
+
+def _uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    logging.getLogger("dispatcher").critical("uncaught %s", kind.__name__, exc_info=(kind, exc, tb))
+
+
+def _uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("dispatcher").critical("uncaught %s in thread %s", args.exc_type.__name__, name,
+                                             exc_info=(args.exc_type, args.exc_value, args.exc_traceback))

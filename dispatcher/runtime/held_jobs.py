@@ -1,0 +1,57 @@
+"""What the executor keeps of each job it holds: its state, its lease as we last extended it,
+its task or thread, and the counts of jobs whose lease was lost (dispatcher/runtime/executor.py).
+
+Kept apart from the executor so that the executor reads as the job's lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import sys
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from dispatcher.model import Job
+
+EAGER_TASKS = sys.version_info >= (3, 12)
+
+
+def new_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    if EAGER_TASKS:
+        return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+    return loop.create_task(coro)
+
+
+# What became of a job whose lease we lost (the metric's label -> the log's words).
+LOST_ACTIONS = {
+    "dropped_unstarted": "dropped before they started",
+    "cancelled": "cancelled (async)",
+    "left_running_sync": "left to finish in their threads, outcomes not written",
+}
+
+
+class State(enum.Enum):
+    BACKLOG = "backlog"  # a sync job waiting for a thread: claimed, not started
+    RUNNING = "running"
+    LOST = "lost"  # its lease is gone: no outcome will be written, no heartbeat sent
+    ABANDONED = "abandoned"  # shutdown gave up waiting for it; the lease brings it back
+
+
+@dataclass(slots=True)
+class Running:
+    job: Job
+    held_since: float  # time.monotonic() when its claim was sent: its lease runs from (at the latest) then
+    lease_until: float  # our conservative estimate of the lease's end, on time.monotonic()
+    task: asyncio.Task[None] | None = None  # None: a sync handler (backlogged or in a thread)
+    timer: asyncio.TimerHandle | None = None
+    state: State = State.RUNNING
+    cancelling: bool = False  # an operator asked to cancel it: it ends 'cancelled' however it ends
+
+
+@dataclass(slots=True)
+class ExecutorStats:
+    timeouts: int = 0
+    lost_dropped: int = 0  # lease lost before the job started: never started here
+    lost_cancelled: int = 0  # lease lost while an async handler ran: cancelled, no outcome
+    lost_running: int = 0  # lease lost while a sync handler ran: it finishes, its outcome is fenced

@@ -1,0 +1,70 @@
+"""The janitor's round: deletes rows past their retention, one pod at a time, in bounded batches
+(maintenance.Pruner runs it every prune_interval_s).
+
+Three kinds, each with its own retention (config: completed_retention_s, failed_retention_s,
+history_retention_s; 0 keeps a kind forever) and named query, each an index range oldest first
+(migration 0007): completed jobs; failed, discarded and cancelled jobs; attempt-history rows.
+Live jobs (queued, running) are never touched.
+
+A round is one transaction on the maintenance connection: a try-lock first
+(pg_try_advisory_xact_lock: transaction-scoped, so it works through PgBouncer in transaction
+pooling and nothing is left held by a pod that dies), then DELETEs of at most prune_batch rows
+each, then the age of the oldest row of each kind left (the lag). The lock is held for the
+round's milliseconds only, so pods take turns: never two rounds at once, and whichever pod ticks
+next prunes next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from dispatcher.db.queries import query
+from dispatcher.db.store import SLOW_STATEMENT, JobStore
+
+# What the pruner deletes, by kind (the label of dispatcher_jobs_pruned_total): its named query.
+PRUNE_QUERIES = {"completed": "jobs_prune_completed", "failed": "jobs_prune_unsuccessful", "history": "history_prune"}
+
+
+@dataclass(frozen=True, slots=True)
+class PruneRound:
+    """One pruning round of this pod: rows deleted by kind, whether some kind had more past its
+    retention than the round's statements took, and the age of the oldest row of each kind left
+    (seconds; None: no such row), from which the janitor's lag is computed."""
+
+    deleted: dict[str, int]
+    more: bool
+    oldest_age_s: dict[str, float | None]
+
+
+async def prune_round(store: JobStore, retentions_s: Mapping[str, float], limit: int,
+                      max_statements: int) -> PruneRound | None:
+    """One round: None if another pod holds the pruner's lock (it is pruning now; never waited
+    for). Else deletes of at most `limit` rows of each kind past its retention (kinds of
+    PRUNE_QUERIES; absent: kept forever), again for kinds whose batch came back full while fewer
+    than `max_statements` ran, then the oldest ages."""
+    async def work(conn: psycopg.AsyncConnection[Any]) -> PruneRound | None:
+        async with conn.transaction():
+            row = await (await conn.execute(query("prune_try_lock"))).fetchone()
+            if not row or not row[0]:
+                return None
+            deleted = dict.fromkeys(retentions_s, 0)
+            pending, statements = list(retentions_s), 0
+            while pending and statements < max_statements:
+                for kind in list(pending):
+                    params = {"retention_s": retentions_s[kind], "limit": limit}
+                    n = (await conn.execute(query(PRUNE_QUERIES[kind]), params)).rowcount
+                    deleted[kind] += n
+                    statements += 1
+                    if n < limit:
+                        pending.remove(kind)
+                    if statements >= max_statements:
+                        break
+            ages = await (await conn.execute(query("janitor_ages"))).fetchone()
+        return PruneRound(deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True)))
+
+    # The round's statements share one budget: each takes milliseconds (EXPLAINs in queries.sql).
+    return await store.run("prune", work, budget=SLOW_STATEMENT)

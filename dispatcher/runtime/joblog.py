@@ -1,0 +1,115 @@
+"""Job outcome lines: each failed attempt at WARNING, each final failure at ERROR, each reaped job.
+
+Logged once the failure rows are written (by the completer, and by the reaper), so a line says
+what the database now holds: `next_run_at` is the row's run_at as the write set it (RETURNING, the
+database's clock: exactly when the retry becomes due, not our estimate of it), a write fenced by
+another owner is not reported as ours (the completer counts those), and a failure whose write
+waits for the database is logged when it lands. Failures are rare; completions run no code here.
+
+Every line has the fields job_id, job_type, queue, bucket, attempt, max_attempts, outcome (the
+status written: queued, failed, discarded, cancelled), reason (the retry policy's FailureKind: error,
+timeout, interrupted, unknown_type, permanent, lease_expired, cancelled) and error, one line: the handler's
+exception as `Type: first line of its message` (the whole traceback is the job's last_error and
+attempt history, not a log line: a 40-line traceback per attempt would drown a storm's other
+lines). A retry adds retry_in_s (the policy's delay) and next_run_at; a reaped job old_owner and
+locked_since. The worker id is added to every line by the handler (logs.py).
+
+Each outcome has its own wording: a timeout, an interruption by shutdown, a missing handler, a
+permanent error and an expired lease are different events, and the storm filter keys on the
+wording, so a storm of one does not hide the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure
+from dispatcher.model import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_QUEUED, FailureKind
+
+log = logging.getLogger("dispatcher.jobs")
+
+# Wordings by reason; arguments: job id, attempt, max_attempts, and for a retry its delay (s).
+_RETRY = "; retrying in %.3g s"
+_RETRIED: dict[FailureKind, str] = {
+    FailureKind.ERROR: "job %d failed (attempt %d/%d)" + _RETRY,
+    FailureKind.TIMEOUT: "job %d timed out (attempt %d/%d)" + _RETRY,
+    FailureKind.INTERRUPTED: "job %d was interrupted by this worker's shutdown (attempt %d/%d); queued again, "
+                             "due in %.3g s",
+    FailureKind.LEASE_EXPIRED: "reaped job %d: its lease expired (attempt %d/%d)" + _RETRY,
+}
+_FINAL: dict[FailureKind, str] = {
+    FailureKind.ERROR: "job %d failed for good: its last attempt (%d/%d) failed",
+    FailureKind.TIMEOUT: "job %d failed for good: its last attempt (%d/%d) timed out",
+    FailureKind.INTERRUPTED: "job %d failed for good: its last attempt (%d/%d) was interrupted by shutdown",
+    FailureKind.UNKNOWN_TYPE: "job %d failed: no handler for its job type in this worker (attempt %d/%d); "
+                              "not retried",
+    FailureKind.PERMANENT: "job %d discarded: its handler raised PermanentJobError (attempt %d/%d)",
+    FailureKind.LEASE_EXPIRED: "reaped job %d failed for good: its lease expired on its last attempt (%d/%d)",
+}
+
+
+_CANCELLED = "job %d cancelled at an operator's request (attempt %d/%d); not retried"
+
+
+def exception_line(exc: BaseException) -> str:
+    """`module.Type: first line of the message`: the last line of a traceback, in one line."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    text = str(exc).strip()
+    return f"{name}: {text.splitlines()[0]}" if text else name
+
+
+def first_line(error: str) -> str:
+    """An error text the executor wrote itself ("timed out after 5 s") in one line."""
+    stripped = error.strip()
+    return stripped.splitlines()[0] if stripped else ""
+
+
+def utc(at: datetime | None) -> str | None:
+    """A database timestamp as ISO-8601 UTC with milliseconds (like every line's ts)."""
+    if at is None:
+        return None
+    return at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def failures_written(failures: Sequence[Failure], written: Sequence[FailedWrite]) -> None:
+    """The executor's failed attempts whose rows were written (fenced ones are not in `written`)."""
+    by_id = {f.id: f for f in failures}
+    for row in written:
+        failure = by_id.get(row.id)
+        if failure is None or failure.job is None:
+            continue
+        job = failure.job
+        _line(row, failure.kind or FailureKind.ERROR, failure.outcome.delay_s,
+              failure.summary if failure.summary is not None else first_line(failure.outcome.error),
+              {"job_id": row.id, "job_type": job.job_type, "queue": job.queue, "bucket": job.bucket,
+               "attempt": row.attempts, "max_attempts": job.max_attempts})
+
+
+def reaped(written: Sequence[FailedWrite], failures: Sequence[Failure], expired: Sequence[ExpiredLease]) -> None:
+    """Jobs whose lease ran out, written by the reaper: with their old owner and since when."""
+    delays = {f.id: (f.outcome.delay_s, f.outcome.error) for f in failures}
+    expiries = {e.id: e.lease_expiries for e in expired}
+    for row in written:
+        delay_s, error = delays.get(row.id, (0.0, ""))
+        _line(row, FailureKind.LEASE_EXPIRED, delay_s, first_line(error),
+              {"job_id": row.id, "job_type": row.job_type, "queue": row.queue, "bucket": row.bucket,
+               "attempt": row.attempts, "max_attempts": row.max_attempts, "old_owner": row.locked_by,
+               "locked_since": utc(row.locked_at), "lease_expiries": expiries.get(row.id)})
+
+
+def _line(row: FailedWrite, kind: FailureKind, delay_s: float, error: str, fields: dict[str, Any]) -> None:
+    """A retry at WARNING with its next run time; a final failure (failed, discarded) at ERROR."""
+    fields.update(outcome=row.status, reason=kind.value, error=error)
+    args = (row.id, fields["attempt"], fields["max_attempts"] or 0)
+    if row.status == STATUS_QUEUED:
+        fields.update(retry_in_s=round(delay_s, 3), next_run_at=utc(row.run_at))
+        log.warning(_RETRIED.get(kind, _RETRIED[FailureKind.ERROR]), *args, delay_s, extra=fields)
+    elif row.status == STATUS_CANCELLED:  # an operator's doing, not the job's failure: not an error
+        log.warning(_CANCELLED, *args, extra=fields)
+    else:
+        final = FailureKind.PERMANENT if row.status == STATUS_DISCARDED else kind
+        log.error(_FINAL.get(final, _FINAL[FailureKind.ERROR]), *args, extra=fields)

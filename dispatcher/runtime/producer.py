@@ -1,0 +1,318 @@
+"""The producer: claims jobs for the executor's free slots.
+
+It sleeps until something may have work for it (a NOTIFY for one of its buckets, an assignment
+change, a reaped lease, or the jittered poll timer), then claims up to the free slots from its
+own buckets in one statement per queue (partitioned mode), or from everything with SKIP LOCKED
+(SKIP LOCKED mode, or partitioned while the coordinator is unreachable). When its own buckets
+come up short it may steal from others (dispatcher/runtime/stealing.py decides when and how much).
+
+Each queue has its own assignment (partitioned mode: one coordination group per queue, so a
+queue's buckets go only to workers serving it); the claim for a queue polls that queue's buckets.
+
+Bucket hand-offs: the coordinator first stops listing a bucket in `owned()`, then awaits
+`on_revoke`, which returns once the claim in flight (the claim fence) has finished, and only then
+hands the bucket over. So the new owner starts after our last claim on it ended.
+
+Delayed jobs: the due timer (due_timer.py) wakes the loop at the earliest known run_at of our
+jobs, so they start within a claim's round trip of it however long the poll interval is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from coordinator.assignment import BucketAssignment
+from dispatcher.backoff import jittered
+from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.db.store import JobStore
+from dispatcher.errors import StoreError
+from dispatcher.model import Job
+from dispatcher.observe import metrics
+from dispatcher.runtime.claim_windows import ClaimWindows, window_buckets
+from dispatcher.runtime.due_timer import DueTimer
+from dispatcher.runtime.executor import Executor
+from dispatcher.runtime.stealing import StealPolicy
+from dispatcher.settings.config import Config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ProducerStats:
+    claims: int = 0  # claim statements, steals included
+    claimed: int = 0
+    steal_claims: int = 0
+    stolen: int = 0
+
+
+class Producer:
+    STALLED_CHECK_S = 0.5
+    # A poll wake-up looks ahead at most once a second: a poll wake-up's look-ahead only catches
+    # what no signal announced (a missed NOTIFY, a retry another worker scheduled in our buckets),
+    # and with a 1 s lateness bound that is as good as the default poll. Its first probe walks the
+    # queue-wide index from its start, entries of processed and of uncommitted jobs too: at a
+    # 0.1 s poll, the look-aheads of 4 idle workers read 2.8M index entries a second while a 200k
+    # COPY was uncommitted (pg_stat_user_indexes; their claims read another 1-3M).
+    LOOK_AHEAD_POLL_S = 1.0
+
+    def __init__(self, config: Config, store: JobStore, assignments: Mapping[str, BucketAssignment],
+                 executor: Executor, *, leases_stalled: Callable[[], bool] = lambda: False) -> None:
+        self._config = config
+        self._leases_stalled = leases_stalled  # true while heartbeats fail: claim nothing
+        self._store = store
+        missing = set(config.queues) - set(assignments)
+        if missing:
+            raise ValueError(f"no bucket assignment for queues {sorted(missing)}")
+        self._assignments = dict(assignments)
+        # Distinct objects: static and SKIP LOCKED configs share one assignment across queues.
+        self._distinct = list({id(a): a for a in self._assignments.values()}.values())
+        self._executor = executor
+        self._partitioned = config.mode == MODE_PARTITIONED
+        self._mode = config.mode
+        self._claim_fence = asyncio.Lock()  # held while a claim statement runs
+        self._wakeup = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
+        self._due = DueTimer(self._on_due)
+        # Ask the database for our next run_at before the next claim (jobs_next_due_in): at start-up
+        # (jobs scheduled before we started), after a poll or due-timer wake-up (the next one after
+        # those that just came due, or a missed NOTIFY), a bulk NOTIFY (COPY carries no run_at) and
+        # an assignment change (gained buckets). Never after a plain per-job NOTIFY: no cost per
+        # immediate job; at idle one query per poll interval, but at most one a second from poll
+        # wake-ups (LOOK_AHEAD_POLL_S).
+        self._look_ahead = True
+        self._poll_look_ahead_at = 0.0  # time.monotonic() from which a poll wake-up looks ahead again
+        self._steals = StealPolicy(config.steal_batch, config.batch_size)
+        # After a full batch (a backlog exists) wait until a quarter of the slots are free rather
+        # than claiming a handful at a time: fewer, fuller claims are cheaper for PostgreSQL.
+        self._refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
+        self._windows = ClaimWindows(window_buckets(self._refill_at))  # claims of a backlog take ~refill_at jobs
+        self._asleep = False  # in _sleep_until_woken
+        self.failing_since: float | None = None  # time.monotonic() of the first of the claims failing now
+        self.stats = ProducerStats()
+
+    @property
+    def idle(self) -> bool:
+        """Test signal: the claim loop sleeps and nothing has woken it yet (no NOTIFY, assignment
+        change or reap pending), so only its poll timer would start the next claim."""
+        return (self._asleep and not self._wakeup.is_set()
+                and not any(a.changed.is_set() for a in self._distinct))
+
+    # -- signals from outside ------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def on_notify(self, queue: str, bucket: int | None, due_in_s: float | None = None) -> None:
+        """A NOTIFY from enqueue: wake only for our own buckets (or a bulk enqueue). A job not due
+        yet (`due_in_s`) only arms the due timer: claiming now would find nothing."""
+        if queue not in self._assignments:
+            return
+        if bucket is not None and self._partitioned:
+            owned = self._assignments[queue].owned()
+            if owned is not None and bucket not in owned:
+                if due_in_s is not None:
+                    return  # not work for anyone yet: no reason to end the steal back-off
+                self._steals.note_foreign_notify()
+                return  # another worker's bucket: its owner gets the same notification
+        if due_in_s is not None:
+            self._due.arm(due_in_s)
+            return
+        if bucket is None:
+            self._steals.note_foreign_notify()  # a bulk enqueue: any bucket may have new work
+            self._look_ahead = True  # and may have scheduled some for later
+        self._wakeup.set()
+
+    def _on_due(self) -> None:
+        self._look_ahead = True  # learn the next run_at as we claim these
+        self._wakeup.set()
+
+    async def on_revoke(self, buckets: tuple[int, ...]) -> None:
+        """The coordinator takes `buckets` away (already gone from owned()): return once the
+        claim in flight, which may still read them, has finished."""
+        async with self._claim_fence:
+            pass
+
+    def stop(self) -> None:
+        """Stop claiming. A claim in flight finishes and its jobs start (nothing is orphaned)."""
+        self._stopped.set()
+        self._due.cancel()
+        self._wakeup.set()
+        self._executor.slot_freed.set()
+
+    # -- the claim loop --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        followers = [asyncio.create_task(self._follow_assignment(a), name="assignment-follower")
+                     for a in self._distinct]
+        try:
+            await self._claim_loop()
+        finally:
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
+
+    async def _follow_assignment(self, assignment: BucketAssignment) -> None:
+        while True:
+            await assignment.changed.wait()
+            assignment.changed.clear()
+            self._look_ahead = True  # gained buckets may hold jobs scheduled for later
+            self._wakeup.set()
+
+    async def _claim_loop(self) -> None:
+        config, executor = self._config, self._executor
+        backlog = False
+        queues = list(config.queues)
+        while not self._stopped.is_set():
+            metrics.JOBS_IN_FLIGHT.set(executor.in_flight)  # per cycle, not per job: cheap and never stale for long
+            if config.concurrency - executor.in_flight < (self._refill_at if backlog else 1):
+                executor.slot_freed.clear()
+                await executor.slot_freed.wait()
+                continue
+            if self._leases_stalled():
+                # Jobs claimed now would have leases we cannot extend; the lease keeper probes
+                # every second and clears this when the database answers again.
+                backlog = False
+                await self._pause(self.STALLED_CHECK_S)
+                continue
+            # Cleared before claiming, not after: a NOTIFY that lands while the claim runs (after
+            # its snapshot) must still wake the next cycle.
+            self._wakeup.clear()
+            owns = {q: self._assignments[q].owned() if self._partitioned else None for q in queues}
+            # Not for a degraded queue (own is None): its claims are SKIP LOCKED over all buckets
+            # already. Pointless for a queue whose every bucket we own.
+            stealing = (self._partitioned and config.steal and any(_can_steal(own) for own in owns.values())
+                        and self._steals.due(self._woke_by_timer))
+            if all(own == () for own in owns.values()) and not stealing:
+                await self._sleep_until_woken()
+                continue
+            try:
+                if self._look_ahead and not backlog:
+                    # Not during a backlog: the loop claims again at once, and a job that comes due
+                    # meanwhile sorts before the backlog's (run_at order), so the next claim takes
+                    # it. A cold start of 8 workers made ~50 look-aheads on assignment changes, 3.5
+                    # ms of PostgreSQL time each (pg_stat_statements); now the one left is made
+                    # when the backlog ends, before the loop sleeps (below).
+                    # Before the claim, not after: every job due after this query's now() is then
+                    # either armed (the earliest) or taken by the claim (its now() is later). Asked
+                    # after the claim, a job that came due between the two statements was neither:
+                    # it waited for the next wake-up (the latency bench's partitioned p99 was 68 ms).
+                    # It fails like a claim (same connection): a stall is noticed after one
+                    # statement timeout, not two.
+                    await self._arm_next_due(queues, owns)
+                cycle_started = time.perf_counter()
+                backlog = await self._claim_cycle(queues, owns, stealing, backlog)
+            except StoreError as exc:
+                metrics.STORE_ERRORS.labels("claim").inc()
+                log.warning("claim failed: %s", exc)
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                backlog = False
+                # Not woken early by NOTIFYs: back off so a struggling database is not hammered.
+                await self._pause(jittered(min(5.0, config.poll_interval_s), 0.5))
+                continue
+            self.failing_since = None
+            queues.append(queues.pop(0))  # rotate: no queue always goes first
+            metrics.POLL_CYCLE_SECONDS.labels(self._mode).observe(time.perf_counter() - cycle_started)
+            if not backlog and not self._look_ahead:  # one left from a backlog: look ahead, claim, then sleep
+                await self._sleep_until_woken()
+
+    async def _claim_cycle(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None],
+                           stealing: bool, in_backlog: bool) -> bool:
+        """One claim per queue for the free slots, plus a steal where our own came up short.
+        Returns whether any claim came back full (a backlog: go again without sleeping)."""
+        config, executor = self._config, self._executor
+        backlog = False
+        for queue in queues:
+            free = config.concurrency - executor.in_flight
+            if free <= 0 or self._stopped.is_set():
+                break
+            limit = min(free, config.batch_size)
+            own = owns[queue]
+            selected, windowed = -1, False
+            if own != ():
+                buckets, windowed = self._windows.pick(queue, own) if in_backlog else (own, False)
+                jobs, selected, sent_at = await self._claim(queue, limit, buckets)
+                # A full selection means more may be waiting even if others took some of it (a
+                # stealer, or the previous owner during a hand-off): go again, do not sleep. A
+                # short window says only that its buckets ran low: go on (claim_windows.py).
+                if windowed:
+                    self._windows.record(queue, selected >= limit)
+                backlog |= windowed or selected >= limit
+                executor.start(jobs, sent_at)
+            free = config.concurrency - executor.in_flight
+            # Steal only where all our own buckets ran short, not where others took rows of them.
+            if (stealing and not windowed and _can_steal(own) and selected < limit and free > 0
+                    and not self._stopped.is_set()):
+                asked = self._steals.batch(free)
+                stolen, _, sent_at = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
+                self._steals.record(len(stolen), asked)
+                self.stats.steal_claims += 1
+                if stolen:
+                    self.stats.stolen += len(stolen)
+                    metrics.STOLEN_JOBS.inc(len(stolen))
+                backlog |= len(stolen) == asked
+                executor.start(stolen, sent_at)
+        return backlog
+
+    async def _claim(self, queue: str, limit: int, buckets: tuple[int, ...] | None,
+                     steal_from: list[int] | None = None) -> tuple[list[Job], int, float]:
+        """Claim; returns the jobs, how many the selection found, and when the statement was sent
+        (time.monotonic()): their leases run from no earlier than that."""
+        started = time.perf_counter()
+        sent_at = time.monotonic()
+        async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
+            claimed = await self._store.jobs_claim_counted(queue, limit, self._config.lease_s, buckets, steal_from)
+        jobs = claimed.jobs
+        metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)
+        metrics.CLAIM_BATCH.observe(len(jobs))
+        if jobs:
+            metrics.JOBS_CLAIMED.labels(queue, self._mode).inc(len(jobs))
+        self.stats.claims += 1
+        self.stats.claimed += len(jobs)
+        return jobs, claimed.selected, sent_at
+
+    async def _arm_next_due(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None]) -> None:
+        """Arm the due timer at our earliest not-yet-due job (one bounded query per queue we claim
+        from). Raises StoreError like a claim."""
+        self._look_ahead = False
+        self._poll_look_ahead_at = time.monotonic() + self.LOOK_AHEAD_POLL_S
+        for queue in queues:
+            own = owns[queue]
+            if own == ():
+                continue
+            buckets = None if own is None or len(own) == NUM_BUCKETS else own  # all: no bucket filter
+            due_in_s = await self._store.jobs_next_due_in(queue, buckets)  # a StoreError: as the claim's
+            if due_in_s is not None:
+                self._due.arm(due_in_s)
+
+    async def _sleep_until_woken(self) -> None:
+        """Wait for a NOTIFY, an assignment change, a stop, or the jittered poll interval."""
+        if self._stopped.is_set():
+            return
+        self._asleep = True
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), jittered(self._config.poll_interval_s, 0.2))
+            self._woke_by_timer = False
+        except TimeoutError:
+            self._woke_by_timer = True
+            if time.monotonic() >= self._poll_look_ahead_at:
+                self._look_ahead = True
+        finally:
+            self._asleep = False
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, cut short only by stop()."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
+
+
+def _can_steal(own: tuple[int, ...] | None) -> bool:
+    """Stealing from a queue's other buckets makes sense when we own some but not all of them
+    (own is None: degraded, already claiming everything with SKIP LOCKED)."""
+    return own is not None and len(own) < NUM_BUCKETS

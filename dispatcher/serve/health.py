@@ -1,0 +1,176 @@
+"""What /livez and /readyz answer, judged in the HTTP server's thread from plain attributes that
+the event loop writes: never a database statement, never an asyncio call from that thread, so
+the answers come even while the loop is stalled (which is what /livez is for).
+
+Live (`/livez`): the event loop answers. A loop task stamps time.monotonic() every second; the
+probe judges the stamp's age against `loop_stall_s` (10 s). No jitter on that tick: it touches
+nothing shared (no database, no other pod), so N pods in lockstep cost nothing. A loop blocked by
+a handler that never yields (time.sleep in an async def), or by a CPU-bound one, fails it; the
+pod is restarted, and its jobs come back by their leases. Before the loop starts (imports,
+`--migrate`) it answers 200 with the age null: a slow start is the startup probe's business.
+
+Ready (`/readyz`): this pod does its share of the work, or is degraded by design. Every check
+must pass:
+- worker: `running` (not `starting`, not `stopping`: once stop() is called the pod leaves the
+  rotation, so a rolling update does not count a pod that is draining; not `stalled`);
+- database: `ok`: the startup check reached it, then the worker's own statements succeed: claims
+  (every poll interval), job heartbeats, the reaper (every few seconds on every pod). `failing`
+  from the first failed statement on any of those connections until one succeeds again;
+- schema: `current` (startup.py's check against every shipped migration; `missing`, `older`,
+  `unreadable` (the role may not read the version table yet) while --wait-for-schema waits);
+- assignment: partitioned mode with a coordinator: `owned` (joined every queue's group) or
+  `degraded` (the coordinator is unreachable and the worker claims with SKIP LOCKED: still
+  ready); `joining`, `resigned` (its database fails) and `stopped` are not ready. SKIP LOCKED
+  mode and the static coordinator: `not used`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import REGISTRY, GaugeMetricFamily, Metric
+
+from dispatcher.constants import MODE_PARTITIONED
+
+if TYPE_CHECKING:
+    from dispatcher.serve.worker import Worker
+
+LOOP_TICK_S = 1.0
+# Worst first: the state of a worker with several queues is its worst queue's.
+_ASSIGNMENT_ORDER = ("stopped", "resigned", "joining", "degraded", "member")
+_READY_ASSIGNMENTS = frozenset({"owned", "degraded", "not used"})
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    checks: dict[str, str]
+
+    def body(self) -> dict[str, Any]:
+        return {"status": "ready" if self.ready else "not ready", "checks": self.checks}
+
+
+def judge(*, worker: str, database: str, schema: str, assignment: str) -> Readiness:
+    """The readiness rule (module docstring), on the checks' states."""
+    ready = (worker == "running" and database == "ok" and schema == "current"
+             and assignment in _READY_ASSIGNMENTS)
+    return Readiness(ready, {"worker": worker, "database": database, "schema": schema, "assignment": assignment})
+
+
+def assignment_state(mode: str, coordinator: str, states: list[str]) -> str:
+    """The assignment check from the coordinators' states (one per queue; Coordinator.state)."""
+    if mode != MODE_PARTITIONED or coordinator == "static":
+        return "not used"
+    if not states:
+        return "not started"
+    worst = min(states, key=lambda s: _ASSIGNMENT_ORDER.index(s) if s in _ASSIGNMENT_ORDER else -1)
+    return "owned" if worst == "member" else worst
+
+
+@dataclass(slots=True)
+class StartupState:
+    """What startup.wait_until_ready last learnt (written on the loop, read by probes)."""
+
+    database: str = "unknown"  # unknown, unreachable, ok
+    schema: str = "unknown"  # unknown, missing, older, unreadable, current
+
+    def update(self, database: str, schema: str) -> None:
+        self.database, self.schema = database, schema
+
+
+@dataclass(slots=True, weakref_slot=True, eq=False)  # eq=False: hashable, for the WeakSet
+class Health:
+    loop_stall_s: float
+    startup: StartupState = field(default_factory=StartupState)
+    _beat: float | None = None  # time.monotonic() of the loop's last tick
+    _worker: Worker | None = None
+
+    def __post_init__(self) -> None:
+        COLLECTOR.track(self)
+
+    # -- written on the event loop ------------------------------------------------------------------
+
+    async def beat_forever(self) -> None:
+        """The loop heartbeat (module docstring); cancelled when the loop's work ends."""
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(LOOP_TICK_S)
+
+    def attach(self, worker: Worker) -> None:
+        self._worker = worker
+
+    # -- read from any thread -------------------------------------------------------------------------
+
+    def loop_age_s(self) -> float | None:
+        beat = self._beat
+        return None if beat is None else max(0.0, time.monotonic() - beat)
+
+    def livez(self) -> tuple[int, dict[str, Any]]:
+        age = self.loop_age_s()
+        if age is not None and age > self.loop_stall_s:
+            return 503, {"status": "stalled", "loop_heartbeat_age_s": round(age, 3), "loop_stall_s": self.loop_stall_s}
+        return 200, {"status": "ok", "loop_heartbeat_age_s": None if age is None else round(age, 3)}
+
+    def readiness(self) -> Readiness:
+        worker = self._worker
+        age = self.loop_age_s()
+        # asyncio.Event.is_set() is a plain attribute read: safe from this thread.
+        started = worker is not None and worker.started.is_set()
+        if worker is not None and worker.stopping.is_set():
+            phase = "stopping"
+        elif age is not None and age > self.loop_stall_s:
+            phase = "stalled"
+        else:
+            phase = "running" if started else "starting"
+        database, schema = self.startup.database, self.startup.schema
+        assignment = "not started"
+        if worker is not None and started:
+            failing = [t for t in (worker.lease_keeper.failing_since, worker.producer.failing_since,
+                                   worker.reaper.tick_failing_since) if t is not None]
+            database = "failing" if failing else "ok"
+            distinct = {id(a): a for a in worker.assignments.values()}.values()  # static: one for every queue
+            states = [getattr(a, "state", "member") for a in distinct]
+            assignment = assignment_state(worker.config.mode, worker.config.coordinator, states)
+        return judge(worker=phase, database=database, schema=schema, assignment=assignment)
+
+    def readyz(self) -> tuple[int, dict[str, Any]]:
+        readiness = self.readiness()
+        return (200 if readiness.ready else 503), readiness.body()
+
+
+class HealthCollector:
+    """`dispatcher_ready` and `dispatcher_loop_heartbeat_age_seconds`, computed at scrape time."""
+
+    def __init__(self) -> None:
+        self._health: weakref.WeakSet[Health] = weakref.WeakSet()
+
+    def track(self, health: Health) -> None:
+        self._health.add(health)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families([]))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families(list(self._health)))
+
+    @staticmethod
+    def _families(healths: list[Health]) -> list[Metric]:
+        ready = GaugeMetricFamily("dispatcher_ready", "1 while /readyz answers 200 (the worker does its share)")
+        age = GaugeMetricFamily("dispatcher_loop_heartbeat_age_seconds",
+                                "Seconds since the event loop last ticked (it ticks every second; /livez fails "
+                                "past loop_stall_s)")
+        if healths:
+            ready.add_metric([], min(1 if h.readiness().ready else 0 for h in healths))
+            ages = [a for h in healths if (a := h.loop_age_s()) is not None]
+            if ages:
+                age.add_metric([], max(ages))
+        return [ready, age]
+
+
+COLLECTOR = HealthCollector()
+REGISTRY.register(COLLECTOR)

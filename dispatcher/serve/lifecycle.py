@@ -1,0 +1,99 @@
+"""Process-level shutdown guarantees: signals, the exit deadline, and the hard exit.
+
+- The first SIGTERM or SIGINT begins the worker's graceful shutdown and arms a watchdog thread:
+  if the process still runs `bound_s` later, whatever it is waiting on (a stalled database, a
+  handler that ignores cancellation, a blocked event loop), it exits there and then.
+- A second signal exits at once.
+
+Handlers are installed with `signal.signal`, not `loop.add_signal_handler`: they run in the
+main thread at the next bytecode even when the event loop is busy in a handler that never
+yields, so the watchdog is armed whatever the loop is doing. The hard exit writes its one line
+with os.write (no logging lock, which a stuck thread may hold) and ends with os._exit: the
+interpreter's exit would wait for the threads of sync handlers that never return. What was not
+finished is brought back by its lease: fenced if the old run's outcome ever arrives, or re-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from dispatcher.observe import logs
+
+EXIT_FORCED = 1  # the process ended without every outcome written; leases recover the rest
+
+# Signals received before the worker's loop runs (start-up: imports, config, the schema check
+# under load can take seconds), replayed by ShutdownSignals.install(). Without this a SIGTERM in
+# that window kills the process with the default action (exit -15) instead of a clean exit 0.
+_early: list[int] = []
+
+
+def install_early() -> None:
+    """Catch SIGTERM/SIGINT from the first moment `dispatcher run` starts (see _early)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _early_handler)
+
+
+def _early_handler(signum: int, frame: FrameType | None) -> None:
+    _early.append(signum)
+    if len(_early) > 1:
+        hard_exit(f"received {signal.Signals(signum).name} again while starting")
+
+
+def hard_exit(reason: str, code: int = EXIT_FORCED) -> None:
+    """End the process now, after one line on stderr; never returns."""
+    text = f"{reason}; exiting now with code {code}; unfinished jobs come back when their leases run out"
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a broken stream must not stop the exit
+        pass
+    try:
+        # In the configured format (a JSON line in the json format), with the worker id, redacted.
+        os.write(2, (logs.render(logging.ERROR, "dispatcher", text) + "\n").encode())
+    finally:
+        os._exit(code)  # whatever happened above
+
+
+class ShutdownSignals:
+    """SIGTERM/SIGINT handling for one worker process (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_stop: Callable[[], None], *, bound_s: float,
+                 announce: Callable[[str], None]) -> None:
+        self._loop = loop
+        self._on_stop = on_stop
+        self._bound_s = bound_s
+        self._announce = announce
+        self._seen = 0
+        self._watchdog: threading.Timer | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+        for signum in _early:  # received while starting: act on it now
+            self._handle(signum, None)
+        _early.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._seen += 1
+        name = signal.Signals(signum).name
+        if self._seen > 1:
+            hard_exit(f"received {name} again during shutdown")
+        self._arm(self._bound_s)
+        # Logged from the loop, not here: a signal handler may interrupt a logging call.
+        self._loop.call_soon_threadsafe(self._announce, f"received {name}: stopping gracefully (the process "
+                                        f"ends within {self._bound_s:g} s; a second signal ends it at once)")
+        self._loop.call_soon_threadsafe(self._on_stop)
+
+    def _arm(self, bound_s: float) -> None:
+        """Start the exit deadline (once)."""
+        if self._watchdog is None:
+            self._watchdog = threading.Timer(bound_s, hard_exit, (f"shutdown overran its {bound_s:g} s bound",))
+            self._watchdog.daemon = True
+            self._watchdog.start()

@@ -1,0 +1,384 @@
+"""The worker: a supervisor that wires the job's services, starts them, and owns the shutdown order.
+
+The path of a job through one worker process:
+
+    Producer.claim (one statement, a batch)  ->  Executor.start (handler on the loop or a thread)
+        ->  outcome: completed, or RetryPolicy's decision on a failed attempt
+        ->  Completer (one fenced statement per flush)
+    and beside it: LeaseKeeper extends the leases of running jobs; if a worker dies or stalls,
+    another worker's Reaper puts its jobs through the same RetryPolicy when their leases expire.
+
+Shutdown (SIGTERM/SIGINT in the CLI), in this order, all of it within shutdown_grace_s +
+SHUTDOWN_OVERRUN_S of the signal whatever the database does (the watchdog in lifecycle.py ends
+the process if it does not):
+1. stop claiming (a claim in flight finishes and its jobs start), and leave the coordination
+   group, so our buckets move to the others at once while our jobs finish here;
+2. give back claimed-but-unstarted jobs, uncounted;
+3. let running jobs finish until the grace period ends; then cancel async handlers (retried at
+   once) and give them and the sync handlers INTERRUPT_WAIT_S more. A sync handler is never
+   given back while its thread runs: it keeps its lease until it returns or the process ends.
+   What still runs then is abandoned to its lease, and the process exits without waiting for it;
+4. flush every outcome (shielded from cancellation) while time is left, then close. Outcomes
+   that cannot be written in time are left to the leases: fenced, or re-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from coordinator.assignment import BucketAssignment
+from coordinator.pg.connect import ConnectionLimits
+from dispatcher.api.registry import Registry
+from dispatcher.constants import MODE_PARTITIONED
+from dispatcher.db.listener import Listener
+from dispatcher.db.store import JobStore
+from dispatcher.errors import ConfigError, StoreError
+from dispatcher.observe import job_metrics, metrics
+from dispatcher.runtime.completer import Completer
+from dispatcher.runtime.executor import Executor
+from dispatcher.runtime.maintenance import LeaseKeeper, PeriodicService, PlannerStats, Pruner, Reaper
+from dispatcher.runtime.producer import Producer
+from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.runtime.table_sampler import TableSampler
+from dispatcher.serve.coordination import build_assignments
+from dispatcher.settings.config import Config
+
+if TYPE_CHECKING:
+    from dispatcher.serve.health import Health
+
+log = logging.getLogger(__name__)
+
+# After the grace period, handlers get this long to react to cancellation (async) or return
+# (sync) while their leases are kept; then they are left to their leases.
+INTERRUPT_WAIT_S = 2.0
+# Everything after the grace period (the wait above, the final flush, leaving the group) ends
+# within this; the process watchdog allows one second more.
+SHUTDOWN_OVERRUN_S = 5.0
+WATCHDOG_SLACK_S = 1.0
+
+StoreFactory = Callable[[str, str, str, ConnectionLimits], JobStore]  # (dsn, worker_id, application_name, limits)
+
+
+def _connect_store(dsn: str, worker_id: str, application_name: str, limits: ConnectionLimits) -> JobStore:
+    return JobStore(dsn, worker_id, application_name=application_name, limits=limits)
+
+
+def exit_bound_s(config: Config) -> float:
+    """From the first signal to the end of the process, at most (enforced by the watchdog)."""
+    return config.shutdown_grace_s + SHUTDOWN_OVERRUN_S + WATCHDOG_SLACK_S
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """A snapshot of the services' counters."""
+
+    claims: int
+    claimed: int
+    stolen: int
+    steal_claims: int
+    timeouts: int
+    released: int
+    reaped: int
+    leases_lost: int
+    abandoned: int
+
+
+class Worker:
+    def __init__(self, config: Config, registry: Registry, *,
+                 assignments: Mapping[str, BucketAssignment] | None = None,
+                 store_factory: StoreFactory = _connect_store) -> None:
+        if config.dsn is None:
+            raise ConfigError("dsn", "is required to run a worker")
+        self.config = config
+        # One per queue (coordination.py); membership is given up while the worker cannot work.
+        self.assignments = dict(assignments or build_assignments(config, can_work=self._can_work))
+        self._distinct_assignments = list({id(a): a for a in self.assignments.values()}.values())
+
+        def store(role: str) -> JobStore:
+            dsn: str = config.dsn  # type: ignore[assignment]  # checked above
+            return store_factory(dsn, config.worker_id, f"dispatcher-{role}", config.limits)
+
+        # One connection per loop: claims; completions and heartbeats (short owner-fenced writes,
+        # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.
+        claims, completions, maint = store("claim"), store("complete"), store("maint")
+        self._stores = (claims, completions, maint)
+        self._maintenance_store = maint
+        policy = RetryPolicy(config.retry_base_s, config.retry_cap_s)
+        self.completer = Completer(completions, flush_interval_s=config.flush_interval_s,
+                                   flush_max=config.flush_max, history=config.history)
+        self.executor = Executor(registry, policy, self.completer, worker_id=config.worker_id,
+                                 job_timeout_s=config.job_timeout_s, sync_threads=config.sync_threads,
+                                 lease_s=config.lease_s, start_margin_s=config.heartbeat_s / 2,
+                                 lose_early_s=min(0.5, config.heartbeat_s / 4))
+        self.lease_keeper = LeaseKeeper(completions, self.executor, lease_s=config.lease_s,
+                                        interval_s=config.heartbeat_s)
+        self.producer = Producer(config, claims, self.assignments, self.executor,
+                                 leases_stalled=lambda: self.lease_keeper.stalled)
+        # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
+        listen_dsn = config.listen_target
+        self._listener = None if listen_dsn is None else Listener(
+            listen_dsn, set(config.queues), self.producer.on_notify, limits=config.limits,
+            probe_s=max(1.0, config.lease_s / 3))
+        self._never = asyncio.Event()  # `listening` without a listener: never set
+        self.reaper = Reaper(maint, policy, interval_s=config.reaper_interval_s, history=config.history,
+                             on_reaped=self.producer.wake)
+        self.pruner = Pruner(maint, retentions_s={"completed": config.completed_retention_s,
+                                                  "failed": config.failed_retention_s,
+                                                  "history": config.history_retention_s},
+                             batch=config.prune_batch, interval_s=config.prune_interval_s)
+        self.table_sampler = TableSampler(maint, interval_s=config.table_sample_interval_s, queues=config.queues)
+        self._services: list[PeriodicService] = [
+            self.lease_keeper, self.reaper,
+            self.pruner,
+            PlannerStats(maint, interval_s=config.reaper_interval_s),
+            self.table_sampler,
+        ]
+        job_metrics.COLLECTOR.track(self.executor, config.queues)  # dispatcher_jobs_running{queue}
+        self._stop = asyncio.Event()
+        self._stop_requested_at: float | None = None
+        self._grace_override: float | None = None
+        self._released = 0
+        self.abandoned = 0  # jobs still running when shutdown ended: the process must not wait for them
+        self.unflushed = 0  # outcomes that could not be written before the deadline
+        self.started = asyncio.Event()  # test signal: every service is up
+
+    @property
+    def listening(self) -> asyncio.Event:
+        """Test signal: set while LISTEN is active (wake-ups by NOTIFY work); never with listen_dsn=none."""
+        return self._never if self._listener is None else self._listener.listening
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once stop() was called."""
+        return self._stop
+
+    @property
+    def idle(self) -> bool:
+        """Test signal: the claim loop sleeps with no wake-up pending (see Producer.idle)."""
+        return self.producer.idle
+
+    @property
+    def stats(self) -> WorkerStats:
+        p = self.producer.stats
+        return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, self.executor.stats.timeouts,
+                           self._released, self.reaper.reaped, self.lease_keeper.leases_lost, self.abandoned)
+
+    def _can_work(self) -> bool:
+        """False once claims or heartbeats have failed for a coordinator heartbeat interval (a
+        third of its lease): then our buckets should move to workers that can poll them."""
+        failing = [t for t in (self.lease_keeper.failing_since, self.producer.failing_since) if t is not None]
+        return not failing or time.monotonic() - min(failing) < self.config.coordinator_lease_s / 3
+
+    @property
+    def clean(self) -> bool:
+        """After run(): every job we held got its outcome written (or was given back)."""
+        return self.abandoned == 0 and self.unflushed == 0
+
+    async def run(self) -> None:
+        # Join the coordination groups beside everything else: until a queue's coordinator has
+        # adopted its first view, its owned() is None and we claim with SKIP LOCKED over all its
+        # buckets (coordinator/coordinator.py), so the join is off the path to the first claim.
+        joining = asyncio.create_task(self._join(), name="join")
+        # Connect every store now: a stall that starts later then shows as a statement without
+        # an answer (statement_timeout_s), not first as a connect timeout (connect_timeout_s).
+        for result in await asyncio.gather(*(s.connection() for s in self._stores), return_exceptions=True):
+            if isinstance(result, StoreError):
+                log.warning("%s: will connect on first use", result)
+            elif isinstance(result, BaseException):
+                joining.cancel()
+                await asyncio.gather(joining, return_exceptions=True)
+                raise result
+        if self._listener is not None:
+            await self._listener.start()
+        else:
+            log.info("LISTEN is off (listen_dsn=none): idle workers find new jobs by polling every %g s",
+                     self.config.poll_interval_s)
+        background = [asyncio.create_task(self.completer.run(), name="completer")]
+        background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
+        producer = asyncio.create_task(self.producer.run(), name="producer")
+        stopping = asyncio.create_task(self._stop.wait(), name="stop requested")
+        try:
+            await asyncio.wait((joining, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if joining.done():
+                joining.result()  # a bug in a coordinator's start raises here, as it always did
+                self.started.set()
+                log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker_id,
+                         self.config.mode, ",".join(self.config.queues), self.config.concurrency,
+                         "all" if self.config.mode != MODE_PARTITIONED else
+                         " ".join(f"{q}:{_fmt_buckets(a.owned())}" for q, a in self.assignments.items()))
+            await stopping
+        finally:
+            stopping.cancel()
+            joining.cancel()  # a stop during the join: leaving (in the shutdown) cleans up after it
+            await asyncio.gather(stopping, joining, return_exceptions=True)
+            await asyncio.shield(self._shutdown(producer, background))
+
+    async def _join(self) -> None:
+        await asyncio.gather(*(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments))
+
+    def stop(self, *, grace_s: float | None = None) -> None:
+        """Begin a graceful shutdown (idempotent; call from a signal handler). The grace period
+        runs from the first call."""
+        if grace_s is not None:
+            self._grace_override = grace_s
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
+        self._stop.set()
+
+    async def _shutdown(self, producer: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
+        begun = self._stop_requested_at or time.monotonic()
+        grace = self._grace_override if self._grace_override is not None else self.config.shutdown_grace_s
+        grace_ends = begun + grace
+        overrun_ends = grace_ends + SHUTDOWN_OVERRUN_S
+        # 1. Stop claiming (never mid-statement: a claim in flight finishes and its jobs start),
+        #    and leave the group, so our buckets move now, not after the grace period. Leaving
+        #    runs beside steps 2-3: a coordinator that does not answer must not eat the grace.
+        self.producer.stop()
+        self.executor.stop_starting()
+        await _within(producer, grace_ends)  # a claim in flight is bounded by its statement timeout
+        leaving = asyncio.create_task(_stop_all(self._distinct_assignments), name="leave")
+        # 2. Claimed but never started: back to the queue at once, the attempt not counted.
+        await self._release_unstarted(grace_ends)
+        # 3. Running jobs get the rest of the grace period, then are interrupted.
+        await self.executor.drain(grace_ends)
+        self.abandoned = await self.executor.interrupt(INTERRUPT_WAIT_S)
+        # 4. Every outcome we can write before the deadline reaches the database; then close.
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        # Beside the flush (another connection): the next pod samples the table, and prunes, at
+        # its next tick instead of after our leases run out.
+        releasing = asyncio.create_task(_release_roles(self.table_sampler, self.pruner), name="release roles")
+        await self._flush_until(overrun_ends - 0.5)
+        await _within(leaving, overrun_ends - 0.2)
+        await _within(releasing, overrun_ends - 0.2)
+        if self._listener is not None:
+            await self._listener.stop()
+        self.executor.close()
+        job_metrics.COLLECTOR.untrack(self.executor)
+        for store in self._stores:
+            await store.close()
+        log.info("worker %s stopped in %.1f s: %s %s", self.config.worker_id, time.monotonic() - begun,
+                 self.stats, self.completer.stats)
+
+    async def _release_unstarted(self, deadline: float) -> None:
+        """Give the unstarted jobs back: tried at least once, retried until `deadline`."""
+        unstarted = self.executor.take_unstarted()
+        if not unstarted:
+            return
+        attempt = 0
+        while True:
+            try:
+                released = await self._maintenance_store.jobs_release_owned(unstarted)
+            except StoreError as exc:
+                attempt += 1
+                if time.monotonic() >= deadline:
+                    break
+                log.warning("release of unstarted jobs failed (try %d): %s", attempt, exc)
+                await asyncio.sleep(min(0.2 * 2**attempt, 2.0, max(0.0, deadline - time.monotonic())))
+                continue
+            self._released += released
+            metrics.JOBS_RELEASED.inc(released)
+            log.info("released %d claimed-but-unstarted jobs", released)
+            return
+        log.error("could not release %d unstarted jobs in time; their leases will bring them back", len(unstarted))
+
+    async def _flush_until(self, deadline: float) -> None:
+        attempt = 0
+        while True:
+            try:
+                await asyncio.wait_for(self.completer.flush(), timeout=max(0.0, deadline - time.monotonic()))
+                return
+            except (StoreError, TimeoutError) as exc:
+                attempt += 1
+                if time.monotonic() >= deadline:
+                    break
+                log.warning("final flush failed (try %d): %s", attempt, exc)
+                await asyncio.sleep(min(0.1 * 2**attempt, 1.0, max(0.0, deadline - time.monotonic())))
+        self.unflushed = self.completer.pending
+        log.error("could not write %d outcomes before the shutdown deadline; their leases will bring the jobs "
+                  "back (fenced if they were written after all)", self.unflushed)
+
+
+async def _release_roles(sampler: TableSampler, pruner: Pruner) -> None:
+    await sampler.release()
+    await pruner.release()
+
+
+async def _stop_all(assignments: list[BucketAssignment]) -> None:
+    await asyncio.gather(*(a.stop() for a in assignments))
+
+
+async def _within(task: Awaitable[None], deadline: float) -> None:
+    """Wait for `task` until `deadline`, then cancel it and go on."""
+    fut = asyncio.ensure_future(task)
+    done, _ = await asyncio.wait((fut,), timeout=max(0.0, deadline - time.monotonic()))
+    name = fut.get_name() if isinstance(fut, asyncio.Task) else "a task"
+    if not done:
+        log.warning("%s did not finish in time during shutdown: cancelled", name)
+        fut.cancel()
+        await asyncio.wait((fut,), timeout=0.5)  # not longer: it may be stuck in a cancellation of its own
+    elif not fut.cancelled() and fut.exception() is not None:
+        log.warning("%s failed during shutdown: %r", name, fut.exception())
+
+
+def _fmt_buckets(buckets: tuple[int, ...] | None) -> str:
+    if buckets is None:
+        return "none yet (joining or degraded: SKIP LOCKED)"
+    return ",".join(map(str, buckets)) if len(buckets) < 12 else f"{len(buckets)} buckets"
+
+
+def run_worker(config: Config, registry: Registry, *, install_signals: bool = True,
+               on_started: Callable[[Worker], None] | None = None, health: Health | None = None) -> Worker:
+    """Run a worker on uvloop until SIGTERM/SIGINT (see lifecycle.py for the exit guarantees).
+
+    `health` (what the HTTP server's probes read) gets the loop heartbeat from the loop's first
+    moment, the start-up checks' findings, and the worker.
+
+    Before it starts, the database must answer with a current schema (startup.py): a login the
+    server refuses, or a missing or older schema, raises StartupError; an unreachable server is
+    waited for. If shutdown leaves handlers running (they ignored cancellation, or their threads
+    never returned), the process exits here, without waiting for them: their leases protect them.
+    """
+    import uvloop
+
+    from dispatcher.serve.lifecycle import EXIT_FORCED, ShutdownSignals, hard_exit
+    from dispatcher.serve.startup import check_listen, wait_until_ready
+
+    worker = Worker(config, registry)
+    if health is not None:
+        health.attach(worker)
+
+    async def main() -> None:
+        beat = None if health is None else asyncio.create_task(health.beat_forever(), name="loop heartbeat")
+        try:
+            await start_and_run()
+        finally:
+            if beat is not None:
+                beat.cancel()
+
+    async def start_and_run() -> None:
+        if install_signals:
+            ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(config),
+                            announce=log.info).install()
+        ready = await wait_until_ready(config.dsn, config.limits,  # type: ignore[arg-type]  # checked by Worker
+                                       wait_for_schema=config.wait_for_schema, stopping=worker.stopping,
+                                       on_state=None if health is None else health.startup.update)
+        if not ready:
+            log.info("stopped before the database was ready")
+            return
+        if config.listen_target not in (None, config.dsn):
+            await check_listen(config.listen_target, config.limits)  # type: ignore[arg-type]  # not None
+        if on_started is not None:
+            on_started(worker)
+        await worker.run()
+        if worker.abandoned and install_signals:
+            hard_exit(f"{worker.abandoned} handlers still run after the shutdown bound", EXIT_FORCED)
+
+    uvloop.run(main())
+    return worker

@@ -1,0 +1,349 @@
+"""Worker configuration: one frozen dataclass built from `DISPATCHER_*` env vars and CLI flags.
+
+Every field has a named default with its unit in the name, and declares its parser, help text
+and unit in its metadata (`setting(...)`, settings_meta.py); `settings()` lists them for the CLI
+and the docs.
+A `Config` is validated when it is constructed, so none exists with a bad value: `Config(lease_s=0)`
+raises `ConfigError` naming the field (`lease_s`), and `Config.load()` names the env var or flag
+the value came from (`DISPATCHER_LEASE_S`, `--lease-s`); the CLI turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from coordinator.pg.connect import ConnectionLimits
+from coordinator.pg.dsn import dsn_problem, redis_url_problem
+from dispatcher.constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN, NUM_BUCKETS, is_valid_name
+from dispatcher.errors import ConfigError
+from dispatcher.settings.meta import KINDS as _KINDS
+from dispatcher.settings.meta import Setting, parse_buckets, setting, setting_of
+from dispatcher.settings.meta import parse_bool as _parse_bool
+from dispatcher.settings.meta import parse_queues as _parse_queues
+
+ENV_PREFIX = "DISPATCHER_"
+
+# Defaults, with the reason for each number.
+DEFAULT_CONCURRENCY = 100  # jobs running at once per worker process
+DEFAULT_BATCH_SIZE = 500  # max jobs per claim statement: ~0.002 round trips per job
+DEFAULT_POLL_INTERVAL_S = 1.0  # idle fallback poll; LISTEN/NOTIFY wakes us sooner
+DEFAULT_LEASE_S = 30.0  # a crashed worker's jobs come back after at most this
+DEFAULT_JOB_TIMEOUT_S = 600.0  # per-job wall-clock limit; 0 disables
+DEFAULT_RETRY_BASE_S = 1.0  # first retry waits up to 1 s ...
+DEFAULT_RETRY_CAP_S = 900.0  # ... doubling per attempt, capped at 15 min
+DEFAULT_FLUSH_INTERVAL_S = 0.05  # completions are written at most 50 ms late (River's figure)
+DEFAULT_FLUSH_MAX = 2000  # ... or as soon as 2,000 are pending
+DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds is 30
+DEFAULT_REAPER_INTERVAL_S = 5.0
+DEFAULT_PRUNE_INTERVAL_S = 60.0
+DEFAULT_COMPLETED_RETENTION_S = 3600.0  # completed rows kept an hour for inspection, then deleted
+DEFAULT_FAILED_RETENTION_S = 604800.0  # failed, discarded, cancelled: a week for people to look at or retry
+DEFAULT_HISTORY_RETENTION_S = 604800.0  # attempt history: a week
+DEFAULT_PRUNE_BATCH = 1000  # rows per DELETE: ~2 ms at 500k rows, and no more row locks than that
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a job payload is a reference, not a blob store
+DEFAULT_SYNC_THREADS = 8  # threads for sync handlers; async ones need none
+DEFAULT_COORDINATOR_LEASE_S = 10.0  # a dead worker's buckets move within this (+ ~0.1 s)
+DEFAULT_COORDINATOR_POLL_S = 1.0  # membership re-read at least this often; NOTIFY/pub-sub is faster
+DEFAULT_STEAL_BATCH = 100  # jobs taken per poll from other buckets when our own are idle
+DEFAULT_CONNECT_TIMEOUT_S = 5.0  # a server that does not finish the handshake in 5 s is treated as down
+# Our statements take milliseconds (a claim of 500 about 10 ms at 200k queued); 5 s means the
+# database or the path to it is stuck. Against the 30 s lease: a stalled heartbeat is noticed
+# within heartbeat (10 s) + 5 s = half a lease, with time left before any lease runs out.
+DEFAULT_STATEMENT_TIMEOUT_S = 5.0
+DEFAULT_LOOP_STALL_S = 10.0  # the loop ticks every 1 s; 10 s silent is a blocked loop, not a busy one
+DEFAULT_TABLE_SAMPLE_INTERVAL_S = 15.0  # a common Prometheus scrape interval; one pod samples (table_sampler.py)
+COORDINATORS = ("postgres", "redis", "static")
+LISTEN_OFF = "none"  # listen_dsn value: no LISTEN connection at all (polling only)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")  # see dispatcher/observe/logs.py
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    dsn: str | None = setting(
+        None, parse=str,
+        help="PostgreSQL connection string (postgresql://user:pass@host/db); required except by `dispatcher demo`")
+    listen_dsn: str | None = setting(
+        None, parse=str, shown="dsn",
+        help="connection string used only for LISTEN (wake-ups of idle workers and of the PostgreSQL "
+             "coordinator): a direct one to PostgreSQL when dsn goes through PgBouncer in transaction pooling, "
+             f"where LISTEN hears nothing; {LISTEN_OFF}: no LISTEN, wake-ups by polling only")
+    mode: str = setting(
+        MODE_PARTITIONED, parse=str,
+        help="claim strategy: partitioned (each worker claims from the buckets it owns) or skip_locked "
+             "(all workers claim from one queue with FOR UPDATE SKIP LOCKED)")
+    queues: tuple[str, ...] = setting(
+        (DEFAULT_QUEUE,), parse=_parse_queues, help="comma-separated queues this worker serves")
+    worker_id: str = setting(
+        parse=str, default_factory=_default_worker_id, shown="HOST-PID-RANDOM",
+        help="this worker's name in job locks, logs and coordinator membership; must be unique")
+    concurrency: int = setting(
+        DEFAULT_CONCURRENCY, parse=int, unit="jobs", help="jobs running at once in this worker process (>= 1)")
+    batch_size: int = setting(
+        DEFAULT_BATCH_SIZE, parse=int, unit="jobs", help="most jobs one claim statement takes (1 to 10000)")
+    poll_interval_s: float = setting(
+        DEFAULT_POLL_INTERVAL_S, parse=float, unit="seconds",
+        help="idle poll interval in seconds; LISTEN/NOTIFY usually wakes a worker sooner")
+    lease_s: float = setting(
+        DEFAULT_LEASE_S, parse=float, unit="seconds",
+        help="lease of a running job in seconds (>= 1); a dead worker's jobs come back after this")
+    heartbeat_interval_s: float | None = setting(
+        None, parse=float, unit="seconds", shown="lease_s / 3",
+        help="seconds between extensions of running jobs' leases; at most lease_s / 2")
+    connect_timeout_s: float = setting(
+        DEFAULT_CONNECT_TIMEOUT_S, parse=float, unit="seconds",
+        help="seconds a new database connection may take (TCP, TLS and login) before it counts as unreachable")
+    statement_timeout_s: float | None = setting(
+        None, parse=float, unit="seconds", shown=f"min({DEFAULT_STATEMENT_TIMEOUT_S:g}, lease_s / 2)",
+        help="seconds one of the worker's own statements may take before its connection counts as stalled "
+             "and is replaced (maintenance statements get 6x); at most lease_s / 2")
+    wait_for_schema: bool = setting(
+        False, parse=_parse_bool,
+        help="at start, wait (logging every few seconds) for a missing or older schema to be migrated instead "
+             "of exiting; for a migration Job that runs beside the workers")
+    job_timeout_s: float = setting(
+        DEFAULT_JOB_TIMEOUT_S, parse=float, unit="seconds",
+        help="wall-clock limit of one job in seconds, 0: none; @handler(timeout_s=...) overrides it")
+    retry_base_s: float = setting(
+        DEFAULT_RETRY_BASE_S, parse=float, unit="seconds",
+        help="backoff bound of the first retry in seconds; it doubles with each attempt")
+    retry_cap_s: float = setting(
+        DEFAULT_RETRY_CAP_S, parse=float, unit="seconds",
+        help="largest backoff bound of a retry in seconds (>= retry_base_s)")
+    flush_interval_s: float = setting(
+        DEFAULT_FLUSH_INTERVAL_S, parse=float, unit="seconds",
+        help="completions are written at most this many seconds late (over 0, at most 5)")
+    flush_max: int = setting(
+        DEFAULT_FLUSH_MAX, parse=int, unit="completions",
+        help="completions are also written as soon as this many are pending (1 to 50000)")
+    shutdown_grace_s: float = setting(
+        DEFAULT_SHUTDOWN_GRACE_S, parse=float, unit="seconds",
+        help="seconds running jobs get to finish after SIGTERM before they are cancelled")
+    reaper_interval_s: float = setting(
+        DEFAULT_REAPER_INTERVAL_S, parse=float, unit="seconds",
+        help="seconds between sweeps that put jobs whose lease expired through the retry policy")
+    prune_interval_s: float = setting(
+        DEFAULT_PRUNE_INTERVAL_S, parse=float, unit="seconds",
+        help="seconds between rounds of the pruner, which deletes rows past their retention (one pod at a time)")
+    completed_retention_s: float = setting(
+        DEFAULT_COMPLETED_RETENTION_S, parse=float, unit="seconds",
+        help="seconds completed jobs are kept before they are deleted; 0: kept forever")
+    failed_retention_s: float = setting(
+        DEFAULT_FAILED_RETENTION_S, parse=float, unit="seconds",
+        help="seconds failed, discarded and cancelled jobs are kept before they are deleted; 0: kept forever")
+    history_retention_s: float = setting(
+        DEFAULT_HISTORY_RETENTION_S, parse=float, unit="seconds",
+        help="seconds rows of the attempt history (dispatcher_job_attempts) are kept; 0: kept forever")
+    prune_batch: int = setting(
+        DEFAULT_PRUNE_BATCH, parse=int, unit="rows", help="most rows one DELETE of the pruner takes (1 to 10000)")
+    max_payload_bytes: int = setting(
+        DEFAULT_MAX_PAYLOAD_BYTES, parse=int, unit="bytes", shown="1048576 = 1 MiB",
+        help="largest JSON payload in bytes that `dispatcher enqueue` accepts (>= 2)")
+    sync_threads: int = setting(
+        DEFAULT_SYNC_THREADS, parse=int, unit="threads",
+        help="threads that run sync (def) handlers; async handlers need none")
+    history: bool = setting(
+        False, parse=_parse_bool, help="true: one row per attempt in dispatcher_job_attempts")
+    coordinator: str = setting(
+        "postgres", parse=str, help="bucket assignment in partitioned mode: postgres, redis or static")
+    redis_url: str | None = setting(
+        None, parse=str, help="Redis URL (redis://host:6379/0); required when coordinator is redis")
+    coordinator_lease_s: float = setting(
+        DEFAULT_COORDINATOR_LEASE_S, parse=float, unit="seconds",
+        help="membership lease in seconds (>= 3): a dead worker's buckets move within this")
+    coordinator_poll_s: float = setting(
+        DEFAULT_COORDINATOR_POLL_S, parse=float, unit="seconds",
+        help="seconds between membership re-reads, at most coordinator_lease_s / 3; NOTIFY/pub-sub is sooner")
+    session_locks: bool = setting(
+        True, parse=_parse_bool,
+        help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction pooling "
+             "(leases only)")
+    prepared_statements: bool = setting(
+        True, parse=_parse_bool,
+        help="let psycopg prepare statements it runs often; false behind PgBouncer in transaction pooling "
+             "older than 1.21 (or with max_prepared_statements = 0), where they fail on the next server connection")
+    steal: bool = setting(
+        True, parse=_parse_bool, help="partitioned mode: take jobs from other buckets while ours are idle")
+    steal_batch: int = setting(
+        DEFAULT_STEAL_BATCH, parse=int, unit="jobs",
+        help="jobs in a steal's first batch (1 to 10000); it doubles, up to batch_size, while steals come back full")
+    buckets: tuple[int, ...] | None = setting(
+        None, parse=parse_buckets, shown="from worker_index/worker_count",
+        help=f"static coordinator: this worker's buckets, e.g. 0-15,32 (0 to {NUM_BUCKETS - 1})")
+    worker_index: int = setting(
+        0, parse=int, help="static coordinator: this worker is i of worker_count and owns buckets i, i+N, ...")
+    worker_count: int = setting(
+        1, parse=int, unit="workers", help="static coordinator: number N of workers sharing the buckets")
+    metrics_port: int = setting(
+        0, parse=int, help="TCP port of the /metrics, /livez and /readyz server (all interfaces); 0: no server")
+    loop_stall_s: float = setting(
+        DEFAULT_LOOP_STALL_S, parse=float, unit="seconds",
+        help="/livez fails once the event loop was silent for this many seconds (>= 2)")
+    table_sample_interval_s: float = setting(
+        DEFAULT_TABLE_SAMPLE_INTERVAL_S, parse=float, unit="seconds",
+        help="seconds between samples of the table-wide metrics, taken by one pod at a time (> 0)")
+    log_level: str = setting(
+        "INFO", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
+    log_format: str = setting(
+        "text", parse=str, help="log lines: text (human-readable) or json (one JSON object per line)")
+
+    def __post_init__(self) -> None:
+        """Every rule, at construction: a Config that exists is valid. Raises ConfigError(field name)."""
+        for s in _SETTINGS:
+            value = getattr(self, s.name)
+            if value is None and s.name in _NULLABLE:
+                continue
+            _check(isinstance(value, _KINDS[s.parse]), s.name,
+                   f"must be {' or '.join(k.__name__ for k in _KINDS[s.parse])}, got {type(value).__name__}")
+            if s.parse is float:
+                _check(math.isfinite(value), s.name, f"must be a finite number, got {value!r}")
+        problem = dsn_problem(self.dsn) if self.dsn is not None else None  # libpq's parse (redacted)
+        _check(problem is None, "dsn", f"is not a valid PostgreSQL connection string: {problem}")
+        _check(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        bad_queues = [q for q in self.queues if not is_valid_name(q)]  # enqueue's rule: no job could be there
+        _check(bool(self.queues) and not bad_queues, "queues",
+               f"must name queues matching {NAME_PATTERN}, got {bad_queues or 'none'}")
+        _check(self.concurrency >= 1, "concurrency", "must be >= 1")
+        _check(1 <= self.batch_size <= 10_000, "batch_size", "must be between 1 and 10000")
+        _check(self.poll_interval_s > 0, "poll_interval_s", "must be > 0")
+        _check(self.lease_s >= 1, "lease_s", "must be >= 1 second")
+        _check(
+            0 < self.heartbeat_s <= self.lease_s / 2,
+            "heartbeat_interval_s",
+            f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}) so one lost beat never expires a lease",
+        )
+        _check(self.connect_timeout_s >= 1, "connect_timeout_s", "must be >= 1 second")
+        _check(0 < self.statement_s <= self.lease_s / 2, "statement_timeout_s",
+               f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}): a stalled statement must "
+               "be noticed while the leases it protects still run")
+        _check(self.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
+        _check(self.retry_base_s > 0, "retry_base_s", "must be > 0")
+        _check(self.retry_cap_s >= self.retry_base_s, "retry_cap_s", "must be >= retry_base_s")
+        _check(0 < self.flush_interval_s <= 5, "flush_interval_s", "must be in (0, 5]")
+        _check(1 <= self.flush_max <= 50_000, "flush_max", "must be between 1 and 50000")
+        _check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
+        _check(self.reaper_interval_s > 0, "reaper_interval_s", "must be > 0")
+        _check(self.prune_interval_s > 0, "prune_interval_s", "must be > 0")
+        for name in ("completed_retention_s", "failed_retention_s", "history_retention_s"):
+            _check(getattr(self, name) >= 0, name, "must be >= 0 (0: kept forever)")
+        _check(1 <= self.prune_batch <= 10_000, "prune_batch", "must be between 1 and 10000")
+        _check(self.max_payload_bytes >= 2, "max_payload_bytes", "must be >= 2")
+        _check(self.sync_threads >= 1, "sync_threads", "must be >= 1")
+        _check(self.coordinator in COORDINATORS, "coordinator",
+               f"must be one of {', '.join(COORDINATORS)}, got {self.coordinator!r}")
+        _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url",
+               "is required when coordinator is 'redis'")
+        problem = redis_url_problem(self.redis_url) if self.redis_url else None  # redis-py's parse (redacted)
+        _check(problem is None, "redis_url", f"is not a valid Redis URL: {problem}")
+        _check(self.coordinator_lease_s >= 3, "coordinator_lease_s", "must be >= 3 seconds")
+        _check(0 < self.coordinator_poll_s <= self.coordinator_lease_s / 3, "coordinator_poll_s",
+               "must be > 0 and at most a third of coordinator_lease_s")
+        _check(1 <= self.steal_batch <= 10_000, "steal_batch", "must be between 1 and 10000")
+        _check(self.worker_count >= 1, "worker_count", "must be >= 1")
+        _check(0 <= self.worker_index < self.worker_count, "worker_index", "must be in [0, worker_count)")
+        _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be a TCP port or 0")
+        _check(self.loop_stall_s >= 2, "loop_stall_s", "must be >= 2 seconds (the loop ticks every second)")
+        _check(self.table_sample_interval_s > 0, "table_sample_interval_s", "must be > 0")
+        _check(self.listen_dsn is None or bool(self.listen_dsn.strip()), "listen_dsn",
+               f"must be a connection string or {LISTEN_OFF!r}")
+        _check(self.log_level.upper() in LOG_LEVELS, "log_level", "must be DEBUG, INFO, WARNING or ERROR")
+        _check(self.log_format.lower() in LOG_FORMATS, "log_format", f"must be text or json, got {self.log_format!r}")
+        if self.buckets is not None:
+            bad = [b for b in self.buckets if not (isinstance(b, int) and 0 <= b < NUM_BUCKETS)]
+            _check(not bad, "buckets", f"buckets must be in 0..{NUM_BUCKETS - 1}, got {bad}")
+            _check(bool(self.buckets), "buckets", "names no bucket: a worker with none would claim nothing")
+            # Only the static coordinator reads it: anywhere else it would be silently ignored.
+            _check(self.coordinator == "static", "buckets",
+                   f"applies only to the static coordinator (coordinator is {self.coordinator!r})")
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.heartbeat_interval_s if self.heartbeat_interval_s is not None else self.lease_s / 3
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """The connect and statement bounds of every connection the worker opens."""
+        return ConnectionLimits(self.connect_timeout_s, self.statement_s, self.prepared_statements)
+
+    @property
+    def listen_target(self) -> str | None:
+        """Where the worker and the PostgreSQL coordinator LISTEN: listen_dsn, else dsn; None: nowhere."""
+        if self.listen_dsn is None:
+            return self.dsn
+        return None if self.listen_dsn.strip().lower() == LISTEN_OFF else self.listen_dsn
+
+    @property
+    def statement_s(self) -> float:
+        if self.statement_timeout_s is not None:
+            return self.statement_timeout_s
+        return min(DEFAULT_STATEMENT_TIMEOUT_S, self.lease_s / 2)
+
+    @property
+    def static_buckets(self) -> tuple[int, ...]:
+        """The buckets a static assignment gives this worker: explicit list, or worker i of N."""
+        if self.buckets is not None:
+            return self.buckets
+        return tuple(b for b in range(NUM_BUCKETS) if b % self.worker_count == self.worker_index)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with `changes`; validated like any construction (ConfigError names the field)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, **flags: Any) -> Config:
+        """Env vars first, then CLI flags (non-None values win); validated before it is returned.
+
+        A bad value raises ConfigError naming the setting as the user wrote it: the flag if one
+        was given for that field, else its env var.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for s in _SETTINGS:
+            raw = environ.get(s.env_var)
+            if raw is not None and raw.strip() != "" and flags.get(s.name) is None:  # a flag wins, even over bad text
+                values[s.name] = _parse(s, raw.strip(), s.env_var)
+        for name, value in flags.items():
+            if value is None:
+                continue
+            s = _BY_NAME.get(name)
+            if s is None:
+                raise ConfigError(f"--{name.replace('_', '-')}", "unknown setting")
+            values[name] = _parse(s, value, s.flag) if isinstance(value, str) else value
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            s = _BY_NAME[exc.setting]
+            origin = s.flag if flags.get(s.name) is not None else s.env_var
+            raise ConfigError(origin, exc.message) from None
+
+
+def _check(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(field, message)
+
+
+def _parse(s: Setting, raw: str, origin: str) -> Any:
+    try:
+        return s.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(origin, f"cannot parse {raw!r}: {exc}") from None
+
+
+_SETTINGS: tuple[Setting, ...] = tuple(setting_of(f, ENV_PREFIX) for f in dataclasses.fields(Config))
+_BY_NAME: dict[str, Setting] = {s.name: s for s in _SETTINGS}
+_NULLABLE = frozenset(f.name for f in dataclasses.fields(Config) if f.default is None)
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every Config field, in declaration order, with its env var, flag, parser, help and default."""
+    return _SETTINGS

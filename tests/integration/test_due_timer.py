@@ -14,8 +14,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from dispatcher import Config, Job, Registry, Worker, enqueue_sync
-from dispatcher.api import enqueue
+from dispatcher import Config, Job, Registry, Worker, enqueue, enqueue_sync
 from tests.helpers import Deadline, fetchall, run_async, wait_until_async
 
 LATE_BOUND_S = 0.5

@@ -9,8 +9,7 @@ import urllib.request
 import psycopg
 import pytest
 
-from dispatcher import Config, Job, Registry, Worker, enqueue_sync
-from dispatcher.api import enqueue
+from dispatcher import Config, Job, Registry, Worker, enqueue, enqueue_sync
 from tests.helpers import (
     ROOT,
     Deadline,

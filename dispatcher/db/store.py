@@ -1,9 +1,8 @@
 """The job store: every statement the worker runs, with typed results, over one connection.
 
-Each worker loop (claims, completions, maintenance) owns one `JobStore` and so one connection in
-autocommit mode: one round trip per statement (~0.004 per job with batches of 500); a pool's
-health check plus BEGIN/COMMIT around each statement would make that four. psycopg errors
-become our own exceptions here; a broken connection is reopened on the next call.
+Each worker loop owns one `JobStore`, so one autocommit connection and one round trip per
+statement (docs/design/postgres-plumbing.md). psycopg errors become our own; a broken connection
+is reopened on the next call.
 """
 
 from __future__ import annotations

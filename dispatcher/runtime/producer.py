@@ -1,20 +1,8 @@
 """The producer: claims jobs for the executor's free slots.
 
-It sleeps until something may have work for it (a NOTIFY for one of its buckets, an assignment
-change, a reaped lease, or the jittered poll timer), then claims up to the free slots from its
-own buckets in one statement per queue (partitioned mode), or from everything with SKIP LOCKED
-(SKIP LOCKED mode, or partitioned while the coordinator is unreachable). When its own buckets
-come up short it may steal from others (dispatcher/runtime/stealing.py decides when and how much).
-
-Each queue has its own assignment (partitioned mode: one coordination group per queue, so a
-queue's buckets go only to workers serving it); the claim for a queue polls that queue's buckets.
-
-Bucket hand-offs: the coordinator first stops listing a bucket in `owned()`, then awaits
-`on_revoke`, which returns once the claim in flight (the claim fence) has finished, and only then
-hands the bucket over. So the new owner starts after our last claim on it ended.
-
-Delayed jobs: the due timer (due_timer.py) wakes the loop at the earliest known run_at of our
-jobs, so they start within a claim's round trip of it however long the poll interval is.
+It sleeps until something may have work for it (a NOTIFY for its buckets, an assignment change,
+a reaped lease, the due timer or the jittered poll timer), then claims from its own buckets per
+queue (partitioned) or from everything (SKIP LOCKED), and may steal (stealing.py).
 """
 
 from __future__ import annotations

@@ -181,9 +181,7 @@ class Coordinator:
             self._last_beat = self._beat_at = now
         view = await self.backend.view()
         # Only the leader (to renew) and members that see no live leader (to take over) ask: a
-        # try_lead is a write (the PostgreSQL backend locks the leader row and, for a non-leader,
-        # reads pg_locks), and 8 members asking every tick made it the coordinator's costliest
-        # statement, 3.9 ms on average (pg_stat_statements, a cold start of 8 workers).
+        # try_lead is a write, once the coordinator's costliest statement (docs/design/coordinator.md).
         if self._may_lead(view):
             self.leading = await self.backend.try_lead(self.member, self.lease_s)
         else:

@@ -32,10 +32,8 @@ from dispatcher.observe import metrics
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Budgets in multiples of ConnectionLimits.statement_timeout_s. Every hot statement (claim,
-# completion, heartbeat, reap) touches at most a few thousand index entries: milliseconds.
-# ANALYZE samples 30,000 rows and a prune round (janitor.py) deletes a few batches of prune_batch
-# rows (1.7 ms per 1,000 at 500k rows, but seconds on a big, busy table).
+# Budgets in multiples of ConnectionLimits.statement_timeout_s: hot statements take milliseconds;
+# ANALYZE and prune batches can take seconds on a big, busy table (docs/design/postgres-plumbing.md).
 SLOW_STATEMENT = 6.0
 
 

@@ -95,7 +95,7 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
         except StatementTimeout as exc:
             problem = str(exc)
         except psycopg.errors.InsufficientPrivilege as exc:
-            # A DML-only role before the migration Job granted it anything (README, Roles).
+            # A DML-only role before the migration Job granted it anything (docs/operations/roles.md).
             report("ok", "unreadable")
             if not wait_for_schema:
                 raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)} "

@@ -62,7 +62,7 @@ class Coordinator:
         self._owned: tuple[int, ...] = ()
         # No view adopted yet, or in the last one no bucket had a live owner: SKIP LOCKED over all.
         self._unassigned = True
-        # The leader's initial delay (module docstring), on its own monotonic clock.
+        # The leader's initial delay (docs/design/coordinator.md), on its own monotonic clock.
         self._unassigned_since: float | None = None
         self._members_seen: tuple[str, ...] = ()
         self._members_changed_at = 0.0

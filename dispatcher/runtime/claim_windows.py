@@ -9,7 +9,7 @@ from __future__ import annotations
 
 JOBS_PER_WALK = 16
 MIN_WINDOW_BUCKETS = 2
-MAX_WINDOW_BUCKETS = 8  # 8 walks take 0.30 ms, SKIP LOCKED's one walk 0.16-0.25 ms (figures above)
+MAX_WINDOW_BUCKETS = 8  # 8 walks take 0.30 ms, SKIP LOCKED's one walk 0.16-0.25 ms (docs/design/claims.md)
 
 
 def window_buckets(claim_size: int) -> int:

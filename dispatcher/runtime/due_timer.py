@@ -60,7 +60,7 @@ class DueTimer:
     def _fire(self) -> None:
         deadline = self._deadline
         if deadline is not None and self._clock() < deadline:
-            # Fired early (module docstring): wait for the rest, plus RETRY_SLACK_S, so that a
+            # Fired early (docs/design/claims.md): wait for the rest, plus RETRY_SLACK_S, so that a
             # remainder below the loop's millisecond does not come back at once, again and again.
             self._schedule(deadline, RETRY_SLACK_S)
             return

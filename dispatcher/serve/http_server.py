@@ -1,7 +1,8 @@
 """The worker's own small HTTP server on DISPATCHER_METRICS_PORT: /metrics, /livez, /readyz.
 
 A daemon thread started before the start-up checks; bounded (MAX_CONCURRENT requests,
-REQUEST_TIMEOUT_S each); unknown paths are 404; requests are not logged. Why not
+REQUEST_TIMEOUT_S each); unknown paths are 404; requests are not logged. It binds all interfaces,
+IPv6 and IPv4: it only reads, and who may reach it is the network's decision. Why not
 prometheus_client's server: docs/design/health-and-metrics.md.
 """
 

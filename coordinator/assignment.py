@@ -1,17 +1,8 @@
 """The interface between a worker and whatever decides which buckets it polls.
 
-The worker asks two things: which buckets do I own now (`owned()`), and wake me when that changes
-(`changed`, an asyncio.Event the worker clears after reading). Backends implement it: `static` here
-(a fixed range from config); membership-based ones (PostgreSQL, Redis) come with the coordinator.
-
-Giving buckets up follows Kafka's rebalance listener: the worker passes `on_revoke` to `start()`;
-before handing buckets over, the assignment first stops advertising them in `owned()`, then
-awaits `on_revoke(buckets)` (the worker returns once its in-flight claim on them has finished),
-then hands them over. So the new owner starts after the old one stopped.
-
-Ownership only decides who *polls* a bucket. Correctness never rests on it: every claim re-checks
-the row's status in the same statement and every completion checks the claim's token, so two
-owners overlapping during a hand-off cost contention, never a duplicate.
+`owned()` (which buckets now) and `changed` (an event to wake on); `on_revoke` is awaited before
+buckets are handed over, as Kafka's rebalance listener. `static` lives here; the membership-based
+backends come with the coordinator. Ownership decides who polls, never who may write.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""Which member owns which bucket: a pure function of (live members, current owners).
+"""Which member owns which bucket: a pure, deterministic function of (live members, current owners).
 
-The leader calls `assign` on every membership change and writes the difference. Every bucket that
-changes hands costs a cooperative hand-off (the old owner drains its in-flight claim, up to one
-lease), so the assignor's job is to be balanced *and* to move as few buckets as possible:
-
-- quotas: with n buckets and N members, everyone gets q = n // N and r = n % N members get q + 1.
-  The q + 1 slots go to the members that hold the most buckets now, so a member already holding
-  q + 1 is not made to give one up just to hand it to somebody else;
-- each member keeps what it holds up to its quota (the lowest-numbered buckets if it holds more);
-- the rest (excess, unowned, owned by a dead or departed member) is handed out, ascending, to the
-  members below quota, in member order.
-
-This moves the fewest buckets any balanced assignment can: a member can keep at most
-min(held, quota) buckets, and giving the r bigger quotas to the biggest holders maximises that sum.
-Consequences the tests check: from a balanced state, a join moves only the newcomer's quota
-(<= ceil(n / (N + 1)): 64 buckets, 3 -> 4 members moves 16), a leave or death moves only the
-leaver's buckets, and a balanced, complete assignment is a fixed point (nothing moves).
-
-Deterministic by construction: members are deduplicated and sorted, `current` is only read by
-bucket number (never iterated, so its insertion order cannot matter), and every tie is broken by
-member id. That lets any member recompute the leader's plan and get the same answer.
+Balanced (quotas differ by at most one) and moving the fewest buckets any balanced assignment can;
+ties are broken by member id, so any member can recompute the leader's plan. Why and how:
+docs/design/coordinator.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """What a coordination backend (PostgreSQL, Redis) must provide, and the leader's pure planning.
 
-The protocol is deliberately small: members heartbeat, one member leads, everyone reads one
-`ClusterView`, the leader writes `BucketChange`s, and an old owner completes the hand-off of a
-bucket it was asked to give up. All times are the backend's clock (PostgreSQL `now()`, Redis
-`TIME`), never a worker's.
-
-Ownership of a bucket moves in one of two ways:
-- **direct**: the owner is gone (dead, left, or never set): owner := target, epoch + 1;
-- **cooperative**: the owner is alive: the leader sets `next_owner` (a revoke request with a
-  deadline); the old owner stops polling the bucket, waits for its in-flight claim to finish,
-  then hands it over itself (owner := next_owner, epoch + 1). If it has not done so by the
-  deadline (one lease), the leader forces it.
-A bucket's epoch rises every time it changes hands, so (bucket, epoch) names exactly one owner.
+Members heartbeat, one leads, everyone reads one `ClusterView`, the leader writes `BucketChange`s
+and an old owner completes the hand-off of a bucket it was asked to give up. A bucket moves
+directly (its owner is gone) or cooperatively (the owner drains, then hands over; forced after a
+lease); its epoch rises each time. Times are the backend's clock. See docs/design/coordinator.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """PostgreSQL coordination backend: member rows with leases, a leader row, bucket owners.
 
-Liveness is two signals on the database clock:
-- a lease (`expires_at`), refreshed by heartbeats. It catches a worker whose process is stuck
-  while its connection stays open;
-- a session advisory lock per member, held on the coordination connection. It catches a killed
-  worker at once: PostgreSQL drops the lock with the connection.
-
-PgBouncer caveat: in transaction pooling mode a session lock is not tied to one client, so set
-`DISPATCHER_SESSION_LOCKS=false` there. Liveness then rests on leases alone (a death shows
-within one lease); the rebalance lock is transaction-scoped and works either way.
-
-Notifications (`LISTEN dispatcher_coordinator`) arrive on a second connection; a lost one only
-delays a change until the next poll. Each payload starts with this backend's token, so our own
-notifications do not wake us (as in the Redis backend).
-
-Errors: psycopg's OperationalError (connection refused or lost, server shutting down) and an
-operation that overruns its deadline (a stalled connection: see pglimits.py) become
-CoordinatorUnavailable; any other psycopg error CoordinatorError. So a stall shows as an
-unreachable backend, and past a lease the worker degrades to SKIP LOCKED instead of hanging.
+Liveness: a lease on the database clock, plus a session advisory lock per member (off behind
+PgBouncer: `DISPATCHER_SESSION_LOCKS=false`). Changes are announced by NOTIFY. A stalled or lost
+connection becomes CoordinatorUnavailable, so the worker degrades instead of hanging.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Redis coordination backend: membership, leadership and bucket ownership in a few keys.
 
-Only *who polls which bucket* lives here; jobs stay in PostgreSQL. Every read-check-write is
-one Lua script (atomic on the server) and every time is the Redis clock (`TIME` inside the
-script), so workers with skewed clocks still agree on who is alive and what is overdue.
-
-Layout (all names from `RedisKeys`, so a prefix isolates one cluster or one test):
-- `{p}:members`          sorted set, member -> lease expiry in ms (Redis clock). Live iff
-                         score > now: key expiry in Redis is lazy, the score is exact.
-- `{p}:member:{id}`      string with PX = lease, for humans with redis-cli (never read here).
-- `{p}:leader`           member id, SET NX PX lease; renewed/deleted only by its holder.
-- `{p}:buckets`          hash bucket -> JSON {"o": owner, "n": next_owner, "e": epoch,
-                         "d": revoke deadline ms}; a missing field is unowned at epoch 0.
-- `{p}:changes`          pub/sub channel; payload "<sender token>:<reason>".
-
-The Lua scripts are in coordinator/redis_scripts.py.
-
-Errors: connection refused or lost, timeouts and READONLY (a replica after failover) become
-CoordinatorUnavailable; any other Redis error CoordinatorError.
+Only who polls which bucket lives here; jobs stay in PostgreSQL. Every read-check-write is one Lua
+script (coordinator/redis_scripts.py) on the Redis clock. Key layout: docs/design/coordinator.md.
+Unreachable servers, timeouts and READONLY become CoordinatorUnavailable.
 """
 
 from __future__ import annotations

@@ -1,45 +1,10 @@
-"""The membership-based bucket assignment a worker runs (backends: PostgreSQL, Redis).
+"""The membership-based bucket assignment a worker runs, one per queue (backends: PostgreSQL, Redis).
 
-Each member loops: heartbeat (when due), read the view, try to lead (if it leads already, or
-the view shows no live leader), and, if it leads, move the assignment towards
-`assign(members, current)` (see coordinator/backend.py for the hand-off rules). Then it adopts
-its part. It wakes on a notification from another member (a follower not on a join: the
-leader's apply follows it), at the next lease expiry (so a death shows when it happens, not a
-heartbeat later), or after `poll_s`.
-
-Hand-off order on the old owner (Kafka's rebalance listener): stop advertising the bucket in
-`owned()`, await the worker's `on_revoke(buckets)` (it returns once the in-flight claim
-statement has finished), then hand over. So the new owner starts after the old one stopped, and
-overlap stays rare and short. The wait is bounded by a third of the lease (our own heartbeat
-must not lapse while we wait, and the leader forces the move after a lease anyway): a callback
-that overruns or raises is logged and the hand-over goes ahead. Correctness never rests on it:
-claims re-check status and completions check the claim token.
-
-Joining: until it has adopted its first view, `owned()` returns None and the worker claims with
-SKIP LOCKED over all buckets, as in degraded mode below. A member that owns nothing yet has no
-buckets to keep to, and a fleet spawned against a backlog works from its first claim instead of
-after its join (a connection, a heartbeat and a leader's round: 0.1-0.3 s of the 1.2-1.7 s from
-spawn to first claim of 8 processes on 2 cores, `python -m bench coldstart`). Its SKIP LOCKED
-claims and the owners' partitioned ones meet as a steal and its owner do: contention, never a
-double claim.
-
-Starting together (Kafka's initial rebalance delay, KIP-134): while no bucket has a live owner
-(a group starting, or starting again after every member died), the leader makes the first
-assignment only once no member has joined for INITIAL_SETTLE_S, and at most INITIAL_DELAY_MAX_S
-after it first saw the group so. Meanwhile every member claims with SKIP LOCKED over all
-buckets, as while joining, so nothing waits. Without it, 8 workers spawned together against a
-backlog joined over ~0.6 s, and each join moved buckets from live owners: for the first ~1.2 s
-claims read 1-2 buckets while hand-offs were pending, and 14% of the jobs were taken by steals
-(`python -m bench coldstart`). A group that has live owners rebalances at once, as before.
-
-Degraded mode: if the backend cannot be reached for longer than the lease, `owned()` returns
-None and the worker claims with SKIP LOCKED over all buckets (still correct), until the backend
-answers again.
-
-Membership follows the ability to work: while `can_work()` is false (the worker cannot claim:
-its database is unreachable or stalled, though the coordinator, e.g. Redis, still answers), the
-member leaves the group at once, so its buckets move to workers that can poll them, and stops
-heartbeating; it rejoins when `can_work()` is true again.
+Each member loops: heartbeat, read the view, try to lead, and, if it leads, move the assignment
+towards `assign(members, current)`; then it adopts its part. While it joins, while a group starts
+together, and while the backend is unreachable (degraded), `owned()` is None and the worker claims
+with SKIP LOCKED over all buckets. A member that cannot work (`can_work()` false) leaves at once.
+Protocol: docs/concepts/coordinator.md; reasons and measurements: docs/design/coordinator.md.
 """
 
 from __future__ import annotations
@@ -97,7 +62,7 @@ class Coordinator:
         self._owned: tuple[int, ...] = ()
         # No view adopted yet, or in the last one no bucket had a live owner: SKIP LOCKED over all.
         self._unassigned = True
-        # The leader's initial delay (module docstring), on its own monotonic clock.
+        # The leader's initial delay (docs/design/coordinator.md), on its own monotonic clock.
         self._unassigned_since: float | None = None
         self._members_seen: tuple[str, ...] = ()
         self._members_changed_at = 0.0
@@ -216,9 +181,7 @@ class Coordinator:
             self._last_beat = self._beat_at = now
         view = await self.backend.view()
         # Only the leader (to renew) and members that see no live leader (to take over) ask: a
-        # try_lead is a write (the PostgreSQL backend locks the leader row and, for a non-leader,
-        # reads pg_locks), and 8 members asking every tick made it the coordinator's costliest
-        # statement, 3.9 ms on average (pg_stat_statements, a cold start of 8 workers).
+        # try_lead is a write, once the coordinator's costliest statement (docs/design/coordinator.md).
         if self._may_lead(view):
             self.leading = await self.backend.try_lead(self.member, self.lease_s)
         else:

@@ -1,25 +1,9 @@
 """PostgreSQL connections that never hang: a bound on every connect and on every statement.
 
-A stalled network path (a proxy or a NAT that stops forwarding without closing the socket, a
-partition that drops packets) raises no error on its own: a statement sent into it waits
-forever, and so does whatever awaits it, shutdown included. Three layers bound that:
-
-- `connect()` passes libpq's `connect_timeout` (and bounds the whole handshake on our side too),
-  plus TCP keepalives and `tcp_user_timeout`, so the kernel itself gives up on a peer that has
-  vanished (packets dropped) even on an idle connection (a LISTEN).
-- `bounded()` runs each statement with a deadline of the caller's choosing. On overrun it raises
-  `StatementTimeout` at once and leaves the statement to psycopg in the background, which sends
-  the server a cancel request and closes the connection (psycopg bounds that at about 10 s);
-  the caller must never use that connection again.
-- We do not set `statement_timeout` on the session: PgBouncer in transaction pooling rejects the
-  `options` startup parameter, and a `SET` would leak to other clients through its pool. The
-  cancel request above stops the statement on the server instead (PgBouncer forwards those).
-
-`prepared_statements=False` turns psycopg's automatic prepared statements off (it prepares a
-statement on its 6th execution on a connection): behind PgBouncer < 1.21 in transaction pooling,
-the next transaction may run on another server connection, which does not have it.
-
-Shared by both packages (the coordinator imports nothing from dispatcher), like sqlfile.py.
+`connect()` sets connect_timeout, TCP keepalives and tcp_user_timeout; `bounded()` gives each
+statement a deadline and abandons the connection on overrun (a cancel request stops the server
+side). No session statement_timeout: it would leak through PgBouncer. Shared by both packages.
+Why: docs/design/postgres-plumbing.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Connection strings in messages: say which server, never the password.
 
-libpq copies parts of the DSN into its own error messages: a bad percent-encoding quotes the
-token (`invalid percent-encoded token: "s3cr%t"`, the password itself when that is where the bad
-escape is), and some syntax errors quote the whole URI. Every message about connecting that we
-show or log goes through `redact()` (or `one_line()`), which takes the DSN the message came from
-and blanks each form the password can take in it.
+libpq quotes parts of the DSN in its errors (a bad percent-escape, the whole URI), so every
+message about connecting goes through `redact()` or `one_line()`, which blanks each form the
+password can take.
 """
 
 from __future__ import annotations

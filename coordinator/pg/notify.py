@@ -1,21 +1,8 @@
 """Waiting for notifications on a LISTEN connection without waking up ten times a second.
 
-psycopg's `AsyncConnection.notifies(timeout=...)` waits on the socket in steps of 0.1 s (its
-async wait interval, there so that a blocking wait notices Ctrl-C), so an idle LISTEN connection
-costs ten event-loop wake-ups a second, each of them a timer and a reader added and removed. A
-worker has one such connection (the jobs' LISTEN), and in partitioned mode a second one (its
-coordinator's). Eight idle coordinators in one process spent 20-33 ms of CPU a second, 40% of it
-in those wake-ups (cProfile with a CPU clock); the fleet pays it for as long as it runs,
-during a drain too. Measured on worker processes: an idle partitioned worker (8 of them, default
-settings, 10 s) used 7.1 ms of CPU a second before this wait and 5.1 ms after.
-
-`NotificationWait.wait()` waits on the socket itself (`loop.add_reader`) for the whole interval
-and reads what arrived through libpq (`consume_input`, `notifies`). Notifications that psycopg
-reads while a statement runs on the connection (a probe's `SELECT 1`) reach the same callback
-through the connection's notify handler, so none is missed and none is seen twice: each one
-leaves libpq's queue once, by whichever of the two paths reads it.
-
-Shared by both packages (the coordinator imports nothing from dispatcher), like pglimits.py.
+`NotificationWait.wait()` waits on the socket itself for the whole interval instead of psycopg's
+0.1 s steps, and reads what arrived through libpq; none is missed or seen twice. Shared by both
+packages. The measurement behind it: docs/design/postgres-plumbing.md.
 """
 
 from __future__ import annotations

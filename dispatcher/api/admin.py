@@ -1,26 +1,9 @@
 """Failed-job admin: list, show, retry, cancel and purge jobs. The API under `dispatcher jobs`.
 
-Sync psycopg, on a DSN (a connection of its own, closed after) or on your connection (idle: not
-inside a transaction of yours, as every batch commits on its own). Each statement runs in a short
-transaction of its own with `SET LOCAL statement_timeout` (the worker's statement timeout x
-ADMIN_BUDGET; local to that transaction, so nothing leaks through a PgBouncer pool), and is
-never prepared, so its filters are planned with their values (see queries.sql, admin_*).
-
-Every write is guarded like the workers' writes: the status it requires is re-checked on the row
-it writes, in the same statement, so a job that changed meanwhile (claimed, finished, retried by
-someone else) is skipped and reported, never overwritten. A change works on ids (each one
-reported: changed, or skipped and why) or on all jobs that match the filters; the latter runs in
-batches of at most `batch` rows per statement (keyset over ids, up to the newest id that matched
-when it began), so it never holds many row locks nor runs one long statement.
-
-    retry   failed, discarded -> queued, due now; attempts kept, max_attempts raised by one if used
-            up (River's JobRetry, Oban's retry_job)
-    cancel  queued (due or scheduled) -> cancelled at once; running -> a cancel request its owner
-            sees at its next heartbeat (within two heartbeat intervals): the handler is cancelled
-            and the job ends cancelled, not retried. Best effort, as in River: a handler that
-            finishes before the request is seen ends completed.
-    purge   deletes finished jobs (completed, failed, discarded, cancelled); live ones are never
-            touched. Their attempt history stays until history_retention_s.
+Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with
+`SET LOCAL statement_timeout`, never prepared; every write re-checks the status it needs on the
+row, so a job that changed meanwhile is skipped and reported. Bulk changes go in batches by id.
+Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
 """
 
 from __future__ import annotations

@@ -291,9 +291,8 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
             for queue in sorted(tally.queues):
                 await cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})
         if owned and inserted >= _ANALYZE_MIN_ROWS:
-            # After a bulk load into a table the planner thinks is (nearly) empty, refresh
-            # statistics at once rather than in up to a minute (a peer library's claims lost
-            # 40-55% of their throughput in that window). Only when we own the transaction, never in the caller's.
+            # Refresh statistics right after a bulk load, not within autovacuum's minute
+            # (docs/design/enqueue.md). Only when we own the transaction, never in the caller's.
             async with conn.transaction():
                 reltuples = (await (await conn.execute(query("jobs_reltuples"))).fetchone())[0]  # type: ignore[index]
                 if reltuples < inserted:

@@ -97,11 +97,8 @@ def serialize_payload(payload: Any, max_bytes: int) -> bytes:
         raise PayloadError(f"payload cannot be serialised to JSON: {exc}") from None
     if len(data) > max_bytes:
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes} bytes")
-    # orjson writes NaN and the infinities as null (JSON has no such numbers), and PostgreSQL's
-    # jsonb refuses the escape \u0000. Only JSON with a null, or with that escape, can come from
-    # such a payload: a byte search each, and a walk of the payload only after a hit (a
-    # legitimate None costs one walk of the containers, no more). find(), not `in`: bytes' `in`
-    # first tries its operand as an int and pays for the TypeError (~0.4 us a search).
+    # orjson writes NaN and the infinities as null, and jsonb refuses \u0000: a byte search for
+    # each, and a walk of the payload only after a hit (why find(): docs/design/enqueue.md).
     if data.find(b"null") >= 0 and (bad := non_finite_float(payload)) is not None:
         raise PayloadError(f"payload holds {bad!r}: JSON has no NaN or Infinity (it would be stored as null)")
     if data.find(b"\\u0000") >= 0 and holds_nul(payload):

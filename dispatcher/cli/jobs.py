@@ -8,10 +8,7 @@ A change without ids is a bulk change of every job that matches (--all: no filte
 first prints how many match, and acts only with --yes: without it nothing changes and the exit
 code is 1, so a script that forgot --yes does not take "nothing done" for success.
 
-Exit codes: 0 done (a bulk change may report jobs skipped because they changed meanwhile);
-1 a bulk change not confirmed, a given id that could not be changed (each is reported with why),
-a job `show` does not find, or a database error; 2 bad input (an unknown status, a negative
-age, an id that is no whole number...), naming the flag, before anything is read or written.
+Exit codes (0 done, 1 not done, 2 bad input): docs/guides/admin.md.
 """
 
 from __future__ import annotations

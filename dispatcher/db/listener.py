@@ -1,14 +1,8 @@
 """LISTEN/NOTIFY wake-ups, with reconnects. Polling remains the fallback if notifications are lost.
 
-A LISTEN connection is idle by design, so a stall on it raises nothing: after `probe_s` without
-a notification it runs `SELECT 1` within the statement budget, and reconnects if that gets no
-answer. It waits on the socket for the whole interval (coordinator/pg/notify.py), not in psycopg's
-0.1 s steps. Wake-ups come back within a probe interval (plus a connect) of the path healing.
-
-Enqueue sends one notification per call (payload `queue`, `queue:bucket`, or for a job not due
-yet `queue:bucket:ms_until_run_at`); the listener hands it to a callback that only sets an event
-(or arms the due timer), so a flood of notifications costs one claim per claim-loop cycle, not one
-claim per notification or per slot.
+An idle LISTEN connection is probed (`SELECT 1`) after `probe_s` and reopened if it does not
+answer. A notification only sets an event (or arms the due timer), so a flood costs one claim per
+claim-loop cycle. Payloads: `queue`, `queue:bucket`, `queue:bucket:ms_until_run_at`.
 """
 
 from __future__ import annotations

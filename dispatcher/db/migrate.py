@@ -1,31 +1,9 @@
 """Versioned schema migrations, safe when N pods run `dispatcher migrate` at the same moment.
 
-Each package ships the migrations of the tables it owns, as `<package>/sql/migrations/NNNN_name.sql`:
-dispatcher the jobs table, coordinator its coordination tables. Together they form ONE version
-sequence (a version number is unique across both packages; a clash is refused before anything
-runs), recorded in one `dispatcher_schema_version` table, so a database migrated when all files
-lived in dispatcher/ sees nothing new.
-
-The applied versions are read first, with plain SELECTs: when nothing is missing, that is all, so
-any role that may SELECT the version table (a workers' DML-only role too) gets "up to date"
-without running any DDL. Otherwise a second connection opens a transaction that takes a
-transaction-scoped advisory lock and holds it while the first one applies the missing migrations
-in version order, after reading the versions again: concurrent runners wait for the lock, then
-see the versions the winner recorded and apply nothing. Transaction-scoped (not session) locks
-also work behind PgBouncer in transaction pooling mode. The lock's transaction holds no snapshot
-and touches no table, and runners waiting for it try it every 0.2 s outside any transaction
-instead of blocking in one: CREATE INDEX CONCURRENTLY waits for every older snapshot, and would
-wait forever for a session blocked on the lock its own runner holds.
-
-A migration is one transaction, unless it is written in steps, so that a change to a live table
-never holds a strong lock for long: a line `-- step: transaction` or `-- step: autocommit` starts
-a step (what comes before the first such line is a transaction step). A transaction step runs
-as one transaction and commits; an autocommit step runs its statements one by one outside any
-transaction (CREATE INDEX CONCURRENTLY must), each ending with `;` at the end of a line, with no
-`$$` body. The version is recorded with the last step, so a migration cut short (a crash, a
-lock_timeout) is run again from its first step: every step but the last must be idempotent
-(IF NOT EXISTS, DROP ... IF EXISTS). An index that a cut-short CREATE INDEX CONCURRENTLY IF NOT
-EXISTS left invalid is dropped and built again.
+Each package ships its own `sql/migrations/NNNN_name.sql`, in one version sequence. Nothing to
+apply: plain SELECTs only. Otherwise a transaction-scoped advisory lock serialises runners (it
+works through PgBouncer). A migration may be written in `-- step: transaction|autocommit` steps;
+every step but the last must be idempotent. Details: docs/design/migrations.md.
 """
 
 from __future__ import annotations

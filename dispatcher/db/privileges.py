@@ -1,10 +1,8 @@
 """Least privilege: what the workers' role may do, as GRANT statements (`dispatcher grants`).
 
-Two roles (README, Roles): the owner creates and migrates the tables (`dispatcher migrate`); the
-workers' role only reads and writes rows. Our tables and sequences are read from the migrations
-themselves (plus the version table, which migrate.py creates), so a table or an identity column
-added by a new migration is granted without anyone updating a list here; a test compares the
-result with what a migrated database really holds.
+The owner migrates; the workers' role only reads and writes rows (docs/operations/roles.md). The
+tables and sequences come from the migrations themselves, so a new one is granted without a list
+to update; a test compares the result with a migrated database.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The job store: every statement the worker runs, with typed results, over one connection.
 
-Each worker loop (claims, completions, maintenance) owns one `JobStore` and so one connection in
-autocommit mode: one round trip per statement (~0.004 per job with batches of 500); a pool's
-health check plus BEGIN/COMMIT around each statement would make that four. psycopg errors
-become our own exceptions here; a broken connection is reopened on the next call.
+Each worker loop owns one `JobStore`, so one autocommit connection and one round trip per
+statement (docs/design/postgres-plumbing.md). psycopg errors become our own; a broken connection
+is reopened on the next call.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ from dispatcher.observe import metrics
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Budgets in multiples of ConnectionLimits.statement_timeout_s. Every hot statement (claim,
-# completion, heartbeat, reap) touches at most a few thousand index entries: milliseconds.
-# ANALYZE samples 30,000 rows and a prune round (janitor.py) deletes a few batches of prune_batch
-# rows (1.7 ms per 1,000 at 500k rows, but seconds on a big, busy table).
+# Budgets in multiples of ConnectionLimits.statement_timeout_s: hot statements take milliseconds;
+# ANALYZE and prune batches can take seconds on a big, busy table (docs/design/postgres-plumbing.md).
 SLOW_STATEMENT = 6.0
 
 

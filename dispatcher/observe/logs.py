@@ -1,26 +1,8 @@
 """Log lines of the `dispatcher` commands: text or JSON on stderr, the worker id on each, no password.
 
-`configure()` (cli.main, before any command runs) puts one handler on the root logger, so lines of
-every logger reach it: ours, coordinator/'s, psycopg's, asyncio's, the user's handlers', and
-Python warnings. On that handler:
-- `WorkerTag` gives every record the worker id (`set_worker`, from the run command's config as
-  soon as it is built; None for the one-shot commands, which run no worker);
-- `StormFilter` (ratelimit.py) rate-limits storms of similar lines;
-- a formatter, `text` (today's shape, then `worker=<id>` and the record's structured fields as
-  key=value) or `json` (one object per line, via orjson):
-
-    {"ts":"2025-01-31T09:14:03.512Z","level":"WARNING","logger":"dispatcher.runtime.joblog",
-     "msg":"job 42 failed (attempt 2/5); retrying at 2025-01-31T09:14:07.201Z","worker":"pod-a",
-     "job_id":42,"job_type":"send_email","queue":"default","bucket":17,...}
-
-  Structured fields are whatever a call passes in `extra=` (job_id, job_type, queue, bucket,
-  attempt, max_attempts, next_run_at, retry_in_s, old_owner, suppressed, ...); an exception's
-  traceback is `exception`.
-
-No password, ever: the formatter scrubs every line it writes (message, fields, traceback) of
-passwords in URIs' user info and `password=` key-values (dsn.scrub), and of every spelling of the
-passwords of the DSNs and URLs the command was configured with (`protect`, dsn.password_forms),
-whatever text quotes them. Like dsn.redact, a very short password may blank harmless letters.
+`configure()` puts one handler on the root logger (every logger reaches it) with `WorkerTag`, the
+storm filter (ratelimit.py) and a `text` or `json` formatter that scrubs every password it could
+quote. The formats: docs/operations/logs.md.
 """
 
 from __future__ import annotations

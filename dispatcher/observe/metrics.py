@@ -1,10 +1,7 @@
 """Prometheus metrics for the worker runtime (served by http_server.py).
 
-Counters move once per batch (a claim, a flush), never once per job: an increment costs about
-0.5 us, 5% of the ~10 us of CPU a job costs at 100k jobs/s. What is counted per job (run time and
-outcome by job type) is counted in plain Python and read at scrape time (job_metrics.py); the
-table-wide figures come from the one pod that samples them (table_sampler.py); readiness and the
-loop heartbeat are judged at scrape time (health.py).
+Counters move once per batch, never once per job (docs/design/health-and-metrics.md); per-job
+figures are in job_metrics.py, table-wide ones in table_sampler.py, readiness in health.py.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Log storm control: a handler filter that lets a burst of similar lines through and counts the rest.
 
-Lines are "similar" when they share logger, level and message template (the `%`-format string
-before its arguments): 500 failed attempts of 500 jobs are one key, whatever their ids. Each key
-gets a window of `window_s` (10 s) that starts with its first line; the first `burst` (10) lines
-of a window pass, the others are dropped and counted. The next line of the key after its window
-ends opens a new window and carries the count: `suppressed=N` and the text "(N similar lines
-suppressed in the last 12.2 s)", the seconds being the time since the dropped lines' window began.
-
-A key that went quiet after dropping lines would keep its count forever, so once per window the
-filter sweeps its table on whatever record comes next (any key) and emits one summary line per
-expired key that dropped something, then forgets expired keys (the table only holds keys seen in
-the last window or two: messages built with f-strings make a key per line). No thread: a count
-waits at most until the next line of the process, and the handler drains what is left when
-logging shuts down (`drain`).
-
-Thread-safe (sync handlers log from their threads): one lock around a dict lookup and two
-integer updates per record; the sweep is O(keys) once per window, O(1) per record amortised.
+Similar: same logger, level and message template. The first `burst` lines of a `window_s` window
+pass; the next line after the window carries the count, and a key gone quiet gets one summary
+line. No thread; thread-safe. Details: docs/design/logging.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Batched completion: finished jobs are written in one statement per flush.
 
-River's completer took it from ~10k to ~46k jobs/s; here a flush happens every
-`flush_interval_s` (50 ms) or as soon as `flush_max` (2,000) outcomes are pending. Each row is
-guarded by its claim's token, so a row whose lease was taken over is not touched: it is counted
-as fenced and dropped, never an error, never a second completion.
-
-A write that fails because the database is away keeps its outcomes and retries: a finished job is
-never forgotten while the process lives (and if the process dies, the lease brings the job back).
+A flush every `flush_interval_s` or at `flush_max` pending outcomes; each row is fenced by its
+claim's token (a taken-over row is counted as fenced, never an error). A failed write keeps its
+outcomes and retries. Why batches: docs/design/worker.md.
 """
 
 from __future__ import annotations
@@ -65,7 +61,7 @@ class Completer:
         self._lock = asyncio.Lock()  # one flush at a time: the run loop and a shutdown flush
         self.stats = CompletionStats()
 
-    # Hot path: two appends, the job's metrics (+0.27 us: job_metrics.py) and a length check per job.
+    # Hot path: two appends, the job's metrics (+0.27 us: docs/design/health-and-metrics.md) and a length check per job.
     def completed(self, job: Job, duration_s: float) -> None:
         self._ids.append(job.id)
         self._tokens.append(job.token)

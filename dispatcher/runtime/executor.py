@@ -1,18 +1,9 @@
 """The executor: runs claimed jobs and turns every way an attempt can end into an outcome.
 
-    start(jobs)  ->  async handler: a Task on the loop (eager on Python >= 3.12)
-                 ->  sync handler: a thread of the pool; the rest wait in a backlog, unstarted
-                 ->  no handler: failed at once
-    the handler returns             -> completer.completed
-    it raises, times out, or is interrupted by shutdown -> RetryPolicy -> completer.failed
-    an operator cancels it (seen with a heartbeat: cancel()) -> cancelled, however it ends
-
-A handler can never take the process down: every `BaseException` it raises (SystemExit and
-KeyboardInterrupt included) is that job's failure, recorded with its traceback.
-
-Hot path (one Task per job costs ~6 us of client CPU; the whole per-job budget of plain SQL is
-~3 us): an async handler that finishes without awaiting runs to completion inside an eagerly
-started Task on Python >= 3.12 (0.6 us instead of 6 us), and gets no timer, no `Running` entry.
+Async handlers run as Tasks (eager on Python >= 3.12), sync ones in the thread pool; a missing
+handler fails at once. Returns go to the completer; errors, timeouts and interruptions go through
+the RetryPolicy; an operator's cancel wins. No `BaseException` of a handler takes the process
+down. Hot-path costs: docs/design/worker.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The janitor's round: deletes rows past their retention, one pod at a time, in bounded batches
 (maintenance.Pruner runs it every prune_interval_s).
 
-Three kinds, each with its own retention (config: completed_retention_s, failed_retention_s,
-history_retention_s; 0 keeps a kind forever) and named query, each an index range oldest first
-(migration 0007): completed jobs; failed, discarded and cancelled jobs; attempt-history rows.
-Live jobs (queued, running) are never touched.
-
-A round is one transaction on the maintenance connection: a try-lock first
-(pg_try_advisory_xact_lock: transaction-scoped, so it works through PgBouncer in transaction
-pooling and nothing is left held by a pod that dies), then DELETEs of at most prune_batch rows
-each, then the age of the oldest row of each kind left (the lag). The lock is held for the
-round's milliseconds only, so pods take turns: never two rounds at once, and whichever pod ticks
-next prunes next.
+One transaction: a try-lock (pg_try_advisory_xact_lock, so it works through PgBouncer), DELETEs
+of at most prune_batch rows of each kind (completed; failed, discarded, cancelled; history), oldest
+first through the migration-0007 indexes, then the lag. Live jobs are never touched.
 """
 
 from __future__ import annotations

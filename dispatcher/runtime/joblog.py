@@ -1,22 +1,8 @@
 """Job outcome lines: each failed attempt at WARNING, each final failure at ERROR, each reaped job.
 
-Logged once the failure rows are written (by the completer, and by the reaper), so a line says
-what the database now holds: `next_run_at` is the row's run_at as the write set it (RETURNING, the
-database's clock: exactly when the retry becomes due, not our estimate of it), a write fenced by
-another owner is not reported as ours (the completer counts those), and a failure whose write
-waits for the database is logged when it lands. Failures are rare; completions run no code here.
-
-Every line has the fields job_id, job_type, queue, bucket, attempt, max_attempts, outcome (the
-status written: queued, failed, discarded, cancelled), reason (the retry policy's FailureKind: error,
-timeout, interrupted, unknown_type, permanent, lease_expired, cancelled) and error, one line: the handler's
-exception as `Type: first line of its message` (the whole traceback is the job's last_error and
-attempt history, not a log line: a 40-line traceback per attempt would drown a storm's other
-lines). A retry adds retry_in_s (the policy's delay) and next_run_at; a reaped job old_owner and
-locked_since. The worker id is added to every line by the handler (logs.py).
-
-Each outcome has its own wording: a timeout, an interruption by shutdown, a missing handler, a
-permanent error and an expired lease are different events, and the storm filter keys on the
-wording, so a storm of one does not hide the others.
+Logged once the failure rows are written, so a line says what the database holds (`next_run_at`
+is the row's run_at). One wording per kind of outcome, so the storm filter keeps them apart.
+The fields: docs/operations/logs.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Maintenance: small periodic services beside the job path, each with one job.
 
-- `LeaseKeeper`: extends the leases of this worker's running jobs (the heartbeat), and learns
-  from the same statement which of them an operator asked to cancel.
-- `Reaper`: jobs whose lease ran out (their worker died or stalled) go through the retry policy
-  like any other failed attempt: rescheduled with backoff, or `failed` after max_attempts, or
-  `cancelled` if an operator had asked.
-- `Pruner`: deletes finished rows and history past their retention, one pod at a time (its
-  round: janitor.py).
-- `PlannerStats`: refreshes planner statistics when they fall far behind the table (a role
-  that may not ANALYZE it gets one warning, and the service ends: that is the owner's job).
-(The table-wide figures, sampled by one pod at a time, are table_sampler.py's.)
-
-Each runs `tick()` every jittered interval (N pods must not fire in lockstep); a store error is
-counted and logged, and the loop goes on, until a service sets `retired` (it cannot ever work).
+`LeaseKeeper` (heartbeats, and cancel requests), `Reaper` (expired leases through the retry
+policy), `Pruner` (retention, one pod at a time: janitor.py) and `PlannerStats` (ANALYZE when
+statistics fall far behind). Each ticks every jittered interval; errors are counted and logged.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """The producer: claims jobs for the executor's free slots.
 
-It sleeps until something may have work for it (a NOTIFY for one of its buckets, an assignment
-change, a reaped lease, or the jittered poll timer), then claims up to the free slots from its
-own buckets in one statement per queue (partitioned mode), or from everything with SKIP LOCKED
-(SKIP LOCKED mode, or partitioned while the coordinator is unreachable). When its own buckets
-come up short it may steal from others (dispatcher/runtime/stealing.py decides when and how much).
-
-Each queue has its own assignment (partitioned mode: one coordination group per queue, so a
-queue's buckets go only to workers serving it); the claim for a queue polls that queue's buckets.
-
-Bucket hand-offs: the coordinator first stops listing a bucket in `owned()`, then awaits
-`on_revoke`, which returns once the claim in flight (the claim fence) has finished, and only then
-hands the bucket over. So the new owner starts after our last claim on it ended.
-
-Delayed jobs: the due timer (due_timer.py) wakes the loop at the earliest known run_at of our
-jobs, so they start within a claim's round trip of it however long the poll interval is.
+It sleeps until something may have work for it (a NOTIFY for its buckets, an assignment change,
+a reaped lease, the due timer or the jittered poll timer), then claims from its own buckets per
+queue (partitioned) or from everything (SKIP LOCKED), and may steal (stealing.py).
 """
 
 from __future__ import annotations
@@ -52,12 +40,8 @@ class ProducerStats:
 
 class Producer:
     STALLED_CHECK_S = 0.5
-    # A poll wake-up looks ahead at most once a second: a poll wake-up's look-ahead only catches
-    # what no signal announced (a missed NOTIFY, a retry another worker scheduled in our buckets),
-    # and with a 1 s lateness bound that is as good as the default poll. Its first probe walks the
-    # queue-wide index from its start, entries of processed and of uncommitted jobs too: at a
-    # 0.1 s poll, the look-aheads of 4 idle workers read 2.8M index entries a second while a 200k
-    # COPY was uncommitted (pg_stat_user_indexes; their claims read another 1-3M).
+    # A poll wake-up looks ahead at most once a second: it only catches what no signal announced,
+    # and each look-ahead walks the index from its start (cost: docs/design/claims.md).
     LOOK_AHEAD_POLL_S = 1.0
 
     def __init__(self, config: Config, store: JobStore, assignments: Mapping[str, BucketAssignment],
@@ -79,12 +63,9 @@ class Producer:
         self._stopped = asyncio.Event()
         self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
         self._due = DueTimer(self._on_due)
-        # Ask the database for our next run_at before the next claim (jobs_next_due_in): at start-up
-        # (jobs scheduled before we started), after a poll or due-timer wake-up (the next one after
-        # those that just came due, or a missed NOTIFY), a bulk NOTIFY (COPY carries no run_at) and
-        # an assignment change (gained buckets). Never after a plain per-job NOTIFY: no cost per
-        # immediate job; at idle one query per poll interval, but at most one a second from poll
-        # wake-ups (LOOK_AHEAD_POLL_S).
+        # Ask the database for our next run_at before the next claim (jobs_next_due_in): at start-up,
+        # after a poll or due-timer wake-up, a bulk NOTIFY and an assignment change; never after a
+        # per-job NOTIFY (it carries its run_at). Why each: docs/design/claims.md.
         self._look_ahead = True
         self._poll_look_ahead_at = 0.0  # time.monotonic() from which a poll wake-up looks ahead again
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
@@ -193,17 +174,9 @@ class Producer:
                 continue
             try:
                 if self._look_ahead and not backlog:
-                    # Not during a backlog: the loop claims again at once, and a job that comes due
-                    # meanwhile sorts before the backlog's (run_at order), so the next claim takes
-                    # it. A cold start of 8 workers made ~50 look-aheads on assignment changes, 3.5
-                    # ms of PostgreSQL time each (pg_stat_statements); now the one left is made
-                    # when the backlog ends, before the loop sleeps (below).
-                    # Before the claim, not after: every job due after this query's now() is then
-                    # either armed (the earliest) or taken by the claim (its now() is later). Asked
-                    # after the claim, a job that came due between the two statements was neither:
-                    # it waited for the next wake-up (the latency bench's partitioned p99 was 68 ms).
-                    # It fails like a claim (same connection): a stall is noticed after one
-                    # statement timeout, not two.
+                    # Not during a backlog (the next claim takes a job that came due), and before
+                    # the claim, not after, so no job falls between the two statements
+                    # (measurements: docs/design/claims.md, "Look-aheads").
                     await self._arm_next_due(queues, owns)
                 cycle_started = time.perf_counter()
                 backlog = await self._claim_cycle(queues, owns, stealing, backlog)

@@ -1,28 +1,8 @@
-"""When a partitioned worker with spare slots looks for jobs in other workers' buckets.
+"""When a partitioned worker with spare slots takes jobs from other workers' buckets, and how many.
 
-Stealing keeps a hot bucket or a skewed burst from leaving workers idle while jobs wait, but a
-steal walks up to 63 other buckets' index ranges, so it must not run on every idle poll:
-
-- Never on a NOTIFY for someone else's bucket by itself: its owner gets the same notification,
-  and answering it from every worker would be the stampede partitioning avoids.
-- On a poll-timer wake-up, or right after a steal that found work (the backlog is still there).
-- Idle back-off: each steal that finds nothing doubles the number of timer wake-ups skipped
-  before the next one (1, 2, 4, then every 8th). Without it, while a 200k-job COPY was still
-  uncommitted, every timer wake-up of every worker stole across 60+ buckets and walked every
-  index entry the load had inserted there so far (visible to the index, not yet to the heap).
-  `python -m bench scaling --modes partitioned --workers 4,8,16` (0.1 s polling), back to back:
-  claim-index entries read per job 21 / 55 / 157 without the back-off, 12 / 18 / 45 with it.
-- A NOTIFY for another worker's bucket (or a bulk one, for any bucket) ends the back-off: there
-  is fresh work somewhere, so the next timer wake-up steals. A bulk load's NOTIFY arrives only
-  at its commit, so nothing ends the back-off while the load's rows are still invisible.
-- Size: a steal asks for `steal_batch` jobs; while steals come back full (a deep backlog
-  elsewhere, i.e. skew) each next one asks for twice as many, up to `batch_size`; a short one
-  resets it. With fixed 100-job steals, a stealer with 500 free slots ran a claim of its own
-  empty buckets plus a steal walking ~30 emptied buckets per 100 jobs. A skewed drain (80% of
-  200k jobs in 2 buckets, 4 workers of 500 slots, `python -m bench skew`) took 4.5-5.7 s against
-  3.8-4.1 s for SKIP LOCKED; growing steals took 3.4-3.5 s against 3.4-4.1 s in the same runs.
-  The sparse tail of an even drain gives short steals, which stay small: 16 workers drained
-  as fast as before (58.9k vs 48.6k jobs/s, 35 vs 37 index reads per job, back to back).
+On a poll-timer wake-up or after a steal that found work, never on another bucket's NOTIFY alone;
+idle steals back off; steal sizes double while steals come back full. The measurements behind
+each rule: docs/design/claims.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Table-wide figures (queue depth, oldest due job, table and session pressure), sampled by ONE pod.
 
-Every pod sees the same table, so if each sampled it, N pods would export N copies of every figure
-and cost the database N times the queries. One pod at a time holds the sampler role: a row of
-dispatcher_maintenance_leases (migration 0006) with a lease on the database's clock, taken or
-renewed by one statement per tick that succeeds only for its holder or once the lease ran out
-(queries.sql, maintenance_lease_take). No session state, so it works through PgBouncer in
-transaction pooling, where session advisory locks do not.
-
-- The lease lasts LEASE_TICKS sampling intervals: two missed renewals are tolerated; a pod that
-  dies (kill -9) is replaced at most a lease plus an interval later. A pod that shuts down
-  releases the row, and the next pod takes over at its next tick (an interval, jittered).
-- Only the holder exports the table-wide series; the others export none (not zeros), so rules
-  aggregate with `max by (...)` and ride over a hand-off. The holder stops exporting them too
-  once its sample is older than STALE_TICKS intervals (the database stopped answering).
-- Every pod exports `dispatcher_table_sampler` (1 on the holder) and
-  `dispatcher_table_sample_age_seconds` (its own last sample's age at scrape time, +Inf if it
-  holds none): `min()` over pods is how fresh the fleet's figures are.
+The sampler role is a lease row of dispatcher_maintenance_leases on the database clock (no
+session state: works through PgBouncer). Only the holder exports the table-wide series; every pod
+exports `dispatcher_table_sampler` and `dispatcher_table_sample_age_seconds`.
 """
 
 from __future__ import annotations

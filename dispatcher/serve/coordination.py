@@ -1,11 +1,6 @@
-"""Build the bucket assignments a worker's config asks for (DISPATCHER_COORDINATOR), one per queue.
+"""Build the bucket assignments a worker's config asks for (DISPATCHER_COORDINATOR): one group per queue.
 
-Partitioned mode with a coordinator runs one coordination group per queue, as Kafka assigns each
-topic's partitions among that topic's subscribers: each queue's 64 buckets are shared among the
-live workers that serve that queue, balanced and sticky per queue, so a bucket is never owned by
-a worker that does not poll its queue. Static and SKIP LOCKED configs share one assignment.
-
-Here, not in coordinator/: it maps dispatcher's Config onto coordinator objects, and the
+Here, not in coordinator/, because it maps dispatcher's Config onto coordinator objects and the
 coordinator package imports nothing from dispatcher."""
 
 from __future__ import annotations

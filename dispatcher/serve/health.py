@@ -1,27 +1,6 @@
-"""What /livez and /readyz answer, judged in the HTTP server's thread from plain attributes that
-the event loop writes: never a database statement, never an asyncio call from that thread, so
-the answers come even while the loop is stalled (which is what /livez is for).
-
-Live (`/livez`): the event loop answers. A loop task stamps time.monotonic() every second; the
-probe judges the stamp's age against `loop_stall_s` (10 s). No jitter on that tick: it touches
-nothing shared (no database, no other pod), so N pods in lockstep cost nothing. A loop blocked by
-a handler that never yields (time.sleep in an async def), or by a CPU-bound one, fails it; the
-pod is restarted, and its jobs come back by their leases. Before the loop starts (imports,
-`--migrate`) it answers 200 with the age null: a slow start is the startup probe's business.
-
-Ready (`/readyz`): this pod does its share of the work, or is degraded by design. Every check
-must pass:
-- worker: `running` (not `starting`, not `stopping`: once stop() is called the pod leaves the
-  rotation, so a rolling update does not count a pod that is draining; not `stalled`);
-- database: `ok`: the startup check reached it, then the worker's own statements succeed: claims
-  (every poll interval), job heartbeats, the reaper (every few seconds on every pod). `failing`
-  from the first failed statement on any of those connections until one succeeds again;
-- schema: `current` (startup.py's check against every shipped migration; `missing`, `older`,
-  `unreadable` (the role may not read the version table yet) while --wait-for-schema waits);
-- assignment: partitioned mode with a coordinator: `owned` (joined every queue's group) or
-  `degraded` (the coordinator is unreachable and the worker claims with SKIP LOCKED: still
-  ready); `joining`, `resigned` (its database fails) and `stopped` are not ready. SKIP LOCKED
-  mode and the static coordinator: `not used`.
+"""What /livez and /readyz answer, judged in the HTTP server's thread from plain attributes the
+event loop writes: never a database statement, never an asyncio call, so the answers come even
+while the loop is stalled. What each check means: docs/operations/health-and-metrics.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The worker's own small HTTP server on DISPATCHER_METRICS_PORT: /metrics, /livez, /readyz.
 
-Why not prometheus_client's start_http_server: it answers every path with the metrics page, so
-a probe of /healthz got 200 from a worker that could do nothing. Here unknown paths are 404.
-
-- A thread of its own (stdlib ThreadingHTTPServer, a daemon thread), started before the worker's
-  start-up checks, so probes answer while the worker waits for its database or schema, and while
-  the event loop is stalled. It never touches the database or the event loop (health.py).
-- Bounded: at most MAX_CONCURRENT requests are served at once (more are closed at once, never
-  queued as threads), each connection gets REQUEST_TIMEOUT_S to send its request, and responses
-  close the connection (HTTP/1.0), so a slow or hostile client holds one thread, briefly.
-- All interfaces, IPv6 and IPv4 (Prometheus scrapes pods from outside; kubelet probes the pod
-  IP). There is no bind-address setting: the server only reads, and the data is operational
-  figures, no job payloads; who may reach the port is the network's decision (a Kubernetes
-  NetworkPolicy, a firewall), as for any metrics port.
-- Quiet: probes come every few seconds, so requests are not logged (errors are, at DEBUG).
+A daemon thread started before the start-up checks; bounded (MAX_CONCURRENT requests,
+REQUEST_TIMEOUT_S each); unknown paths are 404; requests are not logged. It binds all interfaces,
+IPv6 and IPv4: it only reads, and who may reach it is the network's decision. Why not
+prometheus_client's server: docs/design/health-and-metrics.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Process-level shutdown guarantees: signals, the exit deadline, and the hard exit.
 
-- The first SIGTERM or SIGINT begins the worker's graceful shutdown and arms a watchdog thread:
-  if the process still runs `bound_s` later, whatever it is waiting on (a stalled database, a
-  handler that ignores cancellation, a blocked event loop), it exits there and then.
-- A second signal exits at once.
-
-Handlers are installed with `signal.signal`, not `loop.add_signal_handler`: they run in the
-main thread at the next bytecode even when the event loop is busy in a handler that never
-yields, so the watchdog is armed whatever the loop is doing. The hard exit writes its one line
-with os.write (no logging lock, which a stuck thread may hold) and ends with os._exit: the
-interpreter's exit would wait for the threads of sync handlers that never return. What was not
-finished is brought back by its lease: fenced if the old run's outcome ever arrives, or re-run.
+The first SIGTERM/SIGINT starts the graceful shutdown and arms a watchdog that exits `bound_s`
+later whatever blocks; a second signal exits at once. Why `signal.signal` and `os._exit`:
+docs/design/worker.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Before a worker starts: is the database there, can we log in, is the schema ours?
 
-A rollout must not look healthy while the fleet does nothing, so errors that waiting cannot fix
-end the process at once with one clear line, and only those that time can fix are waited out:
-
-- login refused (bad password, unknown role or database, pg_hba): `StartupError`, exit non-zero;
-- server unreachable (refused, timed out, name not resolved, starting up, too many clients):
-  retried with backoff (0.5 s doubling to 10 s), one line each time, until it answers or we are
-  stopped. A name that does not resolve is waited out too: in Kubernetes the database's Service
-  may simply not exist yet;
-- schema missing or older than this code: `StartupError` naming `dispatcher migrate`; with
-  `wait_for_schema` we wait instead (a migration Job may be running), logging every 5 s. So
-  too for a role that may not read the version table yet (the Job grants after migrating).
-
-A database outage once the worker runs is a different matter: that is tolerated (claims back
-off, leases carry the jobs), never fatal.
+Errors that waiting cannot fix (login refused; a missing or older schema, unless
+`wait_for_schema`) end the process with one clear line; an unreachable server is retried with
+backoff (0.5 s doubling to 10 s), one line per try.
 """
 
 from __future__ import annotations
@@ -106,7 +95,7 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
         except StatementTimeout as exc:
             problem = str(exc)
         except psycopg.errors.InsufficientPrivilege as exc:
-            # A DML-only role before the migration Job granted it anything (README, Roles).
+            # A DML-only role before the migration Job granted it anything (docs/operations/roles.md).
             report("ok", "unreadable")
             if not wait_for_schema:
                 raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)} "

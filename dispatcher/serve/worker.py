@@ -1,25 +1,9 @@
 """The worker: a supervisor that wires the job's services, starts them, and owns the shutdown order.
 
-The path of a job through one worker process:
-
-    Producer.claim (one statement, a batch)  ->  Executor.start (handler on the loop or a thread)
-        ->  outcome: completed, or RetryPolicy's decision on a failed attempt
-        ->  Completer (one fenced statement per flush)
-    and beside it: LeaseKeeper extends the leases of running jobs; if a worker dies or stalls,
-    another worker's Reaper puts its jobs through the same RetryPolicy when their leases expire.
-
-Shutdown (SIGTERM/SIGINT in the CLI), in this order, all of it within shutdown_grace_s +
-SHUTDOWN_OVERRUN_S of the signal whatever the database does (the watchdog in lifecycle.py ends
-the process if it does not):
-1. stop claiming (a claim in flight finishes and its jobs start), and leave the coordination
-   group, so our buckets move to the others at once while our jobs finish here;
-2. give back claimed-but-unstarted jobs, uncounted;
-3. let running jobs finish until the grace period ends; then cancel async handlers (retried at
-   once) and give them and the sync handlers INTERRUPT_WAIT_S more. A sync handler is never
-   given back while its thread runs: it keeps its lease until it returns or the process ends.
-   What still runs then is abandoned to its lease, and the process exits without waiting for it;
-4. flush every outcome (shielded from cancellation) while time is left, then close. Outcomes
-   that cannot be written in time are left to the leases: fenced, or re-run.
+A job's path: Producer.claim -> Executor.start -> outcome (or RetryPolicy's decision) -> Completer;
+beside it the LeaseKeeper, and other workers' Reapers. Shutdown: stop claiming and leave the
+groups, give back unstarted jobs, let running ones finish within the grace, flush, exit, all within
+shutdown_grace_s + SHUTDOWN_OVERRUN_S (docs/concepts/failure-semantics.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Worker configuration: one frozen dataclass built from `DISPATCHER_*` env vars and CLI flags.
 
-Every field has a named default with its unit in the name, and declares its parser, help text
-and unit in its metadata (`setting(...)`, settings_meta.py); `settings()` lists them for the CLI
-and the docs.
-A `Config` is validated when it is constructed, so none exists with a bad value: `Config(lease_s=0)`
-raises `ConfigError` naming the field (`lease_s`), and `Config.load()` names the env var or flag
-the value came from (`DISPATCHER_LEASE_S`, `--lease-s`); the CLI turns that into exit code 2.
+Every field declares its parser, help and unit (`setting(...)`, meta.py); `settings()` lists them
+for the CLI and docs/reference/configuration.md. A `Config` is validated when built: a bad value
+raises `ConfigError` naming the field, env var or flag (the CLI exits 2).
 """
 
 from __future__ import annotations

@@ -310,19 +310,21 @@ def test_run_help_lists_every_setting_with_its_help(capsys, monkeypatch):
 
 # -- README ---------------------------------------------------------------------------------------
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"  # generated; was README.md
 
 
 def settings_table(text: str) -> list[list[str]]:
-    """The rows (cells, backticks stripped) of the `| setting | default | meaning |` table."""
+    """The rows (cells, backticks stripped) of the `| setting | default | meaning |` tables (one per section)."""
     lines = text.splitlines()
     header = re.compile(r"\|\s*setting\s*\|\s*default\s*\|\s*meaning\s*\|")
-    start = next(i for i, line in enumerate(lines) if header.fullmatch(line.strip()))
+    starts = [i for i, line in enumerate(lines) if header.fullmatch(line.strip())]
+    assert starts, "no settings table"
     rows = []
-    for line in lines[start + 2:]:
-        if not line.strip().startswith("|"):
-            break
-        rows.append([cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")])
+    for start in starts:
+        for line in lines[start + 2:]:
+            if not line.strip().startswith("|"):
+                break
+            rows.append([cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")])
     return rows
 
 

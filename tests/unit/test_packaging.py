@@ -70,10 +70,8 @@ _ROW = re.compile(r"^\| `(DISPATCHER_[A-Z0-9_]+)` \| (.+?) \| (.+) \|$")
 
 
 def readme_settings() -> dict[str, str]:
-    """env var -> default column, from the README's Configuration table."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Configuration"):]
-    section = section[:section.index("\n## ")]
+    """env var -> default column, from the configuration reference's tables (generated; was the README's)."""
+    section = (ROOT / "docs" / "reference" / "configuration.md").read_text()
     rows = {}
     for line in section.splitlines():
         m = _ROW.match(line)

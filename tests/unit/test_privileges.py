@@ -72,9 +72,9 @@ def test_names_are_quoted_so_a_role_called_public_is_never_everyone():
 
 
 def test_the_readme_shows_exactly_what_the_command_prints():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "operations" / "roles.md").read_text(encoding="utf-8")
     block = re.search(r"```sql\n(GRANT USAGE ON SCHEMA .*?)```", readme, re.DOTALL)
-    assert block, "no GRANT block in the README's Roles section"
+    assert block, "no GRANT block in docs/operations/roles.md"
     shown = [line for line in block[1].splitlines() if line.startswith("GRANT ")]
     printed = [line for line in worker_grants("app_worker").splitlines() if line.startswith("GRANT ")]
     assert shown == printed

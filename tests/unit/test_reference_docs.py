@@ -1,4 +1,4 @@
-"""The generated pages of docs/reference/ match the code (dispatcher/devtools/reference.py)."""
+"""The generated pages of docs/reference/ match the code (dispatcher/cli/reference.py)."""
 
 from __future__ import annotations
 

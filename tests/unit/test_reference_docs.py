@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.devtools import reference
+from dispatcher.cli import reference
 from dispatcher.settings import config
 
 ROOT = Path(__file__).resolve().parents[2]

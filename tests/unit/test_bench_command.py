@@ -42,9 +42,13 @@ def test_python_m_bench_runs_from_the_checkout() -> None:
     assert done.stdout.startswith("usage: python -m bench") and "--quick" in done.stdout
 
 
-@pytest.mark.parametrize("path", [".ci/run", "Makefile", "README.md", "Dockerfile", "k8s/bench/bench-job.yaml",
-                                  "k8s/bench/kustomization.yaml", "bench/__main__.py", "bench/RESULTS.md"])
-def test_no_entry_point_runs_dispatcher_bench(path: str) -> None:
+ENTRY_POINTS = [".ci/run", "Makefile", "README.md", "Dockerfile", "k8s/bench/bench-job.yaml",
+                "k8s/bench/kustomization.yaml", "bench/__main__.py", "bench/RESULTS.md",
+                *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("path", ENTRY_POINTS)
+def test_no_entry_point_or_guide_runs_dispatcher_bench(path: str) -> None:
     assert "dispatcher bench" not in (REPO / path).read_text()
 
 

@@ -1,5 +1,7 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Each creates .venv on first use and installs what it needs; nothing is assumed installed.
+# `make bench ARGS="burst --quick"` runs the benchmark suite (`python -m bench`): it lives in this
+# checkout's bench/, not in the installed package.
 # The newest Python >= 3.11 found: on PATH, then pyenv's installs, then python3. 3.12+ is
 # preferred because its eager tasks let a handler that never awaits finish without being
 # scheduled (0.6 us instead of 6 us per job); 3.11 works, just slower per job.

@@ -1,5 +1,5 @@
-"""python -m bench SCENARIO [options] (also `dispatcher bench ...`): run a benchmark, print a table,
-write bench/out/SCENARIO.json and PNG plots.
+"""python -m bench SCENARIO [options], from a checkout (`make bench`): run a benchmark, print a
+table, write bench/out/SCENARIO.json and PNG plots.
 
 Runs against a throwaway embedded PostgreSQL (stock durability: fsync and synchronous_commit on)
 unless --dsn or DISPATCHER_DSN names a server. Workers are real `dispatcher run` processes;

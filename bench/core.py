@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.db.migrate import migrate
+from dispatcher.db import migrate
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 

@@ -24,10 +24,8 @@ from bench import statements
 from bench.core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes, wait_backends_gone
 from bench.rounds import median_interval
 from bench.runs import measured_run
-from dispatcher.api.enqueue import enqueue_payloads_sync
-from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
-from dispatcher.db.queries import query
-from dispatcher.db.store import claim_sql, int_array, token_array
+from dispatcher import enqueue_payloads_sync
+from dispatcher.db import MODE_PARTITIONED, NUM_BUCKETS, claim_sql, int_array, query, token_array
 from dispatcher.devtools.harness import completed_jobs, table_counters
 
 BATCH = 500

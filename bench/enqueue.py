@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 
 from bench.core import Result, reset
-from dispatcher.api.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync, enqueue_sync
-from dispatcher.db.queries import query
+from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync, enqueue_sync
+from dispatcher.db import query
 
 
 def _raw_copy(conn: psycopg.Connection[Any], jobs: int) -> float:

@@ -42,9 +42,8 @@ import psycopg
 from bench.core import Result, machine
 from bench.fleetview import FleetSampler, claim_sessions, live_members
 from coordinator.pg.dsn import describe_dsn, one_line
-from dispatcher.api.enqueue import enqueue_payloads_sync, enqueue_sync
+from dispatcher import DispatcherError, enqueue_payloads_sync, enqueue_sync
 from dispatcher.devtools.harness import TableCounters, progress, table_counters
-from dispatcher.errors import DispatcherError
 
 T = TypeVar("T")
 ENV_FLAG = "BENCH_EXTERNAL_WORKERS"

@@ -8,7 +8,7 @@ whatever they serve. The PostgreSQL coordinator also lists its live members per 
 (dispatcher_members; none with the Redis or static coordinator, nor in SKIP LOCKED mode).
 
 Which mode a worker runs is read from the last statement of its claim session: a SKIP LOCKED
-worker's claim is one fixed text (store.claim_sql(None)), and every partitioned claim (bucket
+worker's claim is one fixed text (dispatcher.db.claim_sql(None)), and every partitioned claim (bucket
 branches, all buckets, stealing) differs from it. PostgreSQL shows the statement's text only to
 the same role (the workers' secret), a superuser or pg_read_all_stats; to others the mode is
 unknown. A partitioned worker degraded by design (coordinator down) claims with SKIP LOCKED and
@@ -23,9 +23,7 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.constants import NUM_BUCKETS
-from dispatcher.db.queries import query
-from dispatcher.db.store import claim_sql
+from dispatcher.db import NUM_BUCKETS, claim_sql, query
 from dispatcher.devtools.harness import lock_waiters
 
 CLAIM_APPLICATION = "dispatcher-claim"  # worker.py: f"dispatcher-{role}" for the claim store

@@ -22,8 +22,8 @@ from bench import pyspy, statements
 from bench.core import reset
 from bench.costs import CostMeter
 from bench.fleet import Fleet, quantile_ms
-from dispatcher.api.enqueue import JobSpec, enqueue_many_sync, enqueue_payloads_sync
-from dispatcher.db.queries import query
+from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.db import query
 from dispatcher.devtools.harness import table_counters, watch_until_done
 
 

@@ -13,7 +13,7 @@ from bench.core import Result, postmaster_pid, reset
 from bench.drain import add_medians, interleaved_rounds
 from bench.fleet import Fleet
 from bench.runs import drain_curve, measured_run
-from dispatcher.api.enqueue import enqueue_sync
+from dispatcher import enqueue_sync
 
 
 def _lead_s(jobs: int) -> float:

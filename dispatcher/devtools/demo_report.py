@@ -27,7 +27,7 @@ When each mode wins (bench/RESULTS.md in the repository has the full runs and th
 - The burst measures the queue; the cold start adds process start-up and, in partitioned mode, the
   switch to buckets: a fleet that starts together claims with SKIP LOCKED until its one assignment.
 - Single runs vary by 20% or more on a shared machine: compare the modes within one run, and repeated
-  runs (`dispatcher bench`, from the repository) before drawing conclusions."""
+  runs (`python -m bench`, from the repository) before drawing conclusions."""
 
 
 @dataclass(frozen=True, slots=True)

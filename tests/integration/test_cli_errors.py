@@ -156,7 +156,7 @@ def test_a_wrong_password_is_one_line_and_exit_1_without_the_password(password_s
     psycopg.connect(dsn.replace("s3cr%25tX", "s3cr%25t")).close()
 
 
-# -- status --json and bench --help ----------------------------------------------------------------
+# -- status --json ------------------------------------------------------------------------------------
 
 def test_status_json_with_runnable_jobs(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -169,12 +169,6 @@ def test_status_json_with_runnable_jobs(dsn):
     assert status["runnable_by_bucket"] == {"3": 2, "40": 1}
     assert status["queues"]["default"]["counts"]["queued"] == 4
     assert status["queues"]["default"]["oldest_runnable_age_s"] >= 0
-
-
-def test_bench_help_is_the_bench_suites_help():
-    result = cli("bench", "--help")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: python -m bench") and "--quick" in result.stdout
 
 
 # -- no password in any log line, in either format -------------------------------------------------

@@ -18,7 +18,6 @@ import psycopg
 import pytest
 import redis
 
-from dispatcher.devtools import embedded
 from dispatcher.devtools.embedded import (
     EmbeddedPostgres,
     EmbeddedRedis,
@@ -26,6 +25,7 @@ from dispatcher.devtools.embedded import (
     start_postgres,
     start_redis,
 )
+from dispatcher.devtools.embedded.processes import alive
 from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 ORPHAN_SCRIPT = """
 import json, sys, time
 from dispatcher.devtools import embedded
+from dispatcher.devtools.embedded import processes
 kind, pdeathsig = sys.argv[1], sys.argv[2] == "1"
-embedded._USE_PDEATHSIG = pdeathsig
+processes.USE_PDEATHSIG = pdeathsig
 srv = embedded.start_postgres() if kind == "pg" else embedded.start_redis()
 print(json.dumps({"pid": srv.pid, "tmpdir": str(srv.tmpdir)}), flush=True)
 time.sleep(600)
@@ -43,7 +44,7 @@ time.sleep(600)
 
 
 def pid_gone(pid: int) -> bool:
-    return not embedded._alive(pid)  # a zombie counts as gone
+    return not alive(pid)  # a zombie counts as gone
 
 
 def refuses(port: int) -> bool:
@@ -101,7 +102,7 @@ def test_postgres_starts_and_is_version_18(pg: EmbeddedPostgres) -> None:
     assert pg.dsn == f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
     assert pg.dsn_for("other").endswith(f":{pg.port}/other")
     assert pg.datadir.is_dir() and (pg.datadir / "PG_VERSION").read_text().strip() == "18"
-    assert embedded._alive(pg.pid)
+    assert alive(pg.pid)
 
 
 def test_postgres_dsn_for_created_database(pg: EmbeddedPostgres) -> None:
@@ -184,14 +185,14 @@ def test_forked_child_does_not_stop_server(pg: EmbeddedPostgres) -> None:
             os._exit(0)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert pg.datadir.is_dir() and embedded._alive(pg.pid)
+    assert pg.datadir.is_dir() and alive(pg.pid)
     with psycopg.connect(pg.dsn) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
 def test_sigkilled_owner_takes_postgres_down_and_next_start_cleans_dir() -> None:
     proc, server_pid, tmpdir = spawn_orphan("pg", pdeathsig=True)
-    assert tmpdir.is_dir() and embedded._alive(server_pid)
+    assert tmpdir.is_dir() and alive(server_pid)
     sigkill(proc)
     # PDEATHSIG (set after the switch to the unprivileged user) stops the postmaster.
     wait_until(lambda: pid_gone(server_pid), 15, "postmaster to die with its owner")
@@ -203,7 +204,7 @@ def test_sigkilled_owner_takes_postgres_down_and_next_start_cleans_dir() -> None
 def test_leaked_postmaster_is_killed_by_next_start() -> None:
     proc, server_pid, tmpdir = spawn_orphan("pg", pdeathsig=False)
     sigkill(proc)
-    assert embedded._alive(server_pid)  # nothing took it down: a genuine leak
+    assert alive(server_pid)  # nothing took it down: a genuine leak
     with start_postgres():
         wait_until(lambda: pid_gone(server_pid), 15, "leaked postmaster to be killed")
         assert not tmpdir.exists()
@@ -211,7 +212,7 @@ def test_leaked_postmaster_is_killed_by_next_start() -> None:
 
 def test_live_owner_dir_is_left_alone(pg: EmbeddedPostgres) -> None:
     with start_postgres():
-        assert pg.datadir.is_dir() and embedded._alive(pg.pid)
+        assert pg.datadir.is_dir() and alive(pg.pid)
 
 
 # --------------------------------------------------------------------------- Redis
@@ -287,7 +288,7 @@ def test_server_started_from_short_lived_thread_outlives_it() -> None:
         try:
             deadline = time.monotonic() + 1.0  # a killed server would be gone within ms
             while time.monotonic() < deadline:
-                assert client.ping() and embedded._alive(srv.pid)
+                assert client.ping() and alive(srv.pid)
                 time.sleep(0.05)
         finally:
             client.close()
@@ -304,7 +305,7 @@ def test_redis_orphan_cleaned_by_next_start() -> None:
 def test_leaked_redis_is_killed_by_next_start() -> None:
     proc, server_pid, tmpdir = spawn_orphan("redis", pdeathsig=False)
     sigkill(proc)
-    assert embedded._alive(server_pid)
+    assert alive(server_pid)
     with start_redis():
         wait_until(lambda: pid_gone(server_pid), 15, "leaked redis to be killed")
         assert not tmpdir.exists()

@@ -46,8 +46,7 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 @pytest.mark.parametrize("command", sorted(_subcommands()))
 def test_every_option_has_help_with_its_default(command: str) -> None:
-    """Every argument says what it does; every option whose default means something says it.
-    (`dispatcher bench` hands its arguments to the bench suite's own parser.)"""
+    """Every argument says what it does; every option whose default means something says it."""
     parser = _subcommands()[command]
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
@@ -55,7 +54,7 @@ def test_every_option_has_help_with_its_default(command: str) -> None:
         name = "/".join(action.option_strings) or action.dest
         assert action.help and action.help.strip(), f"dispatcher {command} {name}: no help text"
         flag_only = isinstance(action, argparse._StoreTrueAction)
-        if action.option_strings and not flag_only and not action.required and command != "bench":
+        if action.option_strings and not flag_only and not action.required:
             text = action.help % {"default": action.default, "prog": parser.prog}  # as argparse renders it
             assert "default" in text, f"dispatcher {command} {name}: the help does not give the default"
 

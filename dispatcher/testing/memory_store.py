@@ -231,6 +231,10 @@ class MemoryStore(InProcessStore):
                     if (status is None or r.status == status) and (job_type is None or r.job_type == job_type)
                     and (queue is None or r.queue == queue)]
 
+    def queues(self) -> set[str]:
+        with self._lock:
+            return {r.queue for r in self._rows.values()}
+
     def next_run_at(self, queue: str | None = None) -> datetime | None:
         """When the earliest queued job (of `queue`, or any) is due; None if none is queued."""
         with self._lock:

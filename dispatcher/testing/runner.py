@@ -106,7 +106,7 @@ class Runner:
     def _queues(self) -> list[str]:
         if self.queues is not None:
             return self.queues
-        return sorted({j.queue for j in self.store.jobs()}) or [DEFAULT_QUEUE]
+        return sorted(self.store.queues()) or [DEFAULT_QUEUE]
 
     def _claim(self) -> list[Job]:
         for queue in self._queues():

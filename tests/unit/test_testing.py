@@ -224,3 +224,21 @@ def test_workers_never_load_dispatcher_testing() -> None:
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_both_stores_have_the_ports_operations_with_its_signatures() -> None:
+    import inspect
+
+    from dispatcher.db.port import JobStorePort
+    from dispatcher.db.store import JobStore
+
+    operations = [name for name, member in vars(JobStorePort).items()
+                  if inspect.iscoroutinefunction(member)]
+    assert len(operations) == 9
+    for store_class in (JobStore, MemoryStore):
+        for name in operations:
+            method = getattr(store_class, name)
+            assert inspect.iscoroutinefunction(method), f"{store_class.__name__}.{name} is async"
+            assert list(inspect.signature(method).parameters) == \
+                list(inspect.signature(getattr(JobStorePort, name)).parameters), f"{store_class.__name__}.{name}"
+    assert isinstance(MemoryStore(), JobStorePort) and isinstance(JobStore("postgresql:///x", "w"), JobStorePort)

@@ -117,6 +117,24 @@ def test_a_failing_handler_is_retried_in_the_future_of_the_clock_and_fails_after
     assert failed.attempts == 3 and "attempt 3" in (failed.last_error or "")
 
 
+@pytest.mark.parametrize("rand", [0.0, 1e-12, 0.5])
+def test_every_retry_is_due_after_the_clocks_now_even_with_a_zero_draw(rand) -> None:
+    store, registry, runner = make(retry_base_s=0.001, rand=lambda: rand)
+    registry.handler("fail")(_fail)
+    job_id = dispatcher.enqueue_sync(store, "fail", max_attempts=5)
+    for attempt in range(1, 5):
+        assert [(a.attempt, a.status) for a in runner.run_due()] == [(attempt, "queued")]
+        state = store.get(job_id)
+        assert state is not None and state.run_at > store.clock.now()
+        assert runner.run_due() == []
+        runner.advance((state.run_at - store.clock.now()).total_seconds())
+    assert [a.status for a in runner.run_due()] == ["failed"]
+
+
+def _fail(job):
+    raise RuntimeError("always")
+
+
 def test_permanent_errors_unknown_types_and_timeouts_end_as_in_a_worker() -> None:
     store, registry, runner = make(job_timeout_s=0.05)
 

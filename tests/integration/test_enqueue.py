@@ -9,13 +9,13 @@ from dispatcher import (
     EnqueueError,
     JobSpec,
     PayloadError,
+    enqueue,
     enqueue_many,
     enqueue_many_sync,
     enqueue_payloads,
     enqueue_payloads_sync,
     enqueue_sync,
 )
-from dispatcher.api import enqueue
 from dispatcher.api.enqueue import bucket_for
 from tests.helpers import fetchall, fetchval, run_async
 

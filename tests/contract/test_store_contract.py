@@ -22,6 +22,7 @@ from dispatcher.model import (
     Job,
     Outcome,
 )
+from dispatcher.runtime.maintenance import Reaper
 from dispatcher.runtime.retry import RetryPolicy
 from tests.contract.store_support import KINDS, Harness, open_harness
 from tests.helpers import run_async
@@ -266,5 +267,31 @@ def test_a_released_job_is_queued_again_without_its_unstarted_attempt(on_store: 
         state = await h.store.job_get(job_id)
         assert state is not None and (state.status, state.attempts) == (STATUS_QUEUED, 0)
         assert (await claim_one(h)).attempts == 1
+
+    on_store(test)
+
+
+def test_the_reaper_retries_a_job_whose_lease_ran_out_and_fails_it_at_max_attempts(on_store: Run) -> None:
+    """The worker's own Reaper, on either store: expiry goes through the retry policy."""
+    async def test(h: Harness) -> None:
+        reaped: list[int] = []
+        reaper = Reaper(h.store, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), interval_s=1.0,  # type: ignore[arg-type]
+                        history=False, on_reaped=lambda: reaped.append(1))
+        job_id = await h.enqueue("send", max_attempts=2)
+        for attempt, status in ((1, STATUS_QUEUED), (2, STATUS_FAILED)):
+            job = await claim_one(h, lease_s=5.0)
+            await reaper.tick()
+            assert reaped == [1] * (attempt - 1), "a live lease is not reaped"
+            await h.expire_lease(job_id)
+            await reaper.tick()
+            state = await h.store.job_get(job_id)
+            assert state is not None and (state.status, state.attempts, state.lease_expiries) == \
+                (status, attempt, attempt)
+            assert (state.last_error or "").startswith(f"lease expired {'once' if attempt == 1 else '2 times'}")
+            assert await h.store.jobs_complete_owned([job_id], [job.token]) == 0, "the stalled owner is fenced"
+            if status == STATUS_QUEUED:
+                assert state.run_at > await h.now()
+                await h.make_due(job_id)
+        assert reaper.reaped == 2
 
     on_store(test)

@@ -17,7 +17,6 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
-from psycopg.types.json import Jsonb
 
 from dispatcher.api.enqueue_checks import (
     check_keys,
@@ -27,9 +26,9 @@ from dispatcher.api.enqueue_checks import (
     serialize_payload,
 )
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
-from dispatcher.db.listener import format_payload
+from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
-from dispatcher.db.store import translate_errors
+from dispatcher.db.store import insert_one_params, translate_errors
 from dispatcher.errors import EnqueueError, PayloadError
 from dispatcher.settings.config import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -147,19 +146,6 @@ def _iter_payloads(job_type: str, payloads: Iterable[Any], queue: str, priority:
         yield _Prepared(queue, job_type, data, priority, bucket, max_attempts, run_at, delay, None)
 
 
-def _raw_json(data: Any) -> bytes:
-    return data  # type: ignore[no-any-return]  # already orjson bytes
-
-
-def _one_params(p: _Prepared) -> dict[str, Any]:
-    return {
-        "queue": p.queue, "job_type": p.job_type, "payload": Jsonb(p.payload, dumps=_raw_json),
-        "priority": p.priority, "bucket": p.bucket, "max_attempts": p.max_attempts,
-        "run_at": p.run_at, "delay_s": p.delay_s, "dedupe_key": p.dedupe_key,
-        "channel": NOTIFY_CHANNEL, "notify": format_payload(p.queue, p.bucket),
-    }
-
-
 _COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 _COPY_CHUNK_ROWS = 5000  # stream in chunks: the server parses one while we build the next
 
@@ -215,8 +201,15 @@ def _materialize(specs: Iterable[JobSpec]) -> tuple[list[JobSpec], bool]:
     return specs, any(spec.dedupe_key is not None for spec in specs)
 
 
-AsyncTarget = psycopg.AsyncConnection[Any] | psycopg_pool.AsyncConnectionPool
-SyncTarget = psycopg.Connection[Any] | psycopg_pool.ConnectionPool
+# InProcessStore: dispatcher.testing's in-memory store, for users' unit tests (see _in_process).
+AsyncTarget = psycopg.AsyncConnection[Any] | psycopg_pool.AsyncConnectionPool | InProcessStore
+SyncTarget = psycopg.Connection[Any] | psycopg_pool.ConnectionPool | InProcessStore
+
+
+def _in_process(store: InProcessStore, prepared: Iterable[_Prepared]) -> list[int | None]:
+    """An in-memory store (dispatcher.testing) instead of SQL: the jobs were checked and
+    serialised exactly as for PostgreSQL, all before the first is inserted."""
+    return store.insert_jobs(list(prepared))
 
 
 # -- async -----------------------------------------------------------------------------------------
@@ -227,6 +220,8 @@ async def enqueue(
 ) -> int | None:
     """Enqueue one job; returns its id, or None if a live job has the same (queue, dedupe_key)."""
     prepared = _prepare_one(job_type, payload, max_payload_bytes, options)
+    if isinstance(target, InProcessStore):
+        return _in_process(target, [prepared])[0]
     if isinstance(target, psycopg_pool.AsyncConnectionPool):
         async with target.connection() as conn:
             return await _insert_one_async(conn, prepared)
@@ -235,7 +230,7 @@ async def enqueue(
 
 async def _insert_one_async(conn: psycopg.AsyncConnection[Any], p: _Prepared) -> int | None:
     with translate_errors("enqueue"):
-        cur = await conn.execute(query("jobs_insert_one"), _one_params(p))
+        cur = await conn.execute(query("jobs_insert_one"), insert_one_params(p))
         row = await cur.fetchone()
     return row[0] if row else None
 
@@ -271,6 +266,8 @@ def _owns_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
 
 
 async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged: bool) -> int:
+    if isinstance(target, InProcessStore):
+        return sum(i is not None for i in _in_process(target, prepared))
     if isinstance(target, psycopg_pool.AsyncConnectionPool):
         async with target.connection() as conn:
             return await _copy_async(conn, prepared, staged)
@@ -307,6 +304,8 @@ def enqueue_sync(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
 ) -> int | None:
     prepared = _prepare_one(job_type, payload, max_payload_bytes, options)
+    if isinstance(target, InProcessStore):
+        return _in_process(target, [prepared])[0]
     if isinstance(target, psycopg_pool.ConnectionPool):
         with target.connection() as conn:
             return _insert_one_sync(conn, prepared)
@@ -315,7 +314,7 @@ def enqueue_sync(
 
 def _insert_one_sync(conn: psycopg.Connection[Any], p: _Prepared) -> int | None:
     with translate_errors("enqueue"):
-        row = conn.execute(query("jobs_insert_one"), _one_params(p)).fetchone()
+        row = conn.execute(query("jobs_insert_one"), insert_one_params(p)).fetchone()
     return row[0] if row else None
 
 
@@ -337,6 +336,8 @@ def enqueue_payloads_sync(
 
 
 def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) -> int:
+    if isinstance(target, InProcessStore):
+        return sum(i is not None for i in _in_process(target, prepared))
     if isinstance(target, psycopg_pool.ConnectionPool):
         with target.connection() as conn:
             return _copy_sync(conn, prepared, staged)

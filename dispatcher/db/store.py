@@ -17,12 +17,14 @@ from typing import Any, TypeVar
 
 import orjson
 import psycopg
-from psycopg.types.json import set_json_dumps, set_json_loads
+from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
 from coordinator.pg.dsn import describe_dsn, one_line
-from dispatcher.constants import NUM_BUCKETS
+from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.db.listener import format_payload
+from dispatcher.db.port import JobState, NewJob
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, DbPressure, ExpiredLease, FailedWrite, Failure, HistoryRows, QueueDepth
 from dispatcher.errors import StoreError, StorePermissionDenied, StoreUnavailable
@@ -81,6 +83,20 @@ def connect_errors(dsn: str) -> Iterator[None]:
         raise StoreUnavailable(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
     except psycopg.Error as exc:
         raise StoreError(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
+
+
+def _raw_json(data: Any) -> bytes:
+    return data  # type: ignore[no-any-return]  # already orjson bytes
+
+
+def insert_one_params(job: NewJob) -> dict[str, Any]:
+    """jobs_insert_one's parameters: dispatcher.enqueue's and the port's jobs_enqueue."""
+    return {
+        "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=_raw_json),
+        "priority": job.priority, "bucket": job.bucket, "max_attempts": job.max_attempts,
+        "run_at": job.run_at, "delay_s": job.delay_s, "dedupe_key": job.dedupe_key,
+        "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
+    }
 
 
 @cache
@@ -304,3 +320,26 @@ class JobStore:
         """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql).
         StorePermissionDenied if our role may not ANALYZE the table at all."""
         await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)
+
+    # -- the rest of the store port (dispatcher/db/port.py): off the worker's path --------------
+
+    async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
+        """One jobs_insert_one each (applications enqueue with dispatcher.enqueue, in their own
+        transaction)."""
+        ids: list[int | None] = []
+        for job in jobs:
+            cur = await self._execute("enqueue", query("jobs_insert_one"), insert_one_params(job))
+            row = await cur.fetchone()
+            ids.append(row[0] if row else None)
+        return ids
+
+    async def jobs_cancel(self, ids: Sequence[int]) -> dict[int, str]:
+        """What `dispatcher jobs cancel --id` runs (admin_jobs_cancel), with no filter."""
+        sql = query("admin_jobs_cancel").replace("{filters}", "true")
+        cur = await self._execute("cancel", sql, {"ids": int_array(ids)})
+        return {row[0]: row[3] for row in await cur.fetchall() if row[3] is not None}
+
+    async def job_get(self, job_id: int) -> JobState | None:
+        cur = await self._execute("show", query("admin_job_show"), {"id": job_id})
+        row = await cur.fetchone()
+        return None if row is None else JobState(*row)

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,8 +33,11 @@ log = logging.getLogger(__name__)
 class Executor:
     def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, *,
                  worker_id: str, job_timeout_s: float, sync_threads: int, lease_s: float = 30.0,
-                 start_margin_s: float = 0.0, lose_early_s: float = 0.0, job_stats: JobStats = JOB_STATS) -> None:
+                 start_margin_s: float = 0.0, lose_early_s: float = 0.0, job_stats: JobStats = JOB_STATS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._registry = registry
+        # Seconds, monotonic: leases, durations and every time argument below are on it (tests: a FakeClock).
+        self._clock = clock
         self._job_stats = job_stats
         self._policy = policy
         self._completer = completer
@@ -65,11 +68,11 @@ class Executor:
     # -- starting ----------------------------------------------------------------------------------
 
     def start(self, jobs: list[Job], claimed_at: float | None = None) -> None:
-        """Start a claimed batch (called on the event loop). `claimed_at`: time.monotonic() when
+        """Start a claimed batch (called on the event loop). `claimed_at`: the clock's time when
         the claim statement was sent, from which the lease is counted (default: now)."""
         self.in_flight += len(jobs)
         loop = self._loop or self._bind_loop()
-        held_since = time.monotonic() if claimed_at is None else claimed_at
+        held_since = self._clock() if claimed_at is None else claimed_at
         lease_until = held_since + self._lease_s
         for job in jobs:
             handler = self._registry.get(job.job_type)
@@ -90,7 +93,7 @@ class Executor:
 
     def _start_async(self, loop: asyncio.AbstractEventLoop, handler: Handler, job: Job, held_since: float,
                      lease_until: float) -> None:
-        started = time.monotonic()
+        started = self._clock()
         self._starting = job  # running inside the eager start: not in _running yet (running_by_queue)
         task = new_task(loop, self._run_async(handler, job, started))
         self._starting = None
@@ -125,7 +128,7 @@ class Executor:
             elif job.id in self._timed_out:  # it swallowed the cancellation and returned: still an overrun
                 self._timed_out_failure(handler, job, started)
             else:
-                self._completer.completed(job, time.monotonic() - started)
+                self._completer.completed(job, self._clock() - started)
         finally:
             self._timed_out.discard(job.id)
             entry = self._running.pop(job.id, None)
@@ -149,7 +152,7 @@ class Executor:
         expiring: list[int] = []
         while self._sync_backlog and self._sync_busy < self._sync_threads and self._accepting:
             entry = self._sync_backlog[0]
-            if entry.lease_until - time.monotonic() < self._start_margin_s:
+            if entry.lease_until - self._clock() < self._start_margin_s:
                 # Our heartbeats have not reached the database for a while (else the lease would
                 # have been extended): another worker may own it by now. Never start it here.
                 expiring.append(entry.job.id)
@@ -160,7 +163,7 @@ class Executor:
             assert handler is not None and loop is not None
             self._sync_busy += 1
             entry.state = State.RUNNING
-            started = time.monotonic()
+            started = self._clock()
             future = loop.run_in_executor(self._threads, handler.fn, entry.job)
             future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
         if expiring:
@@ -173,7 +176,7 @@ class Executor:
         self._running.pop(entry.job.id, None)
         if entry.state is State.RUNNING:
             limit = self._timeout_of(handler)
-            elapsed = time.monotonic() - started
+            elapsed = self._clock() - started
             exc = None if future.cancelled() else future.exception()
             if entry.cancelling:  # recorded when it returns, however it ended
                 self._cancelled(entry.job, "the sync handler ran to its end (a thread cannot be interrupted)", started)
@@ -196,7 +199,7 @@ class Executor:
     def _unknown_job_type(self, job: Job) -> None:
         known = ", ".join(self._registry.job_types()) or "none"
         message = f"no handler registered for job_type {job.job_type!r} in worker {self._worker_id} (known: {known})"
-        self._fail(job, FailureKind.UNKNOWN_TYPE, message, time.monotonic())
+        self._fail(job, FailureKind.UNKNOWN_TYPE, message, self._clock())
         self._finish_slot()
 
     def _fail_with(self, job: Job, exc: BaseException, started: float) -> None:
@@ -206,7 +209,7 @@ class Executor:
 
     def _fail(self, job: Job, kind: FailureKind, error: str, started: float, summary: str | None = None) -> None:
         outcome = self._policy.decide(kind, job.attempts, job.max_attempts, error)
-        self._completer.failed(job, outcome, time.monotonic() - started, kind=kind, summary=summary)
+        self._completer.failed(job, outcome, self._clock() - started, kind=kind, summary=summary)
 
     def _cancelling(self, job: Job) -> bool:
         entry = self._running.get(job.id)
@@ -237,7 +240,7 @@ class Executor:
     # -- leases: for the lease keeper ---------------------------------------------------------------
 
     def running_since(self, cutoff: float) -> list[Job]:
-        """Jobs held since time.monotonic() <= cutoff whose lease is still ours: the ones to extend."""
+        """Jobs held since the clock's time <= cutoff whose lease is still ours: the ones to extend."""
         return [r.job for r in self._running.values()
                 if r.held_since <= cutoff and r.state in (State.RUNNING, State.BACKLOG)]
 
@@ -258,12 +261,12 @@ class Executor:
             self._lease_watch = None
         ends = [r.lease_until for r in self._running.values() if r.state in (State.RUNNING, State.BACKLOG)]
         if ends and self._loop is not None:
-            delay = min(ends) - self._lose_early_s - time.monotonic()
+            delay = min(ends) - self._lose_early_s - self._clock()
             self._lease_watch = self._loop.call_later(max(0.0, delay), self._lease_watch_fired)
 
     def _lease_watch_fired(self) -> None:
         self._lease_watch = None
-        self.lose_expired(time.monotonic() + self._lose_early_s)
+        self.lose_expired(self._clock() + self._lose_early_s)
         self._watch_leases()
 
     def cancel(self, ids: Iterable[int]) -> int:
@@ -278,7 +281,7 @@ class Executor:
                 with contextlib.suppress(ValueError):
                     self._sync_backlog.remove(entry)
                 self._running.pop(entry.job.id, None)
-                self._cancelled(entry.job, "it had not started", time.monotonic())
+                self._cancelled(entry.job, "it had not started", self._clock())
                 self._finish_slot()
             elif entry.task is not None:
                 entry.task.cancel()
@@ -345,11 +348,11 @@ class Executor:
         return unstarted
 
     async def drain(self, deadline: float) -> None:
-        """Let running jobs finish until time.monotonic() reaches `deadline`."""
-        while self.in_flight > 0 and time.monotonic() < deadline:
+        """Let running jobs finish until the clock reaches `deadline`."""
+        while self.in_flight > 0 and self._clock() < deadline:
             self.slot_freed.clear()
             try:
-                await asyncio.wait_for(self.slot_freed.wait(), timeout=max(0.0, deadline - time.monotonic()))
+                await asyncio.wait_for(self.slot_freed.wait(), timeout=max(0.0, deadline - self._clock()))
             except TimeoutError:
                 break
 
@@ -368,7 +371,7 @@ class Executor:
                         "interrupted and keep their leases for up to %.0f s more", len(tasks), threads, wait_s)
         for task in tasks:
             task.cancel()
-        await self.drain(time.monotonic() + wait_s)
+        await self.drain(self._clock() + wait_s)
         left = [r for r in self._running.values() if r.state is State.RUNNING]
         for entry in left:
             entry.state = State.ABANDONED  # no outcome, no more heartbeats: its lease lapses

@@ -41,8 +41,8 @@ class State(enum.Enum):
 @dataclass(slots=True)
 class Running:
     job: Job
-    held_since: float  # time.monotonic() when its claim was sent: its lease runs from (at the latest) then
-    lease_until: float  # our conservative estimate of the lease's end, on time.monotonic()
+    held_since: float  # the executor's clock when its claim was sent: its lease runs from (at the latest) then
+    lease_until: float  # our conservative estimate of the lease's end, on the executor's clock (time.monotonic)
     task: asyncio.Task[None] | None = None  # None: a sync handler (backlogged or in a thread)
     timer: asyncio.TimerHandle | None = None
     state: State = State.RUNNING

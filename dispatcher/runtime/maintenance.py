@@ -30,12 +30,14 @@ log = logging.getLogger(__name__)
 class PeriodicService:
     name = "maintenance"
 
-    def __init__(self, store: JobStore, interval_s: float, *, first_delay_s: float | None = None) -> None:
+    def __init__(self, store: JobStore, interval_s: float, *, first_delay_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
+        self._clock = clock  # the executor's, for the lease keeper: a test passes a fake one
         self.interval_s = interval_s
         self._first_delay_s = first_delay_s
         self.retired = False  # set by a service that can never work here: run() then returns
-        # time.monotonic() of the first of the ticks failing now (a store error): what readiness
+        # The clock's time of the first of the ticks failing now (a store error): what readiness
         # reads of the reaper, which every pod runs every few seconds on its maintenance connection.
         # (Not LeaseKeeper.failing_since: that one's ticks catch their own errors.)
         self.tick_failing_since: float | None = None
@@ -51,7 +53,7 @@ class PeriodicService:
                 log.warning("%s failed: %s", self.name, exc)
                 next_s = None
                 if self.tick_failing_since is None:
-                    self.tick_failing_since = time.monotonic()
+                    self.tick_failing_since = self._clock()
             if self.retired:
                 return
             await asyncio.sleep(jittered(self.interval_s) if next_s is None else next_s)
@@ -79,8 +81,9 @@ class LeaseKeeper(PeriodicService):
     name = "heartbeat"
     STALLED_PROBE_S = 1.0
 
-    def __init__(self, store: JobStore, executor: Executor, *, lease_s: float, interval_s: float) -> None:
-        super().__init__(store, interval_s)
+    def __init__(self, store: JobStore, executor: Executor, *, lease_s: float, interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(store, interval_s, clock=clock)
         self._executor = executor
         self._lease_s = lease_s
         self.leases_lost = 0
@@ -93,7 +96,7 @@ class LeaseKeeper(PeriodicService):
     async def tick(self) -> float | None:
         # Only jobs held longer than one interval: a job claimed since the last beat still has at
         # least lease_s - interval >= 2 intervals of lease left (config: lease_s >= 2 x interval).
-        sent_at = time.monotonic()
+        sent_at = self._clock()
         due = self._executor.running_since(sent_at - self.interval_s)
         try:
             if due:
@@ -121,7 +124,7 @@ class LeaseKeeper(PeriodicService):
     def _failing(self, exc: StoreError) -> None:
         metrics.STORE_ERRORS.labels(self.name).inc()
         if self.failing_since is None:
-            self.failing_since = time.monotonic()
+            self.failing_since = self._clock()
             metrics.DB_STALLED.set(1)
             log.warning("heartbeat failed (%s): claiming nothing until the database answers; running jobs "
                         "keep going while their leases last", exc)
@@ -131,7 +134,7 @@ class LeaseKeeper(PeriodicService):
     def _answered(self) -> None:
         if self.failing_since is not None:
             log.warning("the database answers heartbeats again after %.1f s: claiming again",
-                        time.monotonic() - self.failing_since)
+                        self._clock() - self.failing_since)
             self.failing_since = None
             metrics.DB_STALLED.set(0)
 

@@ -1,13 +1,19 @@
 """The executor when a lease is lost or the grace period runs out: nothing whose lease is gone
-starts or writes an outcome, and nothing runs twice at once (fake completer, real threads)."""
+starts or writes an outcome, and nothing runs twice at once (fake completer, real threads; leases
+on a FakeClock that the tests advance, where they once slept)."""
 
 import asyncio
 import threading
 import time
 
+import pytest
+
+import dispatcher
 from dispatcher.api.registry import Registry
 from dispatcher.runtime.executor import Executor
+from dispatcher.runtime.maintenance import LeaseKeeper
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.testing import FakeClock, MemoryStore
 from tests.helpers import run_async, wait_until_async
 from tests.unit.test_executor import Recorder, job
 
@@ -66,34 +72,41 @@ def test_a_lost_lease_drops_unstarted_jobs_cancels_async_ones_and_fences_running
 def test_leases_about_to_run_out_without_a_heartbeat_are_lost_before_they_end():
     registry, started, release = blocking_registry()
     registry.handler("wait_async")(_sleep_30)
-    executor, rec = make(registry, lease_s=2.0, start_margin_s=0.1, lose_early_s=1.0)
-    lost_at = []
-    lose = executor.lose
+    clock = FakeClock()
+    executor, rec = make(registry, lease_s=2.0, start_margin_s=0.1, lose_early_s=1.0, clock=clock)
+    checks = []  # (clock, how many lost) of each firing of the executor's lease watch
+    lose_expired = executor.lose_expired
 
-    def recording_lose(ids, why):
-        n = lose(ids, why)
-        if n:
-            lost_at.append(time.monotonic())
+    def recording_lose_expired(now):
+        n = lose_expired(now)
+        checks.append((clock(), n))
         return n
 
-    executor.lose = recording_lose
+    executor.lose_expired = recording_lose_expired
 
     async def main():
-        claimed_at = time.monotonic()
+        claimed_at = clock()
         executor.start([job(1, "block"), job(2, "block"), job(3, "wait_async")], claimed_at)
         await wait_until_async(lambda: started == [1], 5, "job 1 started", interval_s=0.005)
         executor.extended([1, 2, 3], claimed_at - 1)  # an older extension never shortens a lease
         # No heartbeat reaches the database: the executor's own timer gives the jobs up 1 s
-        # before their leases end (another worker may take them the moment they do).
-        await wait_until_async(lambda: executor.stats.lost_running == 1, 5, "the leases were given up")
+        # before their leases end (another worker may take them the moment they do). A heartbeat
+        # round that extended nothing re-arms the timer from the clock's new time.
+        clock.advance(0.9)
+        executor.extended([], clock())
+        await wait_until_async(lambda: checks, 5, "the watch fired at 0.9 s", interval_s=0.005)
+        assert checks[0] == (0.9, 0), "1.1 s of lease left: kept"
+        clock.advance(0.1)
+        await wait_until_async(lambda: executor.stats.lost_running == 1, 5, "the leases were given up",
+                               interval_s=0.005)
         release.set()
         await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
         return claimed_at
 
     claimed_at = run_async(main())
     executor.close()
-    assert len(lost_at) == 1, "all three at once, by one timer"
-    assert 1.0 <= lost_at[0] - claimed_at < 2.0, "given up before the lease's end (2 s), not after it"
+    lost = [(at, n) for at, n in checks if n]
+    assert lost == [(claimed_at + 1.0, 3)], "all three at once, by one timer, 1 s before the lease's end (2 s)"
     assert (executor.stats.lost_dropped, executor.stats.lost_cancelled, executor.stats.lost_running) == (1, 1, 1)
     assert started == [1] and rec.completed_ids == [] and rec.outcomes == {}
 
@@ -104,12 +117,13 @@ async def _sleep_30(job):
 
 def test_a_backlogged_job_whose_lease_is_about_to_lapse_is_not_started():
     registry, started, release = blocking_registry()
-    executor, rec = make(registry, lease_s=1.0, start_margin_s=0.5)
+    clock = FakeClock()
+    executor, rec = make(registry, lease_s=1.0, start_margin_s=0.5, clock=clock)
 
     async def main():
         executor.start([job(1, "block"), job(2, "block")])
         await wait_until_async(lambda: started == [1], 5, "job 1 started", interval_s=0.005)
-        await asyncio.sleep(0.6)  # job 2 waited for a thread with no heartbeat: 0.4 s of lease left
+        clock.advance(0.6)  # job 2 waited for a thread with no heartbeat: 0.4 s of lease left
         release.set()
         await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
 
@@ -121,13 +135,14 @@ def test_a_backlogged_job_whose_lease_is_about_to_lapse_is_not_started():
 
 def test_an_extended_lease_keeps_a_backlogged_job_startable():
     registry, started, release = blocking_registry()
-    executor, rec = make(registry, lease_s=1.0, start_margin_s=0.5)
+    clock = FakeClock()
+    executor, rec = make(registry, lease_s=1.0, start_margin_s=0.5, clock=clock)
 
     async def main():
         executor.start([job(1, "block"), job(2, "block")])
         await wait_until_async(lambda: started == [1], 5, "job 1 started", interval_s=0.005)
-        await asyncio.sleep(0.6)
-        executor.extended([1, 2], time.monotonic() + 10.0)  # a heartbeat landed
+        clock.advance(0.6)
+        executor.extended([1, 2], clock() + 10.0)  # a heartbeat landed
         release.set()
         await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
 
@@ -203,3 +218,39 @@ def test_an_async_handler_that_swallows_cancellation_is_abandoned_after_a_bounde
     assert left == 1 and cancels == [1]
     assert waited < 5, "the wait after cancelling is bounded"
     assert rec.outcomes == {} and rec.completed_ids == []
+
+
+def test_the_lease_keeper_keeps_leases_on_the_fake_clock_and_brings_a_cancel_request():
+    """Executor, lease keeper and an in-memory store share one FakeClock: 3 s pass on a 2 s
+    lease without a sleep, the heartbeats keep it, and a cancel request rides a heartbeat."""
+    clock = FakeClock()
+    store = MemoryStore(clock, worker_id="w1")
+    registry, started, _ = blocking_registry()
+    executor, rec = make(registry, lease_s=2.0, clock=clock)
+    keeper = LeaseKeeper(store, executor, lease_s=2.0, interval_s=0.5, clock=clock)  # type: ignore[arg-type]
+    dispatcher.enqueue_sync(store, "wait")
+    dispatcher.enqueue_sync(store, "wait")
+
+    async def main():
+        first, second = store.claim("default", 2, 2.0)
+        executor.start([first, second], clock())
+        await wait_until_async(lambda: len(started) == 2, 5, "both handlers run", interval_s=0.005)
+        for _ in range(5):
+            clock.advance(0.6)
+            assert await keeper.tick() is None
+            assert store.lease_expired() == [], "each heartbeat pushed the lease 2 s past the clock"
+        assert clock() == pytest.approx(3.0) and executor.stats.lost_cancelled == 0
+        assert {j.id for j in executor.running_since(clock())} == {first.id, second.id}
+        assert store.cancel([first.id]) == {first.id: "running"}
+        clock.advance(0.6)
+        await keeper.tick()
+        await wait_until_async(lambda: first.id in rec.outcomes, 5, "the handler was cancelled", interval_s=0.005)
+        assert rec.outcomes[first.id].status == "cancelled" and second.id not in rec.outcomes
+        assert [j.id for j in executor.running_since(clock())] == [second.id]
+        # The executor counts the lease from the keeper's last send, on the same clock: 2 s from now.
+        assert executor.lose_expired(clock() + 1.99) == 0
+        assert executor.lose_expired(clock() + 2.0) == 1
+
+    run_async(main())
+    executor.close()
+    assert keeper.leases_lost == 0 and not keeper.stalled

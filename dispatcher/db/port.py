@@ -1,0 +1,117 @@
+"""The store port: what a job's life needs of a job store, as a `typing.Protocol`.
+
+The real store (dispatcher/db/store.py, `JobStore`, on PostgreSQL) and the in-memory one
+(dispatcher/testing/, for users' unit tests) both satisfy it; tests/contract/test_store_contract.py
+holds both to the same assertions. Writes by a job's owner are fenced by the claim's token: a
+write that carries another token changes nothing. Time is the store's clock (the database's).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure
+from dispatcher.model import Job
+
+
+class NewJob(Protocol):
+    """A job to insert, already validated and serialised by enqueue (dispatcher/api/enqueue.py)."""
+
+    queue: str
+    job_type: str
+    payload: bytes  # JSON
+    priority: int
+    bucket: int
+    max_attempts: int
+    run_at: datetime | None  # None: the store's now, plus delay_s
+    delay_s: float
+    dedupe_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job's row as it is now (`job_get`): every column but the fencing token."""
+
+    id: int
+    queue: str
+    job_type: str
+    status: str
+    priority: int
+    bucket: int
+    attempts: int
+    max_attempts: int
+    lease_expiries: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    locked_at: datetime | None
+    locked_by: str | None
+    lease_expires_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    cancel_requested_at: datetime | None
+    dedupe_key: str | None
+    payload: Any
+    last_error: str | None
+
+
+@runtime_checkable
+class JobStorePort(Protocol):
+    """Every operation of a job's life: enqueue, claim, finish (fenced), lease upkeep, cancel, read."""
+
+    worker_id: str
+
+    async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
+        """Insert jobs; each one's id, or None where a live job of its queue holds its dedupe key."""
+        ...
+
+    async def jobs_claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
+                         steal_from: Sequence[int] | None = None) -> list[Job]:
+        """Up to `limit` due jobs of `queue` in (priority, run_at, id) order, now running under one
+        new token, their attempt counted and leased for `lease_s`; never one job to two claimers."""
+        ...
+
+    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
+        """Completed where the token still matches; how many were."""
+        ...
+
+    async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+        """Each failure's outcome (retry after its delay, failed, discarded, cancelled) where the
+        token still matches (and, with `lease_expired`, the lease is still expired); the rows written."""
+        ...
+
+    async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
+        """Claimed jobs given back unstarted: queued again, the attempt not counted."""
+        ...
+
+    async def jobs_extend_leases(self, jobs: Sequence[Job], lease_s: float) -> dict[int, bool]:
+        """Leases of jobs still ours pushed out; their ids, each with whether a cancel was requested."""
+        ...
+
+    async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
+        """Running jobs whose lease ran out, oldest expiry first (the reaper fails them, fenced)."""
+        ...
+
+    async def jobs_cancel(self, ids: Sequence[int]) -> dict[int, str]:
+        """Cancel jobs: a queued one ends 'cancelled' now, a running one gets a request its owner
+        sees at its next lease extension. The ids changed, each with its status after ('cancelled'
+        or 'running'); a finished or unknown job is left alone and absent."""
+        ...
+
+    async def job_get(self, job_id: int) -> JobState | None:
+        """The job as it is now; None if there is no such job."""
+        ...
+
+
+class InProcessStore(abc.ABC):
+    """A store in this process that `dispatcher.enqueue*` accepts in place of a connection or pool
+    (dispatcher.testing.MemoryStore): the same checks run, then `insert_jobs` instead of SQL. A
+    base class, not a Protocol, so that enqueue's check is one cheap isinstance()."""
+
+    @abc.abstractmethod
+    def insert_jobs(self, jobs: Sequence[NewJob]) -> list[int | None]:
+        """Insert jobs at once, all or none; each one's id, or None where its dedupe key is held."""

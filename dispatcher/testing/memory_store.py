@@ -1,0 +1,253 @@
+"""An in-memory job store: the store port (dispatcher/db/port.py) without PostgreSQL, for unit tests.
+
+It keeps the rules of the real store's statements (dispatcher/db/sql/queries.sql) that a test can
+observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that token,
+a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live jobs of a
+queue. Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and
+the real store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+
+from dispatcher.constants import NUM_BUCKETS
+from dispatcher.db.port import InProcessStore, JobState, NewJob
+from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure
+from dispatcher.model import (
+    STATUS_CANCELLED,
+    STATUS_COMPLETED,
+    STATUS_DISCARDED,
+    STATUS_FAILED,
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    Job,
+)
+from dispatcher.testing.clock import FakeClock
+
+_LIVE = (STATUS_QUEUED, STATUS_RUNNING)
+
+
+class MemoryStore(InProcessStore):
+    """The job store in a dict. Thread-safe (sync handlers run in threads, as in a worker).
+
+    `clock` is its database clock (default: a new FakeClock at the real time now); `worker_id`
+    is what claims record as the owner."""
+
+    def __init__(self, clock: FakeClock | None = None, *, worker_id: str = "memory") -> None:
+        self.clock = clock or FakeClock()
+        self.worker_id = worker_id
+        # Rows are JobStates holding the payload as enqueue serialised it (JSON bytes), replaced on
+        # every write; the tokens of running jobs' claims are kept beside them.
+        self._rows: dict[int, JobState] = {}
+        self._tokens: dict[int, str] = {}
+        self._next_id = 1
+        self._lock = threading.RLock()
+
+    # -- enqueue -------------------------------------------------------------------------------
+
+    def insert_jobs(self, jobs: Sequence[NewJob]) -> list[int | None]:
+        with self._lock:
+            now = self.clock.now()
+            ids: list[int | None] = []
+            for job in jobs:
+                if job.dedupe_key is not None and any(
+                        r.dedupe_key == job.dedupe_key and r.queue == job.queue and r.status in _LIVE
+                        for r in self._rows.values()):
+                    ids.append(None)
+                    continue
+                run_at = (job.run_at or now) + timedelta(seconds=job.delay_s)
+                row = JobState(self._next_id, job.queue, job.job_type, STATUS_QUEUED, job.priority, job.bucket, 0,
+                               job.max_attempts, 0, run_at, now, now, None, None, None, None, None, None,
+                               job.dedupe_key, bytes(job.payload), None)
+                self._rows[row.id] = row
+                self._next_id += 1
+                ids.append(row.id)
+            return ids
+
+    async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
+        return self.insert_jobs(jobs)
+
+    # -- claim ---------------------------------------------------------------------------------
+
+    def claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None = None,
+              steal_from: Sequence[int] | None = None) -> list[Job]:
+        """The port's jobs_claim, callable without an event loop."""
+        if buckets is not None and steal_from is None:
+            if not buckets:
+                raise ValueError("a partitioned claim needs at least one bucket")
+            if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
+                raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
+        with self._lock:
+            now = self.clock.now()
+            due = [r for r in self._rows.values()
+                   if r.queue == queue and r.status == STATUS_QUEUED and r.run_at <= now]
+            order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
+            if steal_from is not None:  # the given buckets, in the given order
+                rank = {b: i for i, b in reversed(list(enumerate(steal_from)))}
+                due = [r for r in due if r.bucket in rank]
+                order = lambda r: (rank[r.bucket], r.priority, r.run_at, r.id)  # noqa: E731
+            elif buckets is not None:
+                wanted = set(buckets)
+                due = [r for r in due if r.bucket in wanted]
+            token = str(uuid.uuid4())
+            lease_until = now + timedelta(seconds=lease_s)
+            claimed = []
+            for row in sorted(due, key=order)[:max(limit, 0)]:
+                row = self._write(row, token=token, status=STATUS_RUNNING, attempts=row.attempts + 1, locked_at=now,
+                                  locked_by=self.worker_id, lease_expires_at=lease_until, updated_at=now)
+                claimed.append(Job((row.id, row.job_type, orjson.loads(row.payload), row.attempts, row.max_attempts,
+                                    row.locked_at, row.bucket, row.priority), token, queue))
+            return claimed
+
+    async def jobs_claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
+                         steal_from: Sequence[int] | None = None) -> list[Job]:
+        return self.claim(queue, limit, lease_s, buckets, steal_from)
+
+    def _owned(self, job_id: int, token: str) -> JobState | None:
+        """The row if it is running under `token` (the fence of every owner's write)."""
+        row = self._rows.get(job_id)
+        return row if row is not None and row.status == STATUS_RUNNING and self._tokens.get(job_id) == token else None
+
+    def _write(self, row: JobState, token: str | None = None, **changes: Any) -> JobState:
+        """The row with `changes`; `token`: the claim's that now owns it (None: nobody's)."""
+        new = self._rows[row.id] = replace(row, **changes)
+        if token is None:
+            self._tokens.pop(row.id, None)
+        else:
+            self._tokens[row.id] = token
+        return new
+
+    # -- finishing -----------------------------------------------------------------------------
+
+    def complete(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
+        with self._lock:
+            now, done = self.clock.now(), 0
+            for job_id, token in zip(ids, tokens, strict=True):
+                if (row := self._owned(job_id, token)) is not None:
+                    self._write(row, status=STATUS_COMPLETED, completed_at=now, lease_expires_at=None, updated_at=now)
+                    done += 1
+            return done
+
+    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
+        return self.complete(ids, tokens)
+
+    def fail(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+        with self._lock:
+            now, written = self.clock.now(), []
+            for f in failures:
+                row = self._owned(f.id, f.token)
+                if row is None or (lease_expired and not (row.lease_expires_at and row.lease_expires_at < now)):
+                    continue
+                status, retry, run_at = f.outcome.status, f.outcome.status == STATUS_QUEUED, row.run_at
+                if retry and row.cancel_requested_at is not None:
+                    status = STATUS_CANCELLED  # a cancel request is honoured, never retried
+                elif retry:
+                    run_at = now + timedelta(seconds=f.outcome.delay_s)
+                failed_at = now if status in (STATUS_FAILED, STATUS_DISCARDED) else row.failed_at
+                row = self._write(row, status=status, run_at=run_at, failed_at=failed_at, last_error=f.outcome.error,
+                                  lease_expiries=row.lease_expiries + int(lease_expired), lease_expires_at=None,
+                                  updated_at=now)
+                written.append(FailedWrite(row.id, row.status, row.attempts, row.locked_by, row.locked_at, row.run_at,
+                                           row.job_type, row.queue, row.bucket, row.max_attempts))
+            return written
+
+    async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+        return self.fail(failures, lease_expired=lease_expired)
+
+    async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
+        with self._lock:
+            now, released = self.clock.now(), 0
+            for job in jobs:
+                if (row := self._owned(job.id, job.token)) is not None:
+                    self._write(row, status=STATUS_QUEUED if row.cancel_requested_at is None else STATUS_CANCELLED,
+                                attempts=max(row.attempts - 1, 0), lease_expires_at=None, updated_at=now)
+                    released += 1
+            return released
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def jobs_extend_leases(self, jobs: Sequence[Job], lease_s: float) -> dict[int, bool]:
+        with self._lock:
+            until, kept = self.clock.now() + timedelta(seconds=lease_s), {}
+            for job in jobs:
+                if (row := self._owned(job.id, job.token)) is not None:
+                    self._write(row, job.token, lease_expires_at=until)
+                    kept[row.id] = row.cancel_requested_at is not None
+            return kept
+
+    def lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
+        with self._lock:
+            now = self.clock.now()
+            expired = sorted((r for r in self._rows.values() if r.status == STATUS_RUNNING
+                              and r.lease_expires_at is not None and r.lease_expires_at < now),
+                             key=lambda r: r.lease_expires_at or now)[:limit]
+            return [ExpiredLease(r.id, self._tokens[r.id], r.attempts, r.max_attempts, r.lease_expiries + 1,
+                                 r.locked_by, r.locked_at, r.cancel_requested_at is not None) for r in expired]
+
+    async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
+        return self.lease_expired(limit)
+
+    # -- operators and tests -------------------------------------------------------------------
+
+    def cancel(self, ids: Sequence[int]) -> dict[int, str]:
+        with self._lock:
+            now, changed = self.clock.now(), {}
+            for job_id in ids:
+                row = self._rows.get(job_id)
+                if row is None or row.status not in _LIVE:
+                    continue
+                requested_at = row.cancel_requested_at or now
+                if row.status == STATUS_QUEUED:
+                    row = self._write(row, status=STATUS_CANCELLED, cancel_requested_at=requested_at, updated_at=now)
+                else:  # running: its owner sees the request when it next extends the lease
+                    row = self._write(row, self._tokens[row.id], cancel_requested_at=requested_at)
+                changed[row.id] = row.status
+            return changed
+
+    async def jobs_cancel(self, ids: Sequence[int]) -> dict[int, str]:
+        return self.cancel(ids)
+
+    def get(self, job_id: int) -> JobState | None:
+        with self._lock:
+            row = self._rows.get(job_id)
+            return None if row is None else _copy(row)
+
+    async def job_get(self, job_id: int) -> JobState | None:
+        return self.get(job_id)
+
+    def jobs(self, status: str | None = None, *, job_type: str | None = None,
+             queue: str | None = None) -> list[JobState]:
+        """Every job (or those of a status, type, queue), in the order they were enqueued."""
+        with self._lock:
+            return [_copy(r) for r in self._rows.values()
+                    if (status is None or r.status == status) and (job_type is None or r.job_type == job_type)
+                    and (queue is None or r.queue == queue)]
+
+    def queues(self) -> set[str]:
+        with self._lock:
+            return {r.queue for r in self._rows.values()}
+
+    def next_run_at(self, queue: str | None = None) -> datetime | None:
+        """When the earliest queued job (of `queue`, or any) is due; None if none is queued."""
+        with self._lock:
+            times = [r.run_at for r in self._rows.values()
+                     if r.status == STATUS_QUEUED and (queue is None or r.queue == queue)]
+            return min(times, default=None)
+
+    def clear(self) -> None:
+        """Forget every job (ids go on counting)."""
+        with self._lock:
+            self._rows.clear()
+
+
+def _copy(row: JobState) -> JobState:
+    """The row as callers see it: the payload decoded afresh, so their edits never reach the store."""
+    return replace(row, payload=orjson.loads(row.payload))

@@ -1,0 +1,119 @@
+"""The two stores of the store contract suite (test_store_contract.py), behind one harness each.
+
+A harness enqueues with the call users write (`dispatcher.enqueue` on a connection, or on the
+in-memory store), hands out the port, and moves time for a job the way each store can: the
+PostgreSQL one rewrites the row's times (its clock is the server's), the in-memory one advances
+its FakeClock.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from dispatcher import enqueue
+from dispatcher.db.port import JobStorePort
+from dispatcher.db.store import JobStore
+from dispatcher.testing import MemoryStore
+
+KINDS = ["postgres", "memory"]
+
+
+class Harness:
+    store: JobStorePort
+
+    async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> int | None:
+        raise NotImplementedError
+
+    async def claimer(self, worker_id: str) -> JobStorePort:
+        """Another worker's handle on the same jobs (closed with the harness)."""
+        raise NotImplementedError
+
+    async def now(self) -> datetime:
+        raise NotImplementedError
+
+    async def make_due(self, job_id: int) -> None:
+        """Time passes until the job's run_at."""
+        raise NotImplementedError
+
+    async def expire_lease(self, job_id: int) -> None:
+        """Time passes until just after the job's lease ends (nobody extended it)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+class PostgresHarness(Harness):
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self.store = JobStore(dsn, "w1")
+        self._others: list[JobStore] = []
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def _sql(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        if self._conn is None:
+            self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+        cur = await self._conn.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+    async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> int | None:
+        if self._conn is None:
+            await self._sql("SELECT 1")
+        assert self._conn is not None
+        return await enqueue(self._conn, job_type, payload, **options)
+
+    async def claimer(self, worker_id: str) -> JobStorePort:
+        other = JobStore(self._dsn, worker_id)
+        self._others.append(other)
+        return other
+
+    async def now(self) -> datetime:
+        return (await self._sql("SELECT now()"))[0][0]
+
+    async def make_due(self, job_id: int) -> None:
+        await self._sql("UPDATE dispatcher_jobs SET run_at = now() WHERE id = %s", (job_id,))
+
+    async def expire_lease(self, job_id: int) -> None:
+        await self._sql("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 ms' WHERE id = %s",
+                        (job_id,))
+
+    async def close(self) -> None:
+        for store in [self.store, *self._others]:
+            await store.close()  # type: ignore[attr-defined]
+        if self._conn is not None:
+            await self._conn.close()
+
+
+class MemoryHarness(Harness):
+    def __init__(self) -> None:
+        self.store = self.memory = MemoryStore(worker_id="w1")
+
+    async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> int | None:
+        return await enqueue(self.memory, job_type, payload, **options)
+
+    async def claimer(self, worker_id: str) -> JobStorePort:
+        return self.memory  # one store in one process: its lock is what claimers contend on
+
+    async def now(self) -> datetime:
+        return self.memory.clock.now()
+
+    async def make_due(self, job_id: int) -> None:
+        job = self.memory.get(job_id)
+        assert job is not None
+        self.memory.clock.advance_to(job.run_at)
+
+    async def expire_lease(self, job_id: int) -> None:
+        job = self.memory.get(job_id)
+        assert job is not None and job.lease_expires_at is not None
+        self.memory.clock.advance_to(job.lease_expires_at)
+        self.memory.clock.advance(0.001)
+
+
+async def open_harness(kind: str, dsn: str | None) -> Harness:
+    if kind == "postgres":
+        assert dsn is not None
+        return PostgresHarness(dsn)
+    return MemoryHarness()

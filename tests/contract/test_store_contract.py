@@ -1,0 +1,297 @@
+"""The store contract: the same assertions against the real PostgreSQL store (JobStore) and the
+in-memory one of dispatcher.testing, through the port (dispatcher/db/port.py). What a user's unit
+test sees of MemoryStore must be what a worker gets of PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from dispatcher.db.rows import Failure
+from dispatcher.model import (
+    STATUS_CANCELLED,
+    STATUS_COMPLETED,
+    STATUS_FAILED,
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    FailureKind,
+    Job,
+    Outcome,
+)
+from dispatcher.runtime.maintenance import Reaper
+from dispatcher.runtime.retry import RetryPolicy
+from tests.contract.store_support import KINDS, Harness, open_harness
+from tests.helpers import run_async
+
+OTHER_TOKEN = "00000000-0000-0000-0000-00000000beef"
+Run = Callable[[Callable[[Harness], Awaitable[Any]]], Any]
+
+
+@pytest.fixture(params=KINDS)
+def on_store(request: pytest.FixtureRequest) -> Run:
+    """Runs `test(harness)` on a fresh store of this kind, in an event loop of its own."""
+    dsn = request.getfixturevalue("dsn") if request.param == "postgres" else None
+
+    def run(test: Callable[[Harness], Awaitable[Any]]) -> Any:
+        async def main() -> Any:
+            harness = await open_harness(request.param, dsn)
+            try:
+                return await test(harness)
+            finally:
+                await harness.close()
+
+        return run_async(main())
+
+    return run
+
+
+async def claim_one(h: Harness, lease_s: float = 30.0) -> Job:
+    jobs = await h.store.jobs_claim("default", 1, lease_s, None)
+    assert len(jobs) == 1, f"expected one due job, claimed {jobs}"
+    return jobs[0]
+
+
+def retry(delay_s: float, error: str = "boom") -> Outcome:
+    return Outcome(STATUS_QUEUED, delay_s, error)
+
+
+def test_an_enqueued_job_is_claimed_once_running_under_a_token_with_its_attempt_counted(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        job_id = await h.enqueue("send", {"to": "a@example.com", "n": [1, 2]}, priority=3, max_attempts=4)
+        queued = await h.store.job_get(job_id)
+        assert queued is not None and (queued.status, queued.attempts, queued.job_type) == (STATUS_QUEUED, 0, "send")
+        job = await claim_one(h)
+        assert (job.id, job.job_type, job.payload, job.attempts, job.max_attempts, job.priority) == \
+            (job_id, "send", {"to": "a@example.com", "n": [1, 2]}, 1, 4, 3)
+        assert job.token and job.queue == "default"
+        running = await h.store.job_get(job_id)
+        assert running is not None and (running.status, running.locked_by) == (STATUS_RUNNING, "w1")
+        assert running.lease_expires_at is not None and running.lease_expires_at > await h.now()
+        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], "a running job is not claimed again"
+        assert await h.store.job_get(job_id + 1000) is None
+
+    on_store(test)
+
+
+def test_a_write_by_a_token_that_does_not_own_the_job_changes_nothing(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        job_id = await h.enqueue("send")
+        job = await claim_one(h)
+        assert await h.store.jobs_complete_owned([job_id], [OTHER_TOKEN]) == 0
+        assert await h.store.jobs_fail_owned([Failure(job_id, OTHER_TOKEN, retry(1.0))]) == []
+        assert await h.store.jobs_extend_leases([Job((job_id, "send", {}, 1, 20, None, 0, 0), OTHER_TOKEN)], 30.0) == {}
+        assert await h.store.jobs_release_owned([Job((job_id, "send", {}, 1, 20, None, 0, 0), OTHER_TOKEN)]) == 0
+        state = await h.store.job_get(job_id)
+        assert state is not None and (state.status, state.attempts, state.last_error) == (STATUS_RUNNING, 1, None)
+        assert await h.store.jobs_complete_owned([job_id], [job.token]) == 1
+        assert await h.store.jobs_complete_owned([job_id], [job.token]) == 0, "finished: nobody owns it any more"
+        state = await h.store.job_get(job_id)
+        assert state is not None and state.status == STATUS_COMPLETED and state.completed_at is not None
+
+    on_store(test)
+
+
+def test_after_a_lease_expires_and_another_worker_claims_the_job_the_old_owner_is_fenced(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        job_id = await h.enqueue("send", max_attempts=5)
+        old = await claim_one(h, lease_s=5.0)
+        await h.expire_lease(job_id)
+        expired = await h.store.jobs_lease_expired()
+        assert [(e.id, e.token, e.attempts, e.lease_expiries) for e in expired] == [(job_id, old.token, 1, 1)]
+        outcome = RetryPolicy(1.0, 60.0, rand=lambda: 0.5).decide(FailureKind.LEASE_EXPIRED, 1, 5, "lease expired")
+        written = await h.store.jobs_fail_owned([Failure(job_id, old.token, outcome)], lease_expired=True)
+        assert [(w.id, w.status) for w in written] == [(job_id, STATUS_QUEUED)]
+        await h.make_due(job_id)
+        new = await (await h.claimer("w2")).jobs_claim("default", 1, 30.0, None)
+        assert [j.id for j in new] == [job_id] and new[0].token != old.token and new[0].attempts == 2
+        assert await h.store.jobs_complete_owned([job_id], [old.token]) == 0, "the old owner came back: fenced"
+        assert await h.store.jobs_extend_leases([old], 30.0) == {}
+        state = await h.store.job_get(job_id)
+        assert state is not None and (state.status, state.lease_expiries) == (STATUS_RUNNING, 1)
+        assert await h.store.jobs_complete_owned([job_id], [new[0].token]) == 1
+
+    on_store(test)
+
+
+def test_a_live_lease_is_not_expired_and_an_extension_is_returned_with_its_cancel_flag(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        job_id = await h.enqueue("send")
+        job = await claim_one(h)
+        assert await h.store.jobs_lease_expired() == []
+        assert await h.store.jobs_extend_leases([job], 60.0) == {job_id: False}
+        assert await h.store.jobs_fail_owned([Failure(job_id, job.token, retry(1.0))], lease_expired=True) == [], \
+            "the reaper's write needs the lease to be expired still"
+
+    on_store(test)
+
+
+def test_a_retry_is_due_in_the_future_and_claimable_once_it_is_due(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        job_id = await h.enqueue("send", max_attempts=3)
+        job = await claim_one(h)
+        before = await h.now()
+        outcome = RetryPolicy(10.0, 60.0, rand=lambda: 0.5).decide(FailureKind.ERROR, 1, 3, "Traceback: boom")
+        written = await h.store.jobs_fail_owned([Failure(job_id, job.token, outcome)])
+        assert len(written) == 1 and written[0].status == STATUS_QUEUED
+        assert written[0].run_at is not None and written[0].run_at >= before + timedelta(seconds=5.0)
+        state = await h.store.job_get(job_id)
+        assert state is not None and (state.status, state.last_error, state.run_at) == \
+            (STATUS_QUEUED, "Traceback: boom", written[0].run_at)
+        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], "not due yet"
+        await h.make_due(job_id)
+        again = await claim_one(h)
+        assert (again.id, again.attempts) == (job_id, 2)
+
+    on_store(test)
+
+
+def test_the_attempt_that_reaches_max_attempts_fails_the_job_for_good(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        policy = RetryPolicy(1.0, 60.0, rand=lambda: 0.0)
+        job_id = await h.enqueue("send", max_attempts=2)
+        statuses = []
+        for _ in range(2):
+            job = await claim_one(h)
+            outcome = policy.decide(FailureKind.ERROR, job.attempts, job.max_attempts, f"attempt {job.attempts}")
+            statuses += [w.status for w in await h.store.jobs_fail_owned([Failure(job.id, job.token, outcome)])]
+            if statuses[-1] == STATUS_QUEUED:
+                await h.make_due(job_id)
+        assert statuses == [STATUS_QUEUED, STATUS_FAILED]
+        state = await h.store.job_get(job_id)
+        assert state is not None
+        assert (state.status, state.attempts, state.last_error) == (STATUS_FAILED, 2, "attempt 2")
+        assert state.failed_at is not None
+        await h.make_due(job_id)
+        assert await h.store.jobs_claim("default", 10, 30.0, None) == []
+
+    on_store(test)
+
+
+def test_cancel_ends_a_queued_job_and_asks_a_running_one_which_then_is_never_retried(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        running_id = await h.enqueue("send", priority=-1)
+        job = await claim_one(h)
+        queued_id = await h.enqueue("send")
+        finished_id = await h.enqueue("send", priority=-2)
+        finished = await claim_one(h)
+        assert await h.store.jobs_complete_owned([finished_id], [finished.token]) == 1
+        assert await h.store.jobs_cancel([queued_id, running_id, finished_id, 999_999]) == \
+            {queued_id: STATUS_CANCELLED, running_id: STATUS_RUNNING}
+        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], "a cancelled job never runs"
+        assert await h.store.jobs_extend_leases([job], 30.0) == {running_id: True}, "the owner sees the request"
+        written = await h.store.jobs_fail_owned([Failure(running_id, job.token, retry(0.001))])
+        assert [w.status for w in written] == [STATUS_CANCELLED], "a retry of a job asked to cancel ends cancelled"
+        states = [await h.store.job_get(i) for i in (queued_id, running_id, finished_id)]
+        assert [s.status for s in states if s] == [STATUS_CANCELLED, STATUS_CANCELLED, STATUS_COMPLETED]
+        assert all(s.cancel_requested_at is not None for s in states[:2] if s)
+
+    on_store(test)
+
+
+def test_concurrent_claims_never_hand_one_job_to_two_claimers(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        ids = {await h.enqueue("send", {"i": i}) for i in range(60)}
+        claimers = [await h.claimer(f"w{n}") for n in range(2, 7)]
+
+        async def claim_all(store: Any) -> list[tuple[int, str]]:
+            got: list[tuple[int, str]] = []
+            while batch := await store.jobs_claim("default", 7, 30.0, None):
+                got += [(j.id, j.token) for j in batch]
+                await asyncio.sleep(0)
+            return got
+
+        claimed = [pair for got in await asyncio.gather(*map(claim_all, claimers)) for pair in got]
+        assert sorted(i for i, _ in claimed) == sorted(ids), "every job claimed exactly once"
+        tokens = dict(claimed)
+        assert await h.store.jobs_complete_owned(list(tokens), list(tokens.values())) == 60
+
+    on_store(test)
+
+
+def test_claims_come_in_priority_then_run_at_then_id_order(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        now = await h.now()
+        earlier, earliest = now - timedelta(seconds=10), now - timedelta(seconds=20)
+        a = await h.enqueue("send", {"n": "a"}, priority=5)
+        b = await h.enqueue("send", {"n": "b"}, priority=0, run_at=earlier)
+        c = await h.enqueue("send", {"n": "c"}, priority=0, run_at=earliest)
+        d = await h.enqueue("send", {"n": "d"}, priority=-3)
+        e = await h.enqueue("send", {"n": "e"}, priority=0, run_at=earlier)
+        await h.enqueue("send", {"n": "later"}, priority=-9, delay_s=3600)
+        first_two = {j.id for j in await h.store.jobs_claim("default", 2, 30.0, None)}
+        assert first_two == {d, c}, "a batch is the head of the order (returned in no particular order)"
+        order = [j.id for _ in range(3) for j in await h.store.jobs_claim("default", 1, 30.0, None)]
+        assert order == [b, e, a]
+        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], \
+            "a job due later is not claimed, whatever its priority"
+
+    on_store(test)
+
+
+def test_claims_read_one_queue_and_the_buckets_asked_for(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        in_3 = await h.enqueue("send", bucket=3)
+        await h.enqueue("send", bucket=4)
+        other_queue = await h.enqueue("send", queue="mail", bucket=3)
+        assert [j.id for j in await h.store.jobs_claim("default", 10, 30.0, [3, 5])] == [in_3]
+        assert [(j.id, j.queue) for j in await h.store.jobs_claim("mail", 10, 30.0, None)] == [(other_queue, "mail")]
+        with pytest.raises(ValueError):
+            await h.store.jobs_claim("default", 10, 30.0, [])
+
+    on_store(test)
+
+
+def test_a_dedupe_key_is_held_by_a_live_job_only(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        first = await h.enqueue("send", dedupe_key="k1")
+        assert first is not None
+        assert await h.enqueue("send", dedupe_key="k1") is None, "a live job holds the key"
+        assert await h.enqueue("send", dedupe_key="k1", queue="mail") is not None, "keys are per queue"
+        job = await claim_one(h)
+        assert await h.enqueue("send", dedupe_key="k1") is None, "a running job still holds it"
+        assert await h.store.jobs_complete_owned([first], [job.token]) == 1
+        assert await h.enqueue("send", dedupe_key="k1") is not None, "a finished job no longer does"
+
+    on_store(test)
+
+
+def test_a_released_job_is_queued_again_without_its_unstarted_attempt(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        job_id = await h.enqueue("send")
+        job = await claim_one(h)
+        assert await h.store.jobs_release_owned([job]) == 1
+        state = await h.store.job_get(job_id)
+        assert state is not None and (state.status, state.attempts) == (STATUS_QUEUED, 0)
+        assert (await claim_one(h)).attempts == 1
+
+    on_store(test)
+
+
+def test_the_reaper_retries_a_job_whose_lease_ran_out_and_fails_it_at_max_attempts(on_store: Run) -> None:
+    """The worker's own Reaper, on either store: expiry goes through the retry policy."""
+    async def test(h: Harness) -> None:
+        reaped: list[int] = []
+        reaper = Reaper(h.store, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), interval_s=1.0,  # type: ignore[arg-type]
+                        history=False, on_reaped=lambda: reaped.append(1))
+        job_id = await h.enqueue("send", max_attempts=2)
+        for attempt, status in ((1, STATUS_QUEUED), (2, STATUS_FAILED)):
+            job = await claim_one(h, lease_s=5.0)
+            await reaper.tick()
+            assert reaped == [1] * (attempt - 1), "a live lease is not reaped"
+            await h.expire_lease(job_id)
+            await reaper.tick()
+            state = await h.store.job_get(job_id)
+            assert state is not None and (state.status, state.attempts, state.lease_expiries) == \
+                (status, attempt, attempt)
+            assert (state.last_error or "").startswith(f"lease expired {'once' if attempt == 1 else '2 times'}")
+            assert await h.store.jobs_complete_owned([job_id], [job.token]) == 0, "the stalled owner is fenced"
+            if status == STATUS_QUEUED:
+                assert state.run_at > await h.now()
+                await h.make_due(job_id)
+        assert reaper.reaped == 2
+
+    on_store(test)

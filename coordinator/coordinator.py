@@ -3,7 +3,8 @@
 Each member loops: heartbeat, read the view, try to lead, and, if it leads, move the assignment
 towards `assign(members, current)`; then it adopts its part. While it joins, while a group starts
 together, and while the backend is unreachable (degraded), `owned()` is None and the worker claims
-with SKIP LOCKED over all buckets. A member that cannot work (`can_work()` false) leaves at once.
+with SKIP LOCKED over all buckets. A member whose worker cannot work
+(`liveness.failing_since`, for a heartbeat interval) leaves.
 Protocol: docs/concepts/coordinator.md; reasons and measurements: docs/design/coordinator.md.
 """
 
@@ -14,6 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from . import metrics
 from .assignment import OnRevoke
@@ -33,6 +35,14 @@ INITIAL_SETTLE_S = 1.0
 INITIAL_DELAY_MAX_S = 5.0
 
 
+class Liveness(Protocol):
+    """What the coordinator reads of its worker (a plain attribute, written by the worker)."""
+
+    @property
+    def failing_since(self) -> float | None:
+        """time.monotonic() since which the worker cannot work (claims or heartbeats fail); None: it can."""
+
+
 def _jittered(interval_s: float, spread: float) -> float:
     """interval_s +/- spread: the loops of N members must not fire in lockstep."""
     return random.uniform(interval_s * (1.0 - spread), interval_s * (1.0 + spread))
@@ -41,7 +51,7 @@ def _jittered(interval_s: float, spread: float) -> float:
 class Coordinator:
     def __init__(self, backend: CoordinatorBackend, member: str, *, lease_s: float = 10.0,
                  poll_s: float = 1.0, assignor: Assignor = assign,
-                 can_work: Callable[[], bool] = lambda: True, group: str = "",
+                 liveness: Liveness | None = None, group: str = "",
                  initial_settle_s: float = INITIAL_SETTLE_S, initial_delay_max_s: float = INITIAL_DELAY_MAX_S) -> None:
         if lease_s < 3:
             raise ValueError("coordinator lease must be >= 3 s")
@@ -54,7 +64,7 @@ class Coordinator:
         # at most a heartbeat interval keeps our own lease (three intervals) safely alive.
         self.revoke_timeout_s = self.heartbeat_s
         self._assign = assignor
-        self._can_work = can_work
+        self._liveness = liveness
         self.resigned = False  # left the group because the worker cannot work (see the docstring)
         self.changed = asyncio.Event()
         self.view: ClusterView | None = None  # last view read (tests and `status` look at it)
@@ -164,6 +174,12 @@ class Coordinator:
             except Exception as exc:  # noqa: BLE001 - the same
                 self._unreachable(exc)
                 await asyncio.sleep(_jittered(min(1.0, self.poll_s), 0.3))
+
+    def _can_work(self) -> bool:
+        """False once the worker has failed to work for a heartbeat interval (a third of the lease):
+        then its buckets should move to workers that can poll them."""
+        since = None if self._liveness is None else self._liveness.failing_since
+        return since is None or time.monotonic() - since < self.heartbeat_s
 
     async def _tick(self) -> None:
         if not self._can_work():

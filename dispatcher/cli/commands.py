@@ -7,6 +7,7 @@ Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the sa
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -19,13 +20,23 @@ from dispatcher.cli.jobs import add_jobs_parser
 from dispatcher.errors import ConfigError, DispatcherError, EnqueueError, PayloadError
 from dispatcher.observe import logs
 from dispatcher.settings.config import Config, settings
+from dispatcher.settings.meta import Setting
+from dispatcher.settings.sections import DATABASE, ENQUEUE, LOGGING
 
 EXIT_BAD_CONFIG = 2
+# What `dispatcher demo` takes of the settings (devtools/demo.py): the rest it sets per run itself.
+DEMO_SETTINGS = ("dsn", "concurrency", "batch_size", "log_level", "log_format")
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("worker settings (each also DISPATCHER_<NAME> in the environment)")
-    for s in settings():
+# The settings a one-shot command reads: where and how to connect, and how to log. The others
+# are read from the environment all the same (one Config), but only `run` shows their flags.
+ONE_SHOT = (DATABASE, LOGGING)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, chosen: tuple[Setting, ...] | None = None) -> None:
+    """The flags of `chosen` settings (default: every setting, for `run`)."""
+    group = parser.add_argument_group("settings (each also DISPATCHER_<NAME> in the environment)")
+    for s in settings() if chosen is None else chosen:
         # default=None: an absent flag leaves the env var (or the Config default) in charge,
         # so the default shown is the dataclass's, written into the text. argparse %-formats help.
         # A bare boolean flag means true (`--wait-for-schema`); `--steal false` still works.
@@ -47,21 +58,22 @@ def _require_dsn(config: Config) -> str:
     return config.dsn
 
 
-def load_registry(spec: str) -> Any:
-    """'package.module:attribute' -> the Registry object it names."""
+def load_registry(spec: str, origin: str = "--app") -> Any:
+    """'package.module:attribute' -> the Registry object it names; errors name `origin` (the
+    flag or env var the spec came from)."""
     from dispatcher.api.registry import Registry
 
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise ConfigError("--app", f"expected 'module:attribute', got {spec!r}")
+        raise ConfigError(origin, f"expected 'module:attribute', got {spec!r}")
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError("--app", f"cannot import {module_name!r}: {exc}") from None
+        raise ConfigError(origin, f"cannot import {module_name!r}: {exc}") from None
     registry = getattr(module, attribute, None)
     if not isinstance(registry, Registry):
-        raise ConfigError("--app", f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})")
+        raise ConfigError(origin, f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})")
     return registry
 
 
@@ -87,7 +99,7 @@ def cmd_grants(args: argparse.Namespace) -> int:
 
     config = _config_from(args)
     try:
-        with psycopg.connect(_require_dsn(config), autocommit=True, **config.limits.connect_kwargs()) as conn:
+        with psycopg.connect(_require_dsn(config), autocommit=True, **config.database.limits.connect_kwargs()) as conn:
             with conn.transaction():
                 conn.execute(script.encode())  # bytes: run as a multi-statement script
     except psycopg.Error as exc:
@@ -107,11 +119,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dispatcher.serve.worker import run_worker
 
     _require_dsn(config)
-    registry = load_registry(args.app)
+    if config.worker.app is None:
+        raise ConfigError("DISPATCHER_APP", "is not set (or pass --app): module:attribute of your dispatcher.Registry")
+    registry = load_registry(config.worker.app, "--app" if args.app is not None else "DISPATCHER_APP")
     # Probes answer from here on (not ready until the worker runs), through --migrate and the
     # start-up checks; port 0: no server.
-    health = Health(loop_stall_s=config.loop_stall_s)
-    server = HealthServer(config.metrics_port, health) if config.metrics_port else None
+    observability = config.observability
+    health = Health(loop_stall_s=observability.loop_stall_s)
+    server = HealthServer(observability.metrics_port, health) if observability.metrics_port else None
     if server is not None:
         server.start()
     try:
@@ -146,7 +161,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                                "max_attempts": args.max_attempts, "jitter_s": args.jitter_s,
                                "max_payload_bytes": config.max_payload_bytes}
     with connect_errors(dsn):
-        conn = psycopg.connect(dsn, autocommit=True, **config.limits.connect_kwargs())
+        conn = psycopg.connect(dsn, autocommit=True, **config.database.limits.connect_kwargs())
     # Enqueue's own rules judge the arguments (one copy of each rule); a value they refuse is a
     # bad argument like any other, so it exits 2 naming the flag. Nothing was written.
     try:
@@ -195,8 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the installed version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    one_shot = settings(*ONE_SHOT)
     p = sub.add_parser("migrate", help="create or upgrade the schema (safe to run from N pods at once)")
-    _add_config_flags(p)
+    _add_config_flags(p, one_shot)
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("grants", help="print (or --apply) the GRANTs a DML-only workers' role needs")
@@ -204,11 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", default="public", help="the schema of the dispatcher tables (default %(default)s)")
     p.add_argument("--apply", action="store_true",
                    help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher migrate`)")
-    _add_config_flags(p)
+    _add_config_flags(p, one_shot)
     p.set_defaults(func=cmd_grants)
 
-    p = sub.add_parser("run", help="run a worker until SIGTERM/SIGINT")
-    p.add_argument("--app", required=True, help="module:attribute of your dispatcher.Registry")
+    p = sub.add_parser("run", help="run a worker until SIGTERM/SIGINT (its app: --app or DISPATCHER_APP)")
     p.add_argument("--migrate", action="store_true", help="run migrations before starting")
     _add_config_flags(p)
     p.set_defaults(func=cmd_run)
@@ -229,20 +244,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition-key", default=None,
                    help="jobs with the same key get the same bucket (default: none, a random bucket)")
     p.add_argument("--count", type=int, default=1, help="how many copies of the job to enqueue (default %(default)s)")
-    _add_config_flags(p)
+    _add_config_flags(p, settings(*ONE_SHOT, ENQUEUE))
     p.set_defaults(func=cmd_enqueue)
 
     p = sub.add_parser("status", help="jobs per status, oldest runnable age, backlog per bucket")
     p.add_argument("--json", action="store_true", help="print it as JSON instead of a table")
-    _add_config_flags(p)
+    _add_config_flags(p, one_shot)
     p.set_defaults(func=cmd_status)
 
-    add_jobs_parser(sub, _add_config_flags, _config_from)
+    add_jobs_parser(sub, functools.partial(_add_config_flags, chosen=one_shot), _config_from)
 
     p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
     p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")
     p.add_argument("--workers", type=int, default=2, help="worker processes per mode (default %(default)s)")
-    _add_config_flags(p)
+    _add_config_flags(p, tuple(s for s in settings() if s.name in DEMO_SETTINGS))
     p.set_defaults(func=cmd_demo)
     return parser
 

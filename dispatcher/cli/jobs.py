@@ -114,7 +114,7 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
 def _list(args: argparse.Namespace, config: Any) -> int:
     filters = _filters(args)
     rows = _guarded(lambda: list_jobs(_dsn(config), filters, limit=_whole(args.limit, "--limit"),
-                                      limits=config.limits))
+                                      limits=config.database.limits))
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
     else:
@@ -124,7 +124,7 @@ def _list(args: argparse.Namespace, config: Any) -> int:
 
 def _show(args: argparse.Namespace, config: Any) -> int:
     job_id = _whole(args.id, "id")
-    detail = _guarded(lambda: show_job(_dsn(config), job_id, limits=config.limits))
+    detail = _guarded(lambda: show_job(_dsn(config), job_id, limits=config.database.limits))
     if detail is None:
         raise DispatcherError(f"no job {job_id}")  # one line on stderr, exit 1
     print(orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode() if args.json else render_show(detail))
@@ -140,7 +140,7 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
         if not args.all and filters == Filters():
             raise ConfigError("arguments", f"name the jobs to {action}: ids, filters (--status, --queue, --type, "
                                            "--older-than, --newer-than) or --all")
-        matching = _guarded(lambda: count_jobs(dsn, filters, action, limits=config.limits))
+        matching = _guarded(lambda: count_jobs(dsn, filters, action, limits=config.database.limits))
         if matching == 0:
             print(f"no jobs match: nothing to {action}")
             return 0
@@ -148,7 +148,7 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
             print(f"{matching} jobs match; nothing was changed: re-run with --yes to {action} them")
             return 1
     # A bulk change goes up to the newest job that matches when it begins (jobs enqueued later stay).
-    result = _guarded(lambda: change(dsn, filters, batch=batch, limits=config.limits))
+    result = _guarded(lambda: change(dsn, filters, batch=batch, limits=config.database.limits))
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     else:

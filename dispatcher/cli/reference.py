@@ -48,7 +48,7 @@ def configuration() -> str:
 
 # -- CLI ---------------------------------------------------------------------------------------------
 
-_SETTINGS_GROUP = "worker settings"
+_SETTINGS_GROUP = "settings (each also DISPATCHER_"  # the group each command's settings are in
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
@@ -61,12 +61,13 @@ def _subparsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, arg
                 yield from _subparsers(sub)
 
 
-def _argument_rows(parser: argparse.ArgumentParser) -> tuple[list[str], bool]:
-    rows, has_settings = [], False
+def _argument_rows(parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """The rows of a command's own arguments, and the flags of the settings it takes."""
+    rows, setting_flags = [], []
     formatter = parser._get_formatter()
     for group in parser._action_groups:
         if (group.title or "").startswith(_SETTINGS_GROUP):
-            has_settings = has_settings or bool(group._group_actions)
+            setting_flags += [a.option_strings[0] for a in group._group_actions]
             continue
         for action in group._group_actions:
             if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
@@ -80,25 +81,30 @@ def _argument_rows(parser: argparse.ArgumentParser) -> tuple[list[str], bool]:
             required = " (required)" if action.required and action.option_strings else ""
             text = formatter._expand_help(action) if action.help else ""
             rows.append(f"| `{_cell(name)}` | {_cell(text)}{required} |\n")
-    return rows, has_settings
+    return rows, setting_flags
 
 
 def cli() -> str:
     from dispatcher.cli.commands import build_parser
+    from dispatcher.settings.config import settings
 
     parser = build_parser()
     out = [_GENERATED, "# Command-line reference\n\n",
-           "Every command also takes `--help`. The commands that talk to the database take every worker "
-           "setting as a flag too (`--batch-size 200`, or `DISPATCHER_BATCH_SIZE=200` in the environment): see "
-           "[configuration.md](configuration.md).\n"]
+           "Every command also takes `--help`. The commands that talk to the database take the settings they "
+           "read as flags too (`--dsn ...`, or `DISPATCHER_DSN=...` in the environment; `dispatcher run` takes "
+           "every one): see [configuration.md](configuration.md).\n"]
+    every = len(settings())
     for prog, summary, sub in [(parser.prog, parser.description or "", parser), *_subparsers(parser)]:
-        rows, has_settings = _argument_rows(sub)
+        rows, setting_flags = _argument_rows(sub)
         out.append(f"\n## `{prog}`\n\n{_cell(summary)}\n")
         if rows:
             out.append("\n| argument | meaning |\n|---|---|\n")
             out += rows
-        if has_settings:
-            out.append("\nAnd every worker setting as a flag ([configuration.md](configuration.md)).\n")
+        if len(setting_flags) == every:
+            out.append("\nAnd every setting as a flag ([configuration.md](configuration.md)).\n")
+        elif setting_flags:
+            out.append(f"\nAnd these settings as flags ([configuration.md](configuration.md)): "
+                       f"{', '.join(f'`{flag}`' for flag in setting_flags)}.\n")
     return "".join(out)
 
 

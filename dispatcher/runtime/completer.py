@@ -20,6 +20,7 @@ from dispatcher.model import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, 
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
 from dispatcher.runtime import joblog
+from dispatcher.settings.sections import CompletionSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +45,12 @@ class CompletionStats:
 
 
 class Completer:
-    def __init__(
-        self, store: JobStore, *, flush_interval_s: float, flush_max: int, history: bool = False,
-        job_stats: JobStats = JOB_STATS,
-    ) -> None:
+    def __init__(self, store: JobStore, settings: CompletionSettings, *, job_stats: JobStats = JOB_STATS) -> None:
         self.store = store
         self._job_stats = job_stats  # run time and outcome of every finished attempt (job_metrics.py)
-        self._interval_s = flush_interval_s
-        self._flush_max = flush_max
-        self._history_on = history
+        self._interval_s = settings.flush_interval_s
+        self._flush_max = settings.flush_max
+        self._history_on = settings.history
         self._ids: list[int] = []
         self._tokens: list[str] = []
         self._failures: list[Failure] = []

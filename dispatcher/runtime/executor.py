@@ -27,13 +27,13 @@ from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.held_jobs import LOST_ACTIONS, ExecutorStats, Running, State, new_task
 from dispatcher.runtime.joblog import exception_line
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.settings.sections import ExecutionSettings, LeaseSettings
 
 log = logging.getLogger(__name__)
 
 class Executor:
-    def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, *,
-                 worker_id: str, job_timeout_s: float, sync_threads: int, lease_s: float = 30.0,
-                 start_margin_s: float = 0.0, lose_early_s: float = 0.0, job_stats: JobStats = JOB_STATS,
+    def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, execution: ExecutionSettings,
+                 leases: LeaseSettings, *, job_stats: JobStats = JOB_STATS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._registry = registry
         # Seconds, monotonic: leases, durations and every time argument below are on it (tests: a FakeClock).
@@ -41,17 +41,17 @@ class Executor:
         self._job_stats = job_stats
         self._policy = policy
         self._completer = completer
-        self._worker_id = worker_id
-        self._job_timeout_s = job_timeout_s
-        self._sync_threads = sync_threads
-        self._lease_s = lease_s
+        self._worker_id = execution.worker_id
+        self._job_timeout_s = execution.job_timeout_s
+        self._sync_threads = sync_threads = execution.sync_threads
+        self._lease_s = leases.lease_s
         # A backlogged sync job starts only with this much of its lease left: a thread cannot be
         # stopped, so one started on a lease about to lapse could run beside its re-run.
-        self._start_margin_s = start_margin_s
+        self._start_margin_s = leases.start_margin_s
         # A job whose lease (as we last extended it) is about to run out is stopped this long
         # before: its lease may be taken over the moment it ends. Only happens when heartbeats
         # stopped reaching the database; a healthy heartbeat keeps every lease well ahead.
-        self._lose_early_s = lose_early_s
+        self._lose_early_s = leases.lose_early_s
         self._lease_watch: asyncio.TimerHandle | None = None
         self._threads = ThreadPoolExecutor(sync_threads, thread_name_prefix="dispatcher-sync")
         self._running: dict[int, Running] = {}  # jobs that suspended or wait for a thread

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from dispatcher.backoff import jittered
 from dispatcher.db.rows import Failure, HistoryRows
@@ -23,6 +23,8 @@ from dispatcher.runtime import joblog
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.janitor import PRUNE_QUERIES, PruneRound, prune_round
 from dispatcher.runtime.retry import RetryPolicy, lease_expired_error
+from dispatcher.runtime.vitals import Vitals
+from dispatcher.settings.sections import LeaseSettings, MaintenanceSettings, RetentionSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +39,8 @@ class PeriodicService:
         self.interval_s = interval_s
         self._first_delay_s = first_delay_s
         self.retired = False  # set by a service that can never work here: run() then returns
-        # The clock's time of the first of the ticks failing now (a store error): what readiness
-        # reads of the reaper, which every pod runs every few seconds on its maintenance connection.
-        # (Not LeaseKeeper.failing_since: that one's ticks catch their own errors.)
+        # The clock's time of the first of the ticks failing now (a store error); the reaper
+        # reports it in the vitals. (Not the lease keeper's: its ticks catch their own errors.)
         self.tick_failing_since: float | None = None
 
     async def run(self) -> None:
@@ -54,6 +55,7 @@ class PeriodicService:
                 next_s = None
                 if self.tick_failing_since is None:
                     self.tick_failing_since = self._clock()
+            self._tick_failing(self.tick_failing_since)
             if self.retired:
                 return
             await asyncio.sleep(jittered(self.interval_s) if next_s is None else next_s)
@@ -61,6 +63,9 @@ class PeriodicService:
     async def tick(self) -> float | None:
         """One round; returns the delay before the next one (None: the jittered interval)."""
         raise NotImplementedError
+
+    def _tick_failing(self, since: float | None) -> None:
+        """After each tick: since when ticks fail (None: the last one worked)."""
 
 
 class LeaseKeeper(PeriodicService):
@@ -81,17 +86,17 @@ class LeaseKeeper(PeriodicService):
     name = "heartbeat"
     STALLED_PROBE_S = 1.0
 
-    def __init__(self, store: JobStore, executor: Executor, *, lease_s: float, interval_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__(store, interval_s, clock=clock)
+    def __init__(self, store: JobStore, executor: Executor, leases: LeaseSettings, *,
+                 vitals: Vitals | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(store, leases.heartbeat_s, clock=clock)
         self._executor = executor
-        self._lease_s = lease_s
+        self._lease_s = leases.lease_s
+        self._vitals = vitals if vitals is not None else Vitals()  # writes heartbeats_failing_since
         self.leases_lost = 0
-        self.failing_since: float | None = None
 
     @property
     def stalled(self) -> bool:
-        return self.failing_since is not None
+        return self._vitals.stalled
 
     async def tick(self) -> float | None:
         # Only jobs held longer than one interval: a job claimed since the last beat still has at
@@ -123,8 +128,8 @@ class LeaseKeeper(PeriodicService):
 
     def _failing(self, exc: StoreError) -> None:
         metrics.STORE_ERRORS.labels(self.name).inc()
-        if self.failing_since is None:
-            self.failing_since = self._clock()
+        if self._vitals.heartbeats_failing_since is None:
+            self._vitals.heartbeats_failing_since = self._clock()
             metrics.DB_STALLED.set(1)
             log.warning("heartbeat failed (%s): claiming nothing until the database answers; running jobs "
                         "keep going while their leases last", exc)
@@ -132,23 +137,29 @@ class LeaseKeeper(PeriodicService):
             log.debug("heartbeat still failing: %s", exc)
 
     def _answered(self) -> None:
-        if self.failing_since is not None:
-            log.warning("the database answers heartbeats again after %.1f s: claiming again",
-                        self._clock() - self.failing_since)
-            self.failing_since = None
+        since = self._vitals.heartbeats_failing_since
+        if since is not None:
+            log.warning("the database answers heartbeats again after %.1f s: claiming again", self._clock() - since)
+            self._vitals.heartbeats_failing_since = None
             metrics.DB_STALLED.set(0)
 
 
 class Reaper(PeriodicService):
     name = "reap"
 
-    def __init__(self, store: JobStore, policy: RetryPolicy, *, interval_s: float, history: bool,
-                 on_reaped: Callable[[], None]) -> None:
-        super().__init__(store, interval_s)
+    def __init__(self, store: JobStore, policy: RetryPolicy, settings: MaintenanceSettings, *,
+                 on_reaped: Callable[[], None], vitals: Vitals | None = None) -> None:
+        super().__init__(store, settings.reaper_interval_s)
         self._policy = policy
-        self._history = history
+        self._history = settings.history
         self._on_reaped = on_reaped
+        # Readiness reads the reaper's failures (reaper_failing_since): every pod runs it every
+        # few seconds on its maintenance connection.
+        self._vitals = vitals if vitals is not None else Vitals()
         self.reaped = 0
+
+    def _tick_failing(self, since: float | None) -> None:
+        self._vitals.reaper_failing_since = since
 
     async def tick(self) -> None:
         expired = await self._store.jobs_lease_expired()
@@ -200,11 +211,11 @@ class Pruner(PeriodicService):
     LEASE_NAME = "janitor"
     LEASE_INTERVALS = 3  # a holder may miss two rounds (a slow statement, a blip) and keep the role
 
-    def __init__(self, store: JobStore, *, retentions_s: Mapping[str, float], batch: int, interval_s: float) -> None:
+    def __init__(self, store: JobStore, settings: RetentionSettings) -> None:
         # First prune after a random fraction of the interval, so N pods started together spread out.
-        super().__init__(store, interval_s, first_delay_s=interval_s * random.random())
-        self._retentions_s = {kind: r for kind, r in retentions_s.items() if r > 0}
-        self._batch = batch
+        super().__init__(store, settings.interval_s, first_delay_s=settings.interval_s * random.random())
+        self._retentions_s = {kind: r for kind, r in settings.retentions_s.items() if r > 0}
+        self._batch = settings.batch
         self.rounds = 0  # rounds this pod ran (it held the lock)
         self.skipped = 0  # rounds skipped: another pod held the lock
         self.last_round: PruneRound | None = None

@@ -11,12 +11,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.assignment import BucketAssignment
 from dispatcher.backoff import jittered
-from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
 from dispatcher.model import Job
@@ -25,7 +25,8 @@ from dispatcher.runtime.claim_windows import ClaimWindows, window_buckets
 from dispatcher.runtime.due_timer import DueTimer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.stealing import StealPolicy
-from dispatcher.settings.config import Config
+from dispatcher.runtime.vitals import Vitals
+from dispatcher.settings.sections import ClaimSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,11 @@ class Producer:
     # and each look-ahead walks the index from its start (cost: docs/design/claims.md).
     LOOK_AHEAD_POLL_S = 1.0
 
-    def __init__(self, config: Config, store: JobStore, assignments: Mapping[str, BucketAssignment],
-                 executor: Executor, *, leases_stalled: Callable[[], bool] = lambda: False) -> None:
-        self._config = config
-        self._leases_stalled = leases_stalled  # true while heartbeats fail: claim nothing
+    def __init__(self, settings: ClaimSettings, store: JobStore, assignments: Mapping[str, BucketAssignment],
+                 executor: Executor, *, vitals: Vitals | None = None) -> None:
+        self._claims = config = settings
+        # Written: claims_failing_since. Read: stalled (heartbeats fail: claim nothing).
+        self._vitals = vitals if vitals is not None else Vitals()
         self._store = store
         missing = set(config.queues) - set(assignments)
         if missing:
@@ -56,7 +58,7 @@ class Producer:
         # Distinct objects: static and SKIP LOCKED configs share one assignment across queues.
         self._distinct = list({id(a): a for a in self._assignments.values()}.values())
         self._executor = executor
-        self._partitioned = config.mode == MODE_PARTITIONED
+        self._partitioned = config.partitioned
         self._mode = config.mode
         self._claim_fence = asyncio.Lock()  # held while a claim statement runs
         self._wakeup = asyncio.Event()
@@ -74,7 +76,6 @@ class Producer:
         self._refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
         self._windows = ClaimWindows(window_buckets(self._refill_at))  # claims of a backlog take ~refill_at jobs
         self._asleep = False  # in _sleep_until_woken
-        self.failing_since: float | None = None  # time.monotonic() of the first of the claims failing now
         self.stats = ProducerStats()
 
     @property
@@ -146,7 +147,7 @@ class Producer:
             self._wakeup.set()
 
     async def _claim_loop(self) -> None:
-        config, executor = self._config, self._executor
+        config, executor = self._claims, self._executor
         backlog = False
         queues = list(config.queues)
         while not self._stopped.is_set():
@@ -155,7 +156,7 @@ class Producer:
                 executor.slot_freed.clear()
                 await executor.slot_freed.wait()
                 continue
-            if self._leases_stalled():
+            if self._vitals.stalled:
                 # Jobs claimed now would have leases we cannot extend; the lease keeper probes
                 # every second and clears this when the database answers again.
                 backlog = False
@@ -183,13 +184,13 @@ class Producer:
             except StoreError as exc:
                 metrics.STORE_ERRORS.labels("claim").inc()
                 log.warning("claim failed: %s", exc)
-                if self.failing_since is None:
-                    self.failing_since = time.monotonic()
+                if self._vitals.claims_failing_since is None:
+                    self._vitals.claims_failing_since = time.monotonic()
                 backlog = False
                 # Not woken early by NOTIFYs: back off so a struggling database is not hammered.
                 await self._pause(jittered(min(5.0, config.poll_interval_s), 0.5))
                 continue
-            self.failing_since = None
+            self._vitals.claims_failing_since = None
             queues.append(queues.pop(0))  # rotate: no queue always goes first
             metrics.POLL_CYCLE_SECONDS.labels(self._mode).observe(time.perf_counter() - cycle_started)
             if not backlog and not self._look_ahead:  # one left from a backlog: look ahead, claim, then sleep
@@ -199,7 +200,7 @@ class Producer:
                            stealing: bool, in_backlog: bool) -> bool:
         """One claim per queue for the free slots, plus a steal where our own came up short.
         Returns whether any claim came back full (a backlog: go again without sleeping)."""
-        config, executor = self._config, self._executor
+        config, executor = self._claims, self._executor
         backlog = False
         for queue in queues:
             free = config.concurrency - executor.in_flight
@@ -240,7 +241,7 @@ class Producer:
         started = time.perf_counter()
         sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
-            claimed = await self._store.jobs_claim_counted(queue, limit, self._config.lease_s, buckets, steal_from)
+            claimed = await self._store.jobs_claim_counted(queue, limit, self._claims.lease_s, buckets, steal_from)
         jobs = claimed.jobs
         metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)
         metrics.CLAIM_BATCH.observe(len(jobs))
@@ -270,7 +271,7 @@ class Producer:
             return
         self._asleep = True
         try:
-            await asyncio.wait_for(self._wakeup.wait(), jittered(self._config.poll_interval_s, 0.2))
+            await asyncio.wait_for(self._wakeup.wait(), jittered(self._claims.poll_interval_s, 0.2))
             self._woke_by_timer = False
         except TimeoutError:
             self._woke_by_timer = True

@@ -5,27 +5,27 @@ coordinator package imports nothing from dispatcher."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.assignment import BucketAssignment, StaticAssignment
-from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.constants import NUM_BUCKETS
+from dispatcher.settings.sections import CoordinationSettings
 
 if TYPE_CHECKING:
-    from dispatcher.settings.config import Config
+    from coordinator.coordinator import Liveness
 
 
-def build_assignments(config: Config, *, can_work: Callable[[], bool] = lambda: True) -> dict[str, BucketAssignment]:
-    """queue -> its assignment. `can_work()` false (the worker cannot claim: its database is
-    unreachable or stalled) makes a coordinated member give up its membership until it can."""
-    if config.mode != MODE_PARTITIONED:
+def build_assignments(settings: CoordinationSettings, *, liveness: Liveness | None = None
+                      ) -> dict[str, BucketAssignment]:
+    """queue -> its assignment. While the worker cannot work (`liveness.failing_since`: its claims
+    or heartbeats fail), a coordinated member gives up its membership until it can."""
+    if not settings.partitioned:
         everything = StaticAssignment(tuple(range(NUM_BUCKETS)))  # unused: SKIP LOCKED claims ignore buckets
-        return dict.fromkeys(config.queues, everything)
-    if config.coordinator == "static":
-        static = StaticAssignment(config.static_buckets)
-        return dict.fromkeys(config.queues, static)
-    return {queue: _coordinated(config, queue, can_work) for queue in config.queues}
+        return dict.fromkeys(settings.queues, everything)
+    if settings.coordinator == "static":
+        static = StaticAssignment(settings.static_buckets)
+        return dict.fromkeys(settings.queues, static)
+    return {queue: _coordinated(settings, queue, liveness) for queue in settings.queues}
 
 
 def redis_prefix(queue: str) -> str:
@@ -33,22 +33,20 @@ def redis_prefix(queue: str) -> str:
     return f"dispatcher:{queue}"
 
 
-def _coordinated(config: Config, queue: str, can_work: Callable[[], bool]) -> BucketAssignment:
+def _coordinated(settings: CoordinationSettings, queue: str, liveness: Liveness | None) -> BucketAssignment:
     from coordinator.coordinator import Coordinator
 
-    if config.coordinator == "redis":
+    if settings.coordinator == "redis":
         from coordinator.backend_redis import RedisBackend
 
-        backend = RedisBackend(config.redis_url, prefix=redis_prefix(queue))  # type: ignore[arg-type]
+        backend = RedisBackend(settings.redis_url, prefix=redis_prefix(queue))  # type: ignore[arg-type]
     else:
         from coordinator.backend_pg import PostgresBackend
 
-        # A coordination round must fail (and count towards degraded mode) well inside a membership
-        # lease: a third of it, 3.3 s at the defaults.
-        limits = dataclasses.replace(config.limits,
-                                     statement_timeout_s=min(config.statement_s, config.coordinator_lease_s / 3))
-        backend = PostgresBackend(config.dsn, group=queue,  # type: ignore[arg-type]  # validated: set
-                                  session_locks=config.session_locks, limits=limits,
-                                  listen_dsn=config.listen_target, listen=config.listen_target is not None)
-    return Coordinator(backend, config.worker_id, lease_s=config.coordinator_lease_s,
-                       poll_s=config.coordinator_poll_s, can_work=can_work, group=queue)
+        # settings.limits: a coordination round fails (and counts towards degraded mode) well
+        # inside a membership lease, a third of it (3.3 s at the defaults).
+        backend = PostgresBackend(settings.dsn, group=queue,  # type: ignore[arg-type]  # validated: set
+                                  session_locks=settings.session_locks, limits=settings.limits,
+                                  listen_dsn=settings.listen_dsn, listen=settings.listen_dsn is not None)
+    return Coordinator(backend, settings.member, lease_s=settings.lease_s, poll_s=settings.poll_s,
+                       liveness=liveness, group=queue)

@@ -10,14 +10,11 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import REGISTRY, GaugeMetricFamily, Metric
 
-from dispatcher.constants import MODE_PARTITIONED
-
-if TYPE_CHECKING:
-    from dispatcher.serve.worker import Worker
+from dispatcher.runtime.vitals import Vitals
 
 LOOP_TICK_S = 1.0
 # Worst first: the state of a worker with several queues is its worst queue's.
@@ -41,9 +38,10 @@ def judge(*, worker: str, database: str, schema: str, assignment: str) -> Readin
     return Readiness(ready, {"worker": worker, "database": database, "schema": schema, "assignment": assignment})
 
 
-def assignment_state(mode: str, coordinator: str, states: list[str]) -> str:
-    """The assignment check from the coordinators' states (one per queue; Coordinator.state)."""
-    if mode != MODE_PARTITIONED or coordinator == "static":
+def assignment_state(coordinated: bool, states: list[str]) -> str:
+    """The assignment check from the coordinators' states (one per queue; Coordinator.state);
+    not used in SKIP LOCKED mode or with the static coordinator (`coordinated` false)."""
+    if not coordinated:
         return "not used"
     if not states:
         return "not started"
@@ -66,8 +64,8 @@ class StartupState:
 class Health:
     loop_stall_s: float
     startup: StartupState = field(default_factory=StartupState)
+    vitals: Vitals = field(default_factory=Vitals)  # the worker's, written by its services
     _beat: float | None = None  # time.monotonic() of the loop's last tick
-    _worker: Worker | None = None
 
     def __post_init__(self) -> None:
         COLLECTOR.track(self)
@@ -79,9 +77,6 @@ class Health:
         while True:
             self._beat = time.monotonic()
             await asyncio.sleep(LOOP_TICK_S)
-
-    def attach(self, worker: Worker) -> None:
-        self._worker = worker
 
     # -- read from any thread -------------------------------------------------------------------------
 
@@ -96,11 +91,10 @@ class Health:
         return 200, {"status": "ok", "loop_heartbeat_age_s": None if age is None else round(age, 3)}
 
     def readiness(self) -> Readiness:
-        worker = self._worker
+        vitals = self.vitals
         age = self.loop_age_s()
-        # asyncio.Event.is_set() is a plain attribute read: safe from this thread.
-        started = worker is not None and worker.started.is_set()
-        if worker is not None and worker.stopping.is_set():
+        started = vitals.started
+        if vitals.stopping:
             phase = "stopping"
         elif age is not None and age > self.loop_stall_s:
             phase = "stalled"
@@ -108,13 +102,10 @@ class Health:
             phase = "running" if started else "starting"
         database, schema = self.startup.database, self.startup.schema
         assignment = "not started"
-        if worker is not None and started:
-            failing = [t for t in (worker.lease_keeper.failing_since, worker.producer.failing_since,
-                                   worker.reaper.tick_failing_since) if t is not None]
-            database = "failing" if failing else "ok"
-            distinct = {id(a): a for a in worker.assignments.values()}.values()  # static: one for every queue
-            states = [getattr(a, "state", "member") for a in distinct]
-            assignment = assignment_state(worker.config.mode, worker.config.coordinator, states)
+        if started:
+            database = "failing" if vitals.database_failing else "ok"
+            states = [getattr(a, "state", "member") for a in vitals.assignments]
+            assignment = assignment_state(vitals.coordinated, states)
         return judge(worker=phase, database=database, schema=schema, assignment=assignment)
 
     def readyz(self) -> tuple[int, dict[str, Any]]:

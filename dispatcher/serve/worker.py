@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from coordinator.assignment import BucketAssignment
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.registry import Registry
-from dispatcher.constants import MODE_PARTITIONED
 from dispatcher.db.listener import Listener
 from dispatcher.db.store import JobStore
 from dispatcher.errors import ConfigError, StoreError
@@ -29,8 +28,10 @@ from dispatcher.runtime.maintenance import LeaseKeeper, PeriodicService, Planner
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.table_sampler import TableSampler
+from dispatcher.runtime.vitals import Vitals
 from dispatcher.serve.coordination import build_assignments
 from dispatcher.settings.config import Config
+from dispatcher.settings.sections import WorkerSettings
 
 if TYPE_CHECKING:
     from dispatcher.serve.health import Health
@@ -52,9 +53,9 @@ def _connect_store(dsn: str, worker_id: str, application_name: str, limits: Conn
     return JobStore(dsn, worker_id, application_name=application_name, limits=limits)
 
 
-def exit_bound_s(config: Config) -> float:
+def exit_bound_s(settings: WorkerSettings) -> float:
     """From the first signal to the end of the process, at most (enforced by the watchdog)."""
-    return config.shutdown_grace_s + SHUTDOWN_OVERRUN_S + WATCHDOG_SLACK_S
+    return settings.shutdown_grace_s + SHUTDOWN_OVERRUN_S + WATCHDOG_SLACK_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,61 +76,56 @@ class WorkerStats:
 class Worker:
     def __init__(self, config: Config, registry: Registry, *,
                  assignments: Mapping[str, BucketAssignment] | None = None,
-                 store_factory: StoreFactory = _connect_store) -> None:
+                 store_factory: StoreFactory = _connect_store, vitals: Vitals | None = None) -> None:
         if config.dsn is None:
             raise ConfigError("dsn", "is required to run a worker")
         self.config = config
+        # Written by the services, read by the producer, the coordinators and the health probes.
+        self.vitals = vitals if vitals is not None else Vitals()
         # One per queue (coordination.py); membership is given up while the worker cannot work.
-        self.assignments = dict(assignments or build_assignments(config, can_work=self._can_work))
+        self.assignments = dict(assignments or build_assignments(config.coordination, liveness=self.vitals))
         self._distinct_assignments = list({id(a): a for a in self.assignments.values()}.values())
+        self.vitals.coordinated = config.coordination.used
+        self.vitals.assignments = tuple(self._distinct_assignments)
+        database, worker = config.database, config.worker
 
         def store(role: str) -> JobStore:
-            dsn: str = config.dsn  # type: ignore[assignment]  # checked above
-            return store_factory(dsn, config.worker_id, f"dispatcher-{role}", config.limits)
+            dsn: str = database.dsn  # type: ignore[assignment]  # checked above
+            return store_factory(dsn, worker.worker_id, f"dispatcher-{role}", database.limits)
 
         # One connection per loop: claims; completions and heartbeats (short owner-fenced writes,
         # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.
         claims, completions, maint = store("claim"), store("complete"), store("maint")
         self._stores = (claims, completions, maint)
         self._maintenance_store = maint
-        policy = RetryPolicy(config.retry_base_s, config.retry_cap_s)
-        self.completer = Completer(completions, flush_interval_s=config.flush_interval_s,
-                                   flush_max=config.flush_max, history=config.history)
-        self.executor = Executor(registry, policy, self.completer, worker_id=config.worker_id,
-                                 job_timeout_s=config.job_timeout_s, sync_threads=config.sync_threads,
-                                 lease_s=config.lease_s, start_margin_s=config.heartbeat_s / 2,
-                                 lose_early_s=min(0.5, config.heartbeat_s / 4))
-        self.lease_keeper = LeaseKeeper(completions, self.executor, lease_s=config.lease_s,
-                                        interval_s=config.heartbeat_s)
-        self.producer = Producer(config, claims, self.assignments, self.executor,
-                                 leases_stalled=lambda: self.lease_keeper.stalled)
+        policy = RetryPolicy(config.execution.retry_base_s, config.execution.retry_cap_s)
+        self.completer = Completer(completions, config.completion)
+        self.executor = Executor(registry, policy, self.completer, config.execution, config.leases)
+        self.lease_keeper = LeaseKeeper(completions, self.executor, config.leases, vitals=self.vitals)
+        self.producer = Producer(config.claims, claims, self.assignments, self.executor, vitals=self.vitals)
         # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
-        listen_dsn = config.listen_target
-        self._listener = None if listen_dsn is None else Listener(
-            listen_dsn, set(config.queues), self.producer.on_notify, limits=config.limits,
-            probe_s=max(1.0, config.lease_s / 3))
+        self._listener = None if worker.listen_dsn is None else Listener(
+            worker.listen_dsn, set(config.claims.queues), self.producer.on_notify, limits=database.limits,
+            probe_s=worker.listen_probe_s)
         self._never = asyncio.Event()  # `listening` without a listener: never set
-        self.reaper = Reaper(maint, policy, interval_s=config.reaper_interval_s, history=config.history,
-                             on_reaped=self.producer.wake)
-        self.pruner = Pruner(maint, retentions_s={"completed": config.completed_retention_s,
-                                                  "failed": config.failed_retention_s,
-                                                  "history": config.history_retention_s},
-                             batch=config.prune_batch, interval_s=config.prune_interval_s)
-        self.table_sampler = TableSampler(maint, interval_s=config.table_sample_interval_s, queues=config.queues)
+        self.reaper = Reaper(maint, policy, config.maintenance, on_reaped=self.producer.wake, vitals=self.vitals)
+        self.pruner = Pruner(maint, config.retention)
+        self.table_sampler = TableSampler(maint, interval_s=config.maintenance.table_sample_interval_s,
+                                          queues=config.claims.queues)
         self._services: list[PeriodicService] = [
             self.lease_keeper, self.reaper,
             self.pruner,
-            PlannerStats(maint, interval_s=config.reaper_interval_s),
+            PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
             self.table_sampler,
         ]
-        job_metrics.COLLECTOR.track(self.executor, config.queues)  # dispatcher_jobs_running{queue}
+        job_metrics.COLLECTOR.track(self.executor, config.claims.queues)  # dispatcher_jobs_running{queue}
         self._stop = asyncio.Event()
         self._stop_requested_at: float | None = None
         self._grace_override: float | None = None
         self._released = 0
         self.abandoned = 0  # jobs still running when shutdown ended: the process must not wait for them
         self.unflushed = 0  # outcomes that could not be written before the deadline
-        self.started = asyncio.Event()  # test signal: every service is up
+        self.started = asyncio.Event()  # test signal: every service is up (also vitals.started)
 
     @property
     def listening(self) -> asyncio.Event:
@@ -151,12 +147,6 @@ class Worker:
         p = self.producer.stats
         return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, self.executor.stats.timeouts,
                            self._released, self.reaper.reaped, self.lease_keeper.leases_lost, self.abandoned)
-
-    def _can_work(self) -> bool:
-        """False once claims or heartbeats have failed for a coordinator heartbeat interval (a
-        third of its lease): then our buckets should move to workers that can poll them."""
-        failing = [t for t in (self.lease_keeper.failing_since, self.producer.failing_since) if t is not None]
-        return not failing or time.monotonic() - min(failing) < self.config.coordinator_lease_s / 3
 
     @property
     def clean(self) -> bool:
@@ -181,7 +171,7 @@ class Worker:
             await self._listener.start()
         else:
             log.info("LISTEN is off (listen_dsn=none): idle workers find new jobs by polling every %g s",
-                     self.config.poll_interval_s)
+                     self.config.claims.poll_interval_s)
         background = [asyncio.create_task(self.completer.run(), name="completer")]
         background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
         producer = asyncio.create_task(self.producer.run(), name="producer")
@@ -191,9 +181,10 @@ class Worker:
             if joining.done():
                 joining.result()  # a bug in a coordinator's start raises here, as it always did
                 self.started.set()
-                log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker_id,
-                         self.config.mode, ",".join(self.config.queues), self.config.concurrency,
-                         "all" if self.config.mode != MODE_PARTITIONED else
+                self.vitals.started = True
+                claims = self.config.claims
+                log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker.worker_id,
+                         claims.mode, ",".join(claims.queues), claims.concurrency, "all" if not claims.partitioned else
                          " ".join(f"{q}:{_fmt_buckets(a.owned())}" for q, a in self.assignments.items()))
             await stopping
         finally:
@@ -212,11 +203,12 @@ class Worker:
             self._grace_override = grace_s
         if self._stop_requested_at is None:
             self._stop_requested_at = time.monotonic()
+        self.vitals.stopping = True
         self._stop.set()
 
     async def _shutdown(self, producer: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
         begun = self._stop_requested_at or time.monotonic()
-        grace = self._grace_override if self._grace_override is not None else self.config.shutdown_grace_s
+        grace = self._grace_override if self._grace_override is not None else self.config.worker.shutdown_grace_s
         grace_ends = begun + grace
         overrun_ends = grace_ends + SHUTDOWN_OVERRUN_S
         # 1. Stop claiming (never mid-statement: a claim in flight finishes and its jobs start),
@@ -322,7 +314,7 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
     """Run a worker on uvloop until SIGTERM/SIGINT (see lifecycle.py for the exit guarantees).
 
     `health` (what the HTTP server's probes read) gets the loop heartbeat from the loop's first
-    moment, the start-up checks' findings, and the worker.
+    moment and the start-up checks' findings; the worker writes its vitals (health.vitals).
 
     Before it starts, the database must answer with a current schema (startup.py): a login the
     server refuses, or a missing or older schema, raises StartupError; an unreachable server is
@@ -334,9 +326,8 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
     from dispatcher.serve.lifecycle import EXIT_FORCED, ShutdownSignals, hard_exit
     from dispatcher.serve.startup import check_listen, wait_until_ready
 
-    worker = Worker(config, registry)
-    if health is not None:
-        health.attach(worker)
+    worker = Worker(config, registry, vitals=None if health is None else health.vitals)
+    database, settings = config.database, config.worker
 
     async def main() -> None:
         beat = None if health is None else asyncio.create_task(health.beat_forever(), name="loop heartbeat")
@@ -348,16 +339,16 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
 
     async def start_and_run() -> None:
         if install_signals:
-            ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(config),
+            ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(settings),
                             announce=log.info).install()
-        ready = await wait_until_ready(config.dsn, config.limits,  # type: ignore[arg-type]  # checked by Worker
-                                       wait_for_schema=config.wait_for_schema, stopping=worker.stopping,
+        ready = await wait_until_ready(database.dsn, database.limits,  # type: ignore[arg-type]  # checked by Worker
+                                       wait_for_schema=settings.wait_for_schema, stopping=worker.stopping,
                                        on_state=None if health is None else health.startup.update)
         if not ready:
             log.info("stopped before the database was ready")
             return
-        if config.listen_target not in (None, config.dsn):
-            await check_listen(config.listen_target, config.limits)  # type: ignore[arg-type]  # not None
+        if settings.listen_dsn not in (None, database.dsn):
+            await check_listen(settings.listen_dsn, database.limits)  # type: ignore[arg-type]  # not None
         if on_started is not None:
             on_started(worker)
         await worker.run()

@@ -13,6 +13,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from coordinator.pg.connect import ConnectionLimits
@@ -23,6 +24,7 @@ from dispatcher.settings.meta import KINDS as _KINDS
 from dispatcher.settings.meta import Setting, parse_buckets, setting, setting_of
 from dispatcher.settings.meta import parse_bool as _parse_bool
 from dispatcher.settings.meta import parse_queues as _parse_queues
+from dispatcher.settings import sections as sec
 
 ENV_PREFIX = "DISPATCHER_"
 
@@ -65,134 +67,165 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+def _section() -> Any:
+    return dataclasses.field(init=False, repr=False, compare=False)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     dsn: str | None = setting(
-        None, parse=str,
+        None, section="database", parse=str,
         help="PostgreSQL connection string (postgresql://user:pass@host/db); required except by `dispatcher demo`")
     listen_dsn: str | None = setting(
-        None, parse=str, shown="dsn",
+        None, section="worker", parse=str, shown="dsn",
         help="connection string used only for LISTEN (wake-ups of idle workers and of the PostgreSQL "
              "coordinator): a direct one to PostgreSQL when dsn goes through PgBouncer in transaction pooling, "
              f"where LISTEN hears nothing; {LISTEN_OFF}: no LISTEN, wake-ups by polling only")
     mode: str = setting(
-        MODE_PARTITIONED, parse=str,
+        MODE_PARTITIONED, section="claims", parse=str,
         help="claim strategy: partitioned (each worker claims from the buckets it owns) or skip_locked "
              "(all workers claim from one queue with FOR UPDATE SKIP LOCKED)")
     queues: tuple[str, ...] = setting(
-        (DEFAULT_QUEUE,), parse=_parse_queues, help="comma-separated queues this worker serves")
+        (DEFAULT_QUEUE,), section="claims", parse=_parse_queues, help="comma-separated queues this worker serves")
+    app: str | None = setting(
+        None, section="worker", parse=str,
+        help="module:attribute of your dispatcher.Registry (the handlers); required by `dispatcher run`")
     worker_id: str = setting(
-        parse=str, default_factory=_default_worker_id, shown="HOST-PID-RANDOM",
+        section="worker", parse=str, default_factory=_default_worker_id, shown="HOST-PID-RANDOM",
         help="this worker's name in job locks, logs and coordinator membership; must be unique")
     concurrency: int = setting(
-        DEFAULT_CONCURRENCY, parse=int, unit="jobs", help="jobs running at once in this worker process (>= 1)")
+        DEFAULT_CONCURRENCY, section="claims", parse=int, unit="jobs",
+        help="jobs running at once in this worker process (>= 1)")
     batch_size: int = setting(
-        DEFAULT_BATCH_SIZE, parse=int, unit="jobs", help="most jobs one claim statement takes (1 to 10000)")
+        DEFAULT_BATCH_SIZE, section="claims", parse=int, unit="jobs",
+        help="most jobs one claim statement takes (1 to 10000)")
     poll_interval_s: float = setting(
-        DEFAULT_POLL_INTERVAL_S, parse=float, unit="seconds",
+        DEFAULT_POLL_INTERVAL_S, section="claims", parse=float, unit="seconds",
         help="idle poll interval in seconds; LISTEN/NOTIFY usually wakes a worker sooner")
     lease_s: float = setting(
-        DEFAULT_LEASE_S, parse=float, unit="seconds",
+        DEFAULT_LEASE_S, section="leases", parse=float, unit="seconds",
         help="lease of a running job in seconds (>= 1); a dead worker's jobs come back after this")
     heartbeat_interval_s: float | None = setting(
-        None, parse=float, unit="seconds", shown="lease_s / 3",
+        None, section="leases", parse=float, unit="seconds", shown="lease_s / 3",
         help="seconds between extensions of running jobs' leases; at most lease_s / 2")
     connect_timeout_s: float = setting(
-        DEFAULT_CONNECT_TIMEOUT_S, parse=float, unit="seconds",
+        DEFAULT_CONNECT_TIMEOUT_S, section="database", parse=float, unit="seconds",
         help="seconds a new database connection may take (TCP, TLS and login) before it counts as unreachable")
     statement_timeout_s: float | None = setting(
-        None, parse=float, unit="seconds", shown=f"min({DEFAULT_STATEMENT_TIMEOUT_S:g}, lease_s / 2)",
+        None, section="database", parse=float, unit="seconds",
+        shown=f"min({DEFAULT_STATEMENT_TIMEOUT_S:g}, lease_s / 2)",
         help="seconds one of the worker's own statements may take before its connection counts as stalled "
              "and is replaced (maintenance statements get 6x); at most lease_s / 2")
     wait_for_schema: bool = setting(
-        False, parse=_parse_bool,
+        False, section="worker", parse=_parse_bool,
         help="at start, wait (logging every few seconds) for a missing or older schema to be migrated instead "
              "of exiting; for a migration Job that runs beside the workers")
     job_timeout_s: float = setting(
-        DEFAULT_JOB_TIMEOUT_S, parse=float, unit="seconds",
+        DEFAULT_JOB_TIMEOUT_S, section="execution", parse=float, unit="seconds",
         help="wall-clock limit of one job in seconds, 0: none; @handler(timeout_s=...) overrides it")
     retry_base_s: float = setting(
-        DEFAULT_RETRY_BASE_S, parse=float, unit="seconds",
+        DEFAULT_RETRY_BASE_S, section="execution", parse=float, unit="seconds",
         help="backoff bound of the first retry in seconds; it doubles with each attempt")
     retry_cap_s: float = setting(
-        DEFAULT_RETRY_CAP_S, parse=float, unit="seconds",
+        DEFAULT_RETRY_CAP_S, section="execution", parse=float, unit="seconds",
         help="largest backoff bound of a retry in seconds (>= retry_base_s)")
     flush_interval_s: float = setting(
-        DEFAULT_FLUSH_INTERVAL_S, parse=float, unit="seconds",
+        DEFAULT_FLUSH_INTERVAL_S, section="completion", parse=float, unit="seconds",
         help="completions are written at most this many seconds late (over 0, at most 5)")
     flush_max: int = setting(
-        DEFAULT_FLUSH_MAX, parse=int, unit="completions",
+        DEFAULT_FLUSH_MAX, section="completion", parse=int, unit="completions",
         help="completions are also written as soon as this many are pending (1 to 50000)")
     shutdown_grace_s: float = setting(
-        DEFAULT_SHUTDOWN_GRACE_S, parse=float, unit="seconds",
+        DEFAULT_SHUTDOWN_GRACE_S, section="worker", parse=float, unit="seconds",
         help="seconds running jobs get to finish after SIGTERM before they are cancelled")
     reaper_interval_s: float = setting(
-        DEFAULT_REAPER_INTERVAL_S, parse=float, unit="seconds",
+        DEFAULT_REAPER_INTERVAL_S, section="maintenance", parse=float, unit="seconds",
         help="seconds between sweeps that put jobs whose lease expired through the retry policy")
     prune_interval_s: float = setting(
-        DEFAULT_PRUNE_INTERVAL_S, parse=float, unit="seconds",
+        DEFAULT_PRUNE_INTERVAL_S, section="retention", parse=float, unit="seconds",
         help="seconds between rounds of the pruner, which deletes rows past their retention (one pod at a time)")
     completed_retention_s: float = setting(
-        DEFAULT_COMPLETED_RETENTION_S, parse=float, unit="seconds",
+        DEFAULT_COMPLETED_RETENTION_S, section="retention", parse=float, unit="seconds",
         help="seconds completed jobs are kept before they are deleted; 0: kept forever")
     failed_retention_s: float = setting(
-        DEFAULT_FAILED_RETENTION_S, parse=float, unit="seconds",
+        DEFAULT_FAILED_RETENTION_S, section="retention", parse=float, unit="seconds",
         help="seconds failed, discarded and cancelled jobs are kept before they are deleted; 0: kept forever")
     history_retention_s: float = setting(
-        DEFAULT_HISTORY_RETENTION_S, parse=float, unit="seconds",
+        DEFAULT_HISTORY_RETENTION_S, section="retention", parse=float, unit="seconds",
         help="seconds rows of the attempt history (dispatcher_job_attempts) are kept; 0: kept forever")
     prune_batch: int = setting(
-        DEFAULT_PRUNE_BATCH, parse=int, unit="rows", help="most rows one DELETE of the pruner takes (1 to 10000)")
+        DEFAULT_PRUNE_BATCH, section="retention", parse=int, unit="rows",
+        help="most rows one DELETE of the pruner takes (1 to 10000)")
     max_payload_bytes: int = setting(
-        DEFAULT_MAX_PAYLOAD_BYTES, parse=int, unit="bytes", shown="1048576 = 1 MiB",
+        DEFAULT_MAX_PAYLOAD_BYTES, section="enqueue", parse=int, unit="bytes", shown="1048576 = 1 MiB",
         help="largest JSON payload in bytes that `dispatcher enqueue` accepts (>= 2)")
     sync_threads: int = setting(
-        DEFAULT_SYNC_THREADS, parse=int, unit="threads",
+        DEFAULT_SYNC_THREADS, section="execution", parse=int, unit="threads",
         help="threads that run sync (def) handlers; async handlers need none")
     history: bool = setting(
-        False, parse=_parse_bool, help="true: one row per attempt in dispatcher_job_attempts")
+        False, section="completion", parse=_parse_bool, help="true: one row per attempt in dispatcher_job_attempts")
     coordinator: str = setting(
-        "postgres", parse=str, help="bucket assignment in partitioned mode: postgres, redis or static")
+        "postgres", section="coordination", parse=str,
+        help="bucket assignment in partitioned mode: postgres, redis or static")
     redis_url: str | None = setting(
-        None, parse=str, help="Redis URL (redis://host:6379/0); required when coordinator is redis")
+        None, section="coordination", parse=str,
+        help="Redis URL (redis://host:6379/0); required when coordinator is redis")
     coordinator_lease_s: float = setting(
-        DEFAULT_COORDINATOR_LEASE_S, parse=float, unit="seconds",
+        DEFAULT_COORDINATOR_LEASE_S, section="coordination", parse=float, unit="seconds",
         help="membership lease in seconds (>= 3): a dead worker's buckets move within this")
     coordinator_poll_s: float = setting(
-        DEFAULT_COORDINATOR_POLL_S, parse=float, unit="seconds",
+        DEFAULT_COORDINATOR_POLL_S, section="coordination", parse=float, unit="seconds",
         help="seconds between membership re-reads, at most coordinator_lease_s / 3; NOTIFY/pub-sub is sooner")
     session_locks: bool = setting(
-        True, parse=_parse_bool,
+        True, section="coordination", parse=_parse_bool,
         help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction pooling "
              "(leases only)")
     prepared_statements: bool = setting(
-        True, parse=_parse_bool,
+        True, section="database", parse=_parse_bool,
         help="let psycopg prepare statements it runs often; false behind PgBouncer in transaction pooling "
              "older than 1.21 (or with max_prepared_statements = 0), where they fail on the next server connection")
     steal: bool = setting(
-        True, parse=_parse_bool, help="partitioned mode: take jobs from other buckets while ours are idle")
+        True, section="claims", parse=_parse_bool,
+        help="partitioned mode: take jobs from other buckets while ours are idle")
     steal_batch: int = setting(
-        DEFAULT_STEAL_BATCH, parse=int, unit="jobs",
+        DEFAULT_STEAL_BATCH, section="claims", parse=int, unit="jobs",
         help="jobs in a steal's first batch (1 to 10000); it doubles, up to batch_size, while steals come back full")
     buckets: tuple[int, ...] | None = setting(
-        None, parse=parse_buckets, shown="from worker_index/worker_count",
+        None, section="coordination", parse=parse_buckets, shown="from worker_index/worker_count",
         help=f"static coordinator: this worker's buckets, e.g. 0-15,32 (0 to {NUM_BUCKETS - 1})")
     worker_index: int = setting(
-        0, parse=int, help="static coordinator: this worker is i of worker_count and owns buckets i, i+N, ...")
+        0, section="coordination", parse=int,
+        help="static coordinator: this worker is i of worker_count and owns buckets i, i+N, ...")
     worker_count: int = setting(
-        1, parse=int, unit="workers", help="static coordinator: number N of workers sharing the buckets")
+        1, section="coordination", parse=int, unit="workers",
+        help="static coordinator: number N of workers sharing the buckets")
     metrics_port: int = setting(
-        0, parse=int, help="TCP port of the /metrics, /livez and /readyz server (all interfaces); 0: no server")
+        0, section="observability", parse=int,
+        help="TCP port of the /metrics, /livez and /readyz server (all interfaces); 0: no server")
     loop_stall_s: float = setting(
-        DEFAULT_LOOP_STALL_S, parse=float, unit="seconds",
+        DEFAULT_LOOP_STALL_S, section="observability", parse=float, unit="seconds",
         help="/livez fails once the event loop was silent for this many seconds (>= 2)")
     table_sample_interval_s: float = setting(
-        DEFAULT_TABLE_SAMPLE_INTERVAL_S, parse=float, unit="seconds",
+        DEFAULT_TABLE_SAMPLE_INTERVAL_S, section="maintenance", parse=float, unit="seconds",
         help="seconds between samples of the table-wide metrics, taken by one pod at a time (> 0)")
     log_level: str = setting(
-        "INFO", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
+        "INFO", section="logging", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
     log_format: str = setting(
-        "text", parse=str, help="log lines: text (human-readable) or json (one JSON object per line)")
+        "text", section="logging", parse=str,
+        help="log lines: text (human-readable) or json (one JSON object per line)")
+
+    # The sections each service receives (sections.py): resolved in __post_init__, not settings.
+    database: sec.DatabaseSettings = _section()
+    logging: sec.LoggingSettings = _section()
+    worker: sec.WorkerSettings = _section()
+    claims: sec.ClaimSettings = _section()
+    leases: sec.LeaseSettings = _section()
+    execution: sec.ExecutionSettings = _section()
+    completion: sec.CompletionSettings = _section()
+    maintenance: sec.MaintenanceSettings = _section()
+    retention: sec.RetentionSettings = _section()
+    coordination: sec.CoordinationSettings = _section()
+    observability: sec.ObservabilitySettings = _section()
 
     def __post_init__(self) -> None:
         """Every rule, at construction: a Config that exists is valid. Raises ConfigError(field name)."""
@@ -206,6 +239,9 @@ class Config:
                 _check(math.isfinite(value), s.name, f"must be a finite number, got {value!r}")
         problem = dsn_problem(self.dsn) if self.dsn is not None else None  # libpq's parse (redacted)
         _check(problem is None, "dsn", f"is not a valid PostgreSQL connection string: {problem}")
+        module, colon, attribute = (self.app or "").partition(":")
+        _check(self.app is None or bool(module.strip() and colon and attribute.strip()), "app",
+               f"must be module:attribute (e.g. myapp.jobs:registry), got {self.app!r}")
         _check(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
         bad_queues = [q for q in self.queues if not is_valid_name(q)]  # enqueue's rule: no job could be there
         _check(bool(self.queues) and not bad_queues, "queues",
@@ -214,13 +250,16 @@ class Config:
         _check(1 <= self.batch_size <= 10_000, "batch_size", "must be between 1 and 10000")
         _check(self.poll_interval_s > 0, "poll_interval_s", "must be > 0")
         _check(self.lease_s >= 1, "lease_s", "must be >= 1 second")
+        beat_s = self.heartbeat_interval_s if self.heartbeat_interval_s is not None else self.lease_s / 3
+        statement_s = (self.statement_timeout_s if self.statement_timeout_s is not None
+                       else min(DEFAULT_STATEMENT_TIMEOUT_S, self.lease_s / 2))
         _check(
-            0 < self.heartbeat_s <= self.lease_s / 2,
+            0 < beat_s <= self.lease_s / 2,
             "heartbeat_interval_s",
             f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}) so one lost beat never expires a lease",
         )
         _check(self.connect_timeout_s >= 1, "connect_timeout_s", "must be >= 1 second")
-        _check(0 < self.statement_s <= self.lease_s / 2, "statement_timeout_s",
+        _check(0 < statement_s <= self.lease_s / 2, "statement_timeout_s",
                f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}): a stalled statement must "
                "be noticed while the leases it protects still run")
         _check(self.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
@@ -262,35 +301,45 @@ class Config:
             # Only the static coordinator reads it: anywhere else it would be silently ignored.
             _check(self.coordinator == "static", "buckets",
                    f"applies only to the static coordinator (coordinator is {self.coordinator!r})")
+        self._resolve(beat_s, statement_s)
 
-    @property
-    def heartbeat_s(self) -> float:
-        return self.heartbeat_interval_s if self.heartbeat_interval_s is not None else self.lease_s / 3
-
-    @property
-    def limits(self) -> ConnectionLimits:
-        """The connect and statement bounds of every connection the worker opens."""
-        return ConnectionLimits(self.connect_timeout_s, self.statement_s, self.prepared_statements)
-
-    @property
-    def listen_target(self) -> str | None:
-        """Where the worker and the PostgreSQL coordinator LISTEN: listen_dsn, else dsn; None: nowhere."""
+    def _resolve(self, beat_s: float, statement_s: float) -> None:
+        """Each service's section, derived values worked out (sections.py); once, at construction."""
+        limits = ConnectionLimits(self.connect_timeout_s, statement_s, self.prepared_statements)
         if self.listen_dsn is None:
-            return self.dsn
-        return None if self.listen_dsn.strip().lower() == LISTEN_OFF else self.listen_dsn
-
-    @property
-    def statement_s(self) -> float:
-        if self.statement_timeout_s is not None:
-            return self.statement_timeout_s
-        return min(DEFAULT_STATEMENT_TIMEOUT_S, self.lease_s / 2)
-
-    @property
-    def static_buckets(self) -> tuple[int, ...]:
-        """The buckets a static assignment gives this worker: explicit list, or worker i of N."""
-        if self.buckets is not None:
-            return self.buckets
-        return tuple(b for b in range(NUM_BUCKETS) if b % self.worker_count == self.worker_index)
+            listen: str | None = self.dsn
+        else:
+            listen = None if self.listen_dsn.strip().lower() == LISTEN_OFF else self.listen_dsn
+        static = self.buckets if self.buckets is not None else tuple(
+            b for b in range(NUM_BUCKETS) if b % self.worker_count == self.worker_index)
+        retentions = {"completed": self.completed_retention_s, "failed": self.failed_retention_s,
+                      "history": self.history_retention_s}
+        # A coordination round must fail (and count towards degraded mode) well inside a membership
+        # lease: a third of it, 3.3 s at the defaults.
+        coordination_limits = dataclasses.replace(
+            limits, statement_timeout_s=min(statement_s, self.coordinator_lease_s / 3))
+        resolved = {
+            "database": sec.DatabaseSettings(self.dsn, limits),
+            "logging": sec.LoggingSettings(self.log_level.upper(), self.log_format.lower()),
+            "worker": sec.WorkerSettings(self.worker_id, self.app, listen, max(1.0, self.lease_s / 3),
+                                     self.wait_for_schema, self.shutdown_grace_s),
+            "claims": sec.ClaimSettings(self.mode, self.queues, self.concurrency, self.batch_size, self.poll_interval_s,
+                                    self.lease_s, self.steal, self.steal_batch),
+            "leases": sec.LeaseSettings(self.lease_s, beat_s, start_margin_s=beat_s / 2,
+                                        lose_early_s=min(0.5, beat_s / 4)),
+            "execution": sec.ExecutionSettings(self.worker_id, self.job_timeout_s, self.sync_threads, self.retry_base_s,
+                                           self.retry_cap_s),
+            "completion": sec.CompletionSettings(self.flush_interval_s, self.flush_max, self.history),
+            "maintenance": sec.MaintenanceSettings(self.reaper_interval_s, self.history, self.table_sample_interval_s),
+            "retention": sec.RetentionSettings(self.prune_interval_s, MappingProxyType(retentions), self.prune_batch),
+            "coordination": sec.CoordinationSettings(
+                self.coordinator, self.mode == MODE_PARTITIONED, self.queues, self.worker_id, static, self.redis_url,
+                self.dsn, listen, coordination_limits, self.coordinator_lease_s, self.coordinator_poll_s,
+                self.session_locks),
+            "observability": sec.ObservabilitySettings(self.metrics_port, self.loop_stall_s),
+        }
+        for name, section in resolved.items():
+            object.__setattr__(self, name, section)
 
     def replace(self, **changes: Any) -> Config:
         """A copy with `changes`; validated like any construction (ConfigError names the field)."""
@@ -336,11 +385,12 @@ def _parse(s: Setting, raw: str, origin: str) -> Any:
         raise ConfigError(origin, f"cannot parse {raw!r}: {exc}") from None
 
 
-_SETTINGS: tuple[Setting, ...] = tuple(setting_of(f, ENV_PREFIX) for f in dataclasses.fields(Config))
+_SETTINGS: tuple[Setting, ...] = tuple(setting_of(f, ENV_PREFIX) for f in dataclasses.fields(Config) if f.init)
 _BY_NAME: dict[str, Setting] = {s.name: s for s in _SETTINGS}
-_NULLABLE = frozenset(f.name for f in dataclasses.fields(Config) if f.default is None)
+_NULLABLE = frozenset(f.name for f in dataclasses.fields(Config) if f.init and f.default is None)
 
 
-def settings() -> tuple[Setting, ...]:
-    """Every Config field, in declaration order, with its env var, flag, parser, help and default."""
-    return _SETTINGS
+def settings(*sections: str) -> tuple[Setting, ...]:
+    """Every setting (Config field), in declaration order, with its env var, flag, parser, help,
+    default and section; only those of `sections` when some are named."""
+    return tuple(s for s in _SETTINGS if s.section in sections) if sections else _SETTINGS

@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from dispatcher.settings.sections import SECTIONS
+
 
 def parse_buckets(text: str) -> tuple[int, ...]:
     """'0-15,32,40-41' -> (0, ..., 15, 32, 40, 41). Raises ValueError on bad syntax."""
@@ -54,18 +56,23 @@ class _Meta:
     help: str
     unit: str | None
     shown: str | None
+    section: str
 
 
-def setting(default: Any = dataclasses.MISSING, *, parse: Callable[[str], Any], help: str, unit: str | None = None,
-            shown: str | None = None, default_factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:
-    """A Config field: its default, the parser for its env var / flag text, what it does, its unit.
+def setting(default: Any = dataclasses.MISSING, *, section: str, parse: Callable[[str], Any], help: str,
+            unit: str | None = None, shown: str | None = None,
+            default_factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:
+    """A Config field: its section, default, the parser for its env var / flag text, what it does, its unit.
 
     `help` says what the setting does, with its unit, but not its default (that is appended from
-    the field, or from `shown` where the default is computed or None means something).
+    the field, or from `shown` where the default is computed or None means something). `section`
+    (sections.py) is the component that reads it.
     """
     if parse not in KINDS:
         raise TypeError(f"setting(): no value rule for parser {parse!r}; add it to KINDS")
-    meta = {_META_KEY: _Meta(parse, help, unit, shown)}
+    if section not in SECTIONS:
+        raise TypeError(f"setting(): unknown section {section!r}; one of {', '.join(SECTIONS)}")
+    meta = {_META_KEY: _Meta(parse, help, unit, shown, section)}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -83,6 +90,7 @@ class Setting:
     unit: str | None  # "seconds", "bytes", "jobs", ... or None
     default: Any  # the dataclass default; None where it is computed at construction (see default_text)
     default_text: str  # the default as documented: "30", "partitioned", "lease_s / 3"
+    section: str  # the component that reads it: "claims", "leases", ... (sections.SECTIONS)
 
     @property
     def description(self) -> str:
@@ -108,5 +116,5 @@ def setting_of(field: dataclasses.Field[Any], env_prefix: str) -> Setting:
     return Setting(
         name=field.name, env_var=env_prefix + field.name.upper(), flag="--" + field.name.replace("_", "-"),
         parse=meta.parse, help=meta.help, unit=meta.unit, default=default,
-        default_text=meta.shown if meta.shown is not None else show(default),
+        default_text=meta.shown if meta.shown is not None else show(default), section=meta.section,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from coordinator.buckets import NUM_BUCKETS
@@ -19,13 +20,25 @@ LEASE_S = 3.0  # the coordinator's minimum
 CONVERGE_S = 20.0  # generous on a loaded 2-core machine; the assertions are about the outcome
 
 
+class Flagged:
+    """A member's liveness (coordinator.Liveness): while its flag is false, its worker has failed
+    to work for a whole lease already, so the coordinator gives its membership up at once."""
+
+    def __init__(self, flags: dict[str, bool], member: str) -> None:
+        self._flags, self._member = flags, member
+
+    @property
+    def failing_since(self) -> float | None:
+        return None if self._flags.get(self._member, True) else time.monotonic() - LEASE_S
+
+
 @contextlib.asynccontextmanager
 async def members(factory: BackendFactory, serving: dict[str, tuple[str, ...]],
                   can_work: dict[str, bool] | None = None) -> AsyncIterator[dict[tuple[str, str], Coordinator]]:
     """Started coordinators, one per (member, queue it serves); stopped afterwards."""
     flags = can_work if can_work is not None else {}
     made = {(m, q): Coordinator(factory(q), m, lease_s=LEASE_S, poll_s=0.2,
-                                can_work=lambda m=m: flags.get(m, True))
+                                liveness=Flagged(flags, m))
             for m, queues in serving.items() for q in queues}
     try:
         await asyncio.gather(*(c.start() for c in made.values()))

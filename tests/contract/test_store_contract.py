@@ -24,6 +24,7 @@ from dispatcher.model import (
 )
 from dispatcher.runtime.maintenance import Reaper
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.settings.sections import MaintenanceSettings
 from tests.contract.store_support import KINDS, Harness, open_harness
 from tests.helpers import run_async
 
@@ -275,8 +276,9 @@ def test_the_reaper_retries_a_job_whose_lease_ran_out_and_fails_it_at_max_attemp
     """The worker's own Reaper, on either store: expiry goes through the retry policy."""
     async def test(h: Harness) -> None:
         reaped: list[int] = []
-        reaper = Reaper(h.store, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), interval_s=1.0,  # type: ignore[arg-type]
-                        history=False, on_reaped=lambda: reaped.append(1))
+        settings = MaintenanceSettings(reaper_interval_s=1.0, history=False, table_sample_interval_s=15.0)
+        reaper = Reaper(h.store, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), settings,  # type: ignore[arg-type]
+                        on_reaped=lambda: reaped.append(1))
         job_id = await h.enqueue("send", max_attempts=2)
         for attempt, status in ((1, STATUS_QUEUED), (2, STATUS_FAILED)):
             job = await claim_one(h, lease_s=5.0)

@@ -10,6 +10,7 @@ from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 from dispatcher.db.store import JobStore, claim_sql, steal_sql
 from dispatcher.runtime.maintenance import Reaper
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.settings.sections import MaintenanceSettings
 from tests.helpers import analyze_if_stale, fetchall, fetchval, run_async, wait_until
 
 ALL = tuple(range(64))
@@ -145,7 +146,8 @@ def test_completion_by_a_stale_owner_is_rejected(dsn):
         stale = await old.jobs_claim("default", 10, 30, ALL)
         conn = await old.connection()
         await conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 s'")
-        reaper = Reaper(new, RetryPolicy(1.0, 1.0), interval_s=1, history=False, on_reaped=lambda: None)
+        settings = MaintenanceSettings(reaper_interval_s=1, history=False, table_sample_interval_s=15)
+        reaper = Reaper(new, RetryPolicy(1.0, 1.0), settings, on_reaped=lambda: None)
         await reaper.tick()
         assert reaper.reaped == 3
         assert set(fetchall(dsn, "SELECT status, locked_by FROM dispatcher_jobs")) == {("queued", "old")}

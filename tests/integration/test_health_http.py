@@ -188,7 +188,7 @@ def test_the_startup_check_requires_the_maintenance_leases_migration(dsn):
         conn.execute("DROP TABLE dispatcher_maintenance_leases")
         conn.execute("DELETE FROM dispatcher_schema_version WHERE version = 6")
     states = []
-    limits = Config(dsn=dsn).limits
+    limits = Config(dsn=dsn).database.limits
     with pytest.raises(StartupError, match=r"migrations \[6\] not applied"):
         run_async(wait_until_ready(dsn, limits, wait_for_schema=False, stopping=asyncio.Event(),
                                    on_state=lambda *state: states.append(state)))

@@ -240,6 +240,7 @@ def test_the_admin_and_the_pruner_work_through_it_and_leave_no_session_state(dsn
     never prepared; the pruner's lock is transaction-scoped: nothing reaches the next client."""
     from dispatcher.api.admin import Filters, list_jobs, retry_jobs
     from dispatcher.runtime.maintenance import Pruner
+    from dispatcher.settings.sections import RetentionSettings
     from tests.integration.test_admin import add
 
     pooled = pgbouncer.dsn_for(dsn)
@@ -249,7 +250,7 @@ def test_the_admin_and_the_pruner_work_through_it_and_leave_no_session_state(dsn
     assert retry_jobs(pooled, Filters(statuses=("failed",)), batch=2).changed_count == 5
     assert set(fetchall(dsn, "SELECT status FROM dispatcher_jobs WHERE id = ANY(%s)", (failed,))) == {("queued",)}
     store = JobStore(pooled, "pruner", limits=ConnectionLimits(prepared_statements=False))
-    pruner = Pruner(store, retentions_s={"completed": 3600}, batch=2, interval_s=60)
+    pruner = Pruner(store, RetentionSettings(interval_s=60, retentions_s={"completed": 3600}, batch=2))
 
     async def prune():
         try:

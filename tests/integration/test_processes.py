@@ -1,13 +1,17 @@
 """Real worker processes (`dispatcher run`), real signals, a real PostgreSQL."""
 
 import signal
+import subprocess
+import sys
 import time
 
 import psycopg
 import pytest
 
 from dispatcher import enqueue_payloads_sync
+from dispatcher.devtools.harness import worker_env
 from tests.helpers import (
+    ROOT,
     fetchall,
     fetchval,
     overlapping,
@@ -50,6 +54,24 @@ def test_four_processes_drain_20k_jobs_exactly_once(dsn, tmp_path, mode):
     assert len({run.pid for runs in executions.values() for run in runs}) == 4, "not every worker took part"
     assert status_counts(dsn) == {"completed": jobs}
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1") == 0
+
+
+@pytest.mark.parametrize("flag", [[], ["--app", "tests.apps.recording:registry"]], ids=["env", "flag over env"])
+def test_the_app_is_a_setting_like_the_others(dsn, tmp_path, flag):
+    """DISPATCHER_APP names the registry as the ConfigMap of k8s/base does; --app wins over it."""
+    enqueue(dsn, "record", 5)
+    env = worker_env(dsn, app="tests.apps.recording:registry" if not flag else "nope.module:registry", **FAST)
+    env.update(PYTHONPATH=str(ROOT), RECORD_DIR=str(tmp_path))
+    with open(tmp_path / "worker.out", "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", *flag], env=env, cwd=ROOT,
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: status_counts(dsn).get("completed") == 5 or worker.poll() is not None, 60,
+                   "the 5 jobs completed")
+    finally:
+        codes = stop_workers([worker])
+    assert codes == [0], (tmp_path / "worker.out").read_text()[-2000:]
+    assert status_counts(dsn) == {"completed": 5} and len(read_executions(tmp_path)) == 5
 
 
 def test_a_killed_workers_jobs_come_back_after_lease_expiry(dsn, tmp_path):

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from dispatcher.db.queries import query
 from dispatcher.db.store import JobStore
 from dispatcher.runtime.maintenance import Pruner
+from dispatcher.settings.sections import RetentionSettings
 from tests.helpers import (
     fetchall,
     fetchval,
@@ -58,7 +59,7 @@ def metrics_page(port: int) -> str:
 
 def pruner_on(dsn: str, retentions=RETENTIONS, batch: int = 1000, pod: str = "pruner-test") -> tuple[Pruner, JobStore]:
     store = JobStore(dsn, pod)
-    return Pruner(store, retentions_s=retentions, batch=batch, interval_s=60), store
+    return Pruner(store, RetentionSettings(interval_s=60, retentions_s=retentions, batch=batch)), store
 
 
 def tick(pruner: Pruner, store: JobStore) -> float | None:

@@ -218,8 +218,23 @@ def test_cli_bad_setting_exits_2_and_names_it(dsn):
     # Non-finite floats are refused by name, from the environment or from a flag.
     result = _cli("status", env={**os.environ, "DISPATCHER_DSN": dsn, "DISPATCHER_LEASE_S": "inf"})
     assert result.returncode == 2 and "DISPATCHER_LEASE_S" in result.stderr and "finite" in result.stderr
-    result = _cli("status", "--dsn", dsn, "--flush-interval-s", "nan")
-    assert result.returncode == 2 and "--flush-interval-s" in result.stderr
+    result = _cli("run", "--app", "tests.apps.recording:registry", "--dsn", dsn, "--flush-interval-s", "nan")
+    assert result.returncode == 2 and "--flush-interval-s" in result.stderr and "finite" in result.stderr
+
+
+def test_the_app_comes_from_dispatcher_app_or_from_app_and_a_bad_one_is_named(dsn):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+    result = _cli("run", "--dsn", dsn, env=env)
+    assert result.returncode == 2 and "DISPATCHER_APP" in result.stderr and "--app" in result.stderr
+    result = _cli("run", "--dsn", dsn, env={**env, "DISPATCHER_APP": "nope.module:registry"})
+    assert result.returncode == 2 and "DISPATCHER_APP" in result.stderr and "nope.module" in result.stderr
+    result = _cli("run", "--dsn", dsn, env={**env, "DISPATCHER_APP": "no-colon"})
+    assert result.returncode == 2 and "DISPATCHER_APP" in result.stderr and "module:attribute" in result.stderr
+    result = _cli("run", "--dsn", dsn, "--app", "nope.module:registry", env={**env, "DISPATCHER_APP": "x:y"})
+    assert result.returncode == 2 and "--app" in result.stderr and "nope.module" in result.stderr
+
 
 
 def test_cli_migrate_enqueue_status(empty_dsn):

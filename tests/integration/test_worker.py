@@ -211,6 +211,7 @@ def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
     from dispatcher.db.store import JobStore
     from dispatcher.runtime.maintenance import Reaper
     from dispatcher.runtime.retry import RetryPolicy
+    from dispatcher.settings.sections import MaintenanceSettings
 
     enqueue(dsn, "t", 3)
     a, b, c = (r[0] for r in fetchall(dsn, "SELECT id FROM dispatcher_jobs ORDER BY id"))
@@ -222,7 +223,8 @@ def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
     async def main():
         store = JobStore(dsn, "reaper-test")
         try:
-            reaper = Reaper(store, RetryPolicy(30.0, 60.0), interval_s=1, history=True, on_reaped=lambda: woken.append(1))
+            settings = MaintenanceSettings(reaper_interval_s=1, history=True, table_sample_interval_s=15)
+            reaper = Reaper(store, RetryPolicy(30.0, 60.0), settings, on_reaped=lambda: woken.append(1))
             await reaper.tick()
             return reaper.reaped
         finally:

@@ -8,6 +8,7 @@ from dispatcher.db.rows import FailedWrite
 from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job, Outcome
 from dispatcher.runtime.completer import Completer
+from dispatcher.settings.sections import CompletionSettings
 from tests.helpers import run_async, wait_until_async
 
 
@@ -45,7 +46,9 @@ class FakeStore:
 
 
 def make(store, **kw):
-    return Completer(store, flush_interval_s=kw.pop("flush_interval_s", 10.0), flush_max=kw.pop("flush_max", 1000), **kw)
+    return Completer(store, CompletionSettings(flush_interval_s=kw.pop("flush_interval_s", 10.0),
+                                               flush_max=kw.pop("flush_max", 1000), history=kw.pop("history", False)),
+                     **kw)
 
 
 def test_one_statement_per_kind_per_flush_and_fenced_rows_are_counted_not_errors():

@@ -11,7 +11,7 @@ from dispatcher.settings.config import Config, parse_buckets, settings
 def test_defaults_are_valid_and_heartbeat_is_a_third_of_the_lease():
     config = Config.load({})
     assert config.mode == "partitioned"
-    assert config.heartbeat_s == pytest.approx(config.lease_s / 3)
+    assert config.leases.heartbeat_s == pytest.approx(config.lease_s / 3)
 
 
 def test_env_then_flags_win():
@@ -52,18 +52,21 @@ def test_bad_values_name_the_setting(env, flags, named):
 
 
 def test_listen_goes_to_the_dsn_unless_told_otherwise_or_off():
-    assert Config(dsn="postgresql://pooled").listen_target == "postgresql://pooled"
+    pooled = Config(dsn="postgresql://pooled")
+    assert pooled.worker.listen_dsn == pooled.coordination.listen_dsn == "postgresql://pooled"
     direct = Config.load({"DISPATCHER_DSN": "postgresql://pooled", "DISPATCHER_LISTEN_DSN": "postgresql://direct"})
-    assert direct.listen_target == "postgresql://direct"
+    assert direct.worker.listen_dsn == direct.coordination.listen_dsn == "postgresql://direct"
     for off in ("none", "NONE", " None "):
-        assert Config.load({"DISPATCHER_DSN": "postgresql://pooled"}, listen_dsn=off).listen_target is None
+        config = Config.load({"DISPATCHER_DSN": "postgresql://pooled"}, listen_dsn=off)
+        assert config.worker.listen_dsn is None and config.coordination.listen_dsn is None
 
 
 def test_prepared_statements_reach_the_connection_limits():
-    assert Config().limits.prepared_statements is True
+    assert Config().database.limits.prepared_statements is True
     off = Config.load({"DISPATCHER_PREPARED_STATEMENTS": "false"})
-    assert off.limits.prepared_statements is False
-    assert (off.limits.connect_timeout_s, off.limits.statement_timeout_s) == (off.connect_timeout_s, off.statement_s)
+    assert off.database.limits.prepared_statements is False
+    assert off.coordination.limits.prepared_statements is False
+    assert (off.database.limits.connect_timeout_s, off.database.limits.statement_timeout_s) == (5, 5)
 
 
 def test_the_queue_rule_is_enqueues_rule():
@@ -92,7 +95,7 @@ def test_a_bad_dsn_is_named_without_its_password():
 
 
 def test_static_buckets_worker_i_of_n_cover_all_buckets_once():
-    owned = [Config.load({}, worker_index=i, worker_count=3).static_buckets for i in range(3)]
+    owned = [Config.load({}, worker_index=i, worker_count=3).coordination.static_buckets for i in range(3)]
     flat = sorted(b for part in owned for b in part)
     assert flat == list(range(64))
     assert max(map(len, owned)) - min(map(len, owned)) <= 1
@@ -100,7 +103,8 @@ def test_static_buckets_worker_i_of_n_cover_all_buckets_once():
 
 def test_parse_buckets():
     assert parse_buckets("0-3, 7,9-9") == (0, 1, 2, 3, 7, 9)
-    assert Config.load({"DISPATCHER_BUCKETS": "5,1", "DISPATCHER_COORDINATOR": "static"}).static_buckets == (1, 5)
+    config = Config.load({"DISPATCHER_BUCKETS": "5,1", "DISPATCHER_COORDINATOR": "static"})
+    assert config.coordination.static_buckets == (1, 5)
 
 
 def test_config_is_frozen():
@@ -145,6 +149,8 @@ BAD_FIELD_VALUES = [
     ("history_retention_s", {"history_retention_s": float("nan")}),
     ("prune_batch", {"prune_batch": 0}),
     ("prune_batch", {"prune_batch": 10_001}),
+    ("app", {"app": "myapp.jobs"}),
+    ("app", {"app": ":registry"}),
 ]
 
 
@@ -176,7 +182,8 @@ def test_replace_rejects_bad_values_naming_the_field(field, values):
 def test_replace_returns_a_valid_copy():
     base = Config(dsn="postgresql://x")
     new = base.replace(lease_s=12, heartbeat_interval_s=None)
-    assert (new.lease_s, new.heartbeat_s, new.dsn, new.worker_id) == (12, 4, "postgresql://x", base.worker_id)
+    assert (new.lease_s, new.leases.heartbeat_s, new.dsn, new.worker_id) == (12, 4, "postgresql://x", base.worker_id)
+    assert (new.claims.lease_s, new.database.limits.statement_timeout_s, base.leases.heartbeat_s) == (12, 5, 10)
     assert base.lease_s == 30
 
 
@@ -247,7 +254,7 @@ def test_non_finite_floats_are_rejected_for_every_float_setting(s, text):
 # -- field metadata: parser, help, unit, default -------------------------------------------------
 
 def test_every_field_is_a_setting_with_help_and_a_parser():
-    names = [f.name for f in dataclasses.fields(Config)]
+    names = [f.name for f in dataclasses.fields(Config) if f.init]  # the others are its sections
     assert [s.name for s in settings()] == names
     for s in settings():
         assert s.env_var == "DISPATCHER_" + s.name.upper()
@@ -306,6 +313,68 @@ def test_run_help_lists_every_setting_with_its_help(capsys, monkeypatch):
         value = "[V]" if isinstance(s.default, bool) else "V"  # a bare boolean flag means true
         assert "".join(f"{s.flag} {value} {s.description}".split()) in out, s.flag
     assert "(default30)" in out and "(defaultNone)" not in out
+
+
+def _help(*command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    from dispatcher.cli.commands import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args([*command, "--help"])
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+WORKER_ONLY = ("--steal", "--flush-max", "--coordinator-lease-s", "--queues", "--lease-s", "--app", "--metrics-port")
+
+
+@pytest.mark.parametrize("command", [["enqueue"], ["status"], ["migrate"], ["grants"], ["jobs", "list"],
+                                     ["jobs", "retry"], ["demo"]], ids=" ".join)
+def test_a_one_shot_commands_help_lists_only_the_settings_it_reads(command, capsys):
+    text = _help(*command, capsys=capsys)
+    assert "--dsn" in text and "--log-level" in text and "--log-format" in text
+    for flag in WORKER_ONLY:
+        assert flag not in text.split(), f"dispatcher {' '.join(command)} --help lists {flag}"
+    assert ("--max-payload-bytes" in text) == (command == ["enqueue"])  # enqueue's own limit
+
+
+def test_run_help_lists_every_setting_and_a_one_shot_command_parses_no_worker_flag(capsys):
+    from dispatcher.cli.commands import build_parser
+
+    text = _help("run", capsys=capsys)
+    assert all(s.flag in text.split() for s in settings())
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["enqueue", "hello", "--steal", "false"])
+    assert info.value.code == 2 and "unrecognized arguments: --steal" in capsys.readouterr().err
+
+
+def test_every_setting_names_its_section_and_each_section_has_settings():
+    from dispatcher.settings.sections import SECTIONS
+
+    assert {s.section for s in settings()} == set(SECTIONS)
+    assert [s.name for s in settings("leases")] == ["lease_s", "heartbeat_interval_s"]
+    assert [s.name for s in settings("database", "logging")] == [
+        "dsn", "connect_timeout_s", "statement_timeout_s", "prepared_statements", "log_level", "log_format"]
+    with pytest.raises(TypeError, match="unknown section"):
+        from dispatcher.settings.meta import setting
+
+        setting(1, section="nowhere", parse=int, help="a setting of no component")
+
+
+def test_each_section_holds_its_settings_with_the_derived_values_resolved():
+    config = Config.load({"DISPATCHER_LEASE_S": "12", "DISPATCHER_COORDINATOR_LEASE_S": "6",
+                          "DISPATCHER_FAILED_RETENTION_S": "0", "DISPATCHER_LOG_LEVEL": "debug",
+                          "DISPATCHER_DSN": "postgresql://db/app", "DISPATCHER_APP": "myapp.jobs:registry"})
+    assert (config.leases.lease_s, config.leases.heartbeat_s) == (12, 4)
+    assert (config.leases.start_margin_s, config.leases.lose_early_s) == (2, 0.5)
+    assert config.database.limits.statement_timeout_s == 5  # min(5, lease / 2)
+    assert config.coordination.limits.statement_timeout_s == 2  # a third of the membership lease
+    assert config.claims.lease_s == 12 and config.claims.partitioned
+    assert dict(config.retention.retentions_s) == {"completed": 3600, "failed": 0, "history": 604800}
+    assert config.worker.app == "myapp.jobs:registry" and config.worker.listen_dsn == "postgresql://db/app"
+    assert config.logging.level == "DEBUG" and config.coordination.used
+    assert not Config(mode="skip_locked").coordination.used and not Config(coordinator="static").coordination.used
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.claims.batch_size = 1  # type: ignore[misc]
 
 
 # -- README ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from dispatcher.errors import PermanentJobError
 from dispatcher.model import FailureKind, Job
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.settings.sections import ExecutionSettings, LeaseSettings
 from tests.helpers import run_async, wait_until_async
 
 
@@ -46,10 +47,20 @@ def run_to_the_end(executor: Executor, jobs: list[Job]) -> None:
     run_async(main())
 
 
+def execution(*, job_timeout_s: float = 0, sync_threads: int = 2) -> ExecutionSettings:
+    return ExecutionSettings("w1", job_timeout_s, sync_threads, retry_base_s=1.0, retry_cap_s=60.0)
+
+
+def leases(lease_s: float = 30.0, *, start_margin_s: float = 0.0, lose_early_s: float = 0.0) -> LeaseSettings:
+    """The executor's lease margins (the worker derives them from the heartbeat interval)."""
+    return LeaseSettings(lease_s, lease_s / 3, start_margin_s, lose_early_s)
+
+
 def make(registry, **kw):
     recorder = Recorder()
-    executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder, worker_id="w1",
-                        job_timeout_s=kw.pop("job_timeout_s", 0), sync_threads=kw.pop("sync_threads", 2))
+    executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder,
+                        execution(job_timeout_s=kw.pop("job_timeout_s", 0), sync_threads=kw.pop("sync_threads", 2)),
+                        leases())
     return executor, recorder
 
 

@@ -13,15 +13,16 @@ from dispatcher.api.registry import Registry
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.maintenance import LeaseKeeper
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.settings.sections import LeaseSettings
 from dispatcher.testing import FakeClock, MemoryStore
 from tests.helpers import run_async, wait_until_async
-from tests.unit.test_executor import Recorder, job
+from tests.unit.test_executor import Recorder, execution, job, leases
 
 
-def make(registry: Registry, **kw) -> tuple[Executor, Recorder]:
+def make(registry: Registry, clock=time.monotonic, **kw) -> tuple[Executor, Recorder]:
     recorder = Recorder()
-    executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder, worker_id="w1",
-                        job_timeout_s=0, sync_threads=kw.pop("sync_threads", 1), **kw)
+    executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder,
+                        execution(sync_threads=kw.pop("sync_threads", 1)), leases(**kw), clock=clock)
     return executor, recorder
 
 
@@ -227,7 +228,8 @@ def test_the_lease_keeper_keeps_leases_on_the_fake_clock_and_brings_a_cancel_req
     store = MemoryStore(clock, worker_id="w1")
     registry, started, _ = blocking_registry()
     executor, rec = make(registry, lease_s=2.0, clock=clock)
-    keeper = LeaseKeeper(store, executor, lease_s=2.0, interval_s=0.5, clock=clock)  # type: ignore[arg-type]
+    lease_settings = LeaseSettings(lease_s=2.0, heartbeat_s=0.5, start_margin_s=0.25, lose_early_s=0.125)
+    keeper = LeaseKeeper(store, executor, lease_settings, clock=clock)  # type: ignore[arg-type]
     dispatcher.enqueue_sync(store, "wait")
     dispatcher.enqueue_sync(store, "wait")
 

@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.metrics import _HeartbeatAge
 from dispatcher.db.rows import DbPressure, QueueDepth
+from dispatcher.runtime.vitals import Vitals
 from dispatcher.runtime.table_sampler import DEPTH_STATUSES, STALE_TICKS, TableCollector, TableSample, TableSampler
 from dispatcher.serve.health import Health, HealthCollector, assignment_state, judge
 from tests.helpers import collected
@@ -30,48 +31,60 @@ def test_ready_only_when_every_check_passes():
         assert readiness.body() == {"status": "not ready", "checks": {**READY, check: state}}
 
 
-@pytest.mark.parametrize("mode, coordinator, states, expected", [
-    ("skip_locked", "postgres", ["member"], "not used"),
-    ("partitioned", "static", ["member"], "not used"),
-    ("partitioned", "redis", ["member", "member"], "owned"),
-    ("partitioned", "redis", ["member", "degraded"], "degraded"),
-    ("partitioned", "postgres", ["degraded", "joining"], "joining"),  # the worst queue decides
-    ("partitioned", "postgres", ["member", "resigned"], "resigned"),
-    ("partitioned", "postgres", ["stopped", "resigned"], "stopped"),
-    ("partitioned", "postgres", [], "not started"),
+@pytest.mark.parametrize("coordinated, states, expected", [
+    (False, ["member"], "not used"),  # SKIP LOCKED mode, or the static coordinator
+    (True, ["member", "member"], "owned"),
+    (True, ["member", "degraded"], "degraded"),
+    (True, ["degraded", "joining"], "joining"),  # the worst queue decides
+    (True, ["member", "resigned"], "resigned"),
+    (True, ["stopped", "resigned"], "stopped"),
+    (True, [], "not started"),
 ])
-def test_the_assignment_check(mode, coordinator, states, expected):
-    assert assignment_state(mode, coordinator, states) == expected
+def test_the_assignment_check(coordinated, states, expected):
+    assert assignment_state(coordinated, states) == expected
 
 
-def fake_worker(mode="partitioned", coordinator="postgres", states=("member",)):
-    return SimpleNamespace(
-        config=SimpleNamespace(mode=mode, coordinator=coordinator), started=asyncio.Event(),
-        stopping=asyncio.Event(), lease_keeper=SimpleNamespace(failing_since=None),
-        producer=SimpleNamespace(failing_since=None), reaper=SimpleNamespace(tick_failing_since=None),
-        assignments={f"q{i}": SimpleNamespace(state=s) for i, s in enumerate(states)})
+def coordinated_vitals(*states: str) -> Vitals:
+    """What a worker whose coordinators are in `states` writes (Worker.__init__)."""
+    return Vitals(coordinated=True, assignments=tuple(SimpleNamespace(state=s) for s in states))
 
 
-def test_readiness_follows_the_worker_from_start_to_stop():
-    health = Health(loop_stall_s=10)
+def test_readiness_follows_the_vitals_from_start_to_stop():
+    health = Health(loop_stall_s=10, vitals=coordinated_vitals("member"))
+    vitals = health.vitals
     assert health.readiness().checks == {"worker": "starting", "database": "unknown", "schema": "unknown",
                                          "assignment": "not started"}
     health.startup.update("ok", "missing")  # what startup.wait_until_ready reports
-    worker = fake_worker()
-    health.attach(worker)
     assert health.readyz() == (503, {"status": "not ready", "checks": {
         "worker": "starting", "database": "ok", "schema": "missing", "assignment": "not started"}})
     health.startup.update("ok", "current")
-    worker.started.set()
+    vitals.started = True
     assert health.readyz() == (200, {"status": "ready", "checks": READY})
-    worker.reaper.tick_failing_since = time.monotonic()
-    assert health.readiness().checks["database"] == "failing" and not health.readiness().ready
-    worker.reaper.tick_failing_since = None
-    worker.assignments["q0"].state = "degraded"
+    vitals.assignments[0].state = "degraded"
     assert health.readyz()[0] == 200
-    worker.stopping.set()
+    vitals.stopping = True
     assert health.readyz() == (503, {"status": "not ready", "checks": {**READY, "worker": "stopping",
                                                                         "assignment": "degraded"}})
+
+
+@pytest.mark.parametrize("failing", ["claims_failing_since", "heartbeats_failing_since", "reaper_failing_since"])
+def test_a_failing_statement_in_the_vitals_fails_the_database_check_until_it_works_again(failing):
+    health = Health(loop_stall_s=10, vitals=Vitals(started=True))
+    health.startup.update("ok", "current")
+    assert health.readiness().checks == {**READY, "assignment": "not used"} and health.readiness().ready
+    setattr(health.vitals, failing, time.monotonic())
+    assert health.readiness().checks["database"] == "failing" and not health.readiness().ready
+    setattr(health.vitals, failing, None)
+    assert health.readiness().ready
+
+
+def test_the_vitals_say_when_the_worker_cannot_work():
+    vitals = Vitals()
+    assert vitals.failing_since is None and not vitals.stalled and not vitals.database_failing
+    vitals.reaper_failing_since = 5.0  # the reaper's failures count for readiness, not for membership
+    assert vitals.failing_since is None and vitals.database_failing
+    vitals.claims_failing_since, vitals.heartbeats_failing_since = 7.0, 6.0
+    assert vitals.failing_since == 6.0 and vitals.stalled  # the first of them
 
 
 def test_livez_judges_the_age_of_the_loop_heartbeat():
@@ -83,9 +96,7 @@ def test_livez_judges_the_age_of_the_loop_heartbeat():
     health._beat = time.monotonic() - 11
     code, body = health.livez()
     assert code == 503 and body["status"] == "stalled" and body["loop_heartbeat_age_s"] >= 11
-    worker = fake_worker()
-    worker.started.set()
-    health.attach(worker)
+    health.vitals.started = True
     health.startup.update("ok", "current")
     assert health.readiness().checks["worker"] == "stalled"
 

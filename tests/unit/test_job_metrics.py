@@ -8,6 +8,7 @@ import pytest
 from dispatcher.model import Job, Outcome
 from dispatcher.observe.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
 from dispatcher.runtime.completer import Completer
+from dispatcher.settings.sections import CompletionSettings
 from tests.helpers import collected
 
 
@@ -81,7 +82,7 @@ def job(job_type: str) -> Job:
 
 def test_the_completer_counts_what_was_decided_for_each_attempt():
     stats = JobStats()
-    completer = Completer(NoStore(), flush_interval_s=1, flush_max=100, job_stats=stats)
+    completer = Completer(NoStore(), CompletionSettings(flush_interval_s=1, flush_max=100, history=False), job_stats=stats)
     completer.completed(job("x"), 0.5)
     completer.failed(job("x"), Outcome("queued", 1.0, "boom"), 0.25)
     completer.failed(job("x"), Outcome("failed", 0.0, "boom"), 0.25)
@@ -103,6 +104,7 @@ def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type(
     from dispatcher.runtime.executor import Executor
     from dispatcher.runtime.retry import RetryPolicy
     from tests.helpers import run_async, wait_until_async
+    from tests.unit.test_executor import execution, leases
 
     registry = Registry()
     release = threading.Event()
@@ -131,8 +133,7 @@ def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type(
         def failed(self, job, outcome, duration_s): ...
 
     stats = JobStats()
-    executor = Executor(registry, RetryPolicy(1.0, 60.0), Sink(), worker_id="w", job_timeout_s=0, sync_threads=1,
-                        job_stats=stats)
+    executor = Executor(registry, RetryPolicy(1.0, 60.0), Sink(), execution(sync_threads=1), leases(), job_stats=stats)
 
     def queued(job_id, job_type, queue):
         return Job((job_id, job_type, {}, 1, 5, None, 0, 0), "00000000-0000-0000-0000-000000000001", queue)

@@ -12,10 +12,14 @@ import pytest
 
 from coordinator.assignment import StaticAssignment
 from dispatcher.db.rows import Claimed
+from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.runtime.claim_windows import MAX_WINDOW_BUCKETS, ClaimWindows, window_buckets
 from dispatcher.runtime.producer import Producer
+from dispatcher.runtime.vitals import Vitals
 from dispatcher.settings.config import Config
+from dispatcher.settings.sections import ClaimSettings
+from tests.helpers import run_async, wait_until_async
 
 ALL = tuple(range(64))
 
@@ -70,7 +74,7 @@ async def drive(store: FakeStore, own: tuple[int, ...], *, until, steal: bool = 
     """Run a producer over `own` until `until(store)` holds or `timeout_s` passes (a failure)."""
     config = Config(dsn="postgresql://x", batch_size=500, steal=steal,
                     **{"concurrency": 100, "poll_interval_s": 30.0, **settings})
-    producer = Producer(config, store, {"default": StaticAssignment(own)}, FakeExecutor())
+    producer = Producer(config.claims, store, {"default": StaticAssignment(own)}, FakeExecutor())
     task = asyncio.create_task(producer.run())
     try:
         async with asyncio.timeout(timeout_s):
@@ -243,7 +247,7 @@ async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
 
     store = RecordingStore({b: 1000 for b in ALL[:8]})
     config = Config(dsn="postgresql://x", concurrency=100, batch_size=500, steal=False, poll_interval_s=30.0)
-    producer = Producer(config, store, {"default": assignment}, FakeExecutor())
+    producer = Producer(config.claims, store, {"default": assignment}, FakeExecutor())
     task = asyncio.create_task(producer.run())
     try:
         async with asyncio.timeout(5):
@@ -258,3 +262,75 @@ async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
     assert "look" not in events[1:events.index("short")]  # none during the backlog
     assert events[events.index("short"):].count("look") == 1  # the one left, once the backlog ended
     assert events[-2:] == ["look", "short"]  # ... taken before the claim the loop sleeps after
+
+
+# -- its section and the worker's vitals ------------------------------------------------------------
+
+class Pauses(Producer):
+    """Counts the producer's pauses (a stalled check, a back-off), each 1 ms here."""
+
+    STALLED_CHECK_S = 0.001
+    pauses = 0
+
+    async def _pause(self, seconds: float) -> None:
+        self.pauses += 1
+        await super()._pause(min(seconds, 0.001))
+
+
+class FailsFirst(FakeStore):
+    """Its first `failures` claims fail; each claim notes what the vitals said when it came."""
+
+    def __init__(self, queued: dict[int, int], failures: int, vitals: Vitals) -> None:
+        super().__init__(queued)
+        self.failures = failures
+        self.vitals = vitals
+        self.failing_since_seen: list[float | None] = []
+
+    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal_from=None):
+        self.failing_since_seen.append(self.vitals.claims_failing_since)
+        if self.failures:
+            self.failures -= 1
+            raise StoreUnavailable("claim: database unavailable")
+        return await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal_from)
+
+
+def test_the_producer_takes_its_claim_section_and_claims_nothing_while_the_vitals_say_stalled():
+    claims = ClaimSettings(mode="partitioned", queues=("default",), concurrency=10, batch_size=5,
+                           poll_interval_s=30.0, lease_s=12.0, steal=False, steal_batch=1)
+    vitals = Vitals(heartbeats_failing_since=time.monotonic())  # the lease keeper's heartbeats fail
+    store = FakeStore({0: 3})
+
+    async def main() -> None:
+        producer = Pauses(claims, store, {"default": StaticAssignment(ALL)}, FakeExecutor(), vitals=vitals)
+        task = asyncio.create_task(producer.run())
+        try:
+            await wait_until_async(lambda: producer.pauses >= 3, 5, "three stalled checks")
+            assert store.claims == []  # leases it could not extend: nothing claimed
+            vitals.heartbeats_failing_since = None
+            await wait_until_async(lambda: store.left() == 0, 5, "the claim once heartbeats work again")
+        finally:
+            producer.stop()
+            await asyncio.wait_for(task, 5)
+        assert store.claims[0] == (ALL, 5, False)  # the section's batch size
+
+    run_async(main())
+
+
+def test_failing_claims_are_written_to_the_vitals_until_one_works():
+    claims = Config(dsn="postgresql://x", poll_interval_s=30.0, steal=False).claims
+    vitals = Vitals()
+    store = FailsFirst({0: 3}, failures=2, vitals=vitals)
+
+    async def main() -> None:
+        producer = Pauses(claims, store, {"default": StaticAssignment(ALL)}, FakeExecutor(), vitals=vitals)
+        task = asyncio.create_task(producer.run())
+        try:
+            await wait_until_async(lambda: store.left() == 0, 5, "the claim after two failures")
+        finally:
+            producer.stop()
+            await asyncio.wait_for(task, 5)
+        first, second, third = store.failing_since_seen[:3]
+        assert first is None and second is not None and third == second  # since the first failure
+        assert vitals.claims_failing_since is None and vitals.failing_since is None  # it works again
+
+    run_async(main())

@@ -150,7 +150,7 @@ def assert_locked_down(name: str, spec: dict[str, Any]) -> None:
 def test_grace_period_outlasts_the_workers_exit_bound(overlay: str) -> None:
     docs = rendered(overlay)
     grace_s = float(settings_map(docs)["data"]["DISPATCHER_SHUTDOWN_GRACE_S"])
-    bound_s = exit_bound_s(Config(shutdown_grace_s=grace_s))
+    bound_s = exit_bound_s(Config(shutdown_grace_s=grace_s).worker)
     assert bound_s >= grace_s + 6  # the README's promise: grace + 6 s
     period_s = workers(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert period_s > bound_s, f"terminationGracePeriodSeconds {period_s} <= exit bound {bound_s} s"
@@ -168,6 +168,10 @@ def test_the_configmap_holds_the_mode_and_valid_settings(overlay: str) -> None:
     # Exactly what a worker pod would load (its DSN comes from the secret): no ConfigError.
     config = Config.load({**data, "DISPATCHER_DSN": "postgresql://app_worker@postgres/app"})
     assert config.wait_for_schema, "the workers wait for the migration Job"
+    # The app is a setting like the others: `dispatcher run` takes it from the ConfigMap.
+    assert config.worker.app == "myapp.jobs:registry"
+    commands = [c["command"] for c in workers(docs)["spec"]["template"]["spec"]["containers"]]
+    assert commands == [["dispatcher", "run"]], "the settings, the app among them, come from the ConfigMap"
     # The workers read it through envFrom under its generated (hashed) name, so a change rolls them.
     spec = workers(docs)["spec"]["template"]["spec"]
     refs = [src for c in spec["containers"] for src in c.get("envFrom", [])]

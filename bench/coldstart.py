@@ -1,16 +1,6 @@
-"""Fleets that start or change under load: `coldstart` and `rolling` (see bench/__main__.py).
-
-coldstart: N jobs are queued first; then W worker processes are spawned and the run is timed,
-on the database clock, from the spawn to the last completion. Process start-up, joining the
-coordinator, the hand-off on every join and the first claims all count, as they do after a
-deploy, an outage or a scale-up. Run at the defaults a user gets and at the bench's settings.
-
-rolling: W workers drain N jobs while every one of them is replaced, one at a time, the way a
-Deployment rollout with maxSurge 1 / maxUnavailable 0 does it: start a new worker, wait until it
-answers /readyz, SIGTERM an old one and wait for it to exit. Reported: time to done, the dip in
-throughput (the slowest 0.5 s window during the rollout against the steady rate before it, both
-from completed_at), and jobs that ran more than once (attempts > 1: a no-op job that ran to
-completion once never needs a second) or never completed.
+"""Fleets that start or change under load: `coldstart` (workers spawned against a queued backlog,
+timed from the spawn) and `rolling` (every worker replaced one at a time during a drain).
+What each measures and why: docs/design/bench-method.md.
 """
 
 from __future__ import annotations

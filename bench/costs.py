@@ -1,20 +1,6 @@
 """What the workers cost while they drain: CPU of PostgreSQL and of the worker processes, and
-where PostgreSQL's time went (pg_stat_statements), over the same window the plain-SQL ceiling
-is measured over (bench/drain.py), so the two compare per job.
-
-The window is the drain and nothing else:
-- it opens at the instant the jobs can first be claimed: just before the enqueueing transaction
-  commits (a drain), or just before the due instant (a burst). Not before the enqueue: a 200k
-  COPY takes ~1.5 s, during which the fleet polls an index full of uncommitted entries;
-- it closes when the watch sees the last job completed (within its 0.1 s step), not after the
-  1.2 s the statistics take to settle (idle polling, which the ceiling does not do);
-- the bench's own session is left out: its CPU (the COPY, the ANALYZE, the progress counts of
-  200k rows, 16-30 ms each) is subtracted from the server's, and pg_stat_statements does not
-  track it where the role may switch tracking off for its session (a superuser, as on the
-  throwaway server);
-- start-up (interpreter, imports, joining the coordinator: 0.2-0.5 s of CPU per process, so
-  6-10 us per job of a 200k drain at 4 workers) is reported apart, per worker, as is the idle
-  fleet's cost per second.
+where PostgreSQL's time went (pg_stat_statements), over the same window as the plain-SQL ceiling
+(bench/drain.py). How the window is chosen: docs/design/bench-method.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """`python -m bench burst --external-workers` (or BENCH_EXTERNAL_WORKERS=1): the burst against a
-fleet that runs elsewhere, such as N pods of a deployment. The bench starts no worker: it
-enqueues N jobs due at one instant T and measures, from the database alone, until all are done.
-
-Decisions, and why:
-- Live workers: it refuses (exit 2, one line, nothing enqueued) when no worker process is
-  connected (a `dispatcher-claim` session: fleetview.py), and when the queue still holds
-  unfinished jobs (another run, or leftovers). Then one probe job must be run within
-  --probe-timeout-s, which proves that some worker serves the queue and knows the job type;
-  if none does, the probe is deleted and it refuses.
-- Its own rows only: a dedicated queue (--queue, default `bench`), every job tagged with the run
-  (payload {"bench_run": RUN}) and ids above a sequence value taken just before the enqueue. No
-  TRUNCATE, no pg_stat_reset: counters are read as deltas. The workers must serve that queue
-  (DISPATCHER_QUEUES=default,bench) and have a handler for --job-type (default `noop`, the demo
-  app's; in your app, a handler that does nothing).
-- Its rows are deleted after measuring (batches of 10,000 ids, their attempt history too), also
-  on a failure, Ctrl-C or SIGTERM: the next run (the other mode) then finds the table as this one
-  did, not 200k rows richer. --keep-rows leaves them to retention (completed_retention_s).
-- Figures: the drain on the database clock (T to the last completion; first claim to the last
-  completion, and jobs/s over it), start lateness (locked_at - run_at), index and heap reads per
-  job from the table's pg_stat deltas (table-wide: other queues' traffic in the window counts
-  too; the bench's own reads are subtracted), lock waiters sampled during the run, dead tuples at
-  the start and the end, and which modes the workers claimed in (fleetview.py).
+fleet that runs elsewhere, such as N pods of a deployment, measured from the database alone.
+Its safeguards (live workers, its own rows only, clean-up) and figures: docs/design/bench-method.md.
 """
 
 from __future__ import annotations

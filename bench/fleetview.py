@@ -1,19 +1,6 @@
-"""What the database shows of a worker fleet that runs elsewhere (pods, or processes started apart).
-
-How a live worker is recognised, in every mode and with every coordinator: each `dispatcher run`
-process holds exactly one connection named `dispatcher-claim` (application_name, worker.py) while
-it runs, and pg_stat_activity shows every role the application_name of every session. So the
-number of `dispatcher-claim` sessions on the database is the number of live worker processes,
-whatever they serve. The PostgreSQL coordinator also lists its live members per queue
-(dispatcher_members; none with the Redis or static coordinator, nor in SKIP LOCKED mode).
-
-Which mode a worker runs is read from the last statement of its claim session: a SKIP LOCKED
-worker's claim is one fixed text (dispatcher.db.claim_sql(None)), and every partitioned claim (bucket
-branches, all buckets, stealing) differs from it. PostgreSQL shows the statement's text only to
-the same role (the workers' secret), a superuser or pg_read_all_stats; to others the mode is
-unknown. A partitioned worker degraded by design (coordinator down) claims with SKIP LOCKED and
-is counted as such: that is how it claims. Behind PgBouncer in transaction pooling a pooled
-server connection keeps the application_name of its last client: the counts are approximate.
+"""What the database shows of a worker fleet that runs elsewhere (pods, or processes started apart):
+how many live workers, and which mode each claims in. How they are recognised:
+docs/design/bench-method.md.
 """
 
 from __future__ import annotations

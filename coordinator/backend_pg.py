@@ -14,9 +14,10 @@ Notifications (`LISTEN dispatcher_coordinator`) arrive on a second connection; a
 delays a change until the next poll. Each payload starts with this backend's token, so our own
 notifications do not wake us (as in the Redis backend).
 
-Errors: psycopg's OperationalError (connection refused or lost, server shutting down) and an
-operation that overruns its deadline (a stalled connection: see pglimits.py) become
-CoordinatorUnavailable; any other psycopg error CoordinatorError. So a stall shows as an
+Errors are classified once (pg/errors.py): what waiting may fix (unreachable, connection lost,
+server starting up or shutting down, a lock or statement timeout) and an operation that overruns
+its deadline (a stalled connection: see pg/connect.py) become CoordinatorUnavailable; anything
+else (a refused login, a bad setting, a missing table) CoordinatorError. So a stall shows as an
 unreachable backend, and past a lease the worker degrades to SKIP LOCKED instead of hanging.
 """
 
@@ -30,7 +31,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
 
 from .backend import (
     DRAIN_MAX_S,
@@ -47,7 +47,8 @@ from .backend import (
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
-from .pg.notify import NotificationWait
+from .pg.errors import describe
+from .pg.notify import NotificationWait, listen_statement, probe_statement
 from .pg.sqlfile import load
 
 log = logging.getLogger(__name__)
@@ -64,13 +65,13 @@ def query(name: str) -> str:
 
 @contextlib.contextmanager
 def _errors(what: str) -> Iterator[None]:
-    """psycopg errors -> CoordinatorUnavailable (cannot reach) or CoordinatorError (anything else)."""
+    """psycopg errors -> CoordinatorUnavailable (waiting may fix it) or CoordinatorError (anything else)."""
     try:
         yield
-    except psycopg.OperationalError as exc:
-        raise CoordinatorUnavailable(f"coordinator {what}: {exc}") from exc
     except psycopg.Error as exc:
-        raise CoordinatorError(f"coordinator {what}: {exc}") from exc
+        failure = describe(exc)
+        kind = CoordinatorUnavailable if failure.problem.transient else CoordinatorError
+        raise kind(f"coordinator {what}: {failure.reason}") from exc
 
 
 class PostgresBackend:
@@ -136,10 +137,7 @@ class PostgresBackend:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._locked_as = None
             with _errors("connect"):
-                try:
-                    self._conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator")
-                except StatementTimeout as exc:
-                    raise CoordinatorUnavailable(f"coordinator {exc}") from None
+                self._conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator")
         return self._conn
 
     def _drop(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -154,7 +152,7 @@ class PostgresBackend:
             try:
                 conn = None
                 conn = await connect(self._listen_dsn, self._limits, application_name="dispatcher-coordinator-listen")
-                listen = sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL))
+                listen = listen_statement(CHANNEL)
                 await bounded("listen", conn.execute(listen), self._limits.statement_timeout_s, conn)
                 if self._wake_on_listen:
                     self._changed.set()  # anything may have happened while we were not listening
@@ -164,7 +162,7 @@ class PostgresBackend:
                 notifications = NotificationWait(conn, self._on_notification)
                 while True:
                     if not await notifications.wait(LISTEN_PROBE_S):
-                        await bounded("listen probe", conn.execute("SELECT 1"), self._limits.statement_timeout_s, conn)
+                        await bounded("listen probe", conn.execute(probe_statement()), self._limits.statement_timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 log.debug("coordination listener lost its connection: %s", exc)
             except Exception:  # keep listening whatever happened

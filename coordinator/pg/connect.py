@@ -14,6 +14,11 @@ forever, and so does whatever awaits it, shutdown included. Three layers bound t
 - We do not set `statement_timeout` on the session: PgBouncer in transaction pooling rejects the
   `options` startup parameter, and a `SET` would leak to other clients through its pool. The
   cancel request above stops the statement on the server instead (PgBouncer forwards those).
+  One-shot commands (the CLI, admin) run sync statements in transactions that begin with
+  `local_timeouts()`: statement_timeout and lock_timeout for that transaction only.
+
+A connect that fails raises `ConnectError`, classified by errors.py (unreachable, login refused,
+a bad setting): every command and worker connects through `connect()` or `connect_sync()`.
 
 `prepared_statements=False` turns psycopg's automatic prepared statements off (it prepares a
 statement on its 6th execution on a connection): behind PgBouncer < 1.21 in transaction pooling,
@@ -31,6 +36,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
+
+from .errors import ConnectError, Failure, Problem, diagnose_connect
+from .sqlfile import load
 
 T = TypeVar("T")
 
@@ -91,8 +99,9 @@ _abandoned_conns: set[int] = set()  # id() of the connections
 
 async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
                   **kwargs: Any) -> psycopg.AsyncConnection[Any]:
-    """An autocommit connection with the limits' timeouts; StatementTimeout if the handshake
-    stalls past connect_timeout_s (+1 s for libpq's own timer to fire first)."""
+    """An autocommit connection with the limits' timeouts. ConnectError says why not, in one line:
+    unreachable (also a handshake that stalls past connect_timeout_s, +1 s for libpq's own timer
+    to fire first), login refused or a bad setting (errors.py, diagnosed in a thread)."""
     if not limits.prepared_statements:
         kwargs["prepare_threshold"] = None
     try:
@@ -100,7 +109,34 @@ async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
             return await psycopg.AsyncConnection.connect(
                 dsn, autocommit=True, application_name=application_name, **limits.connect_kwargs(), **kwargs)
     except TimeoutError:
-        raise StatementTimeout("connect", limits.connect_timeout_s) from None
+        raise ConnectError(_stalled(limits), dsn) from None
+    except psycopg.Error as exc:
+        failure = await asyncio.to_thread(diagnose_connect, exc, dsn, limits.connect_timeout_s)
+        raise ConnectError(failure, dsn) from None
+
+
+def connect_sync(dsn: str, limits: ConnectionLimits, *, application_name: str,
+                 **kwargs: Any) -> psycopg.Connection[Any]:
+    """connect() for sync code (the one-shot commands): the same bounds, the same ConnectError.
+    Prepared statements off: each statement runs once or twice (and PgBouncer, above)."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, application_name=application_name, prepare_threshold=None,
+                               **limits.connect_kwargs(), **kwargs)
+    except psycopg.Error as exc:
+        raise ConnectError(diagnose_connect(exc, dsn, limits.connect_timeout_s), dsn) from None
+
+
+def _stalled(limits: ConnectionLimits) -> Failure:
+    return Failure(Problem.UNREACHABLE, f"no answer within {limits.connect_timeout_s:g} s (connection stalled)")
+
+
+def local_timeouts(conn: psycopg.Connection[Any], statement_s: float, lock_s: float) -> None:
+    """statement_timeout and lock_timeout for the transaction `conn` is in (SET LOCAL: nothing
+    leaks through a PgBouncer pool). A one-shot command then fails in bounded time on a lock
+    (55P03 lock_not_available) or a slow statement (57014 query_canceled) instead of hanging."""
+    conn.execute(load("coordinator")["local_timeouts"],
+                 {"statement": f"{max(1, int(statement_s * 1000))}ms", "lock": f"{max(1, int(lock_s * 1000))}ms"},
+                 prepare=False)
 
 
 async def bounded(what: str, work: Awaitable[T], timeout_s: float, conn: psycopg.AsyncConnection[Any]) -> T:

@@ -15,7 +15,7 @@ reads while a statement runs on the connection (a probe's `SELECT 1`) reach the 
 through the connection's notify handler, so none is missed and none is seen twice: each one
 leaves libpq's queue once, by whichever of the two paths reads it.
 
-Shared by both packages (the coordinator imports nothing from dispatcher), like pglimits.py.
+Shared by both packages (the coordinator imports nothing from dispatcher), like connect.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,19 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
+
+from .sqlfile import load
+
+
+def listen_statement(channel: str) -> sql.Composed:
+    """LISTEN on `channel`, quoted as an identifier."""
+    return sql.SQL(load("coordinator")["listen"]).format(channel=sql.Identifier(channel))
+
+
+def probe_statement() -> str:
+    """What a silent LISTEN connection asks, so that a stall on it shows."""
+    return load("coordinator")["listen_probe"]
 
 
 class NotificationWait:

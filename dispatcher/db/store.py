@@ -3,16 +3,15 @@
 Each worker loop (claims, completions, maintenance) owns one `JobStore` and so one connection in
 autocommit mode: one round trip per statement (~0.004 per job with batches of 500); a pool's
 health check plus BEGIN/COMMIT around each statement would make that four. psycopg errors
-become our own exceptions here; a broken connection is reopened on the next call.
+become our own exceptions here (translate.py); a broken connection is reopened on the next call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
@@ -22,11 +21,11 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
-from coordinator.pg.dsn import describe_dsn, one_line
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, DbPressure, ExpiredLease, FailedWrite, Failure, HistoryRows, QueueDepth
-from dispatcher.errors import StoreError, StorePermissionDenied, StoreUnavailable
+from dispatcher.db.translate import connect_errors, translate_errors
+from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 
@@ -55,35 +54,6 @@ def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any])
     """orjson both ways: about 5x faster than the stdlib json psycopg uses by default."""
     set_json_loads(orjson.loads, conn)
     set_json_dumps(orjson.dumps, conn)
-
-
-@contextlib.contextmanager
-def translate_errors(what: str) -> Iterator[None]:
-    """psycopg errors -> StoreUnavailable (retry later), StorePermissionDenied (our role may not)
-    or StoreError (a real failure)."""
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"{what}: database unavailable: {exc}") from exc
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise StorePermissionDenied(f"{what}: {exc}", reason=exc.diag.message_primary or str(exc),
-                                    hint=exc.diag.message_hint) from exc
-    except psycopg.Error as exc:
-        raise StoreError(f"{what}: {exc}") from exc
-
-
-@contextlib.contextmanager
-def connect_errors(dsn: str) -> Iterator[None]:
-    """Around opening a connection: psycopg errors -> StoreUnavailable (refused, unreachable,
-    login refused) or StoreError (e.g. a malformed DSN), in one line that names the server and
-    never the password: libpq may quote the DSN. Not chained, since a logged traceback would
-    print the psycopg error's own text."""
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
-    except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
 
 
 @cache
@@ -141,11 +111,7 @@ class JobStore:
         async with self._connecting:
             if self._conn is None or self._conn.closed:
                 with connect_errors(self._dsn):
-                    try:
-                        conn = await connect_bounded(self._dsn, self._limits,
-                                                     application_name=self._application_name)
-                    except StatementTimeout as exc:
-                        raise StoreUnavailable(str(exc)) from None
+                    conn = await connect_bounded(self._dsn, self._limits, application_name=self._application_name)
                 configure_json(conn)
                 self._conn, self._turn = conn, asyncio.Lock()
             return self._conn

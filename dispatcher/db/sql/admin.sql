@@ -1,5 +1,5 @@
 -- Failed-job admin (dispatcher/api/admin.py, `dispatcher jobs ...`). Each statement runs in its own
--- short transaction with SET LOCAL statement_timeout (admin_statement_timeout), never prepared,
+-- short transaction with a local statement_timeout and lock_timeout (db/oneshot.py), never prepared,
 -- so it is planned with its parameters' values: a filter left out ({filters}: NULL) folds away
 -- and a status filter can use the partial index of that status (queued: the claim indexes,
 -- running: the lease index, completed / failed, discarded, cancelled: the indexes of migration
@@ -9,9 +9,6 @@
 -- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
 -- folder. Parameters use psycopg's %(name)s style; {placeholders} in braces are filled in by code
 -- with validated integers only.
-
--- name: admin_statement_timeout
-SELECT set_config('statement_timeout', %(timeout)s, true)
 
 -- name: admin_filters
 -- The filters of every admin statement, on the row `j`; a NULL parameter means "any". The age is

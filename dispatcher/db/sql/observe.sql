@@ -86,3 +86,16 @@ UNION ALL
 SELECT queue_name, 'discarded', count(*), NULL FROM dispatcher_jobs WHERE status = 'discarded' GROUP BY queue_name
 UNION ALL
 SELECT queue_name, 'cancelled', count(*), NULL FROM dispatcher_jobs WHERE status = 'cancelled' GROUP BY queue_name
+
+-- name: locked_tables
+-- Our tables that another session holds a lock on that blocks reads or writes (SHARE or stronger),
+-- named by a one-shot command that gave up waiting for a lock (dispatcher/db/oneshot.py). pg_locks
+-- and pg_class take no lock on those tables, so this never waits on them.
+SELECT DISTINCT c.relname::text
+  FROM pg_locks l
+  JOIN pg_class c ON c.oid = l.relation
+ WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+   AND c.relname LIKE 'dispatcher\_%'
+ ORDER BY 1

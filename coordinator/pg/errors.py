@@ -43,10 +43,13 @@ class Problem(enum.Enum):
 
 # SQLSTATEs of a server that cannot take us *now*: shutting down, starting up, in recovery, full.
 _TRANSIENT_STATES = {"57P01", "57P02", "57P03", "53300", "53000", "25006"}  # 25006: a read-only replica (failover)
+# At connect time only: 55000 is a database not accepting connections (ALTER DATABASE ... ALLOW_CONNECTIONS).
+_CONNECT_TRANSIENT_STATES = _TRANSIENT_STATES | {"55000"}
 # The classes of a connection that was lost (08) or a server that ran out of something (53).
 _TRANSIENT_CLASSES = ("08", "53")
 _PROTOCOL_3 = 196608
 _SSL_REQUEST = struct.pack("!ii", 8, 80877103)
+_TERMINATE = b"X" + struct.pack("!i", 4)
 _SSL_REQUIRED = ("require", "verify-ca", "verify-full")
 
 
@@ -128,10 +131,10 @@ def diagnose_connect(exc: BaseException, dsn: str, timeout_s: float) -> Failure:
     if options.get("sslmode") in _SSL_REQUIRED and address[0] != socket.AF_UNIX and not _offers_ssl(address, timeout_s):
         return Failure(Problem.BAD_SETTING, f"sslmode={options['sslmode']} but the server does not offer SSL")
     state = _startup_sqlstate(address, options, timeout_s)
-    if state is not None and (state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)):
-        return Failure(Problem.UNREACHABLE, reason, state)
-    if state == "":  # the probe got no answer: the server went away meanwhile
+    if state == "":  # the probe got in, or no answer: whatever it was has passed, or the server went away
         return Failure(Problem.UNREACHABLE, reason)
+    if state is not None and (state in _CONNECT_TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)):
+        return Failure(Problem.UNREACHABLE, reason, state)
     return Failure(Problem.LOGIN_REFUSED, reason, state)
 
 
@@ -193,26 +196,31 @@ def _offers_ssl(address: tuple[int, Any], timeout_s: float) -> bool:
 
 
 def _startup_sqlstate(address: tuple[int, Any], options: dict[str, str], timeout_s: float) -> str | None:
-    """Send a bare StartupMessage (user, database): the SQLSTATE of the server's ErrorResponse,
-    None if it asks to authenticate (it takes logins: ours was refused), '' if it did not answer.
-    A server that is starting up, shutting down or full says so here, before authentication."""
+    """Send a bare StartupMessage (user, database) and read the answers: the SQLSTATE of the
+    server's ErrorResponse; None if it asks for a password (it takes logins: ours was refused);
+    '' if it let the probe in or did not answer (the failure has passed). A server that is
+    starting up, shutting down or full says so before authentication; one that trusts the probe
+    (no password) goes on and says what it says to a login: no such role or database, or the
+    database not accepting connections."""
     params = b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in
                       (("user", options.get("user") or ""), ("database", options.get("dbname") or "")) if v)
     body = struct.pack("!i", _PROTOCOL_3) + params + b"\0"
     try:
         with _socket(address, timeout_s) as sock:
             sock.sendall(struct.pack("!i", len(body) + 4) + body)
-            kind = sock.recv(1)
-            if kind != b"E":
-                return None if kind else ""
-            length = struct.unpack("!i", _recv(sock, 4))[0]
-            fields = _recv(sock, length - 4)
+            while True:
+                kind = _recv(sock, 1)
+                payload = _recv(sock, struct.unpack("!i", _recv(sock, 4))[0] - 4)
+                if kind == b"E":
+                    fields = payload.split(b"\0")
+                    return next((f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None)
+                if kind == b"R" and payload[:4] != b"\0\0\0\0":
+                    return None  # a password (or another method) is asked for: stop here
+                if kind == b"Z":
+                    sock.sendall(_TERMINATE)
+                    return ""  # logged in: the server takes this login now
     except (OSError, struct.error):
         return ""
-    for field in fields.split(b"\0"):
-        if field[:1] == b"C":
-            return field[1:].decode("ascii", "replace")
-    return None
 
 
 def _recv(sock: socket.socket, n: int) -> bytes:

@@ -57,6 +57,23 @@ def test_an_unknown_connection_option_is_a_bad_setting(dsn):
     assert problem_of(mk(dsn, port="54x")).failure.problem is Problem.BAD_SETTING
 
 
+def test_a_database_closed_to_connections_for_now_is_unreachable_not_refusing(pg_admin_dsn, dsn):
+    """ALTER DATABASE ... ALLOW_CONNECTIONS false (maintenance): 55000 at login, waited out."""
+    name = psycopg.sql.Identifier(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(name))
+        try:
+            error = problem_of(dsn)
+        finally:
+            admin.execute(psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name))
+    assert error.failure.problem is Problem.UNREACHABLE and error.failure.sqlstate == "55000", error
+
+
+def test_a_refused_login_carries_the_servers_sqlstate_when_the_probe_can_read_it(dsn):
+    assert problem_of(mk(dsn, user="no_such_role")).failure.sqlstate == "28000"
+    assert problem_of(mk(dsn, dbname="no_such_db")).failure.sqlstate == "3D000"
+
+
 def test_a_server_that_is_full_is_unreachable_not_refusing():
     """53300 (too many clients) arrives before authentication: the probe reads it, so a full
     server is waited out like an unreachable one. A small server of its own, filled up."""

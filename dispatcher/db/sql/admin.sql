@@ -139,3 +139,15 @@ UNION ALL
 SELECT t.id, j.status, coalesce({filters}, false), NULL, false
   FROM unnest(%(ids)s::bigint[]) AS t(id)
   LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
+
+-- The workers' role's privileges (dispatcher/db/privileges.py, `dispatcher grants`): a script the
+-- tables' owner runs. {placeholders}: quoted identifiers and privilege lists, filled in by code.
+
+-- name: grant_schema_usage
+GRANT USAGE ON SCHEMA {schema} TO {role}
+
+-- name: grant_table
+GRANT {privileges} ON TABLE {table} TO {role}
+
+-- name: grant_sequence
+GRANT {privileges} ON SEQUENCE {sequence} TO {role}

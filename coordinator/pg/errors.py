@@ -31,7 +31,7 @@ class Problem(enum.Enum):
     LOGIN_REFUSED = "login refused"  # the server answered and refused this login (role, database, password, pg_hba)
     BAD_SETTING = "bad connection setting"  # libpq refuses an option, or the server cannot meet our SSL setting
     MISSING_SCHEMA = "missing schema"  # one of our tables does not exist: `dispatcher migrate`
-    TIMED_OUT = "timed out"  # lock_timeout or statement_timeout (or a cancel request) ended a statement
+    TIMED_OUT = "timed out"  # lock_timeout, statement_timeout, a cancel request or a deadlock ended a statement
     PERMISSION_DENIED = "permission denied"  # our role lacks a privilege
     OTHER = "other"
 
@@ -81,8 +81,8 @@ def classify(exc: BaseException) -> Problem:
     state = getattr(exc, "sqlstate", None)
     if isinstance(exc, pgerrors.UndefinedTable):
         return Problem.MISSING_SCHEMA
-    if isinstance(exc, (pgerrors.LockNotAvailable, pgerrors.QueryCanceled)):
-        return Problem.TIMED_OUT
+    if isinstance(exc, (pgerrors.LockNotAvailable, pgerrors.QueryCanceled)) or (state or "").startswith("40"):
+        return Problem.TIMED_OUT  # class 40 too: a lock wait the server ended (deadlock, serialization conflict)
     if isinstance(exc, pgerrors.InsufficientPrivilege):
         return Problem.PERMISSION_DENIED
     if state is not None and (state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)):
@@ -104,7 +104,7 @@ def describe(exc: BaseException, dsn: str | None = None) -> Failure:
 
 def diagnose_connect(exc: BaseException, dsn: str, timeout_s: float) -> Failure:
     """Why connecting with `dsn` failed with `exc` (blocking: run it in a thread from async code).
-    At most three short connections to the server, each bounded by `timeout_s`."""
+    At most four short connections to the server, each bounded by `timeout_s`."""
     if isinstance(exc, ConnectError):
         return exc.failure
     reason = one_line(exc, dsn) or type(exc).__name__

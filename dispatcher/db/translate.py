@@ -36,7 +36,7 @@ def store_error(exc: psycopg.Error, what: str, dsn: str | None = None) -> StoreE
     if problem is Problem.UNREACHABLE:
         return StoreUnavailable(f"{what}: database unavailable: {reason}")
     if problem is Problem.TIMED_OUT:
-        return StoreTimeout(f"{what}: {reason}", lock=isinstance(exc, psycopg.errors.LockNotAvailable))
+        return StoreTimeout(f"{what}: {reason}", lock=not isinstance(exc, psycopg.errors.QueryCanceled))
     if problem is Problem.MISSING_SCHEMA:
         return SchemaMissing(f"{what}: no dispatcher schema here ({reason}): {MIGRATE_HINT}")
     if problem is Problem.PERMISSION_DENIED:

@@ -12,6 +12,8 @@ from coordinator.pg.errors import ConnectError, Failure, Problem, classify
     (pgerrors.UndefinedTable("relation \"dispatcher_jobs\" does not exist"), Problem.MISSING_SCHEMA),
     (pgerrors.LockNotAvailable("canceling statement due to lock timeout"), Problem.TIMED_OUT),
     (pgerrors.QueryCanceled("canceling statement due to statement timeout"), Problem.TIMED_OUT),
+    (pgerrors.DeadlockDetected("deadlock detected"), Problem.TIMED_OUT),
+    (pgerrors.SerializationFailure("could not serialize access"), Problem.TIMED_OUT),
     (pgerrors.InsufficientPrivilege("permission denied for table dispatcher_jobs"), Problem.PERMISSION_DENIED),
     (pgerrors.AdminShutdown("terminating connection due to administrator command"), Problem.UNREACHABLE),
     (pgerrors.CannotConnectNow("the database system is starting up"), Problem.UNREACHABLE),

@@ -15,6 +15,8 @@ import pytest
 
 from coordinator.pg.connect import ConnectionLimits, connect, connect_sync
 from coordinator.pg.errors import ConnectError, Problem
+from dispatcher.db.oneshot import bounded_transaction, session
+from dispatcher.errors import StoreTimeout
 from dispatcher.serve.startup import StartupError, wait_until_ready
 from tests.helpers import ROOT, run_async
 from tests.integration.test_cli_errors import cli, closed_port, jobs, one_line_error
@@ -150,6 +152,18 @@ def test_a_one_shot_command_fails_fast_on_a_connection_that_cannot_work(dsn, com
     line = one_line_error(result, 1, said)
     assert "unreachable" not in line and "s3cret" not in line
     assert took < 10
+
+
+def test_a_slow_statement_of_a_one_shot_session_ends_at_its_statement_timeout(dsn):
+    limits = ConnectionLimits(statement_timeout_s=0.2)
+    began = time.monotonic()
+    with session(dsn, limits, application_name="errors-test") as conn:
+        with pytest.raises(StoreTimeout, match=r"^slow: gave up after 0.4 s \(statement_timeout\)$") as info:
+            with bounded_transaction(conn, "slow", limits, budget=2):
+                conn.execute("SELECT pg_sleep(30)")
+        assert info.value.lock is False
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on
+    assert time.monotonic() - began < 5
 
 
 # -- the worker: only an unreachable server is waited out -------------------------------------------

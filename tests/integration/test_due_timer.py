@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from dispatcher import Config, Job, Registry, Worker, enqueue_sync
-from dispatcher.api import enqueue
+from dispatcher.api.enqueue import enqueue
 from tests.helpers import Deadline, fetchall, run_async, wait_until_async
 
 LATE_BOUND_S = 0.5

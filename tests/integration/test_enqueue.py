@@ -15,7 +15,7 @@ from dispatcher import (
     enqueue_payloads_sync,
     enqueue_sync,
 )
-from dispatcher.api import enqueue
+from dispatcher.api.enqueue import enqueue
 from dispatcher.api.enqueue import bucket_for
 from tests.helpers import fetchall, fetchval, run_async
 

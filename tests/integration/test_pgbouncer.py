@@ -15,7 +15,7 @@ import pytest
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher import Config, Job, JobSpec, Registry, Worker, enqueue_many_sync, enqueue_payloads_sync, enqueue_sync
-from dispatcher.api import enqueue
+from dispatcher.api.enqueue import enqueue
 from dispatcher.db.migrate import available_migrations, current_version, migrate
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from dispatcher import Config, Job, Registry, Worker, enqueue_sync
-from dispatcher.api import enqueue
+from dispatcher.api.enqueue import enqueue
 from tests.helpers import (
     ROOT,
     Deadline,

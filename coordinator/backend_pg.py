@@ -162,7 +162,8 @@ class PostgresBackend:
                 notifications = NotificationWait(conn, self._on_notification)
                 while True:
                     if not await notifications.wait(LISTEN_PROBE_S):
-                        await bounded("listen probe", conn.execute(probe_statement()), self._limits.statement_timeout_s, conn)
+                        probe = conn.execute(probe_statement())
+                        await bounded("listen probe", probe, self._limits.statement_timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 log.debug("coordination listener lost its connection: %s", exc)
             except Exception:  # keep listening whatever happened

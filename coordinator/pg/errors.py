@@ -177,7 +177,8 @@ def _answers(address: tuple[int, Any], timeout_s: float) -> bool:
 def _rejects_options(dsn: str, options: dict[str, str]) -> bool:
     """libpq checks option values before any network I/O: a bad one makes connect_start BAD at
     once. The address is pinned to the one that just answered, so no name is resolved here."""
-    pinned = psycopg.conninfo.make_conninfo(dsn, **{k: options[k] for k in ("host", "hostaddr", "port") if options.get(k)})
+    address = {k: options[k] for k in ("host", "hostaddr", "port") if options.get(k)}
+    pinned = psycopg.conninfo.make_conninfo(dsn, **address)
     pgconn = psycopg.pq.PGconn.connect_start(pinned.encode())
     try:
         return bool(pgconn.status == psycopg.pq.ConnStatus.BAD)

@@ -270,6 +270,6 @@ class JobStore:
         await self._execute("lease_release", query("maintenance_lease_release"), params)
 
     async def jobs_analyze_if_stale(self) -> None:
-        """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql).
+        """Refresh planner statistics if they are far behind (one pod at a time; see sql/maintenance.sql).
         StorePermissionDenied if our role may not ANALYZE the table at all."""
         await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)

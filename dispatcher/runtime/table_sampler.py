@@ -4,7 +4,7 @@ Every pod sees the same table, so if each sampled it, N pods would export N copi
 and cost the database N times the queries. One pod at a time holds the sampler role: a row of
 dispatcher_maintenance_leases (migration 0006) with a lease on the database's clock, taken or
 renewed by one statement per tick that succeeds only for its holder or once the lease ran out
-(queries.sql, maintenance_lease_take). No session state, so it works through PgBouncer in
+(dispatcher/db/sql/maintenance.sql, maintenance_lease_take). No session state, so it works through PgBouncer in
 transaction pooling, where session advisory locks do not.
 
 - The lease lasts LEASE_TICKS sampling intervals: two missed renewals are tolerated; a pod that

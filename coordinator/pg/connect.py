@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -50,6 +51,9 @@ KEEPALIVES_IDLE_S = 5
 KEEPALIVES_INTERVAL_S = 2
 KEEPALIVES_COUNT = 3
 TCP_USER_TIMEOUT_MS = 10_000
+# All the probes that classify a failed connect (errors.py), together: they run only after a
+# failure, against a server that just answered (or refused) at once.
+_PROBE_BUDGET_S = 2.0
 
 
 class StatementTimeout(TimeoutError):
@@ -104,6 +108,7 @@ async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
     to fire first), login refused or a bad setting (errors.py, diagnosed in a thread)."""
     if not limits.prepared_statements:
         kwargs["prepare_threshold"] = None
+    began = time.monotonic()
     try:
         async with asyncio.timeout(limits.connect_timeout_s + 1.0):
             return await psycopg.AsyncConnection.connect(
@@ -111,7 +116,9 @@ async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
     except TimeoutError:
         raise ConnectError(_stalled(limits), dsn) from None
     except psycopg.Error as exc:
-        failure = await asyncio.to_thread(diagnose_connect, exc, dsn, limits.connect_timeout_s)
+        if _timed_out(limits, began):
+            raise ConnectError(_stalled(limits), dsn) from None
+        failure = await asyncio.to_thread(diagnose_connect, exc, dsn, _PROBE_BUDGET_S)
         raise ConnectError(failure, dsn) from None
 
 
@@ -119,11 +126,20 @@ def connect_sync(dsn: str, limits: ConnectionLimits, *, application_name: str,
                  **kwargs: Any) -> psycopg.Connection[Any]:
     """connect() for sync code (the one-shot commands): the same bounds, the same ConnectError.
     Prepared statements off: each statement runs once or twice (and PgBouncer, above)."""
+    began = time.monotonic()
     try:
         return psycopg.connect(dsn, autocommit=True, application_name=application_name, prepare_threshold=None,
                                **limits.connect_kwargs(), **kwargs)
     except psycopg.Error as exc:
-        raise ConnectError(diagnose_connect(exc, dsn, limits.connect_timeout_s), dsn) from None
+        if _timed_out(limits, began):
+            raise ConnectError(_stalled(limits), dsn) from None
+        raise ConnectError(diagnose_connect(exc, dsn, _PROBE_BUDGET_S), dsn) from None
+
+
+def _timed_out(limits: ConnectionLimits, began: float) -> bool:
+    """Whether libpq gave up at its connect_timeout: the server did not answer in time, which
+    needs no probe (and another wait) to classify."""
+    return time.monotonic() - began >= limits.connect_kwargs()["connect_timeout"] - 0.25
 
 
 def _stalled(limits: ConnectionLimits) -> Failure:

@@ -17,6 +17,7 @@ import contextlib
 import enum
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,12 +105,14 @@ def describe(exc: BaseException, dsn: str | None = None) -> Failure:
 
 def diagnose_connect(exc: BaseException, dsn: str, timeout_s: float) -> Failure:
     """Why connecting with `dsn` failed with `exc` (blocking: run it in a thread from async code).
-    At most four short connections to the server, each bounded by `timeout_s`."""
+    At most four short connections to the server, all of them within `timeout_s`: past it, the
+    server counts as unreachable."""
+    deadline = time.monotonic() + timeout_s
     if isinstance(exc, ConnectError):
         return exc.failure
-    reason = one_line(exc, dsn) or type(exc).__name__
+    reason = one_line(exc, dsn) or "no answer in time"
     if isinstance(exc, TimeoutError):
-        return Failure(Problem.UNREACHABLE, f"no answer within {timeout_s:g} s")
+        return Failure(Problem.UNREACHABLE, reason)
     if isinstance(exc, psycopg.ProgrammingError):
         return Failure(Problem.BAD_SETTING, reason)
     pgconn = getattr(exc, "pgconn", None)
@@ -124,13 +127,13 @@ def diagnose_connect(exc: BaseException, dsn: str, timeout_s: float) -> Failure:
     address = _address(options)
     if address is None:  # e.g. a port that is not a number
         return Failure(Problem.BAD_SETTING if _rejects_options(dsn, options) else Problem.UNREACHABLE, reason)
-    if not _answers(address, timeout_s):
+    if not _answers(address, deadline):
         return Failure(Problem.UNREACHABLE, reason)
     if _rejects_options(dsn, options):
         return Failure(Problem.BAD_SETTING, reason)
-    if options.get("sslmode") in _SSL_REQUIRED and address[0] != socket.AF_UNIX and not _offers_ssl(address, timeout_s):
+    if options.get("sslmode") in _SSL_REQUIRED and address[0] != socket.AF_UNIX and not _offers_ssl(address, deadline):
         return Failure(Problem.BAD_SETTING, f"sslmode={options['sslmode']} but the server does not offer SSL")
-    state = _startup_sqlstate(address, options, timeout_s)
+    state = _startup_sqlstate(address, options, deadline)
     if state == "":  # the probe got in, or no answer: whatever it was has passed, or the server went away
         return Failure(Problem.UNREACHABLE, reason)
     if state is not None and (state in _CONNECT_TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)):
@@ -156,9 +159,10 @@ def _address(options: dict[str, str]) -> tuple[int, Any] | None:
 
 
 @contextlib.contextmanager
-def _socket(address: tuple[int, Any], timeout_s: float) -> Any:
+def _socket(address: tuple[int, Any], deadline: float) -> Any:
+    """A connected socket whose every operation gives up at `deadline` (time.monotonic())."""
     sock = socket.socket(address[0], socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
     try:
         sock.connect(address[1])
         yield sock
@@ -166,9 +170,9 @@ def _socket(address: tuple[int, Any], timeout_s: float) -> Any:
         sock.close()
 
 
-def _answers(address: tuple[int, Any], timeout_s: float) -> bool:
+def _answers(address: tuple[int, Any], deadline: float) -> bool:
     try:
-        with _socket(address, timeout_s):
+        with _socket(address, deadline):
             return True
     except OSError:
         return False
@@ -186,17 +190,17 @@ def _rejects_options(dsn: str, options: dict[str, str]) -> bool:
         pgconn.finish()
 
 
-def _offers_ssl(address: tuple[int, Any], timeout_s: float) -> bool:
+def _offers_ssl(address: tuple[int, Any], deadline: float) -> bool:
     """The server's answer to an SSLRequest: b'S' it offers SSL, b'N' it does not."""
     try:
-        with _socket(address, timeout_s) as sock:
+        with _socket(address, deadline) as sock:
             sock.sendall(_SSL_REQUEST)
             return sock.recv(1) == b"S"
     except OSError:
         return True  # no answer: not a "no"; the caller goes on
 
 
-def _startup_sqlstate(address: tuple[int, Any], options: dict[str, str], timeout_s: float) -> str | None:
+def _startup_sqlstate(address: tuple[int, Any], options: dict[str, str], deadline: float) -> str | None:
     """Send a bare StartupMessage (user, database) and read the answers: the SQLSTATE of the
     server's ErrorResponse; None if it asks for a password (it takes logins: ours was refused);
     '' if it let the probe in or did not answer (the failure has passed). A server that is
@@ -207,9 +211,9 @@ def _startup_sqlstate(address: tuple[int, Any], options: dict[str, str], timeout
                       (("user", options.get("user") or ""), ("database", options.get("dbname") or "")) if v)
     body = struct.pack("!i", _PROTOCOL_3) + params + b"\0"
     try:
-        with _socket(address, timeout_s) as sock:
+        with _socket(address, deadline) as sock:
             sock.sendall(struct.pack("!i", len(body) + 4) + body)
-            while True:
+            while time.monotonic() < deadline:
                 kind = _recv(sock, 1)
                 payload = _recv(sock, struct.unpack("!i", _recv(sock, 4))[0] - 4)
                 if kind == b"E":
@@ -221,7 +225,8 @@ def _startup_sqlstate(address: tuple[int, Any], options: dict[str, str], timeout
                     sock.sendall(_TERMINATE)
                     return ""  # logged in: the server takes this login now
     except (OSError, struct.error):
-        return ""
+        pass
+    return ""
 
 
 def _recv(sock: socket.socket, n: int) -> bytes:

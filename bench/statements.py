@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from coordinator.pg.sqlfile import load
+from coordinator.pg.sqlfile import load_all
 
 # The claim's variants share one statement shape: told apart by their selection.
 CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED"),
@@ -43,7 +43,7 @@ def _named() -> dict[str, str]:
     """A named query's words -> its name, for every named query of both packages."""
     named = {}
     for package in ("coordinator", "dispatcher.db"):
-        for name, text in load(package).items():
+        for name, text in load_all(package).items():
             named.setdefault(_normal(text), name)
     return named
 

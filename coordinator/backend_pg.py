@@ -1,8 +1,10 @@
 """PostgreSQL coordination backend: member rows with leases, a leader row, bucket owners.
 
 Liveness: a lease on the database clock, plus a session advisory lock per member (off behind
-PgBouncer: `DISPATCHER_SESSION_LOCKS=false`). Changes are announced by NOTIFY. A stalled or lost
-connection becomes CoordinatorUnavailable, so the worker degrades instead of hanging.
+PgBouncer: `DISPATCHER_SESSION_LOCKS=false`). Changes are announced by NOTIFY. Errors are classified
+once (pg/errors.py): what waiting may fix, a stalled or lost connection included, becomes
+CoordinatorUnavailable, so the worker degrades instead of hanging; a refused login, a bad setting or a
+missing table becomes CoordinatorError.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import sql
 
 from .backend import (
     DRAIN_MAX_S,
@@ -32,7 +33,8 @@ from .backend import (
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
-from .pg.notify import NotificationWait
+from .pg.errors import describe
+from .pg.notify import NotificationWait, listen_statement, probe_statement
 from .pg.sqlfile import load
 
 log = logging.getLogger(__name__)
@@ -49,13 +51,13 @@ def query(name: str) -> str:
 
 @contextlib.contextmanager
 def _errors(what: str) -> Iterator[None]:
-    """psycopg errors -> CoordinatorUnavailable (cannot reach) or CoordinatorError (anything else)."""
+    """psycopg errors -> CoordinatorUnavailable (waiting may fix it) or CoordinatorError (anything else)."""
     try:
         yield
-    except psycopg.OperationalError as exc:
-        raise CoordinatorUnavailable(f"coordinator {what}: {exc}") from exc
     except psycopg.Error as exc:
-        raise CoordinatorError(f"coordinator {what}: {exc}") from exc
+        failure = describe(exc)
+        kind = CoordinatorUnavailable if failure.problem.transient else CoordinatorError
+        raise kind(f"coordinator {what}: {failure.reason}") from exc
 
 
 class PostgresBackend:
@@ -121,10 +123,7 @@ class PostgresBackend:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._locked_as = None
             with _errors("connect"):
-                try:
-                    self._conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator")
-                except StatementTimeout as exc:
-                    raise CoordinatorUnavailable(f"coordinator {exc}") from None
+                self._conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator")
         return self._conn
 
     def _drop(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -139,7 +138,7 @@ class PostgresBackend:
             try:
                 conn = None
                 conn = await connect(self._listen_dsn, self._limits, application_name="dispatcher-coordinator-listen")
-                listen = sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL))
+                listen = listen_statement(CHANNEL)
                 await bounded("listen", conn.execute(listen), self._limits.statement_timeout_s, conn)
                 if self._wake_on_listen:
                     self._changed.set()  # anything may have happened while we were not listening
@@ -149,7 +148,8 @@ class PostgresBackend:
                 notifications = NotificationWait(conn, self._on_notification)
                 while True:
                     if not await notifications.wait(LISTEN_PROBE_S):
-                        await bounded("listen probe", conn.execute("SELECT 1"), self._limits.statement_timeout_s, conn)
+                        probe = conn.execute(probe_statement())
+                        await bounded("listen probe", probe, self._limits.statement_timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 log.debug("coordination listener lost its connection: %s", exc)
             except Exception:  # keep listening whatever happened

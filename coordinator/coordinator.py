@@ -14,8 +14,8 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
 
 from . import metrics
 from .assignment import OnRevoke
@@ -143,10 +143,9 @@ class Coordinator:
         self._set_owned(())
         if owned:
             await self._revoke(owned)  # leaving gives up everything: same order as a hand-over
-        try:
-            await asyncio.wait_for(asyncio.shield(self.backend.leave(self.member)), timeout=self.lease_s)
-        except (CoordinatorError, TimeoutError) as exc:
-            log.warning("could not leave cleanly (%s): our lease will expire instead", exc or type(exc).__name__)
+        reason = await _bounded_leave(self.backend.leave(self.member), self.lease_s)
+        if reason is not None:
+            log.warning("could not leave cleanly (%s): our lease will expire instead", reason)
         await self.backend.close()
         metrics.IS_LEADER.set(0)
         self._owned_gauge.set(0)
@@ -347,6 +346,33 @@ class Coordinator:
             log.info("coordinator backend unreachable (%s); keeping the last assignment for now", exc)
         else:
             log.warning("coordinator backend failed (%s); keeping the last assignment for now", exc)
+
+
+async def _bounded_leave(leave: Coroutine[Any, Any, None], timeout_s: float) -> str | None:
+    """Run `leave` for at most `timeout_s`; None if it left, else why not (never empty). Past the
+    bound it is cancelled and left to finish in the background (a stalled connection may take
+    psycopg ~10 s to give up): its outcome is retrieved there, so nothing logs "Task exception was
+    never retrieved", and shutdown does not wait for it."""
+    task = asyncio.ensure_future(leave)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=timeout_s)
+    except asyncio.CancelledError:
+        _abandon(task)
+        raise
+    if not done:
+        _abandon(task)
+        return f"no answer within {timeout_s:g} s"
+    exc = task.exception()
+    if exc is None:
+        return None
+    if not isinstance(exc, CoordinatorError):
+        raise exc
+    return str(exc) or type(exc).__name__
+
+
+def _abandon(task: asyncio.Future[None]) -> None:
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: nothing logged
 
 
 def _fmt(buckets: tuple[int, ...]) -> str:

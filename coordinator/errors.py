@@ -1,6 +1,7 @@
 """The coordinator's own exceptions. Driver errors (psycopg, redis) become these at the backend
-boundary, by one rule: cannot reach the backend -> CoordinatorUnavailable; anything else the
-driver raises -> CoordinatorError. Callers never see a raw driver exception."""
+boundary, by one rule: what waiting may fix (the backend cannot be reached, a statement timed out:
+pg/errors.py classifies PostgreSQL's) -> CoordinatorUnavailable; anything else the driver raises
+-> CoordinatorError. Callers never see a raw driver exception."""
 
 
 class CoordinatorError(Exception):

@@ -35,6 +35,26 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached right now (connection lost, server shutting down); retry later."""
 
 
+class StoreTimeout(StoreUnavailable):
+    """A statement gave up: it waited past lock_timeout for a lock (`lock` true) or ran past
+    statement_timeout. Retrying may work once whatever held the lock or loaded the server is done."""
+
+    def __init__(self, message: str, *, lock: bool) -> None:
+        super().__init__(message)
+        self.lock = lock
+
+
+class StoreRefused(StoreError):
+    """Connecting cannot work as configured: the server refused the login (role, database,
+    password, pg_hba), or a connection setting is wrong (libpq refuses it, or the server cannot
+    meet its SSL requirement). Retrying will not help; the message says which."""
+
+
+class SchemaMissing(StoreError):
+    """One of the dispatcher's tables does not exist: the schema was never migrated here (or the
+    DSN names another database). The message says to run `dispatcher migrate`."""
+
+
 class StorePermissionDenied(StoreError):
     """The database role lacks a privilege for a statement (retrying will not help). `reason` and
     `hint` are the server's message and hint (what to grant), without our statement label."""

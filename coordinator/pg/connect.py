@@ -2,7 +2,9 @@
 
 `connect()` sets connect_timeout, TCP keepalives and tcp_user_timeout; `bounded()` gives each
 statement a deadline and abandons the connection on overrun (a cancel request stops the server
-side). No session statement_timeout: it would leak through PgBouncer. Shared by both packages.
+side). No session statement_timeout: it would leak through PgBouncer; one-shot commands begin each
+transaction with `local_timeouts()` instead. A failed connect raises `ConnectError`, classified by
+errors.py (unreachable, login refused, bad setting). Shared by both packages.
 Why: docs/design/postgres-plumbing.md.
 """
 
@@ -10,11 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
+
+from .errors import ConnectError, Failure, Problem, diagnose_connect
+from .sqlfile import load
 
 T = TypeVar("T")
 
@@ -26,6 +32,9 @@ KEEPALIVES_IDLE_S = 5
 KEEPALIVES_INTERVAL_S = 2
 KEEPALIVES_COUNT = 3
 TCP_USER_TIMEOUT_MS = 10_000
+# All the probes that classify a failed connect (errors.py), together: they run only after a
+# failure, against a server that just answered (or refused) at once.
+_PROBE_BUDGET_S = 2.0
 
 
 class StatementTimeout(TimeoutError):
@@ -75,16 +84,56 @@ _abandoned_conns: set[int] = set()  # id() of the connections
 
 async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
                   **kwargs: Any) -> psycopg.AsyncConnection[Any]:
-    """An autocommit connection with the limits' timeouts; StatementTimeout if the handshake
-    stalls past connect_timeout_s (+1 s for libpq's own timer to fire first)."""
+    """An autocommit connection with the limits' timeouts. ConnectError says why not, in one line:
+    unreachable (also a handshake that stalls past connect_timeout_s, +1 s for libpq's own timer
+    to fire first), login refused or a bad setting (errors.py, diagnosed in a thread)."""
     if not limits.prepared_statements:
         kwargs["prepare_threshold"] = None
+    began = time.monotonic()
     try:
         async with asyncio.timeout(limits.connect_timeout_s + 1.0):
             return await psycopg.AsyncConnection.connect(
                 dsn, autocommit=True, application_name=application_name, **limits.connect_kwargs(), **kwargs)
     except TimeoutError:
-        raise StatementTimeout("connect", limits.connect_timeout_s) from None
+        raise ConnectError(_stalled(limits), dsn) from None
+    except psycopg.Error as exc:
+        if _timed_out(limits, began):
+            raise ConnectError(_stalled(limits), dsn) from None
+        failure = await asyncio.to_thread(diagnose_connect, exc, dsn, _PROBE_BUDGET_S)
+        raise ConnectError(failure, dsn) from None
+
+
+def connect_sync(dsn: str, limits: ConnectionLimits, *, application_name: str,
+                 **kwargs: Any) -> psycopg.Connection[Any]:
+    """connect() for sync code (the one-shot commands): the same bounds, the same ConnectError.
+    Prepared statements off: each statement runs once or twice (and PgBouncer, above)."""
+    began = time.monotonic()
+    try:
+        return psycopg.connect(dsn, autocommit=True, application_name=application_name, prepare_threshold=None,
+                               **limits.connect_kwargs(), **kwargs)
+    except psycopg.Error as exc:
+        if _timed_out(limits, began):
+            raise ConnectError(_stalled(limits), dsn) from None
+        raise ConnectError(diagnose_connect(exc, dsn, _PROBE_BUDGET_S), dsn) from None
+
+
+def _timed_out(limits: ConnectionLimits, began: float) -> bool:
+    """Whether libpq gave up at its connect_timeout: the server did not answer in time, which
+    needs no probe (and another wait) to classify."""
+    return time.monotonic() - began >= limits.connect_kwargs()["connect_timeout"] - 0.25
+
+
+def _stalled(limits: ConnectionLimits) -> Failure:
+    return Failure(Problem.UNREACHABLE, f"no answer within {limits.connect_timeout_s:g} s (connection stalled)")
+
+
+def local_timeouts(conn: psycopg.Connection[Any], statement_s: float, lock_s: float) -> None:
+    """statement_timeout and lock_timeout for the transaction `conn` is in (SET LOCAL: nothing
+    leaks through a PgBouncer pool). A one-shot command then fails in bounded time on a lock
+    (55P03 lock_not_available) or a slow statement (57014 query_canceled) instead of hanging."""
+    conn.execute(load("coordinator")["local_timeouts"],
+                 {"statement": f"{max(1, int(statement_s * 1000))}ms", "lock": f"{max(1, int(lock_s * 1000))}ms"},
+                 prepare=False)
 
 
 async def bounded(what: str, work: Awaitable[T], timeout_s: float, conn: psycopg.AsyncConnection[Any]) -> T:

@@ -12,6 +12,19 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
+
+from .sqlfile import load
+
+
+def listen_statement(channel: str) -> sql.Composed:
+    """LISTEN on `channel`, quoted as an identifier."""
+    return sql.SQL(load("coordinator")["listen"]).format(channel=sql.Identifier(channel))
+
+
+def probe_statement() -> str:
+    """What a silent LISTEN connection asks, so that a stall on it shows."""
+    return load("coordinator")["listen_probe"]
 
 
 class NotificationWait:

@@ -130,3 +130,19 @@ DELETE FROM dispatcher_members WHERE expires_at < now() - interval '1 hour'
 
 -- name: notify_change
 SELECT pg_notify(%(channel)s, %(payload)s)
+
+-- Shared PostgreSQL plumbing (coordinator/pg/), used by both packages.
+
+-- name: local_timeouts
+-- The bounds of a one-shot command's transaction (coordinator/pg/connect.py, local_timeouts):
+-- local to it, so nothing leaks to other clients of a PgBouncer pool.
+SELECT set_config('statement_timeout', %(statement)s, true), set_config('lock_timeout', %(lock)s, true)
+
+-- name: listen
+-- {channel}: a quoted identifier (psycopg.sql.Identifier), filled in by code.
+LISTEN {channel}
+
+-- name: listen_probe
+-- A LISTEN connection silent for a while asks this, so that a stall on it shows. Named, so that
+-- it is told apart from the lease keeper's `ping` in pg_stat_statements.
+SELECT 1 AS listen_probe

@@ -1,7 +1,7 @@
 """Failed-job admin: list, show, retry, cancel and purge jobs. The API under `dispatcher jobs`.
 
-Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with
-`SET LOCAL statement_timeout`, never prepared; every write re-checks the status it needs on the
+Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with a
+local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks the status it needs on the
 row, so a job that changed meanwhile is skipped and reported. Bulk changes go in batches by id.
 Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
 """
@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
-from dispatcher.db.store import connect_errors, translate_errors
-from dispatcher.errors import DispatcherError, StoreError
+from dispatcher.errors import DispatcherError, StoreError, StoreTimeout
 from dispatcher.model import FINISHED_STATUSES, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, STATUS_RUNNING, STATUSES
 
 ADMIN_BUDGET = 6.0  # statement timeout = statement_timeout_s x this (30 s at the defaults), as maintenance's
@@ -290,31 +290,26 @@ def _sql(name: str) -> str:
 @contextlib.contextmanager
 def _session(target: Target, limits: ConnectionLimits | None) -> Iterator[Any]:
     """A `run(what, sql, params)` that executes one statement in its own bounded transaction on
-    `target` and returns its rows (with `columns=True`: the column names first)."""
+    `target` (db/oneshot.py) and returns its rows (with `columns=True`: the column names first)."""
     limits = limits or ConnectionLimits()
-    timeout = f"{int(limits.statement_timeout_s * ADMIN_BUDGET * 1000)}ms"
 
     def run(what: str, sql: str, params: dict[str, Any], columns: bool = False) -> list[Any]:
         try:
-            with translate_errors(f"jobs {what}"), conn.transaction():
-                conn.execute(query("admin_statement_timeout"), {"timeout": timeout}, prepare=False)
-                cur = conn.execute(sql, params, prepare=False)
+            with bounded_transaction(conn, f"jobs {what}", limits, budget=ADMIN_BUDGET):
+                try:
+                    cur = conn.execute(sql, params, prepare=False)
+                except psycopg.errors.UniqueViolation:
+                    raise _DedupeRace() from None
                 rows = cur.fetchall()
                 return [tuple(c.name for c in cur.description or ()), *rows] if columns else rows
-        except StoreError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, psycopg.errors.UniqueViolation):
-                raise _DedupeRace() from None
-            if isinstance(cause, psycopg.errors.QueryCanceled):
-                raise StoreError(f"jobs {what}: no answer within {timeout} (statement_timeout); narrow the "
-                                 "filters (a status, a queue), or raise DISPATCHER_STATEMENT_TIMEOUT_S") from None
-            raise
+        except StoreTimeout as exc:
+            if exc.lock:
+                raise
+            raise StoreTimeout(f"{exc}; narrow the filters (a status, a queue), or raise "
+                               "DISPATCHER_STATEMENT_TIMEOUT_S", lock=False) from None
 
     if isinstance(target, str):
-        with connect_errors(target):
-            conn = psycopg.connect(target, autocommit=True, application_name="dispatcher-admin",
-                                   **limits.connect_kwargs())
-        with conn:
+        with session(target, limits, application_name="dispatcher-admin") as conn:
             yield run
     else:
         conn = target

@@ -28,7 +28,8 @@ from dispatcher.api.enqueue_checks import (
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
-from dispatcher.db.store import insert_one_params, translate_errors
+from dispatcher.db.store import insert_one_params
+from dispatcher.db.translate import translate_errors
 from dispatcher.errors import EnqueueError, PayloadError
 from dispatcher.settings.config import DEFAULT_MAX_PAYLOAD_BYTES
 
@@ -357,8 +358,16 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
                 cur.execute(query("jobs_stage_clear"))
             for queue in sorted(tally.queues):
                 cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})
-        if owned and inserted >= _ANALYZE_MIN_ROWS:
-            with conn.transaction():
-                if conn.execute(query("jobs_reltuples")).fetchone()[0] < inserted:  # type: ignore[index]
-                    conn.execute(query("jobs_analyze"))
+        if owned:
+            refresh_statistics_sync(conn, inserted)
     return inserted
+
+
+def refresh_statistics_sync(conn: psycopg.Connection[Any], inserted: int) -> None:
+    """After a bulk load of `inserted` rows, outside any transaction of the caller's: refresh the
+    jobs table's statistics if the planner thinks it is smaller (see _copy_async). The CLI calls
+    it itself, as it enqueues inside a transaction of its own (bounded: db/oneshot.py)."""
+    if inserted >= _ANALYZE_MIN_ROWS:
+        with conn.transaction():
+            if conn.execute(query("jobs_reltuples")).fetchone()[0] < inserted:  # type: ignore[index]
+                conn.execute(query("jobs_analyze"))

@@ -5,20 +5,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import psycopg
-
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.db.rows import DbPressure
-from dispatcher.db.store import connect_errors, translate_errors
 from dispatcher.model import STATUSES
 
+STATUS_BUDGET = 2.0  # its statements may take statement_timeout_s x this (10 s at the defaults)
 
-def read_status(dsn: str) -> dict[str, Any]:
-    limits = ConnectionLimits().connect_kwargs()
-    with connect_errors(dsn):
-        conn = psycopg.connect(dsn, autocommit=True, **limits)
-    with translate_errors("status"), conn:
+
+def read_status(dsn: str, limits: ConnectionLimits | None = None) -> dict[str, Any]:
+    """Counts per queue and status, the oldest due job's age, the backlog per bucket and the
+    table's cost, in one transaction bounded like every one-shot command's (db/oneshot.py)."""
+    limits = limits or ConnectionLimits()
+    with session(dsn, limits, application_name="dispatcher-status") as conn, \
+            bounded_transaction(conn, "status", limits, budget=STATUS_BUDGET):
         counts: dict[str, dict[str, int]] = {}
         for queue, status, jobs in conn.execute(query("status_counts")):
             counts.setdefault(queue, dict.fromkeys(STATUSES, 0))[status] = jobs

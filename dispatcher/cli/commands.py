@@ -17,7 +17,14 @@ import orjson
 
 from dispatcher._version import __version__
 from dispatcher.cli.jobs import add_jobs_parser
-from dispatcher.errors import ConfigError, DispatcherError, EnqueueError, PayloadError
+from dispatcher.errors import (
+    ConfigError,
+    DispatcherError,
+    EnqueueError,
+    PayloadError,
+    SchemaMissing,
+    StorePermissionDenied,
+)
 from dispatcher.observe import logs
 from dispatcher.settings.config import Config, settings
 from dispatcher.settings.meta import Setting
@@ -26,6 +33,7 @@ from dispatcher.settings.sections import DATABASE, ENQUEUE, LOGGING
 EXIT_BAD_CONFIG = 2
 # What `dispatcher demo` takes of the settings (devtools/demo.py): the rest it sets per run itself.
 DEMO_SETTINGS = ("dsn", "concurrency", "batch_size", "log_level", "log_format")
+ENQUEUE_BUDGET = 6.0  # a bulk enqueue's COPY may take statement_timeout_s x this (30 s at the defaults)
 
 
 # The settings a one-shot command reads: where and how to connect, and how to log. The others
@@ -95,15 +103,16 @@ def cmd_grants(args: argparse.Namespace) -> int:
     if not args.apply:
         print(script, end="")
         return 0
-    import psycopg
+    from dispatcher.db.oneshot import bounded_transaction, session
 
     config = _config_from(args)
     try:
-        with psycopg.connect(_require_dsn(config), autocommit=True, **config.database.limits.connect_kwargs()) as conn:
-            with conn.transaction():
-                conn.execute(script.encode())  # bytes: run as a multi-statement script
-    except psycopg.Error as exc:
-        raise DispatcherError(f"grants failed: {exc} (run them as the owner of the dispatcher tables)") from exc
+        with session(_require_dsn(config), config.database.limits, application_name="dispatcher-grants") as conn, \
+                bounded_transaction(conn, "grants", config.database.limits):
+            conn.execute(script.encode())  # bytes: run as a multi-statement script
+    except (StorePermissionDenied, SchemaMissing) as exc:
+        raise DispatcherError(f"{exc} (run them as the owner of the dispatcher tables, after "
+                              "`dispatcher migrate`)") from None
     print(f"granted the workers' privileges to {args.role}")
     return 0
 
@@ -144,10 +153,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    import psycopg
-
-    from dispatcher.api.enqueue import enqueue_payloads_sync, enqueue_sync
-    from dispatcher.db.store import connect_errors
+    from dispatcher.api.enqueue import enqueue_payloads_sync, enqueue_sync, refresh_statistics_sync
+    from dispatcher.db.oneshot import bounded_transaction, session
 
     config = _config_from(args)
     dsn = _require_dsn(config)
@@ -160,19 +167,22 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"queue": args.queue, "priority": args.priority, "delay_s": args.delay_s,
                                "max_attempts": args.max_attempts, "jitter_s": args.jitter_s,
                                "max_payload_bytes": config.max_payload_bytes}
-    with connect_errors(dsn):
-        conn = psycopg.connect(dsn, autocommit=True, **config.database.limits.connect_kwargs())
     # Enqueue's own rules judge the arguments (one copy of each rule); a value they refuse is a
-    # bad argument like any other, so it exits 2 naming the flag. Nothing was written.
+    # bad argument like any other, so it exits 2 naming the flag. Nothing was written. The
+    # enqueue runs in a bounded transaction: a locked table ends it after the lock timeout.
     try:
-        with conn:
-            if args.count == 1:
-                job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
-                                      partition_key=args.partition_key, **options)
-                print(f"enqueued job {job_id}" if job_id is not None else "duplicate: a live job has that dedupe key")
-            else:
-                n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, **options)
-                print(f"enqueued {n} jobs")
+        with session(dsn, config.database.limits, application_name="dispatcher-enqueue") as conn:
+            with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
+                if args.count == 1:
+                    job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
+                                          partition_key=args.partition_key, **options)
+                else:
+                    n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, **options)
+            if args.count > 1:  # ANALYZE waits on locks too: bounded the same way
+                with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
+                    refresh_statistics_sync(conn, n)
+        print(f"enqueued {n} jobs" if args.count > 1 else f"enqueued job {job_id}" if job_id is not None
+              else "duplicate: a live job has that dedupe key")
     except PayloadError as exc:
         raise ConfigError("--payload", str(exc)) from None
     except EnqueueError as exc:
@@ -190,7 +200,8 @@ def _flag_of(option: str | None) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from dispatcher.api.status import read_status, render_status
 
-    status = read_status(_require_dsn(_config_from(args)))
+    config = _config_from(args)
+    status = read_status(_require_dsn(config), config.database.limits)
     if args.json:  # OPT_NON_STR_KEYS: runnable_by_bucket is keyed by bucket number; JSON keys are strings
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
     else:

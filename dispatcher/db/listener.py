@@ -13,11 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
 from coordinator.pg.dsn import redact
-from coordinator.pg.notify import NotificationWait
+from coordinator.pg.notify import NotificationWait, listen_statement, probe_statement
 from dispatcher.backoff import jittered
 from dispatcher.constants import NOTIFY_CHANNEL
 
@@ -74,7 +73,7 @@ class Listener:
         while True:
             try:
                 self._conn = conn = await connect(self._dsn, self._limits, application_name="dispatcher-listen")
-                listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
+                listen = listen_statement(self._channel)
                 await bounded("listen", conn.execute(listen), timeout_s, conn)
                 self.listening.set()
                 delay = 0.5
@@ -83,7 +82,7 @@ class Listener:
                 notifications = NotificationWait(conn, self._deliver)
                 while True:
                     if not await notifications.wait(jittered(self._probe_s, 0.2)):
-                        await bounded("listen probe", conn.execute("SELECT 1"), timeout_s, conn)
+                        await bounded("listen probe", conn.execute(probe_statement()), timeout_s, conn)
             except (psycopg.Error, StatementTimeout) as exc:
                 self.listening.clear()
                 log.warning("listener lost its connection (%s); polling covers the gap, retrying in %.1f s",

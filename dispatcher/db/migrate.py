@@ -19,12 +19,15 @@ from importlib import resources
 from typing import Any, Final
 
 import psycopg
+from psycopg import sql
 
-from coordinator.pg.connect import ConnectionLimits
-from coordinator.pg.dsn import describe_dsn, one_line
+from coordinator.pg.connect import ConnectionLimits, connect_sync
+from coordinator.pg.dsn import describe_dsn
 from dispatcher.backoff import jittered
 from dispatcher.constants import MIGRATE_LOCK_KEY
-from dispatcher.errors import MigrationError
+from dispatcher.db.queries import query
+from dispatcher.db.translate import store_error
+from dispatcher.errors import MigrationError, StorePermissionDenied
 
 log = logging.getLogger(__name__)
 
@@ -34,28 +37,14 @@ _STEP_KINDS = ("transaction", "autocommit")
 _COMMENT = re.compile(r"--[^\n]*")
 _CONCURRENT_INDEX = re.compile(r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)",
                                re.IGNORECASE)
-_INDEX_IS_VALID = "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)"
 
 # Packages whose sql/migrations/ make up the schema.
 MIGRATION_PACKAGES: Final = ("dispatcher.db", "coordinator")
 
 # Not in a migration: it records them. privileges.py grants SELECT on it to workers.
 VERSION_TABLE: Final = "dispatcher_schema_version"
-_VERSION_TABLE_EXISTS = "SELECT to_regclass('dispatcher_schema_version') IS NOT NULL"
-_APPLIED_VERSIONS = "SELECT version FROM dispatcher_schema_version"
-# The key inlined, not a parameter: a statement with parameters leaves its portal, and with it a
-# snapshot (backend_xmin), open until the transaction ends, and CREATE INDEX CONCURRENTLY in the
-# work connection would wait for that snapshot forever ("waiting for old snapshots").
-_TRY_LOCK = f"SELECT pg_try_advisory_xact_lock({int(MIGRATE_LOCK_KEY)})"
 _TRY_LOCK_S = 0.2  # between tries of a runner waiting for another's migration
 _WAIT_LOG_S = 10.0
-_RECORD_VERSION = "INSERT INTO dispatcher_schema_version (version, name) VALUES (%s, %s)"
-_CREATE_VERSION_TABLE = """
-CREATE TABLE IF NOT EXISTS dispatcher_schema_version (
-    version    integer     PRIMARY KEY,
-    name       text        NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +111,7 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: in
             if wanted <= _applied(conn):
                 return []
             with _connect(dsn) as lock_conn, _migration_lock(lock_conn):
-                conn.execute(_CREATE_VERSION_TABLE)
+                conn.execute(query("schema_version_create"))
                 done = _applied(conn)  # again, under the lock: a concurrent runner may have applied them
                 applied = []
                 for migration in migrations:
@@ -132,19 +121,20 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: in
                     _apply(conn, migration)
                     applied.append(migration.version)
                 return applied
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise MigrationError(f"migration failed: {exc} (migrations must run as the role that owns the "
-                             "dispatcher tables, not as the workers' role: README, Roles)") from exc
     except psycopg.Error as exc:
         # One line without the password (libpq may quote the DSN), and not chained: a logged
         # traceback would print the psycopg error's own text.
-        raise MigrationError(f"migration of {describe_dsn(dsn)} failed: {one_line(exc, dsn)}") from None
+        error = store_error(exc, f"migration of {describe_dsn(dsn)} failed", dsn)
+        if isinstance(error, StorePermissionDenied):
+            raise MigrationError(f"{error} (migrations must run as the role that owns the dispatcher tables, "
+                                 "not as the workers' role: README, Roles)") from None
+        raise MigrationError(str(error)) from None
 
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:
-    # Prepared statements off: each statement runs once or twice, and behind PgBouncer < 1.21
-    # a prepared one would not follow us to the next server connection.
-    return psycopg.connect(dsn, autocommit=True, prepare_threshold=None, **ConnectionLimits().connect_kwargs())
+    # Prepared statements off (connect_sync): each statement runs once or twice, and behind
+    # PgBouncer < 1.21 a prepared one would not follow us to the next server connection.
+    return connect_sync(dsn, ConnectionLimits(), application_name="dispatcher-migrate")
 
 
 @contextlib.contextmanager
@@ -155,10 +145,10 @@ def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
     Between tries no transaction is open here."""
     next_log = time.monotonic()
     while True:
-        conn.execute("BEGIN")
-        if conn.execute(_TRY_LOCK).fetchone() == (True,):
+        conn.execute(query("migrate_begin"))
+        if conn.execute(query("migrate_try_lock").replace("{key}", str(int(MIGRATE_LOCK_KEY)))).fetchone() == (True,):
             break
-        conn.execute("ROLLBACK")
+        conn.execute(query("migrate_rollback"))
         if time.monotonic() >= next_log:
             log.info("waiting for another runner of `dispatcher migrate` to finish")
             next_log = time.monotonic() + _WAIT_LOG_S
@@ -166,27 +156,27 @@ def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
     try:
         yield
     finally:
-        conn.execute("ROLLBACK")  # nothing was written here: ending the transaction frees the lock
+        conn.execute(query("migrate_rollback"))  # nothing was written here: ending the transaction frees the lock
 
 
 def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
     """Run a migration's steps in order, each committed; the version is recorded with the last."""
     steps = migration.steps
-    record = (migration.version, migration.name)
+    record = {"version": migration.version, "name": migration.name}
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         if step.autocommit:
             for statement in step.statements:
                 _run_alone(conn, statement)
             if last:
-                conn.execute(_RECORD_VERSION, record)
+                conn.execute(query("schema_version_record"), record)
         else:
             with conn.transaction():
                 conn.execute(step.sql.encode())  # bytes: run as a multi-statement script
                 if last:
-                    conn.execute(_RECORD_VERSION, record)
+                    conn.execute(query("schema_version_record"), record)
     if not steps:
-        conn.execute(_RECORD_VERSION, record)
+        conn.execute(query("schema_version_record"), record)
 
 
 def _run_alone(conn: psycopg.Connection[Any], statement: str) -> None:
@@ -197,25 +187,25 @@ def _run_alone(conn: psycopg.Connection[Any], statement: str) -> None:
     index = _CONCURRENT_INDEX.search(statement)
     if index is None:
         return
-    row = conn.execute(_INDEX_IS_VALID, (index[1],)).fetchone()
+    row = conn.execute(query("index_is_valid"), {"index": index[1]}).fetchone()
     if row is not None and not row[0]:
         log.warning("index %s was left invalid by an interrupted build: building it again", index[1])
-        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index[1]}".encode())
+        conn.execute(sql.SQL(query("index_drop_concurrently")).format(index=sql.Identifier(index[1])))
         conn.execute(statement.encode())
 
 
 def _applied(conn: psycopg.Connection[Any]) -> set[int]:
     """The versions recorded in the database (none without a version table). SELECTs only."""
-    exists = conn.execute(_VERSION_TABLE_EXISTS).fetchone()
+    exists = conn.execute(query("schema_version_table_exists")).fetchone()
     if not exists or not exists[0]:
         return set()
-    return {row[0] for row in conn.execute(_APPLIED_VERSIONS)}
+    return {row[0] for row in conn.execute(query("schema_versions_applied"))}
 
 
 def current_version(dsn: str) -> int | None:
-    with psycopg.connect(dsn, autocommit=True, **ConnectionLimits().connect_kwargs()) as conn:
-        exists = conn.execute(_VERSION_TABLE_EXISTS).fetchone()
+    with _connect(dsn) as conn:
+        exists = conn.execute(query("schema_version_table_exists")).fetchone()
         if not exists or not exists[0]:
             return None
-        row = conn.execute("SELECT max(version) FROM dispatcher_schema_version").fetchone()
+        row = conn.execute(query("schema_version_latest")).fetchone()
         return row[0] if row else None

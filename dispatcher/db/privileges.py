@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from dispatcher.db.migrate import MIGRATION_PACKAGES, VERSION_TABLE, available_migrations
+from dispatcher.db.queries import query
 
 _COMMENT = re.compile(r"--[^\n]*")
 _CREATE_TABLE = re.compile(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s*\(", re.IGNORECASE)
@@ -108,12 +109,13 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
         "-- the tables (the role that runs `dispatcher migrate`), in the application's database; again",
         "-- after each upgrade. CONNECT and TEMPORARY on the database (PUBLIC has both by default) are",
         "-- needed too: enqueue_many with dedupe keys stages rows in a temporary table.",
-        f"GRANT USAGE ON SCHEMA {where} TO {who};",
+        _grant("grant_schema_usage", schema=where, role=who),
     ]
     for table in objects.tables:
         privileges = VERSION_TABLE_PRIVILEGES if table == VERSION_TABLE else TABLE_PRIVILEGES
-        lines.append(f"GRANT {privileges} ON TABLE {qualified(table)} TO {who};")
-    lines += [f"GRANT {SEQUENCE_PRIVILEGES} ON SEQUENCE {qualified(s)} TO {who};" for s in objects.sequences]
+        lines.append(_grant("grant_table", privileges=privileges, table=qualified(table), role=who))
+    lines += [_grant("grant_sequence", privileges=SEQUENCE_PRIVILEGES, sequence=qualified(s), role=who)
+              for s in objects.sequences]
     lines += [
         "-- Optional (PostgreSQL 17+): let workers refresh planner statistics right after a bulk load;",
         "-- without it autovacuum does, within about a minute, and each worker logs once that it cannot.",
@@ -123,3 +125,11 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
         f"-- GRANT pg_read_all_stats TO {who};",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _grant(name: str, **parts: str) -> str:
+    """A GRANT of sql/admin.sql with its {placeholders} filled in (quoted identifiers, privilege lists)."""
+    text = query(name)
+    for key, value in parts.items():
+        text = text.replace("{" + key + "}", value)
+    return text + ";"

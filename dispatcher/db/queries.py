@@ -1,9 +1,11 @@
-"""The dispatcher's named SQL queries (dispatcher/db/sql/queries.sql), on the coordinator's loader."""
+"""The dispatcher's named SQL queries: every `.sql` file of dispatcher/db/sql/ (claim, finish,
+maintenance, admin, enqueue, observe, migrate), on the coordinator's loader."""
 
 from __future__ import annotations
 
-from coordinator.pg.sqlfile import load
+from coordinator.pg.sqlfile import load_all
 
 
 def query(name: str) -> str:
-    return load("dispatcher.db")[name]
+    """The statement named `name`, from whichever file defines it (a name in two files is refused)."""
+    return load_all("dispatcher.db")[name]

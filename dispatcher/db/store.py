@@ -1,17 +1,16 @@
 """The job store: every statement the worker runs, with typed results, over one connection.
 
 Each worker loop owns one `JobStore`, so one autocommit connection and one round trip per
-statement (docs/design/postgres-plumbing.md). psycopg errors become our own; a broken connection
-is reopened on the next call.
+statement (docs/design/postgres-plumbing.md). psycopg errors become our own (translate.py); a
+broken connection is reopened on the next call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
@@ -21,13 +20,13 @@ from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
-from coordinator.pg.dsn import describe_dsn, one_line
 from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.listener import format_payload
 from dispatcher.db.port import JobState, NewJob
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, DbPressure, ExpiredLease, FailedWrite, Failure, HistoryRows, QueueDepth
-from dispatcher.errors import StoreError, StorePermissionDenied, StoreUnavailable
+from dispatcher.db.translate import connect_errors, translate_errors
+from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 
@@ -54,35 +53,6 @@ def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any])
     """orjson both ways: about 5x faster than the stdlib json psycopg uses by default."""
     set_json_loads(orjson.loads, conn)
     set_json_dumps(orjson.dumps, conn)
-
-
-@contextlib.contextmanager
-def translate_errors(what: str) -> Iterator[None]:
-    """psycopg errors -> StoreUnavailable (retry later), StorePermissionDenied (our role may not)
-    or StoreError (a real failure)."""
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"{what}: database unavailable: {exc}") from exc
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise StorePermissionDenied(f"{what}: {exc}", reason=exc.diag.message_primary or str(exc),
-                                    hint=exc.diag.message_hint) from exc
-    except psycopg.Error as exc:
-        raise StoreError(f"{what}: {exc}") from exc
-
-
-@contextlib.contextmanager
-def connect_errors(dsn: str) -> Iterator[None]:
-    """Around opening a connection: psycopg errors -> StoreUnavailable (refused, unreachable,
-    login refused) or StoreError (e.g. a malformed DSN), in one line that names the server and
-    never the password: libpq may quote the DSN. Not chained, since a logged traceback would
-    print the psycopg error's own text."""
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
-    except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to {describe_dsn(dsn)}: {one_line(exc, dsn)}") from None
 
 
 def _raw_json(data: Any) -> bytes:
@@ -154,11 +124,7 @@ class JobStore:
         async with self._connecting:
             if self._conn is None or self._conn.closed:
                 with connect_errors(self._dsn):
-                    try:
-                        conn = await connect_bounded(self._dsn, self._limits,
-                                                     application_name=self._application_name)
-                    except StatementTimeout as exc:
-                        raise StoreUnavailable(str(exc)) from None
+                    conn = await connect_bounded(self._dsn, self._limits, application_name=self._application_name)
                 configure_json(conn)
                 self._conn, self._turn = conn, asyncio.Lock()
             return self._conn
@@ -317,7 +283,7 @@ class JobStore:
         await self._execute("lease_release", query("maintenance_lease_release"), params)
 
     async def jobs_analyze_if_stale(self) -> None:
-        """Refresh planner statistics if they are far behind (one pod at a time; see queries.sql).
+        """Refresh planner statistics if they are far behind (one pod at a time; see sql/maintenance.sql).
         StorePermissionDenied if our role may not ANALYZE the table at all."""
         await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)
 

@@ -58,5 +58,5 @@ async def prune_round(store: JobStore, retentions_s: Mapping[str, float], limit:
             ages = await (await conn.execute(query("janitor_ages"))).fetchone()
         return PruneRound(deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True)))
 
-    # The round's statements share one budget: each takes milliseconds (EXPLAINs in queries.sql).
+    # The round's statements share one budget: each takes milliseconds (EXPLAINs in dispatcher/db/sql/maintenance.sql).
     return await store.run("prune", work, budget=SLOW_STATEMENT)

@@ -256,7 +256,7 @@ class Pruner(PeriodicService):
 
 
 class PlannerStats(PeriodicService):
-    """Refreshes the jobs table's statistics when they fall far behind (see queries.sql).
+    """Refreshes the jobs table's statistics when they fall far behind (see dispatcher/db/sql/maintenance.sql).
 
     A workers' role with DML only may not ANALYZE: it learns that on its first tick, says so
     once, and stops asking; autovacuum (and the owner) keep the statistics fresh instead."""

@@ -1,8 +1,9 @@
 """Before a worker starts: is the database there, can we log in, is the schema ours?
 
-Errors that waiting cannot fix (login refused; a missing or older schema, unless
-`wait_for_schema`) end the process with one clear line; an unreachable server is retried with
-backoff (0.5 s doubling to 10 s), one line per try.
+Errors that waiting cannot fix (a refused login, tried once more first; a bad connection setting;
+a missing or older schema, unless `wait_for_schema`) end the process with one clear line; an
+unreachable server is retried with backoff (0.5 s doubling to 10 s), one line per try. Which is
+which: the one classification of coordinator/pg/errors.py, never a message's text.
 """
 
 from __future__ import annotations
@@ -16,22 +17,16 @@ import psycopg
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
 from coordinator.pg.dsn import describe_dsn, one_line
+from coordinator.pg.errors import ConnectError, Failure, Problem, describe
 from dispatcher.backoff import jittered
 from dispatcher.db.migrate import available_migrations
+from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError
 
 log = logging.getLogger(__name__)
 
 SCHEMA_WAIT_LOG_S = 5.0
 UNREACHABLE_BACKOFF_S = (0.5, 10.0)  # first wait, cap
-
-# Server messages that a later attempt may not see again: the server is not refusing *us*.
-_TRANSIENT = ("starting up", "shutting down", "in recovery", "too many clients", "remaining connection slots",
-              "not yet accepting", "terminating connection")
-
-_VERSION_TABLE_EXISTS = "SELECT to_regclass('dispatcher_schema_version') IS NOT NULL"
-_APPLIED_VERSIONS = "SELECT coalesce(array_agg(version), '{}') FROM dispatcher_schema_version"
-
 
 class StartupError(DispatcherError):
     """The worker cannot start and waiting would not help (the message says what to do)."""
@@ -51,21 +46,14 @@ class SchemaState:
         return sorted((self.applied or frozenset()) - self.expected)
 
 
-def login_refused(exc: psycopg.OperationalError) -> bool:
-    """The server answered and refused this login for good (as opposed to: could not be reached)."""
-    text = str(exc)
-    return "FATAL:" in text and not any(marker in text for marker in _TRANSIENT)
-
-
 async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
     """Connect once and read the applied migration versions (psycopg errors and StatementTimeout
     propagate to the caller, which knows which are fatal)."""
     async def versions() -> frozenset[int] | None:
-        exists = await (await conn.execute(_VERSION_TABLE_EXISTS)).fetchone()
+        exists = await (await conn.execute(query("schema_version_table_exists"))).fetchone()
         if not exists or not exists[0]:
             return None
-        row = await (await conn.execute(_APPLIED_VERSIONS)).fetchone()
-        return frozenset(row[0]) if row else frozenset()
+        return frozenset(row[0] for row in await (await conn.execute(query("schema_versions_applied"))).fetchall())
 
     conn = await connect(dsn, limits, application_name="dispatcher-startup")
     try:
@@ -84,14 +72,20 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
     where = describe_dsn(dsn)
     delay = UNREACHABLE_BACKOFF_S[0]
     last_schema_log = -1e9
+    refused_before = False
     loop = asyncio.get_running_loop()
     while not stopping.is_set():
         try:
             state = await read_schema(dsn, limits)
-        except psycopg.OperationalError as exc:
-            if login_refused(exc):
-                raise StartupError(f"cannot log in to {where}: {one_line(exc, dsn)}") from None
-            problem = one_line(exc, dsn)
+        except ConnectError as exc:
+            failure = exc.failure
+            if failure.problem is Problem.LOGIN_REFUSED and not refused_before:
+                refused_before = True  # once more: see the module docstring
+                await _sleep_unless(stopping, UNREACHABLE_BACKOFF_S[0])
+                continue
+            if not failure.problem.transient:
+                raise StartupError(_fatal(where, failure)) from None
+            problem = failure.reason
         except StatementTimeout as exc:
             problem = str(exc)
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -107,7 +101,10 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
             await _sleep_unless(stopping, jittered(1.0, 0.2))
             continue
         except psycopg.Error as exc:
-            raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)}") from None
+            failure = describe(exc, dsn)
+            if not failure.problem.transient:  # e.g. the connection dropped mid-statement is not fatal
+                raise StartupError(f"cannot read the schema version in {where}: {failure.reason}") from None
+            problem = failure.reason
         else:
             report("ok", "current" if not state.missing else "older" if state.applied else "missing")
             if not state.missing:
@@ -125,6 +122,7 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
                 last_schema_log = loop.time()
             await _sleep_unless(stopping, jittered(1.0, 0.2))
             continue
+        refused_before = False
         report("unreachable", "unknown")
         log.warning("database %s unreachable at start (%s): retrying in %.1f s", where, problem, delay)
         await _sleep_unless(stopping, jittered(delay, 0.2))
@@ -139,17 +137,20 @@ async def check_listen(dsn: str, limits: ConnectionLimits) -> None:
     where = describe_dsn(dsn)
     try:
         conn = await connect(dsn, limits, application_name="dispatcher-startup")
-    except psycopg.OperationalError as exc:
-        if login_refused(exc):
-            raise StartupError(f"cannot log in to {where} (DISPATCHER_LISTEN_DSN): {one_line(exc, dsn)}") from None
+    except ConnectError as exc:
+        if not exc.failure.problem.transient:
+            raise StartupError(_fatal(f"{where} (DISPATCHER_LISTEN_DSN)", exc.failure)) from None
         log.warning("LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
-                    "answers", where, one_line(exc, dsn))
-        return
-    except StatementTimeout as exc:
-        log.warning("LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
-                    "answers", where, exc)
+                    "answers", where, exc.failure.reason)
         return
     await close_quietly(conn)
+
+
+def _fatal(where: str, failure: Failure) -> str:
+    """The line a worker exits with when connecting cannot work as configured."""
+    if failure.problem is Problem.LOGIN_REFUSED:
+        return f"cannot log in to {where}: {failure.reason}"
+    return f"cannot connect to {where} ({failure.problem.value}): {failure.reason}"
 
 
 async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from bench.statements import Usage, minus, name_of, per_job
-from coordinator.pg.sqlfile import load
+from coordinator.pg.sqlfile import load_all
 from dispatcher.db.store import claim_sql, steal_sql
 
 
@@ -24,7 +24,7 @@ def as_pg_stat_statements_shows_it(text: str) -> str:
 
 @pytest.mark.parametrize("package", ["dispatcher.db", "coordinator"])
 def test_every_named_query_is_recognised(package):
-    texts = {name: text for name, text in load(package).items() if "{" not in text}  # fragments: below
+    texts = {name: text for name, text in load_all(package).items() if "{" not in text}  # fragments: below
     wrong = {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in texts.items()}
     # notify_enqueued and notify_change are the same statement.
     assert {n: got for n, got in wrong.items() if got != n and got not in ("notify_change", "notify_enqueued")} == {}

@@ -3,14 +3,14 @@ from importlib import resources
 
 import pytest
 
-from coordinator.pg.sqlfile import load, parse_named_queries
+from coordinator.pg.sqlfile import load_all, parse_named_queries
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db.migrate import available_migrations
 from dispatcher.db.store import claim_sql
 
 
 def test_every_query_parses_and_has_no_leftover_comment_lines():
-    queries = load("dispatcher.db")
+    queries = load_all("dispatcher.db")
     assert {"jobs_claim", "claim_select_partitioned", "claim_select_skip_locked", "jobs_complete_owned"} <= set(queries)
     for name, text in queries.items():
         assert text and not text.lstrip().startswith("--"), name
@@ -49,3 +49,24 @@ def test_partitioned_claim_refuses_bad_buckets(bad):
 def test_migrations_ship_with_the_package():
     names = [p.name for p in resources.files("dispatcher.db").joinpath("sql", "migrations").iterdir()]
     assert "0001_jobs.sql" in names
+
+
+def test_every_query_file_is_loaded_and_a_name_in_two_files_is_refused(tmp_path, monkeypatch):
+    sql = tmp_path / "twofiles" / "sql"
+    sql.mkdir(parents=True)
+    (tmp_path / "twofiles" / "__init__.py").write_text("")
+    (sql / "a.sql").write_text("-- name: one\nSELECT 1\n")
+    (sql / "b.sql").write_text("-- name: two\nSELECT 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_all("twofiles") == {"one": "SELECT 1", "two": "SELECT 2"}
+    (sql / "c.sql").write_text("-- name: one\nSELECT 3\n")
+    load_all.cache_clear()
+    with pytest.raises(ValueError, match="'one' is defined in both a.sql and c.sql"):
+        load_all("twofiles")
+    load_all.cache_clear()
+
+
+def test_the_named_queries_are_split_by_concern():
+    files = {p.name for p in resources.files("dispatcher.db").joinpath("sql").iterdir() if p.name.endswith(".sql")}
+    assert {"claim.sql", "finish.sql", "maintenance.sql", "admin.sql", "enqueue.sql", "observe.sql"} <= files
+    assert "queries.sql" not in files

@@ -1,0 +1,153 @@
+-- Failed-job admin (dispatcher/api/admin.py, `dispatcher jobs ...`). Each statement runs in its own
+-- short transaction with a local statement_timeout and lock_timeout (db/oneshot.py), never prepared,
+-- so it is planned with its parameters' values: a filter left out ({filters}: NULL) folds away
+-- and a status filter can use the partial index of that status (queued: the claim indexes,
+-- running: the lease index, completed / failed, discarded, cancelled: the indexes of migration
+-- 0007, which are also ordered by age). Queue and job type are filters on those rows, with no
+-- index of their own: an index on every row would cost every claim and completion a write.
+--
+-- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
+-- folder. Parameters use psycopg's %(name)s style; {placeholders} in braces are filled in by code
+-- with validated integers only.
+
+-- name: admin_filters
+-- The filters of every admin statement, on the row `j`; a NULL parameter means "any". The age is
+-- by updated_at: the time a job entered its status (enqueued or retried, claimed, finished).
+    (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
+AND (%(queues)s::text[] IS NULL OR j.queue_name = ANY(%(queues)s::text[]))
+AND (%(job_types)s::text[] IS NULL OR j.job_type = ANY(%(job_types)s::text[]))
+AND (%(older_than_s)s::float8 IS NULL OR j.updated_at < now() - %(older_than_s)s::float8 * interval '1 second')
+AND (%(newer_than_s)s::float8 IS NULL OR j.updated_at >= now() - %(newer_than_s)s::float8 * interval '1 second')
+AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+
+-- name: admin_jobs_list
+-- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
+-- at %(limit)s, or, for a status with few rows, that status's index and a sort.
+SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at,
+       j.updated_at, extract(epoch FROM now() - j.updated_at)::float8, j.locked_by, j.cancel_requested_at, j.last_error
+  FROM dispatcher_jobs AS j
+ WHERE {filters}
+ ORDER BY j.id DESC
+ LIMIT %(limit)s
+
+-- name: admin_jobs_count
+-- How many jobs match (what a bulk change would touch), and the newest id among them: a bulk
+-- change goes up to that id, so jobs enqueued meanwhile are not swept in.
+SELECT count(*), max(j.id) FROM dispatcher_jobs AS j WHERE {filters}
+
+-- name: admin_jobs_page
+-- The next batch of a bulk change: ids after %(after_id)s (keyset, so each batch is one short
+-- range and the walk ends even if rows keep matching), up to %(max_id)s.
+SELECT j.id
+  FROM dispatcher_jobs AS j
+ WHERE {filters} AND j.id > %(after_id)s AND j.id <= %(max_id)s
+ ORDER BY j.id
+ LIMIT %(limit)s
+
+-- name: admin_job_show
+SELECT id, queue_name, job_type, status, priority, bucket, attempts, max_attempts, lease_expiries, run_at,
+       created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
+       cancel_requested_at, dedupe_key, payload, last_error
+  FROM dispatcher_jobs
+ WHERE id = %(id)s
+
+-- name: admin_job_attempts
+-- The job's attempt history (rows exist only with DISPATCHER_HISTORY on), through its index.
+SELECT attempt, worker, started_at, finished_at, duration_ms, outcome, error
+  FROM dispatcher_job_attempts
+ WHERE job_id = %(id)s
+ ORDER BY attempt, started_at
+ LIMIT %(limit)s
+
+-- name: admin_jobs_retry
+-- Failed or discarded jobs among %(ids)s that still match the filters, back to queued, due now.
+-- As River's JobRetry and Oban's retry_job: the attempt count stays (the history goes on) and
+-- max_attempts rises to allow one more attempt if they were used up; last_error stays for
+-- people, a stale cancel request goes. The status is re-checked on the row the UPDATE writes:
+-- a job that changed meanwhile is skipped. A job whose dedupe key a live job holds now (or
+-- another job of this batch, the lowest id of which goes) is skipped too: two live jobs may not
+-- share a key. Shape, in the three statements of a change: the conditions sit in a CASE, so
+-- that the rows are fetched by primary key (the batch) and not through a status index bitmap
+-- ANDed with it (5 ms per batch at 100k failed rows, growing with them); the report comes back
+-- as the changed rows, then every id with its row as it was before this statement (status,
+-- whether the filters matched, whether its dedupe key was held), joined in admin.py: a join of
+-- the two here was planned as a nested loop over the CTE (100 ms per 1,000 ids).
+WITH changed AS (
+    UPDATE dispatcher_jobs AS j
+       SET status = 'queued',
+           run_at = now(),
+           max_attempts = greatest(j.max_attempts, j.attempts + 1),
+           failed_at = NULL,
+           cancel_requested_at = NULL,
+           updated_at = now()
+     WHERE j.id = ANY(%(ids)s::bigint[])
+       AND CASE WHEN j.status IN ('failed', 'discarded') THEN {filters} AND (j.dedupe_key IS NULL OR (
+            NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS d
+                         WHERE d.queue_name = j.queue_name AND d.dedupe_key = j.dedupe_key
+                           AND d.status IN ('queued', 'running'))
+            AND j.id = (SELECT min(b.id) FROM dispatcher_jobs AS b
+                         WHERE b.id = ANY(%(ids)s::bigint[]) AND b.queue_name = j.queue_name
+                           AND b.dedupe_key = j.dedupe_key AND b.status IN ('failed', 'discarded'))))
+            ELSE false END
+    RETURNING j.id, j.status, j.queue_name, j.dedupe_key
+)
+SELECT id, NULL, NULL, status, NULL FROM changed
+UNION ALL
+SELECT t.id, j.status, coalesce({filters}, false), NULL,
+       j.dedupe_key IS NOT NULL AND (
+           EXISTS (SELECT 1 FROM dispatcher_jobs AS d  -- through dispatcher_jobs_dedupe_idx
+                    WHERE d.queue_name = j.queue_name AND d.dedupe_key = j.dedupe_key
+                      AND d.status IN ('queued', 'running'))
+           OR EXISTS (SELECT 1 FROM changed AS c
+                       WHERE c.queue_name = j.queue_name AND c.dedupe_key = j.dedupe_key AND c.id <> j.id))
+  FROM unnest(%(ids)s::bigint[]) AS t(id)
+  LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
+
+-- name: admin_jobs_cancel
+-- Jobs among %(ids)s that still match the filters: a queued one (due or scheduled) becomes
+-- 'cancelled' at once and never runs; a running one gets a cancel request (cancel_requested_at)
+-- that its owner reads with its next heartbeat, and ends 'cancelled' (no retry). The status is
+-- re-checked on the row written: a job claimed meanwhile gets the request instead, a job that
+-- finished meanwhile is left alone. Same shape as admin_jobs_retry.
+WITH changed AS (
+    UPDATE dispatcher_jobs AS j
+       SET status = CASE WHEN j.status = 'queued' THEN 'cancelled' ELSE j.status END,
+           cancel_requested_at = coalesce(j.cancel_requested_at, now()),
+           updated_at = CASE WHEN j.status = 'queued' THEN now() ELSE j.updated_at END
+     WHERE j.id = ANY(%(ids)s::bigint[])
+       AND CASE WHEN j.status IN ('queued', 'running') THEN {filters} ELSE false END
+    RETURNING j.id, j.status
+)
+SELECT id, NULL, NULL, status, NULL FROM changed
+UNION ALL
+SELECT t.id, j.status, coalesce({filters}, false), NULL, false
+  FROM unnest(%(ids)s::bigint[]) AS t(id)
+  LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
+
+-- name: admin_jobs_purge
+-- Delete finished jobs (completed, failed, discarded, cancelled) among %(ids)s that still match
+-- the filters; live ones are never touched (re-checked on the row deleted). Their attempt
+-- history stays until history_retention_s. Same shape as admin_jobs_retry.
+WITH changed AS (
+    DELETE FROM dispatcher_jobs AS j
+     WHERE j.id = ANY(%(ids)s::bigint[])
+       AND CASE WHEN j.status IN ('completed', 'failed', 'discarded', 'cancelled') THEN {filters} ELSE false END
+    RETURNING j.id
+)
+SELECT id, NULL, NULL, 'purged', NULL FROM changed
+UNION ALL
+SELECT t.id, j.status, coalesce({filters}, false), NULL, false
+  FROM unnest(%(ids)s::bigint[]) AS t(id)
+  LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
+
+-- The workers' role's privileges (dispatcher/db/privileges.py, `dispatcher grants`): a script the
+-- tables' owner runs. {placeholders}: quoted identifiers and privilege lists, filled in by code.
+
+-- name: grant_schema_usage
+GRANT USAGE ON SCHEMA {schema} TO {role}
+
+-- name: grant_table
+GRANT {privileges} ON TABLE {table} TO {role}
+
+-- name: grant_sequence
+GRANT {privileges} ON SEQUENCE {sequence} TO {role}

@@ -1,0 +1,136 @@
+-- Claiming jobs (dispatcher/db/store.py): the claim statement and the selections it is built from,
+-- and when the next scheduled job falls due.
+-- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
+-- folder. Parameters use psycopg's %(name)s style; {placeholders} in braces are filled in by code
+-- with validated integers only.
+
+-- name: jobs_claim
+-- Claim up to %(limit)s runnable jobs of one queue in ONE statement: select (by the mode's
+-- {select_ids}, one of the claim_select_* fragments below), mark running, set owner, token and
+-- lease, count the attempt, return the rows.
+-- The WHERE re-checks status (and run_at: a job retried meanwhile is not due yet) on the row it
+-- updates. The partitioned selections take no row locks, so if two owners overlap during a
+-- hand-off (or a stealer takes rows of our buckets) the second waits for the first and then
+-- skips the row: contention, never a double claim. The re-check is written as a CASE on purpose:
+-- as plain `status = 'queued' AND run_at <= now()` it matches the partial indexes' predicate and
+-- the planner walked (or bitmap-ANDed) a whole claim index of 500k rows instead of fetching the
+-- selected ids by primary key. `id = ANY(ids)`, not `UPDATE ... FROM c`: the latter was planned
+-- as a full scan of the table, at about half the throughput. tests/integration/test_claim.py
+-- guards these plans on a fresh table.
+-- Every row also carries how many ids the selection found (`selected`), and the statement
+-- returns one row of NULLs with it when it claimed nothing: a claim that came back short only
+-- because others took rows it had selected is not "our buckets ran dry". Without this, an owner
+-- whose claim lost a few rows to a stealer at start-up slept a whole poll interval while a
+-- stealer drained its buckets (spawn -> done 0.7x of SKIP LOCKED at 2 workers).
+WITH picked AS MATERIALIZED (SELECT ARRAY({select_ids}) AS ids),
+     claimed AS (
+       UPDATE dispatcher_jobs
+          SET status = 'running',
+              attempts = attempts + 1,
+              locked_at = now(),
+              locked_by = %(worker)s,
+              lock_token = %(token)s::uuid,
+              lease_expires_at = now() + %(lease_s)s * interval '1 second',
+              updated_at = now()
+        WHERE id = ANY((SELECT ids FROM picked)::bigint[])  -- an array, not ANY(subquery)
+          AND CASE WHEN status = 'queued' THEN run_at <= now() ELSE false END
+       RETURNING id, job_type, payload, attempts, max_attempts, locked_at, bucket, priority)
+SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority,
+       cardinality(p.ids) AS selected
+  FROM picked AS p LEFT JOIN claimed AS c ON true
+
+-- name: claim_select_partitioned
+-- Partitioned mode: {bucket_branches} is one claim_select_partitioned_branch per owned bucket,
+-- joined by UNION ALL. Each branch is an ordered walk of that bucket's index range and
+-- PostgreSQL merges them (Merge Append) in (priority, run_at, id) order, so a claim of n jobs
+-- reads about n + |buckets| index entries and nothing of other workers' buckets.
+SELECT id FROM ({bucket_branches}) AS runnable
+ ORDER BY priority, run_at, id
+ LIMIT %(limit)s
+
+-- name: claim_select_partitioned_branch
+-- One owned bucket's runnable jobs in claim order (through dispatcher_jobs_claim_bucket_idx).
+(SELECT id, priority, run_at
+   FROM dispatcher_jobs
+  WHERE queue_name = %(queue)s AND bucket = {bucket} AND status = 'queued' AND run_at <= now()
+  ORDER BY priority, run_at, id
+  LIMIT %(limit)s)
+
+-- name: claim_select_all_buckets
+-- Partitioned mode when this worker owns every bucket (a single worker): one walk of the
+-- queue-wide index instead of a 64-branch Merge Append, whose executor start-up alone cost
+-- ~2.5 ms per claim (5 us per job). Still no row locks.
+SELECT id
+  FROM dispatcher_jobs
+ WHERE queue_name = %(queue)s AND status = 'queued' AND run_at <= now()
+   AND priority > -32769  -- the tag of dispatcher_jobs_claim_idx's predicate (migration 0003)
+ ORDER BY priority, run_at, id
+ LIMIT %(limit)s
+
+-- name: claim_select_steal
+-- Stealing (partitioned mode, own buckets idle): walk OTHER workers' buckets in the given order
+-- (the worker rotates it randomly), each through its own bucket-index range with SKIP LOCKED,
+-- stopping as soon as %(limit)s rows are found. Not the queue-wide index: partitioned claims
+-- never walk that one, so near the end of a drain every steal re-read its prefix of entries left
+-- behind by processed jobs (~6,800 index entries per steal, 81 per job drained); each bucket's
+-- range is kept clean by its owner's own claims, and the queue-wide index cannot serve this query
+-- (its predicate's tag, migration 0003). FOR UPDATE is not allowed in UNION arms, hence LATERAL.
+SELECT j.id
+  FROM unnest(%(steal_buckets)s::smallint[]) AS s(bucket)
+ CROSS JOIN LATERAL (
+       SELECT id
+         FROM dispatcher_jobs
+        WHERE queue_name = %(queue)s AND bucket = s.bucket AND status = 'queued' AND run_at <= now()
+        ORDER BY priority, run_at, id
+        LIMIT %(limit)s
+          FOR UPDATE SKIP LOCKED) AS j
+ LIMIT %(limit)s
+
+-- name: claim_select_skip_locked
+-- The classic claim: walk the queue's runnable rows in order, skipping rows other workers hold.
+SELECT id
+  FROM dispatcher_jobs
+ WHERE queue_name = %(queue)s AND status = 'queued' AND run_at <= now()
+   AND priority > -32769  -- the tag of dispatcher_jobs_claim_idx's predicate (migration 0003)
+ ORDER BY priority, run_at, id
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED
+
+-- name: jobs_next_due_in
+-- Seconds (database clock) until the earliest queued job of one queue that is not due yet, in
+-- %(buckets)s (NULL: any bucket); NULL if none. The producer asks after a poll, a due-timer or a bulk
+-- wake-up or an assignment change, never per job: it finds jobs scheduled before the worker started,
+-- in buckets it just gained, or whose NOTIFY was missed. Bounded: a loose index scan of
+-- dispatcher_jobs_claim_idx, two descents per distinct priority, each then reading at most 256 future
+-- entries in run_at order until one is in our buckets (uniform buckets: ~64/|buckets| entries). If none
+-- of the 256 is ours, the 256th run_at is returned: ours are no earlier, so waking then and asking
+-- again is never late.
+WITH RECURSIVE priorities AS (
+    (SELECT priority FROM dispatcher_jobs
+      WHERE queue_name = %(queue)s AND status = 'queued' AND priority > -32769
+      ORDER BY priority LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority FROM dispatcher_jobs j
+             WHERE j.queue_name = %(queue)s AND j.status = 'queued' AND j.priority > -32769
+               AND j.priority > p.priority
+             ORDER BY j.priority LIMIT 1)
+      FROM priorities p
+     WHERE p.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min(next.run_at) - now())::float8
+  FROM priorities p
+ CROSS JOIN LATERAL (
+    SELECT coalesce(
+        (SELECT w.run_at
+           FROM (SELECT j.run_at, j.bucket FROM dispatcher_jobs j
+                  WHERE j.queue_name = %(queue)s AND j.status = 'queued' AND j.priority > -32769
+                    AND j.priority = p.priority AND j.run_at > now()
+                  ORDER BY j.run_at LIMIT 256) AS w
+          WHERE %(buckets)s::smallint[] IS NULL OR w.bucket = ANY(%(buckets)s::smallint[])
+          LIMIT 1),
+        (SELECT j.run_at FROM dispatcher_jobs j
+          WHERE j.queue_name = %(queue)s AND j.status = 'queued' AND j.priority > -32769
+            AND j.priority = p.priority AND j.run_at > now()
+          ORDER BY j.run_at OFFSET 255 LIMIT 1)) AS run_at
+ ) AS next
+ WHERE p.priority IS NOT NULL

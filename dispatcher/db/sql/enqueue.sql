@@ -1,0 +1,71 @@
+-- Enqueueing jobs (dispatcher/api/enqueue.py): one row, or many through COPY.
+-- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
+-- folder. Parameters use psycopg's %(name)s style; {placeholders} in braces are filled in by code
+-- with validated integers only.
+
+-- name: jobs_insert_one
+-- Enqueue one job and wake its bucket's owner, in one round trip. A live job with the same
+-- (queue, dedupe_key) makes this a no-op: no row back, no notification.
+-- A job not due yet appends ':<ms until run_at>' to the payload ('queue:bucket:1500'): its owner arms
+-- its due timer instead of claiming now (producer.py). Measured from clock_timestamp(), so only the
+-- time from this statement to COMMIT delays the wake-up. An immediate job's payload is unchanged, and
+-- a worker of an older release parses 'queue:bucket:1500' as queue 'queue:bucket', which no queue
+-- can be named (NAME_PATTERN has no ':'): it ignores it and polls the job up as before.
+WITH inserted AS (
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+    VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
+            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s)
+    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+    DO NOTHING
+    RETURNING id, run_at
+)
+SELECT id, pg_notify(%(channel)s, %(notify)s || CASE WHEN due_in_ms > 0 THEN ':' || due_in_ms ELSE '' END)
+  FROM (SELECT id, ceil(1000 * extract(epoch FROM run_at - clock_timestamp()))::bigint AS due_in_ms
+          FROM inserted) AS i
+
+-- name: jobs_copy_in
+-- Bulk enqueue through COPY (text format, built by enqueue._copy_chunks). run_at is computed by the caller from the database's
+-- now() read in the same transaction, so the database clock still rules.
+COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+FROM STDIN
+
+-- name: jobs_stage_create
+-- Bulk enqueue with dedupe keys: COPY into a temporary staging table first, because COPY
+-- itself cannot skip conflicting rows.
+CREATE TEMPORARY TABLE IF NOT EXISTS dispatcher_jobs_stage (
+    queue_name text, job_type text, payload jsonb, priority smallint, bucket smallint,
+    max_attempts integer, run_at timestamptz, dedupe_key text
+) ON COMMIT DELETE ROWS
+
+-- name: jobs_stage_copy_in
+COPY dispatcher_jobs_stage (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+FROM STDIN
+
+-- name: jobs_stage_publish
+-- Move staged rows into the jobs table, skipping live duplicates (also within the batch).
+INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key
+  FROM dispatcher_jobs_stage
+ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+DO NOTHING
+
+-- name: jobs_stage_clear
+TRUNCATE dispatcher_jobs_stage
+
+-- name: jobs_reltuples
+-- The planner's idea of the table's size (-1: never analyzed).
+SELECT reltuples FROM pg_class WHERE oid = 'dispatcher_jobs'::regclass
+
+-- name: jobs_analyze
+-- Only the columns plans depend on: statistics on the jsonb payload are the costly part of a
+-- full ANALYZE (190 ms vs 130 ms per 200k rows) and no query filters on it.
+ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at,
+                         updated_at)
+
+-- name: db_now
+SELECT now()
+
+-- name: notify_enqueued
+-- Wake idle workers when the enqueuing transaction commits. One notification per enqueue call,
+-- not per job; PostgreSQL folds identical notifications within a transaction.
+SELECT pg_notify(%(channel)s, %(payload)s)

@@ -1,0 +1,92 @@
+-- Running jobs to their end (dispatcher/db/store.py): completions, failures, releases, lease
+-- extensions, the lease keeper's probe and the attempt history.
+-- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
+-- folder. Parameters use psycopg's %(name)s style; {placeholders} in braces are filled in by code
+-- with validated integers only.
+
+-- name: jobs_complete_owned
+-- Mark finished jobs completed, each only if it still carries the token of the claim that ran
+-- it; rows whose lease was taken over are left alone (the caller counts them as fenced).
+-- Shape, here and in the three statements below: `j.id = ANY(ids)` pins the jobs side to a
+-- primary-key lookup of exactly the batch, and the ownership guard is a CASE so that no partial
+-- index (`WHERE status = 'running'`) can match it. With a plain `status = 'running'`, stats
+-- taken while every row was queued made the planner enter through the lease index and hash or
+-- loop over every running row on each flush: 28k rows per flush, seconds per statement.
+UPDATE dispatcher_jobs AS j
+   SET status = 'completed',
+       completed_at = now(),
+       lock_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = now()
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
+
+-- name: jobs_fail_owned
+-- Record failed attempts, fenced by token like completions. Each row's status, delay and error
+-- come from the retry policy (dispatcher/runtime/retry.py): 'queued' (retry after delay_s), 'failed'
+-- (out of attempts, or no handler), 'discarded' (a permanent error) or 'cancelled' (an operator
+-- asked). A retry of a job with a cancel request ends it 'cancelled' instead: a request that
+-- came after the owner's last heartbeat is still honoured, and the job never runs again. The
+-- reaper sends the same statement with %(lease_expired)s: then a row is written only if its
+-- lease is still expired (a heartbeat that landed meanwhile wins) and its lease_expiries count
+-- rises. Returns the rows written (with the status written), for the outcome lines (joblog.py:
+-- run_at is when a retry is due, by the database's clock) and the reaper's history. Failures
+-- are rare: completions return nothing.
+UPDATE dispatcher_jobs AS j
+   SET status = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE f.status END,
+       run_at = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NULL
+                     THEN now() + f.delay_s * interval '1 second' ELSE j.run_at END,
+       failed_at = CASE WHEN f.status IN ('failed', 'discarded') THEN now() ELSE j.failed_at END,
+       last_error = f.error,
+       lease_expiries = j.lease_expiries + %(lease_expired)s::int,
+       lock_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = now()
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
+              %(delays_s)s::float8[], %(errors)s::text[]) AS f(id, token, status, delay_s, error)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
+   AND CASE WHEN j.status = 'running'
+            THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
+            ELSE false END
+RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
+          j.max_attempts
+
+-- name: jobs_release_owned
+-- Give claimed-but-unstarted jobs back at once (graceful shutdown): queued again, and the
+-- attempt that never ran is not counted; 'cancelled' if an operator asked meanwhile.
+UPDATE dispatcher_jobs AS j
+   SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
+       attempts = greatest(j.attempts - 1, 0),
+       lock_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = now()
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS r(id, token)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = r.token ELSE false END
+
+-- name: jobs_extend_leases
+-- Heartbeat: push out the leases of jobs still running here. Returns the ids still owned, each
+-- with whether an operator asked to cancel it (the owner then cancels its handler: how a cancel
+-- request reaches a running job, with no statement of its own). A missing id means the reaper
+-- (or another owner) took the job over.
+UPDATE dispatcher_jobs AS j
+   SET lease_expires_at = now() + %(lease_s)s * interval '1 second'
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS h(id, token)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = h.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = h.token ELSE false END
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
+
+-- name: ping
+-- The lease keeper's probe: does this connection still answer? (a stall raises no error)
+SELECT 1;
+
+-- name: history_record
+-- Execution history, one row per finished attempt (only when DISPATCHER_HISTORY is on). A NULL
+-- duration means "until now" (a reaped attempt: its worker never reported back).
+INSERT INTO dispatcher_job_attempts (job_id, attempt, worker, started_at, finished_at, duration_ms, outcome, error)
+SELECT h.id, h.attempt, h.worker, h.started_at, now(),
+       coalesce(h.duration_ms, extract(epoch FROM now() - h.started_at) * 1000), h.outcome, h.error
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(workers)s::text[], %(started_at)s::timestamptz[],
+              %(durations_ms)s::float8[], %(outcomes)s::text[], %(errors)s::text[])
+       AS h(id, attempt, worker, started_at, duration_ms, outcome, error)

@@ -1,6 +1,6 @@
 """An in-memory job store: the store port (dispatcher/db/port.py) without PostgreSQL, for unit tests.
 
-It keeps the rules of the real store's statements (dispatcher/db/sql/queries.sql) that a test can
+It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that a test can
 observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that token,
 a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live jobs of a
 queue. Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and

@@ -28,7 +28,11 @@ from dispatcher.errors import (
     EnqueueError,
     PayloadError,
     PermanentJobError,
+    SchemaMissing,
     StoreError,
+    StorePermissionDenied,
+    StoreRefused,
+    StoreTimeout,
     StoreUnavailable,
 )
 from dispatcher.model import Job
@@ -37,7 +41,8 @@ from dispatcher.settings.config import Config
 
 __all__ = [
     "Config", "ConfigError", "DispatcherError", "EnqueueError", "Job", "JobSpec", "PayloadError",
-    "PermanentJobError", "Registry", "StoreError", "StoreUnavailable", "Worker", "enqueue",
+    "PermanentJobError", "Registry", "SchemaMissing", "StoreError", "StorePermissionDenied", "StoreRefused",
+    "StoreTimeout", "StoreUnavailable", "Worker", "enqueue",
     "enqueue_many", "enqueue_many_sync", "enqueue_payloads", "enqueue_payloads_sync", "enqueue_sync",
     "run_worker",
 ]

@@ -1,10 +1,10 @@
 """A throwaway PgBouncer (Debian's `pgbouncer` binary) in front of the test PostgreSQL.
 
-Transaction pooling, as in the deployments the README's PgBouncer section is about: every
+Transaction pooling, as in the deployments docs/operations/pgbouncer.md is about: every
 transaction (every statement in autocommit) may run on a different server connection, so
 session state (session advisory locks, LISTEN, prepared statements on PgBouncer < 1.21) does
 not follow the client. The tests that use it prove the worker needs none of that with the
-settings the README gives.
+settings docs/operations/pgbouncer.md gives.
 
 The lifecycle is embedded.py's `_Server` (private there, reused here on purpose): a temp dir of
 its own, a free port with retries, PR_SET_PDEATHSIG so a killed pytest takes PgBouncer down

@@ -127,7 +127,7 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: in
         error = store_error(exc, f"migration of {describe_dsn(dsn)} failed", dsn)
         if isinstance(error, StorePermissionDenied):
             raise MigrationError(f"{error} (migrations must run as the role that owns the dispatcher tables, "
-                                 "not as the workers' role: README, Roles)") from None
+                                 "not as the workers' role: docs/operations/roles.md)") from None
         raise MigrationError(str(error)) from None
 
 

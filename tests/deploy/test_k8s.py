@@ -1,5 +1,5 @@
 """The Kubernetes manifests: every overlay renders with `kubectl kustomize`, passes
-`kubernetes-validate --strict`, and has the properties the README promises (probes on the health
+`kubernetes-validate --strict`, and has the properties docs/operations/kubernetes.md promises (probes on the health
 endpoints, a locked-down securityContext, a grace period above the worker's exit bound, the mode in
 the ConfigMap, the image set through `images:`, a per-release migration Job on the owner secret)."""
 
@@ -151,7 +151,7 @@ def test_grace_period_outlasts_the_workers_exit_bound(overlay: str) -> None:
     docs = rendered(overlay)
     grace_s = float(settings_map(docs)["data"]["DISPATCHER_SHUTDOWN_GRACE_S"])
     bound_s = exit_bound_s(Config(shutdown_grace_s=grace_s).worker)
-    assert bound_s >= grace_s + 6  # the README's promise: grace + 6 s
+    assert bound_s >= grace_s + 6  # the docs' promise: grace + 6 s
     period_s = workers(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert period_s > bound_s, f"terminationGracePeriodSeconds {period_s} <= exit bound {bound_s} s"
 

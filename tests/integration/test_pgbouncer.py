@@ -1,4 +1,4 @@
-"""Behind a real PgBouncer in transaction pooling (tests/pgbouncer.py), with the README's settings:
+"""Behind a real PgBouncer in transaction pooling (tests/pgbouncer.py), with the settings of docs/operations/pgbouncer.md:
 session locks off, prepared statements off (PgBouncer < 1.21), LISTEN on a direct connection.
 
 Every transaction of a client may run on another server connection there, so these tests show
@@ -42,7 +42,7 @@ from tests.helpers import (
     wait_until_async,
 )
 
-# What the README's PgBouncer section asks of a worker whose DISPATCHER_DSN goes through it.
+# What docs/operations/pgbouncer.md asks of a worker whose DISPATCHER_DSN goes through it.
 BEHIND_PGBOUNCER = dict(session_locks=False, prepared_statements=False)
 FAST = dict(poll_interval_s=0.2, flush_interval_s=0.02, reaper_interval_s=0.3)
 
@@ -95,7 +95,7 @@ def test_psycopg_prepared_statements_break_behind_it_unless_turned_off(dsn, pgbo
 
 
 def test_enqueue_through_pgbouncer(dsn, pgbouncer):
-    """Your own connections through PgBouncer need prepare_threshold=None too (README)."""
+    """Your own connections through PgBouncer need prepare_threshold=None too (docs/operations/pgbouncer.md)."""
     pooled = pgbouncer.dsn_for(dsn)
     with psycopg.connect(pooled, autocommit=True, prepare_threshold=None) as conn:
         ids = [enqueue_sync(conn, "one", {"n": i}, dedupe_key=f"one-{i}") for i in range(10)]

@@ -1,4 +1,4 @@
-"""Least privilege: the owner migrates, the workers run as a role with DML only (README, Roles).
+"""Least privilege: the owner migrates, the workers run as a role with DML only (docs/operations/roles.md).
 
 The roles are real (CREATE ROLE ... LOGIN on the test server, which trusts its clients) and are
 dropped after each test; nothing is mocked.

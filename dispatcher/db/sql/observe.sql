@@ -30,7 +30,7 @@ SELECT bucket, count(*) AS runnable
 -- dispatcher-claim, -complete, ...) waiting on a lock right now, and sessions of this database
 -- busy running a statement (ours excluded: this one). pg_stat_activity shows a role the state of
 -- its own sessions only, so a DML-only workers' role counts other roles' sessions as idle unless
--- it is granted pg_read_all_stats (README, Roles).
+-- it is granted pg_read_all_stats (docs/operations/roles.md).
 SELECT t.n_live_tup, t.n_dead_tup, t.seq_scan, t.idx_scan, t.n_tup_upd, t.n_tup_hot_upd,
        coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i
                   WHERE i.relid = t.relid

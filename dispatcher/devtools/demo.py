@@ -19,11 +19,13 @@ from typing import Any
 
 import psycopg
 
+from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.enqueue import enqueue_payloads_sync
 from dispatcher.constants import MODES
 from dispatcher.db.migrate import migrate
+from dispatcher.db.oneshot import session
 from dispatcher.devtools.demo_report import Measurement, ModeResult, render
-from dispatcher.devtools.harness import Fleet, table_counters, watch_until_done
+from dispatcher.devtools.harness import Fleet, measure_query, table_counters, watch_until_done
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.settings.config import Config
 
@@ -47,12 +49,7 @@ def _watch(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str) -
 def _spans(conn: psycopg.Connection[Any], since: datetime | None) -> tuple[float, float]:
     """(seconds to the first claim, seconds to the last completion), both from `since` or, when
     None, from the first claim, on the database clock."""
-    row = conn.execute(
-        """SELECT extract(epoch FROM min(locked_at) - coalesce(%(since)s, min(locked_at)))::float8,
-                  extract(epoch FROM max(completed_at) - coalesce(%(since)s, min(locked_at)))::float8
-             FROM dispatcher_jobs""",
-        {"since": since},
-    ).fetchone()
+    row = conn.execute(measure_query("measure_spans"), {"since": since}).fetchone()
     assert row is not None and row[1] is not None, "no completed job to time"
     return float(row[0]), float(row[1])
 
@@ -63,8 +60,10 @@ def _enqueue(conn: psycopg.Connection[Any], jobs: int) -> None:
 
 def burst_from_ready_fleet(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path,
                            **settings: Any) -> Measurement:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE dispatcher_jobs")
+    # Bounded at connect like every command's connection (session); no statement timeout: the
+    # bulk enqueue and the watch of a drain are long by design.
+    with session(dsn, ConnectionLimits(), application_name="dispatcher-demo") as conn:
+        conn.execute(measure_query("measure_reset_jobs"))
         with Fleet(dsn, APP, mode, workers, log_dir=log_dir / f"{mode}-burst", **settings) as fleet:
             fleet.wait_ready()
             before = table_counters(conn)
@@ -77,11 +76,13 @@ def burst_from_ready_fleet(dsn: str, mode: str, jobs: int, workers: int, log_dir
 
 
 def cold_start(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path, **settings: Any) -> Measurement:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("TRUNCATE dispatcher_jobs")
+    # Bounded at connect like every command's connection (session); no statement timeout: the
+    # bulk enqueue and the watch of a drain are long by design.
+    with session(dsn, ConnectionLimits(), application_name="dispatcher-demo") as conn:
+        conn.execute(measure_query("measure_reset_jobs"))
         _enqueue(conn, jobs)
         before = table_counters(conn)
-        spawned = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        spawned = conn.execute(measure_query("measure_clock")).fetchone()[0]  # type: ignore[index]
         # No HTTP server: nothing waits for readiness here, and a user's worker need not serve one.
         with Fleet(dsn, APP, mode, workers, serve=False, log_dir=log_dir / f"{mode}-cold", **settings) as fleet:
             waiters = _watch(conn, fleet, jobs, f"{mode}: cold start")

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 import psycopg
 
+from coordinator.pg.sqlfile import load
 from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
 
 
@@ -244,30 +245,26 @@ class TableCounters:
                              self.completed - before.completed, self.autovacuums - before.autovacuums)
 
 
+def measure_query(name: str) -> str:
+    """A statement of devtools/sql/measure.sql: what the demo and the harness read to measure a run."""
+    return load("dispatcher.devtools", "measure.sql")[name]
+
+
 def table_counters(conn: psycopg.Connection[Any]) -> TableCounters:
     """Read after the workers exited: a backend flushes its statistics at exit (and otherwise at
     most once a second), so a mid-run reading may lag by up to a second of work."""
-    row = conn.execute(
-        """SELECT coalesce(sum(i.idx_tup_read) FILTER (WHERE i.indexrelname LIKE 'dispatcher_jobs_claim%%'), 0),
-                  t.idx_tup_fetch, t.n_dead_tup,
-                  (SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'),
-                  t.autovacuum_count + t.autoanalyze_count
-             FROM pg_stat_user_tables t JOIN pg_stat_user_indexes i ON i.relid = t.relid
-            WHERE t.relname = 'dispatcher_jobs'
-            GROUP BY t.idx_tup_fetch, t.n_dead_tup, t.autovacuum_count, t.autoanalyze_count"""
-    ).fetchone()
+    row = conn.execute(measure_query("measure_table_counters")).fetchone()
     assert row is not None
     return TableCounters(int(row[0]), int(row[1] or 0), int(row[2]), int(row[3]), int(row[4]))
 
 
 def lock_waiters(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND wait_event_type = 'Lock'").fetchone()
+    row = conn.execute(measure_query("measure_lock_waiters")).fetchone()
     return int(row[0]) if row else 0
 
 
 def completed_jobs(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'").fetchone()
+    row = conn.execute(measure_query("measure_completed_jobs")).fetchone()
     return int(row[0]) if row else 0
 
 

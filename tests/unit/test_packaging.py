@@ -119,6 +119,7 @@ def test_the_wheel_carries_type_markers_sql_and_license(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("bucket_dispatcher-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"dispatcher/py.typed", "coordinator/py.typed", "dispatcher/db/sql/claim.sql"} <= names
+    assert {"dispatcher/py.typed", "coordinator/py.typed", "dispatcher/db/sql/claim.sql",
+            "dispatcher/devtools/sql/measure.sql"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(n for n in names if "dist-info" in n)
     assert not any(n.startswith(("tests/", "bench/", "k8s/")) for n in names)

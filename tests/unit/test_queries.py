@@ -1,5 +1,7 @@
+import ast
 import re
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,42 @@ def test_the_named_queries_are_split_by_concern():
     files = {p.name for p in resources.files("dispatcher.db").joinpath("sql").iterdir() if p.name.endswith(".sql")}
     assert {"claim.sql", "finish.sql", "maintenance.sql", "admin.sql", "enqueue.sql", "observe.sql"} <= files
     assert "queries.sql" not in files
+
+
+_STATEMENT = re.compile(r"^\s*(?:(?:SELECT|INSERT|UPDATE|DELETE|WITH|TRUNCATE|LOCK|CREATE|ALTER|DROP|GRANT|REVOKE|"
+                        r"SET|ANALYZE|VACUUM|BEGIN|COMMIT)\s|(?:UN)?LISTEN\s+\S+\s*$|NOTIFY\s+\S+\s*(?:,|$))")
+
+
+def sql_literals(source: str) -> list[tuple[int, str]]:
+    """(line, start) of every string literal in `source` that begins like a SQL statement;
+    docstrings are prose and left out."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value[:40]) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and _STATEMENT.match(node.value)]
+
+
+@pytest.mark.parametrize("source, found", [
+    ('conn.execute("SELECT 1")', True),
+    ('q = """\n    UPDATE dispatcher_jobs SET x = 1"""', True),
+    ('conn.execute(f"LOCK TABLE {name}")', True),
+    ('def f():\n    """SELECT the jobs: prose."""', False),
+    ('TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"', False),
+    ('help = "most rows one DELETE of the pruner takes"', False),
+    ('conn.execute("LISTEN dispatcher_jobs")', True),
+    ('log.info("LISTEN is off (listen_dsn=none): idle workers poll")', False),
+])
+def test_the_inline_sql_check_tells_statements_from_prose(source, found):
+    assert bool(sql_literals(source)) is found
+
+
+def test_no_python_module_of_the_package_holds_a_sql_statement():
+    """Every statement lives in a named-query file (dispatcher/db/sql, coordinator/sql,
+    dispatcher/devtools/sql), where pg_stat_statements tooling and reviewers find it."""
+    root = Path(__file__).resolve().parents[2]
+    found = {str(p.relative_to(root)): hits for top in ("dispatcher", "coordinator") for p in (root / top).rglob("*.py")
+             if (hits := sql_literals(p.read_text(encoding="utf-8")))}
+    assert found == {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
-from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure
+from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure, Steal
 from dispatcher.model import Job
 
 
@@ -70,9 +70,10 @@ class JobStorePort(Protocol):
         ...
 
     async def jobs_claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-                         steal_from: Sequence[int] | None = None) -> list[Job]:
+                         steal: Steal | None = None) -> list[Job]:
         """Up to `limit` due jobs of `queue` in (priority, run_at, id) order, now running under one
-        new token, their attempt counted and leased for `lease_s`; never one job to two claimers."""
+        new token, their attempt counted and leased for `lease_s`; never one job to two claimers.
+        A steal takes from the tail of each of its buckets in turn (rows.Steal)."""
         ...
 
     async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:

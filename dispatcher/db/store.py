@@ -24,7 +24,16 @@ from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.listener import format_payload
 from dispatcher.db.port import JobState, NewJob
 from dispatcher.db.queries import query
-from dispatcher.db.rows import Claimed, DbPressure, ExpiredLease, FailedWrite, Failure, HistoryRows, QueueDepth
+from dispatcher.db.rows import (
+    Claimed,
+    DbPressure,
+    ExpiredLease,
+    FailedWrite,
+    Failure,
+    HistoryRows,
+    QueueDepth,
+    Steal,
+)
 from dispatcher.db.translate import connect_errors, translate_errors
 from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job
@@ -171,23 +180,25 @@ class JobStore:
 
     async def jobs_claim(
         self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-        steal_from: Sequence[int] | None = None,
+        steal: Steal | None = None,
     ) -> list[Job]:
         """Claim up to `limit` runnable jobs in one statement: from `buckets` (partitioned), from
-        everything with SKIP LOCKED (`buckets=None`), or stealing from `steal_from` in order."""
-        return (await self.jobs_claim_counted(queue, limit, lease_s, buckets, steal_from)).jobs
+        everything with SKIP LOCKED (`buckets=None`), or stealing (`steal`: see rows.Steal)."""
+        return (await self.jobs_claim_counted(queue, limit, lease_s, buckets, steal)).jobs
 
     async def jobs_claim_counted(
         self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-        steal_from: Sequence[int] | None = None,
+        steal: Steal | None = None,
     ) -> Claimed:
         """jobs_claim, plus how many runnable jobs its selection found: more than it claimed
         means others took some meanwhile, not that the buckets ran dry."""
         token = str(uuid.uuid4())
         params = {"queue": queue, "limit": limit, "lease_s": lease_s, "worker": self.worker_id, "token": token}
-        if steal_from is not None:
+        if steal is not None:
             sql = steal_sql()
-            params["steal_buckets"] = int_array(steal_from)
+            params["steal_buckets"] = int_array(steal.buckets)
+            params["steal_reserve"] = steal.reserve
+            params["steal_grace_s"] = steal.grace_s
         else:
             key = None if buckets is None else tuple(buckets)
             sql = self._claim_sql_cache.get(key)

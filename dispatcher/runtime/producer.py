@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from coordinator.assignment import BucketAssignment
 from dispatcher.backoff import jittered
 from dispatcher.constants import NUM_BUCKETS
+from dispatcher.db.rows import Steal
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
 from dispatcher.model import Job
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 class ProducerStats:
     claims: int = 0  # claim statements, steals included
     claimed: int = 0
-    steal_claims: int = 0
+    steal_claims: int = 0  # statements
+    steals: int = 0  # steal attempts: each one statement per MAX_VICTIMS buckets, until one finds jobs
     stolen: int = 0
 
 
@@ -71,6 +73,10 @@ class Producer:
         self._look_ahead = True
         self._poll_look_ahead_at = 0.0  # time.monotonic() from which a poll wake-up looks ahead again
         self._steals = StealPolicy(config.steal_batch, config.batch_size)
+        # A steal leaves each bucket the jobs its owner takes in one claim (the fleet is assumed to
+        # share its claim settings): what the owner is about to claim anyway is not worth a race,
+        # unless it has waited a poll interval (the steal's grace: its owner is busy or gone).
+        self._steal_reserve = min(config.batch_size, config.concurrency)
         # After a full batch (a backlog exists) wait until a quarter of the slots are free rather
         # than claiming a handful at a time: fewer, fuller claims are cheaper for PostgreSQL.
         self._refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
@@ -224,9 +230,15 @@ class Producer:
             if (stealing and not windowed and _can_steal(own) and selected < limit and free > 0
                     and not self._stopped.is_set()):
                 asked = self._steals.batch(free)
-                stolen, _, sent_at = await self._claim(queue, asked, None, steal_from=StealPolicy.victims(own or ()))
-                self._steals.record(len(stolen), asked)
-                self.stats.steal_claims += 1
+                stolen, sent_at = [], 0.0
+                self.stats.steals += 1
+                for victims in self._steals.sweep(own or ()):
+                    steal = Steal(tuple(victims), self._steal_reserve, self._claims.poll_interval_s)
+                    stolen, _, sent_at = await self._claim(queue, asked, None, steal)
+                    self.stats.steal_claims += 1
+                    if stolen or self._stopped.is_set():
+                        break
+                self._steals.record(len(stolen), asked, {job.bucket for job in stolen})
                 if stolen:
                     self.stats.stolen += len(stolen)
                     metrics.STOLEN_JOBS.inc(len(stolen))
@@ -235,13 +247,13 @@ class Producer:
         return backlog
 
     async def _claim(self, queue: str, limit: int, buckets: tuple[int, ...] | None,
-                     steal_from: list[int] | None = None) -> tuple[list[Job], int, float]:
+                     steal: Steal | None = None) -> tuple[list[Job], int, float]:
         """Claim; returns the jobs, how many the selection found, and when the statement was sent
         (time.monotonic()): their leases run from no earlier than that."""
         started = time.perf_counter()
         sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
-            claimed = await self._store.jobs_claim_counted(queue, limit, self._claims.lease_s, buckets, steal_from)
+            claimed = await self._store.jobs_claim_counted(queue, limit, self._claims.lease_s, buckets, steal)
         jobs = claimed.jobs
         metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)
         metrics.CLAIM_BATCH.observe(len(jobs))

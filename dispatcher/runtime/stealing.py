@@ -1,8 +1,10 @@
-"""When a partitioned worker with spare slots takes jobs from other workers' buckets, and how many.
+"""When a partitioned worker with spare slots takes jobs from other workers' buckets, and where.
 
 On a poll-timer wake-up or after a steal that found work, never on another bucket's NOTIFY alone;
-idle steals back off; steal sizes double while steals come back full. The measurements behind
-each rule: docs/design/claims.md.
+idle steals back off; steal sizes double while steals come back full. A steal statement visits at
+most MAX_VICTIMS buckets (those that gave jobs last time first) and takes only from the tail of a
+bucket deeper than its owner's claim (claim_select_steal). The measurements behind each rule:
+docs/design/claims.md.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Collection
 from dispatcher.constants import NUM_BUCKETS
 
 MAX_SKIPPED_WAKEUPS = 8  # with the default 1 s poll, an idle worker looks elsewhere every ~8 s
+MAX_VICTIMS = 16  # a steal statement's budget: buckets visited, each read for at most reserve + batch entries
 
 
 class StealPolicy:
@@ -24,6 +27,7 @@ class StealPolicy:
         self._fresh_work_elsewhere = True  # start-up: a backlog may be waiting already
         self._backoff = 0  # timer wake-ups to skip after the next empty steal
         self._skip = 0  # timer wake-ups still to skip
+        self._rich: list[int] = []  # buckets the last steal took jobs from: a hot bucket stays hot
 
     def note_foreign_notify(self) -> None:
         """A NOTIFY for a bucket this worker does not own, or for any bucket."""
@@ -47,8 +51,9 @@ class StealPolicy:
         """How many jobs the next steal asks for, given the free slots."""
         return min(free, self._batch)
 
-    def record(self, stolen: int, asked: int) -> None:
-        """The outcome of a steal that was attempted."""
+    def record(self, stolen: int, asked: int, from_buckets: Collection[int] = ()) -> None:
+        """The outcome of a steal that was attempted, and the buckets its jobs came from."""
+        self._rich = list(dict.fromkeys(from_buckets))
         full = stolen >= asked
         self._batch = min(self._max_batch, 2 * self._batch) if full else self._base_batch
         self._productive = stolen > 0
@@ -59,10 +64,15 @@ class StealPolicy:
             self._backoff = min(MAX_SKIPPED_WAKEUPS, max(1, 2 * self._backoff))
             self._skip = self._backoff
 
-    @staticmethod
-    def victims(own: Collection[int]) -> list[int]:
-        """Every other bucket, from a random starting point: stealers spread out instead of all
-        piling onto the same bucket first."""
-        others = [b for b in range(NUM_BUCKETS) if b not in own]
-        start = random.randrange(len(others))
-        return others[start:] + others[:start]
+    def sweep(self, own: Collection[int]) -> list[list[int]]:
+        """The buckets a steal may visit, in statements of at most MAX_VICTIMS buckets each: first
+        those the last steal took jobs from (still not ours), then every other bucket in random
+        order, so that stealers spread out instead of all piling onto the same bucket first. The
+        steal goes through them until one statement finds jobs."""
+        owned = set(own)
+        rich = [b for b in self._rich if b not in owned]
+        taken = owned.union(rich)
+        others = [b for b in range(NUM_BUCKETS) if b not in taken]
+        random.shuffle(others)
+        order = rich + others
+        return [order[i:i + MAX_VICTIMS] for i in range(0, len(order), MAX_VICTIMS)]

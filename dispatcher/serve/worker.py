@@ -65,7 +65,8 @@ class WorkerStats:
     claims: int
     claimed: int
     stolen: int
-    steal_claims: int
+    steal_claims: int  # statements
+    steals: int  # attempts (a sweep of statements, until one finds jobs)
     timeouts: int
     released: int
     reaped: int
@@ -145,7 +146,7 @@ class Worker:
     @property
     def stats(self) -> WorkerStats:
         p = self.producer.stats
-        return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, self.executor.stats.timeouts,
+        return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, p.steals, self.executor.stats.timeouts,
                            self._released, self.reaper.reaped, self.lease_keeper.leases_lost, self.abandoned)
 
     @property

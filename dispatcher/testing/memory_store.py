@@ -20,7 +20,7 @@ import orjson
 
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db.port import InProcessStore, JobState, NewJob
-from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure
+from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure, Steal
 from dispatcher.model import (
     STATUS_CANCELLED,
     STATUS_COMPLETED,
@@ -78,9 +78,9 @@ class MemoryStore(InProcessStore):
     # -- claim ---------------------------------------------------------------------------------
 
     def claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None = None,
-              steal_from: Sequence[int] | None = None) -> list[Job]:
+              steal: Steal | None = None) -> list[Job]:
         """The port's jobs_claim, callable without an event loop."""
-        if buckets is not None and steal_from is None:
+        if buckets is not None and steal is None:
             if not buckets:
                 raise ValueError("a partitioned claim needs at least one bucket")
             if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
@@ -90,10 +90,9 @@ class MemoryStore(InProcessStore):
             due = [r for r in self._rows.values()
                    if r.queue == queue and r.status == STATUS_QUEUED and r.run_at <= now]
             order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
-            if steal_from is not None:  # the given buckets, in the given order
-                rank = {b: i for i, b in reversed(list(enumerate(steal_from)))}
-                due = [r for r in due if r.bucket in rank]
-                order = lambda r: (rank[r.bucket], r.priority, r.run_at, r.id)  # noqa: E731
+            if steal is not None:  # the given buckets in the given order, each from its tail
+                due = self._stealable(due, steal, now)
+                order = lambda r: 0  # noqa: E731  (already in steal order; sorted() is stable)
             elif buckets is not None:
                 wanted = set(buckets)
                 due = [r for r in due if r.bucket in wanted]
@@ -108,8 +107,20 @@ class MemoryStore(InProcessStore):
             return claimed
 
     async def jobs_claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-                         steal_from: Sequence[int] | None = None) -> list[Job]:
-        return self.claim(queue, limit, lease_s, buckets, steal_from)
+                         steal: Steal | None = None) -> list[Job]:
+        return self.claim(queue, limit, lease_s, buckets, steal)
+
+    @staticmethod
+    def _stealable(due: list[JobState], steal: Steal, now: datetime) -> list[JobState]:
+        """claim_select_steal's choice: per bucket in the steal's order, its due jobs from the
+        tail: all but the first `reserve` in claim order, and those that waited past the grace."""
+        waited_since = now - timedelta(seconds=steal.grace_s)
+        out: list[JobState] = []
+        for bucket in dict.fromkeys(steal.buckets):
+            rows = sorted((r for r in due if r.bucket == bucket), key=lambda r: (r.priority, r.run_at, r.id))
+            out.extend(r for i, r in reversed(list(enumerate(rows)))
+                       if i >= steal.reserve or r.run_at < waited_since)
+        return out
 
     def _owned(self, job_id: int, token: str) -> JobState | None:
         """The row if it is running under `token` (the fence of every owner's write)."""

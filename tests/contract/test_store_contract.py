@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.db.rows import Failure
+from dispatcher.db.rows import Failure, Steal
 from dispatcher.model import (
     STATUS_CANCELLED,
     STATUS_COMPLETED,
@@ -242,6 +242,34 @@ def test_claims_read_one_queue_and_the_buckets_asked_for(on_store: Run) -> None:
         assert [(j.id, j.queue) for j in await h.store.jobs_claim("mail", 10, 30.0, None)] == [(other_queue, "mail")]
         with pytest.raises(ValueError):
             await h.store.jobs_claim("default", 10, 30.0, [])
+
+    on_store(test)
+
+
+def test_a_steal_takes_from_the_tail_of_each_bucket_beyond_its_reserve_in_the_order_given(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        in_5 = [await h.enqueue("send", bucket=5) for _ in range(10)]
+        in_6 = [await h.enqueue("send", bucket=6) for _ in range(3)]
+        urgent_in_5 = await h.enqueue("send", bucket=5, priority=-5)
+        stolen = await h.store.jobs_claim("default", 100, 30.0, None, Steal((6, 5), reserve=4, grace_s=3600))
+        # Bucket 6 is no deeper than the reserve: its owner keeps all 3. Bucket 5 keeps the head of
+        # its claim order (the urgent job, then the 3 oldest) and gives the 7 behind them.
+        assert sorted(j.id for j in stolen) == in_5[3:]
+        assert {j.bucket for j in stolen} == {5}
+        head = await h.store.jobs_claim("default", 100, 30.0, [5, 6])
+        assert sorted(j.id for j in head) == sorted([urgent_in_5, *in_5[:3], *in_6])
+        # Limited: the deepest part of the tail first, and nothing from a bucket not listed.
+        more = [await h.enqueue("send", bucket=7) for _ in range(6)]
+        await h.enqueue("send", bucket=8)
+        stolen = await h.store.jobs_claim("default", 2, 30.0, None, Steal((7,)))
+        assert sorted(j.id for j in stolen) == more[-2:]
+        # A job that waited past the grace is stolen whatever the reserve: its owner is busy or gone.
+        now = await h.now()
+        waited = await h.enqueue("send", bucket=12, run_at=now - timedelta(seconds=60))
+        fresh = await h.enqueue("send", bucket=12)
+        stolen = await h.store.jobs_claim("default", 10, 30.0, None, Steal((12,), reserve=100, grace_s=30))
+        assert [j.id for j in stolen] == [waited]
+        assert fresh not in [j.id for j in await h.store.jobs_claim("default", 10, 30.0, None, Steal((12,), 100, 30))]
 
     on_store(test)
 

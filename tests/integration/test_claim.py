@@ -7,6 +7,7 @@ import psycopg
 import pytest
 
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
+from dispatcher.db.rows import Steal
 from dispatcher.db.store import JobStore, claim_sql, steal_sql
 from dispatcher.runtime.maintenance import Reaper
 from dispatcher.runtime.retry import RetryPolicy
@@ -46,7 +47,7 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
                "skip_locked": claim_sql(None), "steal": steal_sql()}[mode]
         with conn.transaction(force_rollback=True):
             params = {"queue": "default", "limit": 500, "lease_s": 30.0, "worker": "w", "token": None,
-                      "steal_buckets": "{" + ",".join(str(b) for b in range(1, 64, 4)) + "}"}
+                      "steal_buckets": "{" + ",".join(str(b) for b in range(1, 64, 4)) + "}", "steal_reserve": 0, "steal_grace_s": 0}
             plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
     nodes = list(_walk(plan))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:2000]
@@ -224,3 +225,28 @@ def test_a_claim_counts_the_rows_it_selected_when_others_took_some(dsn, taken):
     assert not {j.id for j in claimed.jobs} & set(first)
     assert fetchall(dsn, "SELECT locked_by, count(*) FROM dispatcher_jobs GROUP BY 1 ORDER BY 1") == (
         [("other", taken), ("w", 10 - taken)] if taken < 10 else [("other", 10)])
+
+
+def test_a_steal_leaves_the_head_to_its_owner_and_never_waits_on_the_owners_claim(dsn):
+    """The owner claims the head of its bucket (here: an UPDATE of its first 4 rows, not yet
+    committed, as a claim in flight); a thief with a reserve of 4 takes the tail at once, without
+    waiting on the owner's row locks, and never a row the owner holds."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many_sync(conn, [JobSpec("a", bucket=9) for _ in range(10)])
+        ids = [r[0] for r in conn.execute("SELECT id FROM dispatcher_jobs ORDER BY id")]
+
+    async def main():
+        thief = JobStore(dsn, "thief")
+        owner = await psycopg.AsyncConnection.connect(dsn)
+        try:
+            await owner.execute("UPDATE dispatcher_jobs SET status = 'running', locked_by = 'owner' "
+                                "WHERE id = ANY(%s)", (ids[:4],))
+            return await asyncio.wait_for(thief.jobs_claim("default", 100, 30, None, Steal((9,), 4, 3600)), 10)
+        finally:
+            await owner.rollback()
+            await owner.close()
+            await thief.close()
+
+    stolen = run_async(main())
+    assert sorted(j.id for j in stolen) == ids[4:]
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status = 'queued'") == 4

@@ -140,19 +140,19 @@ def test_idle_steals_back_off_and_a_foreign_notify_brings_them_back(dsn):
         task = asyncio.create_task(worker.run())
         try:
             await worker.listening.wait()
-            claims, steals = worker.stats.claims, worker.stats.steal_claims
+            claims, steal_claims, steals = worker.stats.claims, worker.stats.steal_claims, worker.stats.steals
 
-            def idle_counts():  # (claims of our own buckets, steals) since start-up
-                return (worker.stats.claims - claims - (worker.stats.steal_claims - steals),
-                        worker.stats.steal_claims - steals)
+            def idle_counts():  # (claims of our own buckets, steal attempts) since start-up
+                return (worker.stats.claims - claims - (worker.stats.steal_claims - steal_claims),
+                        worker.stats.steals - steals)
 
             # 40 idle timer wake-ups (~4 s at 100 ms)
             await wait_until_async(lambda: idle_counts()[0] >= 40, 20,
                                    lambda: f"40 idle polls (only {idle_counts()[0]} in 20 s)", interval_s=0.01)
             idle = idle_counts()
-            steals = worker.stats.steal_claims
+            steals = worker.stats.steals
             # just after a steal: the next is 8 wake-ups away
-            await wait_until_async(lambda: worker.stats.steal_claims != steals, 5,
+            await wait_until_async(lambda: worker.stats.steals != steals, 5,
                                    "a steal by an idle worker (it stopped stealing altogether)", interval_s=0.002)
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 sent = time.monotonic()

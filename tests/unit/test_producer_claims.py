@@ -16,6 +16,7 @@ from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.runtime.claim_windows import MAX_WINDOW_BUCKETS, ClaimWindows, window_buckets
 from dispatcher.runtime.producer import Producer
+from dispatcher.runtime.stealing import MAX_VICTIMS
 from dispatcher.runtime.vitals import Vitals
 from dispatcher.settings.config import Config
 from dispatcher.settings.sections import ClaimSettings
@@ -37,8 +38,9 @@ class FakeStore:
     async def jobs_next_due_in(self, queue, buckets):
         return None
 
-    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal_from=None):
-        self.claims.append((tuple(steal_from) if steal_from is not None else buckets, limit, steal_from is not None))
+    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
+        steal_from = steal.buckets if steal is not None else None
+        self.claims.append((steal_from if steal is not None else buckets, limit, steal is not None))
         await asyncio.sleep(0)
         readable = steal_from if steal_from is not None else (buckets if buckets is not None else ALL)
         selected = []
@@ -158,6 +160,30 @@ async def _test_when_our_buckets_run_dry_the_worker_steals_without_sleeping_firs
     assert store.left() == 0
 
 
+def test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_one_finds_jobs():
+    asyncio.run(_test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_one_finds_jobs())
+
+
+async def _test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_one_finds_jobs():
+    """One hot bucket among 56 others, nothing of our own: each steal statement visits at most
+    MAX_VICTIMS buckets, each leaves the owner its claim's worth (min(batch, concurrency)), and
+    the steal goes on through the sweep in the same cycle (poll 30 s: a sleep would time out)."""
+    reserves = []
+
+    class Recording(FakeStore):
+        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
+            if steal is not None:
+                reserves.append((steal.reserve, steal.grace_s))
+            return await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
+
+    own = tuple(range(8))
+    store = Recording({63: 3000})
+    await drive(store, own, until=lambda s: s.left() == 0)
+    steals = [c for c in store.claims if c[2]]
+    assert all(len(buckets) <= MAX_VICTIMS and not set(buckets) & set(own) for buckets, _, _ in steals)
+    assert set(reserves) == {(100, 30.0)}, "the owner's claim (min(batch_size 500, concurrency 100)), a poll's grace"
+
+
 @pytest.mark.parametrize("owned, windowed", [(8, False), (9, True), (32, True), (64, True)])
 def test_windows_only_where_more_buckets_than_a_window(owned, windowed):
     windows = ClaimWindows(MAX_WINDOW_BUCKETS)
@@ -237,8 +263,8 @@ async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
             events.append("look")
             return None
 
-        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal_from=None):
-            claimed = await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal_from)
+        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
+            claimed = await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
             events.append("full" if claimed.selected >= limit else "short")
             if len(events) % 5 == 0:
                 assignment.changed.set()  # as a rebalance does
@@ -286,12 +312,12 @@ class FailsFirst(FakeStore):
         self.vitals = vitals
         self.failing_since_seen: list[float | None] = []
 
-    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal_from=None):
+    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
         self.failing_since_seen.append(self.vitals.claims_failing_since)
         if self.failures:
             self.failures -= 1
             raise StoreUnavailable("claim: database unavailable")
-        return await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal_from)
+        return await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
 
 
 def test_the_producer_takes_its_claim_section_and_claims_nothing_while_the_vitals_say_stalled():

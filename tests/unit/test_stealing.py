@@ -1,7 +1,7 @@
 """StealPolicy: when an idle partitioned worker looks in other workers' buckets."""
 
 from dispatcher.constants import NUM_BUCKETS
-from dispatcher.runtime.stealing import MAX_SKIPPED_WAKEUPS, StealPolicy
+from dispatcher.runtime.stealing import MAX_SKIPPED_WAKEUPS, MAX_VICTIMS, StealPolicy
 
 
 def timer_wakeups_that_steal(policy: StealPolicy, wakeups: int, found: int = 0) -> list[int]:
@@ -48,14 +48,28 @@ def test_a_foreign_notify_ends_the_backoff_at_the_next_timer_wakeup():
     assert policy.due(woke_by_timer=True)
 
 
-def test_victims_are_every_other_bucket_once_rotated():
+def test_a_sweep_visits_every_other_bucket_once_in_random_statements_within_the_budget():
     own = {0, 5, 9}
-    orders = {tuple(StealPolicy.victims(own)) for _ in range(50)}
-    others = [b for b in range(NUM_BUCKETS) if b not in own]
-    for order in orders:
-        start = others.index(order[0])
-        assert list(order) == others[start:] + others[:start]
-    assert len(orders) > 1, "the starting point is random"
+    policy = StealPolicy(100, 500)
+    sweeps = [policy.sweep(own) for _ in range(30)]
+    for sweep in sweeps:
+        assert all(1 <= len(chunk) <= MAX_VICTIMS for chunk in sweep)
+        visited = [b for chunk in sweep for b in chunk]
+        assert sorted(visited) == sorted(set(range(NUM_BUCKETS)) - own), "each other bucket exactly once"
+    assert len({tuple(s[0]) for s in sweeps}) > 1, "in random order"
+    assert policy.sweep(set(range(NUM_BUCKETS))) == [], "nothing to steal from"
+
+
+def test_buckets_that_gave_jobs_are_visited_first_next_time_unless_they_became_ours():
+    """A hot bucket (skew) keeps feeding the stealers that found it, instead of being found again
+    by chance on each steal."""
+    policy = StealPolicy(100, 500)
+    policy.record(200, 200, [40, 41])
+    assert policy.sweep({0, 1})[0][:2] == [40, 41]
+    assert policy.sweep({40})[0][0] == 41
+    policy.record(0, 100, [])
+    firsts = {tuple(policy.sweep({0})[0][:2]) for _ in range(30)}
+    assert len(firsts) > 1, "a steal that found nothing forgets them: back to chance"
 
 
 def test_full_steals_grow_the_batch_to_the_claim_size_and_a_short_one_resets_it():

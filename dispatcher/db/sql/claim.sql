@@ -68,22 +68,32 @@ SELECT id
  LIMIT %(limit)s
 
 -- name: claim_select_steal
--- Stealing (partitioned mode, own buckets idle): walk OTHER workers' buckets in the given order
--- (the worker rotates it randomly), each through its own bucket-index range with SKIP LOCKED,
--- stopping as soon as %(limit)s rows are found. Not the queue-wide index: partitioned claims
--- never walk that one, so near the end of a drain every steal re-read its prefix of entries left
--- behind by processed jobs (~6,800 index entries per steal, 81 per job drained); each bucket's
--- range is kept clean by its owner's own claims, and the queue-wide index cannot serve this query
--- (its predicate's tag, migration 0003). FOR UPDATE is not allowed in UNION arms, hence LATERAL.
-SELECT j.id
+-- Stealing (partitioned mode, own buckets idle): take jobs from the TAIL of other workers'
+-- buckets, visiting them in the given order (the worker picks and rotates it: stealing.py) and
+-- stopping as soon as %(limit)s rows are found. Each bucket keeps its first %(steal_reserve)s
+-- runnable jobs (what its owner takes in one claim) and gives only what lies beyond them, unless
+-- a job has waited more than %(steal_grace_s)s since it came due (its owner is busy, slow or
+-- gone: nobody else would take it until a rebalance). So a bucket that its owner is draining
+-- gives nothing once it is no deeper than a claim: the end of an even drain is left to owners.
+-- The owner claims from the head of its range and the thief from the tail, so they meet only at
+-- the end of a bucket: stolen from the head with SKIP LOCKED (until 2026-11-25), an owner's claim
+-- waited on a thief's row locks and came back short. No row locks here either, as in the owners'
+-- claims: the claim's UPDATE re-checks each row, so two thieves on one bucket cost a wait, never
+-- a double claim. Each bucket's walk reads at most reserve + limit entries of its own range,
+-- backwards through dispatcher_jobs_claim_bucket_idx. FOR UPDATE is not allowed beside window
+-- functions, and UNION arms cannot be ordered per bucket, hence LATERAL.
+SELECT t.id
   FROM unnest(%(steal_buckets)s::smallint[]) AS s(bucket)
  CROSS JOIN LATERAL (
-       SELECT id
-         FROM dispatcher_jobs
-        WHERE queue_name = %(queue)s AND bucket = s.bucket AND status = 'queued' AND run_at <= now()
-        ORDER BY priority, run_at, id
-        LIMIT %(limit)s
-          FOR UPDATE SKIP LOCKED) AS j
+       SELECT tail.id, tail.run_at, count(*) OVER () AS depth,
+              row_number() OVER (ORDER BY tail.priority DESC, tail.run_at DESC, tail.id DESC) AS nth
+         FROM (SELECT id, priority, run_at
+                 FROM dispatcher_jobs
+                WHERE queue_name = %(queue)s AND bucket = s.bucket AND status = 'queued' AND run_at <= now()
+                ORDER BY priority DESC, run_at DESC, id DESC
+                LIMIT %(steal_reserve)s + %(limit)s) AS tail) AS t
+ WHERE t.nth <= t.depth - %(steal_reserve)s
+    OR t.run_at < now() - %(steal_grace_s)s * interval '1 second'
  LIMIT %(limit)s
 
 -- name: claim_select_skip_locked

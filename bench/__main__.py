@@ -55,11 +55,14 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                    "median_round_vs_skip_locked", "median_interval", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
         curve_plot(result.rows, out_dir, label, "burst_drain_curve.png", f"Burst: {jobs} jobs due at one instant")
     elif scenario == "scaling":
-        scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")), modes=modes)
+        scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")), modes=modes,
+                      repeat=1 if quick else args.repeat)
         scaling_plots(result.rows, out_dir, label)
+        columns = [*RUN_COLUMNS[:5], "vs_skip_locked", "rounds_vs_skip_locked", "median_interval", "stolen_share",
+                   *RUN_COLUMNS[5:], "runs_jobs_per_s"]
     elif scenario == "skew":
         skew_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0], modes=modes)
-        columns = ["hot_share", *RUN_COLUMNS[:5], "vs_even", *RUN_COLUMNS[5:]]
+        columns = ["hot_share", *RUN_COLUMNS[:5], "vs_even", "stolen_share", *RUN_COLUMNS[5:]]
     elif scenario == "jitter":
         jitter_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes)
         columns = ["jitter_s", *RUN_COLUMNS[:3], "due_to_done_s", "start_late_p50_ms", "start_late_p99_ms",
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="drain/burst/scaling/skew/jitter: sample one worker with py-spy during each run and "
                              "list its CPU per job by function (pip install py-spy; it takes CPU of its own: "
                              "read rates from runs without it)")
-    parser.add_argument("--repeat", type=int, default=3, help="drain/burst/enqueue/coldstart: runs per configuration (median)")
+    parser.add_argument("--repeat", type=int, default=3, help="drain/burst/scaling/enqueue/coldstart: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     add_external_arguments(parser)

@@ -49,6 +49,15 @@ class Fleet(harness.Fleet):
                     merged[m[1]][float(m[2])] += float(m[3])
         return {name: sorted(b.items()) for name, b in merged.items()}
 
+    def counter(self, name: str) -> float:
+        """A counter (label-free) summed over the fleet, e.g. dispatcher_jobs_stolen_total."""
+        total = 0.0
+        for port in self.ports:
+            for line in (http_text(port, "/metrics") or "").splitlines():
+                if line.startswith(name + " "):
+                    total += float(line.split()[1])
+        return total
+
     def cpu_seconds(self) -> float:
         if self._cpu_at_stop is None:
             return self._cpu_of_retired + cpu_seconds_of([p.pid for p in self.procs])

@@ -77,6 +77,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             # buckets and claims through the queue-wide index: 20k reads after the work is done).
             time.sleep(1.2)
             histograms = fleet.histograms()
+            stolen = fleet.counter("dispatcher_jobs_stolen_total")
             delta = table_counters(conn).minus(before)
         timing = conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
@@ -98,6 +99,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
         "start_late_p50_ms": _r(late_p50), "start_late_p99_ms": _r(late_p99),
         "claim_p50_ms": _r(quantile_ms(claim, 0.5)), "claim_p99_ms": _r(quantile_ms(claim, 0.99)),
         "poll_p50_ms": _r(quantile_ms(cycle, 0.5)), "poll_p99_ms": _r(quantile_ms(cycle, 0.99)),
+        "stolen_share": round(stolen / jobs, 3),  # of the jobs, how many a thief took (partitioned)
         "idx_reads_per_job": round(delta.claim_idx_tup_read / jobs, 2),
         "heap_fetch_per_job": round(delta.idx_tup_fetch / jobs, 2),
         "max_lock_waiters": max_waiters, "dead_tuples_end": int(dead[0]) if dead else None,

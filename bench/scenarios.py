@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 
 from bench.core import Result, postmaster_pid, reset
-from bench.drain import add_medians, interleaved_rounds
+from bench.drain import add_medians, interleaved_rounds, median_run
+from bench.rounds import median_interval
 from bench.fleet import Fleet
 from bench.runs import drain_curve, measured_run
 from dispatcher import enqueue_sync
@@ -37,20 +38,41 @@ def burst_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: lis
     _ratio(result, "jobs_per_s")
 
 
-def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str]) -> None:
+def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
+                  repeat: int = 1) -> None:
     """The same drain at W = 1, 2, 4, 8, 16 worker PROCESSES: on 2 cores shared with PostgreSQL,
     beyond 2 they mostly measure CPU starvation in throughput, while index reads per claimed job
-    show the contention itself, independent of machine noise."""
+    show the contention itself, independent of machine noise. Partitioned mode runs twice, with
+    stealing at its default (on) and off (`partitioned_no_steal`: the contention-free floor, and
+    what stealing costs). With `repeat`, each worker count runs rounds of one run per mode,
+    interleaved; each row is its mode's median run, with every round's ratio to SKIP LOCKED."""
     postmaster = postmaster_pid(dsn)
-    for mode in modes:
-        for w in workers:
-            result.add(**measured_run(dsn, mode, w, jobs, postmaster, label=f"scaling {mode} x{w}"))
-    if "partitioned" in modes:
-        # The same without stealing: the contention-free floor, and what stealing costs in index
-        # reads at the end of a drain (it walks other workers' not-yet-vacuumed bucket ranges).
-        for w in workers:
-            row = measured_run(dsn, "partitioned", w, jobs, postmaster, label=f"scaling no-steal x{w}", steal="false")
-            result.add(**{**row, "mode": "partitioned_no_steal"})
+    variants = [*modes, *(["partitioned_no_steal"] if "partitioned" in modes else [])]
+
+    for w in workers:
+        def run(variant: str, w: int = w) -> dict[str, Any]:
+            if variant == "partitioned_no_steal":
+                row = measured_run(dsn, "partitioned", w, jobs, postmaster, label=f"scaling no-steal x{w}",
+                                   steal="false")
+                return {**row, "mode": variant}
+            return measured_run(dsn, variant, w, jobs, postmaster, label=f"scaling {variant} x{w}")
+
+        runs = interleaved_rounds(variants, repeat, run)
+        rows = {}
+        for variant, variant_runs in runs.items():
+            result.add(**median_run(variant_runs))
+            rows[variant] = result.rows[-1]
+        if "skip_locked" not in runs:
+            continue
+        for variant in ("partitioned", "partitioned_no_steal"):
+            if variant not in runs:
+                continue
+            ratios = [p["jobs_per_s"] / s["jobs_per_s"] for p, s in zip(runs[variant], runs["skip_locked"])]
+            rows[variant]["vs_skip_locked"] = round(statistics.median(ratios), 2)
+            rows[variant]["rounds_vs_skip_locked"] = [round(r, 2) for r in ratios]
+            if len(ratios) > 1:
+                low, high, coverage = median_interval(ratios)
+                rows[variant]["median_interval"] = f"{low:.2f}-{high:.2f} ({coverage:.0%})"
 
 
 def skew_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:

@@ -6,9 +6,11 @@ ceiling drains ours (bench/drain.py): W processes, each claiming 500 at a time o
 while a second completes the previous batch. Two kinds: `minimal` completes by UPDATE,
 `minimal_delete` by DELETE (the completion that deletes, measured against its own limit).
 
-Measured as the ceiling is: jobs/s over the drain on the database clock (read by each drainer
-before its first claim and after its last completion: the table has no timestamps to read it
-from), claim-index entries read, and the CPU of PostgreSQL and of the drainer processes.
+Measured as the ceiling is: jobs/s over the drain on the database clock, claim-index entries
+read, and the CPU of PostgreSQL and of the drainer processes. The table has no timestamps, so
+each drainer reads the clock before its first claim and after its last completion: the window
+also holds that completion's execution and commit (a few ms), which the ceiling's, closed at its
+last completion's now(), does not.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def drain_seconds(conn: psycopg.Connection[Any]) -> float:
 
 
 def row(kind: str, mode: str, workers: int, jobs: int, seconds: float, idx_read: int,
-         pg_cpu: float, client_cpu: float | None) -> dict[str, Any]:
+        pg_cpu: float, client_cpu: float | None) -> dict[str, Any]:
     return {
         "kind": kind, "mode": mode, "workers": workers, "jobs": jobs, "seconds": round(seconds, 3),
         "jobs_per_s": round(jobs / seconds), "idx_reads_per_job": round(idx_read / jobs, 2),

@@ -47,7 +47,8 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
     if scenario == "drain":
         workers = _ints(args.workers or ("2" if quick else "1,4"))
         drain_suite(dsn, result, jobs=jobs, workers=workers, modes=modes, repeat=1 if quick else args.repeat)
-        columns = ["kind", *RUN_COLUMNS[:5], "ratio_to_ceiling", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
+        columns = ["kind", *RUN_COLUMNS[:5], "ratio_to_ceiling", "ratio_to_minimal", "ratio_to_minimal_delete",
+                   *RUN_COLUMNS[5:], "runs_jobs_per_s"]
     elif scenario == "burst":
         burst_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes,
                     repeat=1 if quick else args.repeat)

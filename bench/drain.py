@@ -1,8 +1,11 @@
-"""`drain` and `ceiling`: N jobs already queued, drained by W worker processes, per mode.
+"""`drain`, `ceiling` and `minimal`: N jobs already queued, drained by W worker processes, per mode.
 
-`drain` runs the real runtime (`dispatcher run` processes, no-op handler; see runs.py); the ceiling does the
-same drain with plain batched SQL and no runtime at all (claim 500, complete them, repeat), from
-the same number of processes: the physical limit the runtime is measured against.
+`drain` runs the real runtime (`dispatcher run` processes, no-op handler; see runs.py); the ceiling
+(kind plain_sql) does the same drain with our own claim and completion statements as plain batched
+SQL and no runtime at all (claim 500, complete them, repeat), from the same number of processes;
+the minimal table (kinds minimal and minimal_delete, bench/minimal.py) does it with the plainest
+statements on a table of three columns and one index: the physical limit. Every runtime and
+plain_sql row states its ratio to both limits at its worker count.
 
 Drain time is taken on the database clock, from the first claim (min locked_at) to the last
 completion (max completed_at), so process start-up and poll latency are not counted.
@@ -20,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from bench import statements
+from bench import minimal, statements
 from bench.core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes, wait_backends_gone
 from bench.rounds import median_interval
 from bench.runs import measured_run
@@ -43,8 +46,8 @@ def drain_seconds(conn: psycopg.Connection[Any]) -> float:
     return float(row[0])  # type: ignore[index]
 
 
-def _row(kind: str, mode: str, workers: int, jobs: int, seconds: float, idx_read: int,
-         pg_cpu: float, client_cpu: float | None) -> dict[str, Any]:
+def row(kind: str, mode: str, workers: int, jobs: int, seconds: float, idx_read: int,
+        pg_cpu: float, client_cpu: float | None) -> dict[str, Any]:
     return {
         "kind": kind, "mode": mode, "workers": workers, "jobs": jobs, "seconds": round(seconds, 3),
         "jobs_per_s": round(jobs / seconds), "idx_reads_per_job": round(idx_read / jobs, 2),
@@ -101,8 +104,24 @@ def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | 
                         if usage is not None else None)
         seconds = drain_seconds(conn)
         assert completed_jobs(conn) == jobs, "ceiling drain left jobs behind"
-    row = _row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)
-    return {**row, "statements": by_statement} if by_statement is not None else row
+    result = row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)
+    return {**result, "statements": by_statement} if by_statement is not None else result
+
+
+def run_minimal(dsn: str, kind: str, workers: int, jobs: int, postmaster: int | None) -> dict[str, Any]:
+    """The minimal table's drain (bench/minimal.py), measured as run_ceiling measures ours."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        minimal.fill(conn, jobs)
+        usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
+        pg_cpu = postgres_cpu_seconds(postmaster)
+        client_cpu, seconds = minimal.drain(dsn, kind, workers)
+        wait_backends_gone(postmaster, conn)
+        pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
+        by_statement = (statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)
+                        if usage is not None else None)
+        idx_read = minimal.finish(conn, kind)
+    result = row(kind, minimal.MODE, workers, jobs, seconds, idx_read, pg_cpu, client_cpu)
+    return {**result, "statements": by_statement} if by_statement is not None else result
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -142,21 +161,42 @@ def add_medians(result: Result, runs: dict[str, list[dict[str, Any]]],
 
 
 def drain_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
-                ceiling: bool = True, repeat: int = 1) -> None:
+                ceiling: bool = True, minimal_table: bool = True, repeat: int = 1) -> None:
+    """Per worker count, `repeat` rounds of: each mode's runtime and ceiling, then (`minimal_table`)
+    the minimal table's two kinds, interleaved so that slow drift hits every kind alike; then each
+    kind's median run as its row, and the ratios between them."""
     postmaster = postmaster_pid(dsn)
-    for mode in modes:
-        for w in workers:
-            # Interleaved (runtime, ceiling, runtime, ...) so slow drift hits both alike.
-            runtime, limit = [], []
-            for _ in range(repeat):
-                runtime.append(measured_run(dsn, mode, w, jobs, postmaster, label=f"drain {mode} x{w}"))
+    for w in workers:
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for _ in range(repeat):
+            for mode in modes:
+                runs.setdefault(("runtime", mode), []).append(
+                    measured_run(dsn, mode, w, jobs, postmaster, label=f"drain {mode} x{w}"))
                 if ceiling:
-                    limit.append(run_ceiling(dsn, mode, w, jobs, postmaster))
-            result.add(**median_run(runtime))
-            if ceiling:
-                result.add(**median_run(limit))
-    by_key = {(r["kind"], r["mode"], r["workers"]): r for r in result.rows}
-    for r in result.rows:
-        limit = by_key.get(("plain_sql", r["mode"], r["workers"]))
-        if r["kind"] == "runtime" and limit:
-            r["ratio_to_ceiling"] = round(r["jobs_per_s"] / limit["jobs_per_s"], 2)
+                    runs.setdefault(("plain_sql", mode), []).append(run_ceiling(dsn, mode, w, jobs, postmaster))
+            if minimal_table:
+                for kind in minimal.KINDS:
+                    runs.setdefault((kind, minimal.MODE), []).append(run_minimal(dsn, kind, w, jobs, postmaster))
+        for kind_runs in runs.values():
+            result.add(**median_run(kind_runs))
+    add_ratios(result.rows)
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each runtime row's `ratio_to_ceiling` (its jobs/s over its mode's plain_sql row's), and each
+    runtime and plain_sql row's `ratio_to_minimal` and `ratio_to_minimal_delete` (over the minimal
+    kinds' rows of its worker count); the minimal_delete row gets its ratio to minimal too.
+    All from medians of the same rounds: ratios are never taken across runs (core.py)."""
+    by_key = {(r["kind"], r["mode"], r["workers"]): r for r in rows}
+
+    def ratio(r: dict[str, Any], column: str, kind: str, mode: str) -> None:
+        if (limit := by_key.get((kind, mode, r["workers"]))) is not None:
+            r[column] = round(r["jobs_per_s"] / limit["jobs_per_s"], 2)
+
+    for r in rows:
+        if r["kind"] == "runtime":
+            ratio(r, "ratio_to_ceiling", "plain_sql", r["mode"])
+        if r["kind"] in ("runtime", "plain_sql", "minimal_delete"):
+            ratio(r, "ratio_to_minimal", "minimal", minimal.MODE)
+        if r["kind"] in ("runtime", "plain_sql"):
+            ratio(r, "ratio_to_minimal_delete", "minimal_delete", minimal.MODE)

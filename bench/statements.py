@@ -2,8 +2,8 @@
 
 The throwaway server is started with pg_stat_statements preloaded; against a server of your own
 the extension must be preloaded there (`shared_preload_libraries`) or the option says it is not
-available. Each statement is named after its named query (dispatcher/db/sql, coordinator/sql),
-recognised by the start of its text; the rest keep their first words.
+available. Each statement is named after its named query (dispatcher/db/sql, coordinator/sql, and
+the bench's own minimal table, bench/sql), recognised by the start of its text; the rest keep their first words.
 Figures are per job of the run: calls, execution time in µs (`total_exec_time`, the server's own
 clock, so it includes lock waits and waiting for a core), and shared buffers touched (hit or read:
 pages, a proxy for the index entries and rows a statement walked).
@@ -40,9 +40,9 @@ def _normal(text: str) -> str:
 
 @functools.cache
 def _named() -> dict[str, str]:
-    """A named query's words -> its name, for every named query of both packages."""
+    """A named query's words -> its name, for every named query of both packages and the bench's."""
     named = {}
-    for package in ("coordinator", "dispatcher.db"):
+    for package in ("coordinator", "dispatcher.db", "bench"):
         for name, text in load_all(package).items():
             named.setdefault(_normal(text), name)
     return named
@@ -73,7 +73,7 @@ def enable(dsn: str) -> None:
 
 
 def name_of(text: str) -> str:
-    """Our query's name (dispatcher/db/sql, coordinator/sql), or the statement's first words."""
+    """Our query's name (dispatcher/db/sql, coordinator/sql, bench/sql), or the statement's first words."""
     normal = _normal(text)
     if normal.startswith("WITH picked AS MATERIALIZED"):
         return next(kind for kind, fragment in CLAIM_KINDS if fragment in normal)

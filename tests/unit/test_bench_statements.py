@@ -22,7 +22,7 @@ def as_pg_stat_statements_shows_it(text: str) -> str:
     return re.sub(r"(?<![\w$])\d+", lambda m: f"${next(n)}", text)
 
 
-@pytest.mark.parametrize("package", ["dispatcher.db", "coordinator"])
+@pytest.mark.parametrize("package", ["dispatcher.db", "coordinator", "bench"])
 def test_every_named_query_is_recognised(package):
     texts = {name: text for name, text in load_all(package).items() if "{" not in text}  # fragments: below
     wrong = {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in texts.items()}

@@ -4,6 +4,10 @@ Sync psycopg, on a DSN or on your idle connection. Every statement is a short tr
 local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks the status it needs on the
 row, so a job that changed meanwhile is skipped and reported. Bulk changes go in batches by id.
 Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
+
+Under DISPATCHER_COMPLETED_JOBS=delete a job that completes leaves no row: `list_jobs` never
+returns it, `show_job` returns None for it, and `job_attempts` still reads its attempts from the
+history (rows exist only with DISPATCHER_HISTORY on).
 """
 
 from __future__ import annotations
@@ -180,6 +184,16 @@ def show_job(target: Target, job_id: int, *, attempts_limit: int = 100,
     names, values = cur_rows[0], cur_rows[1]
     job = dict(zip(names, values, strict=True))
     return JobDetail(job, job.get("last_error"), [Attempt(*row) for row in attempts])
+
+
+def job_attempts(target: Target, job_id: int, *, limit: int = 100,
+                 limits: ConnectionLimits | None = None) -> list[Attempt]:
+    """The job's attempt history alone, row or no row: what is left of a job whose row was deleted
+    (completed under DISPATCHER_COMPLETED_JOBS=delete, pruned or purged), if DISPATCHER_HISTORY was on."""
+    Filters(ids=(job_id,))  # validates the id
+    with _session(target, limits) as run:
+        rows = run("show", query("admin_job_attempts"), {"id": job_id, "limit": limit})
+    return [Attempt(*row) for row in rows]
 
 
 def retry_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,

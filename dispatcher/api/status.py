@@ -9,14 +9,21 @@ from coordinator.pg.connect import ConnectionLimits
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.db.rows import DbPressure
-from dispatcher.model import STATUSES
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
+from dispatcher.model import STATUS_COMPLETED, STATUSES
 
 STATUS_BUDGET = 2.0  # its statements may take statement_timeout_s x this (10 s at the defaults)
+DELETED_NOTE = ("completed: DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so completed "
+                "jobs are not counted here (a count shown is of rows completed before that was set); count "
+                "completions with dispatcher_jobs_completed_total, or in the history (DISPATCHER_HISTORY)")
 
 
-def read_status(dsn: str, limits: ConnectionLimits | None = None) -> dict[str, Any]:
+def read_status(dsn: str, limits: ConnectionLimits | None = None, *,
+                completed_jobs: str = COMPLETED_KEEP) -> dict[str, Any]:
     """Counts per queue and status, the oldest due job's age, the backlog per bucket and the
-    table's cost, in one transaction bounded like every one-shot command's (db/oneshot.py)."""
+    table's cost, in one transaction bounded like every one-shot command's (db/oneshot.py).
+    `completed_jobs` is DISPATCHER_COMPLETED_JOBS as the workers have it: with 'delete' the
+    completed count is not what completed (render_status says so)."""
     limits = limits or ConnectionLimits()
     with session(dsn, limits, application_name="dispatcher-status") as conn, \
             bounded_transaction(conn, "status", limits, budget=STATUS_BUDGET):
@@ -27,6 +34,7 @@ def read_status(dsn: str, limits: ConnectionLimits | None = None) -> dict[str, A
         backlog = dict(conn.execute(query("status_backlog_by_bucket")).fetchall())
         row = conn.execute(query("db_pressure")).fetchone()
     return {
+        "completed_jobs": completed_jobs,
         "queues": {q: {"counts": c, "oldest_runnable_age_s": oldest.get(q)} for q, c in counts.items()},
         "runnable_by_bucket": backlog,
         "db": dataclasses.asdict(DbPressure(*row)) if row else None,
@@ -34,15 +42,24 @@ def read_status(dsn: str, limits: ConnectionLimits | None = None) -> dict[str, A
 
 
 def render_status(status: dict[str, Any]) -> str:
+    deleted = status.get("completed_jobs") == COMPLETED_DELETE
+
+    def cell(counts: dict[str, int], s: str) -> str:
+        if deleted and s == STATUS_COMPLETED:  # not a misleading 0: completions leave no row
+            return f"{f'{counts[s]}*' if counts[s] else 'deleted*':>11}"
+        return f"{counts[s]:>11}"
+
     lines = [f"{'queue':<20}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'oldest due':>12}"]
     for queue, info in sorted(status["queues"].items()):
         age = info["oldest_runnable_age_s"]
         lines.append(
-            f"{queue:<20}" + "".join(f"{info['counts'][s]:>11}" for s in STATUSES)
+            f"{queue:<20}" + "".join(cell(info["counts"], s) for s in STATUSES)
             + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}")
         )
     if not status["queues"]:
         lines.append("(no jobs)")
+    if deleted:
+        lines.append(f"* {DELETED_NOTE}")
     backlog = status["runnable_by_bucket"]
     if backlog:
         lines.append("")

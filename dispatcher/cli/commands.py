@@ -39,6 +39,9 @@ ENQUEUE_BUDGET = 6.0  # a bulk enqueue's COPY may take statement_timeout_s x thi
 # The settings a one-shot command reads: where and how to connect, and how to log. The others
 # are read from the environment all the same (one Config), but only `run` shows their flags.
 ONE_SHOT = (DATABASE, LOGGING)
+# The one-shot commands that read jobs (status, jobs ...) say what DISPATCHER_COMPLETED_JOBS=delete
+# hides from them: they show its flag too.
+READERS_EXTRA = ("completed_jobs",)
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, chosen: tuple[Setting, ...] | None = None) -> None:
@@ -201,7 +204,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from dispatcher.api.status import read_status, render_status
 
     config = _config_from(args)
-    status = read_status(_require_dsn(config), config.database.limits)
+    status = read_status(_require_dsn(config), config.database.limits,
+                         completed_jobs=config.completion.completed_jobs)
     if args.json:  # OPT_NON_STR_KEYS: runnable_by_bucket is keyed by bucket number; JSON keys are strings
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
     else:
@@ -258,12 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p, settings(*ONE_SHOT, ENQUEUE))
     p.set_defaults(func=cmd_enqueue)
 
+    readers = one_shot + tuple(s for s in settings() if s.name in READERS_EXTRA)
     p = sub.add_parser("status", help="jobs per status, oldest runnable age, backlog per bucket")
     p.add_argument("--json", action="store_true", help="print it as JSON instead of a table")
-    _add_config_flags(p, one_shot)
+    _add_config_flags(p, readers)
     p.set_defaults(func=cmd_status)
 
-    add_jobs_parser(sub, functools.partial(_add_config_flags, chosen=one_shot), _config_from)
+    add_jobs_parser(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
 
     p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
     p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -26,11 +27,13 @@ from dispatcher.api.admin import (
     DEFAULT_LIST_LIMIT,
     AdminInputError,
     AdminResult,
+    Attempt,
     Filters,
     JobDetail,
     JobRow,
     cancel_jobs,
     count_jobs,
+    job_attempts,
     list_jobs,
     purge_jobs,
     retry_jobs,
@@ -38,7 +41,7 @@ from dispatcher.api.admin import (
 )
 from dispatcher.constants import is_valid_name
 from dispatcher.errors import ConfigError, DispatcherError
-from dispatcher.model import STATUSES
+from dispatcher.model import STATUS_COMPLETED, STATUSES
 
 _UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
@@ -115,20 +118,41 @@ def _list(args: argparse.Namespace, config: Any) -> int:
     filters = _filters(args)
     rows = _guarded(lambda: list_jobs(_dsn(config), filters, limit=_whole(args.limit, "--limit"),
                                       limits=config.database.limits))
+    # Completed jobs have no rows to list under DISPATCHER_COMPLETED_JOBS=delete: say so, not "(no jobs match)".
+    hidden = config.completion.deletes and (not filters.statuses or STATUS_COMPLETED in filters.statuses)
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        if hidden:
+            print(f"note: {DELETED_LIST_NOTE}", file=sys.stderr)
     else:
-        print(render_list(rows))
+        print(render_list(rows) + (f"\nnote: {DELETED_LIST_NOTE}" if hidden else ""))
     return 0
+
+
+DELETED_LIST_NOTE = ("completed jobs are not listed: DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it "
+                     "completes (only rows completed before that was set remain)")
 
 
 def _show(args: argparse.Namespace, config: Any) -> int:
     job_id = _whole(args.id, "id")
-    detail = _guarded(lambda: show_job(_dsn(config), job_id, limits=config.database.limits))
-    if detail is None:
-        raise DispatcherError(f"no job {job_id}")  # one line on stderr, exit 1
-    print(orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode() if args.json else render_show(detail))
-    return 0
+    dsn, limits = _dsn(config), config.database.limits
+    detail = _guarded(lambda: show_job(dsn, job_id, limits=limits))
+    if detail is not None:
+        print(orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode() if args.json else render_show(detail))
+        return 0
+    # No row. Under DISPATCHER_COMPLETED_JOBS=delete that is what a completed job leaves; the
+    # history (DISPATCHER_HISTORY) may still tell what became of it (and of a pruned or purged one).
+    attempts = _guarded(lambda: job_attempts(dsn, job_id, limits=limits))
+    if attempts:
+        print(orjson.dumps({"id": job_id, "job": None, "attempts": attempts}, option=orjson.OPT_INDENT_2).decode()
+              if args.json else render_attempts(attempts, f"job {job_id}: no row; its attempts from the history"))
+    why = ""
+    if config.completion.deletes:
+        why = (": DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so it may have completed"
+               + ("" if attempts else " (its attempts are kept only with DISPATCHER_HISTORY=true)"))
+    elif attempts:
+        why = ": its row was deleted (completed and deleted, pruned or purged); its attempts are above"
+    raise DispatcherError(f"no job {job_id}{why}")  # one line on stderr, exit 1
 
 
 def _change(args: argparse.Namespace, config: Any, action: str) -> int:
@@ -253,10 +277,15 @@ def render_show(detail: JobDetail) -> str:
     if not detail.attempts:
         lines.append("attempts: none recorded (the history is kept with DISPATCHER_HISTORY=true)")
     else:
-        lines.append(f"attempts ({len(detail.attempts)}):")
-        for a in detail.attempts:
-            lines.append(f"  #{a.attempt:<3} {a.outcome:<10} {a.duration_ms:>10.1f} ms  "
-                         f"{a.started_at:%Y-%m-%d %H:%M:%S}  {a.worker}  {error_line(a.error)}")
+        lines.append(render_attempts(detail.attempts, "attempts"))
+    return "\n".join(lines)
+
+
+def render_attempts(attempts: list[Attempt], title: str) -> str:
+    lines = [f"{title} ({len(attempts)}):"]
+    for a in attempts:
+        lines.append(f"  #{a.attempt:<3} {a.outcome:<10} {a.duration_ms:>10.1f} ms  "
+                     f"{a.started_at:%Y-%m-%d %H:%M:%S}  {a.worker}  {error_line(a.error)}")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
-from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.listener import format_payload
 from dispatcher.db.port import JobState, NewJob
 from dispatcher.db.queries import query
@@ -114,7 +114,9 @@ class JobStore:
     concurrent first calls share one connect instead of each opening (and leaking) one."""
 
     def __init__(self, dsn: str, worker_id: str, *, application_name: str = "dispatcher",
-                 limits: ConnectionLimits | None = None) -> None:
+                 limits: ConnectionLimits | None = None, completed_jobs: str = COMPLETED_KEEP) -> None:
+        if completed_jobs not in COMPLETED_JOBS:
+            raise ValueError(f"completed_jobs must be one of {', '.join(COMPLETED_JOBS)}, got {completed_jobs!r}")
         self._dsn = dsn
         self.worker_id = worker_id
         self._application_name = application_name
@@ -125,6 +127,10 @@ class JobStore:
         # per connection: an abandoned statement keeps its own until psycopg gives it up (~10 s).
         self._turn = asyncio.Lock()
         self._claim_sql_cache: dict[tuple[int, ...] | None, str] = {}
+        # DISPATCHER_COMPLETED_JOBS, chosen once: the completion's hot path reads one attribute.
+        self.completed_jobs = completed_jobs
+        self._complete_sql = query(
+            "jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned")
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
@@ -224,9 +230,10 @@ class JobStore:
     # -- finishing -----------------------------------------------------------------------------
 
     async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
-        """Mark jobs completed where the token still matches; returns how many rows changed."""
+        """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
+        still matches; returns how many rows changed."""
         params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-        cur = await self._execute("complete", query("jobs_complete_owned"), params)
+        cur = await self._execute("complete", self._complete_sql, params)
         return cur.rowcount
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:

@@ -3,6 +3,9 @@ to a ready fleet (the queue's own drain rate) and a cold start (process start-up
 assignment included), every time on the database clock; demo_report.py renders the table.
 Without DISPATCHER_DSN it runs on a throwaway PostgreSQL (the `embedded` extra). How each run is
 timed and why: docs/design/embedded-servers.md.
+Its workers keep completed rows whatever DISPATCHER_COMPLETED_JOBS says (worker_env passes on no
+setting of ours that the demo does not choose): each run is timed by the rows' locked_at and
+completed_at, which a deleting completion would take with it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.enqueue import enqueue_payloads_sync
-from dispatcher.constants import MODES
+from dispatcher.constants import COMPLETED_KEEP, MODES
 from dispatcher.db.migrate import migrate
 from dispatcher.db.oneshot import session
 from dispatcher.devtools.demo_report import Measurement, ModeResult, render
@@ -112,8 +115,9 @@ def run_demo(config: Config, *, jobs: int, workers: int) -> int:
     if workers < 1:
         raise ConfigError("--workers", f"must be at least 1, got {workers}")
     # The user's settings where they shape the drain; log lines to files, in the user's level and format.
+    # Completed rows kept, always: the runs are timed by them (module docstring).
     settings = dict(concurrency=config.concurrency, batch_size=config.batch_size,
-                    log_level=config.log_level, log_format=config.log_format)
+                    log_level=config.log_level, log_format=config.log_format, completed_jobs=COMPLETED_KEEP)
     with _quiet("dispatcher.devtools.embedded", "dispatcher.db.migrate"), ExitStack() as stack:
         dsn = config.dsn
         if not dsn:

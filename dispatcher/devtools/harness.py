@@ -264,12 +264,21 @@ def lock_waiters(conn: psycopg.Connection[Any]) -> int:
 
 
 def completed_jobs(conn: psycopg.Connection[Any]) -> int:
+    """Rows with status completed: none at all under DISPATCHER_COMPLETED_JOBS=delete (use jobs_left)."""
     row = conn.execute(measure_query("measure_completed_jobs")).fetchone()
     return int(row[0]) if row else 0
 
 
-# Counting the completed jobs scans the table: 20-40 ms of a core at 200k rows. Counted every 0.05 s
-# through a cold start of 8 workers, it took 2.2-2.8 s of PostgreSQL's time in a 6-7 s run
+def jobs_left(conn: psycopg.Connection[Any]) -> int:
+    """Jobs queued or running: a drain is done when none is left, whether completions keep their
+    rows or delete them."""
+    row = conn.execute(measure_query("measure_jobs_left")).fetchone()
+    return int(row[0]) if row else 0
+
+
+# Counting the jobs (those completed, as the watch once did, or those left) scans the table: 20-40
+# ms of a core at 200k rows. Counted every 0.05 s through a cold start of 8 workers, it took 2.2-2.8
+# s of PostgreSQL's time in a 6-7 s run
 # (pg_stat_statements), an eighth of what 2 cores had, from the fleet being measured. So the count
 # runs about twice per expected remaining time, at most COUNT_EVERY_MAX_S apart and every `every_s`
 # near the end; the lock-waiter sample (pg_stat_activity, no table scan) stays at every `every_s`.
@@ -277,7 +286,7 @@ COUNT_EVERY_MAX_S = 0.5
 
 
 def next_count_in_s(done: int, jobs: int, elapsed_s: float, every_s: float) -> float:
-    """Seconds until the next count of completed jobs: half the expected remaining time at the
+    """Seconds until the next count of the jobs done: half the expected remaining time at the
     rate so far, between every_s and COUNT_EVERY_MAX_S."""
     if done <= 0 or elapsed_s <= 0:
         return max(every_s, COUNT_EVERY_MAX_S / 2)  # nothing done yet: no rate to go by
@@ -287,9 +296,11 @@ def next_count_in_s(done: int, jobs: int, elapsed_s: float, every_s: float) -> f
 
 def watch_until_done(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str, *, timeout_s: float,
                      every_s: float) -> int:
-    """Waits until `jobs` are completed, drawing progress on stderr; a worker that exits or the
+    """Waits until `jobs` are done, drawing progress on stderr; a worker that exits or the
     deadline fails the wait. Returns the most sessions seen waiting on a lock at once (sampled
-    every `every_s`; the completed jobs are counted less often, see next_count_in_s)."""
+    every `every_s`; the jobs are counted less often, see next_count_in_s). Done is `jobs` minus
+    the jobs left (queued or running), not a count of completed rows: under
+    DISPATCHER_COMPLETED_JOBS=delete a completion leaves no row to count."""
     started, done, max_waiters = time.monotonic(), 0, 0
     count_at = started
     try:
@@ -301,7 +312,7 @@ def watch_until_done(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, lab
             max_waiters = max(max_waiters, lock_waiters(conn))
             now = time.monotonic()
             if now >= count_at:
-                done = completed_jobs(conn)
+                done = max(0, jobs - jobs_left(conn))
                 count_at = now + next_count_in_s(done, jobs, now - started, every_s)
                 progress(label, done, jobs, now - started, sys.stderr)
     except BaseException:

@@ -15,7 +15,8 @@ _LATENCY_BUCKETS = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004
                     0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 JOBS_CLAIMED = Counter("dispatcher_jobs_claimed_total", "Jobs claimed", ["queue", "mode"])
-JOBS_COMPLETED = Counter("dispatcher_jobs_completed_total", "Jobs completed (written)")
+JOBS_COMPLETED = Counter("dispatcher_jobs_completed_total",
+                         "Jobs completed (written: marked completed, or deleted if DISPATCHER_COMPLETED_JOBS=delete)")
 JOBS_RETRIED = Counter("dispatcher_jobs_retried_total", "Failed attempts rescheduled for retry")
 JOBS_FAILED = Counter("dispatcher_jobs_failed_total", "Jobs failed for good (attempts exhausted, no handler)")
 JOBS_DISCARDED = Counter("dispatcher_jobs_discarded_total", "Jobs discarded by a permanent error")

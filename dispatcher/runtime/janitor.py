@@ -4,6 +4,9 @@
 One transaction: a try-lock (pg_try_advisory_xact_lock, so it works through PgBouncer), DELETEs
 of at most prune_batch rows of each kind (completed; failed, discarded, cancelled; history), oldest
 first through the migration-0007 indexes, then the lag. Live jobs are never touched.
+Under DISPATCHER_COMPLETED_JOBS=delete the completion itself deletes a completed job's row: the
+completed kind's DELETE then finds nothing (one index descent) once the rows completed before that
+was set are gone, and its lag reads 0; it is kept so that those rows still go.
 """
 
 from __future__ import annotations

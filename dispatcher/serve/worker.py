@@ -46,11 +46,13 @@ INTERRUPT_WAIT_S = 2.0
 SHUTDOWN_OVERRUN_S = 5.0
 WATCHDOG_SLACK_S = 1.0
 
-StoreFactory = Callable[[str, str, str, ConnectionLimits], JobStore]  # (dsn, worker_id, application_name, limits)
+# (dsn, worker_id, application_name, limits, completed_jobs)
+StoreFactory = Callable[[str, str, str, ConnectionLimits, str], JobStore]
 
 
-def _connect_store(dsn: str, worker_id: str, application_name: str, limits: ConnectionLimits) -> JobStore:
-    return JobStore(dsn, worker_id, application_name=application_name, limits=limits)
+def _connect_store(dsn: str, worker_id: str, application_name: str, limits: ConnectionLimits,
+                   completed_jobs: str) -> JobStore:
+    return JobStore(dsn, worker_id, application_name=application_name, limits=limits, completed_jobs=completed_jobs)
 
 
 def exit_bound_s(settings: WorkerSettings) -> float:
@@ -92,7 +94,8 @@ class Worker:
 
         def store(role: str) -> JobStore:
             dsn: str = database.dsn  # type: ignore[assignment]  # checked above
-            return store_factory(dsn, worker.worker_id, f"dispatcher-{role}", database.limits)
+            return store_factory(dsn, worker.worker_id, f"dispatcher-{role}", database.limits,
+                                 config.completion.completed_jobs)
 
         # One connection per loop: claims; completions and heartbeats (short owner-fenced writes,
         # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.

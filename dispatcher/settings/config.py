@@ -18,12 +18,11 @@ from typing import Any
 
 from coordinator.pg.connect import ConnectionLimits
 from coordinator.pg.dsn import dsn_problem, redis_url_problem
-from dispatcher.constants import DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN, NUM_BUCKETS, is_valid_name
+from dispatcher.constants import (COMPLETED_JOBS, COMPLETED_KEEP, DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN,
+                                  NUM_BUCKETS, is_valid_name)
 from dispatcher.errors import ConfigError
-from dispatcher.settings.meta import KINDS as _KINDS
-from dispatcher.settings.meta import Setting, parse_buckets, setting, setting_of
-from dispatcher.settings.meta import parse_bool as _parse_bool
-from dispatcher.settings.meta import parse_queues as _parse_queues
+from dispatcher.settings.meta import KINDS as _KINDS, Setting, parse_buckets, setting, setting_of
+from dispatcher.settings.meta import parse_bool as _parse_bool, parse_queues as _parse_queues
 from dispatcher.settings import sections as sec
 
 ENV_PREFIX = "DISPATCHER_"
@@ -135,6 +134,10 @@ class Config:
     flush_max: int = setting(
         DEFAULT_FLUSH_MAX, section="completion", parse=int, unit="completions",
         help="completions are also written as soon as this many are pending (1 to 50000)")
+    completed_jobs: str = setting(
+        COMPLETED_KEEP, section="completion", parse=str,
+        help="a successful job's row: keep (marked completed, deleted after completed_retention_s) or delete (deleted "
+             "by the completion itself: no prune or vacuum later; `jobs list/show` and status see no completed job)")
     shutdown_grace_s: float = setting(
         DEFAULT_SHUTDOWN_GRACE_S, section="worker", parse=float, unit="seconds",
         help="seconds running jobs get to finish after SIGTERM before they are cancelled")
@@ -242,7 +245,8 @@ class Config:
         module, colon, attribute = (self.app or "").partition(":")
         _check(self.app is None or bool(module.strip() and colon and attribute.strip()), "app",
                f"must be module:attribute (e.g. myapp.jobs:registry), got {self.app!r}")
-        _check(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name, among in (("mode", MODES), ("completed_jobs", COMPLETED_JOBS)):  # one of a few words
+            _check(getattr(self, name) in among, name, f"must be one of {', '.join(among)}, got {getattr(self, name)!r}")
         bad_queues = [q for q in self.queues if not is_valid_name(q)]  # enqueue's rule: no job could be there
         _check(bool(self.queues) and not bad_queues, "queues",
                f"must name queues matching {NAME_PATTERN}, got {bad_queues or 'none'}")
@@ -306,10 +310,9 @@ class Config:
     def _resolve(self, beat_s: float, statement_s: float) -> None:
         """Each service's section, derived values worked out (sections.py); once, at construction."""
         limits = ConnectionLimits(self.connect_timeout_s, statement_s, self.prepared_statements)
-        if self.listen_dsn is None:
-            listen: str | None = self.dsn
-        else:
-            listen = None if self.listen_dsn.strip().lower() == LISTEN_OFF else self.listen_dsn
+        listen: str | None = self.dsn if self.listen_dsn is None else self.listen_dsn
+        if self.listen_dsn is not None and self.listen_dsn.strip().lower() == LISTEN_OFF:
+            listen = None
         static = self.buckets if self.buckets is not None else tuple(
             b for b in range(NUM_BUCKETS) if b % self.worker_count == self.worker_index)
         retentions = {"completed": self.completed_retention_s, "failed": self.failed_retention_s,
@@ -329,7 +332,8 @@ class Config:
                                         lose_early_s=min(0.5, beat_s / 4)),
             "execution": sec.ExecutionSettings(self.worker_id, self.job_timeout_s, self.sync_threads, self.retry_base_s,
                                            self.retry_cap_s),
-            "completion": sec.CompletionSettings(self.flush_interval_s, self.flush_max, self.history),
+            "completion": sec.CompletionSettings(self.flush_interval_s, self.flush_max, self.history,
+                                                 self.completed_jobs),
             "maintenance": sec.MaintenanceSettings(self.reaper_interval_s, self.history, self.table_sample_interval_s),
             "retention": sec.RetentionSettings(self.prune_interval_s, MappingProxyType(retentions), self.prune_batch),
             "coordination": sec.CoordinationSettings(

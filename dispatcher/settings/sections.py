@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.pg.connect import ConnectionLimits
-from dispatcher.constants import MODE_PARTITIONED
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED
 
 # Section names, in the order the configuration reference lists them.
 DATABASE = "database"
@@ -103,9 +103,16 @@ class ExecutionSettings:
 
 @dataclass(frozen=True, slots=True)
 class CompletionSettings:
+    """How the completer batches its writes, and what a successful completion does to the row."""
+
     flush_interval_s: float
     flush_max: int
     history: bool  # one row per attempt in dispatcher_job_attempts
+    completed_jobs: str = COMPLETED_KEEP  # keep: marked completed; delete: the completion deletes the row
+
+    @property
+    def deletes(self) -> bool:
+        return self.completed_jobs == COMPLETED_DELETE
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from dispatcher.constants import NUM_BUCKETS
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NUM_BUCKETS
 from dispatcher.db.port import InProcessStore, JobState, NewJob
 from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure, Steal
 from dispatcher.model import (
@@ -39,11 +39,16 @@ class MemoryStore(InProcessStore):
     """The job store in a dict. Thread-safe (sync handlers run in threads, as in a worker).
 
     `clock` is its database clock (default: a new FakeClock at the real time now); `worker_id`
-    is what claims record as the owner."""
+    is what claims record as the owner; `completed_jobs` is DISPATCHER_COMPLETED_JOBS: 'keep'
+    (a completed job stays, status 'completed') or 'delete' (a completion removes the job)."""
 
-    def __init__(self, clock: FakeClock | None = None, *, worker_id: str = "memory") -> None:
+    def __init__(self, clock: FakeClock | None = None, *, worker_id: str = "memory",
+                 completed_jobs: str = COMPLETED_KEEP) -> None:
+        if completed_jobs not in COMPLETED_JOBS:
+            raise ValueError(f"completed_jobs must be one of {', '.join(COMPLETED_JOBS)}, got {completed_jobs!r}")
         self.clock = clock or FakeClock()
         self.worker_id = worker_id
+        self.completed_jobs = completed_jobs
         # Rows are JobStates holding the payload as enqueue serialised it (JSON bytes), replaced on
         # every write; the tokens of running jobs' claims are kept beside them.
         self._rows: dict[int, JobState] = {}
@@ -140,11 +145,16 @@ class MemoryStore(InProcessStore):
 
     def complete(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
         with self._lock:
-            now, done = self.clock.now(), 0
+            now, done, delete = self.clock.now(), 0, self.completed_jobs == COMPLETED_DELETE
             for job_id, token in zip(ids, tokens, strict=True):
-                if (row := self._owned(job_id, token)) is not None:
+                if (row := self._owned(job_id, token)) is None:
+                    continue
+                if delete:  # jobs_complete_owned_delete: the row goes, in the same fenced write
+                    del self._rows[job_id]
+                    self._tokens.pop(job_id, None)
+                else:
                     self._write(row, status=STATUS_COMPLETED, completed_at=now, lease_expires_at=None, updated_at=now)
-                    done += 1
+                done += 1
             return done
 
     async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:

@@ -35,7 +35,8 @@ MAX_JOBS = 10_000  # a drain that runs more attempts than this is a handler enqu
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One attempt a Runner made: the job, its attempt number, and what the store now holds:
-    status 'completed', 'queued' (a retry, due at run_at), 'failed', 'discarded' or 'cancelled'."""
+    status 'completed' (under MemoryStore(completed_jobs='delete') the job is gone from the store),
+    'queued' (a retry, due at run_at), 'failed', 'discarded' or 'cancelled'."""
 
     job_id: int
     job_type: str

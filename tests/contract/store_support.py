@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from dispatcher import enqueue
+from dispatcher.constants import COMPLETED_KEEP
 from dispatcher.db.port import JobStorePort
 from dispatcher.db.store import JobStore
 from dispatcher.testing import MemoryStore
@@ -23,6 +24,7 @@ KINDS = ["postgres", "memory"]
 
 class Harness:
     store: JobStorePort
+    completed_jobs: str = COMPLETED_KEEP  # DISPATCHER_COMPLETED_JOBS of its stores
 
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> int | None:
         raise NotImplementedError
@@ -47,9 +49,10 @@ class Harness:
 
 
 class PostgresHarness(Harness):
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, completed_jobs: str = COMPLETED_KEEP) -> None:
         self._dsn = dsn
-        self.store = JobStore(dsn, "w1")
+        self.completed_jobs = completed_jobs
+        self.store = JobStore(dsn, "w1", completed_jobs=completed_jobs)
         self._others: list[JobStore] = []
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
@@ -66,7 +69,7 @@ class PostgresHarness(Harness):
         return await enqueue(self._conn, job_type, payload, **options)
 
     async def claimer(self, worker_id: str) -> JobStorePort:
-        other = JobStore(self._dsn, worker_id)
+        other = JobStore(self._dsn, worker_id, completed_jobs=self.completed_jobs)
         self._others.append(other)
         return other
 
@@ -88,8 +91,9 @@ class PostgresHarness(Harness):
 
 
 class MemoryHarness(Harness):
-    def __init__(self) -> None:
-        self.store = self.memory = MemoryStore(worker_id="w1")
+    def __init__(self, completed_jobs: str = COMPLETED_KEEP) -> None:
+        self.completed_jobs = completed_jobs
+        self.store = self.memory = MemoryStore(worker_id="w1", completed_jobs=completed_jobs)
 
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> int | None:
         return await enqueue(self.memory, job_type, payload, **options)
@@ -112,8 +116,9 @@ class MemoryHarness(Harness):
         self.memory.clock.advance(0.001)
 
 
-async def open_harness(kind: str, dsn: str | None) -> Harness:
+async def open_harness(kind: str, dsn: str | None, completed_jobs: str = COMPLETED_KEEP) -> Harness:
+    """A harness on a fresh store of `kind`; `completed_jobs`: DISPATCHER_COMPLETED_JOBS of its stores."""
     if kind == "postgres":
         assert dsn is not None
-        return PostgresHarness(dsn)
-    return MemoryHarness()
+        return PostgresHarness(dsn, completed_jobs)
+    return MemoryHarness(completed_jobs)

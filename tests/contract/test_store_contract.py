@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP
 from dispatcher.db.rows import Failure, Steal
 from dispatcher.model import (
     STATUS_CANCELLED,
@@ -35,11 +36,23 @@ Run = Callable[[Callable[[Harness], Awaitable[Any]]], Any]
 @pytest.fixture(params=KINDS)
 def on_store(request: pytest.FixtureRequest) -> Run:
     """Runs `test(harness)` on a fresh store of this kind, in an event loop of its own."""
-    dsn = request.getfixturevalue("dsn") if request.param == "postgres" else None
+    return _runner(request, COMPLETED_KEEP)
+
+
+@pytest.fixture(params=[(kind, completed_jobs) for kind in KINDS for completed_jobs in COMPLETED_JOBS],
+                ids=lambda p: "-".join(p))
+def on_store_completing(request: pytest.FixtureRequest) -> Run:
+    """As on_store, under each DISPATCHER_COMPLETED_JOBS: the harness's `completed_jobs` says which."""
+    return _runner(request, request.param[1], kind=request.param[0])
+
+
+def _runner(request: pytest.FixtureRequest, completed_jobs: str, kind: str | None = None) -> Run:
+    kind = kind or request.param
+    dsn = request.getfixturevalue("dsn") if kind == "postgres" else None
 
     def run(test: Callable[[Harness], Awaitable[Any]]) -> Any:
         async def main() -> Any:
-            harness = await open_harness(request.param, dsn)
+            harness = await open_harness(kind, dsn, completed_jobs)
             try:
                 return await test(harness)
             finally:
@@ -94,6 +107,41 @@ def test_a_write_by_a_token_that_does_not_own_the_job_changes_nothing(on_store: 
         assert state is not None and state.status == STATUS_COMPLETED and state.completed_at is not None
 
     on_store(test)
+
+
+def test_a_completion_keeps_the_row_completed_or_deletes_it_as_set_and_is_fenced_either_way(
+        on_store_completing: Run) -> None:
+    """DISPATCHER_COMPLETED_JOBS: keep marks the job completed, delete removes it; a taken-over
+    job's old owner changes nothing under either; only a success deletes (a retry keeps its row)."""
+    async def test(h: Harness) -> None:
+        deletes = h.completed_jobs == COMPLETED_DELETE
+        job_id = await h.enqueue("send", max_attempts=5)
+        old = await claim_one(h, lease_s=5.0)
+        await h.expire_lease(job_id)
+        assert [e.id for e in await h.store.jobs_lease_expired()] == [job_id]
+        assert await h.store.jobs_fail_owned([Failure(job_id, old.token, retry(0.0))], lease_expired=True)
+        await h.make_due(job_id)
+        new = await (await h.claimer("w2")).jobs_claim("default", 1, 30.0, None)
+        assert [j.id for j in new] == [job_id]
+        assert await h.store.jobs_complete_owned([job_id], [old.token]) == 0, "the old owner: fenced"
+        state = await h.store.job_get(job_id)
+        assert state is not None and state.status == STATUS_RUNNING
+        assert await h.store.jobs_complete_owned([job_id], [new[0].token]) == 1
+        state = await h.store.job_get(job_id)
+        if deletes:
+            assert state is None, "deleted by its completion"
+        else:
+            assert state is not None and state.status == STATUS_COMPLETED and state.completed_at is not None
+        assert await h.store.jobs_complete_owned([job_id], [new[0].token]) == 0, "finished: nobody owns it any more"
+        retried_id = await h.enqueue("send")
+        other = await claim_one(h)
+        assert other.id == retried_id
+        assert [w.status for w in await h.store.jobs_fail_owned([Failure(retried_id, other.token, retry(60.0))])] \
+            == [STATUS_QUEUED]
+        kept = await h.store.job_get(retried_id)
+        assert kept is not None and kept.status == STATUS_QUEUED, "a retry keeps its row"
+
+    on_store_completing(test)
 
 
 def test_after_a_lease_expires_and_another_worker_claims_the_job_the_old_owner_is_fenced(on_store: Run) -> None:

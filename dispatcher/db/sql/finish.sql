@@ -7,7 +7,7 @@
 -- name: jobs_complete_owned
 -- Mark finished jobs completed, each only if it still carries the token of the claim that ran
 -- it; rows whose lease was taken over are left alone (the caller counts them as fenced).
--- Shape, here and in the three statements below: `j.id = ANY(ids)` pins the jobs side to a
+-- Shape, here and in the four statements below: `j.id = ANY(ids)` pins the jobs side to a
 -- primary-key lookup of exactly the batch, and the ownership guard is a CASE so that no partial
 -- index (`WHERE status = 'running'`) can match it. With a plain `status = 'running'`, stats
 -- taken while every row was queued made the planner enter through the lease index and hash or
@@ -19,6 +19,17 @@ UPDATE dispatcher_jobs AS j
        lease_expires_at = NULL,
        updated_at = now()
   FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
+   AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
+
+-- name: jobs_complete_owned_delete
+-- DISPATCHER_COMPLETED_JOBS=delete: the same completion, but the finished rows are deleted, not
+-- marked completed: no second row version, no completed-row index entry, and nothing for the
+-- pruner or vacuum to clean up later. Fenced like jobs_complete_owned, by the same shape (read its
+-- comment): a row whose token changed (reaped, claimed again) is left alone and counted as fenced
+-- by the caller. The attempt history (DISPATCHER_HISTORY) is another table: it stays.
+DELETE FROM dispatcher_jobs AS j
+ USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
    AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
 

@@ -46,7 +46,8 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
     columns = RUN_COLUMNS
     if scenario == "drain":
         workers = _ints(args.workers or ("2" if quick else "1,4"))
-        drain_suite(dsn, result, jobs=jobs, workers=workers, modes=modes, repeat=1 if quick else args.repeat)
+        drain_suite(dsn, result, jobs=jobs, workers=workers, modes=modes, repeat=1 if quick else args.repeat,
+                    completed_jobs=tuple(c for c in args.completed_jobs.split(",") if c))
         columns = ["kind", *RUN_COLUMNS[:5], "ratio_to_ceiling", "ratio_to_minimal", "ratio_to_minimal_delete",
                    *RUN_COLUMNS[5:], "runs_jobs_per_s"]
     elif scenario == "burst":
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="defaults,bench",
                         help="coldstart/rolling: settings profiles, defaults (what a user gets) and/or bench "
                              "(concurrency 500, poll 0.1 s)")
+    parser.add_argument("--completed-jobs", default="keep,delete",
+                        help="drain: the runtime and the ceiling once per value of DISPATCHER_COMPLETED_JOBS given")
     parser.add_argument("--statements", action="store_true",
                         help="drain/burst/scaling/skew/jitter: PostgreSQL's time per statement per job "
                              "(pg_stat_statements; the throwaway server preloads it)")

@@ -5,10 +5,15 @@
 SQL and no runtime at all (claim 500, complete them, repeat), from the same number of processes;
 the minimal table (kinds minimal and minimal_delete, bench/minimal.py) does it with the plainest
 statements on a table of three columns and one index: the physical limit. Every runtime and
-plain_sql row states its ratio to both limits at its worker count.
+plain_sql row states its ratio to both limits at its worker count. With `--completed-jobs
+keep,delete` (the default) the runtime and the ceiling also run with completions that delete
+(kinds runtime_delete and plain_sql_delete: DISPATCHER_COMPLETED_JOBS=delete).
 
 Drain time is taken on the database clock, from the first claim (min locked_at) to the last
-completion (max completed_at), so process start-up and poll latency are not counted.
+completion (max completed_at), so process start-up and poll latency are not counted. Deleted rows
+leave no timestamps: a deleting ceiling is timed as the minimal table is (each drainer reads the
+clock before its first claim and after its last completion), a deleting runtime from the commit
+of its jobs until the watch, polling every 20 ms, finds none left (runs.py).
 `--repeat` runs each configuration several times, interleaved, and keeps the median.
 """
 
@@ -28,8 +33,17 @@ from bench.core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_
 from bench.rounds import median_interval
 from bench.runs import measured_run
 from dispatcher import enqueue_payloads_sync
-from dispatcher.db import MODE_PARTITIONED, NUM_BUCKETS, claim_sql, int_array, query, token_array
-from dispatcher.devtools.harness import completed_jobs, table_counters
+from dispatcher.db import (
+    COMPLETED_DELETE,
+    COMPLETED_KEEP,
+    MODE_PARTITIONED,
+    NUM_BUCKETS,
+    claim_sql,
+    int_array,
+    query,
+    token_array,
+)
+from dispatcher.devtools.harness import completed_jobs, jobs_left, measure_query, table_counters
 
 BATCH = 500
 
@@ -56,13 +70,13 @@ def row(kind: str, mode: str, workers: int, jobs: int, seconds: float, idx_read:
     }
 
 
-async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int) -> None:
+async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int, complete: str) -> tuple[Any, Any]:
     """The runtime's own statements with no runtime: one connection claims 500 at a time while a
     second completes the previous batch (the same overlap the runtime's completer gives), raw
     tuples, no Job objects, no handlers. What is left is PostgreSQL's cost of these statements."""
     buckets = tuple(b for b in range(NUM_BUCKETS) if b % count == index) if mode == MODE_PARTITIONED else None
     claim_statement = claim_sql(buckets)
-    complete_sql = query("jobs_complete_owned")
+    complete_sql = query(complete)
     batches: asyncio.Queue[tuple[list[int], list[str]] | None] = asyncio.Queue(maxsize=2)
 
     async def claimer(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -81,30 +95,43 @@ async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int) -> Non
 
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c1, \
             await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c2:
+        clock = measure_query("measure_clock")
+        first = (await (await c1.execute(clock)).fetchone())[0]  # type: ignore[index]
         await asyncio.gather(claimer(c1), completer(c2))
+        last = (await (await c2.execute(clock)).fetchone())[0]  # type: ignore[index]
+    return first, last
 
 
-def plain_sql_drainer(dsn: str, mode: str, index: int, count: int) -> float:
+def plain_sql_drainer(dsn: str, mode: str, index: int, count: int, complete: str) -> tuple[float, Any, Any]:
+    """One ceiling process: (its CPU seconds, database clock before its first claim and after its
+    last completion)."""
     started = time.process_time()
-    asyncio.run(_plain_sql_drainer(dsn, mode, index, count))
-    return time.process_time() - started
+    first, last = asyncio.run(_plain_sql_drainer(dsn, mode, index, count, complete))
+    return time.process_time() - started, first, last
 
 
-def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None) -> dict[str, Any]:
+def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None,
+                completed: str = COMPLETED_KEEP) -> dict[str, Any]:
+    complete = "jobs_complete_owned_delete" if completed == COMPLETED_DELETE else "jobs_complete_owned"
     with psycopg.connect(dsn, autocommit=True) as conn:
         fill(conn, jobs)
         before = table_counters(conn)
         usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
         pg_cpu = postgres_cpu_seconds(postmaster)
-        client_cpu = sum(run_processes(plain_sql_drainer, [(dsn, mode, i, workers) for i in range(workers)]))
+        ran = run_processes(plain_sql_drainer, [(dsn, mode, i, workers, complete) for i in range(workers)])
         wait_backends_gone(postmaster, conn)
         pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
         delta = table_counters(conn).minus(before)
         by_statement = (statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)
                         if usage is not None else None)
-        seconds = drain_seconds(conn)
-        assert completed_jobs(conn) == jobs, "ceiling drain left jobs behind"
-    result = row("plain_sql", mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu, client_cpu)
+        if completed == COMPLETED_DELETE:
+            seconds = (max(last for _, _, last in ran) - min(first for _, first, _ in ran)).total_seconds()
+            assert jobs_left(conn) == 0, "ceiling drain left jobs behind"
+        else:
+            seconds = drain_seconds(conn)
+            assert completed_jobs(conn) == jobs, "ceiling drain left jobs behind"
+    result = row(_kind("plain_sql", completed), mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu,
+                 sum(cpu for cpu, _, _ in ran))
     return {**result, "statements": by_statement} if by_statement is not None else result
 
 
@@ -160,20 +187,30 @@ def add_medians(result: Result, runs: dict[str, list[dict[str, Any]]],
         rows["partitioned"]["median_interval"] = f"{low:.2f}-{high:.2f} ({coverage:.0%})"
 
 
+def _kind(kind: str, completed: str) -> str:
+    """runtime / plain_sql, or runtime_delete / plain_sql_delete where completions delete."""
+    return f"{kind}_delete" if completed == COMPLETED_DELETE else kind
+
+
 def drain_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
-                ceiling: bool = True, minimal_table: bool = True, repeat: int = 1) -> None:
-    """Per worker count, `repeat` rounds of: each mode's runtime and ceiling, then (`minimal_table`)
-    the minimal table's two kinds, interleaved so that slow drift hits every kind alike; then each
-    kind's median run as its row, and the ratios between them."""
+                ceiling: bool = True, minimal_table: bool = True, repeat: int = 1,
+                completed_jobs: tuple[str, ...] = (COMPLETED_KEEP, COMPLETED_DELETE)) -> None:
+    """Per worker count, `repeat` rounds of: each mode's runtime and ceiling (once per value of
+    `completed_jobs`), then (`minimal_table`) the minimal table's two kinds, interleaved so that
+    slow drift hits every kind alike; then each kind's median run as its row, and the ratios."""
     postmaster = postmaster_pid(dsn)
     for w in workers:
         runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(repeat):
             for mode in modes:
-                runs.setdefault(("runtime", mode), []).append(
-                    measured_run(dsn, mode, w, jobs, postmaster, label=f"drain {mode} x{w}"))
-                if ceiling:
-                    runs.setdefault(("plain_sql", mode), []).append(run_ceiling(dsn, mode, w, jobs, postmaster))
+                for completed in completed_jobs:
+                    runtime = measured_run(dsn, mode, w, jobs, postmaster, label=f"drain {mode} x{w} {completed}",
+                                           completed_jobs=completed)
+                    runs.setdefault((_kind("runtime", completed), mode), []).append(
+                        {**runtime, "kind": _kind("runtime", completed)})
+                    if ceiling:
+                        runs.setdefault((_kind("plain_sql", completed), mode), []).append(
+                            run_ceiling(dsn, mode, w, jobs, postmaster, completed))
             if minimal_table:
                 for kind in minimal.KINDS:
                     runs.setdefault((kind, minimal.MODE), []).append(run_minimal(dsn, kind, w, jobs, postmaster))
@@ -193,10 +230,11 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         if (limit := by_key.get((kind, mode, r["workers"]))) is not None:
             r[column] = round(r["jobs_per_s"] / limit["jobs_per_s"], 2)
 
+    ours = ("runtime", "plain_sql", "runtime_delete", "plain_sql_delete")
     for r in rows:
-        if r["kind"] == "runtime":
-            ratio(r, "ratio_to_ceiling", "plain_sql", r["mode"])
-        if r["kind"] in ("runtime", "plain_sql", "minimal_delete"):
+        if r["kind"] in ("runtime", "runtime_delete"):
+            ratio(r, "ratio_to_ceiling", r["kind"].replace("runtime", "plain_sql"), r["mode"])
+        if r["kind"] in (*ours, "minimal_delete"):
             ratio(r, "ratio_to_minimal", "minimal", minimal.MODE)
-        if r["kind"] in ("runtime", "plain_sql"):
+        if r["kind"] in ours:
             ratio(r, "ratio_to_minimal_delete", "minimal_delete", minimal.MODE)

@@ -23,8 +23,8 @@ from bench.core import reset
 from bench.costs import CostMeter
 from bench.fleet import Fleet, quantile_ms
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
-from dispatcher.db import query
-from dispatcher.devtools.harness import table_counters, watch_until_done
+from dispatcher.db import COMPLETED_DELETE, query
+from dispatcher.devtools.harness import measure_query, table_counters, watch_until_done
 
 
 def enqueue_jobs(conn: psycopg.Connection[Any], jobs: int, *, delay_s: float = 0.0, jitter_s: float = 0.0,
@@ -42,6 +42,9 @@ def enqueue_jobs(conn: psycopg.Connection[Any], jobs: int, *, delay_s: float = 0
 def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None, *, label: str,
                  delay_s: float = 0.0, jitter_s: float = 0.0, hot_share: float = 0.0,
                  timeout_s: float = 900, **settings: Any) -> dict[str, Any]:
+    # Completions that delete leave no timestamps: such a drain is timed from the commit of its
+    # jobs until the watch, polling every 20 ms, finds none left (drain.py's docstring).
+    deleting = settings.get("completed_jobs") == COMPLETED_DELETE and not delay_s
     with psycopg.connect(dsn, autocommit=True) as conn:
         reset(conn)
         with Fleet(dsn, mode, workers, **settings) as fleet:
@@ -60,13 +63,16 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
                     # second late, so up to a second of those reads still lands in the drain's.
                     before = table_counters(conn)
                     meter.start()
+            committed_at = _clock(conn)
             if delay_s:
                 _sleep_until_due(conn)
                 before = table_counters(conn)
                 meter.start()
             sampler = _sampler(fleet, label)
             try:
-                max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1)
+                max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s,
+                                               every_s=0.02 if deleting else 0.1)
+                ended_at = _clock(conn)
                 costs = meter.stop()
             finally:
                 if sampler is not None:
@@ -79,7 +85,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             histograms = fleet.histograms()
             stolen = fleet.counter("dispatcher_jobs_stolen_total")
             delta = table_counters(conn).minus(before)
-        timing = conn.execute(
+        timing = ((ended_at - committed_at).total_seconds(), None, None, None, None) if deleting else conn.execute(
             """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                       extract(epoch FROM max(completed_at) - min(run_at))::float8,
                       extract(epoch FROM max(run_at) - min(run_at))::float8,
@@ -94,7 +100,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
     return {
         "kind": "runtime", "mode": mode, "workers": workers, "jobs": jobs,
         "seconds": round(drain_s, 3), "jobs_per_s": round(jobs / drain_s),
-        "due_to_done_s": round(from_due_s, 3), "due_spread_s": round(due_spread_s, 3),
+        "due_to_done_s": _r(from_due_s, 3), "due_spread_s": _r(due_spread_s, 3),
         # How long after its due time each job started (queueing delay during a burst).
         "start_late_p50_ms": _r(late_p50), "start_late_p99_ms": _r(late_p99),
         "claim_p50_ms": _r(quantile_ms(claim, 0.5)), "claim_p99_ms": _r(quantile_ms(claim, 0.99)),
@@ -147,5 +153,9 @@ def drain_curve(dsn: str, since_due: bool, bins_s: float = 0.1) -> list[tuple[fl
     return curve
 
 
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
+def _r(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _clock(conn: psycopg.Connection[Any]) -> Any:
+    return conn.execute(measure_query("measure_clock")).fetchone()[0]  # type: ignore[index]

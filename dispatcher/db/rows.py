@@ -23,12 +23,10 @@ class Claimed:
 @dataclass(frozen=True, slots=True)
 class Steal:
     """What a stealing claim may take: jobs from the tail of `buckets`, visited in that order,
-    each bucket keeping its first `reserve` due jobs for its owner, except jobs that have waited
-    more than `grace_s` since they came due (claim_select_steal in sql/claim.sql)."""
+    each bucket keeping its first `reserve` due jobs for its owner (claim_select_steal)."""
 
     buckets: tuple[int, ...]
     reserve: int = 0
-    grace_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,7 +204,6 @@ class JobStore:
             sql = steal_sql()
             params["steal_buckets"] = int_array(steal.buckets)
             params["steal_reserve"] = steal.reserve
-            params["steal_grace_s"] = steal.grace_s
         else:
             key = None if buckets is None else tuple(buckets)
             sql = self._claim_sql_cache.get(key)

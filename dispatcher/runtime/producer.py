@@ -72,11 +72,9 @@ class Producer:
         # per-job NOTIFY (it carries its run_at). Why each: docs/design/claims.md.
         self._look_ahead = True
         self._poll_look_ahead_at = 0.0  # time.monotonic() from which a poll wake-up looks ahead again
-        self._steals = StealPolicy(config.steal_batch, config.batch_size)
         # A steal leaves each bucket the jobs its owner takes in one claim (the fleet is assumed to
-        # share its claim settings): what the owner is about to claim anyway is not worth a race,
-        # unless it has waited a poll interval (the steal's grace: its owner is busy or gone).
-        self._steal_reserve = min(config.batch_size, config.concurrency)
+        # share its claim settings): what the owner is about to claim anyway is not worth a race.
+        self._steals = StealPolicy(config.steal_batch, config.batch_size, min(config.batch_size, config.concurrency))
         # After a full batch (a backlog exists) wait until a quarter of the slots are free rather
         # than claiming a handful at a time: fewer, fuller claims are cheaper for PostgreSQL.
         self._refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
@@ -223,6 +221,8 @@ class Producer:
                 # short window says only that its buckets ran low: go on (claim_windows.py).
                 if windowed:
                     self._windows.record(queue, selected >= limit)
+                if selected >= limit:
+                    self._steals.note_own_backlog()
                 backlog |= windowed or selected >= limit
                 executor.start(jobs, sent_at)
             free = config.concurrency - executor.in_flight
@@ -233,8 +233,7 @@ class Producer:
                 stolen, sent_at = [], 0.0
                 self.stats.steals += 1
                 for victims in self._steals.sweep(own or ()):
-                    steal = Steal(tuple(victims), self._steal_reserve, self._claims.poll_interval_s)
-                    stolen, _, sent_at = await self._claim(queue, asked, None, steal)
+                    stolen, _, sent_at = await self._claim(queue, asked, None, Steal(tuple(victims), self._steals.reserve()))
                     self.stats.steal_claims += 1
                     if stolen or self._stopped.is_set():
                         break

@@ -10,16 +10,25 @@ docs/design/claims.md.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 
 from dispatcher.constants import NUM_BUCKETS
 
 MAX_SKIPPED_WAKEUPS = 8  # with the default 1 s poll, an idle worker looks elsewhere every ~8 s
 MAX_VICTIMS = 16  # a steal statement's budget: buckets visited, each read for at most reserve + batch entries
+# How long a thief leaves shallow buckets to their owners: its steals keep each bucket's reserve
+# until it has found nothing for this long; then the owners are busy, slow or gone.
+RESERVE_PATIENCE_S = 1.0
 
 
 class StealPolicy:
-    def __init__(self, base_batch: int, max_batch: int) -> None:
+    def __init__(self, base_batch: int, max_batch: int, reserve: int = 0, *,
+                 patience_s: float = RESERVE_PATIENCE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._reserve = reserve
+        self._patience_s = patience_s
+        self._clock = clock
+        self._dry_since: float | None = None  # when steals began to find nothing (None: they find jobs)
         self._base_batch = base_batch
         self._max_batch = max(base_batch, max_batch)
         self._batch = base_batch
@@ -47,6 +56,17 @@ class StealPolicy:
             return False
         return True
 
+    def note_own_backlog(self) -> None:
+        """Our own claim came back full: a later dry spell starts from scratch."""
+        self._dry_since = None
+
+    def reserve(self) -> int:
+        """Due jobs the next steal leaves at the head of each bucket: the owner's next claim, or
+        none once steals have found nothing for `patience_s` (the owners are not taking them)."""
+        if self._dry_since is not None and self._clock() - self._dry_since >= self._patience_s:
+            return 0
+        return self._reserve
+
     def batch(self, free: int) -> int:
         """How many jobs the next steal asks for, given the free slots."""
         return min(free, self._batch)
@@ -60,7 +80,10 @@ class StealPolicy:
         self._fresh_work_elsewhere = False
         if stolen:
             self._backoff = self._skip = 0
+            self._dry_since = None
         else:
+            if self._dry_since is None:
+                self._dry_since = self._clock()
             self._backoff = min(MAX_SKIPPED_WAKEUPS, max(1, 2 * self._backoff))
             self._skip = self._backoff
 

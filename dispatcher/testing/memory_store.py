@@ -96,7 +96,7 @@ class MemoryStore(InProcessStore):
                    if r.queue == queue and r.status == STATUS_QUEUED and r.run_at <= now]
             order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
             if steal is not None:  # the given buckets in the given order, each from its tail
-                due = self._stealable(due, steal, now)
+                due = self._stealable(due, steal)
                 order = lambda r: 0  # noqa: E731  (already in steal order; sorted() is stable)
             elif buckets is not None:
                 wanted = set(buckets)
@@ -116,15 +116,13 @@ class MemoryStore(InProcessStore):
         return self.claim(queue, limit, lease_s, buckets, steal)
 
     @staticmethod
-    def _stealable(due: list[JobState], steal: Steal, now: datetime) -> list[JobState]:
+    def _stealable(due: list[JobState], steal: Steal) -> list[JobState]:
         """claim_select_steal's choice: per bucket in the steal's order, its due jobs from the
-        tail: all but the first `reserve` in claim order, and those that waited past the grace."""
-        waited_since = now - timedelta(seconds=steal.grace_s)
+        tail, all but the first `reserve` of them in claim order."""
         out: list[JobState] = []
         for bucket in dict.fromkeys(steal.buckets):
             rows = sorted((r for r in due if r.bucket == bucket), key=lambda r: (r.priority, r.run_at, r.id))
-            out.extend(r for i, r in reversed(list(enumerate(rows)))
-                       if i >= steal.reserve or r.run_at < waited_since)
+            out.extend(reversed(rows[steal.reserve:]))
         return out
 
     def _owned(self, job_id: int, token: str) -> JobState | None:

@@ -47,7 +47,7 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
                "skip_locked": claim_sql(None), "steal": steal_sql()}[mode]
         with conn.transaction(force_rollback=True):
             params = {"queue": "default", "limit": 500, "lease_s": 30.0, "worker": "w", "token": None,
-                      "steal_buckets": "{" + ",".join(str(b) for b in range(1, 64, 4)) + "}", "steal_reserve": 0, "steal_grace_s": 0}
+                      "steal_buckets": "{" + ",".join(str(b) for b in range(1, 64, 4)) + "}", "steal_reserve": 0}
             plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
     nodes = list(_walk(plan))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:2000]
@@ -241,7 +241,7 @@ def test_a_steal_leaves_the_head_to_its_owner_and_never_waits_on_the_owners_clai
         try:
             await owner.execute("UPDATE dispatcher_jobs SET status = 'running', locked_by = 'owner' "
                                 "WHERE id = ANY(%s)", (ids[:4],))
-            return await asyncio.wait_for(thief.jobs_claim("default", 100, 30, None, Steal((9,), 4, 3600)), 10)
+            return await asyncio.wait_for(thief.jobs_claim("default", 100, 30, None, Steal((9,), 4)), 10)
         finally:
             await owner.rollback()
             await owner.close()

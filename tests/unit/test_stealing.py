@@ -84,3 +84,24 @@ def test_full_steals_grow_the_batch_to_the_claim_size_and_a_short_one_resets_it(
     assert policy.batch(free=150) == 150, "never more than the free slots"
     policy.record(30, 500)
     assert policy.batch(free=1000) == 100, "a short steal (sparse tail) goes back to the base size"
+
+
+def test_steals_leave_each_bucket_its_reserve_until_they_have_found_nothing_for_the_patience():
+    """The end of an even drain: owners empty their shallow buckets within a claim or two, so a
+    thief leaves them alone; a thief that keeps finding nothing for the patience (1 s) stops
+    leaving a reserve: those owners are busy, stalled or gone."""
+    now = [100.0]
+    policy = StealPolicy(100, 500, 40, patience_s=1.0, clock=lambda: now[0])
+    assert policy.reserve() == 40
+    policy.record(0, 100)
+    now[0] += 0.9
+    policy.record(0, 100)
+    assert policy.reserve() == 40, "found nothing for 0.9 s only"
+    now[0] += 0.2
+    assert policy.reserve() == 0
+    policy.record(5, 100, [7])
+    assert policy.reserve() == 40, "a steal that found jobs starts the patience again"
+    policy.record(0, 100)
+    now[0] += 5
+    policy.note_own_backlog()
+    assert policy.reserve() == 40, "a backlog of our own since: an old dry spell does not count"

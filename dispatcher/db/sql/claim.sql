@@ -70,22 +70,22 @@ SELECT id
 -- name: claim_select_steal
 -- Stealing (partitioned mode, own buckets idle): take jobs from the TAIL of other workers'
 -- buckets, visiting them in the given order (the worker picks and rotates it: stealing.py) and
--- stopping as soon as %(limit)s rows are found. Each bucket keeps its first %(steal_reserve)s
--- runnable jobs (what its owner takes in one claim) and gives only what lies beyond them, unless
--- a job has waited more than %(steal_grace_s)s since it came due (its owner is busy, slow or
--- gone: nobody else would take it until a rebalance). So a bucket that its owner is draining
--- gives nothing once it is no deeper than a claim: the end of an even drain is left to owners.
--- The owner claims from the head of its range and the thief from the tail, so they meet only at
--- the end of a bucket: stolen from the head with SKIP LOCKED (until 2026-11-25), an owner's claim
--- waited on a thief's row locks and came back short. No row locks here either, as in the owners'
--- claims: the claim's UPDATE re-checks each row, so two thieves on one bucket cost a wait, never
--- a double claim. Each bucket's walk reads at most reserve + limit entries of its own range,
--- backwards through dispatcher_jobs_claim_bucket_idx. FOR UPDATE is not allowed beside window
--- functions, and UNION arms cannot be ordered per bucket, hence LATERAL.
+-- stopping as soon as %(limit)s rows are found. Each bucket keeps its first %(steal_reserve)s due
+-- jobs (what its owner takes in one claim; the thief passes 0 once its steals have found nothing
+-- for a while: then the owners are not taking them) and gives only what lies beyond them. So a
+-- bucket that its owner is draining gives nothing once it is no deeper than a claim: the end of
+-- an even drain is left to the owners. The owner claims from the head of its range and the thief
+-- from the tail, so they meet only at the end of a bucket: stolen from the head with SKIP LOCKED
+-- (until 2026-11-25), an owner's claim waited on a thief's row locks and came back short. No row
+-- locks here either, as in the owners' claims: the claim's UPDATE re-checks each row, so two
+-- thieves on one bucket cost a wait, never a double claim. Each bucket's walk reads at most
+-- reserve + limit entries of its own range, backwards through dispatcher_jobs_claim_bucket_idx.
+-- FOR UPDATE is not allowed beside window functions, and UNION arms cannot be ordered per bucket,
+-- hence LATERAL.
 SELECT t.id
   FROM unnest(%(steal_buckets)s::smallint[]) AS s(bucket)
  CROSS JOIN LATERAL (
-       SELECT tail.id, tail.run_at, count(*) OVER () AS depth,
+       SELECT tail.id, count(*) OVER () AS depth,
               row_number() OVER (ORDER BY tail.priority DESC, tail.run_at DESC, tail.id DESC) AS nth
          FROM (SELECT id, priority, run_at
                  FROM dispatcher_jobs
@@ -93,7 +93,6 @@ SELECT t.id
                 ORDER BY priority DESC, run_at DESC, id DESC
                 LIMIT %(steal_reserve)s + %(limit)s) AS tail) AS t
  WHERE t.nth <= t.depth - %(steal_reserve)s
-    OR t.run_at < now() - %(steal_grace_s)s * interval '1 second'
  LIMIT %(limit)s
 
 -- name: claim_select_skip_locked

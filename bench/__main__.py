@@ -57,8 +57,8 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                    "median_round_vs_skip_locked", "median_interval", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
         curve_plot(result.rows, out_dir, label, "burst_drain_curve.png", f"Burst: {jobs} jobs due at one instant")
     elif scenario == "scaling":
-        scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")), modes=modes,
-                      repeat=1 if quick else args.repeat)
+        scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")),
+                      modes=modes, repeat=1 if quick else args.repeat)
         scaling_plots(result.rows, out_dir, label)
         columns = [*RUN_COLUMNS[:5], "vs_skip_locked", "rounds_vs_skip_locked", "median_interval", "stolen_share",
                    *RUN_COLUMNS[5:], "runs_jobs_per_s"]

@@ -12,6 +12,7 @@ from dispatcher.db.queries import query
 from dispatcher.db.store import claim_sql, int_array, token_array
 
 __all__ = [
-    "COMPLETED_DELETE", "COMPLETED_KEEP", "MODE_PARTITIONED", "MODE_SKIP_LOCKED", "NUM_BUCKETS", "claim_sql", "int_array", "migrate", "query",
+    "COMPLETED_DELETE", "COMPLETED_KEEP", "MODE_PARTITIONED", "MODE_SKIP_LOCKED", "NUM_BUCKETS", "claim_sql",
+    "int_array", "migrate", "query",
     "token_array",
 ]

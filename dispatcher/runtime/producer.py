@@ -233,7 +233,8 @@ class Producer:
                 stolen, sent_at = [], 0.0
                 self.stats.steals += 1
                 for victims in self._steals.sweep(own or ()):
-                    stolen, _, sent_at = await self._claim(queue, asked, None, Steal(tuple(victims), self._steals.reserve()))
+                    steal = Steal(tuple(victims), self._steals.reserve())
+                    stolen, _, sent_at = await self._claim(queue, asked, None, steal)
                     self.stats.steal_claims += 1
                     if stolen or self._stopped.is_set():
                         break

@@ -227,26 +227,42 @@ def test_a_claim_counts_the_rows_it_selected_when_others_took_some(dsn, taken):
         [("other", taken), ("w", 10 - taken)] if taken < 10 else [("other", 10)])
 
 
-def test_a_steal_leaves_the_head_to_its_owner_and_never_waits_on_the_owners_claim(dsn):
-    """The owner claims the head of its bucket (here: an UPDATE of its first 4 rows, not yet
-    committed, as a claim in flight); a thief with a reserve of 4 takes the tail at once, without
-    waiting on the owner's row locks, and never a row the owner holds."""
+def _steal_while_another_holds(dsn, held, statement):
+    """Ten jobs in bucket 9; another transaction runs `statement` on the ids `held` picks (rows it
+    then holds, uncommitted), and a thief steals with a reserve of 4 meanwhile (within 10 s: it
+    must not wait on the held rows). Returns (the ids in order, the ids stolen)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue_many_sync(conn, [JobSpec("a", bucket=9) for _ in range(10)])
         ids = [r[0] for r in conn.execute("SELECT id FROM dispatcher_jobs ORDER BY id")]
 
     async def main():
         thief = JobStore(dsn, "thief")
-        owner = await psycopg.AsyncConnection.connect(dsn)
+        other = await psycopg.AsyncConnection.connect(dsn)
         try:
-            await owner.execute("UPDATE dispatcher_jobs SET status = 'running', locked_by = 'owner' "
-                                "WHERE id = ANY(%s)", (ids[:4],))
+            await other.execute(statement, (held(ids),))
             return await asyncio.wait_for(thief.jobs_claim("default", 100, 30, None, Steal((9,), 4)), 10)
         finally:
-            await owner.rollback()
-            await owner.close()
+            await other.rollback()
+            await other.close()
             await thief.close()
 
-    stolen = run_async(main())
-    assert sorted(j.id for j in stolen) == ids[4:]
+    return ids, sorted(j.id for j in run_async(main()))
+
+
+def test_a_steal_leaves_the_head_to_its_owner_and_never_waits_on_the_owners_claim(dsn):
+    """The owner claims the head of its bucket (here: an UPDATE of its first 4 rows, not yet
+    committed, as a claim in flight); a thief with a reserve of 4 takes the tail at once, without
+    waiting on the owner's row locks, and never a row the owner holds."""
+    ids, stolen = _steal_while_another_holds(
+        dsn, lambda ids: ids[:4], "UPDATE dispatcher_jobs SET status = 'running', locked_by = 'owner' WHERE id = ANY(%s)")
+    assert stolen == ids[4:]
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status = 'queued'") == 4
+
+
+def test_two_thieves_of_one_bucket_split_its_tail_without_waiting_and_leave_the_reserve(dsn):
+    """A hot bucket with two thieves: the first holds the last 3 rows (its steal in flight, not
+    committed); the second takes the rows before them, at once, and none of the 4 the reserve
+    keeps for the owner."""
+    ids, stolen = _steal_while_another_holds(
+        dsn, lambda ids: ids[-3:], "SELECT id FROM dispatcher_jobs WHERE id = ANY(%s) FOR UPDATE")
+    assert stolen == ids[4:7]

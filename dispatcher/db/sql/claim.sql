@@ -75,24 +75,32 @@ SELECT id
 -- for a while: then the owners are not taking them) and gives only what lies beyond them. So a
 -- bucket that its owner is draining gives nothing once it is no deeper than a claim: the end of
 -- an even drain is left to the owners. The owner claims from the head of its range and the thief
--- from the tail, so they meet only at the end of a bucket: stolen from the head with SKIP LOCKED
--- (until 2026-11-25), an owner's claim waited on a thief's row locks and came back short. No row
--- locks here either, as in the owners' claims: the claim's UPDATE re-checks each row, so two
--- thieves on one bucket cost a wait, never a double claim. Each bucket's walk reads at most
--- reserve + limit entries of its own range, backwards through dispatcher_jobs_claim_bucket_idx.
--- FOR UPDATE is not allowed beside window functions, and UNION arms cannot be ordered per bucket,
--- hence LATERAL.
-SELECT t.id
+-- from the tail, so they meet only at the end of a bucket: stolen from the head (until
+-- 2026-11-25), an owner's claim, which takes no row locks, waited on a thief's and came back
+-- short. SKIP LOCKED is for the other thieves of a hot bucket: without it, each one that selected
+-- the same tail rows waited for the first and came back empty. Per bucket, `d` reads at most
+-- reserve + limit entries from the tail (backwards through the bucket's range of
+-- dispatcher_jobs_claim_bucket_idx) and keeps the ids beyond the reserve; `j` locks those it can
+-- through the primary key, skipping rows another thief holds (never rows within the reserve).
+-- Window functions are not allowed beside FOR UPDATE, hence the two steps.
+SELECT j.id
   FROM unnest(%(steal_buckets)s::smallint[]) AS s(bucket)
  CROSS JOIN LATERAL (
-       SELECT tail.id, count(*) OVER () AS depth,
-              row_number() OVER (ORDER BY tail.priority DESC, tail.run_at DESC, tail.id DESC) AS nth
-         FROM (SELECT id, priority, run_at
-                 FROM dispatcher_jobs
-                WHERE queue_name = %(queue)s AND bucket = s.bucket AND status = 'queued' AND run_at <= now()
-                ORDER BY priority DESC, run_at DESC, id DESC
-                LIMIT %(steal_reserve)s + %(limit)s) AS tail) AS t
- WHERE t.nth <= t.depth - %(steal_reserve)s
+       SELECT array_agg(t.id) AS ids
+         FROM (SELECT tail.id, count(*) OVER () AS depth,
+                      row_number() OVER (ORDER BY tail.priority DESC, tail.run_at DESC, tail.id DESC) AS nth
+                 FROM (SELECT id, priority, run_at
+                         FROM dispatcher_jobs
+                        WHERE queue_name = %(queue)s AND bucket = s.bucket AND status = 'queued'
+                          AND run_at <= now()
+                        ORDER BY priority DESC, run_at DESC, id DESC
+                        LIMIT %(steal_reserve)s + %(limit)s) AS tail) AS t
+        WHERE t.nth <= t.depth - %(steal_reserve)s) AS d
+ CROSS JOIN LATERAL (
+       SELECT id
+         FROM dispatcher_jobs
+        WHERE id = ANY(d.ids) AND status = 'queued'
+          FOR UPDATE SKIP LOCKED) AS j
  LIMIT %(limit)s
 
 -- name: claim_select_skip_locked

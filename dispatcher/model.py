@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from dispatcher.constants import DEFAULT_QUEUE
@@ -28,16 +29,26 @@ class Job:
 
     `token` is the claim's fencing token as a string (one uuid per claim statement, shared by
     the batch): kept as text so writes can send it without a per-job conversion. `queue` is the
-    queue the claim read (one per statement), not a column read back per row."""
+    queue the claim read (one per statement), not a column read back per row. `locked_at` arrives
+    from the claim as epoch seconds and becomes a datetime when first read (why: the claim's
+    comment in dispatcher/db/sql/claim.sql)."""
 
-    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "locked_at", "bucket", "priority", "token",
+    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "_locked_at", "bucket", "priority", "token",
                  "queue")
 
     def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE) -> None:
         (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
-         self.locked_at, self.bucket, self.priority) = row[:8]  # a claim's rows also carry `selected`
+         self._locked_at, self.bucket, self.priority) = row[:8]  # a claim's rows also carry `selected`
         self.token = token
         self.queue = queue
+
+    @property
+    def locked_at(self) -> datetime | None:
+        """When the claim took the job, on the database's clock (UTC)."""
+        at = self._locked_at
+        if isinstance(at, float):
+            at = self._locked_at = datetime.fromtimestamp(at, UTC)
+        return at  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, job_type={self.job_type!r}, attempt={self.attempts}/{self.max_attempts})"

@@ -85,6 +85,8 @@ def test_an_enqueued_job_is_claimed_once_running_under_a_token_with_its_attempt_
         running = await h.store.job_get(job_id)
         assert running is not None and (running.status, running.locked_by) == (STATUS_RUNNING, "w1")
         assert running.lease_expires_at is not None and running.lease_expires_at > await h.now()
+        assert job.locked_at is not None and running.locked_at is not None and job.locked_at.tzinfo is not None
+        assert abs((job.locked_at - running.locked_at).total_seconds()) < 1e-5, "the claim's time, as stored"
         assert await h.store.jobs_claim("default", 10, 30.0, None) == [], "a running job is not claimed again"
         assert await h.store.job_get(job_id + 1000) is None
 

@@ -17,6 +17,9 @@
 -- selected ids by primary key. `id = ANY(ids)`, not `UPDATE ... FROM c`: the latter was planned
 -- as a full scan of the table, at about half the throughput. tests/integration/test_claim.py
 -- guards these plans on a fresh table.
+-- `locked_at` comes back as epoch seconds (float8), not a timestamptz: building an aware datetime
+-- per row cost the client ~2.7 us per job (one connection claiming 100k jobs in 500s: 19.3 against
+-- 16.4 us per job, PostgreSQL 15); Job.locked_at turns it into a datetime when asked.
 -- Every row also carries how many ids the selection found (`selected`), and the statement
 -- returns one row of NULLs with it when it claimed nothing: a claim that came back short only
 -- because others took rows it had selected is not "our buckets ran dry". Without this, an owner
@@ -34,7 +37,8 @@ WITH picked AS MATERIALIZED (SELECT ARRAY({select_ids}) AS ids),
               updated_at = now()
         WHERE id = ANY((SELECT ids FROM picked)::bigint[])  -- an array, not ANY(subquery)
           AND CASE WHEN status = 'queued' THEN run_at <= now() ELSE false END
-       RETURNING id, job_type, payload, attempts, max_attempts, locked_at, bucket, priority)
+       RETURNING id, job_type, payload, attempts, max_attempts, extract(epoch FROM locked_at)::float8 AS locked_at,
+                 bucket, priority)
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority,
        cardinality(p.ids) AS selected
   FROM picked AS p LEFT JOIN claimed AS c ON true

@@ -6,10 +6,10 @@ import dataclasses
 from typing import Any
 
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.db.rows import DbPressure
-from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
 from dispatcher.model import STATUS_COMPLETED, STATUSES
 
 STATUS_BUDGET = 2.0  # its statements may take statement_timeout_s x this (10 s at the defaults)

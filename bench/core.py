@@ -6,12 +6,13 @@ rows of the same run, never across runs (absolute numbers move from run to run).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import psycopg
 
 from dispatcher.db import migrate
+from dispatcher.devtools.harness import measure_query
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 
@@ -185,3 +187,16 @@ def _stat(pid: int) -> list[int]:
     """Numeric fields of /proc/PID/stat after the command name (index 0 is the state, as 0)."""
     parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return [0] + [int(x) for x in parts[1:]]
+
+
+async def clocked_pair(dsn: str, claimer: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
+                       completer: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]) -> tuple[Any, Any]:
+    """Run a plain-SQL drainer's claimer and completer, each on an autocommit connection of its
+    own; (the database clock before the claimer starts, after the completer ends)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c1, \
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c2:
+        clock = measure_query("measure_clock")
+        first = (await (await c1.execute(clock)).fetchone())[0]  # type: ignore[index]
+        await asyncio.gather(claimer(c1), completer(c2))
+        last = (await (await c2.execute(clock)).fetchone())[0]  # type: ignore[index]
+    return first, last

@@ -1,21 +1,10 @@
-"""`drain`, `ceiling` and `minimal`: N jobs already queued, drained by W worker processes, per mode.
+"""`drain`: N jobs already queued, drained by W processes, per mode and kind, in interleaved rounds.
 
-`drain` runs the real runtime (`dispatcher run` processes, no-op handler; see runs.py); the ceiling
-(kind plain_sql) does the same drain with our own claim and completion statements as plain batched
-SQL and no runtime at all (claim 500, complete them, repeat), from the same number of processes;
-the minimal table (kinds minimal and minimal_delete, bench/minimal.py) does it with the plainest
-statements on a table of three columns and one index: the physical limit. Every runtime and
-plain_sql row states its ratio to both limits at its worker count. With `--completed-jobs
-keep,delete` (the default) the runtime and the ceiling also run with completions that delete
-(kinds runtime_delete and plain_sql_delete: DISPATCHER_COMPLETED_JOBS=delete).
-
-Drain time is taken on the database clock, from the first claim (min locked_at) to the last
-completion (max completed_at), so process start-up and poll latency are not counted. Deleted rows
-leave no timestamps: a deleting ceiling is timed as the minimal table is (each drainer reads the
-clock before its first claim and after its last completion), a deleting runtime from the commit
-of its jobs until the watch finds none left: up to 0.1 s late, 2-4% of a 100k-200k drain here,
-against the deleting rows (runs.py).
-`--repeat` runs each configuration several times, interleaved, and keeps the median.
+Kinds: the runtime (runs.py), the ceiling (`plain_sql`: our statements as plain batched SQL, no
+runtime), the minimal table (bench/minimal.py), and with `--completed-jobs` the runtime and the
+ceiling with completions that delete. Each row is a kind's median run, with its ratios to the
+ceiling and the minimal table at its worker count. Timed on the database clock; how each kind is
+timed and why: docs/design/bench-method.md.
 """
 
 from __future__ import annotations
@@ -30,7 +19,15 @@ from typing import Any
 import psycopg
 
 from bench import minimal, statements
-from bench.core import Result, postgres_cpu_seconds, postmaster_pid, reset, run_processes, wait_backends_gone
+from bench.core import (
+    Result,
+    clocked_pair,
+    postgres_cpu_seconds,
+    postmaster_pid,
+    reset,
+    run_processes,
+    wait_backends_gone,
+)
 from bench.rounds import median_interval
 from bench.runs import measured_run
 from dispatcher import enqueue_payloads_sync
@@ -44,7 +41,7 @@ from dispatcher.db import (
     query,
     token_array,
 )
-from dispatcher.devtools.harness import completed_jobs, jobs_left, measure_query, table_counters
+from dispatcher.devtools.harness import completed_jobs, jobs_left, table_counters
 
 BATCH = 500
 
@@ -94,13 +91,7 @@ async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int, comple
         while (batch := await batches.get()) is not None:
             await conn.execute(complete_sql, {"ids": int_array(batch[0]), "tokens": token_array(batch[1])})
 
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c1, \
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c2:
-        clock = measure_query("measure_clock")
-        first = (await (await c1.execute(clock)).fetchone())[0]  # type: ignore[index]
-        await asyncio.gather(claimer(c1), completer(c2))
-        last = (await (await c2.execute(clock)).fetchone())[0]  # type: ignore[index]
-    return first, last
+    return await clocked_pair(dsn, claimer, completer)
 
 
 def plain_sql_drainer(dsn: str, mode: str, index: int, count: int, complete: str) -> tuple[float, Any, Any]:

@@ -1,16 +1,9 @@
 """`drain`'s minimal table: the physical limit every drain result states its ratio to.
 
-A table of three columns and one partial index on the queued rows (bench/sql/minimal.sql),
-filled with the same number of jobs as the runtime's drain and drained the way the plain-SQL
-ceiling drains ours (bench/drain.py): W processes, each claiming 500 at a time on one connection
-while a second completes the previous batch. Two kinds: `minimal` completes by UPDATE,
-`minimal_delete` by DELETE (the completion that deletes, measured against its own limit).
-
-Measured as the ceiling is: jobs/s over the drain on the database clock, claim-index entries
-read, and the CPU of PostgreSQL and of the drainer processes. The table has no timestamps, so
-each drainer reads the clock before its first claim and after its last completion: the window
-also holds that completion's execution and commit (a few ms), which the ceiling's, closed at its
-last completion's now(), does not.
+A table of three columns and one partial index on the queued rows (bench/sql/minimal.sql), filled
+with the drain's number of jobs and drained as the ceiling drains ours: W processes, each claiming
+500 on one connection while a second completes the previous batch, by UPDATE (`minimal`) or by
+DELETE (`minimal_delete`). How it is timed and measured: docs/design/bench-method.md.
 """
 
 from __future__ import annotations
@@ -22,10 +15,9 @@ from typing import Any
 
 import psycopg
 
-from bench.core import reset, run_processes
+from bench.core import clocked_pair, reset, run_processes
 from coordinator.pg.sqlfile import load
 from dispatcher.db import int_array
-from dispatcher.devtools.harness import measure_query
 
 BATCH = 500  # as the ceiling's claims and the bench's runtime (concurrency 500, batch 500)
 KINDS = {"minimal": "minimal_complete", "minimal_delete": "minimal_complete_delete"}
@@ -62,13 +54,7 @@ async def _drainer(dsn: str, complete: str) -> tuple[datetime, datetime]:
         while (ids := await batches.get()) is not None:
             await conn.execute(complete_sql, {"ids": int_array(ids)})
 
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c1, \
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c2:
-        clock = measure_query("measure_clock")
-        started = (await (await c1.execute(clock)).fetchone())[0]  # type: ignore[index]
-        await asyncio.gather(claimer(c1), completer(c2))
-        ended = (await (await c2.execute(clock)).fetchone())[0]  # type: ignore[index]
-    return started, ended
+    return await clocked_pair(dsn, claimer, completer)  # type: ignore[no-any-return]
 
 
 def drainer(dsn: str, complete: str) -> tuple[float, datetime, datetime]:

@@ -18,6 +18,9 @@ from typing import Any, TypeVar
 import psycopg
 
 from dispatcher.devtools import harness
+from dispatcher.runtime.maintenance import Reaper
+from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.settings.sections import MaintenanceSettings
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,3 +275,22 @@ END $$;
 CREATE TRIGGER log_retry AFTER UPDATE ON dispatcher_jobs FOR EACH ROW
     WHEN (OLD.status = 'running' AND NEW.status = 'queued') EXECUTE FUNCTION log_retry();
 """
+
+
+async def reap_and_claim_again(dsn: str, old: Any, new: Any) -> tuple[list[Any], list[Any]]:
+    """The takeover fencing tests start from: store `old` claims every due job of the default
+    queue, its leases run out, `new`'s reaper requeues them and `new` claims them again.
+    Returns (the stale claim's jobs, the fresh claim's)."""
+    everything = tuple(range(64))
+    stale = await old.jobs_claim("default", 10_000, 30, everything)
+    conn = await old.connection()
+    await conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 s'")
+    settings = MaintenanceSettings(reaper_interval_s=1, history=False, table_sample_interval_s=15)
+    reaper = Reaper(new, RetryPolicy(1.0, 1.0), settings, on_reaped=lambda: None)
+    await reaper.tick()
+    assert reaper.reaped == len(stale)
+    assert set(fetchall(dsn, "SELECT status, locked_by FROM dispatcher_jobs")) == {("queued", "old")}
+    await conn.execute("UPDATE dispatcher_jobs SET run_at = now()")  # the retry's backoff has passed
+    fresh = await new.jobs_claim("default", 10_000, 30, everything)
+    assert sorted(j.id for j in fresh) == sorted(j.id for j in stale)
+    return stale, fresh

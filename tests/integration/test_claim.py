@@ -9,10 +9,7 @@ import pytest
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 from dispatcher.db.rows import Steal
 from dispatcher.db.store import JobStore, claim_sql, steal_sql
-from dispatcher.runtime.maintenance import Reaper
-from dispatcher.runtime.retry import RetryPolicy
-from dispatcher.settings.sections import MaintenanceSettings
-from tests.helpers import analyze_if_stale, fetchall, fetchval, run_async, wait_until
+from tests.helpers import analyze_if_stale, fetchall, fetchval, reap_and_claim_again, run_async, wait_until
 
 ALL = tuple(range(64))
 
@@ -144,17 +141,8 @@ def test_completion_by_a_stale_owner_is_rejected(dsn):
 
     async def main():
         old, new = JobStore(dsn, "old"), JobStore(dsn, "new")
-        stale = await old.jobs_claim("default", 10, 30, ALL)
-        conn = await old.connection()
-        await conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 s'")
-        settings = MaintenanceSettings(reaper_interval_s=1, history=False, table_sample_interval_s=15)
-        reaper = Reaper(new, RetryPolicy(1.0, 1.0), settings, on_reaped=lambda: None)
-        await reaper.tick()
-        assert reaper.reaped == 3
-        assert set(fetchall(dsn, "SELECT status, locked_by FROM dispatcher_jobs")) == {("queued", "old")}
-        await conn.execute("UPDATE dispatcher_jobs SET run_at = now()")  # the retry's backoff has passed
-        fresh = await new.jobs_claim("default", 10, 30, ALL)
-        assert sorted(j.id for j in fresh) == sorted(j.id for j in stale)
+        stale, fresh = await reap_and_claim_again(dsn, old, new)
+        assert len(stale) == 3
         assert await old.jobs_complete_owned([j.id for j in stale], [j.token for j in stale]) == 0
         assert await old.jobs_extend_leases(stale, 30) == {}
         assert await old.jobs_release_owned(stale) == 0

@@ -13,10 +13,8 @@ from dispatcher.api.admin import Filters, cancel_jobs, job_attempts, show_job
 from dispatcher.db.queries import query
 from dispatcher.db.store import JobStore, int_array, token_array
 from dispatcher.runtime.completer import Completer
-from dispatcher.runtime.maintenance import Reaper
-from dispatcher.runtime.retry import RetryPolicy
-from dispatcher.settings.sections import CompletionSettings, MaintenanceSettings
-from tests.helpers import fetchall, fetchval, run_async, run_worker_until, status_counts
+from dispatcher.settings.sections import CompletionSettings
+from tests.helpers import fetchall, fetchval, reap_and_claim_again, run_async, run_worker_until, status_counts
 from tests.integration.test_cli_errors import cli, one_line_error
 
 ALL = tuple(range(64))
@@ -146,16 +144,8 @@ def test_a_deleting_completion_by_an_owner_whose_job_was_taken_over_deletes_noth
         old = JobStore(dsn, "old", completed_jobs="delete")
         new = JobStore(dsn, "new", completed_jobs="delete")
         try:
-            stale = await old.jobs_claim("default", 10, 30, ALL)
-            conn = await old.connection()
-            await conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 s'")
-            maintenance = MaintenanceSettings(reaper_interval_s=1, history=False, table_sample_interval_s=15)
-            reaper = Reaper(new, RetryPolicy(1.0, 1.0), maintenance, on_reaped=lambda: None)
-            await reaper.tick()
-            assert reaper.reaped == 3
-            await conn.execute("UPDATE dispatcher_jobs SET run_at = now()")  # the retry's backoff has passed
-            fresh = await new.jobs_claim("default", 10, 30, ALL)
-            assert sorted(j.id for j in fresh) == sorted(j.id for j in stale)
+            stale, fresh = await reap_and_claim_again(dsn, old, new)
+            assert len(stale) == 3
             stale_completer = Completer(old, settings)
             for job in stale:
                 stale_completer.completed(job, 0.01)

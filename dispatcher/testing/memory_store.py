@@ -97,7 +97,7 @@ class MemoryStore(InProcessStore):
             order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
             if steal is not None:  # the given buckets in the given order, each from its tail
                 due = self._stealable(due, steal)
-                order = lambda r: 0  # noqa: E731  (already in steal order; sorted() is stable)
+                order = lambda r: ()  # noqa: E731  (already in steal order; sorted() is stable)
             elif buckets is not None:
                 wanted = set(buckets)
                 due = [r for r in due if r.bucket in wanted]

@@ -60,8 +60,8 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
         scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")),
                       modes=modes, repeat=1 if quick else args.repeat)
         scaling_plots(result.rows, out_dir, label)
-        columns = [*RUN_COLUMNS[:5], "vs_skip_locked", "rounds_vs_skip_locked", "median_interval", "stolen_share",
-                   *RUN_COLUMNS[5:], "runs_jobs_per_s"]
+        columns = [*RUN_COLUMNS[:5], "median_round_vs_skip_locked", "rounds_vs_skip_locked", "median_interval",
+                   "stolen_share", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
     elif scenario == "skew":
         skew_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0], modes=modes)
         columns = ["hot_share", *RUN_COLUMNS[:5], "vs_even", "stolen_share", *RUN_COLUMNS[5:]]

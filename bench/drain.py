@@ -162,21 +162,24 @@ def interleaved_rounds(modes: list[str], repeat: int,
 
 
 def add_medians(result: Result, runs: dict[str, list[dict[str, Any]]],
-                ratio: Callable[[dict[str, Any], dict[str, Any]], float]) -> None:
-    """Each mode's median run as its row; with several rounds, partitioned's row also gets every
-    round's `ratio(partitioned run, skip_locked run)` (above 1: partitioned is faster), their
-    median, and an interval for that median (bench/rounds.py)."""
+                ratio: Callable[[dict[str, Any], dict[str, Any]], float],
+                compared: tuple[str, ...] = ("partitioned",)) -> None:
+    """Each mode's median run as its row; with several rounds, each `compared` mode's row also
+    gets every round's `ratio(its run, skip_locked run)` (above 1: it is faster), their median,
+    and an interval for that median (bench/rounds.py)."""
     rows = {}
     for mode, mode_runs in runs.items():
         result.add(**median_run(mode_runs))
         rows[mode] = result.rows[-1]
-    if len(runs.get("partitioned", ())) > 1 and "skip_locked" in runs:
-        ratios = [ratio(p, s) for p, s in zip(runs["partitioned"], runs["skip_locked"])]
+    for mode in compared:
+        if len(runs.get(mode, ())) < 2 or "skip_locked" not in runs:
+            continue
+        ratios = [ratio(p, s) for p, s in zip(runs[mode], runs["skip_locked"])]
         low, high, coverage = median_interval(ratios)
-        rows["partitioned"]["rounds_vs_skip_locked"] = [round(r, 2) for r in ratios]
-        rows["partitioned"]["median_round_vs_skip_locked"] = round(statistics.median(ratios), 2)
+        rows[mode]["rounds_vs_skip_locked"] = [round(r, 2) for r in ratios]
+        rows[mode]["median_round_vs_skip_locked"] = round(statistics.median(ratios), 2)
         # e.g. "0.91-1.08 (96%)": where the median ratio lies, distribution-free (bench/rounds.py)
-        rows["partitioned"]["median_interval"] = f"{low:.2f}-{high:.2f} ({coverage:.0%})"
+        rows[mode]["median_interval"] = f"{low:.2f}-{high:.2f} ({coverage:.0%})"
 
 
 def _kind(kind: str, completed: str) -> str:

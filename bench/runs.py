@@ -24,7 +24,7 @@ from bench.costs import CostMeter
 from bench.fleet import Fleet, quantile_ms
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 from dispatcher.db import COMPLETED_DELETE, query
-from dispatcher.devtools.harness import measure_query, table_counters, watch_until_done
+from dispatcher.devtools.harness import db_clock, table_counters, watch_until_done
 
 
 def enqueue_jobs(conn: psycopg.Connection[Any], jobs: int, *, delay_s: float = 0.0, jitter_s: float = 0.0,
@@ -64,7 +64,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
                     # second late, so up to a second of those reads still lands in the drain's.
                     before = table_counters(conn)
                     meter.start()
-            committed_at = _clock(conn)
+            committed_at = db_clock(conn)
             if delay_s:
                 _sleep_until_due(conn)
                 before = table_counters(conn)
@@ -72,7 +72,7 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             sampler = _sampler(fleet, label)
             try:
                 max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1)
-                ended_at = _clock(conn)
+                ended_at = db_clock(conn)
                 costs = meter.stop()
             finally:
                 if sampler is not None:
@@ -156,6 +156,3 @@ def drain_curve(dsn: str, since_due: bool, bins_s: float = 0.1) -> list[tuple[fl
 def _r(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
-
-def _clock(conn: psycopg.Connection[Any]) -> Any:
-    return conn.execute(measure_query("measure_clock")).fetchone()[0]  # type: ignore[index]

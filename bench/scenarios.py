@@ -10,8 +10,7 @@ from typing import Any
 import psycopg
 
 from bench.core import Result, postmaster_pid, reset
-from bench.drain import add_medians, interleaved_rounds, median_run
-from bench.rounds import median_interval
+from bench.drain import add_medians, interleaved_rounds
 from bench.fleet import Fleet
 from bench.runs import drain_curve, measured_run
 from dispatcher import enqueue_sync
@@ -45,7 +44,8 @@ def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], mo
     show the contention itself, independent of machine noise. Partitioned mode runs twice, with
     stealing at its default (on) and off (`partitioned_no_steal`: the contention-free floor, and
     what stealing costs). With `repeat`, each worker count runs rounds of one run per mode,
-    interleaved; each row is its mode's median run, with every round's ratio to SKIP LOCKED."""
+    interleaved; each row is its mode's median run, with every round's ratio to SKIP LOCKED
+    (from 2 rounds on)."""
     postmaster = postmaster_pid(dsn)
     variants = [*modes, *(["partitioned_no_steal"] if "partitioned" in modes else [])]
 
@@ -57,22 +57,8 @@ def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], mo
                 return {**row, "mode": variant}
             return measured_run(dsn, variant, w, jobs, postmaster, label=f"scaling {variant} x{w}")
 
-        runs = interleaved_rounds(variants, repeat, run)
-        rows = {}
-        for variant, variant_runs in runs.items():
-            result.add(**median_run(variant_runs))
-            rows[variant] = result.rows[-1]
-        if "skip_locked" not in runs:
-            continue
-        for variant in ("partitioned", "partitioned_no_steal"):
-            if variant not in runs:
-                continue
-            ratios = [p["jobs_per_s"] / s["jobs_per_s"] for p, s in zip(runs[variant], runs["skip_locked"])]
-            rows[variant]["vs_skip_locked"] = round(statistics.median(ratios), 2)
-            rows[variant]["rounds_vs_skip_locked"] = [round(r, 2) for r in ratios]
-            if len(ratios) > 1:
-                low, high, coverage = median_interval(ratios)
-                rows[variant]["median_interval"] = f"{low:.2f}-{high:.2f} ({coverage:.0%})"
+        add_medians(result, interleaved_rounds(variants, repeat, run), lambda p, s: p["jobs_per_s"] / s["jobs_per_s"],
+                    compared=("partitioned", "partitioned_no_steal"))
 
 
 def skew_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:

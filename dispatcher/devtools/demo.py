@@ -28,7 +28,7 @@ from dispatcher.constants import COMPLETED_KEEP, MODES
 from dispatcher.db.migrate import migrate
 from dispatcher.db.oneshot import session
 from dispatcher.devtools.demo_report import Measurement, ModeResult, render
-from dispatcher.devtools.harness import Fleet, measure_query, table_counters, watch_until_done
+from dispatcher.devtools.harness import Fleet, db_clock, measure_query, table_counters, watch_until_done
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.settings.config import Config
 
@@ -85,7 +85,7 @@ def cold_start(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path, **se
         conn.execute(measure_query("measure_reset_jobs"))
         _enqueue(conn, jobs)
         before = table_counters(conn)
-        spawned = conn.execute(measure_query("measure_clock")).fetchone()[0]  # type: ignore[index]
+        spawned = db_clock(conn)
         # No HTTP server: nothing waits for readiness here, and a user's worker need not serve one.
         with Fleet(dsn, APP, mode, workers, serve=False, log_dir=log_dir / f"{mode}-cold", **settings) as fleet:
             waiters = _watch(conn, fleet, jobs, f"{mode}: cold start")

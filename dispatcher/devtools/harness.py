@@ -250,6 +250,11 @@ def measure_query(name: str) -> str:
     return load("dispatcher.devtools", "measure.sql")[name]
 
 
+def db_clock(conn: psycopg.Connection[Any]) -> Any:
+    """The database's clock now (clock_timestamp(), a datetime): what runs are timed on."""
+    return conn.execute(measure_query("measure_clock")).fetchone()[0]  # type: ignore[index]
+
+
 def table_counters(conn: psycopg.Connection[Any]) -> TableCounters:
     """Read after the workers exited: a backend flushes its statistics at exit (and otherwise at
     most once a second), so a mid-run reading may lag by up to a second of work."""

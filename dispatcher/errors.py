@@ -44,6 +44,12 @@ class StoreTimeout(StoreUnavailable):
         self.lock = lock
 
 
+class StoreConflict(StoreError):
+    """A statement would have broken a uniqueness rule of the jobs table (SQLSTATE 23505): two
+    jobs holding one ordering key, or one dedupe key. Statements are written so that this only
+    happens when two promotions of one key race; the loser changes nothing and may try again."""
+
+
 class StoreRefused(StoreError):
     """Connecting cannot work as configured: the server refused the login (role, database,
     password, pg_hba), or a connection setting is wrong (libpq refuses it, or the server cannot

@@ -18,8 +18,10 @@ STATUS_COMPLETED: Final = "completed"
 STATUS_FAILED: Final = "failed"
 STATUS_DISCARDED: Final = "discarded"
 STATUS_CANCELLED: Final = "cancelled"  # by an operator (dispatcher jobs cancel): never retried
+# A job with an ordering key behind an earlier job of its key: no claim sees it until that one ends.
+STATUS_WAITING: Final = "waiting"
 STATUSES: Final = (STATUS_QUEUED, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED,
-                   STATUS_CANCELLED)
+                   STATUS_CANCELLED, STATUS_WAITING)
 # Where a job's life ends: nothing changes it any more, except an operator (retry, purge) or the pruner.
 FINISHED_STATUSES: Final = (STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED, STATUS_CANCELLED)
 
@@ -31,14 +33,17 @@ class Job:
     the batch): kept as text so writes can send it without a per-job conversion. `queue` is the
     queue the claim read (one per statement), not a column read back per row. `locked_at` arrives
     from the claim as epoch seconds and becomes a datetime when first read (why: the claim's
-    comment in dispatcher/db/sql/claim.sql)."""
+    comment in dispatcher/db/sql/claim.sql). `ordering_key` is the job's key, or None: the jobs of a
+    queue that share one run one at a time, in the order they were enqueued."""
 
-    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "_locked_at", "bucket", "priority", "token",
-                 "queue")
+    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "_locked_at", "bucket", "priority",
+                 "ordering_key", "token", "queue")
 
     def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE) -> None:
         (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
-         self._locked_at, self.bucket, self.priority) = row[:8]  # a claim's rows also carry `selected`
+         self._locked_at, self.bucket, self.priority) = row[:8]
+        # A claim's rows carry the key, then `selected`; a row of 8 (a test's) has no key.
+        self.ordering_key = row[8] if len(row) > 8 else None
         self.token = token
         self.queue = queue
 

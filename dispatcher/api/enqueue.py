@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -20,15 +20,17 @@ import psycopg_pool
 
 from dispatcher.api.enqueue_checks import (
     check_keys,
+    check_ordering_key,
     check_max_payload_bytes,
     check_names,
     check_options,
     serialize_payload,
 )
+from dispatcher.api.enqueue_copy import CopyTally, copy_chunks, copy_statement, published_async, published_sync
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
-from dispatcher.db.store import insert_one_params
+from dispatcher.db.store import insert_one_params, insert_one_sql
 from dispatcher.db.translate import translate_errors
 from dispatcher.errors import EnqueueError, PayloadError
 from dispatcher.settings.config import DEFAULT_MAX_PAYLOAD_BYTES
@@ -39,7 +41,9 @@ class JobSpec:
     """One job to enqueue. `run_at` (absolute) and `delay_s` (from the database's now()) exclude
     each other; `jitter_s` adds a uniform random 0..jitter_s seconds, the cheapest way to spread
     a burst of jobs all due at the same instant. `partition_key` maps to a stable bucket (same key,
-    same bucket); without it the bucket is random."""
+    same bucket); without it the bucket is random. `ordering_key`: the jobs of a queue that share it
+    run one at a time, in enqueue order, across the fleet (docs/concepts/ordering.md); it picks
+    the bucket as partition_key does (a partition_key or bucket beside it must agree)."""
 
     job_type: str
     payload: Any = None
@@ -52,6 +56,7 @@ class JobSpec:
     jitter_s: float = 0.0
     partition_key: str | None = None
     bucket: int | None = None
+    ordering_key: str | None = None
 
 
 def bucket_for(partition_key: str) -> int:
@@ -70,9 +75,19 @@ class _Prepared:
     run_at: datetime | None
     delay_s: float
     dedupe_key: str | None
+    ordering_key: str | None = None
 
 
-def _pick_bucket(bucket: int | None, partition_key: str | None) -> int:
+def _pick_bucket(bucket: int | None, partition_key: str | None, ordering_key: str | None = None) -> int:
+    if ordering_key is not None:
+        keyed = bucket_for(ordering_key)
+        if partition_key is not None and bucket_for(partition_key) != keyed:
+            raise EnqueueError(f"partition_key {partition_key!r} maps to bucket {bucket_for(partition_key)} and "
+                               f"ordering_key {ordering_key!r} to bucket {keyed}: give one of them", "partition_key")
+        if bucket is not None and bucket != keyed:
+            raise EnqueueError(f"bucket {bucket} is not ordering_key {ordering_key!r}'s bucket ({keyed}): "
+                               f"leave bucket out", "bucket")
+        return keyed
     if bucket is not None:
         return bucket
     if partition_key is not None:
@@ -83,11 +98,12 @@ def _pick_bucket(bucket: int | None, partition_key: str | None) -> int:
 def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
     check_names(spec.queue, spec.job_type)
     check_options(spec.priority, spec.max_attempts, spec.delay_s, spec.jitter_s, spec.run_at)
-    check_keys(spec.bucket, spec.partition_key, spec.dedupe_key)
+    check_keys(spec.bucket, spec.partition_key, spec.dedupe_key, spec.ordering_key)
     delay = spec.delay_s + (random.uniform(0.0, spec.jitter_s) if spec.jitter_s else 0.0)
     return _Prepared(
         spec.queue, spec.job_type, serialize_payload(spec.payload, max_payload_bytes), spec.priority,
-        _pick_bucket(spec.bucket, spec.partition_key), spec.max_attempts, spec.run_at, delay, spec.dedupe_key,
+        _pick_bucket(spec.bucket, spec.partition_key, spec.ordering_key), spec.max_attempts, spec.run_at, delay,
+        spec.dedupe_key, spec.ordering_key,
     )
 
 
@@ -112,94 +128,61 @@ def _prepare_all(specs: Iterable[JobSpec], max_payload_bytes: int) -> Iterator[_
 def _prepare_payloads(
     job_type: str, payloads: Iterable[Any], *, queue: str = DEFAULT_QUEUE, priority: int = 0,
     run_at: datetime | None = None, delay_s: float = 0.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    jitter_s: float = 0.0, partition_keys: Sequence[str] | None = None, max_payload_bytes: int,
+    jitter_s: float = 0.0, partition_keys: Sequence[str] | None = None,
+    ordering_keys: Sequence[str | None] | None = None, max_payload_bytes: int,
 ) -> Iterator[_Prepared]:
     """The columnar form of _prepare_all: options are checked once, here and now (before any
-    statement is sent), payloads one by one as the COPY consumes them."""
+    statement is sent), payloads one by one as the COPY consumes them. `ordering_keys`: one per
+    payload (None: that job has none), in place of partition_keys."""
     check_names(queue, job_type)
     check_options(priority, max_attempts, delay_s, jitter_s, run_at)
     check_max_payload_bytes(max_payload_bytes)
-    if partition_keys is not None and not isinstance(payloads, Sized):
+    if partition_keys is not None and ordering_keys is not None:
+        raise EnqueueError("give partition_keys or ordering_keys, not both (an ordering key picks the bucket)",
+                           "partition_keys")
+    keys, option = (ordering_keys, "ordering_keys") if ordering_keys is not None else (partition_keys, "partition_keys")
+    if keys is not None and not isinstance(payloads, Sized):
         payloads = list(payloads)
-    if partition_keys is not None and len(partition_keys) != len(payloads):  # type: ignore[arg-type]
-        raise EnqueueError(f"{len(partition_keys)} partition_keys for {len(payloads)} payloads")  # type: ignore[arg-type]
+    if keys is not None and len(keys) != len(payloads):  # type: ignore[arg-type]
+        raise EnqueueError(f"{len(keys)} {option} for {len(payloads)} payloads", option)  # type: ignore[arg-type]
     return _iter_payloads(job_type, payloads, queue, priority, run_at, delay_s, max_attempts, jitter_s,
-                          partition_keys, max_payload_bytes)
+                          keys, ordering_keys is not None, max_payload_bytes)
 
 
 def _iter_payloads(job_type: str, payloads: Iterable[Any], queue: str, priority: int, run_at: datetime | None,
-                   delay_s: float, max_attempts: int, jitter_s: float, partition_keys: Sequence[str] | None,
-                   max_payload_bytes: int) -> Iterator[_Prepared]:
+                   delay_s: float, max_attempts: int, jitter_s: float, keys: Sequence[str | None] | None,
+                   ordering: bool, max_payload_bytes: int) -> Iterator[_Prepared]:
     serialize, rand, uniform = serialize_payload, random.random, random.uniform
+    option = "ordering_keys" if ordering else "partition_keys"
     for index, payload in enumerate(payloads):
         try:
             data = serialize(payload, max_payload_bytes)
         except PayloadError as exc:
             raise PayloadError(f"job #{index}: {exc}") from None
-        if partition_keys is None:
+        key = None if keys is None else keys[index]
+        ordering_key = None
+        if key is None:
+            if keys is not None and not ordering:
+                raise EnqueueError(f"job #{index}: partition_key must be a string, got NoneType", option)
             bucket = int(rand() * NUM_BUCKETS)
-        elif isinstance(key := partition_keys[index], str):
+        elif not isinstance(key, str):
+            raise EnqueueError(f"job #{index}: {option[:-1]} must be a string, got {type(key).__name__}", option)
+        else:
+            if ordering:
+                try:
+                    check_ordering_key(key, option)
+                except EnqueueError as exc:
+                    raise EnqueueError(f"job #{index}: {exc}", option) from None
+                ordering_key = key
             bucket = bucket_for(key)
-        else:
-            raise EnqueueError(f"job #{index}: partition_key must be a string, got {type(key).__name__}",
-                               "partition_keys")
         delay = delay_s + uniform(0.0, jitter_s) if jitter_s else delay_s
-        yield _Prepared(queue, job_type, data, priority, bucket, max_attempts, run_at, delay, None)
-
-
-_COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
-_COPY_CHUNK_ROWS = 5000  # stream in chunks: the server parses one while we build the next
-
-
-def _copy_text(value: str) -> bytes:
-    """A text value in COPY's text format (backslash, tab, newline and CR escaped)."""
-    return value.translate(_COPY_ESCAPES).encode()
-
-
-@dataclass(slots=True)
-class _CopyTally:
-    rows: int = 0
-    queues: set[str] = field(default_factory=set)
-
-
-def _copy_chunks(prepared: Iterable[_Prepared], db_now: datetime, tally: _CopyTally) -> Iterator[bytes]:
-    """COPY text-format lines, ~1 us a row: the server's ~9 us per row stays the bottleneck.
-
-    run_at is the database's now() (read in the same transaction) plus the job's delay, so the
-    database clock still rules. Names were validated against a pattern with no escapes needed.
-    """
-    now_text = db_now.isoformat().encode()
-    names: dict[tuple[str, str], bytes] = {}
-    lines: list[bytes] = []
-    for p in prepared:
-        prefix = names.get((p.queue, p.job_type))
-        if prefix is None:
-            prefix = names[(p.queue, p.job_type)] = f"{p.queue}\t{p.job_type}\t".encode()
-            tally.queues.add(p.queue)
-        payload = p.payload.replace(b"\\", b"\\\\") if b"\\" in p.payload else p.payload
-        if p.run_at is None and not p.delay_s:
-            run_at = now_text
-        else:
-            run_at = ((p.run_at or db_now) + timedelta(seconds=p.delay_s)).isoformat().encode()
-        dedupe = b"\\N" if p.dedupe_key is None else _copy_text(p.dedupe_key)
-        lines.append(b"%s%s\t%d\t%d\t%d\t%s\t%s\n" % (prefix, payload, p.priority, p.bucket, p.max_attempts, run_at, dedupe))
-        if len(lines) >= _COPY_CHUNK_ROWS:
-            tally.rows += len(lines)
-            yield b"".join(lines)
-            lines = []
-    if lines:
-        tally.rows += len(lines)
-        yield b"".join(lines)
-
-
-def _copy_statement(staged: bool) -> str:
-    """COPY straight into the table, or through the staging table when dedupe keys need ON CONFLICT."""
-    return query("jobs_stage_copy_in") if staged else query("jobs_copy_in")
+        yield _Prepared(queue, job_type, data, priority, bucket, max_attempts, run_at, delay, None, ordering_key)
 
 
 def _materialize(specs: Iterable[JobSpec]) -> tuple[list[JobSpec], bool]:
+    """The specs as a list, and whether they go through the staging table (dedupe or ordering keys)."""
     specs = specs if isinstance(specs, list) else list(specs)
-    return specs, any(spec.dedupe_key is not None for spec in specs)
+    return specs, any(spec.dedupe_key is not None or spec.ordering_key is not None for spec in specs)
 
 
 # InProcessStore: dispatcher.testing's in-memory store, for users' unit tests (see _in_process).
@@ -231,7 +214,7 @@ async def enqueue(
 
 async def _insert_one_async(conn: psycopg.AsyncConnection[Any], p: _Prepared) -> int | None:
     with translate_errors("enqueue"):
-        cur = await conn.execute(query("jobs_insert_one"), insert_one_params(p))
+        cur = await conn.execute(insert_one_sql(p), insert_one_params(p))
         row = await cur.fetchone()
     return row[0] if row else None
 
@@ -252,10 +235,10 @@ async def enqueue_payloads(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
 ) -> int:
     """Bulk-enqueue many jobs of one type that share their options (queue, priority, run_at,
-    delay_s, jitter_s, max_attempts; optional per-job `partition_keys`): the fastest path, for
-    bursts such as 200k renewals due at midnight. Returns how many were inserted."""
+    delay_s, jitter_s, max_attempts; optional per-job `partition_keys` or `ordering_keys`): the
+    fastest path, for bursts such as 200k renewals due at midnight. Returns how many were inserted."""
     prepared = _prepare_payloads(job_type, payloads, max_payload_bytes=max_payload_bytes, **options)
-    return await _copy_async(target, prepared, staged=False)
+    return await _copy_async(target, prepared, staged=options.get("ordering_keys") is not None)
 
 
 # Below this many rows a stale statistic cannot mislead the planner enough to matter.
@@ -272,19 +255,19 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
     if isinstance(target, psycopg_pool.AsyncConnectionPool):
         async with target.connection() as conn:
             return await _copy_async(conn, prepared, staged)
-    conn, owned, tally = target, _owns_transaction(target), _CopyTally()
+    conn, owned, tally = target, _owns_transaction(target), CopyTally()
     with translate_errors("enqueue_many"):
         async with conn.transaction():
             cur = conn.cursor()
             db_now = (await (await cur.execute(query("db_now"))).fetchone())[0]  # type: ignore[index]
             if staged:
                 await cur.execute(query("jobs_stage_create"))
-            async with cur.copy(_copy_statement(staged)) as copy:
-                for chunk in _copy_chunks(prepared, db_now, tally):
+            async with cur.copy(copy_statement(staged)) as copy:
+                for chunk in copy_chunks(prepared, db_now, tally, staged):
                     await copy.write(chunk)
             inserted = tally.rows
             if staged:
-                inserted = (await cur.execute(query("jobs_stage_publish"))).rowcount
+                inserted = await published_async(cur, tally)
                 await cur.execute(query("jobs_stage_clear"))
             for queue in sorted(tally.queues):
                 await cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})
@@ -315,7 +298,7 @@ def enqueue_sync(
 
 def _insert_one_sync(conn: psycopg.Connection[Any], p: _Prepared) -> int | None:
     with translate_errors("enqueue"):
-        row = conn.execute(query("jobs_insert_one"), insert_one_params(p)).fetchone()
+        row = conn.execute(insert_one_sql(p), insert_one_params(p)).fetchone()
     return row[0] if row else None
 
 
@@ -333,7 +316,7 @@ def enqueue_payloads_sync(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
 ) -> int:
     prepared = _prepare_payloads(job_type, payloads, max_payload_bytes=max_payload_bytes, **options)
-    return _copy_sync(target, prepared, staged=False)
+    return _copy_sync(target, prepared, staged=options.get("ordering_keys") is not None)
 
 
 def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) -> int:
@@ -342,19 +325,19 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
     if isinstance(target, psycopg_pool.ConnectionPool):
         with target.connection() as conn:
             return _copy_sync(conn, prepared, staged)
-    conn, owned, tally = target, _owns_transaction(target), _CopyTally()
+    conn, owned, tally = target, _owns_transaction(target), CopyTally()
     with translate_errors("enqueue_many"):
         with conn.transaction():
             cur = conn.cursor()
             db_now = cur.execute(query("db_now")).fetchone()[0]  # type: ignore[index]
             if staged:
                 cur.execute(query("jobs_stage_create"))
-            with cur.copy(_copy_statement(staged)) as copy:
-                for chunk in _copy_chunks(prepared, db_now, tally):
+            with cur.copy(copy_statement(staged)) as copy:
+                for chunk in copy_chunks(prepared, db_now, tally, staged):
                     copy.write(chunk)
             inserted = tally.rows
             if staged:
-                inserted = cur.execute(query("jobs_stage_publish")).rowcount
+                inserted = published_sync(cur, tally)
                 cur.execute(query("jobs_stage_clear"))
             for queue in sorted(tally.queues):
                 cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})

@@ -25,6 +25,8 @@ from dispatcher.errors import EnqueueError, PayloadError
 MAX_DELAY_S: Final = 100 * 365.25 * 86_400  # 100 years
 MIN_PRIORITY, MAX_PRIORITY = -32768, 32767  # the column is a smallint
 MAX_ATTEMPTS: Final = 1_000_000
+# An ordering key is an index key (two indexes of migration 0008): bounded well inside a btree entry.
+MAX_ORDERING_KEY_CHARS: Final = 500
 MIN_PAYLOAD_BYTES: Final = 2  # "{}"
 
 
@@ -77,8 +79,9 @@ def check_options(priority: Any, max_attempts: Any, delay_s: Any, jitter_s: Any,
             raise EnqueueError("run_at must be timezone-aware", "run_at")
 
 
-def check_keys(bucket: Any, partition_key: Any, dedupe_key: Any) -> None:
-    """bucket, partition_key and dedupe_key: the first two exclude each other."""
+def check_keys(bucket: Any, partition_key: Any, dedupe_key: Any, ordering_key: Any = None) -> None:
+    """bucket, partition_key, dedupe_key and ordering_key: the first two exclude each other; an
+    ordering key picks its own bucket (checked against the others by enqueue)."""
     if bucket is not None:
         if partition_key is not None:
             raise EnqueueError("give bucket or partition_key, not both", "bucket")
@@ -87,6 +90,17 @@ def check_keys(bucket: Any, partition_key: Any, dedupe_key: Any) -> None:
         raise EnqueueError(f"partition_key must be a string, got {type(partition_key).__name__}", "partition_key")
     if dedupe_key is not None and not isinstance(dedupe_key, str):
         raise EnqueueError(f"dedupe_key must be a string, got {type(dedupe_key).__name__}", "dedupe_key")
+    if ordering_key is not None:
+        check_ordering_key(ordering_key)
+
+
+def check_ordering_key(key: Any, option: str = "ordering_key") -> None:
+    """A non-empty string of at most MAX_ORDERING_KEY_CHARS characters, without NUL (a text column
+    cannot hold one)."""
+    if not isinstance(key, str):
+        raise EnqueueError(f"{option} must be a string, got {type(key).__name__}", option)
+    if not key or len(key) > MAX_ORDERING_KEY_CHARS or "\x00" in key:
+        raise EnqueueError(f"{option} must be 1 to {MAX_ORDERING_KEY_CHARS} characters, without NUL", option)
 
 
 def serialize_payload(payload: Any, max_bytes: int) -> bytes:

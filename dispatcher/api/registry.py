@@ -8,12 +8,24 @@ from dataclasses import dataclass
 from typing import Any
 
 
+# What a handler's final failure does to its job's ordering key (jobs without a key: nothing).
+ON_ORDERED_FAILURE_HALT = "halt"  # the key's later jobs wait until an operator retries or cancels this one
+ON_ORDERED_FAILURE_CONTINUE = "continue"  # the key's next job runs, as after a success
+ON_ORDERED_FAILURE = (ON_ORDERED_FAILURE_HALT, ON_ORDERED_FAILURE_CONTINUE)
+
+
 @dataclass(frozen=True, slots=True)
 class Handler:
     job_type: str
     fn: Callable[..., Any]
     is_async: bool
     timeout_s: float | None  # None: the worker's job_timeout_s
+    on_ordered_failure: str = ON_ORDERED_FAILURE_HALT
+
+    @property
+    def halts(self) -> bool:
+        """Whether a final failure of one of its keyed jobs halts the key."""
+        return self.on_ordered_failure == ON_ORDERED_FAILURE_HALT
 
 
 class Registry:
@@ -28,22 +40,34 @@ class Registry:
         self._handlers: dict[str, Handler] = {}
 
     def handler(
-        self, job_type: str | None = None, *, timeout_s: float | None = None
+        self, job_type: str | None = None, *, timeout_s: float | None = None,
+        on_ordered_failure: str = ON_ORDERED_FAILURE_HALT,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """`on_ordered_failure`: when a job with an ordering key fails for good (out of attempts, or
+        discarded), "halt" (the default) keeps the key's later jobs waiting until an operator
+        retries or cancels it; "continue" lets the next one run."""
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
+        if on_ordered_failure not in ON_ORDERED_FAILURE:
+            raise ValueError(f"on_ordered_failure must be one of {', '.join(ON_ORDERED_FAILURE)}, "
+                             f"got {on_ordered_failure!r}")
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             name = job_type or fn.__name__
             if name in self._handlers:
                 raise ValueError(f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}")
-            self._handlers[name] = Handler(name, fn, inspect.iscoroutinefunction(fn), timeout_s)
+            self._handlers[name] = Handler(name, fn, inspect.iscoroutinefunction(fn), timeout_s, on_ordered_failure)
             return fn
 
         return register
 
     def get(self, job_type: str) -> Handler | None:
         return self._handlers.get(job_type)
+
+    def halts(self, job_type: str) -> bool:
+        """Whether a final failure of a keyed job of this type halts its key (unknown types: yes)."""
+        handler = self._handlers.get(job_type)
+        return handler is None or handler.halts
 
     def job_types(self) -> list[str]:
         return sorted(self._handlers)

@@ -30,6 +30,7 @@ class NewJob(Protocol):
     run_at: datetime | None  # None: the store's now, plus delay_s
     delay_s: float
     dedupe_key: str | None
+    ordering_key: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,8 @@ class JobState:
     dedupe_key: str | None
     payload: Any
     last_error: str | None
+    ordering_key: str | None = None
+    ordering_halted: bool = False  # it ended failed or discarded and holds its key until retried or cancelled
 
 
 @runtime_checkable
@@ -76,13 +79,16 @@ class JobStorePort(Protocol):
         A steal takes from the tail of each of its buckets in turn (rows.Steal)."""
         ...
 
-    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
-        """Completed where the token still matches; how many were."""
+    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False) -> int:
+        """Completed where the token still matches; how many were. Each completed job with an
+        ordering key releases its key: the key's next job becomes runnable (`keyed`: some may)."""
         ...
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
         """Each failure's outcome (retry after its delay, failed, discarded, cancelled) where the
-        token still matches (and, with `lease_expired`, the lease is still expired); the rows written."""
+        token still matches (and, with `lease_expired`, the lease is still expired); the rows written.
+        A keyed job's key is released unless it is retried, or it ended failed or discarded and
+        its Failure `halts`."""
         ...
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:

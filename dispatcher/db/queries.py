@@ -1,11 +1,24 @@
 """The dispatcher's named SQL queries: every `.sql` file of dispatcher/db/sql/ (claim, finish,
-maintenance, admin, enqueue, observe, migrate), on the coordinator's loader."""
+ordering, maintenance, admin, enqueue, observe, migrate), on the coordinator's loader.
+
+One fragment is shared by several statements and filled in here: `{promote_next}`, the CTEs that
+promote the next job of each ordering key a statement released (sql/ordering.sql)."""
 
 from __future__ import annotations
 
+from functools import cache
+
 from coordinator.pg.sqlfile import load_all
 
+_FRAGMENTS = {"{promote_next}": "ordering_promote_next"}
 
+
+@cache
 def query(name: str) -> str:
-    """The statement named `name`, from whichever file defines it (a name in two files is refused)."""
-    return load_all("dispatcher.db")[name]
+    """The statement named `name`, from whichever file defines it (a name in two files is refused),
+    with its fragments filled in."""
+    queries = load_all("dispatcher.db")
+    text = queries[name]
+    for placeholder, fragment in _FRAGMENTS.items():
+        text = text.replace(placeholder, queries[fragment])
+    return text

@@ -41,6 +41,8 @@ class ExpiredLease:
     locked_by: str | None
     locked_at: datetime | None
     cancel_requested: bool = False  # an operator asked to cancel it: it ends cancelled, never retried
+    job_type: str | None = None  # whose handler's on_ordered_failure applies, if the job is keyed
+    keyed: bool = False  # it has an ordering key
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,16 @@ class FailedWrite:
     queue: str | None = None
     bucket: int | None = None
     max_attempts: int | None = None
+    ordering_halted: bool = False  # a keyed job that ended failed or discarded and now halts its key
+
+
+@dataclass(frozen=True, slots=True)
+class OrderingScan:
+    """One page of the sweep for ordering keys with waiting jobs and no holder (ordering_promote_scan)."""
+
+    last_key: str | None  # where the next page starts; None: the scan reached the end
+    scanned: int
+    promoted: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +102,8 @@ class QueueDepth:
 class Failure:
     """One failed attempt to record, fenced by the claim's token; its outcome is the retry
     policy's decision. `job`, `kind` and `summary` (the error in one line) are for its log line
-    (joblog.py), set by the executor's failures."""
+    (joblog.py), set by the executor's failures. `halts`: if the job has an ordering key and this
+    attempt ends it failed or discarded, its key halts (the handler's on_ordered_failure)."""
 
     id: int
     token: str
@@ -98,6 +111,7 @@ class Failure:
     job: Job | None = None
     kind: FailureKind | None = None
     summary: str | None = None
+    halts: bool = True
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from dispatcher.db.rows import (
     FailedWrite,
     Failure,
     HistoryRows,
+    OrderingScan,
     QueueDepth,
     Steal,
 )
@@ -74,8 +75,13 @@ def insert_one_params(job: NewJob) -> dict[str, Any]:
         "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=_raw_json),
         "priority": job.priority, "bucket": job.bucket, "max_attempts": job.max_attempts,
         "run_at": job.run_at, "delay_s": job.delay_s, "dedupe_key": job.dedupe_key,
-        "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
+        "ordering_key": job.ordering_key, "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
     }
+
+
+def insert_one_sql(job: NewJob) -> str:
+    """jobs_insert_one, or its keyed form for a job with an ordering key (sql/ordering.sql)."""
+    return query("jobs_insert_one" if job.ordering_key is None else "jobs_insert_one_keyed")
 
 
 @cache
@@ -129,8 +135,10 @@ class JobStore:
         self._claim_sql_cache: dict[tuple[int, ...] | None, str] = {}
         # DISPATCHER_COMPLETED_JOBS, chosen once: the completion's hot path reads one attribute.
         self.completed_jobs = completed_jobs
-        self._complete_sql = query(
-            "jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned")
+        complete = "jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned"
+        # A batch with keyed jobs also promotes each key's next job (sql/ordering.sql); one without
+        # pays nothing for ordering keys.
+        self._complete_sql = {False: query(complete), True: query(f"{complete}_keyed")}
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
@@ -213,7 +221,7 @@ class JobStore:
                 sql = self._claim_sql_cache[key] = claim_sql(key)
         cur = await self._execute("claim", sql, params)
         rows = await cur.fetchall()
-        selected = rows[0][8] if rows else 0
+        selected = rows[0][9] if rows else 0
         if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
             return Claimed([], selected)
         return Claimed([Job(row, token, queue) for row in rows], selected)
@@ -228,12 +236,16 @@ class JobStore:
 
     # -- finishing -----------------------------------------------------------------------------
 
-    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
+    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False) -> int:
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
-        still matches; returns how many rows changed."""
+        still matches; returns how many rows changed. `keyed`: some have an ordering key, whose
+        next job is promoted in the same statement."""
         params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-        cur = await self._execute("complete", self._complete_sql, params)
-        return cur.rowcount
+        if not keyed:
+            return (await self._execute("complete", self._complete_sql[False], params)).rowcount
+        params["channel"] = NOTIFY_CHANNEL
+        row = await (await self._execute("complete", self._complete_sql[True], params)).fetchone()
+        return int(row[0]) if row else 0
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
         """Write failed attempts where the token still matches (and, for `lease_expired`, the
@@ -244,15 +256,26 @@ class JobStore:
             "statuses": [f.outcome.status for f in failures],
             "delays_s": [f.outcome.delay_s for f in failures],
             "errors": [f.outcome.error for f in failures],
+            "halts": [f.halts for f in failures],
             "lease_expired": lease_expired,
+            "channel": NOTIFY_CHANNEL,
         }
         cur = await self._execute("fail", query("jobs_fail_owned"), params)
         return [FailedWrite(*row) for row in await cur.fetchall()]
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
-        params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs])}
-        cur = await self._execute("release", query("jobs_release_owned"), params)
-        return cur.rowcount
+        params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs]),
+                  "channel": NOTIFY_CHANNEL}
+        row = await (await self._execute("release", query("jobs_release_owned"), params)).fetchone()
+        return int(row[0]) if row else 0
+
+    async def ordering_promote_scan(self, queue: str, after: str, limit: int) -> OrderingScan:
+        """Promote the next job of keys of `queue` left with waiting jobs and no holder, up to `limit`
+        keys after `after` (key order); StoreConflict if another promotion raced this one."""
+        params = {"queue": queue, "after": after, "limit": limit, "channel": NOTIFY_CHANNEL}
+        cur = await self._execute("ordering_scan", query("ordering_promote_scan"), params, budget=SLOW_STATEMENT)
+        row = await cur.fetchone()
+        return OrderingScan(*row) if row else OrderingScan(None, 0, 0)
 
     async def history_record(self, rows: HistoryRows) -> None:
         params = {
@@ -311,7 +334,7 @@ class JobStore:
         transaction)."""
         ids: list[int | None] = []
         for job in jobs:
-            cur = await self._execute("enqueue", query("jobs_insert_one"), insert_one_params(job))
+            cur = await self._execute("enqueue", insert_one_sql(job), insert_one_params(job))
             row = await cur.fetchone()
             ids.append(row[0] if row else None)
         return ids

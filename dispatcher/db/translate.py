@@ -2,8 +2,8 @@
 
 unreachable -> StoreUnavailable (retry later); lock or statement timeout -> StoreTimeout (a
 StoreUnavailable); login refused, bad connection setting -> StoreRefused; missing schema ->
-SchemaMissing (run `dispatcher migrate`); permission denied -> StorePermissionDenied; anything
-else -> StoreError. Messages are one line and never carry the password.
+SchemaMissing (run `dispatcher migrate`); permission denied -> StorePermissionDenied; a unique
+violation (23505) -> StoreConflict; anything else -> StoreError. Messages are one line and never carry the password.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import psycopg
 from coordinator.pg.errors import ConnectError, Problem, describe
 from dispatcher.errors import (
     SchemaMissing,
+    StoreConflict,
     StoreError,
     StorePermissionDenied,
     StoreRefused,
@@ -24,6 +25,7 @@ from dispatcher.errors import (
 )
 
 MIGRATE_HINT = "run `dispatcher migrate` first"
+UNIQUE_VIOLATION = "23505"
 
 
 def store_error(exc: psycopg.Error, what: str, dsn: str | None = None) -> StoreError:
@@ -43,6 +45,8 @@ def store_error(exc: psycopg.Error, what: str, dsn: str | None = None) -> StoreE
         return StorePermissionDenied(f"{what}: {reason}", reason=reason, hint=failure.hint)
     if problem in (Problem.LOGIN_REFUSED, Problem.BAD_SETTING):
         return StoreRefused(f"{what}: {reason}")
+    if failure.sqlstate == UNIQUE_VIOLATION:
+        return StoreConflict(f"{what}: {reason}")
     return StoreError(f"{what}: {reason}")
 
 

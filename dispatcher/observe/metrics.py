@@ -25,6 +25,9 @@ JOBS_FENCED = Counter(
 )
 JOBS_RELEASED = Counter("dispatcher_jobs_released_total", "Claimed-but-unstarted jobs given back on shutdown")
 JOBS_REAPED = Counter("dispatcher_jobs_reaped_total", "Running jobs whose lease expired, requeued or failed")
+ORDERING_KEYS_PROMOTED = Counter(
+    "dispatcher_ordering_keys_promoted_total",
+    "Ordering keys found with waiting jobs and no holder by the sweeper, whose next job it promoted")
 LEASES_LOST = Counter("dispatcher_leases_lost_total", "Heartbeats that found the job no longer ours")
 LOST_LEASE_JOBS = Counter(
     "dispatcher_lost_lease_jobs_total",

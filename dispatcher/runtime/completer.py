@@ -53,6 +53,7 @@ class Completer:
         self._history_on = settings.history
         self._ids: list[int] = []
         self._tokens: list[str] = []
+        self._keyed = False  # some pending completion has an ordering key: flush at once, promoting
         self._failures: list[Failure] = []
         self._history = HistoryRows()
         self._full = asyncio.Event()
@@ -63,6 +64,11 @@ class Completer:
     def completed(self, job: Job, duration_s: float) -> None:
         self._ids.append(job.id)
         self._tokens.append(job.token)
+        if job.ordering_key is not None:
+            # The key's next job waits for this write: flush now, not at the interval (a flush in
+            # flight meanwhile batches whatever finishes while it runs).
+            self._keyed = True
+            self._full.set()
         self._job_stats.finished(job.job_type, "completed", duration_s)
         if self._history_on:
             self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
@@ -71,9 +77,12 @@ class Completer:
             self._full.set()
 
     def failed(self, job: Job, outcome: Outcome, duration_s: float, *, kind: FailureKind = FailureKind.ERROR,
-               summary: str | None = None) -> None:
-        """A failed attempt; `kind` and `summary` (the error in one line) are for its log line."""
-        self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary))
+               summary: str | None = None, halts: bool = True) -> None:
+        """A failed attempt; `kind` and `summary` (the error in one line) are for its log line;
+        `halts`: a final failure of a keyed job halts its key (the handler's on_ordered_failure)."""
+        self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary, halts))
+        if job.ordering_key is not None:
+            self._full.set()
         self._job_stats.finished(job.job_type, _HISTORY_OUTCOME[outcome.status], duration_s)
         if self._history_on:
             self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
@@ -115,11 +124,12 @@ class Completer:
                 return
             started = time.perf_counter()
             ids, tokens, self._ids, self._tokens = self._ids, self._tokens, [], []
+            keyed, self._keyed = self._keyed, False
             failures, self._failures = self._failures, []
             history, self._history = self._history, HistoryRows()
             try:
                 if ids:
-                    written = await self.store.jobs_complete_owned(ids, tokens)
+                    written = await self.store.jobs_complete_owned(ids, tokens, keyed=keyed)
                     self._count_completed(len(ids), written)
                     ids = tokens = []  # written: nothing to put back
                 if failures:
@@ -133,6 +143,7 @@ class Completer:
                 if isinstance(exc, StoreError):
                     metrics.STORE_ERRORS.labels("flush").inc()
                 self._ids[:0], self._tokens[:0] = ids, tokens
+                self._keyed = self._keyed or (keyed and bool(ids))
                 self._failures[:0] = failures
                 history.extend(self._history)
                 self._history = history

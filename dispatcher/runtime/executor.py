@@ -209,7 +209,8 @@ class Executor:
 
     def _fail(self, job: Job, kind: FailureKind, error: str, started: float, summary: str | None = None) -> None:
         outcome = self._policy.decide(kind, job.attempts, job.max_attempts, error)
-        self._completer.failed(job, outcome, self._clock() - started, kind=kind, summary=summary)
+        halts = job.ordering_key is None or self._registry.halts(job.job_type)
+        self._completer.failed(job, outcome, self._clock() - started, kind=kind, summary=summary, halts=halts)
 
     def _cancelling(self, job: Job) -> bool:
         entry = self._running.get(job.id)

@@ -148,9 +148,11 @@ class Reaper(PeriodicService):
     name = "reap"
 
     def __init__(self, store: JobStore, policy: RetryPolicy, settings: MaintenanceSettings, *,
-                 on_reaped: Callable[[], None], vitals: Vitals | None = None) -> None:
+                 on_reaped: Callable[[], None], vitals: Vitals | None = None,
+                 halts: Callable[[str], bool] = lambda job_type: True) -> None:
         super().__init__(store, settings.reaper_interval_s)
         self._policy = policy
+        self._halts = halts  # the registry's: whether a keyed job's final failure halts its key
         self._history = settings.history
         self._on_reaped = on_reaped
         # Readiness reads the reaper's failures (reaper_failing_since): every pod runs it every
@@ -169,7 +171,8 @@ class Reaper(PeriodicService):
             Failure(e.id, e.token, self._policy.decide(
                 FailureKind.CANCELLED if e.cancel_requested else FailureKind.LEASE_EXPIRED, e.attempts, e.max_attempts,
                 ("cancelled: an operator asked, and the job's " if e.cancel_requested else "")
-                + lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at)))
+                + lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at)),
+                halts=not e.keyed or self._halts(e.job_type or ""))
             for e in expired
         ]
         # Fenced by token and re-checked for expiry: a reaper in another pod, or an owner whose

@@ -25,6 +25,7 @@ from dispatcher.observe import job_metrics, metrics
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.maintenance import LeaseKeeper, PeriodicService, PlannerStats, Pruner, Reaper
+from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.table_sampler import TableSampler
@@ -112,13 +113,15 @@ class Worker:
             worker.listen_dsn, set(config.claims.queues), self.producer.on_notify, limits=database.limits,
             probe_s=worker.listen_probe_s)
         self._never = asyncio.Event()  # `listening` without a listener: never set
-        self.reaper = Reaper(maint, policy, config.maintenance, on_reaped=self.producer.wake, vitals=self.vitals)
+        self.reaper = Reaper(maint, policy, config.maintenance, on_reaped=self.producer.wake, vitals=self.vitals,
+                             halts=registry.halts)
         self.pruner = Pruner(maint, config.retention)
+        self.key_sweeper = KeySweeper(maint, config.claims.queues)
         self.table_sampler = TableSampler(maint, interval_s=config.maintenance.table_sample_interval_s,
                                           queues=config.claims.queues)
         self._services: list[PeriodicService] = [
             self.lease_keeper, self.reaper,
-            self.pruner,
+            self.pruner, self.key_sweeper,
             PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
             self.table_sampler,
         ]
@@ -233,7 +236,7 @@ class Worker:
         await asyncio.gather(*background, return_exceptions=True)
         # Beside the flush (another connection): the next pod samples the table, and prunes, at
         # its next tick instead of after our leases run out.
-        releasing = asyncio.create_task(_release_roles(self.table_sampler, self.pruner), name="release roles")
+        releasing = asyncio.create_task(_release_roles(self.table_sampler, self.pruner, self.key_sweeper), name="release roles")
         await self._flush_until(overrun_ends - 0.5)
         await _within(leaving, overrun_ends - 0.2)
         await _within(releasing, overrun_ends - 0.2)
@@ -285,9 +288,9 @@ class Worker:
                   "back (fenced if they were written after all)", self.unflushed)
 
 
-async def _release_roles(sampler: TableSampler, pruner: Pruner) -> None:
-    await sampler.release()
-    await pruner.release()
+async def _release_roles(*roles: TableSampler | Pruner | KeySweeper) -> None:
+    for role in roles:
+        await role.release()
 
 
 async def _stop_all(assignments: list[BucketAssignment]) -> None:

@@ -3,7 +3,8 @@
 It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that a test can
 observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that token,
 a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live jobs of a
-queue. Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and
+queue, and ordering keys: one holder per key, its later jobs waiting, the next promoted when the
+holder ends (or never, while a failure halts the key). Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and
 the real store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
 """
 
@@ -28,11 +29,13 @@ from dispatcher.model import (
     STATUS_FAILED,
     STATUS_QUEUED,
     STATUS_RUNNING,
+    STATUS_WAITING,
     Job,
 )
 from dispatcher.testing.clock import FakeClock
 
-_LIVE = (STATUS_QUEUED, STATUS_RUNNING)
+_LIVE = (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING)
+_HOLDING = (STATUS_QUEUED, STATUS_RUNNING)  # with ordering_halted: a key's holder (migration 0008)
 
 
 class MemoryStore(InProcessStore):
@@ -69,9 +72,15 @@ class MemoryStore(InProcessStore):
                     ids.append(None)
                     continue
                 run_at = (job.run_at or now) + timedelta(seconds=job.delay_s)
-                row = JobState(self._next_id, job.queue, job.job_type, STATUS_QUEUED, job.priority, job.bucket, 0,
+                key = getattr(job, "ordering_key", None)
+                status = STATUS_QUEUED
+                if key is not None and (self._holder(job.queue, key) is not None or any(
+                        r.status == STATUS_WAITING and r.queue == job.queue and r.ordering_key == key
+                        for r in self._rows.values())):
+                    status = STATUS_WAITING  # jobs_insert_one_keyed: behind its key's earlier jobs
+                row = JobState(self._next_id, job.queue, job.job_type, status, job.priority, job.bucket, 0,
                                job.max_attempts, 0, run_at, now, now, None, None, None, None, None, None,
-                               job.dedupe_key, bytes(job.payload), None)
+                               job.dedupe_key, bytes(job.payload), None, key)
                 self._rows[row.id] = row
                 self._next_id += 1
                 ids.append(row.id)
@@ -108,7 +117,7 @@ class MemoryStore(InProcessStore):
                 row = self._write(row, token=token, status=STATUS_RUNNING, attempts=row.attempts + 1, locked_at=now,
                                   locked_by=self.worker_id, lease_expires_at=lease_until, updated_at=now)
                 claimed.append(Job((row.id, row.job_type, orjson.loads(row.payload), row.attempts, row.max_attempts,
-                                    row.locked_at, row.bucket, row.priority), token, queue))
+                                    row.locked_at, row.bucket, row.priority, row.ordering_key), token, queue))
             return claimed
 
     async def jobs_claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
@@ -129,6 +138,20 @@ class MemoryStore(InProcessStore):
         """The row if it is running under `token` (the fence of every owner's write)."""
         row = self._rows.get(job_id)
         return row if row is not None and row.status == STATUS_RUNNING and self._tokens.get(job_id) == token else None
+
+    def _holder(self, queue: str, key: str) -> JobState | None:
+        return next((r for r in self._rows.values() if r.queue == queue and r.ordering_key == key
+                     and (r.status in _HOLDING or r.ordering_halted)), None)
+
+    def _release(self, row: JobState) -> None:
+        """`row` no longer holds its key: the key's next waiting job becomes queued (ordering_promote_next)."""
+        if row.ordering_key is None or self._holder(row.queue, row.ordering_key) is not None:
+            return
+        waiting = [r for r in self._rows.values()
+                   if r.queue == row.queue and r.ordering_key == row.ordering_key and r.status == STATUS_WAITING]
+        if waiting:
+            nxt = min(waiting, key=lambda r: r.id)
+            self._write(nxt, status=STATUS_QUEUED, updated_at=self.clock.now())
 
     def _write(self, row: JobState, token: str | None = None, **changes: Any) -> JobState:
         """The row with `changes`; `token`: the claim's that now owns it (None: nobody's)."""
@@ -152,10 +175,11 @@ class MemoryStore(InProcessStore):
                     self._tokens.pop(job_id, None)
                 else:
                     self._write(row, status=STATUS_COMPLETED, completed_at=now, lease_expires_at=None, updated_at=now)
+                self._release(row)
                 done += 1
             return done
 
-    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
+    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False) -> int:
         return self.complete(ids, tokens)
 
     def fail(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
@@ -171,11 +195,14 @@ class MemoryStore(InProcessStore):
                 elif retry:
                     run_at = now + timedelta(seconds=f.outcome.delay_s)
                 failed_at = now if status in (STATUS_FAILED, STATUS_DISCARDED) else row.failed_at
+                halted = row.ordering_key is not None and status in (STATUS_FAILED, STATUS_DISCARDED) and f.halts
                 row = self._write(row, status=status, run_at=run_at, failed_at=failed_at, last_error=f.outcome.error,
                                   lease_expiries=row.lease_expiries + int(lease_expired), lease_expires_at=None,
-                                  updated_at=now)
+                                  updated_at=now, ordering_halted=halted)
+                if status != STATUS_QUEUED:
+                    self._release(row)
                 written.append(FailedWrite(row.id, row.status, row.attempts, row.locked_by, row.locked_at, row.run_at,
-                                           row.job_type, row.queue, row.bucket, row.max_attempts))
+                                           row.job_type, row.queue, row.bucket, row.max_attempts, halted))
             return written
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
@@ -186,8 +213,10 @@ class MemoryStore(InProcessStore):
             now, released = self.clock.now(), 0
             for job in jobs:
                 if (row := self._owned(job.id, job.token)) is not None:
-                    self._write(row, status=STATUS_QUEUED if row.cancel_requested_at is None else STATUS_CANCELLED,
-                                attempts=max(row.attempts - 1, 0), lease_expires_at=None, updated_at=now)
+                    row = self._write(row, status=STATUS_QUEUED if row.cancel_requested_at is None else STATUS_CANCELLED,
+                                      attempts=max(row.attempts - 1, 0), lease_expires_at=None, updated_at=now)
+                    if row.status == STATUS_CANCELLED:
+                        self._release(row)
                     released += 1
             return released
 
@@ -209,7 +238,8 @@ class MemoryStore(InProcessStore):
                               and r.lease_expires_at is not None and r.lease_expires_at < now),
                              key=lambda r: r.lease_expires_at or now)[:limit]
             return [ExpiredLease(r.id, self._tokens[r.id], r.attempts, r.max_attempts, r.lease_expiries + 1,
-                                 r.locked_by, r.locked_at, r.cancel_requested_at is not None) for r in expired]
+                                 r.locked_by, r.locked_at, r.cancel_requested_at is not None, r.job_type,
+                                 r.ordering_key is not None) for r in expired]
 
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         return self.lease_expired(limit)
@@ -224,8 +254,9 @@ class MemoryStore(InProcessStore):
                 if row is None or row.status not in _LIVE:
                     continue
                 requested_at = row.cancel_requested_at or now
-                if row.status == STATUS_QUEUED:
+                if row.status in (STATUS_QUEUED, STATUS_WAITING):
                     row = self._write(row, status=STATUS_CANCELLED, cancel_requested_at=requested_at, updated_at=now)
+                    self._release(row)
                 else:  # running: its owner sees the request when it next extends the lease
                     row = self._write(row, self._tokens[row.id], cancel_requested_at=requested_at)
                 changed[row.id] = row.status

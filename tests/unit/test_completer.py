@@ -30,7 +30,7 @@ class FakeStore:
         if self.down:
             raise StoreUnavailable("complete: database unavailable")
 
-    async def jobs_complete_owned(self, ids, tokens):
+    async def jobs_complete_owned(self, ids, tokens, keyed=False):
         self._check()
         self.completed.append((list(ids), list(tokens)))
         return sum(i not in self.fence for i in ids)

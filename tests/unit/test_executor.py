@@ -28,11 +28,13 @@ class Recorder:
         self.outcomes: dict[int, object] = {}
         self.kinds: dict[int, object] = {}  # the FailureKind, for the outcome's log line
         self.summaries: dict[int, str | None] = {}
+        self.halts: dict[int, bool] = {}  # a keyed job's final failure halts its key
 
     def completed(self, job, duration_s):
         self.completed_ids.append(job.id)
 
-    def failed(self, job, outcome, duration_s, *, kind, summary=None):
+    def failed(self, job, outcome, duration_s, *, kind, summary=None, halts=True):
+        self.halts[job.id] = halts
         self.outcomes[job.id] = outcome
         self.kinds[job.id] = kind
         self.summaries[job.id] = summary

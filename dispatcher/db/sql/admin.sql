@@ -47,7 +47,7 @@ SELECT j.id
 -- name: admin_job_show
 SELECT id, queue_name, job_type, status, priority, bucket, attempts, max_attempts, lease_expiries, run_at,
        created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
-       cancel_requested_at, dedupe_key, payload, last_error
+       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted
   FROM dispatcher_jobs
  WHERE id = %(id)s
 

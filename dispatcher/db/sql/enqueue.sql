@@ -15,7 +15,7 @@ WITH inserted AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
     VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
             coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s)
-    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
     DO NOTHING
     RETURNING id, run_at
 )
@@ -24,21 +24,24 @@ SELECT id, pg_notify(%(channel)s, %(notify)s || CASE WHEN due_in_ms > 0 THEN ':'
           FROM inserted) AS i
 
 -- name: jobs_copy_in
--- Bulk enqueue through COPY (text format, built by enqueue._copy_chunks). run_at is computed by the caller from the database's
+-- Bulk enqueue through COPY (text format, built by enqueue_copy.copy_chunks). run_at is computed by the caller from the database's
 -- now() read in the same transaction, so the database clock still rules.
 COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
 FROM STDIN
 
 -- name: jobs_stage_create
--- Bulk enqueue with dedupe keys: COPY into a temporary staging table first, because COPY
--- itself cannot skip conflicting rows.
+-- Bulk enqueue with dedupe or ordering keys: COPY into a temporary staging table first, because
+-- COPY itself cannot skip conflicting rows or choose a keyed row's status. `n` keeps the order
+-- the rows were given in.
 CREATE TEMPORARY TABLE IF NOT EXISTS dispatcher_jobs_stage (
+    n bigint GENERATED ALWAYS AS IDENTITY,
     queue_name text, job_type text, payload jsonb, priority smallint, bucket smallint,
-    max_attempts integer, run_at timestamptz, dedupe_key text
+    max_attempts integer, run_at timestamptz, dedupe_key text, ordering_key text
 ) ON COMMIT DELETE ROWS
 
 -- name: jobs_stage_copy_in
-COPY dispatcher_jobs_stage (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
+COPY dispatcher_jobs_stage (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
+                            ordering_key)
 FROM STDIN
 
 -- name: jobs_stage_publish
@@ -46,7 +49,8 @@ FROM STDIN
 INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key)
 SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key
   FROM dispatcher_jobs_stage
-ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running')
+ ORDER BY n
+ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
 DO NOTHING
 
 -- name: jobs_stage_clear

@@ -41,40 +41,62 @@ DELETE FROM dispatcher_jobs AS j
 -- came after the owner's last heartbeat is still honoured, and the job never runs again. The
 -- reaper sends the same statement with %(lease_expired)s: then a row is written only if its
 -- lease is still expired (a heartbeat that landed meanwhile wins) and its lease_expiries count
--- rises. Returns the rows written (with the status written), for the outcome lines (joblog.py:
--- run_at is when a retry is due, by the database's clock) and the reaper's history. Failures
--- are rare: completions return nothing.
-UPDATE dispatcher_jobs AS j
-   SET status = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE f.status END,
-       run_at = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NULL
-                     THEN now() + f.delay_s * interval '1 second' ELSE j.run_at END,
-       failed_at = CASE WHEN f.status IN ('failed', 'discarded') THEN now() ELSE j.failed_at END,
-       last_error = f.error,
-       lease_expiries = j.lease_expiries + %(lease_expired)s::int,
-       lock_token = NULL,
-       lease_expires_at = NULL,
-       updated_at = now()
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
-              %(delays_s)s::float8[], %(errors)s::text[]) AS f(id, token, status, delay_s, error)
- WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
-   AND CASE WHEN j.status = 'running'
-            THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
-            ELSE false END
-RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
-          j.max_attempts
+-- rises. A keyed job that ends failed or discarded halts its key where %(halts)s says so (its
+-- handler's on_ordered_failure): it stays the key's holder (ordering_halted). One that ends any
+-- other way than a retry releases its key, whose next job is promoted ({promote_next}, see
+-- ordering.sql). Returns the rows written (with the status written), for the outcome lines
+-- (joblog.py: run_at is when a retry is due, by the database's clock) and the reaper's history.
+-- Failures are rare: completions return nothing.
+WITH written AS (
+    UPDATE dispatcher_jobs AS j
+       SET status = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE f.status END,
+           run_at = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NULL
+                         THEN now() + f.delay_s * interval '1 second' ELSE j.run_at END,
+           failed_at = CASE WHEN f.status IN ('failed', 'discarded') THEN now() ELSE j.failed_at END,
+           ordering_halted = j.ordering_key IS NOT NULL AND f.status IN ('failed', 'discarded') AND f.halts,
+           last_error = f.error,
+           lease_expiries = j.lease_expiries + %(lease_expired)s::int,
+           lock_token = NULL,
+           lease_expires_at = NULL,
+           updated_at = now()
+      FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
+                  %(delays_s)s::float8[], %(errors)s::text[], %(halts)s::bool[])
+           AS f(id, token, status, delay_s, error, halts)
+     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
+       AND CASE WHEN j.status = 'running'
+                THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
+                ELSE false END
+    RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
+              j.max_attempts, j.ordering_key, j.ordering_halted
+),
+released AS (
+    SELECT queue_name, ordering_key FROM written
+     WHERE ordering_key IS NOT NULL AND status <> 'queued' AND NOT ordering_halted
+),
+{promote_next}
+SELECT w.id, w.status, w.attempts, w.locked_by, w.locked_at, w.run_at, w.job_type, w.queue_name, w.bucket,
+       w.max_attempts, w.ordering_halted
+  FROM written AS w CROSS JOIN woken
 
 -- name: jobs_release_owned
 -- Give claimed-but-unstarted jobs back at once (graceful shutdown): queued again, and the
--- attempt that never ran is not counted; 'cancelled' if an operator asked meanwhile.
-UPDATE dispatcher_jobs AS j
-   SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
-       attempts = greatest(j.attempts - 1, 0),
-       lock_token = NULL,
-       lease_expires_at = NULL,
-       updated_at = now()
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS r(id, token)
- WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id
-   AND CASE WHEN j.status = 'running' THEN j.lock_token = r.token ELSE false END
+-- attempt that never ran is not counted; 'cancelled' if an operator asked meanwhile (a keyed one
+-- then releases its key: {promote_next}). Returns how many were given back.
+WITH written AS (
+    UPDATE dispatcher_jobs AS j
+       SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
+           attempts = greatest(j.attempts - 1, 0),
+           lock_token = NULL,
+           lease_expires_at = NULL,
+           updated_at = now()
+      FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS r(id, token)
+     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = r.id
+       AND CASE WHEN j.status = 'running' THEN j.lock_token = r.token ELSE false END
+    RETURNING j.status, j.queue_name, j.ordering_key
+),
+released AS (SELECT queue_name, ordering_key FROM written WHERE status = 'cancelled'),
+{promote_next}
+SELECT (SELECT count(*) FROM written), (SELECT promoted FROM woken)
 
 -- name: jobs_extend_leases
 -- Heartbeat: push out the leases of jobs still running here. Returns the ids still owned, each

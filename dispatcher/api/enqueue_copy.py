@@ -1,0 +1,106 @@
+"""Bulk enqueue's COPY rows, and how the staged rows are published into the jobs table.
+
+COPY's text format is built here by hand (~1 us a row) because psycopg's row-by-row writer is
+several times slower; `dispatcher.api.enqueue` streams these chunks into the jobs table, or into
+the staging table when dedupe or ordering keys need a statement to choose each row's fate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import psycopg
+
+from dispatcher.db.queries import query
+
+
+class CopyRow(Protocol):
+    """A prepared job (enqueue._Prepared), as COPY reads it."""
+
+    queue: str
+    job_type: str
+    payload: bytes
+    priority: int
+    bucket: int
+    max_attempts: int
+    run_at: datetime | None
+    delay_s: float
+    dedupe_key: str | None
+    ordering_key: str | None
+
+
+COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
+COPY_CHUNK_ROWS = 5000  # stream in chunks: the server parses one while we build the next
+
+
+def copy_text(value: str) -> bytes:
+    """A text value in COPY's text format (backslash, tab, newline and CR escaped)."""
+    return value.translate(COPY_ESCAPES).encode()
+
+
+@dataclass(slots=True)
+class CopyTally:
+    rows: int = 0
+    queues: set[str] = field(default_factory=set)
+    keyed: bool = False  # a staged row has an ordering key: publish through jobs_stage_publish_keyed
+
+
+def copy_chunks(prepared: Iterable[CopyRow], db_now: datetime, tally: CopyTally,
+                 staged: bool = False) -> Iterator[bytes]:
+    """COPY text-format lines, ~1 us a row: the server's ~9 us per row stays the bottleneck.
+
+    run_at is the database's now() (read in the same transaction) plus the job's delay, so the
+    database clock still rules. Names were validated against a pattern with no escapes needed.
+    The staging table (`staged`) also takes each row's ordering key.
+    """
+    now_text = db_now.isoformat().encode()
+    names: dict[tuple[str, str], bytes] = {}
+    lines: list[bytes] = []
+    for p in prepared:
+        prefix = names.get((p.queue, p.job_type))
+        if prefix is None:
+            prefix = names[(p.queue, p.job_type)] = f"{p.queue}\t{p.job_type}\t".encode()
+            tally.queues.add(p.queue)
+        payload = p.payload.replace(b"\\", b"\\\\") if b"\\" in p.payload else p.payload
+        if p.run_at is None and not p.delay_s:
+            run_at = now_text
+        else:
+            run_at = ((p.run_at or db_now) + timedelta(seconds=p.delay_s)).isoformat().encode()
+        dedupe = b"\\N" if p.dedupe_key is None else copy_text(p.dedupe_key)
+        if staged:
+            dedupe += b"\t\\N" if p.ordering_key is None else b"\t" + copy_text(p.ordering_key)
+            tally.keyed = tally.keyed or p.ordering_key is not None
+        lines.append(b"%s%s\t%d\t%d\t%d\t%s\t%s\n" % (prefix, payload, p.priority, p.bucket, p.max_attempts, run_at, dedupe))
+        if len(lines) >= COPY_CHUNK_ROWS:
+            tally.rows += len(lines)
+            yield b"".join(lines)
+            lines = []
+    if lines:
+        tally.rows += len(lines)
+        yield b"".join(lines)
+
+
+def copy_statement(staged: bool) -> str:
+    """COPY straight into the table, or through the staging table when dedupe keys need ON CONFLICT."""
+    return query("jobs_stage_copy_in") if staged else query("jobs_copy_in")
+
+
+
+def publish_statement(tally: CopyTally) -> str:
+    return query("jobs_stage_publish_keyed" if tally.keyed else "jobs_stage_publish")
+
+
+
+async def published_async(cur: psycopg.AsyncCursor[Any], tally: CopyTally) -> int:
+    """Move the staged rows into the jobs table; how many went in (live duplicates are skipped)."""
+    cur = await cur.execute(publish_statement(tally))
+    return int((await cur.fetchone())[0]) if tally.keyed else cur.rowcount  # type: ignore[index]
+
+
+
+def published_sync(cur: psycopg.Cursor[Any], tally: CopyTally) -> int:
+    cur = cur.execute(publish_statement(tally))
+    return int(cur.fetchone()[0]) if tally.keyed else cur.rowcount  # type: ignore[index]

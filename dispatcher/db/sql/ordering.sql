@@ -1,0 +1,195 @@
+-- Ordering keys (dispatcher/db/store.py, dispatcher/api/enqueue.py, dispatcher/api/admin.py): the
+-- statements that enqueue keyed jobs, end a key's holder and promote the key's next job, and find
+-- keys left with waiting jobs and no holder. The rule they keep and the index that enforces it:
+-- migrations/0008_ordering_keys.sql. Jobs without a key never run these: their enqueue and
+-- completion are the plain statements of enqueue.sql and finish.sql.
+-- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
+-- folder. Parameters use psycopg's %(name)s style; {promote_next} is filled in by code with the
+-- fragment ordering_promote_next.
+
+-- name: ordering_promote_next
+-- A fragment: two CTEs for a statement that has defined `released(queue_name, ordering_key)`, the
+-- keys whose holder it just ended. Each key's next job (lowest id among its waiting jobs) becomes
+-- queued, and the owner of its bucket is woken (its due time rides along, as in jobs_insert_one).
+-- The waiting row is re-checked on the row written (a CASE, for the reason in finish.sql): one an
+-- operator cancelled meanwhile is skipped, and the key is left to ordering_promote_scan. No other
+-- statement can promote a key whose holder this statement ends: they all require that the key
+-- has no holder, and until this statement commits it has one.
+promoted AS (
+    UPDATE dispatcher_jobs AS w
+       SET status = 'queued',
+           updated_at = now()
+     WHERE w.id = ANY(ARRAY(
+               SELECT nxt.id
+                 FROM (SELECT DISTINCT r.queue_name, r.ordering_key
+                         FROM released AS r WHERE r.ordering_key IS NOT NULL) AS k
+                CROSS JOIN LATERAL (
+                      SELECT n.id
+                        FROM dispatcher_jobs AS n  -- dispatcher_jobs_ordering_waiting_idx
+                       WHERE n.queue_name = k.queue_name AND n.ordering_key = k.ordering_key
+                         AND n.status = 'waiting'
+                       ORDER BY n.id
+                       LIMIT 1) AS nxt))
+       AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
+    RETURNING w.queue_name, w.bucket, ceil(1000 * extract(epoch FROM w.run_at - clock_timestamp()))::bigint AS due_in_ms
+),
+woken AS (
+    SELECT count(pg_notify(%(channel)s, p.queue_name || ':' || p.bucket
+                                        || CASE WHEN p.due_in_ms > 0 THEN ':' || p.due_in_ms ELSE '' END)) AS promoted
+      FROM (SELECT queue_name, bucket, min(due_in_ms) AS due_in_ms
+              FROM promoted GROUP BY queue_name, bucket) AS p
+)
+
+-- name: jobs_insert_one_keyed
+-- jobs_insert_one for a job with an ordering key. It becomes its key's holder (queued) if the key
+-- has none and no job waits for it; else it waits behind them (status 'waiting', no NOTIFY: it is
+-- not claimable yet). The first INSERT's ON CONFLICT is the holder index (or the dedupe index:
+-- then the second INSERT meets the same conflict and nothing is inserted). A concurrent enqueue
+-- of the same key waits for ours at that index, so two never both become holders. Ids are taken
+-- in statement order, so a key's waiting jobs are in enqueue order.
+WITH head AS (
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
+                                 ordering_key)
+    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
+           coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
+           %(ordering_key)s
+     WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
+                        WHERE w.queue_name = %(queue)s AND w.ordering_key = %(ordering_key)s AND w.status = 'waiting')
+    ON CONFLICT DO NOTHING
+    RETURNING id, run_at, status
+),
+behind AS (
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
+                                 ordering_key, status)
+    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
+           coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
+           %(ordering_key)s, 'waiting'
+     WHERE NOT EXISTS (SELECT 1 FROM head)
+    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
+    DO NOTHING
+    RETURNING id, run_at, status
+)
+SELECT id, CASE WHEN status = 'queued'
+                THEN pg_notify(%(channel)s, %(notify)s || CASE WHEN due_in_ms > 0 THEN ':' || due_in_ms ELSE '' END)
+           END
+  FROM (SELECT id, status, ceil(1000 * extract(epoch FROM run_at - clock_timestamp()))::bigint AS due_in_ms
+          FROM head
+         UNION ALL
+        SELECT id, status, ceil(1000 * extract(epoch FROM run_at - clock_timestamp()))::bigint
+          FROM behind) AS i
+
+-- name: jobs_stage_publish_keyed
+-- jobs_stage_publish when some staged rows have an ordering key. `firsts`: each key's first staged
+-- row that is not a live duplicate; `heads`: those that became their key's holder (the key had none
+-- and no job waits for it; ON CONFLICT as in jobs_insert_one_keyed). The rest go in, in staged
+-- order: keyed rows waiting, the others queued. Every keyed row of `rest` reads `heads` first, so
+-- a key's holder has its lowest id. Returns how many rows were inserted.
+WITH firsts AS MATERIALIZED (
+    SELECT DISTINCT ON (s.queue_name, s.ordering_key) s.*
+      FROM dispatcher_jobs_stage AS s
+     WHERE s.ordering_key IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
+                        WHERE w.queue_name = s.queue_name AND w.ordering_key = s.ordering_key AND w.status = 'waiting')
+       AND (s.dedupe_key IS NULL OR NOT EXISTS (
+               SELECT 1 FROM dispatcher_jobs AS d
+                WHERE d.queue_name = s.queue_name AND d.dedupe_key = s.dedupe_key
+                  AND d.status IN ('queued', 'running', 'waiting')))
+     ORDER BY s.queue_name, s.ordering_key, s.n
+),
+heads AS (
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
+                                 ordering_key)
+    SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key, ordering_key
+      FROM firsts
+     ORDER BY n
+    ON CONFLICT DO NOTHING
+    RETURNING queue_name, ordering_key
+),
+rest AS (
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
+                                 ordering_key, status)
+    SELECT s.queue_name, s.job_type, s.payload, s.priority, s.bucket, s.max_attempts, s.run_at, s.dedupe_key,
+           s.ordering_key, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
+      FROM dispatcher_jobs_stage AS s
+     WHERE s.ordering_key IS NULL
+        OR s.n NOT IN (SELECT f.n FROM firsts AS f JOIN heads AS h USING (queue_name, ordering_key))
+     ORDER BY s.n
+    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
+    DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM heads) + (SELECT count(*) FROM rest)
+
+-- name: jobs_complete_owned_keyed
+-- jobs_complete_owned for a batch holding keyed jobs: the same fenced write, and each completed
+-- holder's key promotes its next job ({promote_next}). Returns how many rows were completed.
+WITH released AS (
+    UPDATE dispatcher_jobs AS j
+       SET status = 'completed',
+           completed_at = now(),
+           lock_token = NULL,
+           lease_expires_at = NULL,
+           updated_at = now()
+      FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
+     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
+       AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
+    RETURNING j.queue_name, j.ordering_key
+),
+{promote_next}
+SELECT (SELECT count(*) FROM released), (SELECT promoted FROM woken)
+
+-- name: jobs_complete_owned_delete_keyed
+-- jobs_complete_owned_delete for a batch holding keyed jobs, promoting as jobs_complete_owned_keyed.
+WITH released AS (
+    DELETE FROM dispatcher_jobs AS j
+     USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
+     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
+       AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
+    RETURNING j.queue_name, j.ordering_key
+),
+{promote_next}
+SELECT (SELECT count(*) FROM released), (SELECT promoted FROM woken)
+
+-- name: ordering_promote_scan
+-- Keys of one queue that have waiting jobs and no holder, promoted: up to %(limit)s keys after
+-- %(after)s in key order (a loose scan of dispatcher_jobs_ordering_waiting_idx: two index
+-- descents per key), so a sweep of many keys goes in pages. Such keys are rare: a keyed job
+-- enqueued while its key's holder finished (the holder's statement could not see it yet), a
+-- waiting job an operator cancelled at the moment it was to be promoted, or a worker of an
+-- older release ending a holder. Returns the last key scanned (NULL: the end), and how many
+-- keys were scanned and promoted.
+WITH RECURSIVE scan AS (
+    (SELECT w.ordering_key FROM dispatcher_jobs AS w
+      WHERE w.queue_name = %(queue)s AND w.status = 'waiting' AND w.ordering_key > %(after)s
+      ORDER BY w.ordering_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.ordering_key FROM dispatcher_jobs AS w
+             WHERE w.queue_name = %(queue)s AND w.status = 'waiting' AND w.ordering_key > s.ordering_key
+             ORDER BY w.ordering_key LIMIT 1)
+      FROM scan AS s
+     WHERE s.ordering_key IS NOT NULL
+),
+scanned AS (SELECT ordering_key FROM scan WHERE ordering_key IS NOT NULL LIMIT %(limit)s),
+released AS (
+    SELECT %(queue)s::text AS queue_name, k.ordering_key
+      FROM scanned AS k
+     WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS h  -- dispatcher_jobs_ordering_holder_idx
+                        WHERE h.queue_name = %(queue)s AND h.ordering_key = k.ordering_key
+                          AND (h.status IN ('queued', 'running') OR h.ordering_halted))
+),
+{promote_next}
+SELECT CASE WHEN (SELECT count(*) FROM scanned) >= %(limit)s THEN (SELECT max(ordering_key) FROM scanned) END,
+       (SELECT count(*) FROM scanned), (SELECT promoted FROM woken)
+
+-- name: ordering_promote_keys
+-- The same for given (queue, key) pairs: what an operator's retry, cancel or purge released
+-- (dispatcher/api/admin.py runs it after the change commits). Returns how many were promoted.
+WITH released AS (
+    SELECT DISTINCT k.queue_name, k.ordering_key
+      FROM unnest(%(queues)s::text[], %(keys)s::text[]) AS k(queue_name, ordering_key)
+     WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS h
+                        WHERE h.queue_name = k.queue_name AND h.ordering_key = k.ordering_key
+                          AND (h.status IN ('queued', 'running') OR h.ordering_halted))
+),
+{promote_next}
+SELECT promoted FROM woken

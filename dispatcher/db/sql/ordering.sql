@@ -10,7 +10,8 @@
 -- name: ordering_promote_next
 -- A fragment: two CTEs for a statement that has defined `released(queue_name, ordering_key)`, the
 -- keys whose holder it just ended. Each key's next job (lowest id among its waiting jobs) becomes
--- queued, and the owner of its bucket is woken (its due time rides along, as in jobs_insert_one).
+-- queued, and the owner of its bucket is woken (its due time rides along, as in jobs_insert_one):
+-- one NOTIFY per bucket, whatever the number of jobs promoted in it.
 -- The waiting row is re-checked on the row written (a CASE, for the reason in finish.sql): one an
 -- operator cancelled meanwhile is skipped, and the key is left to ordering_promote_scan. No other
 -- statement can promote a key whose holder this statement ends: they all require that the key
@@ -34,8 +35,9 @@ promoted AS (
     RETURNING w.queue_name, w.bucket, ceil(1000 * extract(epoch FROM w.run_at - clock_timestamp()))::bigint AS due_in_ms
 ),
 woken AS (
-    SELECT count(pg_notify(%(channel)s, p.queue_name || ':' || p.bucket
-                                        || CASE WHEN p.due_in_ms > 0 THEN ':' || p.due_in_ms ELSE '' END)) AS promoted
+    SELECT (SELECT count(*) FROM promoted) AS promoted,
+           count(pg_notify(%(channel)s, p.queue_name || ':' || p.bucket
+                                        || CASE WHEN p.due_in_ms > 0 THEN ':' || p.due_in_ms ELSE '' END)) AS notified
       FROM (SELECT queue_name, bucket, min(due_in_ms) AS due_in_ms
               FROM promoted GROUP BY queue_name, bucket) AS p
 )

@@ -12,8 +12,8 @@ from dispatcher.settings.sections import CompletionSettings
 from tests.helpers import run_async, wait_until_async
 
 
-def job(job_id: int, attempts: int = 1) -> Job:
-    return Job((job_id, "t", {}, attempts, 5, None, 0, 0), f"00000000-0000-0000-0000-{job_id:012d}")
+def job(job_id: int, attempts: int = 1, ordering_key: str | None = None) -> Job:
+    return Job((job_id, "t", {}, attempts, 5, None, 0, 0, ordering_key), f"00000000-0000-0000-0000-{job_id:012d}")
 
 
 class FakeStore:
@@ -23,6 +23,7 @@ class FakeStore:
         self.completed: list[tuple[list[int], list[str]]] = []
         self.failed: list[list[tuple[int, str]]] = []
         self.history: list[tuple[list[int], list[str], list[str]]] = []
+        self.keyed: list[bool] = []  # per completion statement: did it promote ordering keys' next jobs
         self.fence: set[int] = set()  # ids whose token "changed": their writes are dropped
         self.down = False
 
@@ -33,6 +34,7 @@ class FakeStore:
     async def jobs_complete_owned(self, ids, tokens, keyed=False):
         self._check()
         self.completed.append((list(ids), list(tokens)))
+        self.keyed.append(keyed)
         return sum(i not in self.fence for i in ids)
 
     async def jobs_fail_owned(self, failures, *, lease_expired=False):
@@ -119,3 +121,37 @@ def test_a_cancelled_attempt_is_counted_as_cancelled_and_recorded_as_such_in_his
     assert store.failed == [[(1, "cancelled"), (2, "discarded")]]
     assert store.history[0][2] == ["cancelled", "discarded"]
     assert (completer.stats.cancelled, completer.stats.discarded, completer.stats.failed) == (1, 1, 0)
+
+
+def test_a_keyed_completion_flushes_at_once_through_the_promoting_statement_and_others_do_not():
+    """The next job of a key waits for its holder's completion to be written: no flush interval."""
+    store = FakeStore()
+    completer = make(store, flush_interval_s=30.0)
+
+    async def main():
+        task = asyncio.create_task(completer.run())
+        try:
+            completer.completed(job(1), 0.0)
+            completer.completed(job(2, ordering_key="k"), 0.0)
+            await wait_until_async(lambda: store.completed, 5, "a flush without the interval", interval_s=0.01)
+            completer.completed(job(3), 0.0)
+            await completer.flush()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    run_async(main())
+    assert [ids for ids, _ in store.completed] == [[1, 2], [3]]
+    assert store.keyed == [True, False], "only a batch holding a keyed job pays for promotion"
+
+
+def test_a_keyed_batch_that_failed_to_write_is_still_keyed_when_retried():
+    store = FakeStore()
+    completer = make(store)
+    completer.completed(job(1, ordering_key="k"), 0.0)
+    store.down = True
+    with pytest.raises(StoreUnavailable):
+        run_async(completer.flush())
+    store.down = False
+    run_async(completer.flush())
+    assert store.keyed == [True] and store.completed[0][0] == [1]

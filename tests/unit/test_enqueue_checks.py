@@ -117,3 +117,13 @@ def test_bad_names_are_refused(queue, job_type, option):
     with pytest.raises(EnqueueError) as info:
         check_names(queue, job_type)
     assert info.value.option == option
+
+
+@pytest.mark.parametrize("key", ["", "x" * 501, "a\x00b", 7, b"k"])
+def test_a_bad_ordering_key_is_refused_before_anything_is_sent(key):
+    from dispatcher.api.enqueue_checks import check_ordering_key
+    from dispatcher.errors import EnqueueError
+
+    with pytest.raises(EnqueueError, match="ordering_key") as err:
+        check_ordering_key(key)
+    assert err.value.option == "ordering_key"

@@ -229,3 +229,22 @@ def test_a_handler_that_swallows_its_timeout_and_returns_is_still_timed_out():
     run_to_the_end(executor, [job(1, "deaf")])
     assert rec.completed_ids == [] and rec.outcomes[1].error == "timed out after 0.05 s"
     assert executor.stats.timeouts == 1
+
+
+def test_a_keyed_jobs_failure_carries_its_handlers_on_ordered_failure():
+    registry = Registry()
+
+    @registry.handler("halts")
+    async def halts(job):
+        raise ValueError("boom")
+
+    @registry.handler("goes_on", on_ordered_failure="continue")
+    def goes_on(job):
+        raise ValueError("boom")
+
+    executor, rec = make(registry)
+    keyed = [Job((n, t, {}, 1, 1, None, 0, 0, "k"), "00000000-0000-0000-0000-000000000001")
+             for n, t in ((1, "halts"), (2, "goes_on"), (4, "missing"))]
+    run_to_the_end(executor, [*keyed, job(3, "goes_on")])
+    assert rec.halts == {1: True, 2: False, 3: True, 4: True}, "unkeyed: moot, sent as the default"
+    assert [rec.outcomes[n].status for n in (1, 2, 4)] == ["failed"] * 3

@@ -3,6 +3,10 @@
 Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with a
 local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks the status it needs on the
 row, so a job that changed meanwhile is skipped and reported. Bulk changes go in batches by id.
+
+Ordering keys: a job that halts its key holds the key's later jobs until it is retried (it runs
+again), cancelled or purged. A change that lets a key go on promotes the key's next job in a
+statement of its own after it commits; a key it misses (a race), the workers' key sweeper promotes.
 Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
 
 Under DISPATCHER_COMPLETED_JOBS=delete a job that completes leaves no row: `list_jobs` never
@@ -25,7 +29,17 @@ from coordinator.pg.connect import ConnectionLimits
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError, StoreError, StoreTimeout
-from dispatcher.model import FINISHED_STATUSES, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, STATUS_RUNNING, STATUSES
+from dispatcher.constants import NOTIFY_CHANNEL
+from dispatcher.model import (
+    FINISHED_STATUSES,
+    STATUS_CANCELLED,
+    STATUS_DISCARDED,
+    STATUS_FAILED,
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    STATUS_WAITING,
+    STATUSES,
+)
 
 ADMIN_BUDGET = 6.0  # statement timeout = statement_timeout_s x this (30 s at the defaults), as maintenance's
 DEFAULT_BATCH = 1000  # rows per statement of a bulk change: ~2 ms each, 1,000 row locks at most
@@ -36,9 +50,10 @@ _UNIQUE_RETRIES = 3  # a batch that hit a dedupe key enqueued meanwhile is sent 
 # Which statuses each change applies to.
 ELIGIBLE = {
     "retry": (STATUS_FAILED, STATUS_DISCARDED),
-    "cancel": (STATUS_QUEUED, STATUS_RUNNING),
+    "cancel": (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING),
     "purge": FINISHED_STATUSES,
 }
+HALTING = (STATUS_FAILED, STATUS_DISCARDED)  # the statuses of a job that halts its ordering key
 
 
 class AdminInputError(DispatcherError, ValueError):
@@ -60,6 +75,7 @@ class Filters:
     older_than_s: float | None = None
     newer_than_s: float | None = None
     ids: tuple[int, ...] = ()
+    halted: bool = False  # only jobs that halt their ordering key (failed or discarded, ordering_halted)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.statuses if s not in STATUSES]
@@ -78,12 +94,13 @@ class Filters:
     def params(self) -> dict[str, Any]:
         return {"statuses": list(self.statuses) or None, "queues": list(self.queues) or None,
                 "job_types": list(self.job_types) or None, "older_than_s": self.older_than_s,
-                "newer_than_s": self.newer_than_s, "ids": list(self.ids) or None}
+                "newer_than_s": self.newer_than_s, "ids": list(self.ids) or None, "halted": self.halted}
 
     def for_action(self, action: str) -> Filters:
         """These filters narrowed to the statuses `action` applies to; a status it never applies
-        to is an error (naming `statuses`), not a silent no-op."""
-        eligible = ELIGIBLE[action]
+        to is an error (naming `statuses`), not a silent no-op. A cancel of halted jobs applies
+        to failed and discarded ones: those are the jobs that halt a key."""
+        eligible = HALTING if action == "cancel" and self.halted else ELIGIBLE[action]
         wrong = [s for s in self.statuses if s not in eligible]
         if wrong:
             raise AdminInputError(f"{action} applies to {', '.join(eligible)} jobs, not {', '.join(wrong)}", "statuses")
@@ -106,6 +123,20 @@ class JobRow:
     locked_by: str | None
     cancel_requested_at: datetime | None
     last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HaltedKey:
+    """An ordering key that a failed or discarded job halts, and how many jobs wait behind it."""
+
+    queue: str
+    ordering_key: str
+    job_id: int
+    job_type: str
+    status: str
+    failed_at: datetime | None
+    last_error: str | None
+    waiting: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +194,16 @@ def list_jobs(target: Target, filters: Filters = Filters(), *, limit: int = DEFA
     return [JobRow(*row) for row in rows]
 
 
+def list_halted_keys(target: Target, filters: Filters = Filters(), *, limit: int = DEFAULT_LIST_LIMIT,
+                     limits: ConnectionLimits | None = None) -> list[HaltedKey]:
+    """Halted keys whose halted job matches, newest halt first (by its job's id), at most `limit`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
+    with _session(target, limits) as run:
+        rows = run("list", _sql("admin_halted_keys"), {**filters.params(), "limit": limit})
+    return [HaltedKey(*row) for row in rows]
+
+
 def count_jobs(target: Target, filters: Filters, action: str | None = None, *,
                limits: ConnectionLimits | None = None) -> int:
     """How many jobs match (those `action` would touch, if given): what a bulk change asks to confirm."""
@@ -198,13 +239,15 @@ def job_attempts(target: Target, job_id: int, *, limit: int = 100,
 
 def retry_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
                limits: ConnectionLimits | None = None) -> AdminResult:
-    """Failed or discarded jobs back to queued, due now (see the module docstring)."""
+    """Failed or discarded jobs back to queued, due now; a keyed one that no longer holds its key
+    waits, and runs next (see the module docstring)."""
     return _change("retry", target, filters, batch, up_to_id, limits)
 
 
 def cancel_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
                 limits: ConnectionLimits | None = None) -> AdminResult:
-    """Queued jobs cancelled at once; running ones get a cancel request (see the module docstring)."""
+    """Queued and waiting jobs, and jobs that halt their key, cancelled at once; running ones get a
+    cancel request (see the module docstring)."""
     return _change("cancel", target, filters, batch, up_to_id, limits)
 
 
@@ -262,25 +305,47 @@ def _write(run: Any, action: str, sql: str, ids: list[int], filters: Filters, re
                 raise StoreError(f"{action}: jobs with the same dedupe key kept being enqueued meanwhile; "
                                  "run it again") from None
     eligible = ELIGIBLE[action]
-    after = {job_id: status for job_id, _, _, status, _ in rows if status is not None}  # the changed rows
-    for job_id, before, matches, status, dedupe_held in rows:
+    after = {row[0]: row[3] for row in rows if row[3] is not None}  # the changed rows
+    # Keys a changed row lets go on (the SQL returns a key only where it may: see admin.sql).
+    released = {(queue, key) for _, _, _, status, _, _, queue, key in rows
+                if key is not None and status in (STATUS_WAITING, STATUS_CANCELLED, "purged")}
+    for job_id, before, matches, status, dedupe_held, halted, _, _ in rows:
         if status is not None:
             continue  # the row as written; each id comes again below, as it was before
         if job_id not in after:
-            result.skipped.append(Skipped(job_id, before, _why(action, before, matches, dedupe_held, eligible)))
+            why = _why(action, before, matches, dedupe_held, eligible, halted)
+            result.skipped.append(Skipped(job_id, before, why))
         elif action == "cancel" and after[job_id] == STATUS_RUNNING:
             result.requested_count += 1
             _keep(result.requested, job_id)
         else:
             result.changed_count += 1
             _keep(result.changed, job_id)
+    if released:
+        _promote(run, sorted(released))
 
 
-def _why(action: str, status: str | None, matches: bool, dedupe_held: bool, eligible: Sequence[str]) -> str:
+def _promote(run: Any, keys: list[tuple[str, str]]) -> None:
+    """ordering_promote_keys after the change committed; a race with another promotion (a unique
+    violation on the holder index) is tried again, a key still missed is left to the sweeper."""
+    params = {"queues": [q for q, _ in keys], "keys": [k for _, k in keys], "channel": NOTIFY_CHANNEL}
+    for _ in range(_UNIQUE_RETRIES):
+        try:
+            run("promote", query("ordering_promote_keys"), params)
+            return
+        except _DedupeRace:
+            continue
+
+
+def _why(action: str, status: str | None, matches: bool, dedupe_held: bool, eligible: Sequence[str],
+         halted: bool | None = None) -> str:
     if status is None:
         return "no such job"
-    if status not in eligible:
-        return f"it is {status}: {action} applies to {', '.join(eligible)} jobs"
+    applies = ", ".join(eligible) + (" jobs and to jobs that halt their ordering key" if action == "cancel" else " jobs")
+    if action == "cancel" and status in HALTING and not halted:
+        return f"it is {status} and does not halt its ordering key: cancel applies to {applies}"
+    if status not in eligible and not (action == "cancel" and status in HALTING):
+        return f"it is {status}: {action} applies to {applies}"
     if not matches:
         return "it does not match the filters"
     if dedupe_held:

@@ -1,4 +1,5 @@
-"""`dispatcher status`: what is queued where, how old the oldest waiting job is, what it costs."""
+"""`dispatcher status`: what is queued where, how old the oldest waiting job is, what it costs, and
+how many jobs wait behind an ordering key and how many keys are halted."""
 
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ def read_status(dsn: str, limits: ConnectionLimits | None = None, *,
         counts: dict[str, dict[str, int]] = {}
         for queue, status, jobs in conn.execute(query("status_counts")):
             counts.setdefault(queue, dict.fromkeys(STATUSES, 0))[status] = jobs
+        halted = dict(conn.execute(query("status_halted_keys")).fetchall())
         oldest = dict(conn.execute(query("status_oldest_runnable")).fetchall())
         backlog = dict(conn.execute(query("status_backlog_by_bucket")).fetchall())
         row = conn.execute(query("db_pressure")).fetchone()
     return {
         "completed_jobs": completed_jobs,
-        "queues": {q: {"counts": c, "oldest_runnable_age_s": oldest.get(q)} for q, c in counts.items()},
+        "queues": {q: {"counts": c, "oldest_runnable_age_s": oldest.get(q), "halted_keys": halted.get(q, 0)}
+                   for q, c in counts.items()},
         "runnable_by_bucket": backlog,
         "db": dataclasses.asdict(DbPressure(*row)) if row else None,
     }
@@ -49,15 +52,18 @@ def render_status(status: dict[str, Any]) -> str:
             return f"{f'{counts[s]}*' if counts[s] else 'deleted*':>11}"
         return f"{counts[s]:>11}"
 
-    lines = [f"{'queue':<20}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'oldest due':>12}"]
+    lines = [f"{'queue':<20}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'oldest due':>12}{'halted keys':>13}"]
     for queue, info in sorted(status["queues"].items()):
         age = info["oldest_runnable_age_s"]
         lines.append(
             f"{queue:<20}" + "".join(cell(info["counts"], s) for s in STATUSES)
-            + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}")
+            + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}") + f"{info['halted_keys']:>13}"
         )
     if not status["queues"]:
         lines.append("(no jobs)")
+    if any(info["halted_keys"] for info in status["queues"].values()):
+        lines.append("waiting: jobs behind an earlier job of their ordering key; halted keys: "
+                     "`dispatcher jobs list --halted`")
     if deleted:
         lines.append(f"* {DELETED_NOTE}")
     backlog = status["runnable_by_bucket"]

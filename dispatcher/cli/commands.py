@@ -178,9 +178,12 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
                 if args.count == 1:
                     job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
-                                          partition_key=args.partition_key, **options)
+                                          partition_key=args.partition_key, ordering_key=args.ordering_key,
+                                          **options)
                 else:
-                    n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, **options)
+                    keys = None if args.ordering_key is None else [args.ordering_key] * args.count
+                    n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, ordering_keys=keys,
+                                              **options)
             if args.count > 1:  # ANALYZE waits on locks too: bounded the same way
                 with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
                     refresh_statistics_sync(conn, n)
@@ -197,6 +200,8 @@ def _flag_of(option: str | None) -> str:
     """enqueue's keyword argument -> the `dispatcher enqueue` argument that sets it."""
     if option is None:
         return "arguments"  # a rule about several options at once
+    if option == "ordering_keys":  # --count copies go through enqueue_payloads
+        return "--ordering-key"
     return option if option == "job_type" else "--" + option.replace("_", "-")
 
 
@@ -258,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a key no other live job may have: a duplicate is not enqueued (default: none)")
     p.add_argument("--partition-key", default=None,
                    help="jobs with the same key get the same bucket (default: none, a random bucket)")
+    p.add_argument("--ordering-key", default=None,
+                   help="jobs of the queue with the same key run one at a time, in the order they were enqueued "
+                        "(default: none)")
     p.add_argument("--count", type=int, default=1, help="how many copies of the job to enqueue (default %(default)s)")
     _add_config_flags(p, settings(*ONE_SHOT, ENQUEUE))
     p.set_defaults(func=cmd_enqueue)

@@ -3,7 +3,7 @@ the command line.
 
 Which jobs: ids (arguments, or --id repeated), and/or filters (--status, --queue, --type, each
 repeated or comma-separated; --older-than / --newer-than an age in seconds or 90s, 10m, 2h, 7d,
-by the time the job entered its status). A change given ids acts at once and reports each id.
+by the time the job entered its status; --halted: jobs that halt their ordering key). A change given ids acts at once and reports each id.
 A change without ids is a bulk change of every job that matches (--all: no filter at all); it
 first prints how many match, and acts only with --yes: without it nothing changes and the exit
 code is 1, so a script that forgot --yes does not take "nothing done" for success.
@@ -29,11 +29,13 @@ from dispatcher.api.admin import (
     AdminResult,
     Attempt,
     Filters,
+    HaltedKey,
     JobDetail,
     JobRow,
     cancel_jobs,
     count_jobs,
     job_attempts,
+    list_halted_keys,
     list_jobs,
     purge_jobs,
     retry_jobs,
@@ -46,7 +48,7 @@ from dispatcher.model import STATUS_COMPLETED, STATUSES
 _UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
 _FLAGS = {"statuses": "--status", "queues": "--queue", "job_types": "--type", "older_than_s": "--older-than",
-          "newer_than_s": "--newer-than", "ids": "ids", "limit": "--limit", "batch": "--batch"}
+          "newer_than_s": "--newer-than", "ids": "ids", "halted": "--halted", "limit": "--limit", "batch": "--batch"}
 _CHANGES = {"retry": (retry_jobs, "retried", "put back to queued"), "cancel": (cancel_jobs, "cancelled", "cancelled"),
             "purge": (purge_jobs, "purged", "deleted")}
 _ERROR_CHARS = 60  # of the last error's last line, in the list table
@@ -72,7 +74,7 @@ def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParse
                           description=__doc__.split("\n\n")[1].replace("\n", " "))
     commands = jobs.add_subparsers(dest="jobs_command", required=True)
 
-    p = commands.add_parser("list", help="jobs that match, newest first")
+    p = commands.add_parser("list", help="jobs that match, newest first (--halted: the halted ordering keys)")
     _add_selection(p)
     p.add_argument("--limit", default=str(DEFAULT_LIST_LIMIT), help="most jobs listed (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print them as JSON instead of a table")
@@ -85,8 +87,10 @@ def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParse
     add_config_flags(p)
     p.set_defaults(func=lambda args: _show(args, config_from(args)))
 
-    for action, what in (("retry", "failed or discarded jobs back to queued, due now"),
-                         ("cancel", "queued jobs: cancelled at once; running ones: cancelled at their next heartbeat"),
+    for action, what in (("retry", "failed or discarded jobs back to queued, due now (one with an ordering key "
+                                   "runs before the later jobs of its key)"),
+                         ("cancel", "queued and waiting jobs, and jobs that halt their ordering key: cancelled at "
+                                    "once; running ones: cancelled at their next heartbeat"),
                          ("purge", "delete finished jobs (completed, failed, discarded, cancelled)")):
         p = commands.add_parser(action, help=what)
         _add_selection(p)
@@ -110,12 +114,19 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--older-than", default=None, metavar="AGE",
                    help="only jobs in their status for longer than this: seconds, or 90s, 10m, 2h, 7d")
     p.add_argument("--newer-than", default=None, metavar="AGE", help="only jobs in their status for at most this")
+    p.add_argument("--halted", action="store_true",
+                   help="only failed or discarded jobs that halt their ordering key (list: one row per halted key)")
 
 
 # -- commands ----------------------------------------------------------------------------------------
 
 def _list(args: argparse.Namespace, config: Any) -> int:
     filters = _filters(args)
+    if filters.halted:
+        keys = _guarded(lambda: list_halted_keys(_dsn(config), filters, limit=_whole(args.limit, "--limit"),
+                                                 limits=config.database.limits))
+        print(orjson.dumps(keys, option=orjson.OPT_INDENT_2).decode() if args.json else render_halted(keys))
+        return 0
     rows = _guarded(lambda: list_jobs(_dsn(config), filters, limit=_whole(args.limit, "--limit"),
                                       limits=config.database.limits))
     # Completed jobs have no rows to list under DISPATCHER_COMPLETED_JOBS=delete: say so, not "(no jobs match)".
@@ -192,7 +203,8 @@ def _filters(args: argparse.Namespace) -> Filters:
             raise ConfigError(flag, f"{bad[0]!r} is not a name a job can have (letters, digits, _ . -)")
     return _guarded(lambda: Filters(statuses=_split(args.status), queues=names["--queue"],
                                     job_types=names["--type"], older_than_s=_age(args.older_than, "--older-than"),
-                                    newer_than_s=_age(args.newer_than, "--newer-than"), ids=ids))
+                                    newer_than_s=_age(args.newer_than, "--newer-than"), ids=ids,
+                                    halted=args.halted))
 
 
 def _split(values: list[str]) -> tuple[str, ...]:
@@ -266,9 +278,26 @@ def render_list(rows: list[JobRow]) -> str:
     return "\n".join(lines)
 
 
+def render_halted(keys: list[HaltedKey]) -> str:
+    if not keys:
+        return "(no halted ordering keys)"
+    lines = [f"{'queue':<14} {'ordering key':<20} {'job':>10}  {'type':<20} {'status':<10} {'failed at':<19} "
+             f"{'waiting':>8}  last error"]
+    for k in keys:
+        failed_at = f"{k.failed_at:%Y-%m-%d %H:%M:%S}" if k.failed_at else "-"
+        lines.append(f"{k.queue[:14]:<14} {k.ordering_key[:20]:<20} {k.job_id:>10}  {k.job_type[:20]:<20} "
+                     f"{k.status:<10} {failed_at:<19} {k.waiting:>8}  {error_line(k.last_error)}")
+    lines.append("each key's later jobs wait until its job is retried (`jobs retry ID`), cancelled or purged")
+    return "\n".join(lines)
+
+
 def render_show(detail: JobDetail) -> str:
     job = detail.job
     lines = [f"job {job['id']} ({job['status']})"]
+    if job.get("ordering_key") is not None:
+        lines.append(f"  ordering key {job['ordering_key']!r}: "
+                     + ("HALTED by this job: the key's later jobs wait until it is retried, cancelled or purged"
+                        if job.get("ordering_halted") else "this job does not halt it"))
     lines += [f"  {name:<20} {'' if value is None else value}" for name, value in job.items()
               if name not in ("id", "status", "last_error", "payload")]
     lines.append(f"  {'payload':<20} {orjson.dumps(job['payload']).decode()}")

@@ -27,7 +27,9 @@ LEASE_NAME = "table_sampler"
 LEASE_TICKS = 3  # the lease lasts this many intervals
 STALE_TICKS = 3  # a sample older than this many intervals is not exported
 # query queue_depth: every status but completed (throughput x retention rows; read it as a rate)
-DEPTH_STATUSES = ("queued", "scheduled", "running", "failed", "discarded", "cancelled")
+# and, for ordering keys, 'waiting' (behind an earlier job of its key) and 'halted' (the failed or
+# discarded jobs that halt their key: also counted under their status)
+DEPTH_STATUSES = ("queued", "scheduled", "running", "failed", "discarded", "cancelled", "waiting", "halted")
 _MAX_QUEUES = 1000  # queues remembered to export 0 for once they are empty (bounded: names come from enqueue)
 
 
@@ -136,7 +138,8 @@ def _role_families(holding: int, age_s: float) -> list[Metric]:
 def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metric]:
     jobs = GaugeMetricFamily("dispatcher_queue_jobs",
                              "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, discarded, "
-                             "cancelled",
+                             "cancelled, waiting (behind an ordering key), halted (the failed or discarded that halt "
+                             "their ordering key)",
                              labels=["queue", "status"])
     oldest = GaugeMetricFamily("dispatcher_queue_oldest_runnable_age_seconds",
                                "Age of the oldest due job waiting per queue (0 when none is due)", labels=["queue"])

@@ -178,7 +178,8 @@ def test_cancel_ends_queued_and_scheduled_jobs_at_once_and_asks_running_ones(dsn
     result = cancel_jobs(dsn, Filters(ids=(due, scheduled, running, completed)))
     assert sorted(result.changed) == sorted([due, scheduled]) and result.requested == [running]
     assert [(s.id, s.reason) for s in result.skipped] == [
-        (completed, "it is completed: cancel applies to queued, running jobs")]
+        (completed, "it is completed: cancel applies to queued, running, waiting jobs and to jobs that halt "
+                    "their ordering key")]
     assert statuses(dsn, [due, scheduled, running, completed]) == ["cancelled", "cancelled", "running", "completed"]
     requested = fetchall(dsn, "SELECT id FROM dispatcher_jobs WHERE cancel_requested_at IS NOT NULL ORDER BY id")
     assert requested == [(i,) for i in sorted([due, scheduled, running])]

@@ -44,16 +44,21 @@ def test_bad_filters_are_refused_naming_the_field(kwargs, option):
 def test_good_filters_pass_and_absent_ones_are_sent_as_null():
     f = Filters(statuses=("failed",), queues=("mail",), older_than_s=60, ids=(3, 4))
     assert f.params() == {"statuses": ["failed"], "queues": ["mail"], "job_types": None, "older_than_s": 60,
-                          "newer_than_s": None, "ids": [3, 4]}
-    assert set(Filters().params().values()) == {None}
+                          "newer_than_s": None, "ids": [3, 4], "halted": False}
+    assert Filters().params() == {**dict.fromkeys(f.params(), None), "halted": False}
+    assert Filters(halted=True).params()["halted"] is True
 
 
 def test_a_change_narrows_to_the_statuses_it_applies_to_and_refuses_others():
     assert Filters().for_action("retry").statuses == ("failed", "discarded")
-    assert Filters().for_action("cancel").statuses == ("queued", "running")
+    assert Filters().for_action("cancel").statuses == ("queued", "running", "waiting")
+    # The jobs that halt an ordering key are failed or discarded: a cancel of them names those.
+    assert Filters(halted=True).for_action("cancel").statuses == ("failed", "discarded")
+    assert Filters(halted=True).for_action("retry").statuses == ("failed", "discarded")
     assert Filters().for_action("purge").statuses == ("completed", "failed", "discarded", "cancelled")
     assert Filters(statuses=("discarded",)).for_action("retry").statuses == ("discarded",)
-    for action, status in (("retry", "running"), ("cancel", "completed"), ("purge", "queued"), ("purge", "running")):
+    for action, status in (("retry", "running"), ("cancel", "completed"), ("cancel", "failed"), ("purge", "queued"),
+                           ("purge", "running"), ("purge", "waiting")):
         with pytest.raises(AdminInputError, match=status) as info:
             Filters(statuses=(status,)).for_action(action)
         assert info.value.option == "statuses"

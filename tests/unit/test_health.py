@@ -176,7 +176,8 @@ def test_the_table_collector_exports_the_holders_fresh_sample_only():
     expected = {(q, status): 0 for q in ("default", "mail", "other") for status in DEPTH_STATUSES}
     expected.update({("default", "queued"): 5, ("default", "scheduled"): 2, ("other", "failed"): 1})
     assert jobs == expected
-    assert set(DEPTH_STATUSES) == {"queued", "scheduled", "running", "failed", "discarded", "cancelled"}
+    assert set(DEPTH_STATUSES) == {"queued", "scheduled", "running", "failed", "discarded", "cancelled",
+                                   "waiting", "halted"}
     oldest = {dict(labels)["queue"]: v for (name, labels), v in out.items()
               if name == "dispatcher_queue_oldest_runnable_age_seconds"}
     assert oldest == {"default": 12.5, "mail": 0.0, "other": 0.0}

@@ -19,6 +19,7 @@ AND (%(job_types)s::text[] IS NULL OR j.job_type = ANY(%(job_types)s::text[]))
 AND (%(older_than_s)s::float8 IS NULL OR j.updated_at < now() - %(older_than_s)s::float8 * interval '1 second')
 AND (%(newer_than_s)s::float8 IS NULL OR j.updated_at >= now() - %(newer_than_s)s::float8 * interval '1 second')
 AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+AND (NOT %(halted)s::bool OR j.ordering_halted)
 
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
@@ -66,15 +67,21 @@ SELECT attempt, worker, started_at, finished_at, duration_ms, outcome, error
 -- people, a stale cancel request goes. The status is re-checked on the row the UPDATE writes:
 -- a job that changed meanwhile is skipped. A job whose dedupe key a live job holds now (or
 -- another job of this batch, the lowest id of which goes) is skipped too: two live jobs may not
--- share a key. Shape, in the three statements of a change: the conditions sit in a CASE, so
+-- share a key. A keyed job that halts its key (ordering_halted) is still its holder: it becomes
+-- queued and the halt ends. One that does not hold its key (its handler let the key go on)
+-- waits: it is older than every job of its key still to run, so it is promoted next, by
+-- ordering_promote_keys (admin.py runs it on the keys this returns once this commits).
+-- Shape, in the three statements of a change: the conditions sit in a CASE, so
 -- that the rows are fetched by primary key (the batch) and not through a status index bitmap
 -- ANDed with it (5 ms per batch at 100k failed rows, growing with them); the report comes back
--- as the changed rows, then every id with its row as it was before this statement (status,
--- whether the filters matched, whether its dedupe key was held), joined in admin.py: a join of
+-- as the changed rows (with their key), then every id with its row as it was before this
+-- statement (status, whether the filters matched, whether its dedupe key was held, whether it
+-- halted its key), joined in admin.py: a join of
 -- the two here was planned as a nested loop over the CTE (100 ms per 1,000 ids).
 WITH changed AS (
     UPDATE dispatcher_jobs AS j
-       SET status = 'queued',
+       SET status = CASE WHEN j.ordering_key IS NULL OR j.ordering_halted THEN 'queued' ELSE 'waiting' END,
+           ordering_halted = false,
            run_at = now(),
            max_attempts = greatest(j.max_attempts, j.attempts + 1),
            failed_at = NULL,
@@ -84,61 +91,82 @@ WITH changed AS (
        AND CASE WHEN j.status IN ('failed', 'discarded') THEN {filters} AND (j.dedupe_key IS NULL OR (
             NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS d
                          WHERE d.queue_name = j.queue_name AND d.dedupe_key = j.dedupe_key
-                           AND d.status IN ('queued', 'running'))
+                           AND d.status IN ('queued', 'running', 'waiting'))
             AND j.id = (SELECT min(b.id) FROM dispatcher_jobs AS b
                          WHERE b.id = ANY(%(ids)s::bigint[]) AND b.queue_name = j.queue_name
                            AND b.dedupe_key = j.dedupe_key AND b.status IN ('failed', 'discarded'))))
             ELSE false END
-    RETURNING j.id, j.status, j.queue_name, j.dedupe_key
+    RETURNING j.id, j.status, j.queue_name, j.dedupe_key, j.ordering_key
 )
-SELECT id, NULL, NULL, status, NULL FROM changed
+SELECT id, NULL, NULL, status, NULL, NULL, queue_name, ordering_key FROM changed
 UNION ALL
 SELECT t.id, j.status, coalesce({filters}, false), NULL,
        j.dedupe_key IS NOT NULL AND (
-           EXISTS (SELECT 1 FROM dispatcher_jobs AS d  -- through dispatcher_jobs_dedupe_idx
+           EXISTS (SELECT 1 FROM dispatcher_jobs AS d  -- through dispatcher_jobs_dedupe_live_idx
                     WHERE d.queue_name = j.queue_name AND d.dedupe_key = j.dedupe_key
-                      AND d.status IN ('queued', 'running'))
+                      AND d.status IN ('queued', 'running', 'waiting'))
            OR EXISTS (SELECT 1 FROM changed AS c
-                       WHERE c.queue_name = j.queue_name AND c.dedupe_key = j.dedupe_key AND c.id <> j.id))
+                       WHERE c.queue_name = j.queue_name AND c.dedupe_key = j.dedupe_key AND c.id <> j.id)),
+       j.ordering_halted, NULL, NULL
   FROM unnest(%(ids)s::bigint[]) AS t(id)
   LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
 
 -- name: admin_jobs_cancel
--- Jobs among %(ids)s that still match the filters: a queued one (due or scheduled) becomes
--- 'cancelled' at once and never runs; a running one gets a cancel request (cancel_requested_at)
--- that its owner reads with its next heartbeat, and ends 'cancelled' (no retry). The status is
--- re-checked on the row written: a job claimed meanwhile gets the request instead, a job that
--- finished meanwhile is left alone. Same shape as admin_jobs_retry.
+-- Jobs among %(ids)s that still match the filters: a queued or waiting one (due or scheduled)
+-- becomes 'cancelled' at once and never runs; a running one gets a cancel request
+-- (cancel_requested_at) that its owner reads with its next heartbeat, and ends 'cancelled' (no
+-- retry). A failed or discarded job that halts its key is cancelled too, and the halt ends. The
+-- status is re-checked on the row written: a job claimed meanwhile gets the request instead, a
+-- job that finished meanwhile is left alone. A keyed job cancelled at once lets its key go on:
+-- admin.py promotes the key's next job (ordering_promote_keys) on the keys this returns, once
+-- this commits. Same shape as admin_jobs_retry.
 WITH changed AS (
     UPDATE dispatcher_jobs AS j
-       SET status = CASE WHEN j.status = 'queued' THEN 'cancelled' ELSE j.status END,
+       SET status = CASE WHEN j.status = 'running' THEN j.status ELSE 'cancelled' END,
+           ordering_halted = false,
            cancel_requested_at = coalesce(j.cancel_requested_at, now()),
-           updated_at = CASE WHEN j.status = 'queued' THEN now() ELSE j.updated_at END
+           updated_at = CASE WHEN j.status = 'running' THEN j.updated_at ELSE now() END
      WHERE j.id = ANY(%(ids)s::bigint[])
-       AND CASE WHEN j.status IN ('queued', 'running') THEN {filters} ELSE false END
-    RETURNING j.id, j.status
+       AND CASE WHEN j.status IN ('queued', 'running', 'waiting') OR j.ordering_halted THEN {filters}
+                ELSE false END
+    RETURNING j.id, j.status, j.queue_name, j.ordering_key
 )
-SELECT id, NULL, NULL, status, NULL FROM changed
+SELECT id, NULL, NULL, status, NULL, NULL, queue_name, ordering_key FROM changed
 UNION ALL
-SELECT t.id, j.status, coalesce({filters}, false), NULL, false
+SELECT t.id, j.status, coalesce({filters}, false), NULL, false, j.ordering_halted, NULL, NULL
   FROM unnest(%(ids)s::bigint[]) AS t(id)
   LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
 
 -- name: admin_jobs_purge
 -- Delete finished jobs (completed, failed, discarded, cancelled) among %(ids)s that still match
 -- the filters; live ones are never touched (re-checked on the row deleted). Their attempt
--- history stays until history_retention_s. Same shape as admin_jobs_retry.
+-- history stays until history_retention_s. A purged job that halted its key lets the key go on
+-- (admin.py promotes its next job, as for a cancel). Same shape as admin_jobs_retry.
 WITH changed AS (
     DELETE FROM dispatcher_jobs AS j
      WHERE j.id = ANY(%(ids)s::bigint[])
        AND CASE WHEN j.status IN ('completed', 'failed', 'discarded', 'cancelled') THEN {filters} ELSE false END
-    RETURNING j.id
+    RETURNING j.id, j.queue_name, CASE WHEN j.ordering_halted THEN j.ordering_key END AS ordering_key
 )
-SELECT id, NULL, NULL, 'purged', NULL FROM changed
+SELECT id, NULL, NULL, 'purged', NULL, NULL, queue_name, ordering_key FROM changed
 UNION ALL
-SELECT t.id, j.status, coalesce({filters}, false), NULL, false
+SELECT t.id, j.status, coalesce({filters}, false), NULL, false, j.ordering_halted, NULL, NULL
   FROM unnest(%(ids)s::bigint[]) AS t(id)
   LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
+
+-- name: admin_halted_keys
+-- The keys that a failed or discarded job halts (ordering_halted), newest first (by the halted
+-- job's id), at most %(limit)s: each with its halted job and how many jobs wait behind it. The
+-- halted jobs are read through dispatcher_jobs_ordering_holder_idx (a key's holders only: one
+-- row per key in use), the waiting count of each listed key through
+-- dispatcher_jobs_ordering_waiting_idx.
+SELECT j.queue_name, j.ordering_key, j.id, j.job_type, j.status, j.failed_at, j.last_error,
+       (SELECT count(*) FROM dispatcher_jobs AS w
+         WHERE w.queue_name = j.queue_name AND w.ordering_key = j.ordering_key AND w.status = 'waiting') AS waiting
+  FROM dispatcher_jobs AS j
+ WHERE j.ordering_key IS NOT NULL AND j.ordering_halted AND {filters}
+ ORDER BY j.id DESC
+ LIMIT %(limit)s
 
 -- The workers' role's privileges (dispatcher/db/privileges.py, `dispatcher grants`): a script the
 -- tables' owner runs. {placeholders}: quoted identifiers and privilege lists, filled in by code.

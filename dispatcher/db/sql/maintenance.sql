@@ -40,13 +40,16 @@ DELETE FROM dispatcher_jobs
 
 -- name: jobs_prune_unsuccessful
 -- The same for jobs that ended failed, discarded or cancelled, through
--- dispatcher_jobs_unsuccessful_idx (1,000 rows: 1.9 ms at 500k rows).
+-- dispatcher_jobs_unsuccessful_idx (1,000 rows: 1.9 ms at 500k rows). A job that halts its
+-- ordering key is never deleted: it holds the key's later jobs until an operator retries,
+-- cancels or purges it (`dispatcher jobs list --halted`), and with it gone they would run.
 DELETE FROM dispatcher_jobs
  WHERE id = ANY(ARRAY(
            SELECT id
              FROM dispatcher_jobs
             WHERE status IN ('failed', 'discarded', 'cancelled')
               AND updated_at < now() - %(retention_s)s * interval '1 second'
+              AND NOT ordering_halted
             ORDER BY updated_at
             LIMIT %(limit)s
               FOR UPDATE SKIP LOCKED))

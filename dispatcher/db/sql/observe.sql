@@ -9,6 +9,14 @@ SELECT queue_name, status, count(*) AS jobs
  GROUP BY queue_name, status
  ORDER BY queue_name, status
 
+-- name: status_halted_keys
+-- Ordering keys halted by a failed or discarded job, per queue: through
+-- dispatcher_jobs_ordering_holder_idx (the keys' holders only: one entry per key in use).
+SELECT queue_name, count(*) AS halted_keys
+  FROM dispatcher_jobs
+ WHERE ordering_key IS NOT NULL AND ordering_halted
+ GROUP BY queue_name
+
 -- name: status_oldest_runnable
 -- Age in seconds of the oldest job that is due and waiting, per queue.
 SELECT queue_name, extract(epoch FROM now() - min(run_at))::float8 AS oldest_runnable_age_s
@@ -47,7 +55,8 @@ SELECT t.n_live_tup, t.n_dead_tup, t.seq_scan, t.idx_scan, t.n_tup_upd, t.n_tup_
 
 -- name: queue_depth
 -- Jobs per queue in every status but completed (the table sampler, one pod at a time): queued
--- and due, scheduled (queued, run_at in the future), running, failed, discarded, cancelled; and
+-- and due, scheduled (queued, run_at in the future), running, failed, discarded, cancelled,
+-- waiting (behind an ordering key), and halted (the failed or discarded that halt their key); and
 -- the age of the oldest due job per queue (0 when none is due). Each branch reads only its own
 -- status's rows through a partial index. Completed rows are left out: they are kept for
 -- completed_retention_s, so there are throughput x retention of them (3.6M at 1,000 jobs/s and
@@ -86,6 +95,15 @@ UNION ALL
 SELECT queue_name, 'discarded', count(*), NULL FROM dispatcher_jobs WHERE status = 'discarded' GROUP BY queue_name
 UNION ALL
 SELECT queue_name, 'cancelled', count(*), NULL FROM dispatcher_jobs WHERE status = 'cancelled' GROUP BY queue_name
+UNION ALL
+-- Ordering keys (migration 0008): the jobs waiting behind an earlier job of their key, through
+-- dispatcher_jobs_ordering_waiting_idx, and the keys a failed or discarded job halts (those jobs
+-- are counted as failed or discarded too), through dispatcher_jobs_ordering_holder_idx: its
+-- entries are the keys' holders only, one per key in use. No keyed job: two empty index scans.
+SELECT queue_name, 'waiting', count(*), NULL FROM dispatcher_jobs WHERE status = 'waiting' GROUP BY queue_name
+UNION ALL
+SELECT queue_name, 'halted', count(*), NULL FROM dispatcher_jobs
+ WHERE ordering_key IS NOT NULL AND ordering_halted GROUP BY queue_name
 
 -- name: locked_tables
 -- Our tables that another session holds a lock on that blocks reads or writes (SHARE or stronger),

@@ -57,11 +57,11 @@ def render_status(status: dict[str, Any]) -> str:
         age = info["oldest_runnable_age_s"]
         lines.append(
             f"{queue:<20}" + "".join(cell(info["counts"], s) for s in STATUSES)
-            + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}") + f"{info['halted_keys']:>13}"
+            + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}") + f"{info.get('halted_keys', 0):>13}"
         )
     if not status["queues"]:
         lines.append("(no jobs)")
-    if any(info["halted_keys"] for info in status["queues"].values()):
+    if any(info.get("halted_keys") for info in status["queues"].values()):
         lines.append("waiting: jobs behind an earlier job of their ordering key; halted keys: "
                      "`dispatcher jobs list --halted`")
     if deleted:

@@ -27,9 +27,10 @@ LEASE_NAME = "table_sampler"
 LEASE_TICKS = 3  # the lease lasts this many intervals
 STALE_TICKS = 3  # a sample older than this many intervals is not exported
 # query queue_depth: every status but completed (throughput x retention rows; read it as a rate)
-# and, for ordering keys, 'waiting' (behind an earlier job of its key) and 'halted' (the failed or
-# discarded jobs that halt their key: also counted under their status)
-DEPTH_STATUSES = ("queued", "scheduled", "running", "failed", "discarded", "cancelled", "waiting", "halted")
+# and, for ordering keys, 'waiting' (behind an earlier job of its key). The row 'halted' (keys that a
+# failed or discarded job halts) is a gauge of its own: those jobs are counted under their status.
+DEPTH_STATUSES = ("queued", "scheduled", "running", "failed", "discarded", "cancelled", "waiting")
+HALTED = "halted"
 _MAX_QUEUES = 1000  # queues remembered to export 0 for once they are empty (bounded: names come from enqueue)
 
 
@@ -138,9 +139,11 @@ def _role_families(holding: int, age_s: float) -> list[Metric]:
 def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metric]:
     jobs = GaugeMetricFamily("dispatcher_queue_jobs",
                              "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, discarded, "
-                             "cancelled, waiting (behind an ordering key), halted (the failed or discarded that halt "
-                             "their ordering key)",
+                             "cancelled, waiting (behind an earlier job of its ordering key)",
                              labels=["queue", "status"])
+    halted = GaugeMetricFamily("dispatcher_queue_halted_keys",
+                               "Ordering keys per queue whose jobs wait behind a job that failed for good "
+                               "(dispatcher jobs list --halted)", labels=["queue"])
     oldest = GaugeMetricFamily("dispatcher_queue_oldest_runnable_age_seconds",
                                "Age of the oldest due job waiting per queue (0 when none is due)", labels=["queue"])
     dead = GaugeMetricFamily("dispatcher_db_dead_tuples", "Dead tuples in the jobs table")
@@ -149,13 +152,17 @@ def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metri
                                       "Index entries read through the claim indexes (since the statistics reset)")
     lock_waits = GaugeMetricFamily("dispatcher_db_lock_waits", "Sessions of dispatcher workers waiting on a lock now")
     active = GaugeMetricFamily("dispatcher_db_active_sessions", "Sessions of this database running a statement now")
-    families: list[Metric] = [jobs, oldest, dead, live, claim_reads, lock_waits, active]
+    families: list[Metric] = [jobs, halted, oldest, dead, live, claim_reads, lock_waits, active]
     if sample is None:
         return families
     known = dict.fromkeys([*queues, *(row.queue for row in sample.depth)])  # each exported, 0 when empty
     counts = {(q, s): 0 for q in known for s in DEPTH_STATUSES}
     ages = dict.fromkeys(known, 0.0)
+    halted_keys = dict.fromkeys(known, 0)
     for row in sample.depth:
+        if row.status == HALTED:
+            halted_keys[row.queue] = row.jobs
+            continue
         counts[(row.queue, row.status)] = row.jobs
         if row.status == "queued" and row.oldest_due_age_s is not None:
             ages[row.queue] = max(0.0, row.oldest_due_age_s)  # the clocks' rounding: never below 0
@@ -163,6 +170,8 @@ def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metri
         jobs.add_metric([queue, status], n)
     for queue, age_s in sorted(ages.items()):
         oldest.add_metric([queue], age_s)
+    for queue, n in sorted(halted_keys.items()):
+        halted.add_metric([queue], n)
     p = sample.pressure
     if p is not None:
         dead.add_metric([], p.n_dead_tup)

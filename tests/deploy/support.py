@@ -43,7 +43,8 @@ CONTRACT_METRICS = CONTRACT_HISTOGRAMS | frozenset({
     "dispatcher_coordinator_heartbeat_age_seconds", "dispatcher_loop_heartbeat_age_seconds", "dispatcher_ready",
     "dispatcher_build_info",
     # table-wide
-    "dispatcher_queue_jobs", "dispatcher_queue_oldest_runnable_age_seconds", "dispatcher_db_dead_tuples",
+    "dispatcher_queue_jobs", "dispatcher_queue_halted_keys", "dispatcher_queue_oldest_runnable_age_seconds",
+    "dispatcher_db_dead_tuples",
     "dispatcher_db_live_tuples", "dispatcher_db_claim_index_tuples_read_total", "dispatcher_db_lock_waits",
     "dispatcher_db_active_sessions", "dispatcher_table_sampler", "dispatcher_table_sample_age_seconds",
     # janitor

@@ -253,7 +253,7 @@ def test_one_worker_exports_the_table_wide_series_and_another_takes_over_when_it
         quiet = texts[other]
         assert value(quiet, "dispatcher_table_sampler") == 0
         assert value(quiet, "dispatcher_table_sample_age_seconds") == math.inf
-        table_wide = {"dispatcher_queue_jobs", "dispatcher_queue_oldest_runnable_age_seconds",
+        table_wide = {"dispatcher_queue_jobs", "dispatcher_queue_halted_keys", "dispatcher_queue_oldest_runnable_age_seconds",
                       "dispatcher_db_dead_tuples", "dispatcher_db_live_tuples",
                       "dispatcher_db_claim_index_tuples_read_total", "dispatcher_db_lock_waits",
                       "dispatcher_db_active_sessions"}

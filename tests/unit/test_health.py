@@ -145,7 +145,7 @@ def test_coordinator_heartbeat_age_is_computed_at_scrape_time_and_absent_without
     assert collected(ages) == {("dispatcher_coordinator_heartbeat_age_seconds", ()): 1.5}
 
 
-TABLE_WIDE = {"dispatcher_queue_jobs", "dispatcher_queue_oldest_runnable_age_seconds", "dispatcher_db_dead_tuples",
+TABLE_WIDE = {"dispatcher_queue_jobs", "dispatcher_queue_halted_keys", "dispatcher_queue_oldest_runnable_age_seconds", "dispatcher_db_dead_tuples",
               "dispatcher_db_live_tuples", "dispatcher_db_claim_index_tuples_read_total", "dispatcher_db_lock_waits",
               "dispatcher_db_active_sessions"}
 
@@ -156,7 +156,7 @@ def sampler(interval_s=1.0, queues=("default", "mail")):
 
 def sample(age_s=0.0):
     depth = (QueueDepth("default", "queued", 5, 12.5), QueueDepth("default", "scheduled", 2, None),
-             QueueDepth("other", "failed", 1, None))
+             QueueDepth("other", "failed", 1, None), QueueDepth("other", "halted", 1, None))
     return TableSample(depth, DbPressure(100, 7, 0, 0, 0, 0, 12345, 2, 3), time.monotonic() - age_s)
 
 
@@ -177,7 +177,9 @@ def test_the_table_collector_exports_the_holders_fresh_sample_only():
     expected.update({("default", "queued"): 5, ("default", "scheduled"): 2, ("other", "failed"): 1})
     assert jobs == expected
     assert set(DEPTH_STATUSES) == {"queued", "scheduled", "running", "failed", "discarded", "cancelled",
-                                   "waiting", "halted"}
+                                   "waiting"}
+    halted = {dict(labels)["queue"]: v for (name, labels), v in out.items() if name == "dispatcher_queue_halted_keys"}
+    assert halted == {"default": 0, "mail": 0, "other": 1}, "a gauge of its own: the jobs count as failed"
     oldest = {dict(labels)["queue"]: v for (name, labels), v in out.items()
               if name == "dispatcher_queue_oldest_runnable_age_seconds"}
     assert oldest == {"default": 12.5, "mail": 0.0, "other": 0.0}

@@ -56,7 +56,8 @@ SELECT t.n_live_tup, t.n_dead_tup, t.seq_scan, t.idx_scan, t.n_tup_upd, t.n_tup_
 -- name: queue_depth
 -- Jobs per queue in every status but completed (the table sampler, one pod at a time): queued
 -- and due, scheduled (queued, run_at in the future), running, failed, discarded, cancelled,
--- waiting (behind an ordering key), and halted (the failed or discarded that halt their key); and
+-- waiting (behind an ordering key), and 'halted': the keys a failed or discarded job halts (a
+-- gauge of its own, dispatcher_queue_halted_keys: those jobs are counted under their status); and
 -- the age of the oldest due job per queue (0 when none is due). Each branch reads only its own
 -- status's rows through a partial index. Completed rows are left out: they are kept for
 -- completed_retention_s, so there are throughput x retention of them (3.6M at 1,000 jobs/s and

@@ -21,10 +21,11 @@ from bench.drain import drain_suite
 from bench.enqueue import enqueue_suite
 from bench.external import add_arguments as add_external_arguments
 from bench.external import main as external_main
-from bench.plots import coldstart_plot, curve_plot, scaling_plots
+from bench.keyed import MIXES, keyed_suite
+from bench.plots import coldstart_plot, curve_plot, keyed_plot, scaling_plots
 from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 
-SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling"]
+SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling", "keyed"]
 MODES = ["partitioned", "skip_locked"]
 RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
                "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
@@ -93,6 +94,14 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
         curve_plot(result.rows, out_dir, label, "rolling_drain_curve.png",
                    f"{jobs} jobs drained while every worker is replaced",
                    label_of=lambda r: f"{r['mode']}, {r['profile']}", xlabel="seconds after the first claim")
+    elif scenario == "keyed":
+        keyed_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4,8")), modes=modes,
+                    mixes=[m for m in args.mixes.split(",") if m])
+        columns = ["mix", "mode", "workers", "jobs", "due_to_done_s", "due_jobs_per_s", "vs_none", "vs_skip_locked",
+                   "order_ok", "order_violations", "ran_twice", "not_run", "keys", "top_key_jobs",
+                   "pg_cpu_us_per_job", "client_cpu_us_per_job", "idx_reads_per_job", "ordering_idx_reads_per_job",
+                   "start_late_p99_ms", "max_lock_waiters", "autovacuums", "due_after_commit_s"]
+        keyed_plot(result.rows, out_dir, label)
     else:
         enqueue_suite(dsn, result, single=500 if quick else 5_000, bulk=jobs, repeat=1 if quick else args.repeat)
         columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]
@@ -129,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="drain/burst/scaling/skew/jitter: sample one worker with py-spy during each run and "
                              "list its CPU per job by function (pip install py-spy; it takes CPU of its own: "
                              "read rates from runs without it)")
+    parser.add_argument("--mixes", default=",".join(MIXES),
+                        help="keyed: ordering-key mixes (none is the baseline the others' vs_none divides by)")
     parser.add_argument("--repeat", type=int, default=3, help="drain/burst/scaling/enqueue/coldstart: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)

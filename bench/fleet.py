@@ -27,14 +27,16 @@ PROFILES: dict[str, dict[str, Any]] = {"bench": TUNED, "defaults": {}}
 
 class Fleet(harness.Fleet):
     """The shared fleet (readiness, liveness, stop, rollout steps) with the benchmark's settings
-    (or the defaults: `profile`), its histograms and its CPU seconds."""
+    (or the defaults: `profile`), its histograms and its CPU seconds. `app`: another worker app
+    than the demo's no-op (bench/keyed_app.py)."""
 
-    def __init__(self, dsn: str, mode: str, workers: int, *, profile: str = "bench", **settings: Any) -> None:
+    def __init__(self, dsn: str, mode: str, workers: int, *, profile: str = "bench", app: str = APP,
+                 **settings: Any) -> None:
         base = dict(log_level="WARNING", **PROFILES[profile])
         base.update(settings)
         self._cpu_at_stop: float | None = None  # first: a failed start stops the workers already started
         self._cpu_of_retired = 0.0
-        super().__init__(dsn, APP, mode, workers, worker_id_prefix=f"bench-{mode}", **base)
+        super().__init__(dsn, app, mode, workers, worker_id_prefix=f"bench-{mode}", **base)
 
     def __enter__(self) -> Fleet:
         return self

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.sqlfile import load_all
+from dispatcher.db import query
 
 # The claim's variants share one statement shape: told apart by their selection.
 CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED"),
@@ -44,6 +45,8 @@ def _named() -> dict[str, str]:
     named = {}
     for package in ("coordinator", "dispatcher.db", "bench"):
         for name, text in load_all(package).items():
+            if package == "dispatcher.db":
+                text = query(name)  # as sent: with its fragments ({promote_next}) filled in
             named.setdefault(_normal(text), name)
     return named
 

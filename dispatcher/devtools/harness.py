@@ -275,8 +275,8 @@ def completed_jobs(conn: psycopg.Connection[Any]) -> int:
 
 
 def jobs_left(conn: psycopg.Connection[Any]) -> int:
-    """Jobs queued or running: a drain is done when none is left, whether completions keep their
-    rows or delete them."""
+    """Jobs queued, running or waiting behind an ordering key: a drain is done when none is left,
+    whether completions keep their rows or delete them."""
     row = conn.execute(measure_query("measure_jobs_left")).fetchone()
     return int(row[0]) if row else 0
 

@@ -33,6 +33,7 @@ SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wai
 SELECT count(*) FROM dispatcher_jobs WHERE status = 'completed'
 
 -- name: measure_jobs_left
--- Jobs not finished yet: queued (a retry too) or running. What a drain's watch counts down, the
--- same whether completions keep their rows or delete them (DISPATCHER_COMPLETED_JOBS=delete).
-SELECT count(*) FROM dispatcher_jobs WHERE status IN ('queued', 'running')
+-- Jobs not finished yet: queued (a retry too), running, or waiting behind their ordering key's
+-- holder. What a drain's watch counts down, the same whether completions keep their rows or
+-- delete them (DISPATCHER_COMPLETED_JOBS=delete).
+SELECT count(*) FROM dispatcher_jobs WHERE status IN ('queued', 'running', 'waiting')

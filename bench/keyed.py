@@ -1,0 +1,146 @@
+"""`keyed`: a burst of jobs with ordering keys, against the same burst without keys.
+
+N jobs due at one instant (as `burst`), enqueued in one transaction with
+enqueue_payloads_sync(..., ordering_keys=...) (the staging-table path), in four mixes:
+- `keys1000`: each job's key drawn uniformly from 1,000 keys;
+- `hot50`: uniformly from 50 keys (fewer than the 64 buckets: some buckets hold none);
+- `skewed`: Zipf with exponent 1 over 10,000 keys (key k's weight 1/k): the hottest key holds
+  about 10% of the jobs, the top 100 keys about half, most keys a handful or none;
+- `none`: the same jobs without keys, the baseline.
+Draws are seeded, so every run of a mix enqueues the same keys in the same order. A key's jobs
+run one at a time, so a mix's drain can be no shorter than its busiest key's chain of
+claim -> run -> complete-and-promote; `top_key_jobs` says how long that chain is.
+
+Each row: throughput from the due instant to the last completion (`due_jobs_per_s`), the CPU of
+PostgreSQL and of the workers per job and the claim indexes' reads per job (bench/runs.py), the
+ordering indexes' reads per job, `vs_none` (this mix / `none`, same mode and workers) and, on the
+partitioned rows, `vs_skip_locked` (same mix and workers).
+
+`order_ok` comes from the handler, not the database: the workers run bench/keyed_app.py, whose
+handler records (id, key, start, end) in memory and writes it at exit, after the window; per key,
+in id order (enqueue order), job n+1 must start after job n ended, every job must have run and
+none twice. The jobs table is no substitute: `locked_at` is the claim's transaction start, which
+can precede the commit of the completion that made the job claimable, so its intervals can
+overlap while the rule held.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import accumulate, pairwise
+from pathlib import Path
+from typing import Any
+
+from bench.core import Result, postmaster_pid
+from bench.keyed_app import NO_KEY, RECORD_DIR_ENV
+from bench.runs import measured_run
+
+APP = "bench.keyed_app:registry"
+MIXES = ("none", "keys1000", "hot50", "skewed")
+SKEWED_KEYS = 10_000
+Run = tuple[int, str | None, int, int]  # job id, ordering key, start ns, end ns
+
+
+def key_mix(mix: str, jobs: int, seed: int = 24) -> list[str] | None:
+    """The ordering key of each of `jobs` jobs, in enqueue order (None for the `none` mix)."""
+    rng = random.Random(seed)
+    if mix == "none":
+        return None
+    if mix in ("keys1000", "hot50"):
+        n = 1000 if mix == "keys1000" else 50
+        return [f"k{rng.randrange(n)}" for _ in range(jobs)]
+    if mix == "skewed":
+        weights = list(accumulate(1 / k for k in range(1, SKEWED_KEYS + 1)))
+        return [f"k{k}" for k in rng.choices(range(SKEWED_KEYS), cum_weights=weights, k=jobs)]
+    raise ValueError(f"unknown key mix {mix!r}: one of {', '.join(MIXES)}")
+
+
+def order_check(runs: Iterable[Run], jobs: int) -> dict[str, Any]:
+    """Whether each key's jobs ran one at a time in id order, from the handlers' recording.
+    `order_violations`: consecutive jobs of a key (by id) where the later started before the
+    earlier ended; `ran_twice`: ids recorded more than once; `not_run`: jobs never recorded.
+    `order_ok` is None where no job had a key (nothing to order)."""
+    by_key: dict[str, list[Run]] = defaultdict(list)
+    seen: set[int] = set()
+    twice = 0
+    for run in runs:
+        if run[0] in seen:
+            twice += 1
+        seen.add(run[0])
+        if run[1] is not None:
+            by_key[run[1]].append(run)
+    violations = 0
+    for key_runs in by_key.values():
+        key_runs.sort()
+        violations += sum(1 for earlier, later in pairwise(key_runs) if later[2] < earlier[3])
+    not_run = max(0, jobs - len(seen))
+    ok = None if not by_key else violations == 0 and twice == 0 and not_run == 0
+    return {"order_ok": ok, "order_violations": violations, "ran_twice": twice, "not_run": not_run,
+            "keys": len(by_key), "top_key_jobs": max((len(r) for r in by_key.values()), default=0)}
+
+
+def read_recording(directory: Path) -> Iterator[Run]:
+    """Every run the workers wrote to `directory` (one <pid>.tsv each)."""
+    for path in sorted(directory.glob("*.tsv")):
+        for line in path.read_text().splitlines():
+            job_id, key, start, end = line.split("\t")
+            yield int(job_id), None if key == NO_KEY else key, int(start), int(end)
+
+
+def add_ratios(rows: list[dict[str, Any]], column: str = "due_jobs_per_s") -> None:
+    """`vs_none` on every keyed row (its mix / the `none` row of its mode and workers) and
+    `vs_skip_locked` on every partitioned row (partitioned / skip_locked, same mix and workers)."""
+    at = {(r["mix"], r["mode"], r["workers"]): r for r in rows}
+    for row in rows:
+        base = at.get(("none", row["mode"], row["workers"]))
+        if row["mix"] != "none" and base and base.get(column) and row.get(column) is not None:
+            row["vs_none"] = round(row[column] / base[column], 2)
+        other = at.get((row["mix"], "skip_locked", row["workers"]))
+        if row["mode"] == "partitioned" and other and other.get(column) and row.get(column) is not None:
+            row["vs_skip_locked"] = round(row[column] / other[column], 2)
+
+
+def lead_s(jobs: int) -> float:
+    """How far ahead the burst is due: the keyed enqueue (COPY into the staging table, then one
+    INSERT ... SELECT that places holders and waiters) must commit first, at well under the
+    plain COPY's 80k jobs/s (bench/scenarios.py)."""
+    return 2.0 + jobs / 20_000
+
+
+def keyed_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
+                mixes: Iterable[str] = MIXES) -> None:
+    """For each worker count and mix, one run per mode (modes back to back, so drift hits both)."""
+    postmaster = postmaster_pid(dsn)
+    keys = {mix: key_mix(mix, jobs) for mix in mixes}
+    for w in workers:
+        for mix, ordering_keys in keys.items():
+            for mode in modes:
+                with _recording() as directory:
+                    row = measured_run(dsn, mode, w, jobs, postmaster, label=f"keyed {mix} {mode} x{w}",
+                                       delay_s=lead_s(jobs), ordering_keys=ordering_keys, app=APP,
+                                       timeout_s=1800)
+                    check = order_check(read_recording(directory), jobs)
+                row["due_jobs_per_s"] = round(jobs / row["due_to_done_s"]) if row["due_to_done_s"] else None
+                if (row["due_after_commit_s"] or 0) < 0:
+                    print(f"  (the jobs were due {-row['due_after_commit_s']:g} s before their enqueue committed: "
+                          "this row's figures count part of it; lead_s() needs a longer lead)", flush=True)
+                result.add(mix=mix, **row, **check)
+    add_ratios(result.rows)
+
+
+@contextmanager
+def _recording() -> Iterator[Path]:
+    """A fresh directory for the workers' recordings, named to them through the environment
+    (worker processes inherit ours), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench-keyed-") as directory:
+        os.environ[RECORD_DIR_ENV] = directory
+        try:
+            yield Path(directory)
+        finally:
+            del os.environ[RECORD_DIR_ENV]
+

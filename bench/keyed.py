@@ -4,8 +4,10 @@ N jobs due at one instant (as `burst`), enqueued in one transaction with
 enqueue_payloads_sync(..., ordering_keys=...) (the staging-table path), in four mixes:
 - `keys1000`: each job's key drawn uniformly from 1,000 keys;
 - `hot50`: uniformly from 50 keys (fewer than the 64 buckets: some buckets hold none);
-- `skewed`: Zipf with exponent 1 over 10,000 keys (key k's weight 1/k): the hottest key holds
-  about 10% of the jobs, the top 100 keys about half, most keys a handful or none;
+- `skewed`: 80/20 over 1,000 keys: 200 hot keys hold 80% of the jobs (800 each at 200k), the
+  other 800 the rest (50 each), interleaved at random: the skew of customers or accounts, where no
+  single key is most of the work (a mix whose one key held 10% would measure that key's chain of
+  20,000 jobs, one after another, and nothing else);
 - `none`: the same jobs without keys, the baseline.
 Draws are seeded, so every run of a mix enqueues the same keys in the same order. A key's jobs
 run one at a time, so a mix's drain can be no shorter than its busiest key's chain of
@@ -42,7 +44,7 @@ from bench.runs import measured_run
 
 APP = "bench.keyed_app:registry"
 MIXES = ("none", "keys1000", "hot50", "skewed")
-SKEWED_KEYS = 10_000
+SKEWED_KEYS, SKEWED_HOT_KEYS, SKEWED_HOT_SHARE = 1000, 200, 0.8
 Run = tuple[int, str | None, int, int]  # job id, ordering key, start ns, end ns
 
 
@@ -55,7 +57,8 @@ def key_mix(mix: str, jobs: int, seed: int = 24) -> list[str] | None:
         n = 1000 if mix == "keys1000" else 50
         return [f"k{rng.randrange(n)}" for _ in range(jobs)]
     if mix == "skewed":
-        weights = list(accumulate(1 / k for k in range(1, SKEWED_KEYS + 1)))
+        hot, cold = SKEWED_HOT_SHARE / SKEWED_HOT_KEYS, (1 - SKEWED_HOT_SHARE) / (SKEWED_KEYS - SKEWED_HOT_KEYS)
+        weights = list(accumulate(hot if k < SKEWED_HOT_KEYS else cold for k in range(SKEWED_KEYS)))
         return [f"k{k}" for k in rng.choices(range(SKEWED_KEYS), cum_weights=weights, k=jobs)]
     raise ValueError(f"unknown key mix {mix!r}: one of {', '.join(MIXES)}")
 

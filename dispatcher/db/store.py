@@ -36,7 +36,7 @@ from dispatcher.db.rows import (
     Steal,
 )
 from dispatcher.db.translate import connect_errors, translate_errors
-from dispatcher.errors import StoreUnavailable
+from dispatcher.errors import StoreConflict, StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 
@@ -343,7 +343,16 @@ class JobStore:
         """What `dispatcher jobs cancel --id` runs (admin_jobs_cancel), with no filter."""
         sql = query("admin_jobs_cancel").replace("{filters}", "true")
         cur = await self._execute("cancel", sql, {"ids": int_array(ids)})
-        return {row[0]: row[3] for row in await cur.fetchall() if row[3] is not None}
+        rows = await cur.fetchall()
+        # A keyed job cancelled at once lets its key go on, as `dispatcher jobs cancel` does (admin.py).
+        released = {(row[6], row[7]) for row in rows if row[7] is not None and row[3] == "cancelled"}
+        if released:
+            params = {"queues": [q for q, _ in released], "keys": [k for _, k in released], "channel": NOTIFY_CHANNEL}
+            try:
+                await self._execute("cancel", query("ordering_promote_keys"), params)
+            except StoreConflict:
+                pass  # another promotion of the key raced this one: it has its next job, or the sweeper gives it one
+        return {row[0]: row[3] for row in rows if row[3] is not None}
 
     async def job_get(self, job_id: int) -> JobState | None:
         cur = await self._execute("show", query("admin_job_show"), {"id": job_id})

@@ -134,3 +134,16 @@ def test_a_job_given_back_at_shutdown_keeps_its_key(on_store: Run) -> None:
         assert again.id == first and await status(h, first) == STATUS_RUNNING
 
     on_store(test)
+
+
+def test_a_cancelled_holder_or_waiting_job_lets_its_key_go_on_in_order(on_store: Run) -> None:
+    async def test(h: Harness) -> None:
+        ids = [await h.enqueue("send", ordering_key="k") for _ in range(4)]
+        assert await h.store.jobs_cancel([ids[2]]) == {ids[2]: "cancelled"}, "a waiting job: at once"
+        assert await h.store.jobs_cancel([ids[0]]) == {ids[0]: "cancelled"}, "the queued holder: at once"
+        (job,) = await claim_all(h)
+        assert job.id == ids[1], "the next job of the key, not the cancelled one"
+        assert await h.store.jobs_complete_owned([job.id], [job.token], keyed=True) == 1
+        assert [j.id for j in await claim_all(h)] == [ids[3]]
+
+    on_store(test)

@@ -94,19 +94,19 @@ def test_sigstop_past_the_lease_the_next_job_waits_for_the_rerun(chaos_dsn, work
 
 
 def test_buckets_handed_off_mid_job_the_new_owner_waits_for_the_running_job(chaos_dsn, workers):
-    # 24 keys of 6 jobs, 0.2-0.5 s each: ~2 s per key. `a` runs alone, `b` joins (buckets move
-    # from a to b while a's jobs run), then `a` leaves (SIGTERM: its buckets go to b, its
+    # 24 keys of 10 jobs, 0.3-0.6 s each: ~4.5 s per key. `a` runs alone, `b` joins (buckets
+    # move from a to b while a's jobs run), then `a` leaves (SIGTERM: its buckets go to b, its
     # unstarted claims are given back, its running jobs finish).
     first = workers.start(chaos_dsn, "a", concurrency=30, **OPTS)
     first.wait_for_log(r"worker a running", 30)
-    jobs = enqueue_keyed(chaos_dsn, 24, 6, (0.2, 0.5))
+    jobs = enqueue_keyed(chaos_dsn, 24, 10, (0.3, 0.6))
     wait_until(lambda: len(first.running_handlers()) >= 10, 30, lambda: f"a mid-job:\n{first.log_tail()}")
     second = workers.start(chaos_dsn, "b", concurrency=30, **OPTS)
     # The leader (either of them) logs the rebalance that moves buckets to b.
     wait_until(lambda: any(re.search(r"rebalance by \w+ over 2 members", w.log_text()) for w in (first, second)),
                30, lambda: f"a rebalance over both:\n{workers.log_tails()}")
+    assert first.running_handlers(), "a had no job running when its buckets moved"
     wait_until(lambda: started_by(workers.executions(), second.pid), 30, lambda: f"b runs jobs:\n{second.log_tail()}")
-    assert first.running_handlers(), "a had no job running when it left"
     assert first.stop() == 0, first.log_tail()
     assert status_counts(chaos_dsn).get("completed", 0) < jobs, "the drain was over before a left"
     wait_until(lambda: all_completed(chaos_dsn, jobs), 60,

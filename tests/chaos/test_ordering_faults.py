@@ -59,8 +59,10 @@ def test_kill_9_mid_job_the_key_waits_for_the_lease_and_the_same_job_runs_again_
 
 def test_sigstop_past_the_lease_the_next_job_waits_for_the_rerun(chaos_dsn, workers):
     journal.install_journal(chaos_dsn)
-    # 5 keys: each key's first job runs 3 s (p is paused in it), the 3 after it 0.05-0.2 s.
-    heads = enqueue_keyed(chaos_dsn, 5, 1, 3.0)
+    # 5 keys: each key's first job runs 5 s (p is paused in it), the 3 after it 0.05-0.2 s. 5 s
+    # outlasts the spread of q's re-runs: q takes over the heads in p's buckets only once p's
+    # coordinator lease (3 s) has run out, up to ~2 s after the job leases.
+    heads = enqueue_keyed(chaos_dsn, 5, 1, 5.0)
     jobs = heads + enqueue_keyed(chaos_dsn, 5, 3, (0.05, 0.2), first_seq=1)
     paused = workers.start(chaos_dsn, "p", concurrency=10, **OPTS)
 
@@ -72,7 +74,7 @@ def test_sigstop_past_the_lease_the_next_job_waits_for_the_rerun(chaos_dsn, work
     paused.pause()
     other = workers.start(chaos_dsn, "q", concurrency=10, **OPTS)
     # Past the lease q reaps the heads and runs them again. p is resumed while those re-runs go
-    # on (3 s each), so its stale runs end beside them: the key's next job must wait for both.
+    # on (5 s each), so its stale runs end beside them: the key's next job must wait for both.
     wait_until(lambda: set(started_by(workers.executions(), other.pid)) >= held, 30,
                lambda: f"q re-runs p's jobs:\n{other.log_tail()}", interval_s=0.01)
     resumed_at = paused.resume()

@@ -224,6 +224,40 @@ def overlapping(executions: dict[int, list[Execution]],
     return pairs
 
 
+def key_order_violations(executions: dict[int, list[Execution]], keys: Mapping[int, tuple[str, int]],
+                         cut_at: Mapping[int, float] | None = None) -> list[str]:
+    """What broke ordering keys' promise in a recording, described (none: it held).
+
+    `keys`: job id -> (its ordering key, its sequence number in the key, as enqueued). For every
+    key, its jobs in id order: their sequence numbers rise (enqueue order is id order); each job
+    ran to its end ('ok') at least once; and job n+1's first run started after every run of job
+    n had ended, so no runs of two jobs of a key ever overlap. Runs of ONE job may overlap each
+    other (a stalled owner's run against its re-run: `overlapping` judges those). A run that never
+    ended lasts until `cut_at[pid]` (its process was killed then), else forever."""
+    cut_at = cut_at or {}
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for job_id in sorted(keys):
+        by_key[keys[job_id][0]].append(job_id)
+    problems = []
+    for key, ids in by_key.items():
+        seqs = [keys[job_id][1] for job_id in ids]
+        if seqs != sorted(seqs):
+            problems.append(f"key {key}: ids {ids} are not in enqueue order {seqs}")
+        for job_id in ids:
+            if not any(run.outcome == "ok" for run in executions.get(job_id, [])):
+                problems.append(f"key {key}: job {job_id} never ran to its end: {executions.get(job_id, [])}")
+        for earlier, later in zip(ids, ids[1:], strict=False):
+            runs, next_runs = executions.get(earlier, []), executions.get(later, [])
+            if not runs or not next_runs:
+                continue
+            ended = max(run.end if run.end is not None else cut_at.get(run.pid, math.inf) for run in runs)
+            started = min(run.start for run in next_runs)
+            if started < ended:
+                problems.append(f"key {key}: job {later} started at {started:.3f}, {ended - started:.3f} s before "
+                                f"job {earlier} (before it in the key) had ended: {runs} / {next_runs}")
+    return problems
+
+
 def run_async(coro: Any) -> Any:
     import uvloop
 

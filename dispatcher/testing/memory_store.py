@@ -4,8 +4,9 @@ It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that
 observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that token,
 a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live jobs of a
 queue, and ordering keys: one holder per key, its later jobs waiting, the next promoted when the
-holder ends (or never, while a failure halts the key). Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and
-the real store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
+holder ends (or never, while a failure halts the key, until `retry` or `cancel` of the failed job).
+Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and the real
+store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
 """
 
 from __future__ import annotations
@@ -64,12 +65,10 @@ class MemoryStore(InProcessStore):
     def insert_jobs(self, jobs: Sequence[NewJob]) -> list[int | None]:
         with self._lock:
             now = self.clock.now()
-            ids: list[int | None] = []
-            for job in jobs:
-                if job.dedupe_key is not None and any(
-                        r.dedupe_key == job.dedupe_key and r.queue == job.queue and r.status in _LIVE
-                        for r in self._rows.values()):
-                    ids.append(None)
+            ids: list[int | None] = [None] * len(jobs)
+            for n in self._insert_order(jobs):
+                job = jobs[n]
+                if self._dedupe_held(job):
                     continue
                 run_at = (job.run_at or now) + timedelta(seconds=job.delay_s)
                 key = getattr(job, "ordering_key", None)
@@ -83,8 +82,29 @@ class MemoryStore(InProcessStore):
                                job.dedupe_key, bytes(job.payload), None, key)
                 self._rows[row.id] = row
                 self._next_id += 1
-                ids.append(row.id)
+                ids[n] = row.id
             return ids
+
+    def _dedupe_held(self, job: NewJob) -> bool:
+        return job.dedupe_key is not None and any(
+            r.dedupe_key == job.dedupe_key and r.queue == job.queue and r.status in _LIVE for r in self._rows.values())
+
+    def _insert_order(self, jobs: Sequence[NewJob]) -> list[int]:
+        """The batch's positions in the order its jobs get their ids. With ordering keys, as
+        jobs_stage_publish_keyed numbers them: first each key's first job that becomes its holder
+        (the key has none and nothing waits for it), then the rest, each part in batch order."""
+        if len(jobs) < 2 or all(getattr(job, "ordering_key", None) is None for job in jobs):
+            return list(range(len(jobs)))
+        heads: dict[tuple[str, str], int] = {}
+        for n, job in enumerate(jobs):
+            key = (job.queue, job.ordering_key)
+            if job.ordering_key is None or key in heads or self._dedupe_held(job):
+                continue
+            heads[key] = n
+        heads = {key: n for key, n in heads.items() if self._holder(*key) is None and not any(
+            r.status == STATUS_WAITING and (r.queue, r.ordering_key) == key for r in self._rows.values())}
+        first = sorted(heads.values())
+        return first + [n for n in range(len(jobs)) if n not in heads.values()]
 
     async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
         return self.insert_jobs(jobs)
@@ -251,6 +271,11 @@ class MemoryStore(InProcessStore):
             now, changed = self.clock.now(), {}
             for job_id in ids:
                 row = self._rows.get(job_id)
+                if row is not None and row.ordering_halted:  # a halted key's failed holder: the key goes on
+                    row = self._write(row, status=STATUS_CANCELLED, ordering_halted=False, updated_at=now)
+                    self._release(row)
+                    changed[row.id] = row.status
+                    continue
                 if row is None or row.status not in _LIVE:
                     continue
                 requested_at = row.cancel_requested_at or now
@@ -264,6 +289,27 @@ class MemoryStore(InProcessStore):
 
     async def jobs_cancel(self, ids: Sequence[int]) -> dict[int, str]:
         return self.cancel(ids)
+
+    def retry(self, ids: Sequence[int]) -> list[int]:
+        """`dispatcher jobs retry --id`: failed or discarded jobs back to queued, due now, one more
+        attempt allowed (admin_jobs_retry). A halted key's holder stays its holder, no longer
+        halted; another keyed job goes back behind its key's holder, if the key has one. The ids
+        changed."""
+        with self._lock:
+            now, changed = self.clock.now(), []
+            for job_id in ids:
+                row = self._rows.get(job_id)
+                if row is None or row.status not in (STATUS_FAILED, STATUS_DISCARDED) or (
+                        row.dedupe_key is not None and any(r.dedupe_key == row.dedupe_key and r.queue == row.queue
+                                                           and r.status in _LIVE for r in self._rows.values())):
+                    continue
+                behind = (row.ordering_key is not None and not row.ordering_halted
+                          and self._holder(row.queue, row.ordering_key) is not None)
+                self._write(row, status=STATUS_WAITING if behind else STATUS_QUEUED, run_at=now,
+                            max_attempts=max(row.max_attempts, row.attempts + 1), failed_at=None,
+                            cancel_requested_at=None, ordering_halted=False, updated_at=now)
+                changed.append(job_id)
+            return changed
 
     def get(self, job_id: int) -> JobState | None:
         with self._lock:

@@ -78,6 +78,17 @@ def record_sync(job: Job) -> None:
         time.sleep(job.payload.get("s", 0.5))
 
 
+@registry.handler("record_keyed")
+async def record_keyed(job: Job) -> None:
+    """An ordered job: its payload carries its ordering key and its sequence number within the key
+    (tests/chaos/support.enqueue_keyed) and how long it runs, `s` seconds. A payload whose key is
+    not the job's ordering key is a test's own mistake: it fails loudly."""
+    with recorded(job):
+        if job.payload.get("key") != job.ordering_key:
+            raise AssertionError(f"job {job.id}: payload key {job.payload.get('key')!r} is not {job.ordering_key!r}")
+        await asyncio.sleep(job.payload.get("s", 0.05))
+
+
 @registry.handler("exit_process")
 async def exit_process(job: Job) -> None:
     """A poison job that kills its worker outright, as an OOM kill or a segfault would."""

@@ -8,17 +8,19 @@ RECORD_DIR, and kills whatever is left at teardown. `WorkerProcess` is one of th
 from __future__ import annotations
 
 import codecs
+import random
 import re
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from dispatcher import enqueue_payloads_sync
-from tests.helpers import Execution, fetchall, read_executions, start_worker, wait_until
+from tests.helpers import Execution, fetchall, key_order_violations, read_executions, start_worker, wait_until
 
 DEFAULT_APP = "tests.apps.faulty:registry"
 # Fast reactions, so a test sees a death or a reap within about a second: idle poll 0.2 s,
@@ -235,3 +237,49 @@ def started_by(executions: dict[int, list[Execution]], pid: int) -> dict[int, Ex
             if run.pid == pid:
                 out[job_id] = run
     return out
+
+
+# --------------------------------------------------------------------------- ordered jobs
+
+
+def enqueue_keyed(dsn: str, keys: int, per_key: int, s: float | tuple[float, float] = 0.05, *, first_seq: int = 0,
+                  prefix: str = "key", **options: Any) -> int:
+    """`per_key` record_keyed jobs for each of `keys` ordering keys (prefix0, prefix1 ...), in one
+    COPY, the keys interleaved (a key's jobs are not neighbours by id) and numbered first_seq,
+    first_seq + 1 ... within their key. Each runs `s` seconds, or a random time in the (low, high)
+    range `s`, so that runs have widths that could overlap."""
+    def seconds() -> float:
+        return s if isinstance(s, (int, float)) else random.uniform(*s)
+
+    payloads = [{"key": f"{prefix}{k}", "seq": first_seq + i, "s": seconds()}
+                for i in range(per_key) for k in range(keys)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return enqueue_payloads_sync(conn, "record_keyed", payloads, ordering_keys=[p["key"] for p in payloads],
+                                     **options)
+
+
+def keyed_jobs(dsn: str) -> dict[int, tuple[str, int]]:
+    """job id -> (ordering key, sequence number) of every keyed job, checking that each job's
+    payload names its own key."""
+    rows = fetchall(dsn, "SELECT id, ordering_key, payload->>'key', (payload->>'seq')::int FROM dispatcher_jobs "
+                         "WHERE ordering_key IS NOT NULL")
+    wrong = [row for row in rows if row[1] != row[2]]
+    assert not wrong, f"payload keys that are not the jobs' ordering keys: {wrong[:5]}"
+    return {job_id: (key, seq) for job_id, key, _, seq in rows}
+
+
+def assert_keys_in_order(dsn: str, executions: dict[int, list[Execution]],
+                         cut_at: Mapping[int, float] | None = None) -> dict[int, tuple[str, int]]:
+    """Every keyed job completed, and the recording kept each key's order (key_order_violations);
+    returns keyed_jobs."""
+    keys = keyed_jobs(dsn)
+    left = fetchall(dsn, "SELECT id, status, ordering_key FROM dispatcher_jobs WHERE status <> 'completed' LIMIT 10")
+    assert not left, f"jobs not completed: {left}"
+    problems = key_order_violations(executions, keys, cut_at)
+    assert not problems, f"{len(problems)} breaches of key order, the first:\n" + "\n".join(problems[:5])
+    return keys
+
+
+def keys_run_by(executions: dict[int, list[Execution]], keys: Mapping[int, tuple[str, int]], pid: int) -> set[str]:
+    """The keys of which process `pid` ran at least one job."""
+    return {keys[job_id][0] for job_id, runs in executions.items() if job_id in keys and any(r.pid == pid for r in runs)}

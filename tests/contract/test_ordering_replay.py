@@ -3,16 +3,13 @@ JobStore (a queue of its own per example, in one database) and on MemoryStore, o
 are checked after every step on both, and both must see the same thing at every step (the same
 claims, outcomes and statuses). Fewer examples than the unit test: each costs ~100 statements.
 
-Without the operator's steps (cancel, retry or cancel of a halted job): on PostgreSQL those are
-dispatcher.admin's changes, which promote the keys they release after the change commits (tested
-in tests/integration/test_ordering_admin.py). The port's own JobStore.jobs_cancel runs
-admin_jobs_cancel alone, so a cancelled holder's key waits for the KeySweeper there, where
-MemoryStore promotes its next job at once: the replay would see a key with waiting jobs and no
-holder after ("enqueue", "k0", 0), ("enqueue", "k0", 0), ("cancel", 0).
+The operator's steps too: a cancel through the port (JobStore.jobs_cancel, which promotes the keys
+it releases), a retry of a halted job through dispatcher.admin, as `dispatcher jobs retry` does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -20,6 +17,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 
 from dispatcher import JobSpec, enqueue, enqueue_many
+from dispatcher.api.admin import Filters, retry_jobs
 from dispatcher.db.port import JobStorePort
 from dispatcher.db.store import JobStore
 from tests.helpers import run_async
@@ -33,6 +31,7 @@ class PostgresTarget:
         self.store: JobStorePort = self.job_store
         self.queue = f"q{uuid.uuid4().hex[:8]}"
         self.conn = conn
+        self.dsn = dsn
 
     async def enqueue(self, keys: list[str | None], priority: int) -> None:
         if len(keys) == 1:
@@ -46,14 +45,15 @@ class PostgresTarget:
         return [Row(*row) for row in await cur.fetchall()]
 
     async def retry(self, job_id: int) -> None:
-        raise AssertionError("operator steps are not replayed on PostgreSQL here")
+        result = await asyncio.to_thread(retry_jobs, self.dsn, Filters(ids=(job_id,)))
+        assert list(result.changed) == [job_id], result
 
     async def tick(self) -> None:
         pass  # the server's clock moves on by itself
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps(operator=False, max_size=30))
+@given(steps(max_size=30))
 def test_postgres_keeps_the_ordering_rules_step_by_step_as_the_memory_store_does(dsn: str,
                                                                                   sequence: list[Step]) -> None:
     async def both() -> None:

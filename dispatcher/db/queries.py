@@ -1,8 +1,9 @@
 """The dispatcher's named SQL queries: every `.sql` file of dispatcher/db/sql/ (claim, finish,
 ordering, maintenance, admin, enqueue, observe, migrate), on the coordinator's loader.
 
-One fragment is shared by several statements and filled in here: `{promote_next}`, the CTEs that
-promote the next job of each ordering key a statement released (sql/ordering.sql)."""
+Fragments shared by several statements are filled in here: `{promote_next}`, the CTEs that
+promote the next job of each ordering key a statement released, and `{chain_next}`, the same for a
+completion that may also claim those jobs for its worker (sql/ordering.sql)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from functools import cache
 
 from coordinator.pg.sqlfile import load_all
 
-_FRAGMENTS = {"{promote_next}": "ordering_promote_next"}
+_FRAGMENTS = {"{promote_next}": "ordering_promote_next", "{chain_next}": "ordering_chain_next"}
 
 
 @cache

@@ -30,6 +30,26 @@ class Steal:
 
 
 @dataclass(frozen=True, slots=True)
+class Chain:
+    """What a keyed completion may claim for its worker (ordering_chain_next): the next jobs of the
+    keys it releases that are due and in these (queue, bucket) pairs, at most `limit`, leased for
+    `lease_s`. No pairs, or a limit of 0: it claims nothing, every next job is queued."""
+
+    queues: tuple[str, ...] = ()
+    buckets: tuple[int, ...] = ()
+    limit: int = 0
+    lease_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedCompletion:
+    """A keyed completion's outcome: rows completed, and the next jobs it claimed for its worker."""
+
+    completed: int
+    claimed: list[Job]
+
+
+@dataclass(frozen=True, slots=True)
 class ExpiredLease:
     """A running job whose lease ran out: what the retry policy and the reaper's log need."""
 

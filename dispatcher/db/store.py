@@ -25,12 +25,14 @@ from dispatcher.db.listener import format_payload
 from dispatcher.db.port import JobState, NewJob
 from dispatcher.db.queries import query
 from dispatcher.db.rows import (
+    Chain,
     Claimed,
     DbPressure,
     ExpiredLease,
     FailedWrite,
     Failure,
     HistoryRows,
+    KeyedCompletion,
     OrderingScan,
     QueueDepth,
     Steal,
@@ -240,12 +242,22 @@ class JobStore:
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
         still matches; returns how many rows changed. `keyed`: some have an ordering key, whose
         next job is promoted in the same statement."""
+        if keyed:
+            return (await self.jobs_complete_keyed(ids, tokens, Chain())).completed
         params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-        if not keyed:
-            return (await self._execute("complete", self._complete_sql[False], params)).rowcount
-        params["channel"] = NOTIFY_CHANNEL
-        row = await (await self._execute("complete", self._complete_sql[True], params)).fetchone()
-        return int(row[0]) if row else 0
+        return (await self._execute("complete", self._complete_sql[False], params)).rowcount
+
+    async def jobs_complete_keyed(self, ids: Sequence[int], tokens: Sequence[str], chain: Chain) -> KeyedCompletion:
+        """jobs_complete_owned for a batch with keyed jobs: each released key's next job is promoted,
+        or, if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit)."""
+        token = str(uuid.uuid4())
+        params = {"ids": int_array(ids), "tokens": token_array(tokens), "channel": NOTIFY_CHANNEL,
+                  "chain_queues": list(chain.queues), "chain_buckets": int_array(chain.buckets),
+                  "chain_limit": chain.limit, "token": token, "worker": self.worker_id, "lease_s": chain.lease_s}
+        rows = await (await self._execute("complete", self._complete_sql[True], params)).fetchall()
+        completed = int(rows[0][10]) if rows else 0
+        claimed = [Job(row, token, row[9]) for row in rows if row[0] is not None]
+        return KeyedCompletion(completed, claimed)
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
         """Write failed attempts where the token still matches (and, for `lease_expired`, the

@@ -11,9 +11,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from dispatcher.backoff import jittered
-from dispatcher.db.rows import Failure, HistoryRows
+from dispatcher.db.rows import Chain, Failure, HistoryRows
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
 from dispatcher.model import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, FailureKind, Job, Outcome
@@ -31,6 +32,14 @@ _HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DI
 # An operator's cancel is an outcome of its own: in the history rows, and the outcome label of
 # dispatcher_job_outcomes_total{outcome="cancelled"} wherever outcomes are counted by this word.
 _HISTORY_OUTCOME[STATUS_CANCELLED] = "cancelled"
+
+
+class ChainSlots(Protocol):
+    """Where a keyed completion's chained claims go (dispatcher/runtime/chaining.py)."""
+
+    def reserve(self) -> Chain: ...
+
+    def settle(self, chain: Chain, jobs: list[Job], sent_at: float) -> None: ...
 
 
 @dataclass(slots=True)
@@ -59,6 +68,8 @@ class Completer:
         self._full = asyncio.Event()
         self._lock = asyncio.Lock()  # one flush at a time: the run loop and a shutdown flush
         self.stats = CompletionStats()
+        # Partitioned mode: keyed completions claim their keys' next jobs for us (chaining.py).
+        self.chaining: ChainSlots | None = None
 
     # Hot path: two appends, the job's metrics (+0.27 us: docs/design/health-and-metrics.md) and a length check per job.
     def completed(self, job: Job, duration_s: float) -> None:
@@ -129,7 +140,10 @@ class Completer:
             history, self._history = self._history, HistoryRows()
             try:
                 if ids:
-                    written = await self.store.jobs_complete_owned(ids, tokens, keyed=keyed)
+                    if keyed and self.chaining is not None:
+                        written = await self._complete_chained(ids, tokens, self.chaining)
+                    else:
+                        written = await self.store.jobs_complete_owned(ids, tokens, keyed=keyed)
                     self._count_completed(len(ids), written)
                     ids = tokens = []  # written: nothing to put back
                 if failures:
@@ -150,6 +164,17 @@ class Completer:
                 raise
             self.stats.flushes += 1
             metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
+
+    async def _complete_chained(self, ids: list[int], tokens: list[str], chaining: ChainSlots) -> int:
+        chain = chaining.reserve()
+        sent_at = time.monotonic()
+        try:
+            done = await self.store.jobs_complete_keyed(ids, tokens, chain)
+        except BaseException:
+            chaining.settle(chain, [], sent_at)
+            raise
+        chaining.settle(chain, done.claimed, sent_at)
+        return int(done.completed)
 
     def _count_completed(self, sent: int, written: int) -> None:
         self.stats.completed += written

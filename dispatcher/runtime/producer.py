@@ -89,6 +89,11 @@ class Producer:
         return (self._asleep and not self._wakeup.is_set()
                 and not any(a.changed.is_set() for a in self._distinct))
 
+    @property
+    def claiming(self) -> bool:
+        """Not stopped: jobs may still be claimed and started here."""
+        return not self._stopped.is_set()
+
     # -- signals from outside ------------------------------------------------------------------------
 
     def wake(self) -> None:

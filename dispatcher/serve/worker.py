@@ -22,6 +22,7 @@ from dispatcher.db.listener import Listener
 from dispatcher.db.store import JobStore
 from dispatcher.errors import ConfigError, StoreError
 from dispatcher.observe import job_metrics, metrics
+from dispatcher.runtime.chaining import Chaining
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.maintenance import LeaseKeeper, PeriodicService, PlannerStats, Pruner, Reaper
@@ -108,6 +109,10 @@ class Worker:
         self.executor = Executor(registry, policy, self.completer, config.execution, config.leases)
         self.lease_keeper = LeaseKeeper(completions, self.executor, config.leases, vitals=self.vitals)
         self.producer = Producer(config.claims, claims, self.assignments, self.executor, vitals=self.vitals)
+        if config.claims.partitioned:
+            producer = self.producer
+            self.completer.chaining = Chaining(self.executor, self.assignments, config.claims.concurrency,
+                                               config.claims.lease_s, config.claims.mode, lambda: producer.claiming)
         # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
         self._listener = None if worker.listen_dsn is None else Listener(
             worker.listen_dsn, set(config.claims.queues), self.producer.on_notify, limits=database.limits,

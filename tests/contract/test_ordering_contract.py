@@ -147,3 +147,4 @@ def test_a_cancelled_holder_or_waiting_job_lets_its_key_go_on_in_order(on_store:
         assert [j.id for j in await claim_all(h)] == [ids[3]]
 
     on_store(test)
+

@@ -9,7 +9,9 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_payloads_sync, enqueue_sync
+from dispatcher.api.enqueue import bucket_for
 from dispatcher.db.queries import query
+from dispatcher.db.rows import Chain
 from dispatcher.db.store import JobStore, claim_sql
 from dispatcher.runtime.ordering import KeySweeper
 from tests.helpers import fetchall, fetchval, run_async
@@ -52,23 +54,30 @@ def test_a_claim_never_reads_the_jobs_waiting_behind_their_keys(dsn, mode):
     assert scanned <= 50, f"read {scanned} claim-index entries for 50 holders"
 
 
-def test_a_keyed_completion_promotes_through_the_waiting_index(dsn):
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_keyed_completion_promotes_or_claims_through_the_waiting_index(dsn, chained):
+    """100 keys complete their holders: each next job is promoted (queued), or, in buckets the
+    completing worker owns, claimed for it in the same statement."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         keys = [f"key-{i % 100}" for i in range(10_000)]
         enqueue_payloads_sync(conn, "a", [{}] * len(keys), ordering_keys=keys)
         conn.execute("ANALYZE dispatcher_jobs")
         held = fetchall(dsn, "UPDATE dispatcher_jobs SET status = 'running', lock_token = gen_random_uuid() "
                              "WHERE status = 'queued' RETURNING id, lock_token::text")
+        owned = list(range(64)) if chained else []
         with conn.transaction(force_rollback=True):
             params = {"ids": "{" + ",".join(str(i) for i, _ in held) + "}",
-                      "tokens": "{" + ",".join(t for _, t in held) + "}", "channel": "test"}
+                      "tokens": "{" + ",".join(t for _, t in held) + "}", "channel": "test",
+                      "chain_queues": ["default"] * len(owned), "chain_buckets": "{" + ",".join(map(str, owned)) + "}",
+                      "chain_limit": 1000, "token": "00000000-0000-0000-0000-000000000001", "worker": "w",
+                      "lease_s": 30.0}
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query("jobs_complete_owned_keyed"),
                                 params).fetchone()[0][0]
+            statuses = dict(conn.execute("SELECT status, count(*) FROM dispatcher_jobs GROUP BY status").fetchall())
     nodes = list(_walk(plan["Plan"]))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:3000]
     assert "dispatcher_jobs_ordering_waiting_idx" in {n.get("Index Name") for n in nodes}
-    promoted = [n for n in nodes if n.get("Node Type") == "ModifyTable" and n.get("Actual Rows") == 100]
-    assert promoted, "each of the 100 keys promoted its next job"
+    assert statuses == {"completed": 100, "running" if chained else "queued": 100, "waiting": 9_800}
 
 
 def test_a_job_enqueued_as_its_keys_holder_finishes_is_promoted_by_the_sweeper(dsn):
@@ -122,6 +131,34 @@ def test_the_sweep_goes_through_many_keys_in_pages_and_leaves_held_and_halted_ke
             assert counts == {"queued": 2_490, "failed": 10, "completed": 2_480, "waiting": 10 + 10}
             await sweeper.tick()
             assert sweeper.promoted == 2_480, "nothing more to promote"
+        finally:
+            await store.close()
+
+    run_async(scenario())
+
+
+def test_a_keyed_completion_claims_the_keys_next_job_in_the_buckets_it_is_given(dsn):
+    """Partitioned mode's chained claim: a due next job in the chain's buckets comes back running
+    under a new token (up to its limit); the others are queued for anyone."""
+    async def scenario() -> None:
+        store = JobStore(dsn, "w1")
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                first = [enqueue_sync(conn, "send", ordering_key=k) for k in "abc"]
+                second = [enqueue_sync(conn, "send", {"k": k}, ordering_key=k) for k in "abc"]
+            jobs = await store.jobs_claim("default", 10, 30.0, None)
+            assert sorted(j.id for j in jobs) == first
+            mine = Chain(("default", "default"), (bucket_for("a"), bucket_for("b")), limit=1, lease_s=30.0)
+            done = await store.jobs_complete_keyed([j.id for j in jobs], [j.token for j in jobs], mine)
+            assert done.completed == 3 and len(done.claimed) == 1
+            (chained,) = done.claimed
+            assert chained.id in second[:2] and chained.token not in {j.token for j in jobs}
+            assert (chained.attempts, chained.queue, chained.payload) == (1, "default", {"k": chained.ordering_key})
+            rest = [i for i in second if i != chained.id]
+            assert fetchall(dsn, "SELECT id, status, locked_by FROM dispatcher_jobs WHERE id = ANY(%s) ORDER BY id",
+                            (second,)) == sorted([(chained.id, "running", "w1"), *((i, "queued", None) for i in rest)])
+            assert sorted(j.id for j in await store.jobs_claim("default", 10, 30.0, None)) == rest
+            assert await store.jobs_complete_owned([chained.id], [chained.token], keyed=True) == 1
         finally:
             await store.close()
 

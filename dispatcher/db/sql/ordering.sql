@@ -122,9 +122,70 @@ rest AS (
 )
 SELECT (SELECT count(*) FROM heads) + (SELECT count(*) FROM rest)
 
+-- name: ordering_chain_next
+-- A fragment: jobs_complete_owned_keyed's CTEs after `released`. As ordering_promote_next, each
+-- released key's next job is promoted, but a due one in a bucket the completing worker owns
+-- (%(chain_queues)s, %(chain_buckets)s, pairwise) is claimed for it at once, up to
+-- %(chain_limit)s of them (its free slots), in claim order: `chained` sets it running under a new
+-- token and lease and returns it, as jobs_claim does. That worker is the one that would claim it
+-- next anyway (it owns the bucket), so the key's next job starts one statement and one wake-up
+-- sooner; partitioned mode passes its owned buckets, SKIP LOCKED mode (no owner) none. The others
+-- become queued, and their buckets' owners are woken. A claim is a claim whoever makes it: the
+-- unique holder index, not the bucket, keeps the key's jobs one at a time.
+nexts AS MATERIALIZED (
+    SELECT nxt.id, nxt.queue_name, nxt.bucket, nxt.priority, nxt.run_at
+      FROM (SELECT DISTINCT r.queue_name, r.ordering_key FROM released AS r WHERE r.ordering_key IS NOT NULL) AS k
+     CROSS JOIN LATERAL (
+           SELECT n.id, n.queue_name, n.bucket, n.priority, n.run_at
+             FROM dispatcher_jobs AS n  -- dispatcher_jobs_ordering_waiting_idx
+            WHERE n.queue_name = k.queue_name AND n.ordering_key = k.ordering_key AND n.status = 'waiting'
+            ORDER BY n.id
+            LIMIT 1) AS nxt
+),
+mine AS MATERIALIZED (
+    SELECT x.id
+      FROM nexts AS x
+      JOIN unnest(%(chain_queues)s::text[], %(chain_buckets)s::smallint[]) AS o(queue_name, bucket)
+        ON o.queue_name = x.queue_name AND o.bucket = x.bucket
+     WHERE x.run_at <= now()
+     ORDER BY x.priority, x.run_at, x.id
+     LIMIT %(chain_limit)s
+),
+chained AS (
+    UPDATE dispatcher_jobs AS w
+       SET status = 'running',
+           attempts = w.attempts + 1,
+           locked_at = now(),
+           locked_by = %(worker)s,
+           lock_token = %(token)s::uuid,
+           lease_expires_at = now() + %(lease_s)s * interval '1 second',
+           updated_at = now()
+     WHERE w.id = ANY(ARRAY(SELECT id FROM mine))
+       AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
+    RETURNING w.id, w.job_type, w.payload, w.attempts, w.max_attempts,
+              extract(epoch FROM w.locked_at)::float8 AS locked_at, w.bucket, w.priority, w.ordering_key,
+              w.queue_name
+),
+promoted AS (
+    UPDATE dispatcher_jobs AS w
+       SET status = 'queued',
+           updated_at = now()
+     WHERE w.id = ANY(ARRAY(SELECT id FROM nexts EXCEPT SELECT id FROM mine))
+       AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
+    RETURNING w.queue_name, w.bucket, ceil(1000 * extract(epoch FROM w.run_at - clock_timestamp()))::bigint AS due_in_ms
+),
+woken AS (
+    SELECT (SELECT count(*) FROM promoted) AS promoted,
+           count(pg_notify(%(channel)s, p.queue_name || ':' || p.bucket
+                                        || CASE WHEN p.due_in_ms > 0 THEN ':' || p.due_in_ms ELSE '' END)) AS notified
+      FROM (SELECT queue_name, bucket, min(due_in_ms) AS due_in_ms
+              FROM promoted GROUP BY queue_name, bucket) AS p
+)
+
 -- name: jobs_complete_owned_keyed
 -- jobs_complete_owned for a batch holding keyed jobs: the same fenced write, and each completed
--- holder's key promotes its next job ({promote_next}). Returns how many rows were completed.
+-- holder's key promotes its next job, or claims it for this worker ({chain_next}). Returns one row
+-- per job claimed, each with the number of rows completed, or one row of NULLs and that number.
 WITH released AS (
     UPDATE dispatcher_jobs AS j
        SET status = 'completed',
@@ -137,11 +198,14 @@ WITH released AS (
        AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
     RETURNING j.queue_name, j.ordering_key
 ),
-{promote_next}
-SELECT (SELECT count(*) FROM released), (SELECT promoted FROM woken)
+{chain_next}
+SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
+       c.queue_name, (SELECT count(*) FROM released), w.promoted
+  FROM woken AS w LEFT JOIN chained AS c ON true
 
 -- name: jobs_complete_owned_delete_keyed
--- jobs_complete_owned_delete for a batch holding keyed jobs, promoting as jobs_complete_owned_keyed.
+-- jobs_complete_owned_delete for a batch holding keyed jobs, promoting or claiming as
+-- jobs_complete_owned_keyed.
 WITH released AS (
     DELETE FROM dispatcher_jobs AS j
      USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
@@ -149,8 +213,10 @@ WITH released AS (
        AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
     RETURNING j.queue_name, j.ordering_key
 ),
-{promote_next}
-SELECT (SELECT count(*) FROM released), (SELECT promoted FROM woken)
+{chain_next}
+SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
+       c.queue_name, (SELECT count(*) FROM released), w.promoted
+  FROM woken AS w LEFT JOIN chained AS c ON true
 
 -- name: ordering_promote_scan
 -- Keys of one queue that have waiting jobs and no holder, promoted: up to %(limit)s keys after

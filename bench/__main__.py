@@ -96,8 +96,8 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                    label_of=lambda r: f"{r['mode']}, {r['profile']}", xlabel="seconds after the first claim")
     elif scenario == "keyed":
         keyed_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4,8")), modes=modes,
-                    mixes=[m for m in args.mixes.split(",") if m])
-        columns = ["mix", "mode", "workers", "jobs", "due_to_done_s", "due_jobs_per_s", "vs_none", "vs_skip_locked",
+                    mixes=[m for m in args.mixes.split(",") if m], profiles=tuple(args.profiles.split(",")))
+        columns = ["profile", "mix", "mode", "workers", "jobs", "due_to_done_s", "due_jobs_per_s", "vs_none", "vs_skip_locked",
                    "order_ok", "order_violations", "ran_twice", "not_run", "keys", "top_key_jobs",
                    "pg_cpu_us_per_job", "client_cpu_us_per_job", "idx_reads_per_job", "ordering_idx_reads_per_job",
                    "start_late_p99_ms", "max_lock_waiters", "autovacuums", "due_after_commit_s"]
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default=None, help="comma-separated worker process counts")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--profiles", default="defaults,bench",
-                        help="coldstart/rolling: settings profiles, defaults (what a user gets) and/or bench "
+                        help="coldstart/rolling/keyed: settings profiles, defaults (what a user gets) and/or bench "
                              "(concurrency 500, poll 0.1 s)")
     parser.add_argument("--completed-jobs", default="keep,delete",
                         help="drain: the runtime and the ceiling once per value of DISPATCHER_COMPLETED_JOBS given")

@@ -98,12 +98,12 @@ def read_recording(directory: Path) -> Iterator[Run]:
 def add_ratios(rows: list[dict[str, Any]], column: str = "due_jobs_per_s") -> None:
     """`vs_none` on every keyed row (its mix / the `none` row of its mode and workers) and
     `vs_skip_locked` on every partitioned row (partitioned / skip_locked, same mix and workers)."""
-    at = {(r["mix"], r["mode"], r["workers"]): r for r in rows}
+    at = {(r["mix"], r["mode"], r["workers"], r.get("profile")): r for r in rows}
     for row in rows:
-        base = at.get(("none", row["mode"], row["workers"]))
+        base = at.get(("none", row["mode"], row["workers"], row.get("profile")))
         if row["mix"] != "none" and base and base.get(column) and row.get(column) is not None:
             row["vs_none"] = round(row[column] / base[column], 2)
-        other = at.get((row["mix"], "skip_locked", row["workers"]))
+        other = at.get((row["mix"], "skip_locked", row["workers"], row.get("profile")))
         if row["mode"] == "partitioned" and other and other.get(column) and row.get(column) is not None:
             row["vs_skip_locked"] = round(row[column] / other[column], 2)
 
@@ -116,23 +116,26 @@ def lead_s(jobs: int) -> float:
 
 
 def keyed_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
-                mixes: Iterable[str] = MIXES) -> None:
-    """For each worker count and mix, one run per mode (modes back to back, so drift hits both)."""
+                mixes: Iterable[str] = MIXES, profiles: Iterable[str] = ("bench",)) -> None:
+    """For each settings profile (bench/fleet.py: `defaults` is what a user gets), worker count and
+    mix, one run per mode (modes back to back, so drift hits both)."""
     postmaster = postmaster_pid(dsn)
     keys = {mix: key_mix(mix, jobs) for mix in mixes}
-    for w in workers:
-        for mix, ordering_keys in keys.items():
-            for mode in modes:
-                with _recording() as directory:
-                    row = measured_run(dsn, mode, w, jobs, postmaster, label=f"keyed {mix} {mode} x{w}",
-                                       delay_s=lead_s(jobs), ordering_keys=ordering_keys, app=APP,
-                                       timeout_s=1800)
-                    check = order_check(read_recording(directory), jobs)
-                row["due_jobs_per_s"] = round(jobs / row["due_to_done_s"]) if row["due_to_done_s"] else None
-                if (row["due_after_commit_s"] or 0) < 0:
-                    print(f"  (the jobs were due {-row['due_after_commit_s']:g} s before their enqueue committed: "
-                          "this row's figures count part of it; lead_s() needs a longer lead)", flush=True)
-                result.add(mix=mix, **row, **check)
+    for profile in profiles:
+        for w in workers:
+            for mix, ordering_keys in keys.items():
+                for mode in modes:
+                    with _recording() as directory:
+                        row = measured_run(dsn, mode, w, jobs, postmaster, label=f"keyed {mix} {mode} x{w} {profile}",
+                                           delay_s=lead_s(jobs), ordering_keys=ordering_keys, app=APP,
+                                           timeout_s=1800, profile=profile)
+                        check = order_check(read_recording(directory), jobs)
+                    row["due_jobs_per_s"] = round(jobs / row["due_to_done_s"]) if row["due_to_done_s"] else None
+                    if (row["due_after_commit_s"] or 0) < 0:
+                        print(f"  (the jobs were due {-row['due_after_commit_s']:g} s before their enqueue "
+                              "committed: this row's figures count part of it; lead_s() needs a longer lead)",
+                              flush=True)
+                    result.add(mix=mix, profile=profile, **row, **check)
     add_ratios(result.rows)
 
 

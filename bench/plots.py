@@ -86,17 +86,18 @@ def keyed_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
     """Throughput from the due instant, per key mix: one bar per mode and worker count."""
     plt = _pyplot()
     mixes = list(dict.fromkeys(r["mix"] for r in rows))
-    series = list(dict.fromkeys((r["mode"], r["workers"]) for r in rows))
+    series = list(dict.fromkeys((r["mode"], r["workers"], r.get("profile")) for r in rows))
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     width = 0.8 / max(1, len(series))
-    counts = sorted({w for _, w in series})
-    for n, (mode, workers) in enumerate(series):
+    counts = sorted({w for _, w, _ in series})
+    for n, (mode, workers, profile) in enumerate(series):
         color, _ = MODES.get(mode, ("black", "."))
         shade = 0.45 + 0.55 * (counts.index(workers) + 1) / len(counts)  # more workers, darker
-        at = {r["mix"]: r.get("due_jobs_per_s") or 0 for r in rows if (r["mode"], r["workers"]) == (mode, workers)}
+        at = {r["mix"]: r.get("due_jobs_per_s") or 0 for r in rows
+              if (r["mode"], r["workers"], r.get("profile")) == (mode, workers, profile)}
         ax.bar([i + (n - (len(series) - 1) / 2) * width for i in range(len(mixes))],
                [at.get(mix, 0) for mix in mixes], width, color=color, alpha=shade,
-               label=f"{mode} x{workers}")
+               label=f"{mode} x{workers}" + (f" ({profile})" if profile else ""))
     ax.set_xticks(range(len(mixes)), mixes)
     ax.set_xlabel("ordering keys of the jobs")
     ax.set_ylabel("jobs/s, due -> all done")

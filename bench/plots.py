@@ -18,10 +18,10 @@ def _pyplot() -> Any:
     return plt
 
 
-def _finish(plt: Any, fig: Any, ax: Any, path: Path, machine: str) -> Path:
+def _finish(plt: Any, fig: Any, ax: Any, path: Path, machine: str, legend_size: str | None = None) -> Path:
     """Grid, legend, the machine in small print, then write the PNG and free the figure."""
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=legend_size)
     fig.text(0.01, 0.01, machine, fontsize=7, alpha=0.7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=110)
@@ -97,9 +97,10 @@ def keyed_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
               if (r["mode"], r["workers"], r.get("profile")) == (mode, workers, profile)}
         ax.bar([i + (n - (len(series) - 1) / 2) * width for i in range(len(mixes))],
                [at.get(mix, 0) for mix in mixes], width, color=color, alpha=shade,
+               hatch="//" if profile == "defaults" else None,  # the defaults a user gets: hatched
                label=f"{mode} x{workers}" + (f" ({profile})" if profile else ""))
     ax.set_xticks(range(len(mixes)), mixes)
     ax.set_xlabel("ordering keys of the jobs")
     ax.set_ylabel("jobs/s, due -> all done")
     ax.set_title("Burst with ordering keys")
-    return _finish(plt, fig, ax, out_dir / "keyed_throughput.png", machine)
+    return _finish(plt, fig, ax, out_dir / "keyed_throughput.png", machine, legend_size="small")

@@ -96,7 +96,8 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                    label_of=lambda r: f"{r['mode']}, {r['profile']}", xlabel="seconds after the first claim")
     elif scenario == "keyed":
         keyed_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4,8")), modes=modes,
-                    mixes=[m for m in args.mixes.split(",") if m], profiles=tuple(args.profiles.split(",")))
+                    mixes=[m for m in args.mixes.split(",") if m],
+                    profiles=("bench",) if quick else tuple(args.profiles.split(",")))
         columns = ["profile", "mix", "mode", "workers", "jobs", "due_to_done_s", "due_jobs_per_s", "vs_none", "vs_skip_locked",
                    "order_ok", "order_violations", "ran_twice", "not_run", "keys", "top_key_jobs",
                    "pg_cpu_us_per_job", "client_cpu_us_per_job", "idx_reads_per_job", "ordering_idx_reads_per_job",

@@ -1,29 +1,9 @@
-"""`keyed`: a burst of jobs with ordering keys, against the same burst without keys.
+"""`keyed`: a burst with ordering keys, against the same burst without keys, in both modes.
 
-N jobs due at one instant (as `burst`), enqueued in one transaction with
-enqueue_payloads_sync(..., ordering_keys=...) (the staging-table path), in four mixes:
-- `keys1000`: each job's key drawn uniformly from 1,000 keys;
-- `hot50`: uniformly from 50 keys (fewer than the 64 buckets: some buckets hold none);
-- `skewed`: 80/20 over 1,000 keys: 200 hot keys hold 80% of the jobs (800 each at 200k), the
-  other 800 the rest (50 each), interleaved at random: the skew of customers or accounts, where no
-  single key is most of the work (a mix whose one key held 10% would measure that key's chain of
-  20,000 jobs, one after another, and nothing else);
-- `none`: the same jobs without keys, the baseline.
-Draws are seeded, so every run of a mix enqueues the same keys in the same order. A key's jobs
-run one at a time, so a mix's drain can be no shorter than its busiest key's chain of
-claim -> run -> complete-and-promote; `top_key_jobs` says how long that chain is.
-
-Each row: throughput from the due instant to the last completion (`due_jobs_per_s`), the CPU of
-PostgreSQL and of the workers per job and the claim indexes' reads per job (bench/runs.py), the
-ordering indexes' reads per job, `vs_none` (this mix / `none`, same mode and workers) and, on the
-partitioned rows, `vs_skip_locked` (same mix and workers).
-
-`order_ok` comes from the handler, not the database: the workers run bench/keyed_app.py, whose
-handler records (id, key, start, end) in memory and writes it at exit, after the window; per key,
-in id order (enqueue order), job n+1 must start after job n ended, every job must have run and
-none twice. The jobs table is no substitute: `locked_at` is the claim's transaction start, which
-can precede the commit of the completion that made the job claimable, so its intervals can
-overlap while the rule held.
+The key mixes (`MIXES`, seeded draws: `key_mix`), the order check from the handlers' own recording
+(`order_check`; the worker app is bench/keyed_app.py) and the ratios per row (`add_ratios`). What
+each column means and why the order is checked from the handlers and not the table:
+docs/guides/benchmarks.md; the results: bench/RESULTS.md, *Ordering keys*.
 """
 
 from __future__ import annotations

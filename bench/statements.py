@@ -47,6 +47,10 @@ def _named() -> dict[str, str]:
         for name, text in load_all(package).items():
             if package == "dispatcher.db":
                 text = query(name)  # as sent: with its fragments ({promote_next}) filled in
+            if "{completion}" in text:  # the keyed completion wraps whichever completion the store runs
+                for completion in ("jobs_complete_owned", "jobs_complete_owned_delete"):
+                    named.setdefault(_normal(text.replace("{completion}", query(completion))), f"{completion}_keyed")
+                continue
             named.setdefault(_normal(text), name)
     return named
 
@@ -86,11 +90,11 @@ def name_of(text: str) -> str:
 def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Usage]:
     """Cumulative usage per statement name, this database only."""
     totals: dict[str, list[float]] = {}
-    for query, *figures in conn.execute(
+    for text, *figures in conn.execute(
             """SELECT s.query, s.calls, s.total_exec_time, s.rows, s.shared_blks_hit + s.shared_blks_read
                  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
                 WHERE d.datname = current_database()""").fetchall():
-        entry = totals.setdefault(name_of(query), [0, 0.0, 0, 0])
+        entry = totals.setdefault(name_of(text), [0, 0.0, 0, 0])
         for i, value in enumerate(figures):
             entry[i] += value
     return {name: Usage(int(c), float(ms), int(r), int(b)) for name, (c, ms, r, b) in totals.items()}

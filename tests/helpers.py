@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -256,6 +256,13 @@ def key_order_violations(executions: dict[int, list[Execution]], keys: Mapping[i
                 problems.append(f"key {key}: job {later} started at {started:.3f}, {ended - started:.3f} s before "
                                 f"job {earlier} (before it in the key) had ended: {runs} / {next_runs}")
     return problems
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, the root first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
 
 
 def run_async(coro: Any) -> Any:

@@ -2,11 +2,8 @@
 
 Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with a
 local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks the status it needs on the
-row, so a job that changed meanwhile is skipped and reported. Bulk changes go in batches by id.
-
-Ordering keys: a job that halts its key holds the key's later jobs until it is retried (it runs
-again), cancelled or purged. A change that lets a key go on promotes the key's next job in a
-statement of its own after it commits; a key it misses (a race), the workers' key sweeper promotes.
+row, so a job that changed meanwhile is skipped and reported. Bulk changes go in batches by id; a
+change that lets an ordering key go on promotes the key's next job once it commits.
 Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
 
 Under DISPATCHER_COMPLETED_JOBS=delete a job that completes leaves no row: `list_jobs` never

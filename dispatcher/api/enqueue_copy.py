@@ -10,26 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 
+from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
-
-
-class CopyRow(Protocol):
-    """A prepared job (enqueue._Prepared), as COPY reads it."""
-
-    queue: str
-    job_type: str
-    payload: bytes
-    priority: int
-    bucket: int
-    max_attempts: int
-    run_at: datetime | None
-    delay_s: float
-    dedupe_key: str | None
-    ordering_key: str | None
 
 
 COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
@@ -48,7 +34,7 @@ class CopyTally:
     keyed: bool = False  # a staged row has an ordering key: publish through jobs_stage_publish_keyed
 
 
-def copy_chunks(prepared: Iterable[CopyRow], db_now: datetime, tally: CopyTally,
+def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
                  staged: bool = False) -> Iterator[bytes]:
     """COPY text-format lines, ~1 us a row: the server's ~9 us per row stays the bottleneck.
 

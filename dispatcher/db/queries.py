@@ -1,9 +1,9 @@
 """The dispatcher's named SQL queries: every `.sql` file of dispatcher/db/sql/ (claim, finish,
 ordering, maintenance, admin, enqueue, observe, migrate), on the coordinator's loader.
 
-Fragments shared by several statements are filled in here: `{promote_next}`, the CTEs that
-promote the next job of each ordering key a statement released, and `{chain_next}`, the same for a
-completion that may also claim those jobs for its worker (sql/ordering.sql)."""
+Fragments shared by several statements are filled in here (_FRAGMENTS; a fragment may hold others):
+the CTEs that promote the next job of each ordering key a statement released, or claim it for the
+completing worker (sql/ordering.sql)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from functools import cache
 
 from coordinator.pg.sqlfile import load_all
 
-_FRAGMENTS = {"{promote_next}": "ordering_promote_next", "{chain_next}": "ordering_chain_next"}
+_FRAGMENTS = {"{promote_next}": "ordering_promote_next", "{chain_next}": "ordering_chain_next",
+              "{next_jobs}": "ordering_next_jobs", "{queue_jobs}": "ordering_queue_jobs"}
 
 
 @cache
@@ -20,6 +21,7 @@ def query(name: str) -> str:
     with its fragments filled in."""
     queries = load_all("dispatcher.db")
     text = queries[name]
-    for placeholder, fragment in _FRAGMENTS.items():
-        text = text.replace(placeholder, queries[fragment])
+    while any(placeholder in text for placeholder in _FRAGMENTS):
+        for placeholder, fragment in _FRAGMENTS.items():
+            text = text.replace(placeholder, queries[fragment])
     return text

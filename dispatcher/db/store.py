@@ -137,10 +137,11 @@ class JobStore:
         self._claim_sql_cache: dict[tuple[int, ...] | None, str] = {}
         # DISPATCHER_COMPLETED_JOBS, chosen once: the completion's hot path reads one attribute.
         self.completed_jobs = completed_jobs
-        complete = "jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned"
-        # A batch with keyed jobs also promotes each key's next job (sql/ordering.sql); one without
-        # pays nothing for ordering keys.
-        self._complete_sql = {False: query(complete), True: query(f"{complete}_keyed")}
+        complete = query("jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned")
+        # A batch with keyed jobs runs the same completion inside the statement that also promotes
+        # each key's next job (sql/ordering.sql); one without pays nothing for ordering keys.
+        keyed = query("jobs_complete_owned_keyed").replace("{completion}", complete)
+        self._complete_sql = {False: complete, True: keyed}
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn

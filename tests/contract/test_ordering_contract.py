@@ -13,7 +13,6 @@ from dispatcher.model import (
     STATUS_QUEUED,
     STATUS_RUNNING,
     STATUS_WAITING,
-    FailureKind,
     Outcome,
 )
 from dispatcher.runtime.maintenance import Reaper

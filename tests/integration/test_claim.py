@@ -9,15 +9,10 @@ import pytest
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
 from dispatcher.db.rows import Steal
 from dispatcher.db.store import JobStore, claim_sql, steal_sql
-from tests.helpers import analyze_if_stale, fetchall, fetchval, reap_and_claim_again, run_async, wait_until
+from tests.helpers import analyze_if_stale, fetchall, fetchval, plan_nodes, reap_and_claim_again, run_async, wait_until
 
 ALL = tuple(range(64))
 
-
-def _walk(plan):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
 
 
 def _fill_by_bulk_enqueue(dsn):
@@ -46,7 +41,7 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
             params = {"queue": "default", "limit": 500, "lease_s": 30.0, "worker": "w", "token": None,
                       "steal_buckets": "{" + ",".join(str(b) for b in range(1, 64, 4)) + "}", "steal_reserve": 0}
             plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
-    nodes = list(_walk(plan))
+    nodes = list(plan_nodes(plan))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:2000]
     assert not [n for n in nodes if n["Node Type"] == "Sort"], "claim sorted rows instead of walking an index"
     assert plan["Actual Rows"] == 500

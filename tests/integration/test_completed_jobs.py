@@ -14,16 +14,19 @@ from dispatcher.db.queries import query
 from dispatcher.db.store import JobStore, int_array, token_array
 from dispatcher.runtime.completer import Completer
 from dispatcher.settings.sections import CompletionSettings
-from tests.helpers import fetchall, fetchval, reap_and_claim_again, run_async, run_worker_until, status_counts
+from tests.helpers import (
+    fetchall,
+    fetchval,
+    plan_nodes,
+    reap_and_claim_again,
+    run_async,
+    run_worker_until,
+    status_counts,
+)
 from tests.integration.test_cli_errors import cli, one_line_error
 
 ALL = tuple(range(64))
 
-
-def _walk(plan):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
 
 
 def _enqueue(dsn, job_type, n, **options):
@@ -58,7 +61,7 @@ def test_the_completion_plan_fetches_exactly_the_batch_by_primary_key(dsn, state
         with conn.transaction(force_rollback=True):
             plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query(statement),
                                 params).fetchone()[0][0]["Plan"]
-    nodes = list(_walk(plan))
+    nodes = list(plan_nodes(plan))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:2000]
     scanned_indexes = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
     assert scanned_indexes == {"dispatcher_jobs_pkey"}, json.dumps(plan)[:2000]

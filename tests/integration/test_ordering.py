@@ -14,13 +14,8 @@ from dispatcher.db.queries import query
 from dispatcher.db.rows import Chain
 from dispatcher.db.store import JobStore, claim_sql
 from dispatcher.runtime.ordering import KeySweeper
-from tests.helpers import fetchall, fetchval, run_async
+from tests.helpers import fetchall, fetchval, plan_nodes, run_async
 
-
-def _walk(plan):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
 
 
 def test_the_database_refuses_a_second_holder_of_a_key(dsn):
@@ -47,7 +42,7 @@ def test_a_claim_never_reads_the_jobs_waiting_behind_their_keys(dsn, mode):
         with conn.transaction(force_rollback=True):
             params = {"queue": "default", "limit": 500, "lease_s": 30.0, "worker": "w", "token": None}
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
-    nodes = list(_walk(plan))
+    nodes = list(plan_nodes(plan))
     assert plan["Actual Rows"] == 50, json.dumps(plan)[:2000]
     scanned = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes
                   if n.get("Index Name", "").startswith("dispatcher_jobs_claim"))
@@ -71,10 +66,10 @@ def test_a_keyed_completion_promotes_or_claims_through_the_waiting_index(dsn, ch
                       "chain_queues": ["default"] * len(owned), "chain_buckets": "{" + ",".join(map(str, owned)) + "}",
                       "chain_limit": 1000, "token": "00000000-0000-0000-0000-000000000001", "worker": "w",
                       "lease_s": 30.0}
-            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query("jobs_complete_owned_keyed"),
-                                params).fetchone()[0][0]
+            sql = query("jobs_complete_owned_keyed").replace("{completion}", query("jobs_complete_owned"))
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0][0]
             statuses = dict(conn.execute("SELECT status, count(*) FROM dispatcher_jobs GROUP BY status").fetchall())
-    nodes = list(_walk(plan["Plan"]))
+    nodes = list(plan_nodes(plan["Plan"]))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:3000]
     assert "dispatcher_jobs_ordering_waiting_idx" in {n.get("Index Name") for n in nodes}
     assert statuses == {"completed": 100, "running" if chained else "queued": 100, "waiting": 9_800}

@@ -6,6 +6,7 @@ import pytest
 
 from bench.statements import Usage, minus, name_of, per_job
 from coordinator.pg.sqlfile import load_all
+from dispatcher.db.queries import query
 from dispatcher.db.store import claim_sql, steal_sql
 
 
@@ -34,6 +35,16 @@ def test_the_claims_variants_are_told_apart():
     assert [name_of(as_pg_stat_statements_shows_it(t)) for t in
             (claim_sql(None), claim_sql((1, 2)), claim_sql(tuple(range(64))), steal_sql())] == [
         "claim (skip_locked)", "claim (partitioned)", "claim (all buckets)", "claim (steal)"]
+
+
+def test_the_statements_built_from_fragments_are_named_as_the_store_sends_them():
+    """Fragments ({promote_next}, {chain_next}) filled in by query(), the keyed completion around
+    either completion the store runs (DISPATCHER_COMPLETED_JOBS)."""
+    sent = {name: query(name) for name in ("jobs_fail_owned", "jobs_release_owned", "ordering_promote_scan")}
+    for completion in ("jobs_complete_owned", "jobs_complete_owned_delete"):
+        sent[f"{completion}_keyed"] = query("jobs_complete_owned_keyed").replace("{completion}", query(completion))
+    assert {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in sent.items()} == \
+        {name: name for name in sent}
 
 
 def test_per_job_figures_are_deltas_over_the_run():

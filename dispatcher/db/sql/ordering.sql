@@ -4,33 +4,36 @@
 -- migrations/0008_ordering_keys.sql. Jobs without a key never run these: their enqueue and
 -- completion are the plain statements of enqueue.sql and finish.sql.
 -- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
--- folder. Parameters use psycopg's %(name)s style; {promote_next} is filled in by code with the
--- fragment ordering_promote_next.
+-- folder. Parameters use psycopg's %(name)s style; {placeholders} in braces name fragments, filled in
+-- by dispatcher/db/queries.py (see _FRAGMENTS there), or the completion, filled in by the store.
 
--- name: ordering_promote_next
--- A fragment: two CTEs for a statement that has defined `released(queue_name, ordering_key)`, the
--- keys whose holder it just ended. Each key's next job (lowest id among its waiting jobs) becomes
--- queued, and the owner of its bucket is woken (its due time rides along, as in jobs_insert_one):
--- one NOTIFY per bucket, whatever the number of jobs promoted in it.
+-- name: ordering_next_jobs
+-- A fragment: the CTE `nexts`, for a statement that has defined `released(queue_name,
+-- ordering_key)`, the keys whose holder it just ended: each key's next job, the lowest id among its
+-- waiting jobs. No other statement can promote a key whose holder this statement ends: they all
+-- require that the key has no holder, and until this statement commits it has one.
+nexts AS MATERIALIZED (
+    SELECT nxt.id, nxt.queue_name, nxt.bucket, nxt.priority, nxt.run_at
+      FROM (SELECT DISTINCT r.queue_name, r.ordering_key FROM released AS r WHERE r.ordering_key IS NOT NULL) AS k
+     CROSS JOIN LATERAL (
+           SELECT n.id, n.queue_name, n.bucket, n.priority, n.run_at
+             FROM dispatcher_jobs AS n  -- dispatcher_jobs_ordering_waiting_idx
+            WHERE n.queue_name = k.queue_name AND n.ordering_key = k.ordering_key AND n.status = 'waiting'
+            ORDER BY n.id
+            LIMIT 1) AS nxt
+)
+
+-- name: ordering_queue_jobs
+-- A fragment: the CTEs `promoted` and `woken`, for a statement that has defined `to_queue(id)`:
+-- those waiting jobs become queued, and the owner of each one's bucket is woken (its due time
+-- rides along, as in jobs_insert_one): one NOTIFY per bucket, whatever the number of jobs in it.
 -- The waiting row is re-checked on the row written (a CASE, for the reason in finish.sql): one an
--- operator cancelled meanwhile is skipped, and the key is left to ordering_promote_scan. No other
--- statement can promote a key whose holder this statement ends: they all require that the key
--- has no holder, and until this statement commits it has one.
+-- operator cancelled meanwhile is skipped, and its key is left to ordering_promote_scan.
 promoted AS (
     UPDATE dispatcher_jobs AS w
        SET status = 'queued',
            updated_at = now()
-     WHERE w.id = ANY(ARRAY(
-               SELECT nxt.id
-                 FROM (SELECT DISTINCT r.queue_name, r.ordering_key
-                         FROM released AS r WHERE r.ordering_key IS NOT NULL) AS k
-                CROSS JOIN LATERAL (
-                      SELECT n.id
-                        FROM dispatcher_jobs AS n  -- dispatcher_jobs_ordering_waiting_idx
-                       WHERE n.queue_name = k.queue_name AND n.ordering_key = k.ordering_key
-                         AND n.status = 'waiting'
-                       ORDER BY n.id
-                       LIMIT 1) AS nxt))
+     WHERE w.id = ANY(ARRAY(SELECT id FROM to_queue))
        AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
     RETURNING w.queue_name, w.bucket, ceil(1000 * extract(epoch FROM w.run_at - clock_timestamp()))::bigint AS due_in_ms
 ),
@@ -41,6 +44,13 @@ woken AS (
       FROM (SELECT queue_name, bucket, min(due_in_ms) AS due_in_ms
               FROM promoted GROUP BY queue_name, bucket) AS p
 )
+
+-- name: ordering_promote_next
+-- A fragment: after `released` (ordering_next_jobs), each released key's next job becomes queued
+-- and its bucket's owner is woken. Defines `promoted` and `woken`.
+{next_jobs},
+to_queue AS (SELECT id FROM nexts),
+{queue_jobs}
 
 -- name: jobs_insert_one_keyed
 -- jobs_insert_one for a job with an ordering key. It becomes its key's holder (queued) if the key
@@ -132,16 +142,7 @@ SELECT (SELECT count(*) FROM heads) + (SELECT count(*) FROM rest)
 -- sooner; partitioned mode passes its owned buckets, SKIP LOCKED mode (no owner) none. The others
 -- become queued, and their buckets' owners are woken. A claim is a claim whoever makes it: the
 -- unique holder index, not the bucket, keeps the key's jobs one at a time.
-nexts AS MATERIALIZED (
-    SELECT nxt.id, nxt.queue_name, nxt.bucket, nxt.priority, nxt.run_at
-      FROM (SELECT DISTINCT r.queue_name, r.ordering_key FROM released AS r WHERE r.ordering_key IS NOT NULL) AS k
-     CROSS JOIN LATERAL (
-           SELECT n.id, n.queue_name, n.bucket, n.priority, n.run_at
-             FROM dispatcher_jobs AS n  -- dispatcher_jobs_ordering_waiting_idx
-            WHERE n.queue_name = k.queue_name AND n.ordering_key = k.ordering_key AND n.status = 'waiting'
-            ORDER BY n.id
-            LIMIT 1) AS nxt
-),
+{next_jobs},
 mine AS MATERIALIZED (
     SELECT x.id
       FROM nexts AS x
@@ -166,51 +167,16 @@ chained AS (
               extract(epoch FROM w.locked_at)::float8 AS locked_at, w.bucket, w.priority, w.ordering_key,
               w.queue_name
 ),
-promoted AS (
-    UPDATE dispatcher_jobs AS w
-       SET status = 'queued',
-           updated_at = now()
-     WHERE w.id = ANY(ARRAY(SELECT id FROM nexts EXCEPT SELECT id FROM mine))
-       AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
-    RETURNING w.queue_name, w.bucket, ceil(1000 * extract(epoch FROM w.run_at - clock_timestamp()))::bigint AS due_in_ms
-),
-woken AS (
-    SELECT (SELECT count(*) FROM promoted) AS promoted,
-           count(pg_notify(%(channel)s, p.queue_name || ':' || p.bucket
-                                        || CASE WHEN p.due_in_ms > 0 THEN ':' || p.due_in_ms ELSE '' END)) AS notified
-      FROM (SELECT queue_name, bucket, min(due_in_ms) AS due_in_ms
-              FROM promoted GROUP BY queue_name, bucket) AS p
-)
+to_queue AS (SELECT id FROM nexts EXCEPT SELECT id FROM mine),
+{queue_jobs}
 
 -- name: jobs_complete_owned_keyed
--- jobs_complete_owned for a batch holding keyed jobs: the same fenced write, and each completed
--- holder's key promotes its next job, or claims it for this worker ({chain_next}). Returns one row
--- per job claimed, each with the number of rows completed, or one row of NULLs and that number.
+-- A completion (jobs_complete_owned or jobs_complete_owned_delete, filled in as {completion} by
+-- the store: the same fenced write) for a batch holding keyed jobs: each completed holder's key
+-- promotes its next job, or claims it for this worker ({chain_next}). Returns one row per job
+-- claimed, each with the number of rows completed, or one row of NULLs and that number.
 WITH released AS (
-    UPDATE dispatcher_jobs AS j
-       SET status = 'completed',
-           completed_at = now(),
-           lock_token = NULL,
-           lease_expires_at = NULL,
-           updated_at = now()
-      FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
-     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
-       AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
-    RETURNING j.queue_name, j.ordering_key
-),
-{chain_next}
-SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
-       c.queue_name, (SELECT count(*) FROM released), w.promoted
-  FROM woken AS w LEFT JOIN chained AS c ON true
-
--- name: jobs_complete_owned_delete_keyed
--- jobs_complete_owned_delete for a batch holding keyed jobs, promoting or claiming as
--- jobs_complete_owned_keyed.
-WITH released AS (
-    DELETE FROM dispatcher_jobs AS j
-     USING unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS done(id, token)
-     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
-       AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
+{completion}
     RETURNING j.queue_name, j.ordering_key
 ),
 {chain_next}

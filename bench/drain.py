@@ -78,7 +78,7 @@ async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int, comple
     batches: asyncio.Queue[tuple[list[int], list[str]] | None] = asyncio.Queue(maxsize=2)
 
     async def claimer(conn: psycopg.AsyncConnection[Any]) -> None:
-        params = {"queue": "default", "limit": BATCH, "lease_s": 30.0, "worker": f"ceiling-{index}"}
+        params = {"queue": "default", "limit": BATCH, "lease_s": 30.0, "worker": f"ceiling-{index}", "flow_version": None}
         while True:
             token = str(uuid.uuid4())
             rows = await (await conn.execute(claim_statement, {**params, "token": token})).fetchall()

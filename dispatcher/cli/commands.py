@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from dispatcher._version import __version__
+from dispatcher.cli.flow import add_flow_parsers
 from dispatcher.cli.jobs import add_jobs_parser
 from dispatcher.errors import (
     ConfigError,
@@ -277,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     add_jobs_parser(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
+    add_flow_parsers(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
 
     p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
     p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")

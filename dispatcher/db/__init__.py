@@ -7,9 +7,10 @@ Everything else in dispatcher/db/ is the runtime's own and may change without no
 """
 
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED, MODE_SKIP_LOCKED, NUM_BUCKETS
+from dispatcher.db.claims import claim_sql
+from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.migrate import migrate
 from dispatcher.db.queries import query
-from dispatcher.db.store import claim_sql, int_array, token_array
 
 __all__ = [
     "COMPLETED_DELETE", "COMPLETED_KEEP", "MODE_PARTITIONED", "MODE_SKIP_LOCKED", "NUM_BUCKETS", "claim_sql",

@@ -14,10 +14,61 @@ from dispatcher.model import FailureKind, Job, Outcome
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """A claim's jobs, and how many its selection found (jobs plus those others took meanwhile)."""
+    """A claim's jobs, and how many its selection found (jobs plus those others took meanwhile).
+    `stale`: the flow-control tables changed since the worker read them, so it claimed nothing."""
 
     jobs: list[Job]
     selected: int
+    stale: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TypeFilter:
+    """Which job types a claim may take: only `types` (include) or every type but them."""
+
+    types: tuple[str, ...]
+    include: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One flow-control limit (dispatcher_limits): on jobs of `job_type` in `queue` ('*': any)."""
+
+    job_type: str
+    queue: str
+    max_running: int | None
+    per_second: float | None
+    burst_jobs: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FlowState:
+    """A worker's copy of the flow-control tables, as of `version`."""
+
+    version: int = 0
+    paused: frozenset[str] = frozenset()
+    limits: tuple[Limit, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """A gated claim (dispatcher/db/claims.py): jobs of `types`, claimed under the limit rows
+    `keys` ((job_type, queue) pairs), which it locks first."""
+
+    types: TypeFilter | None
+    keys: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GatedClaim:
+    """What a gated claim did: the jobs, how many it was allowed (None: no limit bound it below
+    what it asked), which limit held it back ("max_running", "per_second", or None), and for a
+    rate, how long until the next job may start."""
+
+    claimed: Claimed
+    allowed: int | None = None
+    held_by: str | None = None
+    wait_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

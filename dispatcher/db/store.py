@@ -20,8 +20,10 @@ from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
-from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
+from dispatcher.db.claims import allowance, claim_params, claim_sql, claimed_rows, next_token_s, steal_sql
 from dispatcher.db.listener import format_payload
+from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.port import JobState, NewJob
 from dispatcher.db.queries import query
 from dispatcher.db.rows import (
@@ -31,11 +33,16 @@ from dispatcher.db.rows import (
     ExpiredLease,
     FailedWrite,
     Failure,
+    FlowState,
+    Gate,
+    GatedClaim,
     HistoryRows,
     KeyedCompletion,
+    Limit,
     OrderingScan,
     QueueDepth,
     Steal,
+    TypeFilter,
 )
 from dispatcher.db.translate import connect_errors, translate_errors
 from dispatcher.errors import StoreConflict, StoreUnavailable
@@ -48,17 +55,6 @@ T = TypeVar("T")
 # Budgets in multiples of ConnectionLimits.statement_timeout_s: hot statements take milliseconds;
 # ANALYZE and prune batches can take seconds on a big, busy table (docs/design/postgres-plumbing.md).
 SLOW_STATEMENT = 6.0
-
-
-def int_array(values: Sequence[int]) -> str:
-    """A bigint[] as a text literal. psycopg's list dumper is pure Python and took a fifth of a
-    worker's CPU for the ids of every flush; str.join runs in C (cast with ::bigint[] in SQL)."""
-    return "{" + ",".join(map(str, values)) + "}"
-
-
-def token_array(tokens: Sequence[str]) -> str:
-    """A uuid[] text literal from claim tokens (already canonical uuid strings: no quoting needed)."""
-    return "{" + ",".join(tokens) + "}"
 
 
 def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> None:
@@ -87,34 +83,6 @@ def insert_one_sql(job: NewJob) -> str:
 
 
 @cache
-def steal_sql() -> str:
-    """The stealing claim: other workers' buckets, in the order given by %(steal_buckets)s.
-    Built once: the bucket order is a parameter, so the text never changes."""
-    return query("jobs_claim").replace("{select_ids}", query("claim_select_steal"))
-
-
-def claim_sql(buckets: Sequence[int] | None) -> str:
-    """The claim statement for a mode: SKIP LOCKED (`buckets=None`) or partitioned over `buckets`.
-
-    Buckets are validated integers inlined as literals, so each bucket set is one statement text
-    that psycopg prepares once per connection; the set only changes on a rebalance.
-    """
-    if buckets is None:
-        return query("jobs_claim").replace("{select_ids}", query("claim_select_skip_locked"))
-    if not buckets:
-        raise ValueError("a partitioned claim needs at least one bucket")
-    if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
-        raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
-    ordered = sorted(set(buckets))
-    if len(ordered) == NUM_BUCKETS:
-        selection = query("claim_select_all_buckets")
-    else:
-        branch = query("claim_select_partitioned_branch")
-        branches = "\nUNION ALL\n".join(branch.replace("{bucket}", str(b)) for b in ordered)
-        selection = query("claim_select_partitioned").replace("{bucket_branches}", branches)
-    return query("jobs_claim").replace("{select_ids}", selection)
-
-
 class JobStore:
     """One connection's worth of job statements. Tasks that share a store (the maintenance
     services) take turns: one statement, or one transaction of a few (a prune round), at a time,
@@ -134,7 +102,7 @@ class JobStore:
         # One statement or transaction at a time on the connection (uncontended: ~0.3 us). One lock
         # per connection: an abandoned statement keeps its own until psycopg gives it up (~10 s).
         self._turn = asyncio.Lock()
-        self._claim_sql_cache: dict[tuple[int, ...] | None, str] = {}
+        self._claim_sql_cache: dict[tuple[Any, ...], str] = {}
         # DISPATCHER_COMPLETED_JOBS, chosen once: the completion's hot path reads one attribute.
         self.completed_jobs = completed_jobs
         complete = query("jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned")
@@ -205,29 +173,74 @@ class JobStore:
 
     async def jobs_claim_counted(
         self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-        steal: Steal | None = None,
+        steal: Steal | None = None, *, types: TypeFilter | None = None, flow_version: int | None = None,
     ) -> Claimed:
         """jobs_claim, plus how many runnable jobs its selection found: more than it claimed
-        means others took some meanwhile, not that the buckets ran dry."""
+        means others took some meanwhile, not that the buckets ran dry. `types`: only those job
+        types, or all but them; `flow_version`: the flow-control tables as the caller last read
+        them (if they changed since, nothing is claimed and the result is `stale`)."""
         token = str(uuid.uuid4())
-        params = {"queue": queue, "limit": limit, "lease_s": lease_s, "worker": self.worker_id, "token": token}
+        params = claim_params(queue, limit, lease_s, self.worker_id, token, flow_version, types)
         if steal is not None:
-            sql = steal_sql()
+            sql = self._claim_text(None, types, steal=True)
             params["steal_buckets"] = int_array(steal.buckets)
             params["steal_reserve"] = steal.reserve
         else:
-            key = None if buckets is None else tuple(buckets)
-            sql = self._claim_sql_cache.get(key)
-            if sql is None:
-                if len(self._claim_sql_cache) > 64:  # rebalances churn the set; keep the cache small
-                    self._claim_sql_cache.clear()
-                sql = self._claim_sql_cache[key] = claim_sql(key)
+            sql = self._claim_text(buckets, types)
         cur = await self._execute("claim", sql, params)
-        rows = await cur.fetchall()
-        selected = rows[0][9] if rows else 0
-        if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
-            return Claimed([], selected)
-        return Claimed([Job(row, token, queue) for row in rows], selected)
+        return claimed_rows(await cur.fetchall(), token, queue)
+
+    def _claim_text(self, buckets: Sequence[int] | None, types: TypeFilter | None, *, steal: bool = False) -> str:
+        key = (None if buckets is None else tuple(buckets), None if types is None else types.include, steal)
+        sql = self._claim_sql_cache.get(key)
+        if sql is None:
+            if len(self._claim_sql_cache) > 64:  # rebalances churn the set; keep the cache small
+                self._claim_sql_cache.clear()
+            sql = self._claim_sql_cache[key] = steal_sql(types) if steal else claim_sql(key[0], types)
+        return sql
+
+    async def jobs_claim_gated(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
+                               gate: Gate, flow_version: int | None) -> GatedClaim:
+        """Claim jobs of flow-controlled types (`gate`) in one transaction: lock their limit rows,
+        count what runs under them, claim at most what they allow (claims.allowance), spend the
+        rates' tokens. Others claiming under the same rows wait for this transaction."""
+        keys = {"types": [k[0] for k in gate.keys], "queues": [k[1] for k in gate.keys]}
+        token = str(uuid.uuid4())
+        sql = self._claim_text(buckets, gate.types)
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> GatedClaim:
+            async with conn.transaction():
+                locked = await (await conn.execute(query("flow_gate_lock"), keys)).fetchall()
+                counted = [row for row in locked if row[2] is not None]
+                running: list[int] = []
+                if counted:
+                    cur = await conn.execute(query("flow_gate_running"),
+                                             {"types": [r[0] for r in counted], "queues": [r[1] for r in counted]})
+                    running = [int(r[0]) for r in await cur.fetchall()]
+                counts = iter(running)
+                allowed, held_by = allowance([(r[2], next(counts) if r[2] is not None else 0, r[4]) for r in locked])
+                asked = limit if allowed is None else min(limit, allowed)
+                claimed = Claimed([], 0)
+                if asked > 0:
+                    params = claim_params(queue, asked, lease_s, self.worker_id, token, flow_version, gate.types)
+                    claimed = claimed_rows(await (await conn.execute(sql, params)).fetchall(), token, queue)
+                spent = len(claimed.jobs)
+                if spent and any(r[3] is not None for r in locked):
+                    await conn.execute(query("flow_gate_spend"), {**keys, "spent": spent})
+            if allowed is None or allowed >= limit:
+                return GatedClaim(claimed, allowed)
+            waits = [next_token_s(r[4], spent, r[3]) for r in locked if r[3] is not None]
+            return GatedClaim(claimed, allowed, held_by, max(waits) if held_by == "per_second" and waits else None)
+
+        return await self.run("claim", work)
+
+    async def flow_state(self) -> FlowState:
+        """The flow-control tables, in one snapshot (flow_state)."""
+        row = await (await self._execute("flow_state", query("flow_state"), {})).fetchone()
+        assert row is not None
+        version, paused, types, queues, max_running, per_second, burst = row
+        limits = tuple(Limit(*values) for values in zip(types, queues, max_running, per_second, burst, strict=True))
+        return FlowState(int(version), frozenset(paused), limits)
 
     async def jobs_next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
         """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in `buckets`
@@ -371,3 +384,4 @@ class JobStore:
         cur = await self._execute("show", query("admin_job_show"), {"id": job_id})
         row = await cur.fetchone()
         return None if row is None else JobState(*row)
+

@@ -52,6 +52,15 @@ JANITOR_LAG = Gauge(
     "whose last prune round ran, none from a pod that found another pruning", ["kind"],
 )
 STOLEN_JOBS = Counter("dispatcher_jobs_stolen_total", "Jobs claimed from other workers' buckets (own buckets idle)")
+FLOW_HELD_BACK = Counter(
+    "dispatcher_flow_limited_claims_total",
+    "Claims of flow-controlled jobs that a fleet-wide limit cut short (dispatcher limits), by queue and by the "
+    "kind of limit that bound: max_running or per_second", ["queue", "limit"],
+)
+QUEUE_PAUSED = Gauge(
+    "dispatcher_queue_paused", "1 while the queue is paused (dispatcher queues pause), as this worker last read it",
+    ["queue"],
+)
 STORE_ERRORS = Counter("dispatcher_store_errors_total", "Failed database statements", ["operation"])
 
 JOBS_IN_FLIGHT = Gauge("dispatcher_jobs_in_flight", "Jobs claimed by this worker and not finished")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from coordinator.assignment import BucketAssignment
 from dispatcher.backoff import jittered
 from dispatcher.constants import NUM_BUCKETS
-from dispatcher.db.rows import Steal
+from dispatcher.db.rows import Gate, Steal, TypeFilter
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
 from dispatcher.model import Job
@@ -25,6 +25,7 @@ from dispatcher.observe import metrics
 from dispatcher.runtime.claim_windows import ClaimWindows, window_buckets
 from dispatcher.runtime.due_timer import DueTimer
 from dispatcher.runtime.executor import Executor
+from dispatcher.runtime.flow_control import FlowControl
 from dispatcher.runtime.stealing import StealPolicy
 from dispatcher.runtime.vitals import Vitals
 from dispatcher.settings.sections import ClaimSettings
@@ -46,6 +47,9 @@ class Producer:
     # A poll wake-up looks ahead at most once a second: it only catches what no signal announced,
     # and each look-ahead walks the index from its start (cost: docs/design/claims.md).
     LOOK_AHEAD_POLL_S = 1.0
+    # A limited type at its max_running with jobs waiting: try its gated claim again this often
+    # (jittered). Others' jobs end unseen by us, so there is nothing to wait on but time.
+    FLOW_RECHECK_S = 0.25
 
     def __init__(self, settings: ClaimSettings, store: JobStore, assignments: Mapping[str, BucketAssignment],
                  executor: Executor, *, vitals: Vitals | None = None) -> None:
@@ -80,6 +84,11 @@ class Producer:
         self._refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
         self._windows = ClaimWindows(window_buckets(self._refill_at))  # claims of a backlog take ~refill_at jobs
         self._asleep = False  # in _sleep_until_woken
+        # The fleet's limits and paused queues (flow_control.py); a claim that finds them changed
+        # sets _flow_stale and the cycle reads them again before claiming more.
+        self.flow = FlowControl(store, config.queues, on_change=self.wake, vitals=self._vitals)
+        self._flow_stale = False
+        self._flow_timer: asyncio.TimerHandle | None = None
         self.stats = ProducerStats()
 
     @property
@@ -133,6 +142,8 @@ class Producer:
         """Stop claiming. A claim in flight finishes and its jobs start (nothing is orphaned)."""
         self._stopped.set()
         self._due.cancel()
+        if self._flow_timer is not None:
+            self._flow_timer.cancel()
         self._wakeup.set()
         self._executor.slot_freed.set()
 
@@ -141,6 +152,7 @@ class Producer:
     async def run(self) -> None:
         followers = [asyncio.create_task(self._follow_assignment(a), name="assignment-follower")
                      for a in self._distinct]
+        followers.append(asyncio.create_task(self.flow.run(), name="flow-control"))
         try:
             await self._claim_loop()
         finally:
@@ -183,6 +195,9 @@ class Producer:
                 await self._sleep_until_woken()
                 continue
             try:
+                if not self.flow.loaded or self._flow_stale:
+                    self._flow_stale = False
+                    await self.flow.refresh()
                 if self._look_ahead and not backlog:
                     # Not during a backlog (the next claim takes a job that came due), and before
                     # the claim, not after, so no job falls between the two statements
@@ -213,14 +228,23 @@ class Producer:
         backlog = False
         for queue in queues:
             free = config.concurrency - executor.in_flight
-            if free <= 0 or self._stopped.is_set():
+            if free <= 0 or self._stopped.is_set() or self._flow_stale:
                 break
-            limit = min(free, config.batch_size)
             own = owns[queue]
+            if self.flow.paused(queue):
+                continue
+            plan = self.flow.plan(queue)
+            types = None if plan is None else plan.rest
+            if plan is not None and own != ():
+                backlog |= await self._claim_gated(queue, plan.gates, own)
+                free = config.concurrency - executor.in_flight
+                if not plan.ungated or free <= 0 or self._flow_stale:
+                    continue  # every type of this queue is gated: no plain claim, no steal
+            limit = min(free, config.batch_size)
             selected, windowed = -1, False
             if own != ():
                 buckets, windowed = self._windows.pick(queue, own) if in_backlog else (own, False)
-                jobs, selected, sent_at = await self._claim(queue, limit, buckets)
+                jobs, selected, sent_at = await self._claim(queue, limit, buckets, types=types)
                 # A full selection means more may be waiting even if others took some of it (a
                 # stealer, or the previous owner during a hand-off): go again, do not sleep. A
                 # short window says only that its buckets ran low: go on (claim_windows.py).
@@ -239,7 +263,7 @@ class Producer:
                 self.stats.steals += 1
                 for victims in self._steals.sweep(own or ()):
                     steal = Steal(tuple(victims), self._steals.reserve())
-                    stolen, _, sent_at = await self._claim(queue, asked, None, steal)
+                    stolen, _, sent_at = await self._claim(queue, asked, None, steal, types=types)
                     self.stats.steal_claims += 1
                     if stolen or self._stopped.is_set():
                         break
@@ -249,24 +273,69 @@ class Producer:
                     metrics.STOLEN_JOBS.inc(len(stolen))
                 backlog |= len(stolen) == asked
                 executor.start(stolen, sent_at)
+        return backlog or self._flow_stale
+
+    async def _claim_gated(self, queue: str, gates: tuple[Gate, ...], own: tuple[int, ...] | None) -> bool:
+        """The gated claims of a flow-controlled queue (one per limited type: claims.py), from the
+        same buckets as the plain claim. Returns whether one came back full (a backlog)."""
+        config, executor = self._claims, self._executor
+        backlog = False
+        for gate in gates:
+            free = config.concurrency - executor.in_flight
+            if free <= 0 or self._stopped.is_set():
+                break
+            asked = min(free, config.batch_size)
+            started, sent_at = time.perf_counter(), time.monotonic()
+            async with self._claim_fence:
+                gated = await self._store.jobs_claim_gated(queue, asked, config.lease_s, own, gate, self.flow.version)
+            claimed = gated.claimed
+            if claimed.stale:
+                self._flow_stale = True
+                return True
+            self._count_claim(queue, claimed.jobs, started)
+            executor.start(claimed.jobs, sent_at)
+            if gated.held_by is not None:
+                metrics.FLOW_HELD_BACK.labels(queue, gated.held_by).inc()
+                self._recheck_flow(gated.wait_s if gated.wait_s is not None else jittered(self.FLOW_RECHECK_S, 0.2))
+            elif claimed.selected >= asked:
+                backlog = True
         return backlog
 
+    def _recheck_flow(self, delay_s: float) -> None:
+        """Wake the claim loop in `delay_s` (the earliest of those asked for) to try the limits again."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.005, delay_s)
+        if self._flow_timer is not None:
+            if self._flow_timer.when() <= when:
+                return
+            self._flow_timer.cancel()
+        self._flow_timer = loop.call_at(when, self._flow_due)
+
+    def _flow_due(self) -> None:
+        self._flow_timer = None
+        self._wakeup.set()
+
     async def _claim(self, queue: str, limit: int, buckets: tuple[int, ...] | None,
-                     steal: Steal | None = None) -> tuple[list[Job], int, float]:
+                     steal: Steal | None = None, *, types: TypeFilter | None = None) -> tuple[list[Job], int, float]:
         """Claim; returns the jobs, how many the selection found, and when the statement was sent
         (time.monotonic()): their leases run from no earlier than that."""
         started = time.perf_counter()
         sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
-            claimed = await self._store.jobs_claim_counted(queue, limit, self._claims.lease_s, buckets, steal)
-        jobs = claimed.jobs
+            claimed = await self._store.jobs_claim_counted(queue, limit, self._claims.lease_s, buckets, steal,
+                                                           types=types, flow_version=self.flow.version)
+        if claimed.stale:
+            self._flow_stale = True
+        self._count_claim(queue, claimed.jobs, started)
+        return claimed.jobs, claimed.selected, sent_at
+
+    def _count_claim(self, queue: str, jobs: list[Job], started: float) -> None:
         metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)
         metrics.CLAIM_BATCH.observe(len(jobs))
         if jobs:
             metrics.JOBS_CLAIMED.labels(queue, self._mode).inc(len(jobs))
         self.stats.claims += 1
         self.stats.claimed += len(jobs)
-        return jobs, claimed.selected, sent_at
 
     async def _arm_next_due(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None]) -> None:
         """Arm the due timer at our earliest not-yet-due job (one bounded query per queue we claim

@@ -110,7 +110,10 @@ class Health:
 
     def readyz(self) -> tuple[int, dict[str, Any]]:
         readiness = self.readiness()
-        return (200 if readiness.ready else 503), readiness.body()
+        body = readiness.body()
+        # A detail, not a check: a paused queue is an operator's choice, and the pod is healthy.
+        body["paused_queues"] = list(self.vitals.paused_queues)
+        return (200 if readiness.ready else 503), body
 
 
 class HealthCollector:

@@ -40,7 +40,8 @@ def test_a_claim_never_reads_the_jobs_waiting_behind_their_keys(dsn, mode):
         conn.execute("ANALYZE dispatcher_jobs")
         sql = claim_sql(None if mode == "skip_locked" else range(64))
         with conn.transaction(force_rollback=True):
-            params = {"queue": "default", "limit": 500, "lease_s": 30.0, "worker": "w", "token": None}
+            params = {"queue": "default", "limit": 500, "lease_s": 30.0, "worker": "w", "token": None,
+                      "flow_version": 0}
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
     nodes = list(plan_nodes(plan))
     assert plan["Actual Rows"] == 50, json.dumps(plan)[:2000]

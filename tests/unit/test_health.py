@@ -56,15 +56,16 @@ def test_readiness_follows_the_vitals_from_start_to_stop():
                                          "assignment": "not started"}
     health.startup.update("ok", "missing")  # what startup.wait_until_ready reports
     assert health.readyz() == (503, {"status": "not ready", "checks": {
-        "worker": "starting", "database": "ok", "schema": "missing", "assignment": "not started"}})
+        "worker": "starting", "database": "ok", "schema": "missing", "assignment": "not started"}, "paused_queues": []})
     health.startup.update("ok", "current")
     vitals.started = True
-    assert health.readyz() == (200, {"status": "ready", "checks": READY})
+    assert health.readyz() == (200, {"status": "ready", "checks": READY, "paused_queues": []})
     vitals.assignments[0].state = "degraded"
     assert health.readyz()[0] == 200
     vitals.stopping = True
     assert health.readyz() == (503, {"status": "not ready", "checks": {**READY, "worker": "stopping",
-                                                                        "assignment": "degraded"}})
+                                                                        "assignment": "degraded"},
+                                     "paused_queues": []})
 
 
 @pytest.mark.parametrize("failing", ["claims_failing_since", "heartbeats_failing_since", "reaper_failing_since"])

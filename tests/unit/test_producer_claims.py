@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from coordinator.assignment import StaticAssignment
-from dispatcher.db.rows import Claimed
+from dispatcher.db.rows import Claimed, FlowState
 from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.runtime.claim_windows import MAX_WINDOW_BUCKETS, ClaimWindows, window_buckets
@@ -38,7 +38,10 @@ class FakeStore:
     async def jobs_next_due_in(self, queue, buckets):
         return None
 
-    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
+    async def flow_state(self):
+        return FlowState()
+
+    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
         steal_from = steal.buckets if steal is not None else None
         self.claims.append((steal_from if steal is not None else buckets, limit, steal is not None))
         await asyncio.sleep(0)
@@ -171,7 +174,7 @@ async def _test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_o
     reserves = []
 
     class Recording(FakeStore):
-        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
+        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
             if steal is not None:
                 reserves.append(steal.reserve)
             return await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
@@ -263,7 +266,7 @@ async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
             events.append("look")
             return None
 
-        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
+        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
             claimed = await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
             events.append("full" if claimed.selected >= limit else "short")
             if len(events) % 5 == 0:
@@ -312,7 +315,7 @@ class FailsFirst(FakeStore):
         self.vitals = vitals
         self.failing_since_seen: list[float | None] = []
 
-    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None):
+    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
         self.failing_since_seen.append(self.vitals.claims_failing_since)
         if self.failures:
             self.failures -= 1

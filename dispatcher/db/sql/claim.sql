@@ -25,7 +25,15 @@
 -- because others took rows it had selected is not "our buckets ran dry". Without this, an owner
 -- whose claim lost a few rows to a stealer at start-up slept a whole poll interval while a
 -- stealer drained its buckets (spawn -> done 0.7x of SKIP LOCKED at 2 workers).
-WITH picked AS MATERIALIZED (SELECT ARRAY({select_ids}) AS ids),
+-- %(flow_version)s is the version of the flow-control tables (migrations/0009) the worker's copy
+-- was read at: if they changed since, `ids` is NULL, nothing is claimed and `selected` comes back
+-- NULL, so the worker reads them again before it claims (NULL: no check, for callers without a
+-- copy). The selection runs only when the versions match (CASE evaluates its subquery lazily).
+-- The type filter (in braces, filled in by the store) is empty, or keeps out (or in) the job types the flow-control limits bind.
+WITH picked AS MATERIALIZED (
+       SELECT CASE WHEN %(flow_version)s::bigint IS NULL
+                     OR %(flow_version)s::bigint = coalesce((SELECT version FROM dispatcher_flow_control), 0)
+                   THEN ARRAY({select_ids}) END AS ids),
      claimed AS (
        UPDATE dispatcher_jobs
           SET status = 'running',
@@ -56,7 +64,7 @@ SELECT id FROM ({bucket_branches}) AS runnable
 -- One owned bucket's runnable jobs in claim order (through dispatcher_jobs_claim_bucket_idx).
 (SELECT id, priority, run_at
    FROM dispatcher_jobs
-  WHERE queue_name = %(queue)s AND bucket = {bucket} AND status = 'queued' AND run_at <= now()
+  WHERE queue_name = %(queue)s AND bucket = {bucket} AND status = 'queued' AND run_at <= now() {type_filter}
   ORDER BY priority, run_at, id
   LIMIT %(limit)s)
 
@@ -68,6 +76,7 @@ SELECT id
   FROM dispatcher_jobs
  WHERE queue_name = %(queue)s AND status = 'queued' AND run_at <= now()
    AND priority > -32769  -- the tag of dispatcher_jobs_claim_idx's predicate (migration 0003)
+   {type_filter}
  ORDER BY priority, run_at, id
  LIMIT %(limit)s
 
@@ -96,7 +105,7 @@ SELECT j.id
                  FROM (SELECT id, priority, run_at
                          FROM dispatcher_jobs
                         WHERE queue_name = %(queue)s AND bucket = s.bucket AND status = 'queued'
-                          AND run_at <= now()
+                          AND run_at <= now() {type_filter}
                         ORDER BY priority DESC, run_at DESC, id DESC
                         LIMIT %(steal_reserve)s + %(limit)s) AS tail) AS t
         WHERE t.nth <= t.depth - %(steal_reserve)s) AS d
@@ -113,6 +122,7 @@ SELECT id
   FROM dispatcher_jobs
  WHERE queue_name = %(queue)s AND status = 'queued' AND run_at <= now()
    AND priority > -32769  -- the tag of dispatcher_jobs_claim_idx's predicate (migration 0003)
+   {type_filter}
  ORDER BY priority, run_at, id
  LIMIT %(limit)s
    FOR UPDATE SKIP LOCKED

@@ -13,10 +13,10 @@
 -- waiting jobs. No other statement can promote a key whose holder this statement ends: they all
 -- require that the key has no holder, and until this statement commits it has one.
 nexts AS MATERIALIZED (
-    SELECT nxt.id, nxt.queue_name, nxt.bucket, nxt.priority, nxt.run_at
+    SELECT nxt.id, nxt.queue_name, nxt.bucket, nxt.priority, nxt.run_at, nxt.job_type
       FROM (SELECT DISTINCT r.queue_name, r.ordering_key FROM released AS r WHERE r.ordering_key IS NOT NULL) AS k
      CROSS JOIN LATERAL (
-           SELECT n.id, n.queue_name, n.bucket, n.priority, n.run_at
+           SELECT n.id, n.queue_name, n.bucket, n.priority, n.run_at, n.job_type
              FROM dispatcher_jobs AS n  -- dispatcher_jobs_ordering_waiting_idx
             WHERE n.queue_name = k.queue_name AND n.ordering_key = k.ordering_key AND n.status = 'waiting'
             ORDER BY n.id
@@ -149,6 +149,11 @@ mine AS MATERIALIZED (
       JOIN unnest(%(chain_queues)s::text[], %(chain_buckets)s::smallint[]) AS o(queue_name, bucket)
         ON o.queue_name = x.queue_name AND o.bucket = x.bucket
      WHERE x.run_at <= now()
+       -- Never a job of a paused queue or under a flow-control limit: those are claimed only by
+       -- a gated claim (dispatcher/db/claims.py), which counts them. They become queued instead.
+       AND NOT EXISTS (SELECT 1 FROM dispatcher_paused_queues AS p WHERE p.queue_name = x.queue_name)
+       AND NOT EXISTS (SELECT 1 FROM dispatcher_limits AS l
+                        WHERE l.job_type IN (x.job_type, '*') AND l.queue_name IN (x.queue_name, '*'))
      ORDER BY x.priority, x.run_at, x.id
      LIMIT %(chain_limit)s
 ),

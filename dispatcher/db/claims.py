@@ -1,0 +1,100 @@
+"""The claim statements, built from sql/claim.sql per mode and type filter, and the gated claim:
+the one way jobs of a flow-controlled type are claimed (limits: docs/concepts/flow-control.md).
+
+A gated claim is one short transaction: lock the limit rows that bind its jobs, count what runs
+under them, claim at most what they allow, spend the rate's tokens. `allowance` is its pure choice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from dispatcher.constants import NUM_BUCKETS
+from dispatcher.db.queries import query
+from dispatcher.db.rows import Claimed, TypeFilter
+from dispatcher.model import Job
+
+_TYPE_FILTERS = {
+    None: "",
+    False: "AND job_type <> ALL(%(claim_types)s::text[])",
+    True: "AND job_type = ANY(%(claim_types)s::text[])",
+}
+
+
+def _finish(selection: str, types: TypeFilter | None) -> str:
+    text = query("jobs_claim").replace("{select_ids}", selection)
+    return text.replace("{type_filter}", _TYPE_FILTERS[None if types is None else types.include])
+
+
+def steal_sql(types: TypeFilter | None = None) -> str:
+    """The stealing claim: other workers' buckets, in the order given by %(steal_buckets)s.
+    The bucket order is a parameter, so the text changes only with the kind of type filter."""
+    return _finish(query("claim_select_steal"), types)
+
+
+def claim_sql(buckets: Sequence[int] | None, types: TypeFilter | None = None) -> str:
+    """The claim statement for a mode: SKIP LOCKED (`buckets=None`) or partitioned over `buckets`,
+    for every job type (`types=None`) or as `types` says (%(claim_types)s then holds them).
+
+    Buckets are validated integers inlined as literals, so each bucket set is one statement text
+    that psycopg prepares once per connection; the set only changes on a rebalance.
+    """
+    if buckets is None:
+        return _finish(query("claim_select_skip_locked"), types)
+    if not buckets:
+        raise ValueError("a partitioned claim needs at least one bucket")
+    if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
+        raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
+    ordered = sorted(set(buckets))
+    if len(ordered) == NUM_BUCKETS:
+        selection = query("claim_select_all_buckets")
+    else:
+        branch = query("claim_select_partitioned_branch")
+        branches = "\nUNION ALL\n".join(branch.replace("{bucket}", str(b)) for b in ordered)
+        selection = query("claim_select_partitioned").replace("{bucket_branches}", branches)
+    return _finish(selection, types)
+
+
+def claim_params(queue: str, limit: int, lease_s: float, worker: str, token: str, flow_version: int | None,
+                 types: TypeFilter | None) -> dict[str, Any]:
+    params = {"queue": queue, "limit": limit, "lease_s": lease_s, "worker": worker, "token": token,
+              "flow_version": flow_version}
+    if types is not None:
+        params["claim_types"] = list(types.types)
+    return params
+
+
+def allowance(rows: Sequence[tuple[int | None, int, float | None]]) -> tuple[int | None, str | None]:
+    """How many jobs a gated claim may start now under its locked limit rows, given as (max_running,
+    running now, tokens now): None if no row bounds it. Also which kind of limit binds tightest."""
+    allowed: int | None = None
+    held_by: str | None = None
+    for max_running, running, tokens in rows:
+        if max_running is not None:
+            free = max(0, max_running - running)
+            if allowed is None or free < allowed:
+                allowed, held_by = free, "max_running"
+        if tokens is not None:
+            whole = max(0, math.floor(tokens + 1e-9))
+            if allowed is None or whole < allowed:
+                allowed, held_by = whole, "per_second"
+    return allowed, held_by
+
+
+def next_token_s(tokens: float, spent: int, per_second: float) -> float:
+    """Seconds until a rate-limited row has one whole token again, after `spent` of its `tokens`."""
+    left = tokens - spent
+    return max(0.0, (1.0 - left) / per_second) if left < 1.0 else 0.0
+
+
+def claimed_rows(rows: list[Any], token: str, queue: str) -> Claimed:
+    """A claim statement's rows as a Claimed: `selected` rides on every row (one row of NULLs
+    when nothing was claimed; `selected` NULL too when the flow-control version did not match)."""
+    selected = rows[0][9] if rows else 0
+    if selected is None:
+        return Claimed([], 0, stale=True)
+    if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
+        return Claimed([], selected)
+    return Claimed([Job(row, token, queue) for row in rows], selected)

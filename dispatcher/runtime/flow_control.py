@@ -1,0 +1,110 @@
+"""A worker's copy of the fleet's flow control (paused queues, limits), and what it makes of it.
+
+The copy is read every second or so (jittered) and at once when a claim finds it out of date (the
+claims carry its version: sql/claim.sql). `plan_for` is the pure part: which claims a queue needs,
+one gated claim per limited job type (and one for the rest when a '*' limit binds every type), and
+the filter that keeps the other claims off the limited types. Semantics: docs/concepts/flow-control.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from dispatcher.backoff import jittered
+from dispatcher.db.rows import FlowState, Gate, Limit, TypeFilter
+from dispatcher.db.store import JobStore
+from dispatcher.errors import StoreError
+from dispatcher.observe import metrics
+from dispatcher.runtime.vitals import Vitals
+
+log = logging.getLogger(__name__)
+
+ANY = "*"  # a limit's job type or queue that matches every one
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePlan:
+    """How to claim one flow-controlled queue: its gated claims, and whether the plain claim runs
+    for the rest (`rest`: the filter that keeps it, and stealing, off the limited types)."""
+
+    gates: tuple[Gate, ...]
+    ungated: bool
+    rest: TypeFilter | None
+
+
+def plan_for(limits: Iterable[Limit], queue: str) -> QueuePlan | None:
+    """The claims of `queue` under `limits`; None when no limit touches it (the plain claim)."""
+    rows = [limit for limit in limits if limit.queue in (queue, ANY)]
+    if not rows:
+        return None
+    typed = sorted({limit.job_type for limit in rows if limit.job_type != ANY})
+    every_type = sorted((limit.job_type, limit.queue) for limit in rows if limit.job_type == ANY)
+    gates = [Gate(TypeFilter((job_type,), True),
+                  tuple(sorted((limit.job_type, limit.queue) for limit in rows if limit.job_type in (job_type, ANY))))
+             for job_type in typed]
+    rest = TypeFilter(tuple(typed), False) if typed else None
+    if every_type:  # a '*' limit binds the queue's other types too: they are gated as one group
+        gates.append(Gate(rest, tuple(every_type)))
+    return QueuePlan(tuple(gates), not every_type, rest)
+
+
+class FlowControl:
+    """The flow-control tables as this worker last read them; `on_change` is called when they moved."""
+
+    REFRESH_S = 1.0
+
+    def __init__(self, store: JobStore, queues: Iterable[str], *, on_change: Callable[[], None] | None = None,
+                 vitals: Vitals | None = None) -> None:
+        self._store = store
+        self._vitals = vitals
+        self._queues = tuple(queues)
+        self._on_change = on_change
+        self.state = FlowState()
+        self.loaded = False
+        self._plans: dict[str, QueuePlan | None] = {}
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    def paused(self, queue: str) -> bool:
+        return queue in self.state.paused
+
+    def paused_queues(self) -> tuple[str, ...]:
+        """Of this worker's queues, the paused ones (for /readyz)."""
+        return tuple(q for q in self._queues if q in self.state.paused)
+
+    def plan(self, queue: str) -> QueuePlan | None:
+        try:
+            return self._plans[queue]
+        except KeyError:
+            plan = self._plans[queue] = plan_for(self.state.limits, queue)
+            return plan
+
+    async def refresh(self) -> bool:
+        """Read the tables again (a StoreError propagates); returns whether they changed."""
+        state = await self._store.flow_state()
+        changed = not self.loaded or state != self.state
+        if changed:
+            if self.loaded and state.paused != self.state.paused:
+                log.info("paused queues now: %s", ", ".join(sorted(state.paused)) or "none")
+            self.state, self._plans, self.loaded = state, {}, True
+            for queue in self._queues:
+                metrics.QUEUE_PAUSED.labels(queue).set(1 if queue in state.paused else 0)
+            if self._vitals is not None:
+                self._vitals.paused_queues = self.paused_queues()
+            if self._on_change is not None:
+                self._on_change()
+        return changed
+
+    async def run(self) -> None:
+        """Re-read every REFRESH_S (jittered): a resumed queue or a lifted limit is noticed here,
+        since nothing is claimed that could find the copy out of date."""
+        while True:
+            await asyncio.sleep(jittered(self.REFRESH_S, 0.2))
+            with contextlib.suppress(StoreError):  # the claims report the database's state
+                await self.refresh()

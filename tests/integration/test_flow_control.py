@@ -1,0 +1,348 @@
+"""Flow control against a real PostgreSQL: limits per job type and queue (max running, starts per
+second), paused queues, and the version check that makes a change hold from its commit on.
+
+Outcomes asserted: no instant with more jobs of a limited type running than its max_running (counted
+by the handlers themselves and by the database), no window with more starts than the rate and its
+burst allow, other types never held back by a limited one, no claim of a paused queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+from dispatcher import Config, Job, Registry, Worker, enqueue_payloads_sync, enqueue_sync
+from dispatcher.admin import (
+    AdminInputError,
+    clear_limits,
+    list_limits,
+    pause_queue,
+    paused_queues,
+    resume_queue,
+    set_limit,
+)
+from dispatcher.db.rows import Chain, Gate, TypeFilter
+from dispatcher.db.store import JobStore
+from dispatcher.observe import metrics
+from dispatcher.runtime.flow_control import plan_for
+from tests.helpers import fetchall, fetchval, run_async, run_worker_until, status_counts, wait_until_async
+
+
+def config(dsn, **overrides):
+    base = dict(dsn=dsn, poll_interval_s=0.2, flush_interval_s=0.01, reaper_interval_s=0.2)
+    return Config(**{**base, **overrides}).replace()
+
+
+def enqueue(dsn, job_type, n, **options):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return enqueue_payloads_sync(conn, job_type, [{"n": i} for i in range(n)], **options)
+
+
+class Concurrency:
+    """How many handlers of a type run at once in this process, and the most ever seen."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+
+    async def run(self, seconds: float) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.now -= 1
+
+
+# -- the API ---------------------------------------------------------------------------------------
+
+def test_limits_are_set_replaced_listed_and_cleared(dsn):
+    row = set_limit(dsn, "sms", max_running=10)
+    assert (row.job_type, row.queue, row.max_running, row.per_second, row.running) == ("sms", "*", 10, None, 0)
+    row = set_limit(dsn, "sms", per_second=50)  # replaces both values
+    assert (row.max_running, row.per_second, row.burst_jobs) == (None, 50.0, 50.0)
+    set_limit(dsn, "sms", queue="eu", max_running=3, per_second=0.5)
+    set_limit(dsn, "*", queue="bulk", max_running=1)
+    assert [(r.job_type, r.queue) for r in list_limits(dsn)] == [("*", "bulk"), ("sms", "*"), ("sms", "eu")]
+    assert fetchval(dsn, "SELECT burst_jobs FROM dispatcher_limits WHERE queue_name = 'eu'") == 1.0
+    assert clear_limits(dsn, "sms", queue="eu") == [("sms", "eu")]
+    assert clear_limits(dsn, "nothing") == []
+    assert clear_limits(dsn) == [("*", "bulk"), ("sms", "*")]
+    assert list_limits(dsn) == []
+
+
+@pytest.mark.parametrize(("kwargs", "option"), [
+    (dict(job_type="sms"), "max_running"),
+    (dict(job_type="", max_running=1), "job_type"),
+    (dict(job_type="sms", queue="", max_running=1), "queue"),
+    (dict(job_type="sms", max_running=-1), "max_running"),
+    (dict(job_type="sms", max_running=1.5), "max_running"),
+    (dict(job_type="sms", max_running=True), "max_running"),
+    (dict(job_type="sms", per_second=0), "per_second"),
+    (dict(job_type="sms", per_second=float("nan")), "per_second"),
+    (dict(job_type="sms", per_second=float("inf")), "per_second"),
+    (dict(job_type="sms", max_running=1, burst_jobs=5), "burst_jobs"),
+    (dict(job_type="sms", per_second=1, burst_jobs=0.5), "burst_jobs"),
+])
+def test_a_bad_limit_is_refused_naming_the_option_and_nothing_changes(dsn, kwargs, option):
+    version = fetchval(dsn, "SELECT version FROM dispatcher_flow_control")
+    job_type = kwargs.pop("job_type")
+    with pytest.raises(AdminInputError) as refused:
+        set_limit(dsn, job_type, **kwargs)
+    assert refused.value.option == option
+    assert list_limits(dsn) == []
+    assert fetchval(dsn, "SELECT version FROM dispatcher_flow_control") == version
+
+
+def test_pause_and_resume_say_whether_they_changed_anything(dsn):
+    assert pause_queue(dsn, "mail") is True
+    assert pause_queue(dsn, "mail") is False
+    assert [p.queue for p in paused_queues(dsn)] == ["mail"]
+    assert resume_queue(dsn, "mail") is True
+    assert resume_queue(dsn, "mail") is False
+    assert paused_queues(dsn) == []
+
+
+def test_the_plan_gates_each_limited_type_and_keeps_the_rest_off_them():
+    from dispatcher.db.rows import Limit
+    limits = (Limit("sms", "*", 5, None), Limit("push", "default", None, 10.0), Limit("*", "bulk", 2, None))
+    assert plan_for(limits, "other") is not None  # sms's limit is in every queue
+    default = plan_for(limits, "default")
+    assert default.ungated and default.rest == TypeFilter(("push", "sms"), False)
+    assert [g.types.types for g in default.gates] == [("push",), ("sms",)]
+    bulk = plan_for(limits, "bulk")
+    assert not bulk.ungated  # a '*' limit gates every type of the queue
+    assert bulk.gates[-1] == Gate(TypeFilter(("sms",), False), (("*", "bulk"),))
+    assert bulk.gates[0].keys == (("*", "bulk"), ("sms", "*"))
+    assert plan_for((Limit("sms", "eu", 1, None),), "us") is None
+
+
+# -- the store: the gate and the version -----------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
+def test_concurrent_gated_claims_never_run_more_than_max_running(dsn, mode):
+    """Eight claimers at once, each asking for 20: together they hold exactly max_running jobs;
+    once some end, the next claims take only what was freed."""
+    enqueue(dsn, "sms", 400)
+    enqueue(dsn, "other", 50)
+    set_limit(dsn, "sms", max_running=7)
+    gate = Gate(TypeFilter(("sms",), True), (("sms", "*"),))
+
+    async def scenario():
+        stores = [JobStore(dsn, f"w{i}") for i in range(8)]
+        version = (await stores[0].flow_state()).version
+        try:
+            def buckets(i):
+                return None if mode == "skip_locked" else tuple(range(i, 64, 8))
+            results = await asyncio.gather(*(s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
+                                             for i, s in enumerate(stores)))
+            held = [job for r in results for job in r.claimed.jobs]
+            assert len(held) == 7 and {j.job_type for j in held} == {"sms"}
+            assert sum(r.held_by == "max_running" for r in results) >= 1
+            # Three of them end; the claims that follow share exactly those three slots.
+            done = held[:3]
+            assert await stores[0].jobs_complete_owned([j.id for j in done], [j.token for j in done]) == 3
+            again = await asyncio.gather(*(s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
+                                           for i, s in enumerate(stores)))
+            assert sum(len(r.claimed.jobs) for r in again) == 3
+        finally:
+            for s in stores:
+                await s.close()
+
+    run_async(scenario())
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status = 'running'") == 7
+
+
+def test_a_rate_limit_starts_at_most_its_burst_then_its_rate(dsn):
+    """per_second=20 (burst 20): claims in a tight loop for ~2 s start at most 20 + 20 x elapsed,
+    by the database's own claim times."""
+    enqueue(dsn, "tick", 500)
+    set_limit(dsn, "tick", per_second=20)
+    gate = Gate(TypeFilter(("tick",), True), (("tick", "*"),))
+
+    async def scenario():
+        store = JobStore(dsn, "w")
+        version = (await store.flow_state()).version
+        started = time.monotonic()
+        waits = []
+        try:
+            while time.monotonic() - started < 2.0:
+                result = await store.jobs_claim_gated("default", 100, 30.0, None, gate, version)
+                if result.held_by == "per_second":
+                    assert result.wait_s is not None and 0 < result.wait_s <= 1 / 20 + 1e-6
+                    waits.append(result.wait_s)
+                    await asyncio.sleep(result.wait_s)
+        finally:
+            await store.close()
+        return waits
+
+    assert run_async(scenario())
+    times = [t for (t,) in fetchall(dsn, "SELECT extract(epoch FROM locked_at)::float8 FROM dispatcher_jobs "
+                                         "WHERE status = 'running' ORDER BY locked_at")]
+    assert len(times) >= 20
+    for i, t in enumerate(times):  # every window [t, t + w] from each start
+        for j in range(i, len(times)):
+            assert j - i + 1 <= 20 + 20 * (times[j] - t) + 1, (i, j, times[j] - t)
+
+
+def test_a_claim_with_an_old_copy_of_the_tables_claims_nothing(dsn):
+    enqueue(dsn, "a", 10)
+
+    async def scenario():
+        store = JobStore(dsn, "w")
+        try:
+            old = (await store.flow_state()).version
+            pause_queue(dsn, "elsewhere")  # any change moves the version
+            stale = await store.jobs_claim_counted("default", 10, 30.0, None, flow_version=old)
+            assert stale.stale and stale.jobs == []
+            fresh = await store.jobs_claim_counted("default", 10, 30.0, None,
+                                                   flow_version=(await store.flow_state()).version)
+            assert not fresh.stale and len(fresh.jobs) == 10
+        finally:
+            await store.close()
+
+    run_async(scenario())
+
+
+# -- the fleet -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
+def test_three_workers_never_run_more_than_max_running_and_other_types_go_on(dsn, mode):
+    registry = Registry()
+    slow = Concurrency()
+    fast_done: list[float] = []
+
+    @registry.handler("slow")
+    async def run_slow(job: Job) -> None:
+        await slow.run(0.15)
+
+    @registry.handler("fast")
+    async def run_fast(job: Job) -> None:
+        fast_done.append(time.monotonic())
+
+    set_limit(dsn, "slow", max_running=3)
+    enqueue(dsn, "slow", 30)
+    enqueue(dsn, "fast", 600)
+    db_most = 0
+
+    async def fleet():
+        nonlocal db_most
+        workers = [Worker(config(dsn, mode=mode, worker_id=f"w{i}", concurrency=10), registry) for i in range(3)]
+        tasks = [asyncio.create_task(w.run()) for w in workers]
+        try:
+            async def drained():
+                nonlocal db_most
+                running = await asyncio.to_thread(fetchval, dsn, "SELECT count(*) FROM dispatcher_jobs "
+                                                              "WHERE status = 'running' AND job_type = 'slow'")
+                db_most = max(db_most, running)
+                return status_counts(dsn) == {"completed": 630}
+            await wait_until_async(drained, 90, "630 jobs completed", interval_s=0.02)
+        finally:
+            for w in workers:
+                w.stop(grace_s=5)
+            await asyncio.gather(*tasks)
+
+    run_async(fleet())
+    assert slow.most == 3, f"at most 3 and the limit was reached, not {slow.most}"
+    assert db_most <= 3
+    slow_last = fetchval(dsn, "SELECT max(updated_at) FROM dispatcher_jobs WHERE job_type = 'slow'")
+    fast_last = fetchval(dsn, "SELECT max(updated_at) FROM dispatcher_jobs WHERE job_type = 'fast'")
+    assert fast_last < slow_last, "the fast jobs waited behind the limited ones"
+
+
+def test_a_limit_set_while_jobs_run_holds_within_a_second(dsn):
+    registry = Registry()
+    seen = Concurrency()
+
+    @registry.handler("x")
+    async def x(job: Job) -> None:
+        await seen.run(0.05)
+
+    enqueue(dsn, "x", 3000)
+    worker = Worker(config(dsn, concurrency=20), registry)
+
+    async def scenario():
+        task = asyncio.create_task(worker.run())
+        try:
+            await wait_until_async(lambda: seen.most >= 10, 30, "20 slots in use")
+            set_limit(dsn, "x", max_running=2)
+            set_at = time.monotonic()
+            await wait_until_async(lambda: seen.now <= 2, 5, "at most 2 running")
+            settled = time.monotonic() - set_at
+            seen.most = 0
+            await asyncio.sleep(1.0)  # a window in which no more than 2 may ever run
+            assert seen.most <= 2, seen.most
+            return settled
+        finally:
+            worker.stop(grace_s=5)
+            await task
+
+    assert run_async(scenario()) < 1.5
+
+
+def test_a_paused_queue_claims_nothing_lets_running_jobs_finish_and_resumes(dsn):
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.handler("a")
+    async def a(job: Job) -> None:
+        if job.payload.get("slow"):
+            await asyncio.sleep(0.5)
+        ran.append(job.id)
+
+    worker = Worker(config(dsn, concurrency=10), registry)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        slow_id = enqueue_sync(conn, "a", {"slow": True})
+
+    async def scenario():
+        task = asyncio.create_task(worker.run())
+        try:
+            await wait_until_async(lambda: fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE id = %s",
+                                                    (slow_id,)) == "running", 30, "the slow job runs")
+            pause_queue(dsn, "default")
+            paused_at = fetchval(dsn, "SELECT paused_at FROM dispatcher_paused_queues")
+            assert enqueue(dsn, "a", 50) == 50  # enqueueing goes on while paused
+            await wait_until_async(lambda: slow_id in ran, 10, "the running job finished")
+            await wait_until_async(lambda: worker.vitals.paused_queues == ("default",), 5, "readyz detail")
+            assert metrics.QUEUE_PAUSED.labels("default")._value.get() == 1
+            await asyncio.sleep(1.0)  # a window in which nothing may be claimed
+            assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE locked_at >= %s", (paused_at,)) == 0
+            assert ran == [slow_id]
+            resume_queue(dsn, "default")
+            await wait_until_async(lambda: status_counts(dsn) == {"completed": 51}, 30, "all done after resume")
+        finally:
+            worker.stop(grace_s=5)
+            await task
+
+    run_async(scenario())
+    assert worker.vitals.paused_queues == ()
+
+
+@pytest.mark.parametrize("control", [None, "limit", "pause"])
+def test_a_keyed_completion_never_claims_the_next_job_of_a_paused_queue_or_a_limited_type(dsn, control):
+    """A keyed completion claims its key's next job for the completing worker (chaining), except in
+    a paused queue or under a limit: then the next job is queued, for a gated claim to take."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "k", [{}] * 2, ordering_keys=["key"] * 2)
+    if control == "limit":
+        set_limit(dsn, "k", max_running=5)
+    elif control == "pause":
+        pause_queue(dsn, "default")
+
+    async def scenario():
+        store = JobStore(dsn, "w")
+        try:
+            (first,) = await store.jobs_claim("default", 10, 30.0, None)  # no version: as a test may
+            chain = Chain(("default",) * 64, tuple(range(64)), 10, 30.0)
+            return await store.jobs_complete_keyed([first.id], [first.token], chain)
+        finally:
+            await store.close()
+
+    done = run_async(scenario())
+    assert done.completed == 1
+    assert len(done.claimed) == (1 if control is None else 0)
+    assert fetchval(dsn, "SELECT status FROM dispatcher_jobs ORDER BY id DESC LIMIT 1") == \
+        ("running" if control is None else "queued")

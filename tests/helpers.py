@@ -224,6 +224,25 @@ def overlapping(executions: dict[int, list[Execution]],
     return pairs
 
 
+def most_at_once(executions: dict[int, list[Execution]], job_ids: set[int] | None = None,
+                 cut_at: Mapping[int, float] | None = None) -> int:
+    """The largest number of executions (of `job_ids`, or of every job) that ran at one instant (wall
+    clock). An execution that never ended runs until `cut_at[pid]`, or for ever (as in `overlapping`)."""
+    cut_at = cut_at or {}
+    events = []
+    for job_id, runs in executions.items():
+        if job_ids is not None and job_id not in job_ids:
+            continue
+        for run in runs:
+            end = run.end if run.end is not None else cut_at.get(run.pid, math.inf)
+            events += [(run.start, 1), (end, -1)]
+    most = now = 0
+    for _, step in sorted(events):  # at a tie an end (-1) sorts before a start: touching is not overlapping
+        now += step
+        most = max(most, now)
+    return most
+
+
 def key_order_violations(executions: dict[int, list[Execution]], keys: Mapping[int, tuple[str, int]],
                          cut_at: Mapping[int, float] | None = None) -> list[str]:
     """What broke ordering keys' promise in a recording, described (none: it held).

@@ -1,5 +1,6 @@
-"""`dispatcher status`: what is queued where, how old the oldest waiting job is, what it costs, and
-how many jobs wait behind an ordering key and how many keys are halted."""
+"""`dispatcher status`: what is queued where, how old the oldest waiting job is, what it costs, how
+many jobs wait behind an ordering key and how many keys are halted, and the fleet's flow control
+(paused queues, limits with what runs under them)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,18 @@ def read_status(dsn: str, limits: ConnectionLimits | None = None, *,
         oldest = dict(conn.execute(query("status_oldest_runnable")).fetchall())
         backlog = dict(conn.execute(query("status_backlog_by_bucket")).fetchall())
         row = conn.execute(query("db_pressure")).fetchone()
+        paused = [queue for queue, _ in conn.execute(query("flow_paused_list"))]
+        limits = conn.execute(query("flow_limits_list"))
+        limit_columns = [c.name for c in limits.description or ()]
+        limit_rows = [dict(zip(limit_columns, r, strict=True)) for r in limits.fetchall()]
+    for queue in paused:
+        counts.setdefault(queue, dict.fromkeys(STATUSES, 0))  # a paused queue shows, even with no jobs
     return {
         "completed_jobs": completed_jobs,
-        "queues": {q: {"counts": c, "oldest_runnable_age_s": oldest.get(q), "halted_keys": halted.get(q, 0)}
+        "queues": {q: {"counts": c, "oldest_runnable_age_s": oldest.get(q), "halted_keys": halted.get(q, 0),
+                       "paused": q in paused}
                    for q, c in counts.items()},
+        "limits": [{k: v for k, v in r.items() if k != "updated_at"} for r in limit_rows],
         "runnable_by_bucket": backlog,
         "db": dataclasses.asdict(DbPressure(*row)) if row else None,
     }
@@ -55,8 +64,9 @@ def render_status(status: dict[str, Any]) -> str:
     lines = [f"{'queue':<20}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'oldest due':>12}{'halted keys':>13}"]
     for queue, info in sorted(status["queues"].items()):
         age = info["oldest_runnable_age_s"]
+        name = f"{queue} (paused)" if info.get("paused") else queue
         lines.append(
-            f"{queue:<20}" + "".join(cell(info["counts"], s) for s in STATUSES)
+            f"{name:<20}" + "".join(cell(info["counts"], s) for s in STATUSES)
             + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}") + f"{info.get('halted_keys', 0):>13}"
         )
     if not status["queues"]:
@@ -66,6 +76,15 @@ def render_status(status: dict[str, Any]) -> str:
                      "`dispatcher jobs list --halted`")
     if deleted:
         lines.append(f"* {DELETED_NOTE}")
+    if status.get("limits"):
+        lines.append("")
+        lines.append("limits (dispatcher limits list):")
+        for limit in status["limits"]:
+            bounds = [f"max running {limit['max_running']} ({limit['running']} running)"
+                      if limit["max_running"] is not None else "",
+                      f"{limit['per_second']:g}/s" if limit["per_second"] is not None else ""]
+            where = "every queue" if limit["queue_name"] == "*" else f"queue {limit['queue_name']}"
+            lines.append(f"  {limit['job_type']} in {where}: " + ", ".join(b for b in bounds if b))
     backlog = status["runnable_by_bucket"]
     if backlog:
         lines.append("")

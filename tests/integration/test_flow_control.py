@@ -25,10 +25,10 @@ from dispatcher.admin import (
     set_limit,
 )
 from dispatcher.db.rows import Chain, Gate, TypeFilter
+from dispatcher.db.claims import claim_sql
 from dispatcher.db.store import JobStore
 from dispatcher.observe import metrics
-from dispatcher.runtime.flow_control import plan_for
-from tests.helpers import fetchall, fetchval, run_async, run_worker_until, status_counts, wait_until_async
+from tests.helpers import fetchall, fetchval, plan_nodes, run_async, status_counts, wait_until_async
 
 
 def config(dsn, **overrides):
@@ -104,20 +104,6 @@ def test_pause_and_resume_say_whether_they_changed_anything(dsn):
     assert resume_queue(dsn, "mail") is True
     assert resume_queue(dsn, "mail") is False
     assert paused_queues(dsn) == []
-
-
-def test_the_plan_gates_each_limited_type_and_keeps_the_rest_off_them():
-    from dispatcher.db.rows import Limit
-    limits = (Limit("sms", "*", 5, None), Limit("push", "default", None, 10.0), Limit("*", "bulk", 2, None))
-    assert plan_for(limits, "other") is not None  # sms's limit is in every queue
-    default = plan_for(limits, "default")
-    assert default.ungated and default.rest == TypeFilter(("push", "sms"), False)
-    assert [g.types.types for g in default.gates] == [("push",), ("sms",)]
-    bulk = plan_for(limits, "bulk")
-    assert not bulk.ungated  # a '*' limit gates every type of the queue
-    assert bulk.gates[-1] == Gate(TypeFilter(("sms",), False), (("*", "bulk"),))
-    assert bulk.gates[0].keys == (("*", "bulk"), ("sms", "*"))
-    assert plan_for((Limit("sms", "eu", 1, None),), "us") is None
 
 
 # -- the store: the gate and the version -----------------------------------------------------------
@@ -346,3 +332,24 @@ def test_a_keyed_completion_never_claims_the_next_job_of_a_paused_queue_or_a_lim
     assert len(done.claimed) == (1 if control is None else 0)
     assert fetchval(dsn, "SELECT status FROM dispatcher_jobs ORDER BY id DESC LIMIT 1") == \
         ("running" if control is None else "queued")
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("buckets", [None, tuple(range(0, 64, 4)), tuple(range(64))])
+def test_a_type_filtered_claim_still_walks_the_claim_index(dsn, include, buckets):
+    """The plain claim that keeps off limited types, and the gated claim that takes only them: the
+    same index walk as the unfiltered claim (no sort, no scan of the table), reading past the other
+    type's rows only."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) "
+                     "SELECT CASE WHEN g % 10 = 0 THEN 'sms' ELSE 'x' END, g % 64 FROM generate_series(1, 50000) g")
+        conn.execute("ANALYZE dispatcher_jobs")
+        sql = claim_sql(buckets, TypeFilter(("sms",), include))
+        with conn.transaction(force_rollback=True):
+            params = {"queue": "default", "limit": 100, "lease_s": 30.0, "worker": "w", "token": None,
+                      "flow_version": 0, "claim_types": ["sms"]}
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+    nodes = list(plan_nodes(plan))
+    assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "dispatcher_flow_control"]
+    assert not [n for n in nodes if n["Node Type"] == "Sort"]
+    assert plan["Actual Rows"] == 100

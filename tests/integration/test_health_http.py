@@ -74,7 +74,7 @@ def test_probes_answer_and_the_metrics_count_the_jobs_run(dsn, tmp_path):
         code, body = get_json(port, "/livez")
         assert code == 200 and body["status"] == "ok" and 0 <= body["loop_heartbeat_age_s"] < 10, body
         # Ready once its group's first assignment is made (a lone member's waits 1 s to settle).
-        wait_until(lambda: get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY}), 10,
+        wait_until(lambda: get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY, "paused_queues": []}), 10,
                    lambda: f"ready: {get_json(port, '/readyz')}")
         for path in ("/healthz", "/", "/metrics/extra"):
             code, body = get_json(port, path)
@@ -170,11 +170,12 @@ def test_a_worker_waiting_for_the_schema_is_alive_not_ready_until_migrated(empty
         code, body = wait_until(lambda: (a := get_json(port, "/readyz"))[1]["checks"]["schema"] == "missing" and a,
                                 30, "/readyz naming the missing schema")
         assert code == 503 and body == {"status": "not ready", "checks": {
-            "worker": "starting", "database": "ok", "schema": "missing", "assignment": "not started"}}
+            "worker": "starting", "database": "ok", "schema": "missing", "assignment": "not started"},
+            "paused_queues": []}
         assert get_json(port, "/livez")[0] == 200
         assert value(scrape(port), "dispatcher_ready") == 0
         migrate(empty_dsn)
-        wait_until(lambda: get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY}), 30,
+        wait_until(lambda: get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY, "paused_queues": []}), 30,
                    "ready once migrated")
     finally:
         codes = stop_workers([worker])
@@ -207,7 +208,7 @@ def test_a_coordinator_outage_leaves_the_worker_ready_and_degraded(dsn, tmp_path
         worker, port = start_serving_worker(dsn, log, app=APP, coordinator="redis", redis_url=redis_server.url,
                                             coordinator_lease_s=3, coordinator_poll_s=0.5, **FAST)
         try:
-            wait_until(lambda: get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY}), 30,
+            wait_until(lambda: get_json(port, "/readyz") == (200, {"status": "ready", "checks": READY, "paused_queues": []}), 30,
                        "ready, owning its buckets")
             redis_server.kill()
             answers = []
@@ -218,7 +219,7 @@ def test_a_coordinator_outage_leaves_the_worker_ready_and_degraded(dsn, tmp_path
 
             wait_until(degraded, 30, lambda: f"assignment degraded; saw {answers[-3:]}")
             assert all(code == 200 for code, _ in answers), [a for a in answers if a[0] != 200][:3]
-            assert answers[-1] == (200, {"status": "ready", "checks": {**READY, "assignment": "degraded"}})
+            assert answers[-1] == (200, {"status": "ready", "checks": {**READY, "assignment": "degraded"}, "paused_queues": []})
             text = scrape(port)
             assert value(text, "dispatcher_coordinator_degraded") == 1
             assert value(text, "dispatcher_coordinator_heartbeat_age_seconds") >= 3  # grows: no heartbeat lands

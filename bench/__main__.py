@@ -22,10 +22,12 @@ from bench.enqueue import enqueue_suite
 from bench.external import add_arguments as add_external_arguments
 from bench.external import main as external_main
 from bench.keyed import MIXES, keyed_suite
-from bench.plots import coldstart_plot, curve_plot, keyed_plot, scaling_plots
+from bench.limits import limits_suite
+from bench.plots import coldstart_plot, curve_plot, keyed_plot, limits_plot, scaling_plots
 from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 
-SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling", "keyed"]
+SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling", "keyed",
+             "limits"]
 MODES = ["partitioned", "skip_locked"]
 RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
                "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
@@ -103,6 +105,15 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                    "pg_cpu_us_per_job", "client_cpu_us_per_job", "idx_reads_per_job", "ordering_idx_reads_per_job",
                    "start_late_p99_ms", "max_lock_waiters", "autovacuums", "due_after_commit_s"]
         keyed_plot(result.rows, out_dir, label)
+    elif scenario == "limits":
+        limits_suite(dsn, result, workers=_ints(args.workers or "4")[0], modes=modes, per_second=args.per_second,
+                     max_running=args.max_running, windows=2 if quick else args.windows,
+                     window_s=5.0 if quick else 10.0, free_jobs=args.jobs or (2_000 if quick else 20_000))
+        columns = ["mode", "workers", "seconds", "windows_with_backlog", "min_window_ratio", "max_window_starts",
+                   "max_starts_any_window", "window_bound", "rate_within_bound", "rate_held", "capped_max_running",
+                   "max_running", "cap_held", "capped_mean_running", "capped_jobs_per_s", "free_done_s",
+                   "capped_done_s", "rated_done_s", "ran_twice", "not_run"]
+        limits_plot(result.rows, out_dir, label)
     else:
         enqueue_suite(dsn, result, single=500 if quick else 5_000, bulk=jobs, repeat=1 if quick else args.repeat)
         columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]
@@ -124,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="+", choices=[*SCENARIOS, "all"])
     parser.add_argument("--dsn", default=os.environ.get("DISPATCHER_DSN"))
-    parser.add_argument("--jobs", type=int, default=None, help="jobs per run (default 200,000; --quick 3,000)")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs per run (default 200,000; --quick 3,000; limits: "
+                        "the `free` jobs, 20,000; --quick 2,000)")
     parser.add_argument("--workers", default=None, help="comma-separated worker process counts")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--profiles", default="defaults,bench",
@@ -141,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
                              "read rates from runs without it)")
     parser.add_argument("--mixes", default=",".join(MIXES),
                         help="keyed: ordering-key mixes (none is the baseline the others' vs_none divides by)")
+    parser.add_argument("--per-second", type=float, default=50.0,
+                        help="limits: the rate limit R of the `rated` type (starts per second, fleet-wide)")
+    parser.add_argument("--max-running", type=int, default=5,
+                        help="limits: the max-running limit N of the `capped` type (20-50 ms handlers)")
+    parser.add_argument("--windows", type=int, default=6,
+                        help="limits: 10 s windows of backlog for the `rated` type (--quick: 2 of 5 s)")
     parser.add_argument("--repeat", type=int, default=3, help="drain/burst/scaling/enqueue/coldstart: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)

@@ -104,3 +104,36 @@ def keyed_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
     ax.set_ylabel("jobs/s, due -> all done")
     ax.set_title("Burst with ordering keys")
     return _finish(plt, fig, ax, out_dir / "keyed_throughput.png", machine, legend_size="small")
+
+
+def limits_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
+    """Above: starts of the rate-limited type per second, against its rate. Below: jobs of the
+    capped type running per 0.1 s (the most at once, and the mean), against its max_running. Per
+    mode; a dotted line where the unlimited type's last job ended."""
+    plt = _pyplot()
+    fig, (rate_ax, cap_ax) = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
+    for row in rows:
+        color, _ = MODES.get(row["mode"], ("black", "."))
+        per_s = row.get("rated_starts_per_s") or []
+        rate_ax.step(range(len(per_s)), per_s, where="post", color=color, label=f"{row['mode']}: rated starts/s")
+        running = row.get("capped_running") or []
+        cap_ax.step([i * 0.1 for i in range(len(running))], running, where="post", color=color, linewidth=0.8,
+                    label=f"{row['mode']}: capped, most at once")
+        mean = row.get("capped_mean_running_series") or []
+        cap_ax.step([i * 0.1 for i in range(len(mean))], mean, where="post", color=color, linewidth=0.8,
+                    alpha=0.45, linestyle="-.", label=f"{row['mode']}: capped, mean")
+        if row.get("free_done_s") is not None:
+            for ax in (rate_ax, cap_ax):
+                ax.axvline(row["free_done_s"], color=color, linestyle=":", linewidth=1)
+    if rows:
+        rate_ax.axhline(rows[0]["per_second"], color="black", linestyle="--", linewidth=1,
+                        label=f"R = {rows[0]['per_second']:g}/s (burst {rows[0]['burst_jobs']:g})")
+        cap_ax.axhline(rows[0]["max_running"], color="black", linestyle="--", linewidth=1,
+                       label=f"N = {rows[0]['max_running']}")
+    rate_ax.set_ylabel("jobs started per second")
+    rate_ax.set_title("Fleet-wide limits under a backlog (dotted: the unlimited type done)")
+    rate_ax.grid(True, alpha=0.3)
+    rate_ax.legend(fontsize="small")
+    cap_ax.set_ylabel("capped jobs running (per 0.1 s)")
+    cap_ax.set_xlabel("seconds after the first job started")
+    return _finish(plt, fig, cap_ax, out_dir / "limits.png", machine, legend_size="small")

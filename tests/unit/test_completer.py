@@ -25,22 +25,24 @@ class FakeStore:
         self.history: list[tuple[list[int], list[str], list[str]]] = []
         self.keyed: list[bool] = []  # per completion statement: did it promote ordering keys' next jobs
         self.fence: set[int] = set()  # ids whose token "changed": their writes are dropped
+        self.over: set[int] = set()  # ids past DISPATCHER_MAX_SNOOZES: a snooze is written as the failure
         self.down = False
 
     def _check(self) -> None:
         if self.down:
             raise StoreUnavailable("complete: database unavailable")
 
-    async def jobs_complete_owned(self, ids, tokens, keyed=False):
+    async def jobs_complete_fenced(self, ids, tokens, keyed=False):
         self._check()
         self.completed.append((list(ids), list(tokens)))
         self.keyed.append(keyed)
-        return sum(i not in self.fence for i in ids)
+        return [i for i in ids if i in self.fence]
 
     async def jobs_fail_owned(self, failures, *, lease_expired=False):
         self._check()
         self.failed.append([(f.id, f.outcome.status) for f in failures])
-        return [FailedWrite(f.id, f.outcome.status, 1, "w1", None) for f in failures if f.id not in self.fence]
+        return [FailedWrite(f.id, f.outcome.status, 1, "w1", None, snoozed=f.snooze is not None and f.id not in self.over)
+                for f in failures if f.id not in self.fence]
 
     async def history_record(self, rows):
         self._check()
@@ -83,7 +85,7 @@ def test_a_store_error_keeps_every_outcome_in_order_for_the_next_flush():
     run_async(completer.flush())
     assert store.completed == [([1, 3], [job(1).token, job(3).token])]
     assert store.failed == [[(2, "queued")]]
-    assert store.history == [([1, 2, 3], ["w1"] * 3, ["completed", "retried", "completed"])]
+    assert store.history == [([1, 3, 2], ["w1"] * 3, ["completed", "completed", "retried"])]
 
 
 def test_a_full_buffer_flushes_without_waiting_for_the_interval():

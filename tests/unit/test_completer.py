@@ -157,3 +157,31 @@ def test_a_keyed_batch_that_failed_to_write_is_still_keyed_when_retried():
     store.down = False
     run_async(completer.flush())
     assert store.keyed == [True] and store.completed[0][0] == [1]
+
+
+def test_only_attempts_whose_write_was_accepted_get_history_rows():
+    """A completion or failure fenced by a changed token runs under another owner now: its history
+    (and its outcome count) is that owner's to write."""
+    store = FakeStore()
+    store.fence = {2, 4}
+    completer = make(store, history=True)
+    for i in (1, 2):
+        completer.completed(job(i), 0.01)
+    completer.failed(job(3), Outcome("queued", 1.0, "boom"), 0.01)
+    completer.failed(job(4), Outcome("failed", 0.0, "boom"), 0.01)
+    run_async(completer.flush())
+    assert store.history == [([1, 3], ["w1"] * 2, ["completed", "retried"])]
+    assert (completer.stats.completed, completer.stats.retried, completer.stats.failed, completer.stats.fenced) == \
+        (1, 1, 0, 2)
+
+
+def test_a_snooze_is_recorded_as_snoozed_within_the_cap_and_as_its_failure_past_it():
+    store = FakeStore()
+    store.over = {2}
+    completer = make(store, history=True)
+    fallback = Outcome("queued", 3.0, "snoozed 100 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 5 s")
+    for i in (1, 2):
+        completer.failed(job(i, attempts=4), fallback, 0.01, summary="snoozed for 5 s", snooze=(5.0, 100))
+    run_async(completer.flush())
+    assert store.history == [([1, 2], ["w1"] * 2, ["snoozed", "retried"])]
+    assert (completer.stats.snoozed, completer.stats.retried) == (1, 1)

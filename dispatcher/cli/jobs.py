@@ -271,13 +271,11 @@ def render_list(rows: list[JobRow]) -> str:
     lines = [f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last error"]
     for r in rows:
         status = r.status + ("*" if r.cancel_requested_at and r.status == "running" else "")
-        allowed = "-" if r.max_attempts is None else r.max_attempts
+        allowed = "-" if r.max_attempts is None else r.max_attempts  # -: not given at enqueue, the handler's
         lines.append(f"{r.id:>10}  {r.queue[:14]:<14} {r.job_type[:20]:<20} {status:<10} "
                      f"{f'{r.attempts}/{allowed}':>8}  {age_text(r.age_s):>7}  {error_line(r.last_error)}")
     if any(r.cancel_requested_at and r.status == "running" for r in rows):
         lines.append("* cancel requested: its worker cancels it at its next heartbeat")
-    if any(r.max_attempts is None for r in rows):
-        lines.append("-: no max_attempts given at enqueue: its handler's max_attempts applies (else 20)")
     return "\n".join(lines)
 
 

@@ -106,7 +106,8 @@ class JobCollector:
         duration = HistogramMetricFamily("dispatcher_job_duration_seconds",
                                          "Handler run time of every finished attempt", labels=["job_type"])
         outcomes = CounterMetricFamily("dispatcher_job_outcomes",
-                                       "Finished attempts by the status they end in (retried: queued again)",
+                                       "Finished attempts by the status they end in, as written (retried: queued again; snoozed: "
+                                       "queued again by a Snooze, no attempt spent; fenced ones are not counted)",
                                        labels=["job_type", "outcome"])
         timeouts = CounterMetricFamily("dispatcher_job_timeouts", "Attempts that overran their time limit",
                                        labels=["job_type"])

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from dispatcher import Registry
 from dispatcher.constants import COMPLETED_DELETE
 from dispatcher.db.rows import Failure
 from dispatcher.model import STATUS_CANCELLED, STATUS_FAILED, STATUS_QUEUED, STATUS_WAITING, Outcome
+from dispatcher.runtime.maintenance import Reaper
+from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.settings.sections import MaintenanceSettings
 from tests.contract.store_support import Harness
 from tests.contract.test_store_contract import OTHER_TOKEN, Run, claim_one, on_store, on_store_completing, retry
 
@@ -129,5 +133,28 @@ def test_max_attempts_not_given_at_enqueue_is_stored_as_none(on_store: Run) -> N
         await h.expire_lease(job_id)
         expired = {e.id: e.max_attempts for e in await h.store.jobs_lease_expired()}
         assert expired[job_id] is None
+
+    on_store(test)
+
+
+def test_the_reaper_applies_the_handlers_retry_settings(on_store: Run) -> None:
+    """A job enqueued without max_attempts whose worker died: its handler's limit and delays decide."""
+    async def test(h: Harness) -> None:
+        registry = Registry()
+        registry.handler("send", max_attempts=2, retry=lambda attempt, error: 120.0)(lambda job: None)
+        settings = MaintenanceSettings(reaper_interval_s=1.0, history=False, table_sample_interval_s=15.0)
+        reaper = Reaper(h.store, RetryPolicy(1.0, 60.0), settings, on_reaped=lambda: None,  # type: ignore[arg-type]
+                        halts=registry.halts, retry_of=registry.retry_of)
+        job_id = await h.enqueue("send")
+        for status in (STATUS_QUEUED, STATUS_FAILED):
+            await claim_one(h, lease_s=5.0)
+            await h.expire_lease(job_id)
+            before = await h.now()
+            await reaper.tick()
+            state = await h.store.job_get(job_id)
+            assert state is not None and state.status == status
+            if status == STATUS_QUEUED:
+                assert state.run_at >= before + timedelta(seconds=120), "the handler's retry= delay"
+                await h.make_due(job_id)
 
     on_store(test)

@@ -26,8 +26,8 @@ from dispatcher.settings.sections import CompletionSettings
 
 log = logging.getLogger(__name__)
 
-# A failed attempt's outcome word, by the status it was decided to end in: in the history rows and
-# in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its own.)
+# A failed attempt's outcome word, by the status written (jobs_fail_owned's rows): in the history
+# rows and in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its own.)
 _HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded"}
 
 # An operator's cancel is an outcome of its own: in the history rows, and the outcome label of

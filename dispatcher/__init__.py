@@ -29,6 +29,7 @@ from dispatcher.errors import (
     PayloadError,
     PermanentJobError,
     SchemaMissing,
+    Snooze,
     StoreConflict,
     StoreError,
     StorePermissionDenied,
@@ -42,7 +43,7 @@ from dispatcher.settings.config import Config
 
 __all__ = [
     "Config", "ConfigError", "DispatcherError", "EnqueueError", "Job", "JobSpec", "PayloadError",
-    "PermanentJobError", "Registry", "SchemaMissing", "StoreConflict", "StoreError", "StorePermissionDenied", "StoreRefused",
+    "PermanentJobError", "Registry", "SchemaMissing", "Snooze", "StoreConflict", "StoreError", "StorePermissionDenied", "StoreRefused",
     "StoreTimeout", "StoreUnavailable", "Worker", "enqueue",
     "enqueue_many", "enqueue_many_sync", "enqueue_payloads", "enqueue_payloads_sync", "enqueue_sync",
     "run_worker",

@@ -77,3 +77,22 @@ class MigrationError(StoreError):
 
 class PermanentJobError(DispatcherError):
     """Raise from a handler to fail a job at once, without retries (e.g. invalid input that will never succeed)."""
+
+
+# Longest snooze: a day's backlog is what a snooze is for; longer is a unit mistake (ms for s).
+MAX_SNOOZE_S = 7 * 86_400.0
+
+
+class Snooze(DispatcherError):  # noqa: N818 - raised to ask for something, not to report an error
+    """Raise from a handler to run the job again `seconds` from now (database clock) without
+    spending an attempt: "not yet" (a resource is busy, a rate limit says wait), not a failure.
+    Each job may snooze DISPATCHER_MAX_SNOOZES times; beyond that a snooze is a failed attempt.
+    A bad `seconds` raises ValueError here, in the handler: that attempt then fails with it."""
+
+    def __init__(self, seconds: float, reason: str | None = None) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SNOOZE_S:
+            raise ValueError(f"Snooze(seconds) must be a number of seconds >= 0 and at most {MAX_SNOOZE_S:.0f} "
+                             f"(7 days), got {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g} s" + (f": {reason}" if reason else ""))
+        self.seconds = float(seconds)
+        self.reason = reason

@@ -6,7 +6,7 @@ The bottom of the package: it imports nothing of ours but the constants, and eve
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -74,6 +74,8 @@ class Outcome:
     status: str  # 'queued' (retry after delay_s), 'failed', 'discarded' or 'cancelled'
     delay_s: float
     error: str  # the text stored in last_error, at most LAST_ERROR_MAX_CHARS
+    # The limit the decision used (the job's, else its handler's, else 20): for the log lines.
+    max_attempts: int | None = field(default=None, compare=False)
 
     @property
     def retried(self) -> bool:

@@ -112,7 +112,7 @@ class JobRow:
     status: str
     priority: int
     attempts: int
-    max_attempts: int
+    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
     run_at: datetime
     created_at: datetime
     updated_at: datetime  # when it entered its status

@@ -27,7 +27,7 @@ from dispatcher.api.enqueue_checks import (
     serialize_payload,
 )
 from dispatcher.api.enqueue_copy import CopyTally, copy_chunks, copy_statement, published_async, published_sync
-from dispatcher.constants import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.constants import DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
 from dispatcher.db.store import insert_one_params, insert_one_sql
@@ -51,7 +51,7 @@ class JobSpec:
     priority: int = 0
     run_at: datetime | None = None
     delay_s: float = 0.0
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_attempts: int | None = None  # None: the handler's max_attempts, else DEFAULT_MAX_ATTEMPTS (20)
     dedupe_key: str | None = None
     jitter_s: float = 0.0
     partition_key: str | None = None
@@ -71,7 +71,7 @@ class _Prepared:
     payload: bytes
     priority: int
     bucket: int
-    max_attempts: int
+    max_attempts: int | None
     run_at: datetime | None
     delay_s: float
     dedupe_key: str | None
@@ -127,7 +127,7 @@ def _prepare_all(specs: Iterable[JobSpec], max_payload_bytes: int) -> Iterator[_
 
 def _prepare_payloads(
     job_type: str, payloads: Iterable[Any], *, queue: str = DEFAULT_QUEUE, priority: int = 0,
-    run_at: datetime | None = None, delay_s: float = 0.0, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    run_at: datetime | None = None, delay_s: float = 0.0, max_attempts: int | None = None,
     jitter_s: float = 0.0, partition_keys: Sequence[str] | None = None,
     ordering_keys: Sequence[str | None] | None = None, max_payload_bytes: int,
 ) -> Iterator[_Prepared]:
@@ -150,7 +150,7 @@ def _prepare_payloads(
 
 
 def _iter_payloads(job_type: str, payloads: Iterable[Any], queue: str, priority: int, run_at: datetime | None,
-                   delay_s: float, max_attempts: int, jitter_s: float, keys: Sequence[str | None] | None,
+                   delay_s: float, max_attempts: int | None, jitter_s: float, keys: Sequence[str | None] | None,
                    ordering: bool, max_payload_bytes: int) -> Iterator[_Prepared]:
     serialize, rand, uniform = serialize_payload, random.random, random.uniform
     option = "ordering_keys" if ordering else "partition_keys"

@@ -67,7 +67,8 @@ def check_names(queue: Any, job_type: Any) -> None:
 
 def check_options(priority: Any, max_attempts: Any, delay_s: Any, jitter_s: Any, run_at: Any) -> None:
     check_integer("priority", priority, MIN_PRIORITY, MAX_PRIORITY)
-    check_integer("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
+    if max_attempts is not None:  # None: not given; the handler's max_attempts applies, else 20
+        check_integer("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
     check_seconds("delay_s", delay_s)
     check_seconds("jitter_s", jitter_s)
     if run_at is not None:

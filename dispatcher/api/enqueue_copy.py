@@ -59,7 +59,8 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
         if staged:
             dedupe += b"\t\\N" if p.ordering_key is None else b"\t" + copy_text(p.ordering_key)
             tally.keyed = tally.keyed or p.ordering_key is not None
-        lines.append(b"%s%s\t%d\t%d\t%d\t%s\t%s\n" % (prefix, payload, p.priority, p.bucket, p.max_attempts, run_at, dedupe))
+        attempts = b"\\N" if p.max_attempts is None else b"%d" % p.max_attempts  # \N: the handler's
+        lines.append(b"%s%s\t%d\t%d\t%s\t%s\t%s\n" % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe))
         if len(lines) >= COPY_CHUNK_ROWS:
             tally.rows += len(lines)
             yield b"".join(lines)

@@ -258,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds from now before it may run (default %(default)g)")
     p.add_argument("--jitter-s", type=float, default=0.0,
                    help="up to this many seconds more, at random, so a burst spreads out (default %(default)g)")
-    p.add_argument("--max-attempts", type=int, default=20,
-                   help="attempts before the job fails for good (default %(default)s)")
+    p.add_argument("--max-attempts", type=int, default=None,
+                   help="attempts before the job fails for good (default: its handler's max_attempts, else 20)")
     p.add_argument("--dedupe-key", default=None,
                    help="a key no other live job may have: a duplicate is not enqueued (default: none)")
     p.add_argument("--partition-key", default=None,

@@ -271,8 +271,9 @@ def render_list(rows: list[JobRow]) -> str:
     lines = [f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last error"]
     for r in rows:
         status = r.status + ("*" if r.cancel_requested_at and r.status == "running" else "")
+        allowed = "-" if r.max_attempts is None else r.max_attempts  # -: not given at enqueue, the handler's
         lines.append(f"{r.id:>10}  {r.queue[:14]:<14} {r.job_type[:20]:<20} {status:<10} "
-                     f"{f'{r.attempts}/{r.max_attempts}':>8}  {age_text(r.age_s):>7}  {error_line(r.last_error)}")
+                     f"{f'{r.attempts}/{allowed}':>8}  {age_text(r.age_s):>7}  {error_line(r.last_error)}")
     if any(r.cancel_requested_at and r.status == "running" for r in rows):
         lines.append("* cancel requested: its worker cancels it at its next heartbeat")
     return "\n".join(lines)
@@ -299,7 +300,11 @@ def render_show(detail: JobDetail) -> str:
                      + ("HALTED by this job: the key's later jobs wait until it is retried, cancelled or purged"
                         if job.get("ordering_halted") else "this job does not halt it"))
     lines += [f"  {name:<20} {'' if value is None else value}" for name, value in job.items()
-              if name not in ("id", "status", "last_error", "payload")]
+              if name not in ("id", "status", "last_error", "payload", "max_attempts")]
+    if job.get("max_attempts") is None:
+        lines.append(f"  {'max_attempts':<20} not given at enqueue: its handler's max_attempts (else 20)")
+    else:
+        lines.append(f"  {'max_attempts':<20} {job['max_attempts']}")
     lines.append(f"  {'payload':<20} {orjson.dumps(job['payload']).decode()}")
     lines.append("last error:" if detail.last_error else "last error: none")
     lines += [f"  {line}" for line in (detail.last_error or "").splitlines()]

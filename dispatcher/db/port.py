@@ -26,7 +26,7 @@ class NewJob(Protocol):
     payload: bytes  # JSON
     priority: int
     bucket: int
-    max_attempts: int
+    max_attempts: int | None  # None: not given; the handler's max_attempts applies, else 20
     run_at: datetime | None  # None: the store's now, plus delay_s
     delay_s: float
     dedupe_key: str | None
@@ -44,7 +44,7 @@ class JobState:
     priority: int
     bucket: int
     attempts: int
-    max_attempts: int
+    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
     lease_expiries: int
     run_at: datetime
     created_at: datetime
@@ -60,6 +60,7 @@ class JobState:
     last_error: str | None
     ordering_key: str | None = None
     ordering_halted: bool = False  # it ended failed or discarded and holds its key until retried or cancelled
+    snoozes: int = 0  # times it raised Snooze (DISPATCHER_MAX_SNOOZES)
 
 
 @runtime_checkable
@@ -84,11 +85,17 @@ class JobStorePort(Protocol):
         ordering key releases its key: the key's next job becomes runnable (`keyed`: some may)."""
         ...
 
+    async def jobs_complete_fenced(self, ids: Sequence[int], tokens: Sequence[str], *,
+                                   keyed: bool = False) -> list[int]:
+        """jobs_complete_owned, answering the ids it refused (fenced): what the completer counts."""
+        ...
+
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
         """Each failure's outcome (retry after its delay, failed, discarded, cancelled) where the
         token still matches (and, with `lease_expired`, the lease is still expired); the rows written.
         A keyed job's key is released unless it is retried, or it ended failed or discarded and
-        its Failure `halts`."""
+        its Failure `halts`. A Failure's `snooze` within its cap queues the job again after the
+        snooze, its attempt given back (FailedWrite.snoozed); past the cap its outcome is written."""
         ...
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:

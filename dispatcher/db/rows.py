@@ -94,10 +94,12 @@ class Chain:
 
 @dataclass(frozen=True, slots=True)
 class KeyedCompletion:
-    """A keyed completion's outcome: rows completed, and the next jobs it claimed for its worker."""
+    """A keyed completion's outcome: rows completed, the next jobs it claimed for its worker, and
+    the ids it refused (fenced)."""
 
     completed: int
     claimed: list[Job]
+    fenced: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,7 @@ class ExpiredLease:
     id: int
     token: str
     attempts: int
-    max_attempts: int
+    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
     lease_expiries: int  # including this expiry
     locked_by: str | None
     locked_at: datetime | None
@@ -133,6 +135,7 @@ class FailedWrite:
     bucket: int | None = None
     max_attempts: int | None = None
     ordering_halted: bool = False  # a keyed job that ended failed or discarded and now halts its key
+    snoozed: bool = False  # a snooze within DISPATCHER_MAX_SNOOZES: queued again, its attempt given back
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,9 @@ class Failure:
     """One failed attempt to record, fenced by the claim's token; its outcome is the retry
     policy's decision. `job`, `kind` and `summary` (the error in one line) are for its log line
     (joblog.py), set by the executor's failures. `halts`: if the job has an ordering key and this
-    attempt ends it failed or discarded, its key halts (the handler's on_ordered_failure)."""
+    attempt ends it failed or discarded, its key halts (the handler's on_ordered_failure).
+    `snooze`: (seconds, cap) of a `raise Snooze(seconds)`: written as a snooze while the job has
+    snoozed fewer than cap times, else as `outcome` (jobs_fail_owned)."""
 
     id: int
     token: str
@@ -183,6 +188,8 @@ class Failure:
     kind: FailureKind | None = None
     summary: str | None = None
     halts: bool = True
+    snooze: tuple[float, int] | None = None
+    duration_s: float = 0.0  # the handler's run time, for its metrics and history row
 
 
 @dataclass(slots=True)

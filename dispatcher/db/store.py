@@ -109,7 +109,7 @@ class JobStore:
         # A batch with keyed jobs runs the same completion inside the statement that also promotes
         # each key's next job (sql/ordering.sql); one without pays nothing for ordering keys.
         keyed = query("jobs_complete_owned_keyed").replace("{completion}", complete)
-        self._complete_sql = {False: complete, True: keyed}
+        self._complete_sql = {False: query("jobs_complete_owned_fenced").replace("{completion}", complete), True: keyed}
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
@@ -256,10 +256,16 @@ class JobStore:
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
         still matches; returns how many rows changed. `keyed`: some have an ordering key, whose
         next job is promoted in the same statement."""
+        return len(ids) - len(await self.jobs_complete_fenced(ids, tokens, keyed=keyed))
+
+    async def jobs_complete_fenced(self, ids: Sequence[int], tokens: Sequence[str], *,
+                                   keyed: bool = False) -> list[int]:
+        """jobs_complete_owned, returning the ids it refused (fenced: the token changed)."""
         if keyed:
-            return (await self.jobs_complete_keyed(ids, tokens, Chain())).completed
+            return (await self.jobs_complete_keyed(ids, tokens, Chain())).fenced
         params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-        return (await self._execute("complete", self._complete_sql[False], params)).rowcount
+        row = await (await self._execute("complete", self._complete_sql[False], params)).fetchone()
+        return row[0] if row else []
 
     async def jobs_complete_keyed(self, ids: Sequence[int], tokens: Sequence[str], chain: Chain) -> KeyedCompletion:
         """jobs_complete_owned for a batch with keyed jobs: each released key's next job is promoted,
@@ -271,7 +277,7 @@ class JobStore:
         rows = await (await self._execute("complete", self._complete_sql[True], params)).fetchall()
         completed = int(rows[0][10]) if rows else 0
         claimed = [Job(row, token, row[9]) for row in rows if row[0] is not None]
-        return KeyedCompletion(completed, claimed)
+        return KeyedCompletion(completed, claimed, rows[0][12] if rows else [])
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
         """Write failed attempts where the token still matches (and, for `lease_expired`, the
@@ -283,6 +289,8 @@ class JobStore:
             "delays_s": [f.outcome.delay_s for f in failures],
             "errors": [f.outcome.error for f in failures],
             "halts": [f.halts for f in failures],
+            "snoozes_s": [None if f.snooze is None else f.snooze[0] for f in failures],
+            "snooze_caps": [None if f.snooze is None else f.snooze[1] for f in failures],
             "lease_expired": lease_expired,
             "channel": NOTIFY_CHANNEL,
         }

@@ -18,8 +18,9 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 DURATION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                       120.0, 300.0, 600.0, 1800.0, 3600.0)
 # Every outcome is exported (0 until it happens) for each job type seen, so a rate() over it
-# exists before the first failure. `cancelled` is counted by the cancel path (admin, part 3).
-OUTCOMES = ("completed", "retried", "failed", "discarded", "cancelled")
+# exists before the first failure. `snoozed`: a `raise Snooze(s)` that did not spend an attempt.
+# Counted once the attempt's write was accepted: a fenced one is not an outcome (completer.py).
+OUTCOMES = ("completed", "retried", "failed", "discarded", "cancelled", "snoozed")
 # Job types are the application's handlers, but a job of an unknown type (a typo in an enqueue)
 # fails with its own label too: past this many types, new ones are counted under OTHER_TYPE so a
 # stream of bogus types cannot grow the scrape without bound.
@@ -105,7 +106,8 @@ class JobCollector:
         duration = HistogramMetricFamily("dispatcher_job_duration_seconds",
                                          "Handler run time of every finished attempt", labels=["job_type"])
         outcomes = CounterMetricFamily("dispatcher_job_outcomes",
-                                       "Finished attempts by the status they end in (retried: queued again)",
+                                       "Finished attempts by the status they end in, as written (retried: queued again; snoozed: "
+                                       "queued again by a Snooze, no attempt spent; fenced ones are not counted)",
                                        labels=["job_type", "outcome"])
         timeouts = CounterMetricFamily("dispatcher_job_timeouts", "Attempts that overran their time limit",
                                        labels=["job_type"])

@@ -1,8 +1,9 @@
 """Batched completion: finished jobs are written in one statement per flush.
 
 A flush every `flush_interval_s` or at `flush_max` pending outcomes; each row is fenced by its
-claim's token (a taken-over row is counted as fenced, never an error). A failed write keeps its
-outcomes and retries. Why batches: docs/design/worker.md.
+claim's token (a taken-over row is counted as fenced, never an error). An attempt gets its
+history row and its outcome count only once its write was accepted: the statements answer which
+were refused. A failed write keeps its outcomes and retries. Why batches: docs/design/worker.md.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dispatcher.backoff import jittered
-from dispatcher.db.rows import Chain, Failure, HistoryRows
+from dispatcher.db.rows import Chain, FailedWrite, Failure, HistoryRows
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
 from dispatcher.model import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, FailureKind, Job, Outcome
@@ -25,13 +26,14 @@ from dispatcher.settings.sections import CompletionSettings
 
 log = logging.getLogger(__name__)
 
-# A failed attempt's outcome word, by the status it was decided to end in: in the history rows and
-# in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its own.)
+# A failed attempt's outcome word, by the status written (jobs_fail_owned's rows): in the history
+# rows and in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its own.)
 _HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded"}
 
 # An operator's cancel is an outcome of its own: in the history rows, and the outcome label of
 # dispatcher_job_outcomes_total{outcome="cancelled"} wherever outcomes are counted by this word.
 _HISTORY_OUTCOME[STATUS_CANCELLED] = "cancelled"
+SNOOZED = "snoozed"  # a `raise Snooze(s)` within DISPATCHER_MAX_SNOOZES: queued again, its attempt given back
 
 
 class ChainSlots(Protocol):
@@ -49,6 +51,7 @@ class CompletionStats:
     failed: int = 0
     discarded: int = 0
     cancelled: int = 0
+    snoozed: int = 0
     fenced: int = 0
     flushes: int = 0
 
@@ -62,6 +65,9 @@ class Completer:
         self._history_on = settings.history
         self._ids: list[int] = []
         self._tokens: list[str] = []
+        # The completed jobs and their run times, counted once their write is accepted.
+        self._done: list[Job] = []
+        self._durations_s: list[float] = []
         self._keyed = False  # some pending completion has an ordering key: flush at once, promoting
         self._failures: list[Failure] = []
         self._history = HistoryRows()
@@ -71,33 +77,29 @@ class Completer:
         # Partitioned mode: keyed completions claim their keys' next jobs for us (chaining.py).
         self.chaining: ChainSlots | None = None
 
-    # Hot path: two appends, the job's metrics (+0.27 us: docs/design/health-and-metrics.md) and a length check per job.
+    # Hot path: four appends and a length check per job; its metrics and history row (+0.27 us:
+    # docs/design/health-and-metrics.md) once the flush's write accepted it.
     def completed(self, job: Job, duration_s: float) -> None:
         self._ids.append(job.id)
         self._tokens.append(job.token)
+        self._done.append(job)
+        self._durations_s.append(duration_s)
         if job.ordering_key is not None:
             # The key's next job waits for this write: flush now, not at the interval (a flush in
             # flight meanwhile batches whatever finishes while it runs).
             self._keyed = True
             self._full.set()
-        self._job_stats.finished(job.job_type, "completed", duration_s)
-        if self._history_on:
-            self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
-                              "completed", None)
         if len(self._ids) >= self._flush_max:
             self._full.set()
 
     def failed(self, job: Job, outcome: Outcome, duration_s: float, *, kind: FailureKind = FailureKind.ERROR,
-               summary: str | None = None, halts: bool = True) -> None:
+               summary: str | None = None, halts: bool = True, snooze: tuple[float, int] | None = None) -> None:
         """A failed attempt; `kind` and `summary` (the error in one line) are for its log line;
-        `halts`: a final failure of a keyed job halts its key (the handler's on_ordered_failure)."""
-        self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary, halts))
+        `halts`: a final failure of a keyed job halts its key (the handler's on_ordered_failure);
+        `snooze`: (seconds, cap) of a Snooze, written as `outcome` only past the cap (rows.Failure)."""
+        self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary, halts, snooze, duration_s))
         if job.ordering_key is not None:
             self._full.set()
-        self._job_stats.finished(job.job_type, _HISTORY_OUTCOME[outcome.status], duration_s)
-        if self._history_on:
-            self._history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, duration_s * 1000.0,
-                              _HISTORY_OUTCOME[outcome.status], outcome.error)
         if len(self._failures) >= self._flush_max:
             self._full.set()
 
@@ -135,21 +137,23 @@ class Completer:
                 return
             started = time.perf_counter()
             ids, tokens, self._ids, self._tokens = self._ids, self._tokens, [], []
+            done, durations_s, self._done, self._durations_s = self._done, self._durations_s, [], []
             keyed, self._keyed = self._keyed, False
             failures, self._failures = self._failures, []
             history, self._history = self._history, HistoryRows()
             try:
                 if ids:
                     if keyed and self.chaining is not None:
-                        written = await self._complete_chained(ids, tokens, self.chaining)
+                        fenced = await self._complete_chained(ids, tokens, self.chaining)
                     else:
-                        written = await self.store.jobs_complete_owned(ids, tokens, keyed=keyed)
-                    self._count_completed(len(ids), written)
+                        fenced = await self.store.jobs_complete_fenced(ids, tokens, keyed=keyed)
                     ids = tokens = []  # written: nothing to put back
+                    self._record_completed(done, durations_s, fenced, history)
+                    done = durations_s = []
                 if failures:
                     rows = await self.store.jobs_fail_owned(failures)
-                    self._count_failures(failures, len(rows))
                     written, failures = failures, []
+                    self._record_failures(written, rows, history)
                     joblog.failures_written(written, rows)  # once written: the lines say what the rows hold
                 if history:
                     await self.store.history_record(history)
@@ -157,6 +161,7 @@ class Completer:
                 if isinstance(exc, StoreError):
                     metrics.STORE_ERRORS.labels("flush").inc()
                 self._ids[:0], self._tokens[:0] = ids, tokens
+                self._done[:0], self._durations_s[:0] = done, durations_s
                 self._keyed = self._keyed or (keyed and bool(ids))
                 self._failures[:0] = failures
                 history.extend(self._history)
@@ -165,7 +170,7 @@ class Completer:
             self.stats.flushes += 1
             metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
 
-    async def _complete_chained(self, ids: list[int], tokens: list[str], chaining: ChainSlots) -> int:
+    async def _complete_chained(self, ids: list[int], tokens: list[str], chaining: ChainSlots) -> list[int]:
         chain = chaining.reserve()
         sent_at = time.monotonic()
         try:
@@ -174,33 +179,54 @@ class Completer:
             chaining.settle(chain, [], sent_at)
             raise
         chaining.settle(chain, done.claimed, sent_at)
-        return int(done.completed)
+        return done.fenced
 
-    def _count_completed(self, sent: int, written: int) -> None:
+    def _record_completed(self, jobs: list[Job], durations_s: list[float], fenced: list[int],
+                          history: HistoryRows) -> None:
+        """Metrics and history rows of the completions whose write was accepted (not `fenced`)."""
+        written = len(jobs) - len(fenced)
         self.stats.completed += written
         metrics.JOBS_COMPLETED.inc(written)
-        if written < sent:
-            self._count_fenced(sent - written, "completions")
+        refused = set(fenced)  # empty but for a taken-over job
+        finished, history_on, worker = self._job_stats.finished, self._history_on, self.store.worker_id
+        for job, duration_s in zip(jobs, durations_s):
+            if refused and job.id in refused:
+                continue
+            finished(job.job_type, "completed", duration_s)
+            if history_on:
+                history.add(job.id, job.attempts, worker, job.locked_at, duration_s * 1000.0, "completed", None)
+        if fenced:
+            self._count_fenced(len(fenced), "completions")
 
-    def _count_failures(self, failures: list[Failure], written: int) -> None:
-        # Counted by intent; if some rows were fenced the per-status split is approximate, the
-        # fenced count exact.
-        retried = sum(f.outcome.status == STATUS_QUEUED for f in failures)
-        failed = sum(f.outcome.status == STATUS_FAILED for f in failures)
-        # An operator's cancel: the hook for dispatcher_job_outcomes_total{outcome="cancelled"}. (A
-        # retry that the database turned into a cancel, its request too recent for our last
-        # heartbeat, is counted as the retry we decided: jobs_fail_owned.)
-        cancelled = sum(f.outcome.status == STATUS_CANCELLED for f in failures)
-        discarded = len(failures) - retried - failed - cancelled
-        self.stats.retried += retried
-        self.stats.failed += failed
-        self.stats.discarded += discarded
-        self.stats.cancelled += cancelled
-        metrics.JOBS_RETRIED.inc(retried)
-        metrics.JOBS_FAILED.inc(failed)
-        metrics.JOBS_DISCARDED.inc(discarded)
-        if written < len(failures):
-            self._count_fenced(len(failures) - written, "failures")
+    def _record_failures(self, failures: list[Failure], rows: list[FailedWrite], history: HistoryRows) -> None:
+        """Outcome counts and history rows of the failures written (`rows`), by the status written:
+        a retry the database turned into a cancel (its request newer than our last heartbeat) is a
+        cancel, a snooze past DISPATCHER_MAX_SNOOZES the failed attempt it became."""
+        by_id = {f.id: f for f in failures}
+        counts = dict.fromkeys((*_HISTORY_OUTCOME.values(), SNOOZED), 0)
+        for row in rows:
+            failure = by_id[row.id]
+            outcome = SNOOZED if row.snoozed else _HISTORY_OUTCOME[row.status]
+            counts[outcome] += 1
+            job = failure.job
+            if job is None:
+                continue
+            self._job_stats.finished(job.job_type, outcome, failure.duration_s)
+            if self._history_on:
+                error = failure.summary if row.snoozed else failure.outcome.error
+                history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, failure.duration_s * 1000.0,
+                            outcome, error)
+        stats = self.stats
+        stats.retried += counts["retried"]
+        stats.failed += counts["failed"]
+        stats.discarded += counts["discarded"]
+        stats.cancelled += counts["cancelled"]
+        stats.snoozed += counts[SNOOZED]
+        metrics.JOBS_RETRIED.inc(counts["retried"])
+        metrics.JOBS_FAILED.inc(counts["failed"])
+        metrics.JOBS_DISCARDED.inc(counts["discarded"])
+        if len(rows) < len(failures):
+            self._count_fenced(len(failures) - len(rows), "failures")
 
     def _count_fenced(self, n: int, what: str) -> None:
         self.stats.fenced += n

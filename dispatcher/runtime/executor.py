@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dispatcher.api.registry import Handler, Registry
-from dispatcher.errors import PermanentJobError
+from dispatcher.errors import PermanentJobError, Snooze
 from dispatcher.model import FailureKind, Job
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
@@ -43,6 +43,7 @@ class Executor:
         self._completer = completer
         self._worker_id = execution.worker_id
         self._job_timeout_s = execution.job_timeout_s
+        self._max_snoozes = execution.max_snoozes
         self._sync_threads = sync_threads = execution.sync_threads
         self._lease_s = leases.lease_s
         # A backlogged sync job starts only with this much of its lease left: a thread cannot be
@@ -203,14 +204,21 @@ class Executor:
         self._finish_slot()
 
     def _fail_with(self, job: Job, exc: BaseException, started: float) -> None:
+        if isinstance(exc, Snooze):  # not a failure: this outcome is written only past the snooze cap
+            self._fail(job, FailureKind.ERROR, f"snoozed {self._max_snoozes} times (DISPATCHER_MAX_SNOOZES), and "
+                       f"again: {exc}", started, summary=str(exc), exc=exc, snooze=(exc.seconds, self._max_snoozes))
+            return
         kind = FailureKind.PERMANENT if isinstance(exc, PermanentJobError) else FailureKind.ERROR
         self._fail(job, kind, "".join(traceback.format_exception(exc)).strip(), started,
-                   summary=exception_line(exc))
+                   summary=exception_line(exc), exc=exc)
 
-    def _fail(self, job: Job, kind: FailureKind, error: str, started: float, summary: str | None = None) -> None:
-        outcome = self._policy.decide(kind, job.attempts, job.max_attempts, error)
+    def _fail(self, job: Job, kind: FailureKind, error: str, started: float, summary: str | None = None,
+              exc: BaseException | None = None, snooze: tuple[float, int] | None = None) -> None:
+        outcome = self._policy.decide(kind, job.attempts, job.max_attempts, error,
+                                      self._registry.retry_of(job.job_type), exc)
         halts = job.ordering_key is None or self._registry.halts(job.job_type)
-        self._completer.failed(job, outcome, self._clock() - started, kind=kind, summary=summary, halts=halts)
+        self._completer.failed(job, outcome, self._clock() - started, kind=kind, summary=summary, halts=halts,
+                               snooze=snooze)
 
     def _cancelling(self, job: Job) -> bool:
         entry = self._running.get(job.id)

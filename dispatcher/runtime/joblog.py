@@ -66,24 +66,26 @@ def failures_written(failures: Sequence[Failure], written: Sequence[FailedWrite]
     by_id = {f.id: f for f in failures}
     for row in written:
         failure = by_id.get(row.id)
-        if failure is None or failure.job is None:
+        if failure is None or failure.job is None or row.snoozed:  # a snooze is not a failure: no line
             continue
         job = failure.job
         _line(row, failure.kind or FailureKind.ERROR, failure.outcome.delay_s,
               failure.summary if failure.summary is not None else first_line(failure.outcome.error),
               {"job_id": row.id, "job_type": job.job_type, "queue": job.queue, "bucket": job.bucket,
-               "attempt": row.attempts, "max_attempts": job.max_attempts})
+               "attempt": row.attempts, "max_attempts": failure.outcome.max_attempts or job.max_attempts})
 
 
 def reaped(written: Sequence[FailedWrite], failures: Sequence[Failure], expired: Sequence[ExpiredLease]) -> None:
     """Jobs whose lease ran out, written by the reaper: with their old owner and since when."""
     delays = {f.id: (f.outcome.delay_s, f.outcome.error) for f in failures}
+    limits = {f.id: f.outcome.max_attempts for f in failures}
     expiries = {e.id: e.lease_expiries for e in expired}
     for row in written:
         delay_s, error = delays.get(row.id, (0.0, ""))
         _line(row, FailureKind.LEASE_EXPIRED, delay_s, first_line(error),
               {"job_id": row.id, "job_type": row.job_type, "queue": row.queue, "bucket": row.bucket,
-               "attempt": row.attempts, "max_attempts": row.max_attempts, "old_owner": row.locked_by,
+               "attempt": row.attempts, "max_attempts": limits.get(row.id) or row.max_attempts,
+               "old_owner": row.locked_by,
                "locked_since": utc(row.locked_at), "lease_expiries": expiries.get(row.id)})
 
 

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 
-from dispatcher.backoff import jittered
+from dispatcher.backoff import HandlerRetry, jittered
 from dispatcher.db.rows import Failure, HistoryRows
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError, StorePermissionDenied
@@ -149,10 +149,12 @@ class Reaper(PeriodicService):
 
     def __init__(self, store: JobStore, policy: RetryPolicy, settings: MaintenanceSettings, *,
                  on_reaped: Callable[[], None], vitals: Vitals | None = None,
-                 halts: Callable[[str], bool] = lambda job_type: True) -> None:
+                 halts: Callable[[str], bool] = lambda job_type: True,
+                 retry_of: Callable[[str], HandlerRetry | None] = lambda job_type: None) -> None:
         super().__init__(store, settings.reaper_interval_s)
         self._policy = policy
         self._halts = halts  # the registry's: whether a keyed job's final failure halts its key
+        self._retry_of = retry_of  # the registry's: a handler's own retry settings (max_attempts, backoff)
         self._history = settings.history
         self._on_reaped = on_reaped
         # Readiness reads the reaper's failures (reaper_failing_since): every pod runs it every
@@ -171,7 +173,7 @@ class Reaper(PeriodicService):
             Failure(e.id, e.token, self._policy.decide(
                 FailureKind.CANCELLED if e.cancel_requested else FailureKind.LEASE_EXPIRED, e.attempts, e.max_attempts,
                 ("cancelled: an operator asked, and the job's " if e.cancel_requested else "")
-                + lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at)),
+                + lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at), self._retry_of(e.job_type or "")),
                 halts=not e.keyed or self._halts(e.job_type or ""))
             for e in expired
         ]

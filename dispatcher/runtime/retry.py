@@ -6,7 +6,9 @@ that expired because the worker died or stalled). So a job that kills its proces
 (`os._exit`, the OOM killer) backs off like any other failure and ends `failed` after
 `max_attempts`, instead of being retried at once by every worker in turn.
 
-Pure: no I/O, no clock; the random draw is injectable for tests.
+A handler may bring its own settings (`HandlerRetry`: max_attempts, backoff, a `retry=` callable);
+a job's max_attempts given at enqueue still wins. Pure: no I/O, no clock; the random draw is
+injectable for tests.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from dispatcher.backoff import retry_delay_s
+from dispatcher.backoff import MIN_RETRY_DELAY_S, HandlerRetry, is_delay_s, retry_delay_s
 from dispatcher.constants import LAST_ERROR_MAX_CHARS
 from dispatcher.model import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, FailureKind, Outcome
 
@@ -25,25 +27,55 @@ class RetryPolicy:
         self.cap_s = cap_s
         self._rand = rand
 
-    def decide(self, kind: FailureKind, attempts: int, max_attempts: int, error: str) -> Outcome:
+    def decide(self, kind: FailureKind, attempts: int, max_attempts: int | None, error: str,
+               retry: HandlerRetry | None = None, exc: BaseException | None = None) -> Outcome:
         """The outcome of attempt number `attempts` (1-based, already counted) of a job allowed
-        `max_attempts`, which failed as `kind` with `error`."""
-        error = error[:LAST_ERROR_MAX_CHARS]
+        `max_attempts` (None: not given at enqueue, so the handler's `retry` or the default
+        decides), which failed as `kind` with `error` (`exc`, if it raised: for `retry.delay`)."""
+        if max_attempts is None:
+            max_attempts = (retry or _DEFAULTS).attempts_allowed(None)
         if kind is FailureKind.CANCELLED:
+            error = error[:LAST_ERROR_MAX_CHARS]
             # Whatever the attempt: a job someone cancelled must not run again. (The database
             # also turns a retry of a job with a cancel request into 'cancelled': jobs_fail_owned.)
-            return Outcome(STATUS_CANCELLED, 0.0, error)
+            return Outcome(STATUS_CANCELLED, 0.0, error, max_attempts)
         if kind is FailureKind.PERMANENT:
-            return Outcome(STATUS_DISCARDED, 0.0, error)
+            return Outcome(STATUS_DISCARDED, 0.0, error[:LAST_ERROR_MAX_CHARS], max_attempts)
         if kind is FailureKind.UNKNOWN_TYPE or attempts >= max_attempts:
             # A missing handler does not appear by waiting: retrying every few seconds would only
             # be a storm of pointless claims. Kept visible as 'failed'.
-            return Outcome(STATUS_FAILED, 0.0, error)
+            return Outcome(STATUS_FAILED, 0.0, error[:LAST_ERROR_MAX_CHARS], max_attempts)
         if kind is FailureKind.INTERRUPTED:
             # Not the job's fault: another worker may take it at once (the attempt still counts,
             # since the handler did start).
-            return Outcome(STATUS_QUEUED, 0.0, error)
-        return Outcome(STATUS_QUEUED, retry_delay_s(attempts, self.base_s, self.cap_s, self._rand), error)
+            return Outcome(STATUS_QUEUED, 0.0, error[:LAST_ERROR_MAX_CHARS], max_attempts)
+        if retry is None:
+            return Outcome(STATUS_QUEUED, retry_delay_s(attempts, self.base_s, self.cap_s, self._rand),
+                           error[:LAST_ERROR_MAX_CHARS], max_attempts)
+        delay_s, error = self._handler_delay_s(retry, attempts, exc, error)
+        return Outcome(STATUS_QUEUED, delay_s, error[:LAST_ERROR_MAX_CHARS], max_attempts)
+
+    def _handler_delay_s(self, retry: HandlerRetry, attempts: int, exc: BaseException | None,
+                         error: str) -> tuple[float, str]:
+        """The handler's delay: its callable's answer if valid, else its (or the worker's) backoff.
+        An answer that is not a delay (or a callable that raises) is noted at the head of the error."""
+        if retry.delay is not None:
+            try:
+                chosen = retry.delay(attempts, exc)
+            except Exception as raised:  # noqa: BLE001 - the user's callable: its fault is reported, not fatal
+                chosen, note = None, f"retry= raised {type(raised).__name__}: {raised}"
+            else:
+                note = None if chosen is None or is_delay_s(chosen) else f"retry= returned {chosen!r}, not seconds"
+            if note is None and chosen is not None:
+                return max(MIN_RETRY_DELAY_S, float(chosen)), error
+            if note is not None:
+                error = f"[{note}; the default backoff applied]\n{error}"
+        base_s = self.base_s if retry.base_s is None else retry.base_s
+        cap_s = max(self.cap_s, base_s) if retry.cap_s is None else retry.cap_s
+        return retry_delay_s(attempts, base_s, cap_s, self._rand), error
+
+
+_DEFAULTS = HandlerRetry()
 
 
 def lease_expired_error(expiries: int, locked_by: str | None, locked_at: object) -> str:

@@ -119,7 +119,7 @@ class Worker:
             probe_s=worker.listen_probe_s)
         self._never = asyncio.Event()  # `listening` without a listener: never set
         self.reaper = Reaper(maint, policy, config.maintenance, on_reaped=self.producer.wake, vitals=self.vitals,
-                             halts=registry.halts)
+                             halts=registry.halts, retry_of=registry.retry_of)
         self.pruner = Pruner(maint, config.retention)
         self.key_sweeper = KeySweeper(maint, config.claims.queues)
         self.table_sampler = TableSampler(maint, interval_s=config.maintenance.table_sample_interval_s,

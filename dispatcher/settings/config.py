@@ -21,7 +21,7 @@ from coordinator.pg.dsn import dsn_problem, redis_url_problem
 from dispatcher.constants import (COMPLETED_JOBS, COMPLETED_KEEP, DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN,
                                   NUM_BUCKETS, is_valid_name)
 from dispatcher.errors import ConfigError
-from dispatcher.settings.meta import KINDS as _KINDS, Setting, parse_buckets, setting, setting_of
+from dispatcher.settings.meta import KINDS as _KINDS, Setting, parse_buckets, parse_text, setting, setting_of
 from dispatcher.settings.meta import parse_bool as _parse_bool, parse_queues as _parse_queues
 from dispatcher.settings import sections as sec
 
@@ -35,6 +35,7 @@ DEFAULT_LEASE_S = 30.0  # a crashed worker's jobs come back after at most this
 DEFAULT_JOB_TIMEOUT_S = 600.0  # per-job wall-clock limit; 0 disables
 DEFAULT_RETRY_BASE_S = 1.0  # first retry waits up to 1 s ...
 DEFAULT_RETRY_CAP_S = 900.0  # ... doubling per attempt, capped at 15 min
+DEFAULT_MAX_SNOOZES = 100  # a job snoozing more than this is stuck, not waiting: its snoozes become failures
 DEFAULT_FLUSH_INTERVAL_S = 0.05  # completions are written at most 50 ms late (River's figure)
 DEFAULT_FLUSH_MAX = 2000  # ... or as soon as 2,000 are pending
 DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds is 30
@@ -128,6 +129,9 @@ class Config:
     retry_cap_s: float = setting(
         DEFAULT_RETRY_CAP_S, section="execution", parse=float, unit="seconds",
         help="largest backoff bound of a retry in seconds (>= retry_base_s)")
+    max_snoozes: int = setting(
+        DEFAULT_MAX_SNOOZES, section="execution", parse=int, unit="snoozes",
+        help="snoozes (`raise Snooze(s)`) one job may take without spending attempts; past them each is a failed attempt")
     flush_interval_s: float = setting(
         DEFAULT_FLUSH_INTERVAL_S, section="completion", parse=float, unit="seconds",
         help="completions are written at most this many seconds late (over 0, at most 5)")
@@ -269,6 +273,7 @@ class Config:
         _check(self.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
         _check(self.retry_base_s > 0, "retry_base_s", "must be > 0")
         _check(self.retry_cap_s >= self.retry_base_s, "retry_cap_s", "must be >= retry_base_s")
+        _check(0 <= self.max_snoozes <= 1_000_000, "max_snoozes", "must be between 0 and 1000000")
         _check(0 < self.flush_interval_s <= 5, "flush_interval_s", "must be in (0, 5]")
         _check(1 <= self.flush_max <= 50_000, "flush_max", "must be between 1 and 50000")
         _check(self.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
@@ -331,7 +336,7 @@ class Config:
             "leases": sec.LeaseSettings(self.lease_s, beat_s, start_margin_s=beat_s / 2,
                                         lose_early_s=min(0.5, beat_s / 4)),
             "execution": sec.ExecutionSettings(self.worker_id, self.job_timeout_s, self.sync_threads, self.retry_base_s,
-                                           self.retry_cap_s),
+                                           self.retry_cap_s, self.max_snoozes),
             "completion": sec.CompletionSettings(self.flush_interval_s, self.flush_max, self.history,
                                                  self.completed_jobs),
             "maintenance": sec.MaintenanceSettings(self.reaper_interval_s, self.history, self.table_sample_interval_s),
@@ -361,14 +366,14 @@ class Config:
         for s in _SETTINGS:
             raw = environ.get(s.env_var)
             if raw is not None and raw.strip() != "" and flags.get(s.name) is None:  # a flag wins, even over bad text
-                values[s.name] = _parse(s, raw.strip(), s.env_var)
+                values[s.name] = parse_text(s, raw.strip(), s.env_var)
         for name, value in flags.items():
             if value is None:
                 continue
             s = _BY_NAME.get(name)
             if s is None:
                 raise ConfigError(f"--{name.replace('_', '-')}", "unknown setting")
-            values[name] = _parse(s, value, s.flag) if isinstance(value, str) else value
+            values[name] = parse_text(s, value, s.flag) if isinstance(value, str) else value
         try:
             return cls(**values)
         except ConfigError as exc:
@@ -380,13 +385,6 @@ class Config:
 def _check(ok: bool, field: str, message: str) -> None:
     if not ok:
         raise ConfigError(field, message)
-
-
-def _parse(s: Setting, raw: str, origin: str) -> Any:
-    try:
-        return s.parse(raw)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(origin, f"cannot parse {raw!r}: {exc}") from None
 
 
 _SETTINGS: tuple[Setting, ...] = tuple(setting_of(f, ENV_PREFIX) for f in dataclasses.fields(Config) if f.init)

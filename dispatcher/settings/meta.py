@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from dispatcher.errors import ConfigError
 from dispatcher.settings.sections import SECTIONS
 
 
@@ -118,3 +119,11 @@ def setting_of(field: dataclasses.Field[Any], env_prefix: str) -> Setting:
         parse=meta.parse, help=meta.help, unit=meta.unit, default=default,
         default_text=meta.shown if meta.shown is not None else show(default), section=meta.section,
     )
+
+
+def parse_text(s: Setting, raw: str, origin: str) -> Any:
+    """A setting's env var or flag text parsed; ConfigError naming `origin` if it cannot be."""
+    try:
+        return s.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(origin, f"cannot parse {raw!r}: {exc}") from None

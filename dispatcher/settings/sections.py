@@ -99,6 +99,7 @@ class ExecutionSettings:
     sync_threads: int
     retry_base_s: float
     retry_cap_s: float
+    max_snoozes: int = 100  # snoozes per job that do not spend an attempt (DISPATCHER_MAX_SNOOZES)
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,10 +185,15 @@ class MemoryStore(InProcessStore):
     # -- finishing -----------------------------------------------------------------------------
 
     def complete(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
+        return len(ids) - len(self.complete_fenced(ids, tokens))
+
+    def complete_fenced(self, ids: Sequence[int], tokens: Sequence[str]) -> list[int]:
+        """Complete where the token matches; the ids refused (jobs_complete_owned_fenced)."""
         with self._lock:
-            now, done, delete = self.clock.now(), 0, self.completed_jobs == COMPLETED_DELETE
+            now, fenced, delete = self.clock.now(), [], self.completed_jobs == COMPLETED_DELETE
             for job_id, token in zip(ids, tokens, strict=True):
                 if (row := self._owned(job_id, token)) is None:
+                    fenced.append(job_id)
                     continue
                 if delete:  # jobs_complete_owned_delete: the row goes, in the same fenced write
                     del self._rows[job_id]
@@ -196,11 +201,14 @@ class MemoryStore(InProcessStore):
                 else:
                     self._write(row, status=STATUS_COMPLETED, completed_at=now, lease_expires_at=None, updated_at=now)
                 self._release(row)
-                done += 1
-            return done
+            return fenced
 
     async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False) -> int:
         return self.complete(ids, tokens)
+
+    async def jobs_complete_fenced(self, ids: Sequence[int], tokens: Sequence[str], *,
+                                   keyed: bool = False) -> list[int]:
+        return self.complete_fenced(ids, tokens)
 
     def fail(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
         with self._lock:
@@ -209,20 +217,27 @@ class MemoryStore(InProcessStore):
                 row = self._owned(f.id, f.token)
                 if row is None or (lease_expired and not (row.lease_expires_at and row.lease_expires_at < now)):
                     continue
-                status, retry, run_at = f.outcome.status, f.outcome.status == STATUS_QUEUED, row.run_at
+                # A snooze within its cap (jobs_fail_owned): queued again after it, its attempt given back.
+                snoozed = f.snooze is not None and row.snoozes < f.snooze[1]
+                status, retry, run_at = f.outcome.status, f.outcome.status == STATUS_QUEUED or snoozed, row.run_at
+                attempts, error = row.attempts, f.outcome.error
                 if retry and row.cancel_requested_at is not None:
-                    status = STATUS_CANCELLED  # a cancel request is honoured, never retried
+                    status, snoozed = STATUS_CANCELLED, False  # a cancel request is honoured, never retried
+                elif snoozed:
+                    status, attempts, error = STATUS_QUEUED, max(row.attempts - 1, 0), row.last_error
+                    run_at = now + timedelta(seconds=f.snooze[0])  # type: ignore[index]
                 elif retry:
                     run_at = now + timedelta(seconds=f.outcome.delay_s)
                 failed_at = now if status in (STATUS_FAILED, STATUS_DISCARDED) else row.failed_at
                 halted = row.ordering_key is not None and status in (STATUS_FAILED, STATUS_DISCARDED) and f.halts
-                row = self._write(row, status=status, run_at=run_at, failed_at=failed_at, last_error=f.outcome.error,
+                row = self._write(row, status=status, run_at=run_at, failed_at=failed_at, last_error=error,
                                   lease_expiries=row.lease_expiries + int(lease_expired), lease_expires_at=None,
-                                  updated_at=now, ordering_halted=halted)
+                                  updated_at=now, ordering_halted=halted, attempts=attempts,
+                                  snoozes=row.snoozes + (f.snooze is not None))
                 if status != STATUS_QUEUED:
                     self._release(row)
                 written.append(FailedWrite(row.id, row.status, row.attempts, row.locked_by, row.locked_at, row.run_at,
-                                           row.job_type, row.queue, row.bucket, row.max_attempts, halted))
+                                           row.job_type, row.queue, row.bucket, row.max_attempts, halted, snoozed))
             return written
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
@@ -292,7 +307,7 @@ class MemoryStore(InProcessStore):
 
     def retry(self, ids: Sequence[int]) -> list[int]:
         """`dispatcher jobs retry --id`: failed or discarded jobs back to queued, due now, one more
-        attempt allowed (admin_jobs_retry). A halted key's holder stays its holder, no longer
+        attempt allowed (a max_attempts not given stays so), snoozes from 0 (admin_jobs_retry). A halted key's holder stays its holder, no longer
         halted; another keyed job goes back behind its key's holder, if the key has one. The ids
         changed."""
         with self._lock:
@@ -306,7 +321,8 @@ class MemoryStore(InProcessStore):
                 behind = (row.ordering_key is not None and not row.ordering_halted
                           and self._holder(row.queue, row.ordering_key) is not None)
                 self._write(row, status=STATUS_WAITING if behind else STATUS_QUEUED, run_at=now,
-                            max_attempts=max(row.max_attempts, row.attempts + 1), failed_at=None,
+                            max_attempts=None if row.max_attempts is None else max(row.max_attempts, row.attempts + 1),
+                            snoozes=0, failed_at=None,
                             cancel_requested_at=None, ordering_halted=False, updated_at=now)
                 changed.append(job_id)
             return changed

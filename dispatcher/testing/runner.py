@@ -2,8 +2,9 @@
 
 Each attempt goes the worker's way (dispatcher/runtime/executor.py): an async handler is awaited
 (under its timeout), a plain function runs in a thread; a returned handler completes its job, an
-exception goes through the project's RetryPolicy (a retry after a backoff, `failed` after
-max_attempts, `discarded` for PermanentJobError, `failed` at once for an unknown job type). No
+exception goes through the project's RetryPolicy with the handler's own retry settings (a retry
+after a backoff, `failed` after max_attempts, `discarded` for PermanentJobError, `failed` at once
+for an unknown job type), a `Snooze` queues it again without spending an attempt. No
 sleeping: the store's FakeClock stands still while jobs run, and `drain()` advances it to each
 retry's run_at.
 """
@@ -22,10 +23,10 @@ from typing import Any, TypeVar
 from dispatcher.api.registry import Handler, Registry
 from dispatcher.constants import DEFAULT_QUEUE
 from dispatcher.db.rows import Failure
-from dispatcher.errors import PermanentJobError
+from dispatcher.errors import PermanentJobError, Snooze
 from dispatcher.model import STATUS_COMPLETED, FailureKind, Job
 from dispatcher.runtime.retry import RetryPolicy
-from dispatcher.settings.config import DEFAULT_LEASE_S, DEFAULT_RETRY_BASE_S, DEFAULT_RETRY_CAP_S
+from dispatcher.settings.config import DEFAULT_LEASE_S, DEFAULT_MAX_SNOOZES, DEFAULT_RETRY_BASE_S, DEFAULT_RETRY_CAP_S
 from dispatcher.testing.memory_store import MemoryStore
 
 T = TypeVar("T")
@@ -44,6 +45,7 @@ class Attempt:
     status: str
     kind: FailureKind | None  # how it failed (None: completed)
     error: str | None  # the job's last_error: the traceback, or what went wrong
+    snoozed: bool = False  # it raised Snooze within max_snoozes: queued again, no attempt spent
 
 
 class Runner:
@@ -52,18 +54,19 @@ class Runner:
     `queues`: the queues to run (default: every queue). `retry_base_s`, `retry_cap_s` and `rand`
     are the RetryPolicy's (defaults: the worker's; `rand=lambda: 1.0` makes every backoff its
     bound). `job_timeout_s`: the limit of a handler with no timeout_s of its own (0: none; it is
-    real time, as in a worker)."""
+    real time, as in a worker). `max_snoozes`: DISPATCHER_MAX_SNOOZES."""
 
     def __init__(self, store: MemoryStore, registry: Registry, *, queues: list[str] | None = None,
                  retry_base_s: float = DEFAULT_RETRY_BASE_S, retry_cap_s: float = DEFAULT_RETRY_CAP_S,
                  rand: Callable[[], float] = random.random, job_timeout_s: float = 0.0,
-                 lease_s: float = DEFAULT_LEASE_S) -> None:
+                 lease_s: float = DEFAULT_LEASE_S, max_snoozes: int = DEFAULT_MAX_SNOOZES) -> None:
         self.store = store
         self.registry = registry
         self.queues = queues
         self.policy = RetryPolicy(retry_base_s, retry_cap_s, rand)
         self.job_timeout_s = job_timeout_s
         self.lease_s = lease_s
+        self.max_snoozes = max_snoozes
         self.attempts: list[Attempt] = []  # every attempt this runner made, in order
 
     def advance(self, seconds: float) -> None:
@@ -154,16 +157,24 @@ class Runner:
             raise _TimedOut(f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)")
 
     def _raised(self, job: Job, exc: BaseException) -> Attempt:
+        if isinstance(exc, Snooze):  # as the executor: written as a failure only past max_snoozes
+            return self._failed(job, FailureKind.ERROR, f"snoozed {self.max_snoozes} times (DISPATCHER_MAX_SNOOZES), "
+                                f"and again: {exc}", exc, (exc.seconds, self.max_snoozes))
         kind = FailureKind.PERMANENT if isinstance(exc, PermanentJobError) else FailureKind.ERROR
-        return self._failed(job, kind, "".join(traceback.format_exception(exc)).strip())
+        return self._failed(job, kind, "".join(traceback.format_exception(exc)).strip(), exc)
 
-    def _failed(self, job: Job, kind: FailureKind, error: str) -> Attempt:
-        outcome = self.policy.decide(kind, job.attempts, job.max_attempts, error)
-        written = self.store.fail([Failure(job.id, job.token, outcome)])
+    def _failed(self, job: Job, kind: FailureKind, error: str, exc: BaseException | None = None,
+                snooze: tuple[float, int] | None = None) -> Attempt:
+        outcome = self.policy.decide(kind, job.attempts, job.max_attempts, error,
+                                     self.registry.retry_of(job.job_type), exc)
+        written = self.store.fail([Failure(job.id, job.token, outcome, snooze=snooze)])
+        if written and written[0].snoozed:
+            return self._record(job, written[0].status, None, str(exc), snoozed=True)
         return self._record(job, written[0].status if written else outcome.status, kind, outcome.error)
 
-    def _record(self, job: Job, status: str, kind: FailureKind | None, error: str | None) -> Attempt:
-        attempt = Attempt(job.id, job.job_type, job.attempts, status, kind, error)
+    def _record(self, job: Job, status: str, kind: FailureKind | None, error: str | None,
+                snoozed: bool = False) -> Attempt:
+        attempt = Attempt(job.id, job.job_type, job.attempts, status, kind, error, snoozed)
         self.attempts.append(attempt)
         return attempt
 

@@ -37,11 +37,16 @@ def _enqueue(dsn, job_type, n, **options):
         return [r[0] for r in conn.execute("SELECT id FROM dispatcher_jobs WHERE id > %s ORDER BY id", (before,))]
 
 
-@pytest.mark.parametrize("statement", ["jobs_complete_owned", "jobs_complete_owned_delete"])
+@pytest.mark.parametrize("statement", ["jobs_complete_owned", "jobs_complete_owned_delete",
+                                       "jobs_complete_owned_fenced:jobs_complete_owned",
+                                       "jobs_complete_owned_fenced:jobs_complete_owned_delete"])
 def test_the_completion_plan_fetches_exactly_the_batch_by_primary_key(dsn, statement):
     """The trap jobs_complete_owned's comment describes: statistics taken while every row was
     queued. The completion, deleting or not, must still enter through the primary key and touch
-    only the batch: no sequential scan, no lease-index walk over every running row."""
+    only the batch: no sequential scan, no lease-index walk over every running row. The same
+    inside jobs_complete_owned_fenced, the form the completer sends (wrapper:completion)."""
+    wrapper, _, inner = statement.rpartition(":")
+    sql = query(inner) if not wrapper else query(wrapper).replace("{completion}", query(inner))
     _enqueue(dsn, "a", 50_000)  # bulk enqueue ANALYZEs: the statistics say every row is queued
 
     async def claim():
@@ -59,8 +64,7 @@ def test_the_completion_plan_fetches_exactly_the_batch_by_primary_key(dsn, state
                      "WHERE id IN (SELECT id FROM dispatcher_jobs WHERE status = 'queued' LIMIT 20000)")
         params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs])}
         with conn.transaction(force_rollback=True):
-            plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query(statement),
-                                params).fetchone()[0][0]["Plan"]
+            plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
     nodes = list(plan_nodes(plan))
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan"], json.dumps(plan)[:2000]
     scanned_indexes = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
@@ -69,7 +73,8 @@ def test_the_completion_plan_fetches_exactly_the_batch_by_primary_key(dsn, state
     # UPDATE left one per job): about 1,000 here, where a walk of the running rows reads 20,000.
     read = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes if n.get("Index Name"))
     assert read <= 5 * 500, f"read {read} index entries to complete 500"
-    assert plan["Node Type"] == "ModifyTable" and plan["Operation"] == ("Delete" if "delete" in statement else "Update")
+    [modify] = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+    assert modify["Operation"] == ("Delete" if "delete" in statement else "Update")
 
 
 def test_a_worker_under_delete_leaves_no_completed_row_but_the_history_and_every_other_outcome(dsn):

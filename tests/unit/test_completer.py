@@ -25,22 +25,24 @@ class FakeStore:
         self.history: list[tuple[list[int], list[str], list[str]]] = []
         self.keyed: list[bool] = []  # per completion statement: did it promote ordering keys' next jobs
         self.fence: set[int] = set()  # ids whose token "changed": their writes are dropped
+        self.over: set[int] = set()  # ids past DISPATCHER_MAX_SNOOZES: a snooze is written as the failure
         self.down = False
 
     def _check(self) -> None:
         if self.down:
             raise StoreUnavailable("complete: database unavailable")
 
-    async def jobs_complete_owned(self, ids, tokens, keyed=False):
+    async def jobs_complete_fenced(self, ids, tokens, keyed=False):
         self._check()
         self.completed.append((list(ids), list(tokens)))
         self.keyed.append(keyed)
-        return sum(i not in self.fence for i in ids)
+        return [i for i in ids if i in self.fence]
 
     async def jobs_fail_owned(self, failures, *, lease_expired=False):
         self._check()
         self.failed.append([(f.id, f.outcome.status) for f in failures])
-        return [FailedWrite(f.id, f.outcome.status, 1, "w1", None) for f in failures if f.id not in self.fence]
+        return [FailedWrite(f.id, f.outcome.status, 1, "w1", None, snoozed=f.snooze is not None and f.id not in self.over)
+                for f in failures if f.id not in self.fence]
 
     async def history_record(self, rows):
         self._check()
@@ -83,7 +85,7 @@ def test_a_store_error_keeps_every_outcome_in_order_for_the_next_flush():
     run_async(completer.flush())
     assert store.completed == [([1, 3], [job(1).token, job(3).token])]
     assert store.failed == [[(2, "queued")]]
-    assert store.history == [([1, 2, 3], ["w1"] * 3, ["completed", "retried", "completed"])]
+    assert store.history == [([1, 3, 2], ["w1"] * 3, ["completed", "completed", "retried"])]
 
 
 def test_a_full_buffer_flushes_without_waiting_for_the_interval():
@@ -155,3 +157,31 @@ def test_a_keyed_batch_that_failed_to_write_is_still_keyed_when_retried():
     store.down = False
     run_async(completer.flush())
     assert store.keyed == [True] and store.completed[0][0] == [1]
+
+
+def test_only_attempts_whose_write_was_accepted_get_history_rows():
+    """A completion or failure fenced by a changed token runs under another owner now: its history
+    (and its outcome count) is that owner's to write."""
+    store = FakeStore()
+    store.fence = {2, 4}
+    completer = make(store, history=True)
+    for i in (1, 2):
+        completer.completed(job(i), 0.01)
+    completer.failed(job(3), Outcome("queued", 1.0, "boom"), 0.01)
+    completer.failed(job(4), Outcome("failed", 0.0, "boom"), 0.01)
+    run_async(completer.flush())
+    assert store.history == [([1, 3], ["w1"] * 2, ["completed", "retried"])]
+    assert (completer.stats.completed, completer.stats.retried, completer.stats.failed, completer.stats.fenced) == \
+        (1, 1, 0, 2)
+
+
+def test_a_snooze_is_recorded_as_snoozed_within_the_cap_and_as_its_failure_past_it():
+    store = FakeStore()
+    store.over = {2}
+    completer = make(store, history=True)
+    fallback = Outcome("queued", 3.0, "snoozed 100 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 5 s")
+    for i in (1, 2):
+        completer.failed(job(i, attempts=4), fallback, 0.01, summary="snoozed for 5 s", snooze=(5.0, 100))
+    run_async(completer.flush())
+    assert store.history == [([1, 2], ["w1"] * 2, ["snoozed", "retried"])]
+    assert (completer.stats.snoozed, completer.stats.retried) == (1, 1)

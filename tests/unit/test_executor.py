@@ -29,12 +29,14 @@ class Recorder:
         self.kinds: dict[int, object] = {}  # the FailureKind, for the outcome's log line
         self.summaries: dict[int, str | None] = {}
         self.halts: dict[int, bool] = {}  # a keyed job's final failure halts its key
+        self.snoozes: dict[int, tuple[float, int] | None] = {}  # a Snooze: (seconds, cap)
 
     def completed(self, job, duration_s):
         self.completed_ids.append(job.id)
 
-    def failed(self, job, outcome, duration_s, *, kind, summary=None, halts=True):
+    def failed(self, job, outcome, duration_s, *, kind, summary=None, halts=True, snooze=None):
         self.halts[job.id] = halts
+        self.snoozes[job.id] = snooze
         self.outcomes[job.id] = outcome
         self.kinds[job.id] = kind
         self.summaries[job.id] = summary

@@ -5,11 +5,12 @@ import sys
 
 import pytest
 
+from dispatcher.db.rows import FailedWrite
 from dispatcher.model import Job, Outcome
 from dispatcher.observe.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
 from dispatcher.runtime.completer import Completer
 from dispatcher.settings.sections import CompletionSettings
-from tests.helpers import collected
+from tests.helpers import collected, run_async
 
 
 def test_the_histogram_is_cumulative_with_prometheus_bucket_bounds():
@@ -72,26 +73,45 @@ def test_running_jobs_are_summed_over_executors_and_every_served_queue_is_collec
         "default": 2, "idle": 0}
 
 
-class NoStore:
+class AcceptingStore:
+    """Accepts every write but those of `fence` (their token changed), as the real statements answer."""
+
     worker_id = "w"
 
+    def __init__(self, fence: frozenset[int] = frozenset()) -> None:
+        self.fence = fence
 
-def job(job_type: str) -> Job:
-    return Job((1, job_type, {}, 1, 5, None, 0, 0), "00000000-0000-0000-0000-000000000001")
+    async def jobs_complete_fenced(self, ids, tokens, keyed=False):
+        return [i for i in ids if i in self.fence]
+
+    async def jobs_fail_owned(self, failures, *, lease_expired=False):
+        return [FailedWrite(f.id, f.outcome.status, 1, "w", None, snoozed=f.snooze is not None)
+                for f in failures if f.id not in self.fence]
 
 
-def test_the_completer_counts_what_was_decided_for_each_attempt():
+def job(job_type: str, job_id: int = 1) -> Job:
+    return Job((job_id, job_type, {}, 1, 5, None, 0, 0), f"00000000-0000-0000-0000-{job_id:012d}")
+
+
+def test_the_completer_counts_each_attempt_whose_write_was_accepted_and_no_fenced_one():
     stats = JobStats()
-    completer = Completer(NoStore(), CompletionSettings(flush_interval_s=1, flush_max=100, history=False), job_stats=stats)
-    completer.completed(job("x"), 0.5)
-    completer.failed(job("x"), Outcome("queued", 1.0, "boom"), 0.25)
-    completer.failed(job("x"), Outcome("failed", 0.0, "boom"), 0.25)
-    completer.failed(job("y"), Outcome("discarded", 0.0, "permanent"), 2.0)
+    store = AcceptingStore(fence=frozenset({6, 7}))
+    completer = Completer(store, CompletionSettings(flush_interval_s=1, flush_max=100, history=False), job_stats=stats)
+    completer.completed(job("x", 1), 0.5)
+    completer.failed(job("x", 2), Outcome("queued", 1.0, "boom"), 0.25)
+    completer.failed(job("x", 3), Outcome("failed", 0.0, "boom"), 0.25)
+    completer.failed(job("y", 4), Outcome("discarded", 0.0, "permanent"), 2.0)
+    completer.failed(job("y", 5), Outcome("failed", 0.0, "snoozed too often"), 1.0, snooze=(5.0, 100))
+    completer.completed(job("x", 6), 0.5)  # fenced: another owner runs it now
+    completer.failed(job("x", 7), Outcome("queued", 1.0, "boom"), 0.25)  # fenced
+    assert stats.snapshot() == [], "nothing is counted before its write"
+    run_async(completer.flush())
     by_type = {t: (sum(buckets), total, outcomes) for t, buckets, total, outcomes, _ in stats.snapshot()}
     assert by_type["x"][:2] == (3, 1.0)
     assert {o: n for o, n in by_type["x"][2].items() if n} == {"completed": 1, "retried": 1, "failed": 1}
-    assert {o: n for o, n in by_type["y"][2].items() if n} == {"discarded": 1}
-    assert by_type["y"][:2] == (1, 2.0)
+    assert {o: n for o, n in by_type["y"][2].items() if n} == {"discarded": 1, "snoozed": 1}
+    assert by_type["y"][:2] == (2, 3.0)
+    assert (completer.stats.fenced, completer.stats.snoozed) == (2, 1)
 
 
 def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type():

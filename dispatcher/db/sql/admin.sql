@@ -48,7 +48,7 @@ SELECT j.id
 -- name: admin_job_show
 SELECT id, queue_name, job_type, status, priority, bucket, attempts, max_attempts, lease_expiries, run_at,
        created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
-       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted
+       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes
   FROM dispatcher_jobs
  WHERE id = %(id)s
 
@@ -63,7 +63,9 @@ SELECT attempt, worker, started_at, finished_at, duration_ms, outcome, error
 -- name: admin_jobs_retry
 -- Failed or discarded jobs among %(ids)s that still match the filters, back to queued, due now.
 -- As River's JobRetry and Oban's retry_job: the attempt count stays (the history goes on) and
--- max_attempts rises to allow one more attempt if they were used up; last_error stays for
+-- max_attempts rises to allow one more attempt if they were used up (a NULL one, not given at
+-- enqueue, stays NULL: an attempt always runs once claimed, and the handler's limit then decides);
+-- its snoozes start again from 0 (DISPATCHER_MAX_SNOOZES); last_error stays for
 -- people, a stale cancel request goes. The status is re-checked on the row the UPDATE writes:
 -- a job that changed meanwhile is skipped. A job whose dedupe key a live job holds now (or
 -- another job of this batch, the lowest id of which goes) is skipped too: two live jobs may not
@@ -83,7 +85,8 @@ WITH changed AS (
        SET status = CASE WHEN j.ordering_key IS NULL OR j.ordering_halted THEN 'queued' ELSE 'waiting' END,
            ordering_halted = false,
            run_at = now(),
-           max_attempts = greatest(j.max_attempts, j.attempts + 1),
+           max_attempts = CASE WHEN j.max_attempts IS NOT NULL THEN greatest(j.max_attempts, j.attempts + 1) END,
+           snoozes = 0,
            failed_at = NULL,
            cancel_requested_at = NULL,
            updated_at = now()

@@ -33,6 +33,17 @@ DELETE FROM dispatcher_jobs AS j
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = done.id
    AND CASE WHEN j.status = 'running' THEN j.lock_token = done.token ELSE false END
 
+-- name: jobs_complete_owned_fenced
+-- The completer's completion: jobs_complete_owned or jobs_complete_owned_delete (filled in as
+-- {completion} by the store: the same fenced write, the same plan), answering which ids it
+-- refused (fenced: their token changed). One array back per batch, empty in the common case:
+-- only attempts whose write was accepted get a history row and an outcome count.
+WITH done AS (
+{completion}
+    RETURNING j.id
+)
+SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done)
+
 -- name: jobs_fail_owned
 -- Record failed attempts, fenced by token like completions. Each row's status, delay and error
 -- come from the retry policy (dispatcher/runtime/retry.py): 'queued' (retry after delay_s), 'failed'
@@ -44,30 +55,49 @@ DELETE FROM dispatcher_jobs AS j
 -- rises. A keyed job that ends failed or discarded halts its key where %(halts)s says so (its
 -- handler's on_ordered_failure): it stays the key's holder (ordering_halted). One that ends any
 -- other way than a retry releases its key, whose next job is promoted ({promote_next}, see
--- ordering.sql). Returns the rows written (with the status written), for the outcome lines
--- (joblog.py: run_at is when a retry is due, by the database's clock) and the reaper's history.
+-- ordering.sql).
+-- A snooze (`raise Snooze(s)`: snooze_s not NULL) is queued again snooze_s from now, keeps its
+-- key, and gives its attempt back, while the job has snoozed fewer than snooze_cap times
+-- (DISPATCHER_MAX_SNOOZES); past that, the row's policy outcome (a failed attempt) is written
+-- instead. Every snooze counts in `snoozes`, so `snoozed` below reads: this one was within the cap.
+-- Returns the rows written (with the status written), for the outcome lines (joblog.py: run_at
+-- is when a retry is due, by the database's clock), the history and the outcome counts.
 -- Failures are rare: completions return nothing.
 WITH written AS (
     UPDATE dispatcher_jobs AS j
-       SET status = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE f.status END,
-           run_at = CASE WHEN f.status = 'queued' AND j.cancel_requested_at IS NULL
-                         THEN now() + f.delay_s * interval '1 second' ELSE j.run_at END,
-           failed_at = CASE WHEN f.status IN ('failed', 'discarded') THEN now() ELSE j.failed_at END,
-           ordering_halted = j.ordering_key IS NOT NULL AND f.status IN ('failed', 'discarded') AND f.halts,
-           last_error = f.error,
+       SET status = CASE WHEN (f.status = 'queued' OR (f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap))
+                              AND j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                         WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN 'queued'
+                         ELSE f.status END,
+           run_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.run_at
+                         WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap
+                         THEN now() + f.snooze_s * interval '1 second'
+                         WHEN f.status = 'queued' THEN now() + f.delay_s * interval '1 second'
+                         ELSE j.run_at END,
+           failed_at = CASE WHEN f.status IN ('failed', 'discarded') AND NOT coalesce(j.snoozes < f.snooze_cap, false)
+                            THEN now() ELSE j.failed_at END,
+           ordering_halted = j.ordering_key IS NOT NULL AND f.status IN ('failed', 'discarded') AND f.halts
+                             AND NOT coalesce(j.snoozes < f.snooze_cap, false),
+           last_error = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN j.last_error
+                             ELSE f.error END,
+           attempts = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap AND j.cancel_requested_at IS NULL
+                           THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+           snoozes = j.snoozes + (f.snooze_s IS NOT NULL)::int,
            lease_expiries = j.lease_expiries + %(lease_expired)s::int,
            lock_token = NULL,
            lease_expires_at = NULL,
            updated_at = now()
       FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
-                  %(delays_s)s::float8[], %(errors)s::text[], %(halts)s::bool[])
-           AS f(id, token, status, delay_s, error, halts)
+                  %(delays_s)s::float8[], %(errors)s::text[], %(halts)s::bool[],
+                  %(snoozes_s)s::float8[], %(snooze_caps)s::int[])
+           AS f(id, token, status, delay_s, error, halts, snooze_s, snooze_cap)
      WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
        AND CASE WHEN j.status = 'running'
                 THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
                 ELSE false END
     RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
-              j.max_attempts, j.ordering_key, j.ordering_halted
+              j.max_attempts, j.ordering_key, j.ordering_halted,
+              f.snooze_s IS NOT NULL AND j.snoozes <= f.snooze_cap AND j.status = 'queued' AS snoozed
 ),
 released AS (
     SELECT queue_name, ordering_key FROM written
@@ -75,7 +105,7 @@ released AS (
 ),
 {promote_next}
 SELECT w.id, w.status, w.attempts, w.locked_by, w.locked_at, w.run_at, w.job_type, w.queue_name, w.bucket,
-       w.max_attempts, w.ordering_halted
+       w.max_attempts, w.ordering_halted, w.snoozed
   FROM written AS w CROSS JOIN woken
 
 -- name: jobs_release_owned

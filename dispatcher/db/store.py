@@ -77,13 +77,30 @@ def insert_one_params(job: NewJob) -> dict[str, Any]:
         "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=_raw_json),
         "priority": job.priority, "bucket": job.bucket, "max_attempts": job.max_attempts,
         "run_at": job.run_at, "delay_s": job.delay_s, "dedupe_key": job.dedupe_key,
-        "ordering_key": job.ordering_key, "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
+        "ordering_key": job.ordering_key, "dedupe_window_s": getattr(job, "dedupe_window_s", None),
+        "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
     }
 
 
 def insert_one_sql(job: NewJob) -> str:
     """jobs_insert_one, or its keyed form for a job with an ordering key (sql/ordering.sql)."""
     return query("jobs_insert_one" if job.ordering_key is None else "jobs_insert_one_keyed")
+
+
+# Where jobs_complete_owned_keyed's `released` ends: the keyed completion under delete closes
+# windows from there (sql/dedupe.sql).
+_RELEASED = "    RETURNING j.queue_name, j.ordering_key\n),\n"
+
+
+def closing_completions(complete: str, keyed: str) -> tuple[str, str]:
+    """The completions under DISPATCHER_COMPLETED_JOBS=delete, given without: each deleted job
+    that had a uniqueness window leaves its finish time in it, in the same statement."""
+    if _RELEASED not in keyed:
+        raise ValueError("jobs_complete_owned_keyed changed shape: update store._RELEASED")
+    closing = query("jobs_complete_owned_delete_closing").replace("{completion}", complete)
+    released = _RELEASED.replace("j.ordering_key", "j.ordering_key, j.id, j.dedupe_key, j.dedupe_window_s")
+    keyed = keyed.replace(_RELEASED, released + query("dedupe_windows_close_released") + ",\n")
+    return closing, keyed
 
 
 @cache
@@ -141,6 +158,8 @@ class JobStore:
         # A batch with keyed jobs runs the same completion inside the statement that also promotes
         # each key's next job (sql/ordering.sql); one without pays nothing for ordering keys.
         keyed = query("jobs_complete_owned_keyed").replace("{completion}", complete)
+        if completed_jobs == COMPLETED_DELETE:
+            complete, keyed = closing_completions(complete, keyed)
         self._complete_sql = {False: complete, True: keyed}
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
@@ -246,7 +265,8 @@ class JobStore:
         if keyed:
             return (await self.jobs_complete_keyed(ids, tokens, Chain())).completed
         params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-        return (await self._execute("complete", self._complete_sql[False], params)).rowcount
+        cur = await self._execute("complete", self._complete_sql[False], params)
+        return int((await cur.fetchone())[0]) if cur.description else cur.rowcount  # type: ignore[index]
 
     async def jobs_complete_keyed(self, ids: Sequence[int], tokens: Sequence[str], chain: Chain) -> KeyedCompletion:
         """jobs_complete_owned for a batch with keyed jobs: each released key's next job is promoted,

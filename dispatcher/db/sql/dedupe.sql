@@ -111,15 +111,16 @@ SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM pruned)
 
 -- name: dedupe_windows_close
 -- A fragment for a statement that deleted jobs and defined `gone(id, queue_name, dedupe_key,
--- dedupe_window_s, finished_at)`: the deleted jobs that had a window (rare: others are filtered
--- out before any window is read) leave their finish time in their key's window, if it is still
--- theirs. Defines `closed`.
+-- dedupe_window_s, finished_at)`: the deleted jobs that had a window (rare) leave their finish
+-- time in their key's window, if it is still theirs. Defines `closed`. The windows are found by
+-- job id (dispatcher_dedupe_windows_job_idx) from an array of exactly those jobs: a statement
+-- that deleted none reads no window (an empty array scans nothing), however many there are; a
+-- join with `gone` let the planner hash it against a scan of the whole table.
 closed AS (
     UPDATE dispatcher_dedupe_windows AS w
-       SET finished_at = g.finished_at,
-           prune_after = g.finished_at + w.window_s * interval '1 second'
-      FROM (SELECT * FROM gone WHERE dedupe_window_s IS NOT NULL) AS g
-     WHERE w.queue_name = g.queue_name AND w.dedupe_key = g.dedupe_key AND w.job_id = g.id
+       SET (finished_at, prune_after) = (SELECT g.finished_at, g.finished_at + w.window_s * interval '1 second'
+                                           FROM gone AS g WHERE g.id = w.job_id LIMIT 1)
+     WHERE w.job_id = ANY(ARRAY(SELECT g.id FROM gone AS g WHERE g.dedupe_window_s IS NOT NULL))
 )
 
 -- name: jobs_complete_owned_delete_closing

@@ -36,3 +36,7 @@ CREATE TABLE IF NOT EXISTS dispatcher_dedupe_windows (
 
 -- The pruner's pages, oldest first.
 CREATE INDEX IF NOT EXISTS dispatcher_dedupe_windows_prune_idx ON dispatcher_dedupe_windows (prune_after);
+
+-- Windows by job: the statements that delete jobs find the windows to close from the ids of the
+-- deleted jobs that had one (sql/dedupe.sql, dedupe_windows_close).
+CREATE INDEX IF NOT EXISTS dispatcher_dedupe_windows_job_idx ON dispatcher_dedupe_windows (job_id);

@@ -265,8 +265,7 @@ class JobStore:
         if keyed:
             return (await self.jobs_complete_keyed(ids, tokens, Chain())).completed
         params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-        cur = await self._execute("complete", self._complete_sql[False], params)
-        return int((await cur.fetchone())[0]) if cur.description else cur.rowcount  # type: ignore[index]
+        return (await self._execute("complete", self._complete_sql[False], params)).rowcount
 
     async def jobs_complete_keyed(self, ids: Sequence[int], tokens: Sequence[str], chain: Chain) -> KeyedCompletion:
         """jobs_complete_owned for a batch with keyed jobs: each released key's next job is promoted,
@@ -364,7 +363,9 @@ class JobStore:
 
     async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
         """One jobs_insert_one each (applications enqueue with dispatcher.enqueue, in their own
-        transaction)."""
+        transaction). Not with a dedupe window: dispatcher.enqueue takes its key's lock first."""
+        if any(getattr(job, "dedupe_window_s", None) is not None for job in jobs):
+            raise ValueError("jobs_enqueue takes no dedupe_window_s: enqueue with dispatcher.enqueue")
         ids: list[int | None] = []
         for job in jobs:
             cur = await self._execute("enqueue", insert_one_sql(job), insert_one_params(job))

@@ -125,18 +125,29 @@ closed AS (
 
 -- name: jobs_complete_owned_delete_closing
 -- DISPATCHER_COMPLETED_JOBS=delete: the completion ({completion}: jobs_complete_owned_delete,
--- filled in by the store) leaves the finish time of the deleted jobs that had a window in their
--- windows, in the same statement. A batch without such a job writes no window: `closed` reads
--- none (filtered before any window is read). Returns how many rows were deleted.
-WITH gone AS (
+-- filled in by the store, unchanged: the same fenced DELETE and row count) closes, in the same
+-- statement, the windows of the batch's running jobs that have one. They are found through
+-- dispatcher_jobs_windowed_running_idx, which holds only running jobs with a window (`id + 0`
+-- keeps the batch's ids a filter there, never a probe of the primary key per id): a batch
+-- without them reads one index page and no window (docs/design/enqueue.md).
+-- A job of the batch whose token no longer matches is not deleted, and its window is closed all
+-- the same: harmless, a window reads its job's row while there is one, and is closed again when
+-- that row is deleted.
+WITH closed AS (
+    UPDATE dispatcher_dedupe_windows AS w
+       SET finished_at = now(),
+           prune_after = now() + w.window_s * interval '1 second'
+     WHERE w.job_id = ANY(ARRAY(
+               SELECT r.id
+                 FROM dispatcher_jobs AS r  -- dispatcher_jobs_windowed_running_idx
+                WHERE r.dedupe_window_s IS NOT NULL AND r.status = 'running'
+                  AND r.id + 0 = ANY(%(ids)s::bigint[])))
+)
 {completion}
-    RETURNING j.id, j.queue_name, j.dedupe_key, j.dedupe_window_s, now() AS finished_at
-),
-{close_windows}
-SELECT count(*) FROM gone
 
 -- name: dedupe_windows_close_released
 -- A fragment: the same for jobs_complete_owned_keyed under DISPATCHER_COMPLETED_JOBS=delete, whose
--- `released` the store extends with the columns `gone` needs (store.closing_completions).
+-- `released` (the deleted rows, returned already) the store extends with the columns `gone` needs
+-- (store.closing_completions).
 gone AS (SELECT id, queue_name, dedupe_key, dedupe_window_s, now() AS finished_at FROM released),
 {close_windows}

@@ -40,3 +40,10 @@ CREATE INDEX IF NOT EXISTS dispatcher_dedupe_windows_prune_idx ON dispatcher_ded
 -- Windows by job: the statements that delete jobs find the windows to close from the ids of the
 -- deleted jobs that had one (sql/dedupe.sql, dedupe_windows_close).
 CREATE INDEX IF NOT EXISTS dispatcher_dedupe_windows_job_idx ON dispatcher_dedupe_windows (job_id);
+
+-- step: autocommit
+-- Step 2: the running jobs that have a window, built CONCURRENTLY (reads and writes go on). The
+-- completion under DISPATCHER_COMPLETED_JOBS=delete finds the windows to close through it
+-- (sql/dedupe.sql): a job without a window never has an entry, so a batch of them reads one page.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS dispatcher_jobs_windowed_running_idx
+    ON dispatcher_jobs (id) WHERE dedupe_window_s IS NOT NULL AND status = 'running';

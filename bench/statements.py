@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.sqlfile import load_all
-from dispatcher.db import query
+from dispatcher.db import closing_completions, query
 
 # The claim's variants share one statement shape: told apart by their selection.
 CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED"),
@@ -47,11 +47,19 @@ def _named() -> dict[str, str]:
         for name, text in load_all(package).items():
             if package == "dispatcher.db":
                 text = query(name)  # as sent: with its fragments ({promote_next}) filled in
+            if name == "jobs_complete_owned_delete_closing":  # named below, as the store sends it
+                continue
             if "{completion}" in text:  # the keyed completion wraps whichever completion the store runs
                 for completion in ("jobs_complete_owned", "jobs_complete_owned_delete"):
                     named.setdefault(_normal(text.replace("{completion}", query(completion))), f"{completion}_keyed")
                 continue
             named.setdefault(_normal(text), name)
+    # Under DISPATCHER_COMPLETED_JOBS=delete the store sends both completions closing windows
+    # (sql/dedupe.sql): the same roles, under the same names.
+    delete = query("jobs_complete_owned_delete")
+    closing, closing_keyed = closing_completions(delete, query("jobs_complete_owned_keyed").replace("{completion}", delete))
+    named.setdefault(_normal(closing), "jobs_complete_owned_delete")
+    named.setdefault(_normal(closing_keyed), "jobs_complete_owned_delete_keyed")
     return named
 
 

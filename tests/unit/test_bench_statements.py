@@ -53,3 +53,16 @@ def test_per_job_figures_are_deltas_over_the_run():
     rows = per_job(minus(after, before), jobs=2000)
     assert [tuple(r.values())[:4] for r in rows] == [("claim (partitioned)", 10.0, 10.0, 1.0),
                                                  ("jobs_complete_owned", 2.0, 4.0, 2.0)]
+
+
+def test_the_completions_a_worker_sends_under_delete_are_named_by_their_role():
+    """DISPATCHER_COMPLETED_JOBS=delete: both completions close uniqueness windows (sql/dedupe.sql);
+    the statements recorded keep the names of the completions they are."""
+    from dispatcher.constants import COMPLETED_DELETE
+    from dispatcher.db.store import JobStore
+
+    store = JobStore("postgresql://unused", "w", completed_jobs=COMPLETED_DELETE)  # connects on first use only
+    sent = {"jobs_complete_owned_delete": store._complete_sql[False],
+            "jobs_complete_owned_delete_keyed": store._complete_sql[True]}
+    assert {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in sent.items()} == \
+        {name: name for name in sent}

@@ -37,6 +37,7 @@ from dispatcher.db import (
     MODE_PARTITIONED,
     NUM_BUCKETS,
     claim_sql,
+    closing_completions,
     int_array,
     query,
     token_array,
@@ -75,6 +76,9 @@ async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int, comple
     buckets = tuple(b for b in range(NUM_BUCKETS) if b % count == index) if mode == MODE_PARTITIONED else None
     claim_statement = claim_sql(buckets)
     complete_sql = query(complete)
+    if complete == "jobs_complete_owned_delete":  # as a worker sends it: closing uniqueness windows
+        keyed = query("jobs_complete_owned_keyed").replace("{completion}", complete_sql)
+        complete_sql = closing_completions(complete_sql, keyed)[0]
     batches: asyncio.Queue[tuple[list[int], list[str]] | None] = asyncio.Queue(maxsize=2)
 
     async def claimer(conn: psycopg.AsyncConnection[Any]) -> None:

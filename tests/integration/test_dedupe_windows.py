@@ -355,3 +355,24 @@ def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed
     run_async(complete_keyed())
     assert fetchval(dsn, "SELECT finished_at IS NOT NULL FROM dispatcher_dedupe_windows WHERE dedupe_key = 'keyed'")
     assert _enqueue(dsn, "keyed", ordering_key="customer-3") is None
+
+
+def test_async_enqueue_through_a_pool_and_in_the_callers_transaction_honours_windows(dsn):
+    import psycopg_pool
+
+    from dispatcher import enqueue, enqueue_many
+
+    async def main() -> tuple[Any, ...]:
+        async with psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+            first = await enqueue(pool, "send", {}, dedupe_key="p", dedupe_window_s=HOUR_S)
+            dup = await enqueue(pool, "send", {}, dedupe_key="p", dedupe_window_s=HOUR_S)
+            bulk = await enqueue_many(pool, [JobSpec("send", dedupe_key=k, dedupe_window_s=HOUR_S) for k in "pqq"])
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:  # the outbox: commits with the caller
+            async with conn.transaction():
+                outbox = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
+                again = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
+        return first, dup, bulk, outbox, again
+
+    first, dup, bulk, outbox, again = run_async(main())
+    assert first is not None and dup is None and bulk == 1 and outbox is not None and again is None
+    assert sorted(r[0] for r in fetchall(dsn, "SELECT dedupe_key FROM dispatcher_dedupe_windows")) == ["p", "q", "r"]

@@ -37,8 +37,8 @@ from dispatcher.db import (
     MODE_PARTITIONED,
     NUM_BUCKETS,
     claim_sql,
+    completion_statements,
     int_array,
-    query,
     token_array,
 )
 from dispatcher.devtools.harness import completed_jobs, jobs_left, table_counters
@@ -74,7 +74,10 @@ async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int, comple
     tuples, no Job objects, no handlers. What is left is PostgreSQL's cost of these statements."""
     buckets = tuple(b for b in range(NUM_BUCKETS) if b % count == index) if mode == MODE_PARTITIONED else None
     claim_statement = claim_sql(buckets)
-    complete_sql = query(complete)
+    # As a worker sends it: fenced (it answers which ids it refused), and under delete closing
+    # uniqueness windows.
+    complete_sql = completion_statements(COMPLETED_DELETE if complete == "jobs_complete_owned_delete"
+                                         else COMPLETED_KEEP)[False]
     batches: asyncio.Queue[tuple[list[int], list[str]] | None] = asyncio.Queue(maxsize=2)
 
     async def claimer(conn: psycopg.AsyncConnection[Any]) -> None:

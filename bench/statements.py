@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.sqlfile import load_all
-from dispatcher.db import query
+from dispatcher.db import COMPLETED_DELETE, COMPLETED_KEEP, completion_statements, query
 
 # The claim's variants share one statement shape: told apart by their selection.
 CLAIM_KINDS = (("claim (steal)", "unnest"), ("claim (skip_locked)", "SKIP LOCKED"),
@@ -47,11 +47,15 @@ def _named() -> dict[str, str]:
         for name, text in load_all(package).items():
             if package == "dispatcher.db":
                 text = query(name)  # as sent: with its fragments ({promote_next}) filled in
-            if "{completion}" in text:  # the keyed completion wraps whichever completion the store runs
-                for completion in ("jobs_complete_owned", "jobs_complete_owned_delete"):
-                    named.setdefault(_normal(text.replace("{completion}", query(completion))), f"{completion}_keyed")
+            if "{completion}" in text:  # a completion's wrapper: named below, as the store sends it
                 continue
             named.setdefault(_normal(text), name)
+    # The completions a worker sends (dispatcher/db/completions.py): fenced, keyed, and under
+    # DISPATCHER_COMPLETED_JOBS=delete closing uniqueness windows; named by their role.
+    for completed, plain in ((COMPLETED_KEEP, "jobs_complete_owned"), (COMPLETED_DELETE, "jobs_complete_owned_delete")):
+        sent = completion_statements(completed)
+        named.setdefault(_normal(sent[False]), plain)
+        named.setdefault(_normal(sent[True]), f"{plain}_keyed")
     return named
 
 

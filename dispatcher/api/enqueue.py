@@ -19,6 +19,7 @@ import psycopg
 import psycopg_pool
 
 from dispatcher.api.enqueue_checks import (
+    check_dedupe_window,
     check_keys,
     check_ordering_key,
     check_max_payload_bytes,
@@ -27,6 +28,14 @@ from dispatcher.api.enqueue_checks import (
     serialize_payload,
 )
 from dispatcher.api.enqueue_copy import CopyTally, copy_chunks, copy_statement, published_async, published_sync
+from dispatcher.api.enqueue_windows import (
+    insert_windowed_async,
+    insert_windowed_sync,
+    open_staged_async,
+    open_staged_sync,
+    refuse_staged_async,
+    refuse_staged_sync,
+)
 from dispatcher.constants import DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
@@ -43,7 +52,9 @@ class JobSpec:
     a burst of jobs all due at the same instant. `partition_key` maps to a stable bucket (same key,
     same bucket); without it the bucket is random. `ordering_key`: the jobs of a queue that share it
     run one at a time, in enqueue order, across the fleet (docs/concepts/ordering.md); it picks
-    the bucket as partition_key does (a partition_key or bucket beside it must agree)."""
+    the bucket as partition_key does (a partition_key or bucket beside it must agree).
+    `dedupe_window_s` (with a dedupe_key): the key stays held that many seconds after the job
+    finished, not only while it is live (docs/guides/jobs.md)."""
 
     job_type: str
     payload: Any = None
@@ -57,6 +68,7 @@ class JobSpec:
     partition_key: str | None = None
     bucket: int | None = None
     ordering_key: str | None = None
+    dedupe_window_s: float | None = None
 
 
 def bucket_for(partition_key: str) -> int:
@@ -76,6 +88,7 @@ class _Prepared:
     delay_s: float
     dedupe_key: str | None
     ordering_key: str | None = None
+    dedupe_window_s: float | None = None
 
 
 def _pick_bucket(bucket: int | None, partition_key: str | None, ordering_key: str | None = None) -> int:
@@ -99,11 +112,12 @@ def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
     check_names(spec.queue, spec.job_type)
     check_options(spec.priority, spec.max_attempts, spec.delay_s, spec.jitter_s, spec.run_at)
     check_keys(spec.bucket, spec.partition_key, spec.dedupe_key, spec.ordering_key)
+    check_dedupe_window(spec.dedupe_window_s, spec.dedupe_key)
     delay = spec.delay_s + (random.uniform(0.0, spec.jitter_s) if spec.jitter_s else 0.0)
     return _Prepared(
         spec.queue, spec.job_type, serialize_payload(spec.payload, max_payload_bytes), spec.priority,
         _pick_bucket(spec.bucket, spec.partition_key, spec.ordering_key), spec.max_attempts, spec.run_at, delay,
-        spec.dedupe_key, spec.ordering_key,
+        spec.dedupe_key, spec.ordering_key, None if spec.dedupe_window_s is None else float(spec.dedupe_window_s),
     )
 
 
@@ -202,7 +216,8 @@ async def enqueue(
     target: AsyncTarget, job_type: str, payload: Any = None, *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
 ) -> int | None:
-    """Enqueue one job; returns its id, or None if a live job has the same (queue, dedupe_key)."""
+    """Enqueue one job; returns its id, or None if a live job has the same (queue, dedupe_key), or
+    (with `dedupe_window_s`) a job with it finished within its window."""
     prepared = _prepare_one(job_type, payload, max_payload_bytes, options)
     if isinstance(target, InProcessStore):
         return _in_process(target, [prepared])[0]
@@ -214,6 +229,8 @@ async def enqueue(
 
 async def _insert_one_async(conn: psycopg.AsyncConnection[Any], p: _Prepared) -> int | None:
     with translate_errors("enqueue"):
+        if p.dedupe_window_s is not None:
+            return await insert_windowed_async(conn, p)
         cur = await conn.execute(insert_one_sql(p), insert_one_params(p))
         row = await cur.fetchone()
     return row[0] if row else None
@@ -223,7 +240,7 @@ async def enqueue_many(
     target: AsyncTarget, specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 ) -> int:
     """Enqueue many jobs in one transaction through COPY; returns how many were inserted
-    (fewer than given only when dedupe keys matched live jobs)."""
+    (fewer than given only when dedupe keys matched live jobs, or held windows)."""
     specs, staged = _materialize(specs)
     if not specs:
         return 0
@@ -267,7 +284,11 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
                     await copy.write(chunk)
             inserted = tally.rows
             if staged:
+                if tally.windowed:
+                    await refuse_staged_async(cur)
                 inserted = await published_async(cur, tally)
+                if tally.windowed:
+                    await open_staged_async(cur)
                 await cur.execute(query("jobs_stage_clear"))
             for queue in sorted(tally.queues):
                 await cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})
@@ -298,6 +319,8 @@ def enqueue_sync(
 
 def _insert_one_sync(conn: psycopg.Connection[Any], p: _Prepared) -> int | None:
     with translate_errors("enqueue"):
+        if p.dedupe_window_s is not None:
+            return insert_windowed_sync(conn, p)
         row = conn.execute(insert_one_sql(p), insert_one_params(p)).fetchone()
     return row[0] if row else None
 
@@ -337,7 +360,11 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
                     copy.write(chunk)
             inserted = tally.rows
             if staged:
+                if tally.windowed:
+                    refuse_staged_sync(cur)
                 inserted = published_sync(cur, tally)
+                if tally.windowed:
+                    open_staged_sync(cur)
                 cur.execute(query("jobs_stage_clear"))
             for queue in sorted(tally.queues):
                 cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})

@@ -28,6 +28,9 @@ MAX_ATTEMPTS: Final = 1_000_000
 # An ordering key is an index key (two indexes of migration 0008): bounded well inside a btree entry.
 MAX_ORDERING_KEY_CHARS: Final = 500
 MIN_PAYLOAD_BYTES: Final = 2  # "{}"
+# Longest uniqueness window: a year and a day. Its window rows are kept that long after the job
+# finished; a longer one is more likely a unit mistake than a schedule.
+MAX_DEDUPE_WINDOW_S: Final = 366 * 86_400
 
 
 def check_integer(option: str, value: Any, lo: int, hi: int) -> None:
@@ -93,6 +96,19 @@ def check_keys(bucket: Any, partition_key: Any, dedupe_key: Any, ordering_key: A
         raise EnqueueError(f"dedupe_key must be a string, got {type(dedupe_key).__name__}", "dedupe_key")
     if ordering_key is not None:
         check_ordering_key(ordering_key)
+
+
+def check_dedupe_window(window_s: Any, dedupe_key: Any) -> None:
+    """None, or a finite number of seconds in (0, MAX_DEDUPE_WINDOW_S] beside a dedupe_key: a
+    window is kept per (queue, dedupe_key)."""
+    if window_s is None:
+        return
+    if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not 0 < window_s <= MAX_DEDUPE_WINDOW_S:
+        raise EnqueueError(f"dedupe_window_s must be a number of seconds > 0 and at most {MAX_DEDUPE_WINDOW_S} "
+                           f"(366 days), got {window_s!r}", "dedupe_window_s")
+    if dedupe_key is None:
+        raise EnqueueError("dedupe_window_s needs a dedupe_key: a window is kept per (queue, dedupe_key)",
+                           "dedupe_window_s")
 
 
 def check_ordering_key(key: Any, option: str = "ordering_key") -> None:

@@ -32,6 +32,7 @@ class CopyTally:
     rows: int = 0
     queues: set[str] = field(default_factory=set)
     keyed: bool = False  # a staged row has an ordering key: publish through jobs_stage_publish_keyed
+    windowed: bool = False  # a staged row has a dedupe window: publish between sql/dedupe.sql's steps
 
 
 def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
@@ -40,7 +41,7 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
 
     run_at is the database's now() (read in the same transaction) plus the job's delay, so the
     database clock still rules. Names were validated against a pattern with no escapes needed.
-    The staging table (`staged`) also takes each row's ordering key.
+    The staging table (`staged`) also takes each row's ordering key and dedupe window.
     """
     now_text = db_now.isoformat().encode()
     names: dict[tuple[str, str], bytes] = {}
@@ -59,6 +60,11 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
         if staged:
             dedupe += b"\t\\N" if p.ordering_key is None else b"\t" + copy_text(p.ordering_key)
             tally.keyed = tally.keyed or p.ordering_key is not None
+            if p.dedupe_window_s is None:
+                dedupe += b"\t\\N"
+            else:
+                dedupe += b"\t%r" % p.dedupe_window_s
+                tally.windowed = True
         attempts = b"\\N" if p.max_attempts is None else b"%d" % p.max_attempts  # \N: the handler's
         lines.append(b"%s%s\t%d\t%d\t%s\t%s\t%s\n" % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe))
         if len(lines) >= COPY_CHUNK_ROWS:

@@ -164,6 +164,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     dsn = _require_dsn(config)
     if args.count < 1:
         raise ConfigError("--count", f"must be >= 1, got {args.count}")
+    if args.count > 1 and args.dedupe_window_s is not None:
+        raise ConfigError("--dedupe-window-s", "copies of one job (--count) cannot each hold a dedupe key")
     try:
         payload = orjson.loads(args.payload) if args.payload else None
     except orjson.JSONDecodeError as exc:
@@ -179,8 +181,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
                 if args.count == 1:
                     job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
-                                          partition_key=args.partition_key, ordering_key=args.ordering_key,
-                                          **options)
+                                          dedupe_window_s=args.dedupe_window_s, partition_key=args.partition_key,
+                                          ordering_key=args.ordering_key, **options)
                 else:
                     keys = None if args.ordering_key is None else [args.ordering_key] * args.count
                     n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, ordering_keys=keys,
@@ -189,7 +191,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
                     refresh_statistics_sync(conn, n)
         print(f"enqueued {n} jobs" if args.count > 1 else f"enqueued job {job_id}" if job_id is not None
-              else "duplicate: a live job has that dedupe key")
+              else "duplicate: a live job has that dedupe key" if args.dedupe_window_s is None
+              else "duplicate: a job with that dedupe key is live or finished within its window")
     except PayloadError as exc:
         raise ConfigError("--payload", str(exc)) from None
     except EnqueueError as exc:
@@ -262,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attempts before the job fails for good (default: its handler's max_attempts, else 20)")
     p.add_argument("--dedupe-key", default=None,
                    help="a key no other live job may have: a duplicate is not enqueued (default: none)")
+    p.add_argument("--dedupe-window-s", type=float, default=None,
+                   help="with --dedupe-key: the key also stays held this many seconds after the job finished "
+                        "(default: only while it is live)")
     p.add_argument("--partition-key", default=None,
                    help="jobs with the same key get the same bucket (default: none, a random bucket)")
     p.add_argument("--ordering-key", default=None,

@@ -31,6 +31,7 @@ class NewJob(Protocol):
     delay_s: float
     dedupe_key: str | None
     ordering_key: str | None
+    dedupe_window_s: float | None  # a uniqueness window (dispatcher/api/enqueue_windows.py)
 
 
 @dataclass(frozen=True, slots=True)

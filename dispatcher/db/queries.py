@@ -3,7 +3,8 @@ ordering, maintenance, admin, enqueue, observe, migrate), on the coordinator's l
 
 Fragments shared by several statements are filled in here (_FRAGMENTS; a fragment may hold others):
 the CTEs that promote the next job of each ordering key a statement released, or claim it for the
-completing worker (sql/ordering.sql)."""
+completing worker (sql/ordering.sql); the uniqueness windows' end and the check of a dedupe key
+(sql/dedupe.sql)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from functools import cache
 from coordinator.pg.sqlfile import load_all
 
 _FRAGMENTS = {"{promote_next}": "ordering_promote_next", "{chain_next}": "ordering_chain_next",
-              "{next_jobs}": "ordering_next_jobs", "{queue_jobs}": "ordering_queue_jobs"}
+              "{next_jobs}": "ordering_next_jobs", "{queue_jobs}": "ordering_queue_jobs",
+              "{key_held}": "dedupe_key_held", "{window_until}": "dedupe_window_until",
+              "{close_windows}": "dedupe_windows_close", "{close_batch_windows}": "dedupe_windows_close_batch"}
 
 
 @cache

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from functools import cache
 from typing import Any, TypeVar
 
 import orjson
@@ -20,8 +19,9 @@ from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
-from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
+from dispatcher.constants import COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
 from dispatcher.db.claims import allowance, claim_params, claim_sql, claimed_rows, next_token_s, steal_sql
+from dispatcher.db.completions import completion_statements
 from dispatcher.db.listener import format_payload
 from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.port import JobState, NewJob
@@ -73,7 +73,8 @@ def insert_one_params(job: NewJob) -> dict[str, Any]:
         "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=_raw_json),
         "priority": job.priority, "bucket": job.bucket, "max_attempts": job.max_attempts,
         "run_at": job.run_at, "delay_s": job.delay_s, "dedupe_key": job.dedupe_key,
-        "ordering_key": job.ordering_key, "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
+        "ordering_key": job.ordering_key, "dedupe_window_s": getattr(job, "dedupe_window_s", None),
+        "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
     }
 
 
@@ -82,7 +83,6 @@ def insert_one_sql(job: NewJob) -> str:
     return query("jobs_insert_one" if job.ordering_key is None else "jobs_insert_one_keyed")
 
 
-@cache
 class JobStore:
     """One connection's worth of job statements. Tasks that share a store (the maintenance
     services) take turns: one statement, or one transaction of a few (a prune round), at a time,
@@ -105,11 +105,8 @@ class JobStore:
         self._claim_sql_cache: dict[tuple[Any, ...], str] = {}
         # DISPATCHER_COMPLETED_JOBS, chosen once: the completion's hot path reads one attribute.
         self.completed_jobs = completed_jobs
-        complete = query("jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned")
-        # A batch with keyed jobs runs the same completion inside the statement that also promotes
-        # each key's next job (sql/ordering.sql); one without pays nothing for ordering keys.
-        keyed = query("jobs_complete_owned_keyed").replace("{completion}", complete)
-        self._complete_sql = {False: query("jobs_complete_owned_fenced").replace("{completion}", complete), True: keyed}
+        # The keyless and the keyed completion statement (completions.py).
+        self._complete_sql = completion_statements(completed_jobs)
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
@@ -365,7 +362,9 @@ class JobStore:
 
     async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
         """One jobs_insert_one each (applications enqueue with dispatcher.enqueue, in their own
-        transaction)."""
+        transaction). Not with a dedupe window: dispatcher.enqueue takes its key's lock first."""
+        if any(getattr(job, "dedupe_window_s", None) is not None for job in jobs):
+            raise ValueError("jobs_enqueue takes no dedupe_window_s: enqueue with dispatcher.enqueue")
         ids: list[int | None] = []
         for job in jobs:
             cur = await self._execute("enqueue", insert_one_sql(job), insert_one_params(job))

@@ -3,7 +3,8 @@
 
 One transaction: a try-lock (pg_try_advisory_xact_lock, so it works through PgBouncer), DELETEs
 of at most prune_batch rows of each kind (completed; failed, discarded, cancelled; history), oldest
-first through the migration-0007 indexes, then the lag. Live jobs are never touched.
+first through the migration-0007 indexes, then uniqueness windows that ended (sql/dedupe.sql), in
+pages of prune_batch, then the lag. Live jobs are never touched.
 Under DISPATCHER_COMPLETED_JOBS=delete the completion itself deletes a completed job's row: the
 completed kind's DELETE then finds nothing (one index descent) once the rows completed before that
 was set are gone, and its lag reads 0; it is kept so that those rows still go.
@@ -51,13 +52,20 @@ async def prune_round(store: JobStore, retentions_s: Mapping[str, float], limit:
             while pending and statements < max_statements:
                 for kind in list(pending):
                     params = {"retention_s": retentions_s[kind], "limit": limit}
-                    n = (await conn.execute(query(PRUNE_QUERIES[kind]), params)).rowcount
+                    cur = await conn.execute(query(PRUNE_QUERIES[kind]), params)
+                    # The job kinds return their count (a CTE closes windows), history its rowcount.
+                    n = int((await cur.fetchone())[0]) if cur.description else cur.rowcount  # type: ignore[index]
                     deleted[kind] += n
                     statements += 1
                     if n < limit:
                         pending.remove(kind)
                     if statements >= max_statements:
                         break
+            while statements < max_statements:  # windows: pages until one comes back short
+                cur = await conn.execute(query("dedupe_windows_prune"), {"limit": limit})
+                statements += 1
+                if (await cur.fetchone())[0] < limit:  # type: ignore[index]
+                    break
             ages = await (await conn.execute(query("janitor_ages"))).fetchone()
         return PruneRound(deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True)))
 

@@ -3,7 +3,7 @@
 It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that a test can
 observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that token,
 a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live jobs of a
-queue, and ordering keys: one holder per key, its later jobs waiting, the next promoted when the
+queue (and held for `dedupe_window_s` after a job finished, testing/windows.py), and ordering keys: one holder per key, its later jobs waiting, the next promoted when the
 holder ends (or never, while a failure halts the key, until `retry` or `cancel` of the failed job).
 Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and the real
 store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
@@ -34,6 +34,7 @@ from dispatcher.model import (
     Job,
 )
 from dispatcher.testing.clock import FakeClock
+from dispatcher.testing.windows import DedupeWindows
 
 _LIVE = (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING)
 _HOLDING = (STATUS_QUEUED, STATUS_RUNNING)  # with ordering_halted: a key's holder (migration 0008)
@@ -59,6 +60,7 @@ class MemoryStore(InProcessStore):
         self._tokens: dict[int, str] = {}
         self._next_id = 1
         self._lock = threading.RLock()
+        self._windows = DedupeWindows()
 
     # -- enqueue -------------------------------------------------------------------------------
 
@@ -68,7 +70,9 @@ class MemoryStore(InProcessStore):
             ids: list[int | None] = [None] * len(jobs)
             for n in self._insert_order(jobs):
                 job = jobs[n]
-                if self._dedupe_held(job):
+                window_s = getattr(job, "dedupe_window_s", None)
+                if self._dedupe_held(job) or (window_s is not None and self._windows.held(
+                        job.queue, job.dedupe_key, self._rows, now)):  # type: ignore[arg-type]
                     continue
                 run_at = (job.run_at or now) + timedelta(seconds=job.delay_s)
                 key = getattr(job, "ordering_key", None)
@@ -83,6 +87,8 @@ class MemoryStore(InProcessStore):
                 self._rows[row.id] = row
                 self._next_id += 1
                 ids[n] = row.id
+                if window_s is not None:
+                    self._windows.open(job.queue, job.dedupe_key, row.id, window_s, now)  # type: ignore[arg-type]
             return ids
 
     def _dedupe_held(self, job: NewJob) -> bool:
@@ -198,6 +204,7 @@ class MemoryStore(InProcessStore):
                 if delete:  # jobs_complete_owned_delete: the row goes, in the same fenced write
                     del self._rows[job_id]
                     self._tokens.pop(job_id, None)
+                    self._windows.deleted(row, now)  # jobs_complete_owned_delete_fenced
                 else:
                     self._write(row, status=STATUS_COMPLETED, completed_at=now, lease_expires_at=None, updated_at=now)
                 self._release(row)
@@ -358,6 +365,7 @@ class MemoryStore(InProcessStore):
         """Forget every job (ids go on counting)."""
         with self._lock:
             self._rows.clear()
+            self._windows = DedupeWindows()
 
 
 def _copy(row: JobState) -> JobState:

@@ -44,6 +44,10 @@ class Harness:
         """Time passes until just after the job's lease ends (nobody extended it)."""
         raise NotImplementedError
 
+    async def pass_time(self, seconds: float) -> None:
+        """`seconds` pass for what has ended: finished jobs and their uniqueness windows."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         pass
 
@@ -83,6 +87,13 @@ class PostgresHarness(Harness):
         await self._sql("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 ms' WHERE id = %s",
                         (job_id,))
 
+    async def pass_time(self, seconds: float) -> None:
+        shift = {"s": seconds}
+        await self._sql("UPDATE dispatcher_jobs SET updated_at = updated_at - %(s)s * interval '1 second', "
+                        "created_at = created_at - %(s)s * interval '1 second'", shift)
+        await self._sql("UPDATE dispatcher_dedupe_windows SET enqueued_at = enqueued_at - %(s)s * interval '1 second', "
+                        "finished_at = finished_at - %(s)s * interval '1 second'", shift)
+
     async def close(self) -> None:
         for store in [self.store, *self._others]:
             await store.close()  # type: ignore[attr-defined]
@@ -114,6 +125,9 @@ class MemoryHarness(Harness):
         assert job is not None and job.lease_expires_at is not None
         self.memory.clock.advance_to(job.lease_expires_at)
         self.memory.clock.advance(0.001)
+
+    async def pass_time(self, seconds: float) -> None:
+        self.memory.clock.advance(seconds)
 
 
 async def open_harness(kind: str, dsn: str | None, completed_jobs: str = COMPLETED_KEEP) -> Harness:

@@ -6,6 +6,8 @@ import pytest
 
 from bench.statements import Usage, minus, name_of, per_job
 from coordinator.pg.sqlfile import load_all
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
+from dispatcher.db.completions import completion_statements
 from dispatcher.db.queries import query
 from dispatcher.db.store import claim_sql, steal_sql
 
@@ -41,8 +43,9 @@ def test_the_statements_built_from_fragments_are_named_as_the_store_sends_them()
     """Fragments ({promote_next}, {chain_next}) filled in by query(), the keyed completion around
     either completion the store runs (DISPATCHER_COMPLETED_JOBS)."""
     sent = {name: query(name) for name in ("jobs_fail_owned", "jobs_release_owned", "ordering_promote_scan")}
-    for completion in ("jobs_complete_owned", "jobs_complete_owned_delete"):
-        sent[f"{completion}_keyed"] = query("jobs_complete_owned_keyed").replace("{completion}", query(completion))
+    for completed, completion in ((COMPLETED_KEEP, "jobs_complete_owned"), (COMPLETED_DELETE, "jobs_complete_owned_delete")):
+        sent[completion] = completion_statements(completed)[False]
+        sent[f"{completion}_keyed"] = completion_statements(completed)[True]
     assert {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in sent.items()} == \
         {name: name for name in sent}
 
@@ -53,3 +56,16 @@ def test_per_job_figures_are_deltas_over_the_run():
     rows = per_job(minus(after, before), jobs=2000)
     assert [tuple(r.values())[:4] for r in rows] == [("claim (partitioned)", 10.0, 10.0, 1.0),
                                                  ("jobs_complete_owned", 2.0, 4.0, 2.0)]
+
+
+def test_the_completions_a_worker_sends_under_delete_are_named_by_their_role():
+    """DISPATCHER_COMPLETED_JOBS=delete: both completions close uniqueness windows (sql/dedupe.sql);
+    the statements recorded keep the names of the completions they are."""
+    from dispatcher.constants import COMPLETED_DELETE
+    from dispatcher.db.store import JobStore
+
+    store = JobStore("postgresql://unused", "w", completed_jobs=COMPLETED_DELETE)  # connects on first use only
+    sent = {"jobs_complete_owned_delete": store._complete_sql[False],
+            "jobs_complete_owned_delete_keyed": store._complete_sql[True]}
+    assert {name: name_of(as_pg_stat_statements_shows_it(text)) for name, text in sent.items()} == \
+        {name: name for name in sent}

@@ -7,8 +7,11 @@ import enum
 
 import pytest
 
+from dispatcher import JobSpec, enqueue_many_sync, enqueue_sync
 from dispatcher.api.enqueue_checks import (
+    MAX_DEDUPE_WINDOW_S,
     MAX_DELAY_S,
+    check_dedupe_window,
     check_keys,
     check_names,
     check_options,
@@ -17,6 +20,7 @@ from dispatcher.api.enqueue_checks import (
     serialize_payload,
 )
 from dispatcher.errors import EnqueueError, PayloadError
+from dispatcher.testing import MemoryStore
 
 NAN, INF = float("nan"), float("inf")
 
@@ -127,3 +131,33 @@ def test_a_bad_ordering_key_is_refused_before_anything_is_sent(key):
     with pytest.raises(EnqueueError, match="ordering_key") as err:
         check_ordering_key(key)
     assert err.value.option == "ordering_key"
+
+
+@pytest.mark.parametrize("window_s, dedupe_key, says", [
+    (60.0, None, "needs a dedupe_key"), (0, "k", "> 0"), (-1.0, "k", "> 0"), (float("nan"), "k", "> 0"),
+    (float("inf"), "k", "> 0"), (True, "k", "> 0"), ("60", "k", "> 0"), (MAX_DEDUPE_WINDOW_S + 1, "k", "at most"),
+])
+def test_a_bad_dedupe_window_names_the_option(window_s, dedupe_key, says):
+    with pytest.raises(EnqueueError, match=says) as caught:
+        check_dedupe_window(window_s, dedupe_key)
+    assert caught.value.option == "dedupe_window_s"
+
+
+@pytest.mark.parametrize("window_s", [None, 0.001, 1, 3600.0, MAX_DEDUPE_WINDOW_S])
+def test_a_good_dedupe_window_passes(window_s):
+    check_dedupe_window(window_s, "k")
+
+
+def test_a_bad_dedupe_window_is_refused_before_anything_is_sent():
+    class Unreachable:  # a connection that fails the test if enqueue sends anything
+        def __getattr__(self, name):
+            raise AssertionError(f"enqueue used the connection ({name}) for a bad window")
+
+    with pytest.raises(EnqueueError) as caught:
+        enqueue_sync(Unreachable(), "send", dedupe_key="k", dedupe_window_s=-5)  # type: ignore[arg-type]
+    assert caught.value.option == "dedupe_window_s"
+    store = MemoryStore()  # bulk: the batch is judged whole before its first row is stored
+    with pytest.raises(EnqueueError) as caught:
+        enqueue_many_sync(store, [JobSpec("send", dedupe_key="k", dedupe_window_s=1), JobSpec("send", dedupe_window_s=1)])
+    assert caught.value.option == "dedupe_window_s" and "job #1" in str(caught.value)
+    assert store.jobs() == []

@@ -144,13 +144,17 @@ SELECT t.id, j.status, coalesce({filters}, false), NULL, false, j.ordering_halte
 -- Delete finished jobs (completed, failed, discarded, cancelled) among %(ids)s that still match
 -- the filters; live ones are never touched (re-checked on the row deleted). Their attempt
 -- history stays until history_retention_s. A purged job that halted its key lets the key go on
--- (admin.py promotes its next job, as for a cancel). Same shape as admin_jobs_retry.
+-- (admin.py promotes its next job, as for a cancel). Same shape as admin_jobs_retry. A purged job
+-- with a uniqueness window leaves its finish time in it ({close_windows}, sql/dedupe.sql).
 WITH changed AS (
     DELETE FROM dispatcher_jobs AS j
      WHERE j.id = ANY(%(ids)s::bigint[])
        AND CASE WHEN j.status IN ('completed', 'failed', 'discarded', 'cancelled') THEN {filters} ELSE false END
-    RETURNING j.id, j.queue_name, CASE WHEN j.ordering_halted THEN j.ordering_key END AS ordering_key
-)
+    RETURNING j.id, j.queue_name, CASE WHEN j.ordering_halted THEN j.ordering_key END AS ordering_key,
+              j.dedupe_key, j.dedupe_window_s, j.updated_at AS finished_at
+),
+gone AS (SELECT id, queue_name, dedupe_key, dedupe_window_s, finished_at FROM changed),
+{close_windows}
 SELECT id, NULL, NULL, 'purged', NULL, NULL, queue_name, ordering_key FROM changed
 UNION ALL
 SELECT t.id, j.status, coalesce({filters}, false), NULL, false, j.ordering_halted, NULL, NULL

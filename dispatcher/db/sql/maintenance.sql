@@ -29,30 +29,42 @@ SELECT pg_try_advisory_xact_lock(7022450132)
 -- writes a finished row after that). 1,000 of 250k completed rows: 1.7 ms, 2,000 buffers; the
 -- query it replaces scanned the whole table (70 ms at 500k rows) every minute, even with
 -- nothing to delete. SKIP LOCKED: a row an operator is retrying right now is left for later.
-DELETE FROM dispatcher_jobs
- WHERE id = ANY(ARRAY(
-           SELECT id
-             FROM dispatcher_jobs
-            WHERE status = 'completed' AND updated_at < now() - %(retention_s)s * interval '1 second'
-            ORDER BY updated_at
-            LIMIT %(limit)s
-              FOR UPDATE SKIP LOCKED))
+-- A deleted job with a uniqueness window leaves its finish time in it ({close_windows}, sql/dedupe.sql).
+-- Returns how many were deleted.
+WITH gone AS (
+    DELETE FROM dispatcher_jobs
+     WHERE id = ANY(ARRAY(
+               SELECT id
+                 FROM dispatcher_jobs
+                WHERE status = 'completed' AND updated_at < now() - %(retention_s)s * interval '1 second'
+                ORDER BY updated_at
+                LIMIT %(limit)s
+                  FOR UPDATE SKIP LOCKED))
+    RETURNING id, queue_name, dedupe_key, dedupe_window_s, updated_at AS finished_at
+),
+{close_windows}
+SELECT count(*) FROM gone
 
 -- name: jobs_prune_unsuccessful
 -- The same for jobs that ended failed, discarded or cancelled, through
 -- dispatcher_jobs_unsuccessful_idx (1,000 rows: 1.9 ms at 500k rows). A job that halts its
 -- ordering key is never deleted: it holds the key's later jobs until an operator retries,
 -- cancels or purges it (`dispatcher jobs list --halted`), and with it gone they would run.
-DELETE FROM dispatcher_jobs
- WHERE id = ANY(ARRAY(
-           SELECT id
-             FROM dispatcher_jobs
-            WHERE status IN ('failed', 'discarded', 'cancelled')
-              AND updated_at < now() - %(retention_s)s * interval '1 second'
-              AND NOT ordering_halted
-            ORDER BY updated_at
-            LIMIT %(limit)s
-              FOR UPDATE SKIP LOCKED))
+WITH gone AS (
+    DELETE FROM dispatcher_jobs
+     WHERE id = ANY(ARRAY(
+               SELECT id
+                 FROM dispatcher_jobs
+                WHERE status IN ('failed', 'discarded', 'cancelled')
+                  AND updated_at < now() - %(retention_s)s * interval '1 second'
+                  AND NOT ordering_halted
+                ORDER BY updated_at
+                LIMIT %(limit)s
+                  FOR UPDATE SKIP LOCKED))
+    RETURNING id, queue_name, dedupe_key, dedupe_window_s, updated_at AS finished_at
+),
+{close_windows}
+SELECT count(*) FROM gone
 
 -- name: history_prune
 -- Delete up to %(limit)s history rows older than %(retention_s)s, oldest first, through

@@ -61,10 +61,10 @@ to_queue AS (SELECT id FROM nexts),
 -- in statement order, so a key's waiting jobs are in enqueue order.
 WITH head AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key)
+                                 ordering_key, dedupe_window_s)
     SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-           %(ordering_key)s
+           %(ordering_key)s, %(dedupe_window_s)s
      WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
                         WHERE w.queue_name = %(queue)s AND w.ordering_key = %(ordering_key)s AND w.status = 'waiting')
     ON CONFLICT DO NOTHING
@@ -72,10 +72,10 @@ WITH head AS (
 ),
 behind AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key, status)
+                                 ordering_key, dedupe_window_s, status)
     SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-           %(ordering_key)s, 'waiting'
+           %(ordering_key)s, %(dedupe_window_s)s, 'waiting'
      WHERE NOT EXISTS (SELECT 1 FROM head)
     ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
     DO NOTHING
@@ -110,8 +110,9 @@ WITH firsts AS MATERIALIZED (
 ),
 heads AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key)
-    SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key, ordering_key
+                                 ordering_key, dedupe_window_s)
+    SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key, ordering_key,
+           dedupe_window_s
       FROM firsts
      ORDER BY n
     ON CONFLICT DO NOTHING
@@ -119,9 +120,9 @@ heads AS (
 ),
 rest AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key, status)
+                                 ordering_key, dedupe_window_s, status)
     SELECT s.queue_name, s.job_type, s.payload, s.priority, s.bucket, s.max_attempts, s.run_at, s.dedupe_key,
-           s.ordering_key, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
+           s.ordering_key, s.dedupe_window_s, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
       FROM dispatcher_jobs_stage AS s
      WHERE s.ordering_key IS NULL
         OR s.n NOT IN (SELECT f.n FROM firsts AS f JOIN heads AS h USING (queue_name, ordering_key))

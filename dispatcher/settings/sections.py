@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED
+from dispatcher.settings.defaults import DEFAULT_STUCK_EXIT_AFTER_S, DEFAULT_STUCK_GRACE_S
 
 # Section names, in the order the configuration reference lists them.
 DATABASE = "database"
@@ -99,6 +100,10 @@ class ExecutionSettings:
     sync_threads: int
     retry_base_s: float
     retry_cap_s: float
+    # A handler still running this long after its timeout fired is stuck (runtime/stuck.py) ...
+    stuck_grace_s: float = DEFAULT_STUCK_GRACE_S
+    # ... and the worker exits once one is stuck this long; 0: only when stuck ones hold over half the slots.
+    stuck_exit_after_s: float = DEFAULT_STUCK_EXIT_AFTER_S
 
 
 @dataclass(frozen=True, slots=True)

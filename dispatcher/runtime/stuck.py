@@ -2,8 +2,8 @@
 
 A job is stuck once its handler still runs `stuck_grace_s` after its timeout fired (an async one
 that swallows its cancellation, a sync one whose thread never returns). It is logged once, counted,
-and keeps its slot and its lease. Once stuck jobs hold over half the slots, or one has been stuck
-`stuck_exit_after_s`, the worker gives up: it stops claiming and exits, and the handlers die with
+and keeps its slot and its lease. Once stuck jobs hold over half the slots (or of the sync
+threads), or one has been stuck `stuck_exit_after_s`, the worker gives up: it stops claiming and exits, and the handlers die with
 the process (docs/operations/running-workers.md#stuck-handlers).
 """
 
@@ -39,13 +39,18 @@ def stuck_jobs(held: Iterable[Running], now: float, grace_s: float) -> list[Stuc
             if r.timeout_at is not None and now >= r.timeout_at + grace_s]
 
 
-def give_up_reason(stuck: list[StuckJob], now: float, concurrency: int, exit_after_s: float) -> str | None:
+def give_up_reason(stuck: list[StuckJob], now: float, concurrency: int, exit_after_s: float,
+                   sync_threads: int) -> str | None:
     """Why the worker must exit now because of `stuck`, or None: stuck jobs hold over half of its
-    `concurrency` slots, or one has been stuck `exit_after_s` (0: that rule is off)."""
+    `concurrency` slots, or over half of its `sync_threads` (sync jobs would wait behind them,
+    claimed and unstarted), or one has been stuck `exit_after_s` (0: that rule is off)."""
     if not stuck:
         return None
     if 2 * len(stuck) > concurrency:
         return f"stuck handlers hold {len(stuck)} of its {concurrency} slots (over half)"
+    threads = sum(s.sync for s in stuck)
+    if 2 * threads > sync_threads:
+        return f"stuck handlers hold {threads} of its {sync_threads} sync threads (over half)"
     oldest = min(stuck, key=lambda s: s.stuck_since)
     if exit_after_s > 0 and now - oldest.stuck_since >= exit_after_s:
         return (f"job {oldest.job.id} ({oldest.job.job_type}) has been stuck for {now - oldest.stuck_since:.0f} s "
@@ -65,6 +70,7 @@ class StuckWatch:
         self._grace_s = execution.stuck_grace_s
         self._exit_after_s = execution.stuck_exit_after_s
         self._concurrency = concurrency
+        self._sync_threads = execution.sync_threads
         self._on_give_up = on_give_up
         self._clock = clock  # the executor's: timeout_at is on it
         self._logged: set[int] = set()  # stuck jobs already logged (each once, while it stays stuck)
@@ -87,7 +93,7 @@ class StuckWatch:
                           extra={"job_id": s.job.id, "job_type": s.job.job_type, "stuck_jobs": len(stuck)})
         self._logged = ids
         metrics.STUCK_JOBS.set(len(stuck))
-        reason = give_up_reason(stuck, now, self._concurrency, self._exit_after_s)
+        reason = give_up_reason(stuck, now, self._concurrency, self._exit_after_s, self._sync_threads)
         if reason is not None and self.gave_up is None:
             self.gave_up = reason
             self._on_give_up(reason)

@@ -149,7 +149,7 @@ class Config:
     stuck_exit_after_s: float = setting(
         DEFAULT_STUCK_EXIT_AFTER_S, section="execution", parse=float, unit="seconds",
         help="the worker stops claiming and exits (code 3) once a handler was stuck this many seconds, or stuck "
-             "ones hold over half its slots; 0: only the latter")
+             "ones hold over half its slots or sync threads; 0: only the latter")
     history: bool = setting(
         False, section="completion", parse=_parse_bool, help="true: one row per attempt in dispatcher_job_attempts")
     coordinator: str = setting(

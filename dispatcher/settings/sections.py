@@ -102,7 +102,8 @@ class ExecutionSettings:
     retry_cap_s: float
     # A handler still running this long after its timeout fired is stuck (runtime/stuck.py) ...
     stuck_grace_s: float = DEFAULT_STUCK_GRACE_S
-    # ... and the worker exits once one is stuck this long; 0: only when stuck ones hold over half the slots.
+    # ... and the worker exits once one is stuck this long (0: never for that), or stuck ones hold over
+    # half the slots or sync threads.
     stuck_exit_after_s: float = DEFAULT_STUCK_EXIT_AFTER_S
 
 

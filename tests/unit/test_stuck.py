@@ -59,7 +59,7 @@ def stuck(*since: float) -> list[StuckJob]:
     ((100.0, 100.0, 100.0), 4, True),
 ])
 def test_the_worker_gives_up_when_stuck_handlers_hold_over_half_its_slots(stuck_since, concurrency, gives_up):
-    reason = give_up_reason(stuck(*stuck_since), 100.0, concurrency, exit_after_s=0)
+    reason = give_up_reason(stuck(*stuck_since), 100.0, concurrency, exit_after_s=0, sync_threads=8)
     assert (reason is not None) == gives_up
     if gives_up:
         assert f"{len(stuck_since)} of its {concurrency} slots" in reason
@@ -67,10 +67,19 @@ def test_the_worker_gives_up_when_stuck_handlers_hold_over_half_its_slots(stuck_
 
 def test_the_worker_gives_up_once_one_handler_was_stuck_exit_after_s_and_0_turns_that_rule_off():
     jobs = stuck(100.0, 150.0)
-    assert give_up_reason(jobs, 399.9, 100, exit_after_s=300) is None
-    reason = give_up_reason(jobs, 400.0, 100, exit_after_s=300)
+    assert give_up_reason(jobs, 399.9, 100, exit_after_s=300, sync_threads=8) is None
+    reason = give_up_reason(jobs, 400.0, 100, exit_after_s=300, sync_threads=8)
     assert reason is not None and "job 1 (t) has been stuck for 300 s" in reason
-    assert give_up_reason(jobs, 1e9, 100, exit_after_s=0) is None
+    assert give_up_reason(jobs, 1e9, 100, exit_after_s=0, sync_threads=8) is None
+
+
+def test_the_worker_gives_up_when_stuck_sync_handlers_hold_over_half_its_threads():
+    """Sync jobs would wait behind them, claimed and unstarted, however many slots are free."""
+    threads = [StuckJob(job(i), 100.0, sync=True) for i in range(1, 5)]
+    async_ones = [StuckJob(job(i), 100.0, sync=False) for i in range(5, 10)]
+    assert give_up_reason(threads[:4] + async_ones, 100.0, 100, 0, sync_threads=8) is None  # half
+    reason = give_up_reason(threads[:3], 100.0, 100, 0, sync_threads=4)
+    assert reason is not None and "3 of its 4 sync threads" in reason
 
 
 def test_the_watch_logs_each_stuck_job_once_keeps_the_gauge_and_gives_up_once(caplog):

@@ -348,9 +348,9 @@ class Executor:
             self._finish_slot()
         return unstarted
 
-    async def drain(self, deadline: float) -> None:
-        """Let running jobs finish until the clock reaches `deadline`."""
-        while self.in_flight > 0 and self._clock() < deadline:
+    async def drain(self, deadline: float, stuck: Callable[[], int] = lambda: 0) -> None:
+        """Let running jobs finish until the clock reaches `deadline`, or only `stuck()` are left (stuck.py)."""
+        while self.in_flight > stuck() and self._clock() < deadline:
             self.slot_freed.clear()
             try:
                 await asyncio.wait_for(self.slot_freed.wait(), timeout=max(0.0, deadline - self._clock()))

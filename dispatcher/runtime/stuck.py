@@ -99,6 +99,10 @@ class StuckWatch:
             self._on_give_up(reason)
         return stuck
 
+    def count_now(self) -> int:
+        """How many jobs are stuck now (nothing logged or decided): what a shutdown need not wait for."""
+        return len(stuck_jobs(self._held(), self._clock(), self._grace_s))
+
     async def run(self) -> None:
         try:
             while True:

@@ -256,8 +256,8 @@ class Worker:
         leaving = asyncio.create_task(_stop_all(self._distinct_assignments), name="leave")
         # 2. Claimed but never started: back to the queue at once, the attempt not counted.
         await self._release_unstarted(grace_ends)
-        # 3. Running jobs get the rest of the grace period, then are interrupted.
-        await self.executor.drain(grace_ends)
+        # 3. Running jobs get the rest of the grace (stuck ones are not waited for), then are interrupted.
+        await self.executor.drain(grace_ends, self.stuck_watch.count_now)
         self.abandoned = await self.executor.interrupt(INTERRUPT_WAIT_S)
         # 4. Every outcome we can write before the deadline reaches the database; then close.
         for task in background:

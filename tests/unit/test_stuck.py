@@ -146,6 +146,9 @@ def test_a_stuck_handler_keeps_its_slot_async_swallowing_cancellation_or_sync_ne
             assert [(s.job.id, s.sync) for s in found] == [(1, False), (2, True)]
             assert executor.in_flight == 2, "a stuck handler's slot is never counted as free"
             assert len(reasons) == 1 and "2 of its 3 slots" in reasons[0]
+            # A shutdown's drain does not wait for them (it would wait out the whole grace).
+            await asyncio.wait_for(executor.drain(clock() + 3600, watch.count_now), 5)
+            assert executor.in_flight == 2
         finally:
             release.set()  # before the loop ends: it would wait for the deaf handler for ever
             await wait_until_async(lambda: executor.in_flight == 0, 5, "both ended once released")

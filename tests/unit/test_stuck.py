@@ -177,3 +177,16 @@ def test_the_stuck_settings_reach_the_execution_section_and_must_not_be_negative
         with pytest.raises(ConfigError) as info:
             Config(**{name: -1})
         assert info.value.setting == name
+
+
+def test_giving_up_arms_the_exit_deadline_with_the_stuck_code_once(monkeypatch):
+    from dispatcher.serve import lifecycle
+
+    exits: list[tuple[str, int]] = []
+    monkeypatch.setattr(lifecycle, "hard_exit", lambda reason, code: exits.append((reason, code)))
+    signals = lifecycle.ShutdownSignals(None, lambda: None, bound_s=0.01, announce=print)  # type: ignore[arg-type]
+    signals.arm(lifecycle.EXIT_STUCK)
+    signals.arm()  # a SIGTERM after the give-up keeps the first deadline and its code
+    assert signals._watchdog is not None
+    signals._watchdog.join(5)
+    assert exits == [("shutdown overran its 0.01 s bound", lifecycle.EXIT_STUCK)]

@@ -3,8 +3,8 @@
 A job is stuck once its handler still runs `stuck_grace_s` after its timeout fired (an async one
 that swallows its cancellation, a sync one whose thread never returns). It is logged once, counted,
 and keeps its slot and its lease. Once stuck jobs hold over half the slots (or of the sync
-threads), or one has been stuck `stuck_exit_after_s`, the worker gives up: it stops claiming and exits, and the handlers die with
-the process (docs/operations/running-workers.md#stuck-handlers).
+threads), or one has been stuck `stuck_exit_after_s`, the worker gives up: it stops claiming and
+exits, and the handlers die with the process (docs/operations/running-workers.md#stuck-handlers).
 """
 
 from __future__ import annotations

@@ -151,9 +151,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    # Non-zero when some outcome could not be written before the deadline: those jobs come back
-    # by their leases (an operator may want to know; Kubernetes does not restart on it).
-    return 0 if worker.clean else 1
+    # Non-zero when some outcome could not be written before the deadline (1), or the worker gave
+    # up on stuck handlers (3): those jobs come back by their leases.
+    return worker.exit_code
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:

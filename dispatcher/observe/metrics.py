@@ -41,6 +41,9 @@ STATEMENT_TIMEOUTS = Counter(
     "Statements that got no answer within their deadline; each costs its connection", ["operation"],
 )
 DB_STALLED = Gauge("dispatcher_db_stalled", "1 while this worker cannot keep its leases (it claims nothing)")
+STUCK_JOBS = Gauge("dispatcher_stuck_jobs",
+                   "Jobs whose handler still runs stuck_grace_s after its timeout fired (their slots stay taken)")
+STUCK_JOBS_FOUND = Counter("dispatcher_stuck_jobs_found_total", "Jobs found stuck (each counted once)")
 JOBS_PRUNED = Counter(
     "dispatcher_jobs_pruned_total",
     "Rows deleted by this pod's pruner past their retention, by kind: completed jobs, failed ones (failed, "

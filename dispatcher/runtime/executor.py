@@ -24,7 +24,7 @@ from dispatcher.model import FailureKind, Job
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
 from dispatcher.runtime.completer import Completer
-from dispatcher.runtime.held_jobs import LOST_ACTIONS, ExecutorStats, Running, State, new_task
+from dispatcher.runtime.held_jobs import LOST_ACTIONS, ExecutorStats, Running, State, new_task, running_by_queue
 from dispatcher.runtime.joblog import exception_line
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.settings.sections import ExecutionSettings, LeaseSettings
@@ -103,6 +103,7 @@ class Executor:
         entry = self._running[job.id] = Running(job, held_since, lease_until, task)
         timeout_s = self._timeout_of(handler)
         if timeout_s:
+            entry.timeout_at = started + timeout_s
             entry.timer = loop.call_later(timeout_s, self._time_out, entry)
 
     async def _run_async(self, handler: Handler, job: Job, started: float) -> None:
@@ -165,6 +166,7 @@ class Executor:
             self._sync_busy += 1
             entry.state = State.RUNNING
             started = self._clock()
+            entry.timeout_at = started + limit if (limit := self._timeout_of(handler)) else None
             future = loop.run_in_executor(self._threads, handler.fn, entry.job)
             future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
         if expiring:
@@ -235,16 +237,14 @@ class Executor:
         return handler.timeout_s or self._job_timeout_s
 
     def running_by_queue(self) -> dict[str, int]:
-        """Jobs whose handler runs now, by queue; for a scrape, from the HTTP server's thread: the
-        ones in _running but the backlog (not started), and the one running inside its eager start
-        (an async handler has not awaited yet, maybe blocking the loop). dict.copy() is one C call:
-        atomic under the GIL, so the loop may go on meanwhile."""
-        starting = self._starting
-        counts: dict[str, int] = {starting.queue: 1} if starting is not None else {}
-        for entry in self._running.copy().values():
-            if entry.state is not State.BACKLOG and entry.job is not starting:
-                counts[entry.job.queue] = counts.get(entry.job.queue, 0) + 1
-        return counts
+        """Jobs whose handler runs now, by queue; for a scrape, from the HTTP server's thread (an
+        async handler inside its eager start counts too). dict.copy() is one C call: atomic under
+        the GIL, so the loop may go on meanwhile."""
+        return running_by_queue(list(self._running.copy().values()), self._starting)
+
+    def held(self) -> list[Running]:
+        """Jobs whose handler runs now (started, not finished): what the stuck watch reads (stuck.py)."""
+        return [r for r in self._running.values() if r.state is not State.BACKLOG]
 
     # -- leases: for the lease keeper ---------------------------------------------------------------
 
@@ -356,9 +356,9 @@ class Executor:
             self._finish_slot()
         return unstarted
 
-    async def drain(self, deadline: float) -> None:
-        """Let running jobs finish until the clock reaches `deadline`."""
-        while self.in_flight > 0 and self._clock() < deadline:
+    async def drain(self, deadline: float, stuck: Callable[[], int] = lambda: 0) -> None:
+        """Let running jobs finish until the clock reaches `deadline`, or only `stuck()` are left (stuck.py)."""
+        while self.in_flight > stuck() and self._clock() < deadline:
             self.slot_freed.clear()
             try:
                 await asyncio.wait_for(self.slot_freed.wait(), timeout=max(0.0, deadline - self._clock()))

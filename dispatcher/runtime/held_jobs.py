@@ -47,6 +47,17 @@ class Running:
     timer: asyncio.TimerHandle | None = None
     state: State = State.RUNNING
     cancelling: bool = False  # an operator asked to cancel it: it ends 'cancelled' however it ends
+    timeout_at: float | None = None  # the clock's time its timeout fires (None: none, or not started yet)
+
+
+def running_by_queue(entries: list[Running], starting: Job | None) -> dict[str, int]:
+    """Jobs whose handler runs now, by queue: `entries` but the backlog (not started), and
+    `starting`, the one running inside its eager start (not among them yet)."""
+    counts: dict[str, int] = {starting.queue: 1} if starting is not None else {}
+    for entry in entries:
+        if entry.state is not State.BACKLOG and entry.job is not starting:
+            counts[entry.job.queue] = counts.get(entry.job.queue, 0) + 1
+    return counts
 
 
 @dataclass(slots=True)

@@ -7,7 +7,8 @@ them while the event loop writes them, and a stalled loop must not stop a probe 
 - `claims_failing_since`: the producer's claims fail (database unreachable or stalled);
 - `heartbeats_failing_since`: the lease keeper's heartbeats fail: `stalled`, so claim nothing;
 - `reaper_failing_since`: the reaper's ticks fail (every pod, every few seconds, maintenance link);
-- `started`, `stopping`: the worker's phase; `assignments`: what decides its buckets, per queue;
+- `started`, `stopping`, `gave_up` (on stuck handlers): the worker's phase; `assignments`: what
+  decides its buckets, per queue;
 - `paused_queues`: its queues that an operator paused (flow_control.py); not a readiness check.
 """
 
@@ -23,6 +24,7 @@ class Vitals:
     reaper_failing_since: float | None = None
     started: bool = False  # every service is up and the coordination groups are joined
     stopping: bool = False  # stop() was called: draining
+    gave_up: bool = False  # stuck handlers: it stopped claiming and exits (runtime/stuck.py)
     coordinated: bool = False  # a coordinator assigns the buckets: its state is a readiness check
     # The distinct assignments (one per queue's group); each coordinated one has a `state`.
     assignments: tuple[object, ...] = ()

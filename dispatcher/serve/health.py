@@ -94,7 +94,9 @@ class Health:
         vitals = self.vitals
         age = self.loop_age_s()
         started = vitals.started
-        if vitals.stopping:
+        if vitals.gave_up:
+            phase = "stuck"  # stuck handlers: it stopped claiming and exits (runtime/stuck.py)
+        elif vitals.stopping:
             phase = "stopping"
         elif age is not None and age > self.loop_stall_s:
             phase = "stalled"

@@ -19,6 +19,7 @@ from types import FrameType
 from dispatcher.observe import logs
 
 EXIT_FORCED = 1  # the process ended without every outcome written; leases recover the rest
+EXIT_STUCK = 3  # it gave up on handlers stuck past their timeout (runtime/stuck.py); leases recover their jobs
 
 # Signals received before the worker's loop runs (start-up: imports, config, the schema check
 # under load can take seconds), replayed by ShutdownSignals.install(). Without this a SIGTERM in
@@ -77,15 +78,17 @@ class ShutdownSignals:
         name = signal.Signals(signum).name
         if self._seen > 1:
             hard_exit(f"received {name} again during shutdown")
-        self._arm(self._bound_s)
+        self.arm()
         # Logged from the loop, not here: a signal handler may interrupt a logging call.
         self._loop.call_soon_threadsafe(self._announce, f"received {name}: stopping gracefully (the process "
                                         f"ends within {self._bound_s:g} s; a second signal ends it at once)")
         self._loop.call_soon_threadsafe(self._on_stop)
 
-    def _arm(self, bound_s: float) -> None:
-        """Start the exit deadline (once)."""
+    def arm(self, code: int = EXIT_FORCED) -> None:
+        """Start the exit deadline, `bound_s` from now (once: a later call keeps the first deadline
+        and code); a worker that stops without a signal (it gave up on stuck handlers) calls it."""
         if self._watchdog is None:
-            self._watchdog = threading.Timer(bound_s, hard_exit, (f"shutdown overran its {bound_s:g} s bound",))
+            bound_s = self._bound_s
+            self._watchdog = threading.Timer(bound_s, hard_exit, (f"shutdown overran its {bound_s:g} s bound", code))
             self._watchdog.daemon = True
             self._watchdog.start()

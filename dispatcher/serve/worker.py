@@ -29,9 +29,11 @@ from dispatcher.runtime.maintenance import LeaseKeeper, PeriodicService, Planner
 from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.runtime.stuck import StuckWatch
 from dispatcher.runtime.table_sampler import TableSampler
 from dispatcher.runtime.vitals import Vitals
 from dispatcher.serve.coordination import build_assignments
+from dispatcher.serve.lifecycle import EXIT_FORCED, EXIT_STUCK
 from dispatcher.settings.config import Config
 from dispatcher.settings.sections import WorkerSettings
 
@@ -108,6 +110,10 @@ class Worker:
         self.completer = Completer(completions, config.completion)
         self.executor = Executor(registry, policy, self.completer, config.execution, config.leases)
         self.lease_keeper = LeaseKeeper(completions, self.executor, config.leases, vitals=self.vitals)
+        self.stuck_watch = StuckWatch(self.executor.held, config.execution, config.claims.concurrency,
+                                      on_give_up=self._give_up)
+        self.on_give_up: Callable[[], None] | None = None  # run_worker: arms the exit deadline
+        self.gave_up: str | None = None  # why it gave up on stuck handlers: it then exits EXIT_STUCK
         self.producer = Producer(config.claims, claims, self.assignments, self.executor, vitals=self.vitals)
         if config.claims.partitioned:
             producer = self.producer
@@ -161,6 +167,11 @@ class Worker:
                            self._released, self.reaper.reaped, self.lease_keeper.leases_lost, self.abandoned)
 
     @property
+    def exit_code(self) -> int:
+        """What the process exits with after run(): 0 clean, EXIT_STUCK, else EXIT_FORCED."""
+        return EXIT_STUCK if self.gave_up else 0 if self.clean else EXIT_FORCED
+
+    @property
     def clean(self) -> bool:
         """After run(): every job we held got its outcome written (or was given back)."""
         return self.abandoned == 0 and self.unflushed == 0
@@ -184,7 +195,8 @@ class Worker:
         else:
             log.info("LISTEN is off (listen_dsn=none): idle workers find new jobs by polling every %g s",
                      self.config.claims.poll_interval_s)
-        background = [asyncio.create_task(self.completer.run(), name="completer")]
+        background = [asyncio.create_task(self.completer.run(), name="completer"),
+                      asyncio.create_task(self.stuck_watch.run(), name=self.stuck_watch.name)]
         background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
         producer = asyncio.create_task(self.producer.run(), name="producer")
         stopping = asyncio.create_task(self._stop.wait(), name="stop requested")
@@ -218,6 +230,18 @@ class Worker:
         self.vitals.stopping = True
         self._stop.set()
 
+    def _give_up(self, reason: str) -> None:
+        """The stuck watch's verdict (ignored once a shutdown has begun: it ends within its bound)."""
+        if self._stop.is_set():
+            return
+        self.gave_up, self.vitals.gave_up = reason, True
+        log.error("giving up on stuck handlers: %s. This worker stops claiming, lets its other jobs finish within "
+                  "%g s and exits with code %d; the stuck handlers end with the process and their jobs come back "
+                  "when their leases run out", reason, self.config.worker.shutdown_grace_s, EXIT_STUCK)
+        if self.on_give_up is not None:
+            self.on_give_up()
+        self.stop()
+
     async def _shutdown(self, producer: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
         begun = self._stop_requested_at or time.monotonic()
         grace = self._grace_override if self._grace_override is not None else self.config.worker.shutdown_grace_s
@@ -232,8 +256,8 @@ class Worker:
         leaving = asyncio.create_task(_stop_all(self._distinct_assignments), name="leave")
         # 2. Claimed but never started: back to the queue at once, the attempt not counted.
         await self._release_unstarted(grace_ends)
-        # 3. Running jobs get the rest of the grace period, then are interrupted.
-        await self.executor.drain(grace_ends)
+        # 3. Running jobs get the rest of the grace (stuck ones are not waited for), then are interrupted.
+        await self.executor.drain(grace_ends, self.stuck_watch.count_now)
         self.abandoned = await self.executor.interrupt(INTERRUPT_WAIT_S)
         # 4. Every outcome we can write before the deadline reaches the database; then close.
         for task in background:
@@ -335,7 +359,7 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
     """
     import uvloop
 
-    from dispatcher.serve.lifecycle import EXIT_FORCED, ShutdownSignals, hard_exit
+    from dispatcher.serve.lifecycle import ShutdownSignals, hard_exit
     from dispatcher.serve.startup import check_listen, wait_until_ready
 
     worker = Worker(config, registry, vitals=None if health is None else health.vitals)
@@ -351,8 +375,10 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
 
     async def start_and_run() -> None:
         if install_signals:
-            ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(settings),
-                            announce=log.info).install()
+            signals = ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(settings),
+                                      announce=log.info)
+            signals.install()
+            worker.on_give_up = lambda: signals.arm(EXIT_STUCK)  # the same bound as after a SIGTERM
         ready = await wait_until_ready(database.dsn, database.limits,  # type: ignore[arg-type]  # checked by Worker
                                        wait_for_schema=settings.wait_for_schema, stopping=worker.stopping,
                                        on_state=None if health is None else health.startup.update)
@@ -365,7 +391,7 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
             on_started(worker)
         await worker.run()
         if worker.abandoned and install_signals:
-            hard_exit(f"{worker.abandoned} handlers still run after the shutdown bound", EXIT_FORCED)
+            hard_exit(f"{worker.abandoned} handlers still run after the shutdown bound", worker.exit_code)
 
     uvloop.run(main())
     return worker

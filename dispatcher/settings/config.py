@@ -21,46 +21,22 @@ from coordinator.pg.dsn import dsn_problem, redis_url_problem
 from dispatcher.constants import (COMPLETED_JOBS, COMPLETED_KEEP, DEFAULT_QUEUE, MODE_PARTITIONED, MODES, NAME_PATTERN,
                                   NUM_BUCKETS, is_valid_name)
 from dispatcher.errors import ConfigError
+from dispatcher.settings.defaults import (COORDINATORS, DEFAULT_BATCH_SIZE, DEFAULT_COMPLETED_RETENTION_S,
+                                          DEFAULT_CONCURRENCY, DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_COORDINATOR_LEASE_S,
+                                          DEFAULT_COORDINATOR_POLL_S, DEFAULT_FAILED_RETENTION_S,
+                                          DEFAULT_FLUSH_INTERVAL_S, DEFAULT_FLUSH_MAX, DEFAULT_HISTORY_RETENTION_S,
+                                          DEFAULT_JOB_TIMEOUT_S, DEFAULT_LEASE_S, DEFAULT_LOOP_STALL_S, DEFAULT_MAX_SNOOZES,
+                                          DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_POLL_INTERVAL_S, DEFAULT_PRUNE_BATCH,
+                                          DEFAULT_PRUNE_INTERVAL_S, DEFAULT_REAPER_INTERVAL_S, DEFAULT_RETRY_BASE_S,
+                                          DEFAULT_RETRY_CAP_S, DEFAULT_SHUTDOWN_GRACE_S, DEFAULT_STATEMENT_TIMEOUT_S,
+                                          DEFAULT_STEAL_BATCH, DEFAULT_STUCK_EXIT_AFTER_S, DEFAULT_STUCK_GRACE_S,
+                                          DEFAULT_SYNC_THREADS, DEFAULT_TABLE_SAMPLE_INTERVAL_S, LISTEN_OFF,
+                                          LOG_FORMATS, LOG_LEVELS)
 from dispatcher.settings.meta import KINDS as _KINDS, Setting, parse_buckets, parse_text, setting, setting_of
 from dispatcher.settings.meta import parse_bool as _parse_bool, parse_queues as _parse_queues
 from dispatcher.settings import sections as sec
 
 ENV_PREFIX = "DISPATCHER_"
-
-# Defaults, with the reason for each number.
-DEFAULT_CONCURRENCY = 100  # jobs running at once per worker process
-DEFAULT_BATCH_SIZE = 500  # max jobs per claim statement: ~0.002 round trips per job
-DEFAULT_POLL_INTERVAL_S = 1.0  # idle fallback poll; LISTEN/NOTIFY wakes us sooner
-DEFAULT_LEASE_S = 30.0  # a crashed worker's jobs come back after at most this
-DEFAULT_JOB_TIMEOUT_S = 600.0  # per-job wall-clock limit; 0 disables
-DEFAULT_RETRY_BASE_S = 1.0  # first retry waits up to 1 s ...
-DEFAULT_RETRY_CAP_S = 900.0  # ... doubling per attempt, capped at 15 min
-DEFAULT_MAX_SNOOZES = 100  # a job snoozing more than this is stuck, not waiting: its snoozes become failures
-DEFAULT_FLUSH_INTERVAL_S = 0.05  # completions are written at most 50 ms late (River's figure)
-DEFAULT_FLUSH_MAX = 2000  # ... or as soon as 2,000 are pending
-DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds is 30
-DEFAULT_REAPER_INTERVAL_S = 5.0
-DEFAULT_PRUNE_INTERVAL_S = 60.0
-DEFAULT_COMPLETED_RETENTION_S = 3600.0  # completed rows kept an hour for inspection, then deleted
-DEFAULT_FAILED_RETENTION_S = 604800.0  # failed, discarded, cancelled: a week for people to look at or retry
-DEFAULT_HISTORY_RETENTION_S = 604800.0  # attempt history: a week
-DEFAULT_PRUNE_BATCH = 1000  # rows per DELETE: ~2 ms at 500k rows, and no more row locks than that
-DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a job payload is a reference, not a blob store
-DEFAULT_SYNC_THREADS = 8  # threads for sync handlers; async ones need none
-DEFAULT_COORDINATOR_LEASE_S = 10.0  # a dead worker's buckets move within this (+ ~0.1 s)
-DEFAULT_COORDINATOR_POLL_S = 1.0  # membership re-read at least this often; NOTIFY/pub-sub is faster
-DEFAULT_STEAL_BATCH = 100  # jobs taken per poll from other buckets when our own are idle
-DEFAULT_CONNECT_TIMEOUT_S = 5.0  # a server that does not finish the handshake in 5 s is treated as down
-# Our statements take milliseconds (a claim of 500 about 10 ms at 200k queued); 5 s means the
-# database or the path to it is stuck. Against the 30 s lease: a stalled heartbeat is noticed
-# within heartbeat (10 s) + 5 s = half a lease, with time left before any lease runs out.
-DEFAULT_STATEMENT_TIMEOUT_S = 5.0
-DEFAULT_LOOP_STALL_S = 10.0  # the loop ticks every 1 s; 10 s silent is a blocked loop, not a busy one
-DEFAULT_TABLE_SAMPLE_INTERVAL_S = 15.0  # a common Prometheus scrape interval; one pod samples (table_sampler.py)
-COORDINATORS = ("postgres", "redis", "static")
-LISTEN_OFF = "none"  # listen_dsn value: no LISTEN connection at all (polling only)
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-LOG_FORMATS = ("text", "json")  # see dispatcher/observe/logs.py
 
 
 def _default_worker_id() -> str:
@@ -169,6 +145,14 @@ class Config:
     sync_threads: int = setting(
         DEFAULT_SYNC_THREADS, section="execution", parse=int, unit="threads",
         help="threads that run sync (def) handlers; async handlers need none")
+    stuck_grace_s: float = setting(
+        DEFAULT_STUCK_GRACE_S, section="execution", parse=float, unit="seconds",
+        help="a handler still running this many seconds after its timeout fired is stuck: logged, counted, its slot "
+             "kept (docs/operations/running-workers.md#stuck-handlers)")
+    stuck_exit_after_s: float = setting(
+        DEFAULT_STUCK_EXIT_AFTER_S, section="execution", parse=float, unit="seconds",
+        help="the worker stops claiming and exits (code 3) once a handler was stuck this many seconds, or stuck "
+             "ones hold over half its slots or sync threads; 0: only the latter")
     history: bool = setting(
         False, section="completion", parse=_parse_bool, help="true: one row per attempt in dispatcher_job_attempts")
     coordinator: str = setting(
@@ -284,6 +268,8 @@ class Config:
         _check(1 <= self.prune_batch <= 10_000, "prune_batch", "must be between 1 and 10000")
         _check(self.max_payload_bytes >= 2, "max_payload_bytes", "must be >= 2")
         _check(self.sync_threads >= 1, "sync_threads", "must be >= 1")
+        for name in ("stuck_grace_s", "stuck_exit_after_s"):
+            _check(getattr(self, name) >= 0, name, "must be >= 0")
         _check(self.coordinator in COORDINATORS, "coordinator",
                f"must be one of {', '.join(COORDINATORS)}, got {self.coordinator!r}")
         _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url",
@@ -336,7 +322,8 @@ class Config:
             "leases": sec.LeaseSettings(self.lease_s, beat_s, start_margin_s=beat_s / 2,
                                         lose_early_s=min(0.5, beat_s / 4)),
             "execution": sec.ExecutionSettings(self.worker_id, self.job_timeout_s, self.sync_threads, self.retry_base_s,
-                                           self.retry_cap_s, self.max_snoozes),
+                                           self.retry_cap_s, max_snoozes=self.max_snoozes,
+                                           stuck_grace_s=self.stuck_grace_s, stuck_exit_after_s=self.stuck_exit_after_s),
             "completion": sec.CompletionSettings(self.flush_interval_s, self.flush_max, self.history,
                                                  self.completed_jobs),
             "maintenance": sec.MaintenanceSettings(self.reaper_interval_s, self.history, self.table_sample_interval_s),

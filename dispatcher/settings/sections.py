@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED
+from dispatcher.settings.defaults import DEFAULT_STUCK_EXIT_AFTER_S, DEFAULT_STUCK_GRACE_S
 
 # Section names, in the order the configuration reference lists them.
 DATABASE = "database"
@@ -100,6 +101,11 @@ class ExecutionSettings:
     retry_base_s: float
     retry_cap_s: float
     max_snoozes: int = 100  # snoozes per job that do not spend an attempt (DISPATCHER_MAX_SNOOZES)
+    # A handler still running this long after its timeout fired is stuck (runtime/stuck.py) ...
+    stuck_grace_s: float = DEFAULT_STUCK_GRACE_S
+    # ... and the worker exits once one is stuck this long (0: never for that), or stuck ones hold over
+    # half the slots or sync threads.
+    stuck_exit_after_s: float = DEFAULT_STUCK_EXIT_AFTER_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,9 @@ way) and these, each recording its executions through `recorded` too:
 - `swallow_cancel` (async): sleeps `s` seconds (payload, default 5), catching and ignoring every
   CancelledError, so neither a timeout nor a shutdown can interrupt it;
 - `never_returns_sync` (sync): time.sleep(`s`), default 3600 s: a thread nothing can interrupt;
+- `stuck_first_async`, `stuck_first_sync`: on a job's first attempt, deaf to cancellation (async)
+  or asleep for an hour (sync): stuck past any timeout; on later attempts they return after `s`
+  (default 0.2): the re-run after the stuck worker gave up;
 - `raise_system_exit`, `raise_keyboard_interrupt` (async): raise those at once;
 - `exit_process` (from recording): os._exit(1), the process dies mid-job.
 """
@@ -40,6 +43,23 @@ async def swallow_cancel(job: Job) -> None:
 def never_returns_sync(job: Job) -> None:
     with recorded(job):
         time.sleep(job.payload.get("s", 3600.0))
+
+
+@registry.handler("stuck_first_async")
+async def stuck_first_async(job: Job) -> None:
+    with recorded(job):
+        deadline = time.monotonic() + (3600.0 if job.attempts == 1 else job.payload.get("s", 0.2))
+        while (left_s := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.sleep(left_s)
+            except asyncio.CancelledError:
+                continue  # deaf to its timeout and to the shutdown alike
+
+
+@registry.handler("stuck_first_sync")
+def stuck_first_sync(job: Job) -> None:
+    with recorded(job):
+        time.sleep(3600.0 if job.attempts == 1 else job.payload.get("s", 0.2))
 
 
 @registry.handler("raise_system_exit")

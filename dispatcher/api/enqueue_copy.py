@@ -14,12 +14,14 @@ from typing import Any
 
 import psycopg
 
+from dispatcher.constants import DEFAULT_MAX_ATTEMPTS
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
 
 
 COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 COPY_CHUNK_ROWS = 5000  # stream in chunks: the server parses one while we build the next
+_NOT_GIVEN = b"%d\tf" % DEFAULT_MAX_ATTEMPTS  # max_attempts, max_attempts_given of a job not given one
 
 
 def copy_text(value: str) -> bytes:
@@ -65,7 +67,10 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
             else:
                 dedupe += b"\t%r" % p.dedupe_window_s
                 tally.windowed = True
-        attempts = b"\\N" if p.max_attempts is None else b"%d" % p.max_attempts  # \N: the handler's
+        if staged:  # the staging table keeps NULL for "not given" (published as 20, not given)
+            attempts = b"\\N" if p.max_attempts is None else b"%d" % p.max_attempts
+        else:  # max_attempts, max_attempts_given: 20 for workers of the previous release, else the handler's
+            attempts = _NOT_GIVEN if p.max_attempts is None else b"%d\tt" % p.max_attempts
         lines.append(b"%s%s\t%d\t%d\t%s\t%s\t%s\n" % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe))
         if len(lines) >= COPY_CHUNK_ROWS:
             tally.rows += len(lines)

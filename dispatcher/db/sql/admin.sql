@@ -24,7 +24,8 @@ AND (NOT %(halted)s::bool OR j.ordering_halted)
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
 -- at %(limit)s, or, for a status with few rows, that status's index and a sort.
-SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at,
+SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts,
+       CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.run_at, j.created_at,
        j.updated_at, extract(epoch FROM now() - j.updated_at)::float8, j.locked_by, j.cancel_requested_at, j.last_error
   FROM dispatcher_jobs AS j
  WHERE {filters}
@@ -46,7 +47,8 @@ SELECT j.id
  LIMIT %(limit)s
 
 -- name: admin_job_show
-SELECT id, queue_name, job_type, status, priority, bucket, attempts, max_attempts, lease_expiries, run_at,
+SELECT id, queue_name, job_type, status, priority, bucket, attempts,
+       CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts, lease_expiries, run_at,
        created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
        cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes
   FROM dispatcher_jobs
@@ -85,7 +87,7 @@ WITH changed AS (
        SET status = CASE WHEN j.ordering_key IS NULL OR j.ordering_halted THEN 'queued' ELSE 'waiting' END,
            ordering_halted = false,
            run_at = now(),
-           max_attempts = CASE WHEN j.max_attempts IS NOT NULL THEN greatest(j.max_attempts, j.attempts + 1) END,
+           max_attempts = greatest(j.max_attempts, j.attempts + 1),  -- a job not given one: its handler's applies
            snoozes = 0,
            failed_at = NULL,
            cancel_requested_at = NULL,

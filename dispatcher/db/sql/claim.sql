@@ -45,7 +45,8 @@ WITH picked AS MATERIALIZED (
               updated_at = now()
         WHERE id = ANY((SELECT ids FROM picked)::bigint[])  -- an array, not ANY(subquery)
           AND CASE WHEN status = 'queued' THEN run_at <= now() ELSE false END
-       RETURNING id, job_type, payload, attempts, max_attempts, extract(epoch FROM locked_at)::float8 AS locked_at,
+       RETURNING id, job_type, payload, attempts, CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts,
+                 extract(epoch FROM locked_at)::float8 AS locked_at,
                  bucket, priority, ordering_key)
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
        cardinality(p.ids) AS selected

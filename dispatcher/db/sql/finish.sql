@@ -96,7 +96,7 @@ WITH written AS (
                 THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
                 ELSE false END
     RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
-              j.max_attempts, j.ordering_key, j.ordering_halted,
+              CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.ordering_key, j.ordering_halted,
               f.snooze_s IS NOT NULL AND j.snoozes <= f.snooze_cap AND j.status = 'queued' AS snoozed
 ),
 released AS (

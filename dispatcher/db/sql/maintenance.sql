@@ -10,7 +10,8 @@
 -- (jobs_fail_owned with lease_expired) is fenced by each job's token and re-checks the expiry,
 -- so reapers in N pods, or an owner that comes back to life, never double-write a job. A job
 -- with a cancel request is not retried: it ends 'cancelled'.
-SELECT id, lock_token::text, attempts, max_attempts, lease_expiries + 1, locked_by, locked_at,
+SELECT id, lock_token::text, attempts, CASE WHEN max_attempts_given THEN max_attempts END, lease_expiries + 1,
+       locked_by, locked_at,
        cancel_requested_at IS NOT NULL, job_type, ordering_key IS NOT NULL
   FROM dispatcher_jobs
  WHERE status = 'running' AND lease_expires_at < now()

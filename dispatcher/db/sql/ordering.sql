@@ -60,9 +60,10 @@ to_queue AS (SELECT id FROM nexts),
 -- of the same key waits for ours at that index, so two never both become holders. Ids are taken
 -- in statement order, so a key's waiting jobs are in enqueue order.
 WITH head AS (
-    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key, dedupe_window_s)
-    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s)
+    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
+           %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
            %(ordering_key)s, %(dedupe_window_s)s
      WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
@@ -71,9 +72,10 @@ WITH head AS (
     RETURNING id, run_at, status
 ),
 behind AS (
-    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key, dedupe_window_s, status)
-    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, %(max_attempts)s,
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, status)
+    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
+           %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
            %(ordering_key)s, %(dedupe_window_s)s, 'waiting'
      WHERE NOT EXISTS (SELECT 1 FROM head)
@@ -98,7 +100,7 @@ SELECT id, CASE WHEN status = 'queued'
 -- a key's holder has its lowest id. Returns how many rows were inserted.
 WITH firsts AS MATERIALIZED (
     SELECT DISTINCT ON (s.queue_name, s.ordering_key) s.*
-      FROM dispatcher_jobs_stage AS s
+      FROM dispatcher_jobs_stage_v2 AS s
      WHERE s.ordering_key IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
                         WHERE w.queue_name = s.queue_name AND w.ordering_key = s.ordering_key AND w.status = 'waiting')
@@ -109,21 +111,22 @@ WITH firsts AS MATERIALIZED (
      ORDER BY s.queue_name, s.ordering_key, s.n
 ),
 heads AS (
-    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key, dedupe_window_s)
-    SELECT queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key, ordering_key,
-           dedupe_window_s
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s)
+    SELECT queue_name, job_type, payload, priority, bucket, coalesce(max_attempts, 20), max_attempts IS NOT NULL,
+           run_at, dedupe_key, ordering_key, dedupe_window_s
       FROM firsts
      ORDER BY n
     ON CONFLICT DO NOTHING
     RETURNING queue_name, ordering_key
 ),
 rest AS (
-    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                                 ordering_key, dedupe_window_s, status)
-    SELECT s.queue_name, s.job_type, s.payload, s.priority, s.bucket, s.max_attempts, s.run_at, s.dedupe_key,
+    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, status)
+    SELECT s.queue_name, s.job_type, s.payload, s.priority, s.bucket, coalesce(s.max_attempts, 20),
+           s.max_attempts IS NOT NULL, s.run_at, s.dedupe_key,
            s.ordering_key, s.dedupe_window_s, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
-      FROM dispatcher_jobs_stage AS s
+      FROM dispatcher_jobs_stage_v2 AS s
      WHERE s.ordering_key IS NULL
         OR s.n NOT IN (SELECT f.n FROM firsts AS f JOIN heads AS h USING (queue_name, ordering_key))
      ORDER BY s.n
@@ -169,7 +172,7 @@ chained AS (
            updated_at = now()
      WHERE w.id = ANY(ARRAY(SELECT id FROM mine))
        AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
-    RETURNING w.id, w.job_type, w.payload, w.attempts, w.max_attempts,
+    RETURNING w.id, w.job_type, w.payload, w.attempts, CASE WHEN w.max_attempts_given THEN w.max_attempts END AS max_attempts,
               extract(epoch FROM w.locked_at)::float8 AS locked_at, w.bucket, w.priority, w.ordering_key,
               w.queue_name
 ),

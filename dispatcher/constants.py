@@ -47,3 +47,6 @@ LAST_ERROR_MAX_CHARS: Final = 2000
 # Key of the transaction-scoped advisory lock that serialises `dispatcher migrate` across pods
 # (arbitrary, fixed forever: changing it would let old and new pods migrate at once).
 MIGRATE_LOCK_KEY: Final = 0x6275636B6574  # "bucket"
+
+# A flow-control limit's job type or queue that matches every one (dispatcher limits set '*').
+LIMIT_ANY: Final = "*"

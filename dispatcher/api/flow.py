@@ -20,11 +20,11 @@ import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.admin import AdminInputError
-from dispatcher.constants import NOTIFY_CHANNEL
+from dispatcher.constants import LIMIT_ANY, NOTIFY_CHANNEL
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 
-ANY = "*"  # a limit's job type or queue that matches every one
+ANY = LIMIT_ANY
 MAX_RUNNING_MAX = 1_000_000
 PER_SECOND_MAX = 1_000_000.0
 NAME_MAX_CHARS = 200

@@ -12,9 +12,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 
 from dispatcher.backoff import jittered
+from dispatcher.constants import LIMIT_ANY as ANY_TYPE
 from dispatcher.db.rows import Chain, FailedWrite, Failure, HistoryRows
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
@@ -76,6 +78,10 @@ class Completer:
         self.stats = CompletionStats()
         # Partitioned mode: keyed completions claim their keys' next jobs for us (chaining.py).
         self.chaining: ChainSlots | None = None
+        # Job types under a fleet-wide max_running ('*': any): their outcomes are written at once,
+        # since a gated claim waits for the slot (flow_control.py); and who to tell once written.
+        self.urgent_types: frozenset[str] = frozenset()
+        self.written: Callable[[], None] | None = None
 
     # Hot path: four appends and a length check per job; its metrics and history row (+0.27 us:
     # docs/design/health-and-metrics.md) once the flush's write accepted it.
@@ -89,6 +95,8 @@ class Completer:
             # flight meanwhile batches whatever finishes while it runs).
             self._keyed = True
             self._full.set()
+        elif self.urgent_types and (job.job_type in self.urgent_types or ANY_TYPE in self.urgent_types):
+            self._full.set()
         if len(self._ids) >= self._flush_max:
             self._full.set()
 
@@ -98,7 +106,8 @@ class Completer:
         `halts`: a final failure of a keyed job halts its key (the handler's on_ordered_failure);
         `snooze`: (seconds, cap) of a Snooze, written as `outcome` only past the cap (rows.Failure)."""
         self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary, halts, snooze, duration_s))
-        if job.ordering_key is not None:
+        if job.ordering_key is not None or (self.urgent_types and (job.job_type in self.urgent_types
+                                                                   or ANY_TYPE in self.urgent_types)):
             self._full.set()
         if len(self._failures) >= self._flush_max:
             self._full.set()
@@ -169,6 +178,8 @@ class Completer:
                 raise
             self.stats.flushes += 1
             metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
+        if self.written is not None:
+            self.written()
 
     async def _complete_chained(self, ids: list[int], tokens: list[str], chaining: ChainSlots) -> list[int]:
         chain = chaining.reserve()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dispatcher.backoff import jittered
+from dispatcher.constants import LIMIT_ANY
 from dispatcher.db.rows import FlowState, Gate, Limit, TypeFilter
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
@@ -23,7 +24,7 @@ from dispatcher.runtime.vitals import Vitals
 
 log = logging.getLogger(__name__)
 
-ANY = "*"  # a limit's job type or queue that matches every one
+ANY = LIMIT_ANY
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,11 @@ class FlowControl:
     def paused_queues(self) -> tuple[str, ...]:
         """Of this worker's queues, the paused ones (for /readyz)."""
         return tuple(q for q in self._queues if q in self.state.paused)
+
+    def max_running_types(self) -> frozenset[str]:
+        """Job types under a max_running limit in one of this worker's queues ('*': any type)."""
+        return frozenset(limit.job_type for limit in self.state.limits
+                         if limit.max_running is not None and (limit.queue == ANY or limit.queue in self._queues))
 
     def plan(self, queue: str) -> QueuePlan | None:
         try:

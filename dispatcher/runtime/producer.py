@@ -24,6 +24,7 @@ from dispatcher.model import Job
 from dispatcher.observe import metrics
 from dispatcher.runtime.claim_windows import ClaimWindows, window_buckets
 from dispatcher.runtime.due_timer import DueTimer
+from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.flow_control import FlowControl
 from dispatcher.runtime.stealing import StealPolicy
@@ -52,7 +53,7 @@ class Producer:
     FLOW_RECHECK_S = 0.25
 
     def __init__(self, settings: ClaimSettings, store: JobStore, assignments: Mapping[str, BucketAssignment],
-                 executor: Executor, *, vitals: Vitals | None = None) -> None:
+                 executor: Executor, *, vitals: Vitals | None = None, completer: Completer | None = None) -> None:
         self._claims = config = settings
         # Written: claims_failing_since. Read: stalled (heartbeats fail: claim nothing).
         self._vitals = vitals if vitals is not None else Vitals()
@@ -86,9 +87,15 @@ class Producer:
         self._asleep = False  # in _sleep_until_woken
         # The fleet's limits and paused queues (flow_control.py); a claim that finds them changed
         # sets _flow_stale and the cycle reads them again before claiming more.
-        self.flow = FlowControl(store, config.queues, on_change=self.wake, vitals=self._vitals)
+        self.flow = FlowControl(store, config.queues, on_change=self._flow_changed, vitals=self._vitals)
         self._flow_stale = False
         self._flow_timer: asyncio.TimerHandle | None = None
+        # A gated claim found its max_running taken: try again as soon as our own outcomes are
+        # written (a slot may be ours to take), not only at the recheck timer.
+        self._held_by_running = False
+        self._completer = completer
+        if completer is not None:
+            completer.written = self._outcomes_written
         self.stats = ProducerStats()
 
     @property
@@ -295,11 +302,22 @@ class Producer:
             self._count_claim(queue, claimed.jobs, started)
             executor.start(claimed.jobs, sent_at)
             if gated.held_by is not None:
+                self._held_by_running |= gated.held_by == "max_running"
                 metrics.FLOW_HELD_BACK.labels(queue, gated.held_by).inc()
                 self._recheck_flow(gated.wait_s if gated.wait_s is not None else jittered(self.FLOW_RECHECK_S, 0.2))
             elif claimed.selected >= asked:
                 backlog = True
         return backlog
+
+    def _flow_changed(self) -> None:
+        self.wake()
+        if self._completer is not None:
+            self._completer.urgent_types = self.flow.max_running_types()
+
+    def _outcomes_written(self) -> None:
+        if self._held_by_running:
+            self._held_by_running = False
+            self._wakeup.set()
 
     def _recheck_flow(self, delay_s: float) -> None:
         """Wake the claim loop in `delay_s` (the earliest of those asked for) to try the limits again."""

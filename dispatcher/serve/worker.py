@@ -114,7 +114,8 @@ class Worker:
                                       on_give_up=self._give_up)
         self.on_give_up: Callable[[], None] | None = None  # run_worker: arms the exit deadline
         self.gave_up: str | None = None  # why it gave up on stuck handlers: it then exits EXIT_STUCK
-        self.producer = Producer(config.claims, claims, self.assignments, self.executor, vitals=self.vitals)
+        self.producer = Producer(config.claims, claims, self.assignments, self.executor, vitals=self.vitals,
+                                 completer=self.completer)
         if config.claims.partitioned:
             producer = self.producer
             self.completer.chaining = Chaining(self.executor, self.assignments, config.claims.concurrency,

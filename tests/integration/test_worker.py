@@ -201,7 +201,7 @@ def test_history_records_one_row_per_attempt_when_enabled(dsn):
 def _hold(dsn, job_id, *, attempts, lease_s, max_attempts=3):
     """Mark a job running under a (possibly already expired) lease of a worker that is gone."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("""UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s,
+        conn.execute("""UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s, max_attempts_given = true,
                                locked_by = 'gone-pod', locked_at = now() - interval '10 s',
                                lock_token = gen_random_uuid(), lease_expires_at = now() + %s * interval '1 s'
                          WHERE id = %s""", (attempts, max_attempts, lease_s, job_id))

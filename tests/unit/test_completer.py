@@ -12,8 +12,8 @@ from dispatcher.settings.sections import CompletionSettings
 from tests.helpers import run_async, wait_until_async
 
 
-def job(job_id: int, attempts: int = 1, ordering_key: str | None = None) -> Job:
-    return Job((job_id, "t", {}, attempts, 5, None, 0, 0, ordering_key), f"00000000-0000-0000-0000-{job_id:012d}")
+def job(job_id: int, attempts: int = 1, ordering_key: str | None = None, job_type: str = "t") -> Job:
+    return Job((job_id, job_type, {}, attempts, 5, None, 0, 0, ordering_key), f"00000000-0000-0000-0000-{job_id:012d}")
 
 
 class FakeStore:
@@ -145,6 +145,29 @@ def test_a_keyed_completion_flushes_at_once_through_the_promoting_statement_and_
     run_async(main())
     assert [ids for ids, _ in store.completed] == [[1, 2], [3]]
     assert store.keyed == [True, False], "only a batch holding a keyed job pays for promotion"
+
+
+@pytest.mark.parametrize("urgent", [frozenset({"capped"}), frozenset({"*"})])
+def test_an_outcome_of_a_type_under_max_running_is_written_at_once_and_reported(urgent):
+    """A gated claim waits for the slot it frees (flow control): no flush interval, and whoever
+    waits is told once it is written. Other types wait for the interval as before."""
+    store = FakeStore()
+    completer = make(store, flush_interval_s=30.0)
+    completer.urgent_types = urgent
+    told = []
+    completer.written = lambda: told.append(len(store.completed))
+
+    async def main():
+        task = asyncio.create_task(completer.run())
+        try:
+            completer.completed(job(1, job_type="capped"), 0.0)
+            await wait_until_async(lambda: store.completed and told, 5, "a flush without the interval", interval_s=0.01)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    run_async(main())
+    assert told == [1]
 
 
 def test_a_keyed_batch_that_failed_to_write_is_still_keyed_when_retried():

@@ -1,7 +1,8 @@
 """A worker's copy of the fleet's flow control (paused queues, limits), and what it makes of it.
 
-The copy is read every second or so (jittered) and at once when a claim finds it out of date (the
-claims carry its version: sql/claim.sql). `plan_for` is the pure part: which claims a queue needs,
+The copy is read again at once when a claim finds it out of date (the claims carry its version:
+sql/claim.sql), and every second or so (jittered) while one of the worker's queues is paused, since
+it claims nothing there that could find out about a resume. `plan_for` is the pure part: which claims a queue needs,
 one gated claim per limited job type (and one for the rest when a '*' limit binds every type), and
 the filter that keeps the other claims off the limited types. Semantics: docs/concepts/flow-control.md.
 """
@@ -67,6 +68,9 @@ class FlowControl:
         self.state = FlowState()
         self.loaded = False
         self._plans: dict[str, QueuePlan | None] = {}
+        for queue in self._queues:  # exported at 0 from the start, as counters should be
+            for kind in ("max_running", "per_second"):
+                metrics.FLOW_HELD_BACK.labels(queue, kind)
 
     @property
     def version(self) -> int:
@@ -108,9 +112,11 @@ class FlowControl:
         return changed
 
     async def run(self) -> None:
-        """Re-read every REFRESH_S (jittered): a resumed queue or a lifted limit is noticed here,
-        since nothing is claimed that could find the copy out of date."""
+        """While one of our queues is paused, re-read every REFRESH_S (jittered): nothing is claimed
+        there that could find out it was resumed. Otherwise the claims' version check is enough (an
+        idle worker learns of a change with its next claim), and this costs nothing."""
         while True:
             await asyncio.sleep(jittered(self.REFRESH_S, 0.2))
-            with contextlib.suppress(StoreError):  # the claims report the database's state
-                await self.refresh()
+            if self.paused_queues():
+                with contextlib.suppress(StoreError):  # the claims report the database's state
+                    await self.refresh()

@@ -43,7 +43,7 @@ CONTRACT_METRICS = CONTRACT_HISTOGRAMS | frozenset({
     "dispatcher_coordinator_heartbeat_age_seconds", "dispatcher_loop_heartbeat_age_seconds", "dispatcher_ready",
     "dispatcher_build_info",
     # flow control (issue 25), per pod
-    "dispatcher_queue_paused", "dispatcher_flow_limited_claims_total",
+    "dispatcher_queue_paused", "dispatcher_flow_limited_claims_total", "dispatcher_stuck_jobs_found_total",
     # table-wide
     "dispatcher_queue_jobs", "dispatcher_queue_halted_keys", "dispatcher_queue_oldest_runnable_age_seconds",
     "dispatcher_db_dead_tuples",

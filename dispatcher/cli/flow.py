@@ -21,7 +21,7 @@ from dispatcher.api.flow import (
     resume_queue,
     set_limit,
 )
-from dispatcher.api.admin import AdminInputError
+from dispatcher.cli.jobs import config_dsn, guarded
 from dispatcher.errors import ConfigError
 
 _FLAGS = {"job_type": "JOB_TYPE", "queue": "--queue", "max_running": "--max-running", "per_second": "--per-second",
@@ -71,7 +71,7 @@ def add_flow_parsers(sub: Any, add_config_flags: Callable[[argparse.ArgumentPars
 
 
 def _set(args: argparse.Namespace, config: Any) -> int:
-    row = _guarded(lambda: set_limit(_dsn(config), args.job_type, queue=args.queue, max_running=args.max_running,
+    row = _guarded(lambda: set_limit(config_dsn(config), args.job_type, queue=args.queue, max_running=args.max_running,
                                      per_second=args.per_second, burst_jobs=args.burst,
                                      limits=config.database.limits))
     print(f"limit set: {render_limits([row]).splitlines()[1].strip()}")
@@ -79,7 +79,7 @@ def _set(args: argparse.Namespace, config: Any) -> int:
 
 
 def _list(args: argparse.Namespace, config: Any) -> int:
-    rows = _guarded(lambda: list_limits(_dsn(config), limits=config.database.limits))
+    rows = _guarded(lambda: list_limits(config_dsn(config), limits=config.database.limits))
     if args.json:
         print(orjson.dumps([dataclasses.asdict(r) for r in rows], option=orjson.OPT_INDENT_2).decode())
     else:
@@ -89,9 +89,8 @@ def _list(args: argparse.Namespace, config: Any) -> int:
 
 def _clear(args: argparse.Namespace, config: Any) -> int:
     if args.job_type is None and args.queue is None and not args.all:
-        print("dispatcher limits clear: give a job type, --queue, or --all")
-        return 2
-    gone = _guarded(lambda: clear_limits(_dsn(config), args.job_type, queue=args.queue,
+        raise ConfigError("JOB_TYPE", "give a job type, --queue, or --all (limits clear)")
+    gone = _guarded(lambda: clear_limits(config_dsn(config), args.job_type, queue=args.queue,
                                          limits=config.database.limits))
     print(f"cleared {len(gone)} limits" + (": " + ", ".join(f"{t} in {_queue(q)}" for t, q in gone) if gone else ""))
     return 0 if gone else 1
@@ -99,7 +98,7 @@ def _clear(args: argparse.Namespace, config: Any) -> int:
 
 def _pause(args: argparse.Namespace, config: Any, action: str) -> int:
     change = pause_queue if action == "pause" else resume_queue
-    changed = _guarded(lambda: change(_dsn(config), args.queue, limits=config.database.limits))
+    changed = _guarded(lambda: change(config_dsn(config), args.queue, limits=config.database.limits))
     past = "paused" if action == "pause" else "resumed"
     print(f"queue {args.queue!r} {past}" if changed else
           f"queue {args.queue!r} was {'paused already' if action == 'pause' else 'not paused'}: nothing changed")
@@ -107,7 +106,7 @@ def _pause(args: argparse.Namespace, config: Any, action: str) -> int:
 
 
 def _paused(args: argparse.Namespace, config: Any) -> int:
-    rows = _guarded(lambda: paused_queues(_dsn(config), limits=config.database.limits))
+    rows = _guarded(lambda: paused_queues(config_dsn(config), limits=config.database.limits))
     if args.json:
         print(orjson.dumps([dataclasses.asdict(r) for r in rows]).decode())
     else:
@@ -116,18 +115,8 @@ def _paused(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
-def _dsn(config: Any) -> str:
-    if not config.dsn:
-        raise ConfigError("DISPATCHER_DSN", "is not set (or pass --dsn)")
-    return str(config.dsn)
-
-
 def _guarded(work: Callable[[], Any]) -> Any:
-    """The API's input errors -> ConfigError naming the flag (exit 2)."""
-    try:
-        return work()
-    except AdminInputError as exc:
-        raise ConfigError(_FLAGS.get(exc.option, exc.option), str(exc)) from None
+    return guarded(work, _FLAGS)
 
 
 def render_limits(rows: list[LimitRow]) -> str:

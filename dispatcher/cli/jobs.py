@@ -123,11 +123,11 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
 def _list(args: argparse.Namespace, config: Any) -> int:
     filters = _filters(args)
     if filters.halted:
-        keys = _guarded(lambda: list_halted_keys(_dsn(config), filters, limit=_whole(args.limit, "--limit"),
+        keys = guarded(lambda: list_halted_keys(config_dsn(config), filters, limit=_whole(args.limit, "--limit"),
                                                  limits=config.database.limits))
         print(orjson.dumps(keys, option=orjson.OPT_INDENT_2).decode() if args.json else render_halted(keys))
         return 0
-    rows = _guarded(lambda: list_jobs(_dsn(config), filters, limit=_whole(args.limit, "--limit"),
+    rows = guarded(lambda: list_jobs(config_dsn(config), filters, limit=_whole(args.limit, "--limit"),
                                       limits=config.database.limits))
     # Completed jobs have no rows to list under DISPATCHER_COMPLETED_JOBS=delete: say so, not "(no jobs match)".
     hidden = config.completion.deletes and (not filters.statuses or STATUS_COMPLETED in filters.statuses)
@@ -146,14 +146,14 @@ DELETED_LIST_NOTE = ("completed jobs are not listed: DISPATCHER_COMPLETED_JOBS=d
 
 def _show(args: argparse.Namespace, config: Any) -> int:
     job_id = _whole(args.id, "id")
-    dsn, limits = _dsn(config), config.database.limits
-    detail = _guarded(lambda: show_job(dsn, job_id, limits=limits))
+    dsn, limits = config_dsn(config), config.database.limits
+    detail = guarded(lambda: show_job(dsn, job_id, limits=limits))
     if detail is not None:
         print(orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode() if args.json else render_show(detail))
         return 0
     # No row. Under DISPATCHER_COMPLETED_JOBS=delete that is what a completed job leaves; the
     # history (DISPATCHER_HISTORY) may still tell what became of it (and of a pruned or purged one).
-    attempts = _guarded(lambda: job_attempts(dsn, job_id, limits=limits))
+    attempts = guarded(lambda: job_attempts(dsn, job_id, limits=limits))
     if attempts:
         print(orjson.dumps({"id": job_id, "job": None, "attempts": attempts}, option=orjson.OPT_INDENT_2).decode()
               if args.json else render_attempts(attempts, f"job {job_id}: no row; its attempts from the history"))
@@ -170,12 +170,12 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
     change, done, meaning = _CHANGES[action]
     filters = _filters(args)
     batch = _whole(args.batch, "--batch")
-    dsn = _dsn(config)
+    dsn = config_dsn(config)
     if not filters.ids:
         if not args.all and filters == Filters():
             raise ConfigError("arguments", f"name the jobs to {action}: ids, filters (--status, --queue, --type, "
                                            "--older-than, --newer-than) or --all")
-        matching = _guarded(lambda: count_jobs(dsn, filters, action, limits=config.database.limits))
+        matching = guarded(lambda: count_jobs(dsn, filters, action, limits=config.database.limits))
         if matching == 0:
             print(f"no jobs match: nothing to {action}")
             return 0
@@ -183,7 +183,7 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
             print(f"{matching} jobs match; nothing was changed: re-run with --yes to {action} them")
             return 1
     # A bulk change goes up to the newest job that matches when it begins (jobs enqueued later stay).
-    result = _guarded(lambda: change(dsn, filters, batch=batch, limits=config.database.limits))
+    result = guarded(lambda: change(dsn, filters, batch=batch, limits=config.database.limits))
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     else:
@@ -201,7 +201,7 @@ def _filters(args: argparse.Namespace) -> Filters:
         bad = [v for v in values if not is_valid_name(v)]
         if bad:
             raise ConfigError(flag, f"{bad[0]!r} is not a name a job can have (letters, digits, _ . -)")
-    return _guarded(lambda: Filters(statuses=_split(args.status), queues=names["--queue"],
+    return guarded(lambda: Filters(statuses=_split(args.status), queues=names["--queue"],
                                     job_types=names["--type"], older_than_s=_age(args.older_than, "--older-than"),
                                     newer_than_s=_age(args.newer_than, "--newer-than"), ids=ids,
                                     halted=args.halted))
@@ -230,18 +230,20 @@ def _whole(text: str, flag: str) -> int:
     return value
 
 
-def _dsn(config: Any) -> str:
+def config_dsn(config: Any) -> str:
+    """The one-shot commands' DSN, or the ConfigError that says how to give one."""
     if not config.dsn:
         raise ConfigError("DISPATCHER_DSN", "is not set (or pass --dsn)")
     return str(config.dsn)
 
 
-def _guarded(work: Callable[[], Any]) -> Any:
-    """admin's own input errors -> ConfigError naming the flag (exit 2)."""
+def guarded(work: Callable[[], Any], flags: dict[str, str] | None = None) -> Any:
+    """The admin API's own input errors -> ConfigError naming the flag (`flags`: option -> flag;
+    the jobs commands' by default), exit 2."""
     try:
         return work()
     except AdminInputError as exc:
-        raise ConfigError(_FLAGS.get(exc.option, exc.option), str(exc)) from None
+        raise ConfigError((flags or _FLAGS).get(exc.option, exc.option), str(exc)) from None
 
 
 # -- output --------------------------------------------------------------------------------------------

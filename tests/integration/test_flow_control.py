@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import orjson
 import psycopg
 import pytest
 
@@ -353,3 +354,32 @@ def test_a_type_filtered_claim_still_walks_the_claim_index(dsn, include, buckets
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "dispatcher_flow_control"]
     assert not [n for n in nodes if n["Node Type"] == "Sort"]
     assert plan["Actual Rows"] == 100
+
+
+def test_the_cli_sets_lists_clears_pauses_and_resumes_and_refuses_bad_input(dsn):
+    from tests.integration.test_cli_errors import cli, one_line_error
+
+    def ok(*args, code=0):
+        result = cli(*args, "--dsn", dsn)
+        assert result.returncode == code, (args, result.returncode, result.stdout, result.stderr)
+        return result.stdout
+
+    assert "limit set: sms" in ok("limits", "set", "sms", "--max-running", "10")
+    ok("limits", "set", "partner", "--queue", "eu", "--per-second", "2.5", "--burst", "5")
+    listed = orjson.loads(ok("limits", "list", "--json"))
+    assert [(r["job_type"], r["queue"], r["max_running"], r["per_second"], r["burst_jobs"]) for r in listed] == \
+        [("partner", "eu", None, 2.5, 5.0), ("sms", "*", 10, None, 1.0)]
+    one_line_error(cli("limits", "set", "sms", "--max-running", "-1", "--dsn", dsn), 2, "--max-running")
+    one_line_error(cli("limits", "set", "sms", "--dsn", dsn), 2, "--max-running")
+    assert fetchval(dsn, "SELECT max_running FROM dispatcher_limits WHERE job_type = 'sms'") == 10
+    assert "cleared 1 limits: sms in (every queue)" in ok("limits", "clear", "sms")
+    ok("limits", "clear", "sms", code=1)  # nothing to clear
+    one_line_error(cli("limits", "clear", "--dsn", dsn), 2, "JOB_TYPE", "--all")  # nothing named
+    ok("limits", "clear", "--all")
+    assert ok("limits", "list") == "no limits\n"
+    assert ok("queues", "pause", "mail") == "queue 'mail' paused\n"
+    ok("queues", "pause", "mail", code=1)
+    assert ok("queues", "list").startswith("mail ")
+    ok("queues", "resume", "mail")
+    ok("queues", "resume", "mail", code=1)
+    assert ok("queues", "list") == "no paused queues\n"

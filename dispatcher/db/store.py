@@ -224,7 +224,8 @@ class JobStore:
                 spent = len(claimed.jobs)
                 if spent and any(r[3] is not None for r in locked):
                     await conn.execute(query("flow_gate_spend"), {**keys, "spent": spent})
-            if allowed is None or allowed >= limit:
+            # Held back only if the limit cut a claim that had more to take: not when the jobs ran out.
+            if allowed is None or allowed >= limit or (asked > 0 and claimed.selected < asked):
                 return GatedClaim(claimed, allowed)
             waits = [next_token_s(r[4], spent, r[3]) for r in locked if r[3] is not None]
             return GatedClaim(claimed, allowed, held_by, max(waits) if held_by == "per_second" and waits else None)

@@ -383,3 +383,27 @@ def test_the_cli_sets_lists_clears_pauses_and_resumes_and_refuses_bad_input(dsn)
     ok("queues", "resume", "mail")
     ok("queues", "resume", "mail", code=1)
     assert ok("queues", "list") == "no paused queues\n"
+
+
+def test_a_limit_holds_a_claim_back_only_while_jobs_wait_beyond_it(dsn):
+    """A worker retries a held-back gated claim soon (and counts it in the metric): only when the
+    limit cut the claim short of jobs that were there, never for a limited type with no backlog."""
+    enqueue(dsn, "sms", 3)
+    set_limit(dsn, "sms", max_running=5)
+    gate = Gate(TypeFilter(("sms",), True), (("sms", "*"),))
+
+    async def scenario():
+        store = JobStore(dsn, "w")
+        try:
+            version = (await store.flow_state()).version
+            first = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
+            assert (len(first.claimed.jobs), first.allowed, first.held_by) == (3, 5, None)  # ran out of jobs
+            enqueue(dsn, "sms", 10)
+            second = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
+            assert (len(second.claimed.jobs), second.allowed, second.held_by) == (2, 2, "max_running")
+            third = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
+            assert (len(third.claimed.jobs), third.allowed, third.held_by) == (0, 0, "max_running")
+        finally:
+            await store.close()
+
+    run_async(scenario())

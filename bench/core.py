@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -200,3 +201,15 @@ async def clocked_pair(dsn: str, claimer: Callable[[psycopg.AsyncConnection[Any]
         await asyncio.gather(claimer(c1), completer(c2))
         last = (await (await c2.execute(clock)).fetchone())[0]  # type: ignore[index]
     return first, last
+
+
+@contextmanager
+def recording_dir(env_var: str, prefix: str) -> Iterator[Path]:
+    """A fresh directory for the workers' own recordings, named to them in `env_var` (worker
+    processes inherit our environment), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as directory:
+        os.environ[env_var] = directory
+        try:
+            yield Path(directory)
+        finally:
+            del os.environ[env_var]

@@ -8,17 +8,14 @@ docs/guides/benchmarks.md; the results: bench/RESULTS.md, *Ordering keys*.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
-from bench.core import Result, postmaster_pid
+from bench.core import Result, postmaster_pid, recording_dir
 from bench.keyed_app import NO_KEY, RECORD_DIR_ENV
 from bench.runs import measured_run
 
@@ -105,7 +102,7 @@ def keyed_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], mode
         for w in workers:
             for mix, ordering_keys in keys.items():
                 for mode in modes:
-                    with _recording() as directory:
+                    with recording_dir(RECORD_DIR_ENV, "bench-keyed-") as directory:
                         row = measured_run(dsn, mode, w, jobs, postmaster, label=f"keyed {mix} {mode} x{w} {profile}",
                                            delay_s=lead_s(jobs), ordering_keys=ordering_keys, app=APP,
                                            timeout_s=1800, profile=profile)
@@ -117,16 +114,4 @@ def keyed_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], mode
                               flush=True)
                     result.add(mix=mix, profile=profile, **row, **check)
     add_ratios(result.rows)
-
-
-@contextmanager
-def _recording() -> Iterator[Path]:
-    """A fresh directory for the workers' recordings, named to them through the environment
-    (worker processes inherit ours), removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="bench-keyed-") as directory:
-        os.environ[RECORD_DIR_ENV] = directory
-        try:
-            yield Path(directory)
-        finally:
-            del os.environ[RECORD_DIR_ENV]
 

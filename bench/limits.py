@@ -11,19 +11,16 @@ and when each type finished (`summarize`). What the columns mean: docs/guides/be
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.core import Result, reset
+from bench.core import Result, recording_dir, reset
 from bench.fleet import Fleet
 from bench.limits_app import JOB_TYPES, RECORD_DIR_ENV
 from dispatcher import enqueue_payloads_sync
@@ -222,7 +219,7 @@ def limits_suite(dsn: str, result: Result, *, workers: int, modes: list[str], pe
             jobs = job_counts(per_second, burst, max_running, windows, window_s, free_jobs)
             total = sum(jobs.values())
             try:
-                with _recording() as directory:
+                with recording_dir(RECORD_DIR_ENV, "bench-limits-") as directory:
                     with Fleet(dsn, mode, workers, app=APP) as fleet:
                         fleet.wait_ready()
                         with conn.transaction():  # the jobs appear at once, when it commits
@@ -241,15 +238,3 @@ def limits_suite(dsn: str, result: Result, *, workers: int, modes: list[str], pe
         result.add(mode=mode, workers=workers, seconds=round(seconds, 2), **row)
         result.rows[-1].update(series)  # in the JSON, not on the console
         print(window_table(result.rows[-1]), flush=True)
-
-
-@contextmanager
-def _recording() -> Iterator[Path]:
-    """A fresh directory for the workers' recordings, named to them through the environment
-    (worker processes inherit ours), removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="bench-limits-") as directory:
-        os.environ[RECORD_DIR_ENV] = directory
-        try:
-            yield Path(directory)
-        finally:
-            del os.environ[RECORD_DIR_ENV]

@@ -243,10 +243,12 @@ def test_three_workers_never_run_more_than_max_running_and_other_types_go_on(dsn
 def test_a_limit_set_while_jobs_run_holds_within_a_second(dsn):
     registry = Registry()
     seen = Concurrency()
+    done: list[int] = []
 
     @registry.handler("x")
     async def x(job: Job) -> None:
         await seen.run(0.05)
+        done.append(job.id)
 
     enqueue(dsn, "x", 3000)
     worker = Worker(config(dsn, concurrency=20), registry)
@@ -259,8 +261,9 @@ def test_a_limit_set_while_jobs_run_holds_within_a_second(dsn):
             set_at = time.monotonic()
             await wait_until_async(lambda: seen.now <= 2, 5, "at most 2 running")
             settled = time.monotonic() - set_at
-            seen.most = 0
-            await asyncio.sleep(1.0)  # a window in which no more than 2 may ever run
+            seen.most, before = 0, len(done)
+            # 40 jobs more under the limit (about a second at 2 x 50 ms): never more than 2 at once.
+            await wait_until_async(lambda: len(done) >= before + 40, 30, "40 more jobs done under the limit")
             assert seen.most <= 2, seen.most
             return settled
         finally:
@@ -280,7 +283,7 @@ def test_a_paused_queue_claims_nothing_lets_running_jobs_finish_and_resumes(dsn)
             await asyncio.sleep(0.5)
         ran.append(job.id)
 
-    worker = Worker(config(dsn, concurrency=10), registry)
+    worker = Worker(config(dsn, concurrency=10, queues=("default", "other")), registry)
     with psycopg.connect(dsn, autocommit=True) as conn:
         slow_id = enqueue_sync(conn, "a", {"slow": True})
 
@@ -295,11 +298,15 @@ def test_a_paused_queue_claims_nothing_lets_running_jobs_finish_and_resumes(dsn)
             await wait_until_async(lambda: slow_id in ran, 10, "the running job finished")
             await wait_until_async(lambda: worker.vitals.paused_queues == ("default",), 5, "readyz detail")
             assert metrics.QUEUE_PAUSED.labels("default")._value.get() == 1
-            await asyncio.sleep(1.0)  # a window in which nothing may be claimed
-            assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE locked_at >= %s", (paused_at,)) == 0
-            assert ran == [slow_id]
+            # The worker goes on claiming its other queue meanwhile: once 20 jobs of it are done, it
+            # has claimed again and again, and never from the paused one.
+            assert enqueue(dsn, "a", 20, queue="other") == 20
+            await wait_until_async(lambda: len(ran) == 21, 30, "the other queue's jobs done")
+            assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE queue_name = 'default' "
+                                 "AND locked_at >= %s", (paused_at,)) == 0
+            assert slow_id in ran
             resume_queue(dsn, "default")
-            await wait_until_async(lambda: status_counts(dsn) == {"completed": 51}, 30, "all done after resume")
+            await wait_until_async(lambda: status_counts(dsn) == {"completed": 71}, 30, "all done after resume")
         finally:
             worker.stop(grace_s=5)
             await task

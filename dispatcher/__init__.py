@@ -22,6 +22,7 @@ from dispatcher.api.enqueue import (
     enqueue_sync,
 )
 from dispatcher.api.registry import Registry
+from dispatcher.api.schedules import Schedule
 from dispatcher.errors import (
     ConfigError,
     DispatcherError,
@@ -40,10 +41,11 @@ from dispatcher.errors import (
 from dispatcher.model import Job
 from dispatcher.serve.worker import Worker, run_worker
 from dispatcher.settings.config import Config
+from dispatcher.slots import ScheduleError
 
 __all__ = [
     "Config", "ConfigError", "DispatcherError", "EnqueueError", "Job", "JobSpec", "PayloadError",
-    "PermanentJobError", "Registry", "SchemaMissing", "Snooze", "StoreConflict", "StoreError", "StorePermissionDenied", "StoreRefused",
+    "PermanentJobError", "Registry", "Schedule", "ScheduleError", "SchemaMissing", "Snooze", "StoreConflict", "StoreError", "StorePermissionDenied", "StoreRefused",
     "StoreTimeout", "StoreUnavailable", "Worker", "enqueue",
     "enqueue_many", "enqueue_many_sync", "enqueue_payloads", "enqueue_payloads_sync", "enqueue_sync",
     "run_worker",

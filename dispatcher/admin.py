@@ -1,6 +1,7 @@
-"""The operator's API in one place: the job admin (list, show, retry, cancel, purge: api/admin.py)
-and the fleet's flow control (limits, paused queues: api/flow.py). `dispatcher jobs`, `dispatcher
-limits` and `dispatcher queues` are these functions on the command line."""
+"""The operator's API in one place: the job admin (list, show, retry, cancel, purge: api/admin.py),
+the fleet's flow control (limits, paused queues: api/flow.py) and the recurring jobs
+(api/schedule_admin.py). `dispatcher jobs`, `dispatcher limits`, `dispatcher queues` and
+`dispatcher schedules` are these functions on the command line."""
 
 from dispatcher.api.admin import (
     AdminInputError,
@@ -25,9 +26,10 @@ from dispatcher.api.flow import (
     resume_queue,
     set_limit,
 )
+from dispatcher.api.schedule_admin import ScheduleRow, list_schedules
 
 __all__ = [
-    "AdminInputError", "AdminResult", "Filters", "LimitRow", "PausedQueue", "cancel_jobs", "clear_limits",
-    "count_jobs", "job_attempts", "list_halted_keys", "list_jobs", "list_limits", "pause_queue", "paused_queues",
-    "purge_jobs", "resume_queue", "retry_jobs", "set_limit", "show_job",
+    "AdminInputError", "AdminResult", "Filters", "LimitRow", "PausedQueue", "ScheduleRow", "cancel_jobs",
+    "clear_limits", "count_jobs", "job_attempts", "list_halted_keys", "list_jobs", "list_limits", "list_schedules",
+    "pause_queue", "paused_queues", "purge_jobs", "resume_queue", "retry_jobs", "set_limit", "show_job",
 ]

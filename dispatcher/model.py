@@ -34,18 +34,22 @@ class Job:
     queue the claim read (one per statement), not a column read back per row. `locked_at` arrives
     from the claim as epoch seconds and becomes a datetime when first read (why: the claim's
     comment in dispatcher/db/sql/claim.sql). `ordering_key` is the job's key, or None: the jobs of a
-    queue that share one run one at a time, in the order they were enqueued."""
+    queue that share one run one at a time, in the order they were enqueued. `scheduled_for` is the
+    slot a recurring job was enqueued for (UTC; None for other jobs): a handler can be idempotent
+    per slot with it."""
 
     __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "_locked_at", "bucket", "priority",
-                 "ordering_key", "token", "queue")
+                 "ordering_key", "token", "queue", "scheduled_for")
 
-    def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE) -> None:
+    def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE,
+                 scheduled_for: datetime | None = None) -> None:
         (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
          self._locked_at, self.bucket, self.priority) = row[:8]
         # A claim's rows carry the key, then `selected`; a row of 8 (a test's) has no key.
         self.ordering_key = row[8] if len(row) > 8 else None
         self.token = token
         self.queue = queue
+        self.scheduled_for = scheduled_for
 
     @property
     def locked_at(self) -> datetime | None:

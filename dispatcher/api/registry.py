@@ -7,7 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.api.schedules import CATCH_UP_LATEST, Schedule, declare_schedule
 from dispatcher.backoff import HandlerRetry, RetryFn, handler_retry
+from dispatcher.constants import DEFAULT_QUEUE
+from dispatcher.slots import ScheduleError
 
 # What a handler's final failure does to its job's ordering key (jobs without a key: nothing).
 ON_ORDERED_FAILURE_HALT = "halt"  # the key's later jobs wait until an operator retries or cancels this one
@@ -40,11 +43,13 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     def handler(
         self, job_type: str | None = None, *, timeout_s: float | None = None,
         on_ordered_failure: str = ON_ORDERED_FAILURE_HALT, max_attempts: int | None = None,
         retry_base_s: float | None = None, retry_cap_s: float | None = None, retry: RetryFn | None = None,
+        schedule: str | None = None, queue: str = DEFAULT_QUEUE,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """`on_ordered_failure`: when a job with an ordering key fails for good (out of attempts, or
         discarded), "halt" (the default) keeps the key's later jobs waiting until an operator
@@ -52,7 +57,10 @@ class Registry:
 
         Retries of this handler's failed attempts: `max_attempts` (a job's own, given at enqueue,
         wins), the backoff's `retry_base_s` / `retry_cap_s`, or `retry(attempt, error)` returning
-        the seconds before the next attempt (None: the backoff). Unset: the worker's settings."""
+        the seconds before the next attempt (None: the backoff). Unset: the worker's settings.
+
+        `schedule`: a cron expression ("*/5 * * * *", "@hourly"): the shorter form of
+        `registry.schedule(<job_type>, expression, job_type=<job_type>, queue=queue)`, in UTC."""
         own_retry = handler_retry(max_attempts, retry_base_s, retry_cap_s, retry)
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
@@ -64,11 +72,39 @@ class Registry:
             name = job_type or fn.__name__
             if name in self._handlers:
                 raise ValueError(f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}")
+            if schedule is not None:
+                self.schedule(name, schedule, job_type=name, queue=queue)
             self._handlers[name] = Handler(name, fn, inspect.iscoroutinefunction(fn), timeout_s, on_ordered_failure,
                                            own_retry)
             return fn
 
         return register
+
+    def schedule(self, name: str, expression: str | None = None, *, every_s: int | None = None, job_type: str,
+                 payload: Any = None, queue: str = DEFAULT_QUEUE, tz: str = "UTC", priority: int = 0,
+                 max_attempts: int | None = None, catch_up: str = CATCH_UP_LATEST) -> Schedule:
+        """A recurring job: one `job_type` job with `payload` in `queue` at each slot of a 5-field
+        cron `expression` read in time zone `tz` (or "@daily", "@hourly", ...), or every `every_s`
+        seconds (slots at multiples of it since the Unix epoch). Exactly one job per slot across
+        the fleet; `job.scheduled_for` is its slot. `catch_up`: what runs of the slots missed while
+        no worker was up: "latest" (the most recent once), "all" (up to CATCH_UP_ALL_MAX), "none".
+        Checked here: a ScheduleError names the schedule (docs/guides/schedules.md)."""
+        if name in self._schedules:
+            raise ScheduleError(f"schedule {name!r} is declared twice")
+        declared = declare_schedule(name, expression, every_s=every_s, job_type=job_type, payload=payload, queue=queue,
+                                    tz=tz, priority=priority, max_attempts=max_attempts, catch_up=catch_up)
+        self._schedules[name] = declared
+        return declared
+
+    def schedules(self) -> list[Schedule]:
+        return [self._schedules[name] for name in sorted(self._schedules)]
+
+    def check_schedules(self) -> None:
+        """At the worker's start: every schedule's job type has a handler here."""
+        for s in self._schedules.values():
+            if s.job_type not in self._handlers:
+                raise ScheduleError(f"schedule {s.name!r}: job_type {s.job_type!r} has no handler in this app; "
+                                    f"handlers: {', '.join(self.job_types()) or 'none'}")
 
     def get(self, job_type: str) -> Handler | None:
         return self._handlers.get(job_type)

@@ -17,6 +17,7 @@ import orjson
 
 from dispatcher._version import __version__
 from dispatcher.cli.flow import add_flow_parsers
+from dispatcher.cli.schedules import add_schedules_parser
 from dispatcher.cli.jobs import add_jobs_parser
 from dispatcher.errors import (
     ConfigError,
@@ -74,6 +75,7 @@ def load_registry(spec: str, origin: str = "--app") -> Any:
     """'package.module:attribute' -> the Registry object it names; errors name `origin` (the
     flag or env var the spec came from)."""
     from dispatcher.api.registry import Registry
+    from dispatcher.slots import ScheduleError
 
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
@@ -83,9 +85,15 @@ def load_registry(spec: str, origin: str = "--app") -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(origin, f"cannot import {module_name!r}: {exc}") from None
+    except ScheduleError as exc:  # a schedule declared at import: its error names it
+        raise ConfigError(origin, f"{module_name!r}: {exc}") from None
     registry = getattr(module, attribute, None)
     if not isinstance(registry, Registry):
         raise ConfigError(origin, f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})")
+    try:
+        registry.check_schedules()
+    except ScheduleError as exc:
+        raise ConfigError(origin, str(exc)) from None
     return registry
 
 
@@ -285,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_jobs_parser(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
     add_flow_parsers(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
+    add_schedules_parser(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
 
     p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
     p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")

@@ -97,4 +97,4 @@ def claimed_rows(rows: list[Any], token: str, queue: str) -> Claimed:
         return Claimed([], 0, stale=True)
     if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
         return Claimed([], selected)
-    return Claimed([Job(row, token, queue) for row in rows], selected)
+    return Claimed([Job(row, token, queue, row[10]) for row in rows], selected)

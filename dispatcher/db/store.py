@@ -63,14 +63,15 @@ def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any])
     set_json_dumps(orjson.dumps, conn)
 
 
-def _raw_json(data: Any) -> bytes:
+def raw_json(data: Any) -> bytes:
+    """Jsonb's dumps for a payload serialised already (orjson bytes): sent as is."""
     return data  # type: ignore[no-any-return]  # already orjson bytes
 
 
 def insert_one_params(job: NewJob) -> dict[str, Any]:
     """jobs_insert_one's parameters: dispatcher.enqueue's and the port's jobs_enqueue."""
     return {
-        "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=_raw_json),
+        "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=raw_json),
         "priority": job.priority, "bucket": job.bucket, "max_attempts": job.max_attempts,
         "run_at": job.run_at, "delay_s": job.delay_s, "dedupe_key": job.dedupe_key,
         "ordering_key": job.ordering_key, "dedupe_window_s": getattr(job, "dedupe_window_s", None),

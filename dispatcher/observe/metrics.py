@@ -54,6 +54,17 @@ JANITOR_LAG = Gauge(
     "How far past its retention the oldest row of each kind still there is (0: caught up); from the pods "
     "whose last prune round ran, none from a pod that found another pruning", ["kind"],
 )
+SCHEDULE_LAST_SUCCESS = Gauge(
+    "dispatcher_schedule_last_success_timestamp_seconds",
+    "When the schedule's latest job completed (Unix time), or, before its first success, when it was declared; "
+    "from the pod enqueuing the schedule's queue (its schedules lease), none from the others", ["schedule"],
+)
+SCHEDULE_PERIOD = Gauge(
+    "dispatcher_schedule_period_seconds", "Seconds between the schedule's next two slots (as last_success)",
+    ["schedule"],
+)
+SCHEDULE_JOBS = Counter("dispatcher_schedule_jobs_total", "Jobs this pod enqueued for schedules' slots",
+                        ["schedule"])
 STOLEN_JOBS = Counter("dispatcher_jobs_stolen_total", "Jobs claimed from other workers' buckets (own buckets idle)")
 FLOW_HELD_BACK = Counter(
     "dispatcher_flow_limited_claims_total",

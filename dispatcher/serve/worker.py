@@ -29,6 +29,7 @@ from dispatcher.runtime.maintenance import LeaseKeeper, PeriodicService, Planner
 from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.runtime.scheduler import Scheduler
 from dispatcher.runtime.stuck import StuckWatch
 from dispatcher.runtime.table_sampler import TableSampler
 from dispatcher.runtime.vitals import Vitals
@@ -131,12 +132,11 @@ class Worker:
         self.key_sweeper = KeySweeper(maint, config.claims.queues)
         self.table_sampler = TableSampler(maint, interval_s=config.maintenance.table_sample_interval_s,
                                           queues=config.claims.queues)
+        self.scheduler = Scheduler(maint, registry.schedules(), config.claims.queues,
+                                   completed_jobs=config.completion.completed_jobs)
         self._services: list[PeriodicService] = [
-            self.lease_keeper, self.reaper,
-            self.pruner, self.key_sweeper,
-            PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
-            self.table_sampler,
-        ]
+            self.lease_keeper, self.reaper, self.pruner, self.key_sweeper, self.scheduler,
+            PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s), self.table_sampler]
         job_metrics.COLLECTOR.track(self.executor, config.claims.queues)  # dispatcher_jobs_running{queue}
         self._stop = asyncio.Event()
         self._stop_requested_at: float | None = None
@@ -264,9 +264,10 @@ class Worker:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        # Beside the flush (another connection): the next pod samples the table, and prunes, at
-        # its next tick instead of after our leases run out.
-        releasing = asyncio.create_task(_release_roles(self.table_sampler, self.pruner, self.key_sweeper), name="release roles")
+        # Beside the flush (another connection): the next pod samples the table, prunes, sweeps and
+        # enqueues schedules at its next tick instead of after our leases run out.
+        roles = (self.table_sampler, self.pruner, self.key_sweeper, self.scheduler)
+        releasing = asyncio.create_task(_release_roles(*roles), name="release roles")
         await self._flush_until(overrun_ends - 0.5)
         await _within(leaving, overrun_ends - 0.2)
         await _within(releasing, overrun_ends - 0.2)
@@ -318,7 +319,7 @@ class Worker:
                   "back (fenced if they were written after all)", self.unflushed)
 
 
-async def _release_roles(*roles: TableSampler | Pruner | KeySweeper) -> None:
+async def _release_roles(*roles: TableSampler | Pruner | KeySweeper | Scheduler) -> None:
     for role in roles:
         await role.release()
 

@@ -23,11 +23,12 @@ from bench.external import add_arguments as add_external_arguments
 from bench.external import main as external_main
 from bench.keyed import MIXES, keyed_suite
 from bench.limits import limits_suite
-from bench.plots import coldstart_plot, curve_plot, keyed_plot, limits_plot, scaling_plots
+from bench.plots import coldstart_plot, curve_plot, keyed_plot, limits_plot, scaling_plots, schedules_plot
+from bench.schedules import schedules_suite
 from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 
 SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling", "keyed",
-             "limits"]
+             "limits", "schedules"]
 MODES = ["partitioned", "skip_locked"]
 RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
                "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
@@ -114,6 +115,13 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
                    "max_running", "cap_held", "capped_mean_running", "capped_jobs_per_s", "free_done_s",
                    "capped_done_s", "rated_done_s", "ran_twice", "not_run"]
         limits_plot(result.rows, out_dir, label)
+    elif scenario == "schedules":
+        schedules_suite(dsn, result, workers=_ints(args.workers or "2")[0], modes=modes,
+                        profiles=("defaults",) if quick else tuple(args.profiles.split(",")),
+                        seconds=10.0 if quick else args.seconds)
+        columns = ["profile", "mode", "workers", "seconds", "schedules", "slots", "jobs", "missed", "ran_twice",
+                   "not_run", "late_p50_ms", "late_p99_ms", "late_max_ms", "within_1s", "lead_min_s", "lead_median_s"]
+        schedules_plot(result.rows, out_dir, label)
     else:
         enqueue_suite(dsn, result, single=500 if quick else 5_000, bulk=jobs, repeat=1 if quick else args.repeat)
         columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]
@@ -159,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="limits: the max-running limit N of the `capped` type (20-50 ms handlers)")
     parser.add_argument("--windows", type=int, default=6,
                         help="limits: 10 s windows of backlog for the `rated` type (--quick: 2 of 5 s)")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="schedules: seconds the fleet runs its every-second schedules (--quick: 10)")
     parser.add_argument("--repeat", type=int, default=3, help="drain/burst/scaling/enqueue/coldstart: runs per configuration (median)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)

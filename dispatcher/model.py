@@ -39,7 +39,7 @@ class Job:
     per slot with it."""
 
     __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "_locked_at", "bucket", "priority",
-                 "ordering_key", "token", "queue", "scheduled_for")
+                 "ordering_key", "token", "queue", "_scheduled_for")
 
     def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE,
                  scheduled_for: datetime | None = None) -> None:
@@ -49,7 +49,7 @@ class Job:
         self.ordering_key = row[8] if len(row) > 8 else None
         self.token = token
         self.queue = queue
-        self.scheduled_for = scheduled_for
+        self._scheduled_for = scheduled_for
 
     @property
     def locked_at(self) -> datetime | None:
@@ -58,6 +58,12 @@ class Job:
         if isinstance(at, float):
             at = self._locked_at = datetime.fromtimestamp(at, UTC)
         return at  # type: ignore[no-any-return]
+
+    @property
+    def scheduled_for(self) -> datetime | None:
+        """The slot of a recurring job (UTC, whatever the session's time zone), else None."""
+        at = self._scheduled_for
+        return None if at is None else at.astimezone(UTC)
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, job_type={self.job_type!r}, attempt={self.attempts}/{self.max_attempts})"

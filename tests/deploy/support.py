@@ -51,6 +51,9 @@ CONTRACT_METRICS = CONTRACT_HISTOGRAMS | frozenset({
     "dispatcher_db_active_sessions", "dispatcher_table_sampler", "dispatcher_table_sample_age_seconds",
     # janitor
     "dispatcher_jobs_pruned_total", "dispatcher_janitor_lag_seconds",
+    # schedules (issue 26), from the pod holding each queue's schedules lease
+    "dispatcher_schedule_last_success_timestamp_seconds", "dispatcher_schedule_period_seconds",
+    "dispatcher_schedule_jobs_total",
 })
 
 # A metric name in PromQL: not part of a longer name, nor of a recording rule's `a:b:c` name.

@@ -96,7 +96,8 @@ def test_runs_record_how_their_jobs_ended_and_the_last_success(dsn):
     beat = declare_schedule("beat", every_s=1, job_type="tick")
     round_once(dsn, [beat])
     first, second, third = slots(dsn, "beat")[:3]
-    ids = {s: fetchval(dsn, "SELECT id FROM dispatcher_jobs WHERE scheduled_for = %s", (s,)) for s in (first, second, third)}
+    ids = {s: fetchval(dsn, "SELECT id FROM dispatcher_jobs WHERE scheduled_for = %s", (s,))
+           for s in (first, second, third)}
     fetchall(dsn, "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() WHERE id = %s RETURNING id",
              (ids[first],))
     fetchall(dsn, "UPDATE dispatcher_jobs SET status = 'failed', updated_at = now() WHERE id = %s RETURNING id",

@@ -49,7 +49,7 @@ class Registry:
         self, job_type: str | None = None, *, timeout_s: float | None = None,
         on_ordered_failure: str = ON_ORDERED_FAILURE_HALT, max_attempts: int | None = None,
         retry_base_s: float | None = None, retry_cap_s: float | None = None, retry: RetryFn | None = None,
-        schedule: str | None = None, queue: str = DEFAULT_QUEUE,
+        schedule: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """`on_ordered_failure`: when a job with an ordering key fails for good (out of attempts, or
         discarded), "halt" (the default) keeps the key's later jobs waiting until an operator
@@ -59,8 +59,9 @@ class Registry:
         wins), the backoff's `retry_base_s` / `retry_cap_s`, or `retry(attempt, error)` returning
         the seconds before the next attempt (None: the backoff). Unset: the worker's settings.
 
-        `schedule`: a cron expression ("*/5 * * * *", "@hourly"): the shorter form of
-        `registry.schedule(<job_type>, expression, job_type=<job_type>, queue=queue)`, in UTC."""
+        `schedule`: a cron expression ("*/5 * * * *", "@hourly"): the short form of
+        `registry.schedule(<job_type>, expression, job_type=<job_type>)`: in UTC, in the default
+        queue, with an empty payload (registry.schedule for anything else)."""
         own_retry = handler_retry(max_attempts, retry_base_s, retry_cap_s, retry)
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
@@ -73,7 +74,7 @@ class Registry:
             if name in self._handlers:
                 raise ValueError(f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}")
             if schedule is not None:
-                self.schedule(name, schedule, job_type=name, queue=queue)
+                self.schedule(name, schedule, job_type=name)
             self._handlers[name] = Handler(name, fn, inspect.iscoroutinefunction(fn), timeout_s, on_ordered_failure,
                                            own_retry)
             return fn
@@ -88,7 +89,7 @@ class Registry:
         seconds (slots at multiples of it since the Unix epoch). Exactly one job per slot across
         the fleet; `job.scheduled_for` is its slot. `catch_up`: what runs of the slots missed while
         no worker was up: "latest" (the most recent once), "all" (up to CATCH_UP_ALL_MAX), "none".
-        Checked here: a ScheduleError names the schedule (docs/guides/schedules.md)."""
+        Checked here: a ScheduleError names the schedule (docs/concepts/schedules.md)."""
         if name in self._schedules:
             raise ScheduleError(f"schedule {name!r} is declared twice")
         declared = declare_schedule(name, expression, every_s=every_s, job_type=job_type, payload=payload, queue=queue,

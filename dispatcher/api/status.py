@@ -1,6 +1,7 @@
 """`dispatcher status`: what is queued where, how old the oldest waiting job is, what it costs, how
-many jobs wait behind an ordering key and how many keys are halted, and the fleet's flow control
-(paused queues, limits with what runs under them)."""
+many jobs wait behind an ordering key and how many keys are halted, the fleet's flow control
+(paused queues, limits with what runs under them), and its live workers, leaders and bucket
+owners (fleet_status.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.api.fleet_status import read_fleet, render_fleet
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
@@ -40,6 +42,7 @@ def read_status(dsn: str, limits: ConnectionLimits | None = None, *,
         limits = conn.execute(query("flow_limits_list"))
         limit_columns = [c.name for c in limits.description or ()]
         limit_rows = [dict(zip(limit_columns, r, strict=True)) for r in limits.fetchall()]
+        fleet = read_fleet(conn)
     for queue in paused:
         counts.setdefault(queue, dict.fromkeys(STATUSES, 0))  # a paused queue shows, even with no jobs
     return {
@@ -49,6 +52,7 @@ def read_status(dsn: str, limits: ConnectionLimits | None = None, *,
                    for q, c in counts.items()},
         "limits": [{k: v for k, v in r.items() if k != "updated_at"} for r in limit_rows],
         "runnable_by_bucket": backlog,
+        "workers": fleet,
         "db": dataclasses.asdict(DbPressure(*row)) if row else None,
     }
 
@@ -85,6 +89,9 @@ def render_status(status: dict[str, Any]) -> str:
                       f"{limit['per_second']:g}/s" if limit["per_second"] is not None else ""]
             where = "every queue" if limit["queue_name"] == "*" else f"queue {limit['queue_name']}"
             lines.append(f"  {limit['job_type']} in {where}: " + ", ".join(b for b in bounds if b))
+    if "workers" in status:
+        lines.append("")
+        lines.extend(render_fleet(status["workers"]))
     backlog = status["runnable_by_bucket"]
     if backlog:
         lines.append("")

@@ -46,7 +46,7 @@ def test_every_metric_the_rules_and_dashboard_read_is_exported(dsn, tmp_path):
             enqueue_sync(conn, "record")  # completed
         # One attempt retried, the second (the last) failed: both failure outcomes.
         enqueue_sync(conn, "raise_system_exit", max_attempts=2)
-    worker = start_worker(dsn, tmp_path, app="tests.apps.faulty:registry", log_path=tmp_path / "w.out",
+    worker = start_worker(dsn, tmp_path, app="tests.apps.monitored:registry", log_path=tmp_path / "w.out",
                           metrics_port=port, poll_interval_s=0.2, retry_base_s=0.05, retry_cap_s=0.1,
                           mode="partitioned", coordinator="postgres")
     try:

@@ -118,3 +118,21 @@ SELECT DISTINCT c.relname::text
    AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
    AND c.relname LIKE 'dispatcher\_%'
  ORDER BY 1
+
+-- name: status_members
+-- The live members of each coordination group of the PostgreSQL coordinator (coordinator/sql), with
+-- the age of their last heartbeat, how long they have been up, whether they are leaving and whether
+-- they lead it. Rows past their expiry are dead members not yet cleaned up: left out. A few rows.
+SELECT m.queue, m.member_id, extract(epoch FROM now() - m.heartbeat_at)::float8,
+       extract(epoch FROM now() - m.started_at)::float8, m.leaving, coalesce(l.leader_id = m.member_id, false)
+  FROM dispatcher_members AS m
+  LEFT JOIN dispatcher_leader AS l ON l.queue = m.queue AND l.expires_at > now()
+ WHERE m.expires_at > now()
+ ORDER BY m.queue, m.member_id
+
+-- name: status_leaders
+SELECT queue, leader_id, term FROM dispatcher_leader WHERE expires_at > now() ORDER BY queue
+
+-- name: status_bucket_owners
+-- Each group's 64 buckets: the owner, and the next owner while a hand-off is in progress.
+SELECT queue, bucket, owner, next_owner FROM dispatcher_bucket_owners ORDER BY queue, bucket

@@ -1,0 +1,90 @@
+"""The fleet part of `dispatcher status`: the live workers of each coordination group, its leader
+and who owns which bucket (the PostgreSQL coordinator's tables), in text and as JSON.
+
+Workers coordinated by Redis or with static buckets keep no rows there: the section says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+from dispatcher.db.queries import query
+
+
+def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """group -> {leader, term, members, unowned, handoffs, orphaned (buckets whose owner is no
+    longer a live member)}, read in `conn`'s transaction."""
+    groups: dict[str, dict[str, Any]] = {}
+
+    def group(name: str) -> dict[str, Any]:
+        return groups.setdefault(name, {"leader": None, "term": None, "members": [], "unowned": [], "handoffs": [],
+                                        "orphaned": []})
+
+    for name, leader, term in conn.execute(query("status_leaders")):
+        group(name).update(leader=leader, term=term)
+    members: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, member, beat_s, up_s, leaving, leads in conn.execute(query("status_members")):
+        entry = {"id": member, "heartbeat_age_s": round(beat_s, 2), "up_s": round(up_s, 1), "leaving": leaving,
+                 "leader": leads, "buckets": []}
+        members[(name, member)] = entry
+        group(name)["members"].append(entry)
+    owners = conn.execute(query("status_bucket_owners")).fetchall()
+    for name, bucket, owner, next_owner in owners:
+        if name not in groups and owner is None and next_owner is None:
+            continue  # a group that never ran: its 64 empty rows say nothing
+        g = group(name)
+        if owner is None:
+            g["unowned"].append(bucket)
+        elif (name, owner) in members:
+            members[(name, owner)]["buckets"].append(bucket)
+        else:  # its owner's membership expired: the leader moves it at its next rebalance
+            g["orphaned"].append({"bucket": bucket, "owner": owner})
+        if next_owner is not None and next_owner != owner:
+            g["handoffs"].append({"bucket": bucket, "from": owner, "to": next_owner})
+    return groups
+
+
+def bucket_ranges(buckets: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    ordered, parts = sorted(buckets), []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts) or "none"
+
+
+def render_fleet(groups: dict[str, Any]) -> list[str]:
+    if not groups:
+        return ["workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by Redis or "
+                "static buckets: their members are not kept in the database)"]
+    lines = []
+    for name, g in sorted(groups.items()):
+        leader = f"leader {g['leader']} (term {g['term']})" if g["leader"] else "no leader"
+        lines.append(f"workers of group {name}: {len(g['members'])} live, {leader}")
+        lines.append(f"  {'member':<32}{'heartbeat':>10}{'up':>10}  buckets")
+        for m in g["members"]:
+            tags = " (leader)" if m["leader"] else ""
+            tags += " (leaving)" if m["leaving"] else ""
+            lines.append(f"  {m['id'] + tags:<32}{m['heartbeat_age_s']:>9.1f}s{_age(m['up_s']):>10}  "
+                         f"{bucket_ranges(m['buckets'])} ({len(m['buckets'])})")
+        if g["handoffs"]:
+            lines.append("  hand-offs in progress: " + ", ".join(
+                f"{h['bucket']} {h['from'] or '-'} -> {h['to']}" for h in g["handoffs"]))
+        if g["orphaned"]:
+            lines.append("  buckets of members no longer live: " + ", ".join(
+                f"{o['bucket']} ({o['owner']})" for o in g["orphaned"]))
+        if g["unowned"]:
+            lines.append(f"  buckets without an owner: {bucket_ranges(g['unowned'])}")
+    return lines
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"

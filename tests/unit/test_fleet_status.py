@@ -1,0 +1,35 @@
+"""How `dispatcher status` shows the fleet (dispatcher/api/fleet_status.py): bucket ranges, and the
+text of each group's workers, leader, hand-offs and buckets without a live owner."""
+
+from __future__ import annotations
+
+from dispatcher.api.fleet_status import bucket_ranges, render_fleet
+
+
+def test_bucket_ranges():
+    assert bucket_ranges([5, 0, 1, 2, 8, 7]) == "0-2,5,7-8"
+    assert bucket_ranges(range(64)) == "0-63"
+    assert bucket_ranges([]) == "none"
+
+
+def test_a_group_shows_each_member_with_its_buckets_the_leader_and_what_moves():
+    groups = {"default": {
+        "leader": "w1", "term": 3,
+        "members": [{"id": "w1", "heartbeat_age_s": 0.4, "up_s": 3725.0, "leaving": False, "leader": True,
+                     "buckets": list(range(32))},
+                    {"id": "w2", "heartbeat_age_s": 1.25, "up_s": 42.0, "leaving": True, "leader": False,
+                     "buckets": list(range(32, 62))}],
+        "unowned": [63], "handoffs": [{"bucket": 40, "from": "w2", "to": "w1"}],
+        "orphaned": [{"bucket": 62, "owner": "w9"}]}}
+    lines = render_fleet(groups)
+    assert lines[0] == "workers of group default: 2 live, leader w1 (term 3)"
+    assert lines[2].split() == ["w1", "(leader)", "0.4s", "1h02m", "0-31", "(32)"]
+    assert lines[3].split() == ["w2", "(leaving)", "1.2s", "42s", "32-61", "(30)"]
+    assert lines[4] == "  hand-offs in progress: 40 w2 -> w1"
+    assert lines[5] == "  buckets of members no longer live: 62 (w9)"
+    assert lines[6] == "  buckets without an owner: 63"
+
+
+def test_no_members_says_why_there_may_be_none():
+    (line,) = render_fleet({})
+    assert "Redis or static" in line

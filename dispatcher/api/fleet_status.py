@@ -6,11 +6,11 @@ Workers coordinated by Redis or with static buckets keep no rows there: the sect
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import psycopg
 
+from dispatcher.api.text import age_text, bucket_ranges
 from dispatcher.db.queries import query
 
 
@@ -47,19 +47,6 @@ def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return groups
 
 
-def bucket_ranges(buckets: Iterable[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
-    ordered, parts = sorted(buckets), []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts) or "none"
-
-
 def render_fleet(groups: dict[str, Any]) -> list[str]:
     if not groups:
         return ["workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by Redis or "
@@ -72,7 +59,7 @@ def render_fleet(groups: dict[str, Any]) -> list[str]:
         for m in g["members"]:
             tags = " (leader)" if m["leader"] else ""
             tags += " (leaving)" if m["leaving"] else ""
-            lines.append(f"  {m['id'] + tags:<32}{m['heartbeat_age_s']:>9.1f}s{_age(m['up_s']):>10}  "
+            lines.append(f"  {m['id'] + tags:<32}{m['heartbeat_age_s']:>9.1f}s{age_text(m['up_s']):>10}  "
                          f"{bucket_ranges(m['buckets'])} ({len(m['buckets'])})")
         if g["handoffs"]:
             lines.append("  hand-offs in progress: " + ", ".join(
@@ -84,7 +71,3 @@ def render_fleet(groups: dict[str, Any]) -> list[str]:
             lines.append(f"  buckets without an owner: {bucket_ranges(g['unowned'])}")
     return lines
 
-
-def _age(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -41,6 +41,7 @@ from dispatcher.api.admin import (
     retry_jobs,
     show_job,
 )
+from dispatcher.api.text import age_text
 from dispatcher.constants import is_valid_name
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.model import STATUS_COMPLETED, STATUSES
@@ -247,18 +248,6 @@ def guarded(work: Callable[[], Any], flags: dict[str, str] | None = None) -> Any
 
 
 # -- output --------------------------------------------------------------------------------------------
-
-def age_text(seconds: float) -> str:
-    """A compact age: 45s, 12m, 3h05m, 2d04h."""
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
 
 def error_line(error: str | None) -> str:
     """The last line of a traceback (the exception), shortened for a table."""

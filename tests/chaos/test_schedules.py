@@ -113,8 +113,9 @@ def test_catch_up_policies_after_every_worker_stopped(chaos_dsn, workers):
     wait_until(lambda: all(max(jobs_by_slot(chaos_dsn, f"catch-up-{p}")) > ahead[p] for p in ahead), 30,
                lambda: f"the schedules to go on:\n{back.log_tail()}")
     # The first round after the restart: one transaction, one now() for the queue's schedules.
-    round_at = fetchval(chaos_dsn, "SELECT min(enqueued_at) FROM dispatcher_schedule_runs WHERE slot_at > %s",
-                        (min(ahead.values()),))
+    round_at = min(fetchval(chaos_dsn, "SELECT min(enqueued_at) FROM dispatcher_schedule_runs "
+                                       "WHERE schedule_name = %s AND slot_at > %s", (f"catch-up-{p}", ahead[p]))
+                   for p in ahead)
     missed_until = round_at - Scheduler.LATE_S * SECOND
     missed = {p: sorted(s for s in jobs_by_slot(chaos_dsn, f"catch-up-{p}") if ahead[p] < s <= missed_until)
               for p in ahead}

@@ -3,7 +3,9 @@ text of each group's workers, leader, hand-offs and buckets without a live owner
 
 from __future__ import annotations
 
-from dispatcher.api.fleet_status import bucket_ranges, render_fleet
+from dispatcher.api.fleet_status import render_fleet
+from dispatcher.api.text import bucket_ranges
+from dispatcher.settings.meta import parse_buckets
 
 
 def test_bucket_ranges():
@@ -33,3 +35,8 @@ def test_a_group_shows_each_member_with_its_buckets_the_leader_and_what_moves():
 def test_no_members_says_why_there_may_be_none():
     (line,) = render_fleet({})
     assert "Redis or static" in line
+
+
+def test_bucket_ranges_are_what_the_buckets_setting_reads():
+    for buckets in ([0], [1, 2, 3, 9], list(range(64)), [0, 2, 4, 63], [10, 11, 40, 41, 42]):
+        assert parse_buckets(bucket_ranges(buckets)) == tuple(buckets)

@@ -8,7 +8,9 @@ and merges them (quantiles are read from the histogram buckets, interpolated lin
 from __future__ import annotations
 
 import re
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from bench.core import cpu_seconds_of
@@ -36,7 +38,10 @@ class Fleet(harness.Fleet):
         base.update(settings)
         self._cpu_at_stop: float | None = None  # first: a failed start stops the workers already started
         self._cpu_of_retired = 0.0
-        super().__init__(dsn, app, mode, workers, worker_id_prefix=f"bench-{mode}", **base)
+        # Their warnings and errors go to a file each, so that a worker that exits mid-run is
+        # reported with the end of its log (harness.Fleet.check_alive), not with its exit code alone.
+        logs = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-logs-"))
+        super().__init__(dsn, app, mode, workers, worker_id_prefix=f"bench-{mode}", log_dir=logs, **base)
 
     def __enter__(self) -> Fleet:
         return self

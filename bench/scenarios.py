@@ -108,8 +108,8 @@ def latency_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: l
                     time.sleep(0.02)
                 _wait_done(conn, fleet)
                 delayed = _ms(conn, "locked_at - run_at")
-        result.add(mode=mode, workers=workers, jobs=len(immediate), **_percentiles("add_to_start", immediate),
-                   **_percentiles("run_at_to_start", delayed))
+        result.add(mode=mode, workers=workers, jobs=len(immediate), **percentiles("add_to_start", immediate),
+                   **percentiles("run_at_to_start", delayed))
 
 
 def _wait_done(conn: psycopg.Connection[Any], fleet: Fleet) -> None:
@@ -127,7 +127,8 @@ def _ms(conn: psycopg.Connection[Any], interval: str) -> list[float]:
         f"SELECT 1000 * extract(epoch FROM {interval})::float8 FROM dispatcher_jobs").fetchall())
 
 
-def _percentiles(name: str, values: list[float]) -> dict[str, float]:
+def percentiles(name: str, values: list[float]) -> dict[str, float]:
+    """p50, p99 and max of `values` (sorted, ms) as `<name>_p50_ms`, ... columns."""
     return {f"{name}_p50_ms": round(statistics.median(values), 2),
             f"{name}_p99_ms": round(values[min(len(values) - 1, int(0.99 * len(values)))], 2),
             f"{name}_max_ms": round(values[-1], 2)}

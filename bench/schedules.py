@@ -19,9 +19,11 @@ import psycopg
 
 from bench.core import Result, recording_dir, reset
 from bench.fleet import Fleet
+from bench.scenarios import percentiles
 from bench.schedules_app import RECORD_DIR_ENV, SCHEDULES
 
 APP = "bench.schedules_app:registry"
+LATE_COLUMNS = ("late_p50_ms", "late_p99_ms", "late_max_ms")
 
 
 def read_recording(directory: Path) -> list[tuple[int, float, float]]:
@@ -32,13 +34,6 @@ def read_recording(directory: Path) -> list[tuple[int, float, float]]:
             job_id, slot, start = line.split("\t")
             runs.append((int(job_id), float(slot), float(start)))
     return runs
-
-
-def _q(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summarize(runs: Iterable[tuple[int, float, float]], slots: dict[int, tuple[str, float, float]],
@@ -53,18 +48,16 @@ def summarize(runs: Iterable[tuple[int, float, float]], slots: dict[int, tuple[s
     for job_id, slot, start in runs:
         if job_id in slots and lo <= slots[job_id][1] <= hi:
             starts.setdefault(job_id, []).append(start - slot)
-    late_ms = [min(s) * 1000 for s in starts.values()]
+    late_ms = sorted(min(s) * 1000 for s in starts.values())
     leads = [slot - enqueued for _, slot, enqueued in slots.values() if lo <= slot <= hi]
     return {
         "schedules": SCHEDULES, "slots": len(expected), "jobs": len(got), "missed": len(expected - got),
         "not_run": len(got) - len(starts), "ran_twice": sum(len(s) > 1 for s in starts.values()),
-        "late_p50_ms": round(_q(late_ms, 0.5), 1) if late_ms else None,
-        "late_p99_ms": round(_q(late_ms, 0.99), 1) if late_ms else None,
-        "late_max_ms": round(max(late_ms), 1) if late_ms else None,
+        **(percentiles("late", late_ms) if late_ms else dict.fromkeys(LATE_COLUMNS)),
         "within_1s": round(sum(ms < 1000 for ms in late_ms) / len(late_ms), 4) if late_ms else None,
         "lead_min_s": round(min(leads), 2) if leads else None,
         "lead_median_s": round(statistics.median(leads), 2) if leads else None,
-        "late_ms": sorted(round(ms, 2) for ms in late_ms),
+        "late_ms": [round(ms, 2) for ms in late_ms],
     }
 
 

@@ -5,6 +5,10 @@
 # Built from this repository as it is, it gives an image of bucket-dispatcher alone, which runs
 # the demo handlers: `dispatcher run --app dispatcher.devtools.demo_app:registry`, and the bench
 # suite: `python -m bench burst --external-workers` from /app (the Job in k8s/bench).
+# EXTRAS names extras of the project to install too (comma-separated), none by default, so the
+# workers' image stays lean. The web dashboard's image (k8s/components/web) is built from this
+# repository with its `web` extra (Starlette, uvicorn, Jinja2), under a name of its own:
+#   docker build --build-arg EXTRAS=web -t registry.example.com/bucket-dispatcher-web:0.1.0 .
 #
 # Two stages: the first installs the project and its dependencies into a virtualenv (compilers,
 # if a dependency has no wheel, go here only); the second copies that virtualenv onto a clean
@@ -27,8 +31,10 @@ print("\n".join(project.get("dependencies", [])))
 PY
 RUN pip install -r /tmp/requirements.txt
 COPY . .
-# Compiled to bytecode here: the root filesystem is read-only at run time.
-RUN pip install . && python -m compileall -q /opt/venv
+# Compiled to bytecode here: the root filesystem is read-only at run time. With EXTRAS=web this is
+# `pip install ".[web]"`; empty, `pip install "."`.
+ARG EXTRAS=""
+RUN pip install ".${EXTRAS:+[$EXTRAS]}" && python -m compileall -q /opt/venv
 # The bench suite is no package of the wheel (the runtime stays clean): when this repository is
 # built, bench/ goes to /opt/app, the final stage's working directory, where `python -m bench`
 # finds it. Your app's repository has no bench/: /opt/app stays empty.

@@ -27,6 +27,7 @@ RULES = MONITORING / "rules.yml"
 RULES_TEST = MONITORING / "rules_test.yml"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 APP_IMAGE = "your-registry/your-app"  # the placeholder image name the overlays' `images:` replace
+WEB_IMAGE = "your-registry/bucket-dispatcher-web"  # the web component's, which an overlay's `images:` sets
 RENDER_TIMEOUT_S = 60  # one render takes ~0.3 s; a loaded 2-core machine may take ten times that
 
 # The metric names of issue 10's contract (/work/notes/issue10-contract.md): per pod, table-wide

@@ -73,6 +73,7 @@ class Filters:
     newer_than_s: float | None = None
     ids: tuple[int, ...] = ()
     halted: bool = False  # only jobs that halt their ordering key (failed or discarded, ordering_halted)
+    before_id: int | None = None  # only jobs with a smaller id: the next page of a list, newest first
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.statuses if s not in STATUSES]
@@ -84,14 +85,16 @@ class Filters:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not math.isfinite(value) or value < 0):
                 raise AdminInputError(f"must be a number of seconds >= 0, got {value!r}", name)
-        bad = [i for i in self.ids if isinstance(i, bool) or not isinstance(i, int) or i < 1]
+        bad = [i for i in (*self.ids, *([] if self.before_id is None else [self.before_id]))
+               if isinstance(i, bool) or not isinstance(i, int) or i < 1]
         if bad:
             raise AdminInputError(f"job ids are whole numbers >= 1, got {bad[:5]}", "ids")
 
     def params(self) -> dict[str, Any]:
         return {"statuses": list(self.statuses) or None, "queues": list(self.queues) or None,
                 "job_types": list(self.job_types) or None, "older_than_s": self.older_than_s,
-                "newer_than_s": self.newer_than_s, "ids": list(self.ids) or None, "halted": self.halted}
+                "newer_than_s": self.newer_than_s, "ids": list(self.ids) or None, "halted": self.halted,
+                "before_id": self.before_id}
 
     def for_action(self, action: str) -> Filters:
         """These filters narrowed to the statuses `action` applies to; a status it never applies

@@ -1,8 +1,27 @@
-"""How the operator's commands write ages and sets of buckets for people (status, jobs, schedules)."""
+"""How the operator's commands and the dashboard write ages and sets of buckets for people, and
+read the ages people write (status, jobs, schedules, dispatcher web)."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable
+
+_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+
+
+def parse_duration_s(text: str) -> float:
+    """'90' or '90s' -> 90.0, '10m' -> 600.0, '2h', '1.5d'; ValueError for anything else (negative,
+    nan, inf, an unknown unit)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None:
+        raise ValueError(f"expected an age >= 0: seconds, or a number with s, m, h or d (90s, 10m, 2h, 7d), "
+                         f"got {text!r}")
+    value = float(match[1]) * _UNITS_S[match[2] or "s"]
+    if not math.isfinite(value):
+        raise ValueError(f"too large: {text!r}")
+    return value
 
 
 def age_text(seconds: float) -> str:

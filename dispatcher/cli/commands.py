@@ -1,4 +1,4 @@
-"""`dispatcher` command line: migrate, grants, run, enqueue, status, jobs, demo.
+"""`dispatcher` command line: migrate, grants, run, enqueue, status, jobs, limits, queues, schedules, web, demo.
 
 Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the same name
 (`DISPATCHER_BATCH_SIZE` / `--batch-size`). A bad setting exits with code 2 and names it.
@@ -19,6 +19,7 @@ from dispatcher._version import __version__
 from dispatcher.cli.flow import add_flow_parsers
 from dispatcher.cli.schedules import add_schedules_parser
 from dispatcher.cli.jobs import add_jobs_parser
+from dispatcher.cli.web import add_web_parser
 from dispatcher.errors import (
     ConfigError,
     DispatcherError,
@@ -30,7 +31,7 @@ from dispatcher.errors import (
 from dispatcher.observe import logs
 from dispatcher.settings.config import Config, settings
 from dispatcher.settings.meta import Setting
-from dispatcher.settings.sections import DATABASE, ENQUEUE, LOGGING
+from dispatcher.settings.sections import DATABASE, ENQUEUE, LOGGING, WEB
 
 EXIT_BAD_CONFIG = 2
 # What `dispatcher demo` takes of the settings (devtools/demo.py): the rest it sets per run itself.
@@ -44,6 +45,7 @@ ONE_SHOT = (DATABASE, LOGGING)
 # The one-shot commands that read jobs (status, jobs ...) say what DISPATCHER_COMPLETED_JOBS=delete
 # hides from them: they show its flag too.
 READERS_EXTRA = ("completed_jobs",)
+WEB_EXTRA = ("mode", "coordinator", "coordinator_lease_s")
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, chosen: tuple[Setting, ...] | None = None) -> None:
@@ -61,7 +63,8 @@ def _add_config_flags(parser: argparse.ArgumentParser, chosen: tuple[Setting, ..
 def _config_from(args: argparse.Namespace) -> Config:
     flags = {s.name: getattr(args, s.name, None) for s in settings()}
     config = Config.load(**flags)
-    logs.protect(config.dsn, config.listen_dsn, config.redis_url)  # whatever quotes them, never in a line
+    # Whatever quotes them, never in a line.
+    logs.protect(config.dsn, config.listen_dsn, config.redis_url, tokens=(config.web_token,))
     return config
 
 
@@ -257,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a worker until SIGTERM/SIGINT (its app: --app or DISPATCHER_APP)")
     p.add_argument("--migrate", action="store_true", help="run migrations before starting")
-    _add_config_flags(p)
+    _add_config_flags(p, tuple(s for s in settings() if s.section != WEB))
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("enqueue", help="enqueue one job (or --count copies of it)")
@@ -294,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_jobs_parser(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
     add_flow_parsers(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
     add_schedules_parser(sub, functools.partial(_add_config_flags, chosen=readers), _config_from)
+    # The dashboard shows the mode and coordinator the workers run with: their flags too.
+    web_settings = readers + tuple(s for s in settings() if s.name in WEB_EXTRA)
+    add_web_parser(sub, functools.partial(_add_config_flags, chosen=web_settings), _config_from)
 
     p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
     p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")

@@ -14,8 +14,6 @@ Exit codes (0 done, 1 not done, 2 bad input): docs/guides/admin.md.
 from __future__ import annotations
 
 import argparse
-import math
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -41,31 +39,16 @@ from dispatcher.api.admin import (
     retry_jobs,
     show_job,
 )
-from dispatcher.api.text import age_text
+from dispatcher.api.text import age_text, parse_duration_s
 from dispatcher.constants import is_valid_name
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.model import STATUS_COMPLETED, STATUSES
 
-_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
 _FLAGS = {"statuses": "--status", "queues": "--queue", "job_types": "--type", "older_than_s": "--older-than",
           "newer_than_s": "--newer-than", "ids": "ids", "halted": "--halted", "limit": "--limit", "batch": "--batch"}
 _CHANGES = {"retry": (retry_jobs, "retried", "put back to queued"), "cancel": (cancel_jobs, "cancelled", "cancelled"),
             "purge": (purge_jobs, "purged", "deleted")}
 _ERROR_CHARS = 60  # of the last error's last line, in the list table
-
-
-def parse_duration_s(text: str) -> float:
-    """'90' or '90s' -> 90.0, '10m' -> 600.0, '2h', '1.5d'; ValueError for anything else (negative,
-    nan, inf, an unknown unit)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if match is None:
-        raise ValueError(f"expected an age >= 0: seconds, or a number with s, m, h or d (90s, 10m, 2h, 7d), "
-                         f"got {text!r}")
-    value = float(match[1]) * _UNITS_S[match[2] or "s"]
-    if not math.isfinite(value):
-        raise ValueError(f"too large: {text!r}")
-    return value
 
 
 def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParser], None],

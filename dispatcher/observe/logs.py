@@ -51,9 +51,10 @@ class Redactor:
     def __init__(self) -> None:
         self._forms: tuple[str, ...] = ()
 
-    def protect(self, *secrets: str | None) -> None:
-        """Also blank the passwords of these DSNs (PostgreSQL) or URLs (Redis), in every spelling."""
-        forms = set(self._forms)
+    def protect(self, *secrets: str | None, tokens: tuple[str | None, ...] = ()) -> None:
+        """Also blank the passwords of these DSNs (PostgreSQL) or URLs (Redis), in every spelling,
+        and these `tokens` as they are."""
+        forms = set(self._forms) | {t for t in tokens if t}
         for secret in secrets:
             if not secret:
                 continue
@@ -203,9 +204,9 @@ def set_worker(worker_id: str | None) -> None:
     _tag.worker = worker_id
 
 
-def protect(*secrets: str | None) -> None:
-    """Blank the passwords of these DSNs / URLs wherever a line quotes them."""
-    _redactor.protect(*secrets)
+def protect(*secrets: str | None, tokens: tuple[str | None, ...] = ()) -> None:
+    """Blank the passwords of these DSNs / URLs, and these `tokens`, wherever a line quotes them."""
+    _redactor.protect(*secrets, tokens=tokens)
 
 
 def render(level: int, logger: str, text: str) -> str:

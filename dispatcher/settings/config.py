@@ -199,6 +199,14 @@ class Config:
     table_sample_interval_s: float = setting(
         DEFAULT_TABLE_SAMPLE_INTERVAL_S, section="maintenance", parse=float, unit="seconds",
         help="seconds between samples of the table-wide metrics, taken by one pod at a time (> 0)")
+    web_host: str = setting("127.0.0.1", section="web", parse=str, help="`dispatcher web --host`: the address it "
+                            "listens on; one that is not loopback needs web_token (or --insecure)")
+    web_port: int = setting(8080, section="web", parse=int, help="`dispatcher web --port`: its TCP port (1 to 65535)")
+    web_token: str | None = setting(None, section="web", parse=str, secret=True, help=(
+        "`dispatcher web`: the token to log in with, or to send as `Authorization: Bearer <token>`; at least 16 "
+        "characters, from the environment only (none: no login)"))
+    web_allow_actions: bool = setting(False, section="web", parse=_parse_bool, help=(
+        "`dispatcher web --allow-actions`: show and accept retry, cancel, purge, pause and resume (else read-only)"))
     log_level: str = setting(
         "INFO", section="logging", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
     log_format: str = setting(
@@ -217,6 +225,7 @@ class Config:
     retention: sec.RetentionSettings = _section()
     coordination: sec.CoordinationSettings = _section()
     observability: sec.ObservabilitySettings = _section()
+    web: sec.WebSettings = _section()
 
     def __post_init__(self) -> None:
         """Every rule, at construction: a Config that exists is valid. Raises ConfigError(field name)."""
@@ -283,6 +292,10 @@ class Config:
         _check(self.worker_count >= 1, "worker_count", "must be >= 1")
         _check(0 <= self.worker_index < self.worker_count, "worker_index", "must be in [0, worker_count)")
         _check(0 <= self.metrics_port <= 65535, "metrics_port", "must be a TCP port or 0")
+        _check(1 <= self.web_port <= 65535, "web_port", "must be a TCP port (1 to 65535)")
+        _check(bool(self.web_host.strip()), "web_host", "must not be empty")
+        _check(self.web_token is None or len(self.web_token.strip()) >= 16, "web_token",
+               "must be at least 16 characters (python -c 'import secrets; print(secrets.token_urlsafe(32))')")
         _check(self.loop_stall_s >= 2, "loop_stall_s", "must be >= 2 seconds (the loop ticks every second)")
         _check(self.table_sample_interval_s > 0, "table_sample_interval_s", "must be > 0")
         _check(self.listen_dsn is None or bool(self.listen_dsn.strip()), "listen_dsn",
@@ -333,6 +346,7 @@ class Config:
                 self.dsn, listen, coordination_limits, self.coordinator_lease_s, self.coordinator_poll_s,
                 self.session_locks),
             "observability": sec.ObservabilitySettings(self.metrics_port, self.loop_stall_s),
+            "web": sec.WebSettings(self.web_host.strip(), self.web_port, self.web_token, self.web_allow_actions),
         }
         for name, section in resolved.items():
             object.__setattr__(self, name, section)

@@ -61,13 +61,13 @@ class _Meta:
 
 
 def setting(default: Any = dataclasses.MISSING, *, section: str, parse: Callable[[str], Any], help: str,
-            unit: str | None = None, shown: str | None = None,
+            unit: str | None = None, shown: str | None = None, secret: bool = False,
             default_factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:
     """A Config field: its section, default, the parser for its env var / flag text, what it does, its unit.
 
     `help` says what the setting does, with its unit, but not its default (that is appended from
     the field, or from `shown` where the default is computed or None means something). `section`
-    (sections.py) is the component that reads it.
+    (sections.py) is the component that reads it. A `secret` is left out of the Config's repr.
     """
     if parse not in KINDS:
         raise TypeError(f"setting(): no value rule for parser {parse!r}; add it to KINDS")
@@ -75,8 +75,8 @@ def setting(default: Any = dataclasses.MISSING, *, section: str, parse: Callable
         raise TypeError(f"setting(): unknown section {section!r}; one of {', '.join(SECTIONS)}")
     meta = {_META_KEY: _Meta(parse, help, unit, shown, section)}
     if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=default_factory, metadata=meta, repr=not secret)
+    return dataclasses.field(default=default, metadata=meta, repr=not secret)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

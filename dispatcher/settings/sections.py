@@ -12,7 +12,7 @@ docs group the configuration reference and how each command picks the flags it s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED
@@ -31,8 +31,9 @@ MAINTENANCE = "maintenance"
 RETENTION = "retention"
 COORDINATION = "coordination"
 OBSERVABILITY = "observability"
+WEB = "web"
 SECTIONS = (DATABASE, LOGGING, ENQUEUE, WORKER, CLAIMS, LEASES, EXECUTION, COMPLETION, MAINTENANCE, RETENTION,
-            COORDINATION, OBSERVABILITY)
+            COORDINATION, OBSERVABILITY, WEB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,3 +166,13 @@ class CoordinationSettings:
 class ObservabilitySettings:
     metrics_port: int  # 0: no server
     loop_stall_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WebSettings:
+    """`dispatcher web`, the dashboard (dispatcher/web/): where it listens, who may use it, what it may do."""
+
+    host: str
+    port: int
+    token: str | None = field(repr=False)  # None: no login (loopback only, unless --insecure)
+    allow_actions: bool

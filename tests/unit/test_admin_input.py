@@ -5,7 +5,8 @@ import math
 import pytest
 
 from dispatcher.api.admin import AdminInputError, Filters
-from dispatcher.cli.jobs import age_text, error_line, parse_duration_s
+from dispatcher.api.text import parse_duration_s
+from dispatcher.cli.jobs import age_text, error_line
 
 
 @pytest.mark.parametrize("text, seconds", [
@@ -44,7 +45,7 @@ def test_bad_filters_are_refused_naming_the_field(kwargs, option):
 def test_good_filters_pass_and_absent_ones_are_sent_as_null():
     f = Filters(statuses=("failed",), queues=("mail",), older_than_s=60, ids=(3, 4))
     assert f.params() == {"statuses": ["failed"], "queues": ["mail"], "job_types": None, "older_than_s": 60,
-                          "newer_than_s": None, "ids": [3, 4], "halted": False}
+                          "newer_than_s": None, "ids": [3, 4], "halted": False, "before_id": None}
     assert Filters().params() == {**dict.fromkeys(f.params(), None), "halted": False}
     assert Filters(halted=True).params()["halted"] is True
 
@@ -75,3 +76,10 @@ def test_the_list_shows_the_exception_line_of_a_traceback():
     assert error_line(traceback) == "ValueError: bad input"
     assert error_line(None) == "" and error_line("") == ""
     assert len(error_line("E" * 500)) == 60
+
+
+def test_before_id_pages_and_is_checked_like_an_id():
+    assert Filters(before_id=10).params()["before_id"] == 10
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(AdminInputError):
+            Filters(before_id=bad)

@@ -301,6 +301,10 @@ def test_documented_defaults_match_the_dataclass():
     assert settings()[[s.name for s in settings()].index("max_payload_bytes")].default_text.startswith("1048576")
 
 
+def WORKER_SETTINGS():  # noqa: N802 - every setting but the dashboard's, which `dispatcher web` shows
+    return tuple(s for s in settings() if s.section != "web")
+
+
 def test_run_help_lists_every_setting_with_its_help(capsys, monkeypatch):
     from dispatcher.cli.commands import build_parser
 
@@ -309,7 +313,7 @@ def test_run_help_lists_every_setting_with_its_help(capsys, monkeypatch):
         build_parser().parse_args(["run", "--help"])
     assert info.value.code == 0
     out = "".join(capsys.readouterr().out.split())  # argparse wraps lines (also at hyphens)
-    for s in settings():
+    for s in WORKER_SETTINGS():
         value = "[V]" if isinstance(s.default, bool) else "V"  # a bare boolean flag means true
         assert "".join(f"{s.flag} {value} {s.description}".split()) in out, s.flag
     assert "(default30)" in out and "(defaultNone)" not in out
@@ -341,7 +345,11 @@ def test_run_help_lists_every_setting_and_a_one_shot_command_parses_no_worker_fl
     from dispatcher.cli.commands import build_parser
 
     text = _help("run", capsys=capsys)
-    assert all(s.flag in text.split() for s in settings())
+    assert all(s.flag in text.split() for s in WORKER_SETTINGS())
+    assert not any(s.flag in text.split() for s in settings("web")), "the dashboard's settings are `web`'s own"
+    web = _help("web", capsys=capsys)
+    assert all(flag in web.split() for flag in ("--host", "--port", "--allow-actions", "--insecure", "--dsn"))
+    assert "--web-token" not in web and "--app" not in web.split(), "the token comes from the environment only"
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["enqueue", "hello", "--steal", "false"])
     assert info.value.code == 2 and "unrecognized arguments: --steal" in capsys.readouterr().err

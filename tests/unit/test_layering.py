@@ -98,7 +98,7 @@ def test_the_check_allows_the_coordinators_own_imports(source: str, module: str)
 
 # dispatcher's layers, lowest first: a module may import its own layer and the ones below it.
 # `base` is the package's top-level modules (model, constants, errors, backoff, _version).
-LAYERS = ("base", "observe", "settings", "db", "api", "runtime", "serve", "testing", "devtools", "cli")
+LAYERS = ("base", "observe", "settings", "db", "api", "runtime", "serve", "web", "testing", "devtools", "cli")
 # The package's faces re-export the public API from every layer (dispatcher.admin: the operator's
 # API); `python -m dispatcher` is the CLI.
 FACES = ("dispatcher", "dispatcher.__main__", "dispatcher.admin")

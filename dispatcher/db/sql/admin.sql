@@ -20,6 +20,7 @@ AND (%(older_than_s)s::float8 IS NULL OR j.updated_at < now() - %(older_than_s)s
 AND (%(newer_than_s)s::float8 IS NULL OR j.updated_at >= now() - %(newer_than_s)s::float8 * interval '1 second')
 AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
 AND (NOT %(halted)s::bool OR j.ordering_halted)
+AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
 
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops

@@ -1,0 +1,122 @@
+"""The dashboard's changes (POST), each through dispatcher.admin: retry, cancel or purge one job;
+the same for every job a filter matches, after a page that says how many match (and fixes the
+newest id, so jobs that arrive later are left alone); pause and resume a queue; log in and out.
+
+Every POST has passed the CSRF check (app.guarded) before it gets here; the changes also need
+--allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS), else they are refused with 403.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from dispatcher.api.admin import AdminInputError, Filters, cancel_jobs, count_jobs, list_jobs, purge_jobs, retry_jobs
+from dispatcher.api.flow import pause_queue, resume_queue
+from dispatcher.constants import is_valid_name
+from dispatcher.web import security
+from dispatcher.web.app import form
+from dispatcher.web.views import _dash, filters_from
+
+CHANGES = {"retry": retry_jobs, "cancel": cancel_jobs, "purge": purge_jobs}
+READ_ONLY = "This dashboard is read-only: start it with --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS=true) to change jobs."
+
+
+def _action(request: Request) -> str:
+    action = request.path_params.get("action") or request.query_params.get("action") or ""
+    if action not in CHANGES:
+        raise AdminInputError(f"unknown action {action!r} (retry, cancel or purge)", "action")
+    return action
+
+
+async def job_action(request: Request) -> Response:
+    dash = _dash(request)
+    if not dash.allow_actions:
+        return dash.error(request, 403, READ_ONLY)
+    action, job_id = _action(request), request.path_params["job_id"]
+    result = await dash.db(CHANGES[action], Filters(ids=(job_id,)), limits=dash.limits)
+    done = ("skipped" if result.skipped else "cancel-requested" if result.requested_count
+            else {"retry": "retried", "cancel": "cancelled", "purge": "purged"}[action])
+    return RedirectResponse(f"/jobs/{job_id}?done={done}", status_code=303)
+
+
+async def confirm(request: Request) -> Response:
+    """GET: how many jobs a bulk change would touch, and the form that does it."""
+    dash = _dash(request)
+    if not dash.allow_actions:
+        return dash.error(request, 403, READ_ONLY)
+    action = _action(request)
+    filters, given = filters_from(request.query_params, before=False)
+    if not given:
+        raise AdminInputError("a bulk change needs at least one filter (queue, status, type or age)", "filters")
+    narrowed = filters.for_action(action)
+
+    def count_and_newest(conn: object) -> tuple[int, int | None]:
+        matching = count_jobs(conn, narrowed, limits=dash.limits)  # type: ignore[arg-type]
+        newest = list_jobs(conn, narrowed, limit=1, limits=dash.limits) if matching else []  # type: ignore[arg-type]
+        return matching, newest[0].id if newest else None
+
+    matching, newest = await dash.db(count_and_newest)
+    return dash.render(request, "confirm.html", action=action, given=given, matching=matching, up_to_id=newest,
+                       back=f"/jobs?{urlencode(given)}")
+
+
+async def bulk_action(request: Request) -> Response:
+    dash = _dash(request)
+    if not dash.allow_actions:
+        return dash.error(request, 403, READ_ONLY)
+    action = _action(request)
+    fields = await form(request)
+    filters, given = filters_from(fields, before=False)
+    if not given:
+        raise AdminInputError("a bulk change needs at least one filter (queue, status, type or age)", "filters")
+    try:
+        up_to_id = int(fields.get("up_to_id", ""))
+    except ValueError:
+        raise AdminInputError("the confirmation lost its newest id: start again from the jobs page", "up_to_id") \
+            from None
+    result = await dash.db(CHANGES[action], filters, up_to_id=up_to_id, limits=dash.limits)
+    return dash.render(request, "result.html", action=action, result=result, back=f"/jobs?{urlencode(given)}")
+
+
+async def queue_action(request: Request) -> Response:
+    dash = _dash(request)
+    if not dash.allow_actions:
+        return dash.error(request, 403, READ_ONLY)
+    action = request.path_params["action"]
+    if action not in ("pause", "resume"):
+        return dash.error(request, 404, "No such page.")
+    queue = (await form(request)).get("queue", "").strip()
+    if not is_valid_name(queue):
+        raise AdminInputError(f"{queue!r} is not a queue name (letters, digits, _ . -)", "queue")
+    await dash.db(pause_queue if action == "pause" else resume_queue, queue, limits=dash.limits)
+    return RedirectResponse(f"/flow?{urlencode({'done': action + 'd'})}", status_code=303)
+
+
+async def login_page(request: Request) -> Response:
+    dash = _dash(request)
+    if dash.gate.open:
+        return RedirectResponse("/", status_code=303)
+    return dash.render(request, "login.html", failed=False)
+
+
+async def login(request: Request) -> Response:
+    dash = _dash(request)
+    if dash.gate.open:
+        return RedirectResponse("/", status_code=303)
+    if not dash.gate.token_matches((await form(request)).get("token")):
+        return dash.render(request, "login.html", status=401, failed=True)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(security.SESSION_COOKIE, dash.gate.login(), max_age=security.SESSION_TTL_S, httponly=True,
+                        samesite="strict", path="/", secure=request.url.scheme == "https")
+    return response
+
+
+async def logout(request: Request) -> Response:
+    dash = _dash(request)
+    dash.gate.logout(request.cookies.get(security.SESSION_COOKIE))
+    response = RedirectResponse("/login" if not dash.gate.open else "/", status_code=303)
+    response.delete_cookie(security.SESSION_COOKIE, path="/")
+    return response

@@ -209,6 +209,11 @@ def protect(*secrets: str | None, tokens: tuple[str | None, ...] = ()) -> None:
     _redactor.protect(*secrets, tokens=tokens)
 
 
+def redact(text: str) -> str:
+    """`text` with every password and token the log lines hide blanked (for a page that quotes an error)."""
+    return _redactor(text)
+
+
 def render(level: int, logger: str, text: str) -> str:
     """One line as the handler would write it, without the logging machinery (no lock: for the
     hard exit, which may run while a stuck thread holds the handler's lock)."""

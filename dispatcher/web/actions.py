@@ -21,7 +21,8 @@ from dispatcher.web.app import form
 from dispatcher.web.views import _dash, filters_from
 
 CHANGES = {"retry": retry_jobs, "cancel": cancel_jobs, "purge": purge_jobs}
-READ_ONLY = "This dashboard is read-only: start it with --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS=true) to change jobs."
+READ_ONLY = ("This dashboard is read-only: start it with --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS=true) "
+             "to change jobs.")
 
 
 def _action(request: Request) -> str:
@@ -37,6 +38,7 @@ async def job_action(request: Request) -> Response:
         return dash.error(request, 403, READ_ONLY)
     action, job_id = _action(request), request.path_params["job_id"]
     result = await dash.db(CHANGES[action], Filters(ids=(job_id,)), limits=dash.limits)
+    dash.forget()
     done = ("skipped" if result.skipped else "cancel-requested" if result.requested_count
             else {"retry": "retried", "cancel": "cancelled", "purge": "purged"}[action])
     return RedirectResponse(f"/jobs/{job_id}?done={done}", status_code=303)
@@ -78,6 +80,7 @@ async def bulk_action(request: Request) -> Response:
         raise AdminInputError("the confirmation lost its newest id: start again from the jobs page", "up_to_id") \
             from None
     result = await dash.db(CHANGES[action], filters, up_to_id=up_to_id, limits=dash.limits)
+    dash.forget()
     return dash.render(request, "result.html", action=action, result=result, back=f"/jobs?{urlencode(given)}")
 
 
@@ -92,6 +95,7 @@ async def queue_action(request: Request) -> Response:
     if not is_valid_name(queue):
         raise AdminInputError(f"{queue!r} is not a queue name (letters, digits, _ . -)", "queue")
     await dash.db(pause_queue if action == "pause" else resume_queue, queue, limits=dash.limits)
+    dash.forget()
     return RedirectResponse(f"/flow?{urlencode({'done': action + 'd'})}", status_code=303)
 
 

@@ -28,6 +28,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from dispatcher.api.admin import AdminInputError
 from dispatcher.api.text import age_text, bucket_ranges
 from dispatcher.errors import StoreError
+from dispatcher.observe import logs
 from dispatcher.settings.config import Config
 from dispatcher.web import security
 
@@ -78,6 +79,10 @@ class Dashboard:
             self._cache[cache] = (time.monotonic(), result)
         return result
 
+    def forget(self) -> None:
+        """Drop the shared view data: after a change, the next page shows it."""
+        self._cache.clear()
+
     def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         """The page, or only its live block when dashboard.js asks for it."""
         tmpl = self.templates.get_template(template)
@@ -101,25 +106,25 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
         cookie = request.cookies.get(security.CSRF_COOKIE)
         fresh = None if cookie else security.Csrf.new_cookie()
         request.state.csrf_token = dash.csrf.token_for(cookie or fresh)  # type: ignore[arg-type]
-        if not public and not dash.gate.allows(request.headers, request.cookies):
-            if request.method == "GET" and not request.headers.get(FRAGMENT_HEADER):
-                response: Response = RedirectResponse("/login", status_code=303)
+        try:
+            if not public and not dash.gate.allows(request.headers, request.cookies):
+                if request.method == "GET" and not request.headers.get(FRAGMENT_HEADER):
+                    response: Response = RedirectResponse("/login", status_code=303)
+                else:
+                    response = PlainTextResponse("log in first: DISPATCHER_WEB_TOKEN is set", status_code=401)
+            elif post and not (security.same_origin(request.headers, request.url.scheme)
+                               and dash.csrf.valid(cookie, (await form(request)).get(security.CSRF_FIELD))):
+                response = dash.error(request, 403, "This form is not from this dashboard (its CSRF token is missing "
+                                                    "or wrong). Reload the page and try again.")
             else:
-                response = PlainTextResponse("log in first: DISPATCHER_WEB_TOKEN is set", status_code=401)
-        elif post and not (security.same_origin(request.headers, request.url.scheme)
-                           and dash.csrf.valid(cookie, (await form(request)).get(security.CSRF_FIELD))):
-            response = dash.error(request, 403, "This form is not from this dashboard (its CSRF token is missing or "
-                                                "wrong). Reload the page and try again.")
-        else:
-            try:
                 response = await handler(request)
-            except AdminInputError as exc:
-                response = dash.error(request, 400, f"{exc} ({exc.option})")
-            except FormTooLarge:
-                response = dash.error(request, 413, "The form is too large.")
-            except (StoreError, psycopg_pool.PoolTimeout, psycopg.OperationalError) as exc:
-                log.warning("dashboard: %s: %s", request.url.path, exc)
-                response = dash.error(request, 503, f"The database did not answer: {exc}")
+        except AdminInputError as exc:
+            response = dash.error(request, 400, f"{exc} ({exc.option})")
+        except FormTooLarge:
+            response = dash.error(request, 413, "The form is too large.")
+        except (StoreError, psycopg_pool.PoolTimeout, psycopg.OperationalError) as exc:
+            log.warning("dashboard: %s: %s", request.url.path, exc)
+            response = dash.error(request, 503, f"The database did not answer: {logs.redact(str(exc))}")
         if fresh is not None:
             response.set_cookie(security.CSRF_COOKIE, fresh, httponly=True, samesite="strict", path="/",
                                 secure=request.url.scheme == "https")

@@ -92,6 +92,7 @@ class BucketMap:
 def overview(conn: psycopg.Connection[Any], limits: ConnectionLimits, *, mode: str, coordinator: str,
              completed_rows_kept: bool) -> Overview:
     with bounded_transaction(conn, "dashboard overview", limits, budget=READ_BUDGET):
+        conn.execute(query("web_serial_reads"), prepare=False)
         depth: dict[str, dict[str, int]] = {}
         oldest: dict[str, float | None] = {}
         for queue, status, jobs, oldest_s in conn.execute(query("queue_depth"), prepare=False):
@@ -111,6 +112,12 @@ def overview(conn: psycopg.Connection[Any], limits: ConnectionLimits, *, mode: s
     return Overview(queues, mode, coordinator, completed_rows_kept)
 
 
+def queue_names(conn: psycopg.Connection[Any], limits: ConnectionLimits) -> list[str]:
+    """The queues with queued jobs or a coordination group (the bucket map's choice)."""
+    with bounded_transaction(conn, "dashboard queues", limits, budget=READ_BUDGET):
+        return [name for (name,) in conn.execute(query("web_queue_names"), prepare=False)]
+
+
 def fleet(conn: psycopg.Connection[Any], limits: ConnectionLimits, *, member_lease_s: float) -> list[Group]:
     with bounded_transaction(conn, "dashboard workers", limits, budget=READ_BUDGET):
         return _groups(read_fleet(conn), member_lease_s)
@@ -119,6 +126,7 @@ def fleet(conn: psycopg.Connection[Any], limits: ConnectionLimits, *, member_lea
 def bucket_map(conn: psycopg.Connection[Any], limits: ConnectionLimits, queue: str, *,
                member_lease_s: float) -> BucketMap:
     with bounded_transaction(conn, "dashboard buckets", limits, budget=READ_BUDGET):
+        conn.execute(query("web_serial_reads"), prepare=False)
         due = dict(conn.execute(query("web_bucket_backlog"), {"queue": queue, "cap": BACKLOG_CAP},
                                 prepare=False).fetchall())
         groups = {g.name: g for g in _groups(read_fleet(conn), member_lease_s)}

@@ -1,10 +1,11 @@
 """`dispatcher web`: checks where it may listen, then serves the dashboard with uvicorn until
 SIGTERM or SIGINT, and stops within a bound (open requests get SHUTDOWN_GRACE_S, the pool two
-seconds more)."""
+seconds more), exiting 0."""
 
 from __future__ import annotations
 
 import logging
+import signal
 
 from dispatcher.settings.config import Config
 from dispatcher.web.security import check_bind
@@ -35,5 +36,17 @@ def serve(config: Config, *, insecure: bool = False) -> int:
     log.info("dashboard on http://%s:%d (%s%s)", shown, web.port,
              "actions allowed" if web.allow_actions else "read-only",
              ", token required" if web.token else (", no login: --insecure" if insecure else ", loopback only"))
-    server.run()
+    # uvicorn traps SIGTERM and SIGINT while it serves, then sends the signal again once it has
+    # stopped, to the handler that was in place before: this one, so the command exits 0 after a
+    # clean stop. A signal before uvicorn's own handlers are in place stops it all the same.
+    def stop(signum: int, frame: object) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("dashboard stopped")
     return 0

@@ -28,7 +28,8 @@ ACTIONS_BY_STATUS = {"failed": ("retry", "cancel", "purge"), "discarded": ("retr
                      "completed": ("purge",), "cancelled": ("purge",)}
 DONE = {"retried": "Retried: the job is queued again.", "cancelled": "Cancelled.",
         "cancel-requested": "Cancel requested: the worker running it stops it at its next check.",
-        "purged": "Purged: the job's row is deleted.", "skipped": "Nothing changed: the job's status no longer allows it.",
+        "purged": "Purged: the job's row is deleted.",
+        "skipped": "Nothing changed: the job's status no longer allows it.",
         "paused": "Queue paused: workers claim nothing more from it.", "resumed": "Queue resumed."}
 
 
@@ -109,9 +110,7 @@ async def workers(request: Request) -> Response:
 
 async def buckets(request: Request) -> Response:
     dash = _dash(request)
-    data = await dash.db(reads.overview, dash.limits, mode=dash.config.mode, coordinator=dash.config.coordinator,
-                         completed_rows_kept=True, cache="overview-queues")
-    names = [q.name for q in data.queues]
+    names = await dash.db(reads.queue_names, dash.limits, cache="queues")
     queue = (request.query_params.get("queue") or (names[0] if names else "default")).strip()
     if not is_valid_name(queue):
         raise AdminInputError(f"{queue!r} is not a queue name", "queue")

@@ -2,7 +2,8 @@
 
 Allowed: `dispatcher` (the API), `dispatcher.db` (the database layer's face: named queries, the
 claim statement's text, array literals, migrate), `dispatcher.devtools` and its modules (the
-throwaway servers, the harness), `dispatcher.testing`, and `coordinator.pg` with its modules (the
+throwaway servers, the harness), `dispatcher.testing`, `dispatcher.web.reads` (the dashboard's
+reads, which bench/dashboard_cost.py times), and `coordinator.pg` with its modules (the
 shared PostgreSQL plumbing: DSN redaction, the named-query loader). Any other module of dispatcher/
 or coordinator/, and any name or module with a leading underscore, is refused. Every import
 counts, at the top of a module or inside a function.
@@ -17,7 +18,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 PUBLIC_FACES = ("dispatcher", "dispatcher.db", "dispatcher.devtools", "dispatcher.devtools.*",
-                "dispatcher.testing", "coordinator.pg", "coordinator.pg.*")
+                "dispatcher.testing", "dispatcher.web.reads", "coordinator.pg", "coordinator.pg.*")
 
 
 def is_public_face(module: str) -> bool:

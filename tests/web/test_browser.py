@@ -37,7 +37,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def world(pg_admin_dsn: str, template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Seeded]]:
+def world(pg_admin_dsn: str, template_db: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Seeded]]:
     """A database with the seeded jobs, and two live workers serving `default` with three jobs
     that run until they stop (the workers page and the bucket map have owners to show)."""
     tmp = tmp_path_factory.mktemp("web")

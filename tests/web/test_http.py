@@ -205,3 +205,59 @@ def test_the_command_refuses_a_public_address_without_a_token(dsn):
     done = subprocess.run([sys.executable, "-m", "dispatcher", "web", "--dsn", dsn, "--host", "0.0.0.0"],
                           capture_output=True, text=True, timeout=60, env=env_free)
     assert done.returncode == 2 and "not a loopback address" in done.stderr and "DISPATCHER_WEB_TOKEN" in done.stderr
+
+
+def test_each_action_does_what_the_admin_does_and_says_so(seeded):
+    dsn, s = seeded
+    running, completed = s.ids["running"][0], s.ids["completed"][0]
+    with served(dsn, web_allow_actions=True) as web:
+        client = Client(web.url)
+        token = client.csrf()
+        # A running job is asked to stop; its worker ends it (the row stays running until then).
+        status, headers, _ = client.request(f"/jobs/{running}/cancel", {"csrf_token": token})
+        assert (status, headers["location"]) == (303, f"/jobs/{running}?done=cancel-requested")
+        assert fetchval(dsn, "SELECT cancel_requested_at IS NOT NULL FROM dispatcher_jobs WHERE id = %s", (running,))
+        assert "Cancel requested" in client.request(headers["location"])[2]
+        # Purge deletes a finished job's row; the page of a job with no row and no history is a 404.
+        status, headers, _ = client.request(f"/jobs/{completed}/purge", {"csrf_token": token})
+        assert (status, headers["location"]) == (303, f"/jobs/{completed}?done=purged")
+        assert statuses(dsn, [completed]) == {}
+        assert client.request(f"/jobs/{completed}")[0] == 404
+        # Retrying a job whose status does not allow it changes nothing and says so.
+        queued = s.ids["queued"][0]
+        status, headers, _ = client.request(f"/jobs/{queued}/retry", {"csrf_token": token})
+        assert headers["location"] == f"/jobs/{queued}?done=skipped" and statuses(dsn, [queued]) == {queued: "queued"}
+        assert client.request(f"/jobs/{queued}/explode", {"csrf_token": token})[0] == 400
+        # Pause, then resume, the queue: the flow page lists it in between.
+        assert client.request("/queues/pause", {"csrf_token": token, "queue": SEEDED})[0] == 303
+        assert f'<tr data-queue="{SEEDED}">' in client.request("/flow")[2].split("<h2>Limits")[0]
+        assert fetchval(dsn, "SELECT count(*) FROM dispatcher_paused_queues WHERE queue_name = %s", (SEEDED,)) == 1
+        assert client.request("/queues/resume", {"csrf_token": token, "queue": SEEDED})[0] == 303
+        assert fetchval(dsn, "SELECT count(*) FROM dispatcher_paused_queues") == 0
+        assert client.request("/queues/pause", {"csrf_token": token, "queue": "no spaces"})[0] == 400
+        assert client.request("/jobs/1/retry", {"csrf_token": token, "x": "y" * 70_000})[0] == 413
+
+
+def test_the_command_serves_until_sigterm_then_exits_0_within_its_bound(dsn):
+    import os
+    import signal
+
+    from tests.helpers import free_port, http_get, wait_until
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "web", "--dsn", dsn, "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: http_get(port, "/readyz") == (200, b"ready"), 60, "the dashboard ready")
+        assert http_get(port, "/")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        began = time.monotonic()
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - began < 10, "the server's shutdown bound (5 s) and the pool's (2 s)"
+        assert f"dashboard on http://127.0.0.1:{port} (read-only, loopback only)" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()

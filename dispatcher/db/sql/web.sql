@@ -29,3 +29,28 @@ SELECT b.bucket,
                                LIMIT %(cap)s) AS due) AS due
   FROM generate_series(0, 63) AS b(bucket)
 
+
+-- name: web_serial_reads
+-- The dashboard's reads in this transaction run without parallel workers: on these short
+-- statements starting them costs more than they save (queue_depth at 1M jobs on 2 cores: 76 ms
+-- with, 49 ms without; docs/design/dashboard.md), and the app's own queries keep them.
+SET LOCAL max_parallel_workers_per_gather = 0
+
+-- name: web_queue_names
+-- The queues the bucket map offers: those with queued jobs, found by a skip scan of
+-- dispatcher_jobs_claim_idx (one index probe per queue, however many jobs each holds), and those
+-- with a coordination group.
+WITH RECURSIVE queued(queue_name) AS (
+    (SELECT queue_name FROM dispatcher_jobs WHERE status = 'queued' AND priority > -32769
+      ORDER BY queue_name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue_name FROM dispatcher_jobs AS j
+             WHERE j.status = 'queued' AND j.priority > -32769 AND j.queue_name > q.queue_name
+             ORDER BY j.queue_name LIMIT 1)
+      FROM queued AS q
+     WHERE q.queue_name IS NOT NULL
+)
+SELECT queue_name FROM queued WHERE queue_name IS NOT NULL
+UNION
+SELECT queue FROM dispatcher_bucket_owners WHERE owner IS NOT NULL
+ORDER BY 1

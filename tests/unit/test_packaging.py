@@ -104,7 +104,7 @@ def test_pyproject_metadata() -> None:
 
 
 @pytest.mark.slow
-def test_the_wheel_carries_type_markers_sql_and_license(tmp_path: Path) -> None:
+def test_the_wheel_carries_type_markers_sql_the_dashboards_files_and_license(tmp_path: Path) -> None:
     # Built from a copy: setuptools writes build/ and *.egg-info into the tree it builds.
     source = tmp_path / "src"
     source.mkdir()
@@ -120,6 +120,9 @@ def test_the_wheel_carries_type_markers_sql_and_license(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("bucket_dispatcher-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"dispatcher/py.typed", "coordinator/py.typed", "dispatcher/db/sql/claim.sql",
-            "dispatcher/devtools/sql/measure.sql"} <= names
+            "dispatcher/devtools/sql/measure.sql", "dispatcher/db/sql/web.sql"} <= names
+    # The dashboard's templates and assets: all it serves comes from the package (no CDN).
+    web = ROOT / "dispatcher" / "web"
+    assert {str(f.relative_to(ROOT)) for f in [*web.glob("templates/*"), *web.glob("static/*")]} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(n for n in names if "dist-info" in n)
     assert not any(n.startswith(("tests/", "bench/", "k8s/")) for n in names)

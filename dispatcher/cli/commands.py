@@ -146,6 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.worker.app is None:
         raise ConfigError("DISPATCHER_APP", "is not set (or pass --app): module:attribute of your dispatcher.Registry")
     registry = load_registry(config.worker.app, "--app" if args.app is not None else "DISPATCHER_APP")
+    logs.reinstall()  # the app's import may have configured logging (Django's LOGGING): ours stays
     # Probes answer from here on (not ready until the worker runs), through --migrate and the
     # start-up checks; port 0: no server.
     observability = config.observability

@@ -20,9 +20,11 @@ from urllib.parse import unquote
 import orjson
 
 from coordinator.pg.dsn import REDACTED, password_forms, scrub, urlsplit_password
+from dispatcher.observe.job_context import JobTag
 from dispatcher.observe.ratelimit import SUPPRESSED, SUPPRESSED_S, StormFilter
 
 JSON = "json"
+OUR_LOGGERS = ("dispatcher", "coordinator")  # their lines are the worker's own record
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the shape these lines always had
 
 # Every attribute a LogRecord has without `extra=`, plus those formatters add; the rest of a
@@ -162,6 +164,7 @@ class LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().__init__(stream)
         self.storm = StormFilter(emit=self.handle)
         self.addFilter(tag)  # first: a summary line of the storm filter gets the worker id too
+        self.addFilter(JobTag())  # job_id, job_type, queue, attempt on a line a handler logs
         self.addFilter(self.storm)
         self.setFormatter(formatter)
 
@@ -175,6 +178,8 @@ _tag = WorkerTag()
 _redactor = Redactor()
 _formatter: logging.Formatter = TextFormatter(_redactor)
 _json = False
+_handler: LogHandler | None = None
+_level = logging.INFO
 
 
 def configure(log_format: str | None, level: str | None, *, worker: str | None = None,
@@ -182,7 +187,7 @@ def configure(log_format: str | None, level: str | None, *, worker: str | None =
     """Send every logger's lines to `stream` (stderr) in `log_format` (text unless 'json'), at
     `level` (INFO unless a valid level name). Lenient: it runs before the settings are
     validated (Config then refuses a bad value, naming it, in the format chosen here)."""
-    global _formatter, _json
+    global _formatter, _json, _handler, _level
     _json = (log_format or "").strip().lower() == JSON
     _formatter = JsonFormatter(_redactor) if _json else TextFormatter(_redactor)
     _tag.worker = worker
@@ -192,11 +197,45 @@ def configure(log_format: str | None, level: str | None, *, worker: str | None =
         old.close()
     handler = LogHandler(stream or sys.stderr, _formatter, _tag)
     root.addHandler(handler)
-    root.setLevel(getattr(logging, (level or "INFO").strip().upper(), logging.INFO))
+    _handler, _level = handler, getattr(logging, (level or "INFO").strip().upper(), logging.INFO)
+    root.setLevel(_level)
+    for name in OUR_LOGGERS:  # their own level: an app that raises the root's keeps them at ours
+        logging.getLogger(name).setLevel(_level)
     logging.captureWarnings(True)  # warnings.warn lines get the worker id and the format too
     sys.excepthook = _uncaught
     threading.excepthook = _uncaught_in_thread
     return handler
+
+
+def reinstall() -> None:
+    """After the app's import (`dispatcher run`): undo what its logging configuration did to the
+    dispatcher's lines (a `logging.config.dictConfig` that disables existing loggers, resets
+    their levels or replaces the root logger's handlers, as Django's LOGGING may), and say once
+    what that was. The app's own handlers stay where it put them."""
+    if _handler is None:
+        return  # never configured (dispatcher used as a library): nothing of ours to restore
+    root = logging.getLogger()
+    found = []
+    disabled = sorted(name for name, logger in logging.Logger.manager.loggerDict.items()
+                      if isinstance(logger, logging.Logger) and logger.disabled
+                      and name.split(".")[0] in OUR_LOGGERS)
+    for name in disabled:
+        logging.getLogger(name).disabled = False
+    if disabled:
+        found.append(f"disabled {len(disabled)} of the dispatcher's loggers ({', '.join(disabled[:3])}"
+                     f"{', ...' if len(disabled) > 3 else ''}), enabled again")
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(_level)
+    if _handler not in root.handlers:
+        root.addHandler(_handler)
+        found.append("removed the dispatcher's log handler from the root logger, put back")
+    others = [type(h).__name__ for h in root.handlers if h is not _handler]
+    if found and others:
+        found.append(f"the root logger also has the app's {', '.join(others)}: a line may be written twice")
+    if found:
+        logging.getLogger("dispatcher.observe").warning(
+            "the app's logging configuration %s; the dispatcher's lines keep DISPATCHER_LOG_FORMAT",
+            "; ".join(found), extra={"app_log_handlers": others})
 
 
 def set_worker(worker_id: str | None) -> None:

@@ -22,6 +22,7 @@ from dispatcher.api.registry import Handler, Registry
 from dispatcher.errors import PermanentJobError, Snooze
 from dispatcher.model import FailureKind, Job
 from dispatcher.observe import metrics
+from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.held_jobs import LOST_ACTIONS, ExecutorStats, Running, State, new_task, running_by_queue
@@ -107,6 +108,7 @@ class Executor:
             entry.timer = loop.call_later(timeout_s, self._time_out, entry)
 
     async def _run_async(self, handler: Handler, job: Job, started: float) -> None:
+        CURRENT_JOB.set(job)  # in this task's own context: its log lines carry the job's fields
         try:
             await handler.fn(job)
         except asyncio.CancelledError:
@@ -167,7 +169,7 @@ class Executor:
             entry.state = State.RUNNING
             started = self._clock()
             entry.timeout_at = started + limit if (limit := self._timeout_of(handler)) else None
-            future = loop.run_in_executor(self._threads, handler.fn, entry.job)
+            future = loop.run_in_executor(self._threads, run_in_job, handler.fn, entry.job)
             future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
         if expiring:
             log.warning("lost the lease of %d backlogged jobs (it ran out before a thread was free, while "

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from coordinator.assignment import BucketAssignment
@@ -277,8 +277,8 @@ class Worker:
         job_metrics.COLLECTOR.untrack(self.executor)
         for store in self._stores:
             await store.close()
-        log.info("worker %s stopped in %.1f s: %s %s", self.config.worker_id, time.monotonic() - begun,
-                 self.stats, self.completer.stats)
+        log.info("worker %s stopped in %.1f s", self.config.worker_id, time.monotonic() - begun,
+                 extra={**asdict(self.stats), **asdict(self.completer.stats)})
 
     async def _release_unstarted(self, deadline: float) -> None:
         """Give the unstarted jobs back: tried at least once, retried until `deadline`."""

@@ -21,7 +21,12 @@ def stream():
     """configure() on a private stream; the process-wide state it changes is restored after."""
     root = logging.getLogger()
     saved = (list(root.handlers), root.level, sys.excepthook, threading.excepthook, logs._formatter, logs._json)
+    ours = {name: logging.getLogger(name).level for name in logs.OUR_LOGGERS}
+    saved_handler = logs._handler, logs._level
     yield io.StringIO()
+    for name, level in ours.items():
+        logging.getLogger(name).setLevel(level)
+    logs._handler, logs._level = saved_handler
     for handler in [h for h in root.handlers if isinstance(h, logs.LogHandler)]:
         root.removeHandler(handler)
     root.handlers[:], sys.excepthook, threading.excepthook, logs._formatter, logs._json = saved[0], *saved[2:]
@@ -167,3 +172,61 @@ def test_uncaught_exceptions_become_lines_too(stream):
     assert (main["level"], main["msg"], main["worker"]) == ("CRITICAL", "uncaught RuntimeError", "w")
     assert main["exception"].endswith("RuntimeError: bug at postgresql://u:***@h/db")
     assert in_thread["msg"] == "uncaught ZeroDivisionError in thread sync-1"
+
+
+class _Job:
+    id, job_type, queue, attempts = 7, "send", "mail", 2
+
+
+def test_a_line_logged_inside_a_handler_carries_its_job_in_both_formats(stream):
+    import asyncio
+
+    from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
+
+    logs.configure("text", "INFO", worker="w", stream=stream)
+    run_in_job(lambda job: logging.getLogger("app").warning("sync line"), _Job())
+    logging.getLogger("app").warning("outside")
+
+    async def handler() -> None:
+        CURRENT_JOB.set(_Job())  # as the executor does, in the handler's own task
+        logging.getLogger("app").warning("async line")
+
+    asyncio.run(handler())
+    logging.getLogger("app").warning("after")
+    sync_line, outside, async_line, after = lines(stream)
+    for line in (sync_line, async_line):
+        assert line.endswith("worker=w job_id=7 job_type=send queue=mail attempt=2"), line
+    assert "job_id" not in outside and "job_id" not in after, "nothing leaks out of the handler's context"
+
+    stream.truncate(0), stream.seek(0)
+    logs.configure("json", "INFO", worker="w", stream=stream)
+    run_in_job(lambda job: logging.getLogger("app").info("json line", extra={"job_id": 99}), _Job())
+    doc = orjson.loads(lines(stream)[0])
+    assert (doc["job_id"], doc.get("job_type")) == (99, None), "a field the call gives itself wins"
+
+
+def test_reinstall_undoes_an_apps_dictconfig_and_says_what_it_did(stream):
+    import logging.config
+
+    logs.configure("json", "INFO", worker="w", stream=stream)
+    logging.getLogger("dispatcher.serve.lifecycle")  # exists before the app's configuration
+    app_out = io.StringIO()
+    try:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": True,
+                                   "handlers": {"app": {"class": "logging.StreamHandler", "stream": app_out}},
+                                   "root": {"handlers": ["app"], "level": "WARNING"}})
+        logging.getLogger("dispatcher.serve.lifecycle").info("silenced")
+        assert lines(stream) == [], "what an app's dictConfig does without reinstall"
+        logs.reinstall()
+        logging.getLogger("dispatcher.serve.lifecycle").info("received SIGTERM")
+        warning, line = (orjson.loads(text) for text in lines(stream))
+        assert warning["logger"] == "dispatcher.observe" and "disabled" in warning["msg"]
+        assert "put back" in warning["msg"] and warning["app_log_handlers"] == ["StreamHandler"]
+        assert line["msg"] == "received SIGTERM"
+        stream.truncate(0), stream.seek(0)
+        logs.reinstall()
+        assert lines(stream) == [], "said once: nothing left to undo"
+    finally:
+        for name, logger in logging.Logger.manager.loggerDict.items():
+            if isinstance(logger, logging.Logger):
+                logger.disabled = False

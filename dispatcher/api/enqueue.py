@@ -263,7 +263,19 @@ _ANALYZE_MIN_ROWS = 5000
 
 
 def _owns_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    """Whether a bulk enqueue runs in a transaction of its own: only on an autocommit connection.
+    Otherwise the jobs belong to the caller's transaction, begun or not yet (a connection outside
+    autocommit that has sent nothing yet, as inside Django's `transaction.atomic`): they commit
+    with it or not at all."""
+    return conn.autocommit
+
+
+def _unbegun(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """A connection outside autocommit whose transaction has not begun: psycopg would make
+    `conn.transaction()` a transaction of its own there and COMMIT it, the caller's rollback
+    notwithstanding. A first statement begins the caller's instead, and `transaction()` then
+    nests in it as a savepoint."""
+    return not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged: bool) -> int:
@@ -274,6 +286,8 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
             return await _copy_async(conn, prepared, staged)
     conn, owned, tally = target, _owns_transaction(target), CopyTally()
     with translate_errors("enqueue_many"):
+        if _unbegun(conn):
+            await conn.execute(query("db_now"))
         async with conn.transaction():
             cur = conn.cursor()
             db_now = (await (await cur.execute(query("db_now"))).fetchone())[0]  # type: ignore[index]
@@ -350,6 +364,8 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
             return _copy_sync(conn, prepared, staged)
     conn, owned, tally = target, _owns_transaction(target), CopyTally()
     with translate_errors("enqueue_many"):
+        if _unbegun(conn):
+            conn.execute(query("db_now"))
         with conn.transaction():
             cur = conn.cursor()
             db_now = cur.execute(query("db_now")).fetchone()[0]  # type: ignore[index]

@@ -15,6 +15,7 @@ from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, TypeFilter
 from dispatcher.model import Job
+from dispatcher.observe.job_metrics import JOB_STATS
 
 _TYPE_FILTERS = {
     None: "",
@@ -97,4 +98,5 @@ def claimed_rows(rows: list[Any], token: str, queue: str) -> Claimed:
         return Claimed([], 0, stale=True)
     if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
         return Claimed([], selected)
+    JOB_STATS.waited(queue, [row[11] for row in rows])
     return Claimed([Job(row, token, queue, row[10]) for row in rows], selected)

@@ -47,6 +47,7 @@ from dispatcher.db.rows import (
 from dispatcher.db.translate import connect_errors, translate_errors
 from dispatcher.errors import StoreConflict, StoreUnavailable
 from dispatcher.model import Job
+from dispatcher.observe.job_metrics import JOB_STATS
 from dispatcher.observe import metrics
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,8 @@ class JobStore:
         rows = await (await self._execute("complete", self._complete_sql[True], params)).fetchall()
         completed = int(rows[0][10]) if rows else 0
         claimed = [Job(row, token, row[9]) for row in rows if row[0] is not None]
+        for job, row in zip(claimed, rows, strict=False):  # the claimed rows come first
+            JOB_STATS.waited(job.queue, (row[13],))
         return KeyedCompletion(completed, claimed, rows[0][12] if rows else [])
 
     async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:

@@ -203,7 +203,7 @@ class Completer:
         for job, duration_s in zip(jobs, durations_s):
             if refused and job.id in refused:
                 continue
-            finished(job.job_type, "completed", duration_s)
+            finished(job.queue, job.job_type, "completed", duration_s)
             if history_on:
                 history.add(job.id, job.attempts, worker, job.locked_at, duration_s * 1000.0, "completed", None)
         if fenced:
@@ -222,7 +222,7 @@ class Completer:
             job = failure.job
             if job is None:
                 continue
-            self._job_stats.finished(job.job_type, outcome, failure.duration_s)
+            self._job_stats.finished(job.queue, job.job_type, outcome, failure.duration_s)
             if self._history_on:
                 error = failure.summary if row.snoozed else failure.outcome.error
                 history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, failure.duration_s * 1000.0,

@@ -146,7 +146,7 @@ class Executor:
     def _time_out(self, entry: Running) -> None:
         if entry.task is not None and not entry.task.done():
             self.stats.timeouts += 1
-            self._job_stats.timed_out(entry.job.job_type)
+            self._job_stats.timed_out(entry.job.queue, entry.job.job_type)
             self._timed_out.add(entry.job.id)
             entry.task.cancel()
 
@@ -189,7 +189,7 @@ class Executor:
                 # A thread cannot be interrupted; an overrun is recorded as a timeout when it returns
                 # (its lease was kept alive meanwhile, so it never ran twice at once).
                 self.stats.timeouts += 1
-                self._job_stats.timed_out(entry.job.job_type)
+                self._job_stats.timed_out(entry.job.queue, entry.job.job_type)
                 self._fail(entry.job, FailureKind.TIMEOUT,
                            f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)", started)
             elif exc is not None:

@@ -9,16 +9,18 @@ prometheus_client's server: docs/design/health-and-metrics.md.
 from __future__ import annotations
 
 import errno
+import gzip
 import logging
 import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
-from prometheus_client import REGISTRY, generate_latest
+from prometheus_client import REGISTRY
+from prometheus_client.exposition import choose_encoder
 
 from dispatcher.errors import DispatcherError
 from dispatcher.serve.health import Health
@@ -29,10 +31,19 @@ MAX_CONCURRENT = 8
 REQUEST_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 2.0
 JSON = "application/json"
-# What generate_latest writes: the text format 0.0.4 (prometheus_client 0.26's CONTENT_TYPE_LATEST
-# names 1.0.0, a format it writes only for a scraper that asks for it).
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ENDPOINTS = ("/metrics", "/livez", "/readyz")
+
+
+def exposition(accept: str | None, accept_encoding: str | None, query: str) -> tuple[bytes, str, str | None]:
+    """/metrics as prometheus_client's own server answers it: the format the scraper's Accept asks
+    for (OpenMetrics, else the text format 0.0.4), only the families `name[]` names when given,
+    gzipped when it accepts gzip. (body, content type, content encoding or None)"""
+    names = parse_qs(query).get("name[]")
+    encoder, content_type = choose_encoder(accept or "")
+    body = encoder(REGISTRY.restricted_registry(names) if names else REGISTRY)
+    if "gzip" in (accept_encoding or ""):
+        return gzip.compress(body, compresslevel=6), content_type, "gzip"
+    return body, content_type, None
 
 
 class _Server(ThreadingHTTPServer):
@@ -89,12 +100,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(head=True)
 
     def _answer(self, *, head: bool) -> None:
-        path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        path = url.path
         health = self.server.health
-        content_type = JSON
+        content_type, encoding = JSON, None
         try:
             if path == "/metrics":
-                code, body, content_type = 200, generate_latest(REGISTRY), METRICS_CONTENT_TYPE
+                code = 200
+                body, content_type, encoding = exposition(self.headers.get("Accept"),
+                                                          self.headers.get("Accept-Encoding"), url.query)
             elif path == "/livez":
                 code, payload = health.livez()
                 body = orjson.dumps(payload)
@@ -105,9 +119,11 @@ class _Handler(BaseHTTPRequestHandler):
                 code, body = 404, orjson.dumps({"status": "not found", "path": path, "endpoints": ENDPOINTS})
         except Exception as exc:  # noqa: BLE001 - a collector's bug must not kill the server thread
             log.exception("serving %s failed", path)
-            code, body, content_type = 500, orjson.dumps({"status": "error", "error": repr(exc)}), JSON
+            code, body, content_type, encoding = 500, orjson.dumps({"status": "error", "error": repr(exc)}), JSON, None
         self.send_response(code)
         self.send_header("Content-Type", content_type)
+        if encoding is not None:
+            self.send_header("Content-Encoding", encoding)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()

@@ -48,6 +48,32 @@ def test_sync_enqueue_in_a_rolled_back_transaction_leaves_nothing(dsn):
     assert count(dsn) == 0
 
 
+def test_a_bulk_enqueue_as_the_first_statement_of_a_transaction_commits_only_with_it(dsn):
+    """Outside autocommit, a connection that has sent nothing yet (as inside Django's atomic) has
+    no transaction begun: the bulk enqueue must begin the caller's, not commit one of its own."""
+    with psycopg.connect(dsn) as conn:
+        assert enqueue_many_sync(conn, [JobSpec("a"), JobSpec("b")]) == 2
+        assert count(dsn) == 0, "not visible before the caller commits"
+        conn.rollback()
+        enqueue_payloads_sync(conn, "c", [{}] * 3)
+        conn.rollback()
+    assert count(dsn) == 0
+
+    async def main():
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            await enqueue_many(conn, [JobSpec("d")])
+            await enqueue_payloads(conn, "e", [{}, {}])
+            await conn.rollback()
+            await enqueue_many(conn, [JobSpec("f")])
+            await conn.commit()
+
+    run_async(main())
+    assert [row[0] for row in fetchall(dsn, "SELECT job_type FROM dispatcher_jobs")] == ["f"]
+    with psycopg.connect(dsn) as conn:  # committed on leaving the block, with the caller's work
+        enqueue_many_sync(conn, [JobSpec("g")])
+    assert count(dsn) == 2
+
+
 def test_pool_enqueue_commits_on_its_own(dsn):
     async def main():
         async with psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:

@@ -9,6 +9,7 @@ referenced by the rules or the dashboard, so an idle healthy worker exports all 
 
 from __future__ import annotations
 
+import gzip
 import socket
 import urllib.request
 
@@ -65,5 +66,35 @@ def test_every_metric_the_rules_and_dashboard_read_is_exported(dsn, tmp_path):
             wait_until(all_exported, 60, "every referenced metric on /metrics")
         except AssertionError:
             pytest.fail(f"referenced by k8s/monitoring but not exported: {sorted(wanted - seen)}")
+        _check_the_exposition(port)
     finally:
         assert stop_workers([worker]) == [0]
+
+
+def _scrape(port: int, query: str = "", **headers: str) -> tuple[dict[str, str], bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics{query}", headers=headers)
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return {k.lower(): v for k, v in response.headers.items()}, response.read()
+
+
+def _check_the_exposition(port: int) -> None:
+    """What prometheus_client's own server would answer: labels by queue, the queue-wait
+    histogram, no _created series, gzip, OpenMetrics, and `name[]` filtering."""
+    headers, body = _scrape(port)
+    assert headers["content-type"].startswith("text/plain; version=0.0.4") and "content-encoding" not in headers
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    assert not [name for name, _ in samples if name.endswith("_created")]
+    outcome = (("job_type", "record"), ("outcome", "completed"), ("queue", "default"))
+    assert samples[("dispatcher_job_outcomes_total", outcome)] == 5
+    # 5 claims of `record`, 2 of the job that failed twice: each claim's wait, once.
+    assert samples[("dispatcher_job_queue_wait_seconds_count", (("queue", "default"),))] == 7
+    assert samples[("dispatcher_job_queue_wait_seconds_sum", (("queue", "default"),))] >= 0
+
+    headers, body = _scrape(port, **{"Accept-Encoding": "gzip"})
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(body).startswith(b"# HELP")
+    headers, body = _scrape(port, Accept="application/openmetrics-text; version=1.0.0")
+    assert headers["content-type"].startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+    _, body = _scrape(port, "?name[]=dispatcher_jobs_running&name[]=dispatcher_job_queue_wait_seconds_count")
+    names = {s.name for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    assert names == {"dispatcher_jobs_running", "dispatcher_job_queue_wait_seconds_count"}, names

@@ -16,39 +16,54 @@ from tests.helpers import collected, run_async
 def test_the_histogram_is_cumulative_with_prometheus_bucket_bounds():
     stats = JobStats(bounds_s=(0.1, 1.0))
     for duration_s in (0.05, 0.1, 0.1000001, 1.0, 7.0):  # a duration equal to a bound is in that bucket (le)
-        stats.finished("t", "completed", duration_s)
+        stats.finished("q", "t", "completed", duration_s)
     out = collected(JobCollector(stats))
     buckets = {dict(labels)["le"]: v for (name, labels), v in out.items()
                if name == "dispatcher_job_duration_seconds_bucket"}
     assert buckets == {"0.1": 2, "1.0": 4, "+Inf": 5}
-    assert out[("dispatcher_job_duration_seconds_count", (("job_type", "t"),))] == 5
-    assert out[("dispatcher_job_duration_seconds_sum", (("job_type", "t"),))] == pytest.approx(8.2500001)
+    assert out[("dispatcher_job_duration_seconds_count", (("job_type", "t"), ("queue", "q")))] == 5
+    assert out[("dispatcher_job_duration_seconds_sum", (("job_type", "t"), ("queue", "q")))] == pytest.approx(8.2500001)
 
 
-def test_every_outcome_and_the_timeouts_are_exported_per_job_type_from_the_first_job():
+def test_every_outcome_and_the_timeouts_are_exported_per_queue_and_job_type_from_the_first_job():
     stats = JobStats()
-    stats.finished("a", "completed", 0.01)
-    stats.finished("a", "retried", 0.01)
-    stats.finished("a", "retried", 0.01)
-    stats.timed_out("b")
+    stats.finished("q", "a", "completed", 0.01)
+    stats.finished("q", "a", "retried", 0.01)
+    stats.finished("q", "a", "retried", 0.01)
+    stats.finished("mail", "a", "failed", 0.01)
+    stats.timed_out("q", "b")
     out = collected(JobCollector(stats))
-    outcomes = {(dict(k)["job_type"], dict(k)["outcome"]): v for (name, k), v in out.items()
+    outcomes = {(dict(k)["queue"], dict(k)["job_type"], dict(k)["outcome"]): v for (name, k), v in out.items()
                 if name == "dispatcher_job_outcomes_total"}
-    assert outcomes == {**{("a", o): 0 for o in OUTCOMES}, ("a", "completed"): 1, ("a", "retried"): 2,
-                        **{("b", o): 0 for o in OUTCOMES}}
-    assert out[("dispatcher_job_timeouts_total", (("job_type", "a"),))] == 0
-    assert out[("dispatcher_job_timeouts_total", (("job_type", "b"),))] == 1
-    assert out[("dispatcher_job_duration_seconds_count", (("job_type", "b"),))] == 0
+    assert outcomes == {**{("q", "a", o): 0 for o in OUTCOMES}, ("q", "a", "completed"): 1, ("q", "a", "retried"): 2,
+                        **{("mail", "a", o): 0 for o in OUTCOMES}, ("mail", "a", "failed"): 1,
+                        **{("q", "b", o): 0 for o in OUTCOMES}}
+    assert out[("dispatcher_job_timeouts_total", (("job_type", "a"), ("queue", "q")))] == 0
+    assert out[("dispatcher_job_timeouts_total", (("job_type", "b"), ("queue", "q")))] == 1
+    assert out[("dispatcher_job_duration_seconds_count", (("job_type", "b"), ("queue", "q")))] == 0
+
+
+def test_queue_waits_are_a_histogram_per_queue():
+    stats = JobStats(wait_bounds_s=(0.1, 10.0))
+    stats.waited("q", [0.0, 0.1, 3.0])
+    stats.waited("q", [])
+    stats.waited("mail", [100.0])
+    out = collected(JobCollector(stats))
+    buckets = {(dict(k)["queue"], dict(k)["le"]): v for (name, k), v in out.items()
+               if name == "dispatcher_job_queue_wait_seconds_bucket"}
+    assert buckets == {("q", "0.1"): 2, ("q", "10.0"): 3, ("q", "+Inf"): 3,
+                       ("mail", "0.1"): 0, ("mail", "10.0"): 0, ("mail", "+Inf"): 1}
+    assert out[("dispatcher_job_queue_wait_seconds_sum", (("queue", "q"),))] == pytest.approx(3.1)
 
 
 def test_job_types_past_the_cap_are_counted_together():
     stats = JobStats(max_types=3)
     for i in range(10):
-        stats.finished(f"type{i}", "failed", 0.0)
-    types = {job_type for job_type, *_ in stats.snapshot()}
+        stats.finished("q", f"type{i}", "failed", 0.0)
+    types = {job_type for (_, job_type), *_ in stats.snapshot()}
     assert types == {"type0", "type1", OTHER_TYPE}
-    assert {t: outcomes["failed"] for t, _, _, outcomes, _ in stats.snapshot()} == {"type0": 1, "type1": 1,
-                                                                                    OTHER_TYPE: 8}
+    assert {t: outcomes["failed"] for (_, t), _, _, outcomes, _ in stats.snapshot()} == {"type0": 1, "type1": 1,
+                                                                                         OTHER_TYPE: 8}
 
 
 class FakeExecutor:
@@ -90,7 +105,7 @@ class AcceptingStore:
 
 
 def job(job_type: str, job_id: int = 1) -> Job:
-    return Job((job_id, job_type, {}, 1, 5, None, 0, 0), f"00000000-0000-0000-0000-{job_id:012d}")
+    return Job((job_id, job_type, {}, 1, 5, None, 0, 0), f"00000000-0000-0000-0000-{job_id:012d}", "q")
 
 
 def test_the_completer_counts_each_attempt_whose_write_was_accepted_and_no_fenced_one():
@@ -106,7 +121,8 @@ def test_the_completer_counts_each_attempt_whose_write_was_accepted_and_no_fence
     completer.failed(job("x", 7), Outcome("queued", 1.0, "boom"), 0.25)  # fenced
     assert stats.snapshot() == [], "nothing is counted before its write"
     run_async(completer.flush())
-    by_type = {t: (sum(buckets), total, outcomes) for t, buckets, total, outcomes, _ in stats.snapshot()}
+    by_type = {t: (sum(buckets), total, outcomes) for (q, t), buckets, total, outcomes, _ in stats.snapshot()}
+    assert {q for (q, _), *_ in stats.snapshot()} == {"q"}
     assert by_type["x"][:2] == (3, 1.0)
     assert {o: n for o, n in by_type["x"][2].items() if n} == {"completed": 1, "retried": 1, "failed": 1}
     assert {o: n for o, n in by_type["y"][2].items() if n} == {"discarded": 1, "snoozed": 1}
@@ -164,7 +180,8 @@ def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type(
         executor.start([queued(1, "suspends", "a"), queued(5, "slow", "a"), queued(2, "sync", "b"),
                         queued(3, "sync", "b"), queued(4, "blocks", "c")])
         running = executor.running_by_queue()
-        await wait_until_async(lambda: stats.snapshot() and any(t == "slow" and n for t, *_, n in stats.snapshot()),
+        await wait_until_async(lambda: stats.snapshot() and any(t == ("a", "slow") and n
+                                                                for t, *_, n in stats.snapshot()),
                                5, "the slow job timed out")
         executor.take_unstarted()
         release.set()
@@ -176,4 +193,4 @@ def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type(
     # Python < 3.12 has no eager tasks: "blocks" runs on the loop after start(), the sync pump done.
     assert seen_from_a_thread == [{"a": 2, "c": 1} if sys.version_info >= (3, 12) else {"a": 2, "b": 1, "c": 1}]
     assert running == {"a": 2, "b": 1}  # after start(): 1 of the 2 sync ones has the one thread
-    assert {t: n for t, *_, n in stats.snapshot()} == {"slow": 1}
+    assert {t: n for t, *_, n in stats.snapshot()} == {("a", "slow"): 1}

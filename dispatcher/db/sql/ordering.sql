@@ -174,7 +174,7 @@ chained AS (
        AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
     RETURNING w.id, w.job_type, w.payload, w.attempts, CASE WHEN w.max_attempts_given THEN w.max_attempts END AS max_attempts,
               extract(epoch FROM w.locked_at)::float8 AS locked_at, w.bucket, w.priority, w.ordering_key,
-              w.queue_name
+              w.queue_name, extract(epoch FROM w.locked_at - w.run_at)::float8 AS waited_s
 ),
 to_queue AS (SELECT id FROM nexts EXCEPT SELECT id FROM mine),
 {queue_jobs}
@@ -192,7 +192,7 @@ WITH released AS (
 {chain_next}
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
        c.queue_name, (SELECT count(*) FROM released), w.promoted,
-       ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released)
+       ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released), c.waited_s
   FROM woken AS w LEFT JOIN chained AS c ON true
 
 -- name: ordering_promote_scan

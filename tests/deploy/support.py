@@ -34,6 +34,7 @@ RENDER_TIMEOUT_S = 60  # one render takes ~0.3 s; a loaded 2-core machine may ta
 # (one pod at a time), janitor. Histograms are referenced as NAME_bucket.
 CONTRACT_HISTOGRAMS = frozenset({
     "dispatcher_poll_cycle_seconds", "dispatcher_claim_seconds", "dispatcher_job_duration_seconds",
+    "dispatcher_job_queue_wait_seconds",  # issue 28: run_at to claim, per queue
 })
 CONTRACT_METRICS = CONTRACT_HISTOGRAMS | frozenset({
     "dispatcher_jobs_claimed_total", "dispatcher_jobs_running", "dispatcher_jobs_in_flight",

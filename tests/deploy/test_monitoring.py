@@ -23,8 +23,9 @@ def test_rules_pass_promtool_check() -> None:
 
 
 def test_rules_unit_tests_pass() -> None:
-    """rules_test.yml: the SLA, backlog, degraded-worker, failure, lock-wait, busy-database,
-    sampler, poll-cycle and halted-keys alerts fire on their series and stay quiet short of them."""
+    """rules_test.yml: the SLA (oldest runnable job and queue wait), backlog, degraded-worker, failure,
+    lock-wait, busy-database, sampler, poll-cycle and halted-keys alerts fire on their series and stay
+    quiet short of them."""
     done = run([promtool(), "test", "rules", RULES_TEST.name], cwd=MONITORING)
     assert done.returncode == 0, done.stdout + done.stderr
     tested = {t["alertname"] for case in yaml.safe_load(RULES_TEST.read_text())["tests"]

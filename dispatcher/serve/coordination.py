@@ -28,9 +28,11 @@ def build_assignments(settings: CoordinationSettings, *, liveness: Liveness | No
     return {queue: _coordinated(settings, queue, liveness) for queue in settings.queues}
 
 
-def redis_prefix(queue: str) -> str:
-    """The Redis key prefix of a queue's coordination group (keys are `<prefix>:members`, ...)."""
-    return f"dispatcher:{queue}"
+def redis_prefix(queue: str, key_prefix: str = "dispatcher") -> str:
+    """The Redis key prefix of a queue's coordination group, `<key_prefix>:<queue>` (keys are
+    `<prefix>:members`, ...). key_prefix is DISPATCHER_REDIS_KEY_PREFIX: deployments that share one
+    Redis database keep apart by it. Queue names have no `:`, so one prefix's groups never overlap."""
+    return f"{key_prefix}:{queue}"
 
 
 def _coordinated(settings: CoordinationSettings, queue: str, liveness: Liveness | None) -> BucketAssignment:
@@ -39,7 +41,8 @@ def _coordinated(settings: CoordinationSettings, queue: str, liveness: Liveness 
     if settings.coordinator == "redis":
         from coordinator.backend_redis import RedisBackend
 
-        backend = RedisBackend(settings.redis_url, prefix=redis_prefix(queue))  # type: ignore[arg-type]
+        backend = RedisBackend(settings.redis_url,  # type: ignore[arg-type]  # validated: set
+                               prefix=redis_prefix(queue, settings.redis_key_prefix))
     else:
         from coordinator.backend_pg import PostgresBackend
 

@@ -31,7 +31,7 @@ from dispatcher.settings.defaults import (COORDINATORS, DEFAULT_BATCH_SIZE, DEFA
                                           DEFAULT_RETRY_CAP_S, DEFAULT_SHUTDOWN_GRACE_S, DEFAULT_STATEMENT_TIMEOUT_S,
                                           DEFAULT_STEAL_BATCH, DEFAULT_STUCK_EXIT_AFTER_S, DEFAULT_STUCK_GRACE_S,
                                           DEFAULT_SYNC_THREADS, DEFAULT_TABLE_SAMPLE_INTERVAL_S, LISTEN_OFF,
-                                          LOG_FORMATS, LOG_LEVELS)
+                                          LOG_FORMATS, LOG_LEVELS, REDIS_KEY_PREFIX_RE)
 from dispatcher.settings.meta import KINDS as _KINDS, Setting, parse_buckets, parse_text, setting, setting_of
 from dispatcher.settings.meta import parse_bool as _parse_bool, parse_queues as _parse_queues
 from dispatcher.settings import sections as sec
@@ -159,8 +159,10 @@ class Config:
         "postgres", section="coordination", parse=str,
         help="bucket assignment in partitioned mode: postgres, redis or static")
     redis_url: str | None = setting(
-        None, section="coordination", parse=str,
-        help="Redis URL (redis://host:6379/0); required when coordinator is redis")
+        None, section="coordination", parse=str, help="Redis URL (redis://host:6379/0); required when coordinator is redis")
+    redis_key_prefix: str = setting("dispatcher", section="coordination", parse=str, help=(
+        "Redis coordinator: the start of every key and channel name (`<prefix>:<queue>:members`, ...); deployments that "
+        "share one Redis database need different ones, or same-named queues merge their groups. No whitespace or {}"))
     coordinator_lease_s: float = setting(
         DEFAULT_COORDINATOR_LEASE_S, section="coordination", parse=float, unit="seconds",
         help="membership lease in seconds (>= 3): a dead worker's buckets move within this")
@@ -169,8 +171,7 @@ class Config:
         help="seconds between membership re-reads, at most coordinator_lease_s / 3; NOTIFY/pub-sub is sooner")
     session_locks: bool = setting(
         True, section="coordination", parse=_parse_bool,
-        help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction pooling "
-             "(leases only)")
+        help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction pooling (leases only)")
     prepared_statements: bool = setting(
         True, section="database", parse=_parse_bool,
         help="let psycopg prepare statements it runs often; false behind PgBouncer in transaction pooling "
@@ -210,8 +211,7 @@ class Config:
     log_level: str = setting(
         "INFO", section="logging", parse=str, help=f"log level: {', '.join(LOG_LEVELS)}")
     log_format: str = setting(
-        "text", section="logging", parse=str,
-        help="log lines: text (human-readable) or json (one JSON object per line)")
+        "text", section="logging", parse=str, help="log lines: text (human-readable) or json (one JSON object per line)")
 
     # The sections each service receives (sections.py): resolved in __post_init__, not settings.
     database: sec.DatabaseSettings = _section()
@@ -281,10 +281,11 @@ class Config:
             _check(getattr(self, name) >= 0, name, "must be >= 0")
         _check(self.coordinator in COORDINATORS, "coordinator",
                f"must be one of {', '.join(COORDINATORS)}, got {self.coordinator!r}")
-        _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url",
-               "is required when coordinator is 'redis'")
+        _check(self.coordinator != "redis" or bool(self.redis_url), "redis_url", "is required when coordinator is 'redis'")
         problem = redis_url_problem(self.redis_url) if self.redis_url else None  # redis-py's parse (redacted)
         _check(problem is None, "redis_url", f"is not a valid Redis URL: {problem}")
+        _check(REDIS_KEY_PREFIX_RE.fullmatch(self.redis_key_prefix) is not None, "redis_key_prefix",
+               f"must be non-empty, without whitespace or braces {{}}, got {self.redis_key_prefix!r}")
         _check(self.coordinator_lease_s >= 3, "coordinator_lease_s", "must be >= 3 seconds")
         _check(0 < self.coordinator_poll_s <= self.coordinator_lease_s / 3, "coordinator_poll_s",
                "must be > 0 and at most a third of coordinator_lease_s")
@@ -343,8 +344,8 @@ class Config:
             "retention": sec.RetentionSettings(self.prune_interval_s, MappingProxyType(retentions), self.prune_batch),
             "coordination": sec.CoordinationSettings(
                 self.coordinator, self.mode == MODE_PARTITIONED, self.queues, self.worker_id, static, self.redis_url,
-                self.dsn, listen, coordination_limits, self.coordinator_lease_s, self.coordinator_poll_s,
-                self.session_locks),
+                self.redis_key_prefix, self.dsn, listen, coordination_limits, self.coordinator_lease_s,
+                self.coordinator_poll_s, self.session_locks),
             "observability": sec.ObservabilitySettings(self.metrics_port, self.loop_stall_s),
             "web": sec.WebSettings(self.web_host.strip(), self.web_port, self.web_token, self.web_allow_actions),
         }

@@ -3,6 +3,8 @@ few settings accept. Config (config.py) declares the settings with them."""
 
 from __future__ import annotations
 
+import re
+
 # Defaults, with the reason for each number.
 DEFAULT_CONCURRENCY = 100  # jobs running at once per worker process
 DEFAULT_BATCH_SIZE = 500  # max jobs per claim statement: ~0.002 round trips per job
@@ -43,3 +45,8 @@ COORDINATORS = ("postgres", "redis", "static")
 LISTEN_OFF = "none"  # listen_dsn value: no LISTEN connection at all (polling only)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")  # see dispatcher/observe/logs.py
+# DISPATCHER_REDIS_KEY_PREFIX: non-empty, no whitespace, no braces. A `{...}` in a key name is a Redis
+# Cluster hash tag (it picks the key's slot). The backend talks to one server, not a Cluster; should it
+# ever, each script touches several keys of one group at once, so one tag must wrap the group's whole
+# prefix (`{<prefix>:<queue>}`): the backend's to place, never part of the user's setting.
+REDIS_KEY_PREFIX_RE = re.compile(r"[^\s{}]+")

@@ -149,6 +149,7 @@ class CoordinationSettings:
     member: str  # the worker id
     static_buckets: tuple[int, ...]  # the static coordinator: buckets, else worker i of N
     redis_url: str | None
+    redis_key_prefix: str  # Redis keys of a queue's group: <redis_key_prefix>:<queue>:...
     dsn: str | None
     listen_dsn: str | None  # as WorkerSettings.listen_dsn
     limits: ConnectionLimits  # a round must fail well inside a membership lease: min(statement, lease / 3)

@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench,embedded,web]'
+	$(BIN)/pip install --quiet -e '.[test,bench,embedded,web,otel]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -36,13 +36,14 @@ class Job:
     comment in dispatcher/db/sql/claim.sql). `ordering_key` is the job's key, or None: the jobs of a
     queue that share one run one at a time, in the order they were enqueued. `scheduled_for` is the
     slot a recurring job was enqueued for (UTC; None for other jobs): a handler can be idempotent
-    per slot with it."""
+    per slot with it. `trace_context` is the W3C trace context of the span that enqueued it (None:
+    none, or no OpenTelemetry), which its handler's span continues (dispatcher/observe/tracing.py)."""
 
     __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "_locked_at", "bucket", "priority",
-                 "ordering_key", "token", "queue", "_scheduled_for")
+                 "ordering_key", "token", "queue", "_scheduled_for", "trace_context")
 
     def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE,
-                 scheduled_for: datetime | None = None) -> None:
+                 scheduled_for: datetime | None = None, trace_context: dict[str, str] | None = None) -> None:
         (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
          self._locked_at, self.bucket, self.priority) = row[:8]
         # A claim's rows carry the key, then `selected`; a row of 8 (a test's) has no key.
@@ -50,6 +51,7 @@ class Job:
         self.token = token
         self.queue = queue
         self._scheduled_for = scheduled_for
+        self.trace_context = trace_context
 
     @property
     def locked_at(self) -> datetime | None:

@@ -27,7 +27,8 @@ from dispatcher.api.enqueue_checks import (
     check_options,
     serialize_payload,
 )
-from dispatcher.api.enqueue_copy import CopyTally, copy_chunks, copy_statement, published_async, published_sync
+from dispatcher.api.enqueue_copy import (CopyTally, copy_chunks, copy_plan, owns_transaction, published_async,
+                                         published_sync, unbegun)
 from dispatcher.api.enqueue_windows import (
     insert_windowed_async,
     insert_windowed_sync,
@@ -39,7 +40,7 @@ from dispatcher.api.enqueue_windows import (
 from dispatcher.constants import DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
-from dispatcher.db.store import insert_one_params, insert_one_sql
+from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.translate import translate_errors
 from dispatcher.errors import EnqueueError, PayloadError
 from dispatcher.settings.config import DEFAULT_MAX_PAYLOAD_BYTES
@@ -262,39 +263,24 @@ async def enqueue_payloads(
 _ANALYZE_MIN_ROWS = 5000
 
 
-def _owns_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """Whether a bulk enqueue runs in a transaction of its own: only on an autocommit connection.
-    Otherwise the jobs belong to the caller's transaction, begun or not yet (a connection outside
-    autocommit that has sent nothing yet, as inside Django's `transaction.atomic`): they commit
-    with it or not at all."""
-    return conn.autocommit
-
-
-def _unbegun(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """A connection outside autocommit whose transaction has not begun: psycopg would make
-    `conn.transaction()` a transaction of its own there and COMMIT it, the caller's rollback
-    notwithstanding. A first statement begins the caller's instead, and `transaction()` then
-    nests in it as a savepoint."""
-    return not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-
 async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged: bool) -> int:
     if isinstance(target, InProcessStore):
         return sum(i is not None for i in _in_process(target, prepared))
     if isinstance(target, psycopg_pool.AsyncConnectionPool):
         async with target.connection() as conn:
             return await _copy_async(conn, prepared, staged)
-    conn, owned, tally = target, _owns_transaction(target), CopyTally()
+    conn, owned, tally = target, owns_transaction(target), CopyTally()
     with translate_errors("enqueue_many"):
-        if _unbegun(conn):
+        if unbegun(conn):
             await conn.execute(query("db_now"))
         async with conn.transaction():
             cur = conn.cursor()
             db_now = (await (await cur.execute(query("db_now"))).fetchone())[0]  # type: ignore[index]
             if staged:
                 await cur.execute(query("jobs_stage_create"))
-            async with cur.copy(copy_statement(staged)) as copy:
-                for chunk in copy_chunks(prepared, db_now, tally, staged):
+            statement, trace = copy_plan(staged)
+            async with cur.copy(statement) as copy:
+                for chunk in copy_chunks(prepared, db_now, tally, staged, trace):
                     await copy.write(chunk)
             inserted = tally.rows
             if staged:
@@ -362,17 +348,18 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
     if isinstance(target, psycopg_pool.ConnectionPool):
         with target.connection() as conn:
             return _copy_sync(conn, prepared, staged)
-    conn, owned, tally = target, _owns_transaction(target), CopyTally()
+    conn, owned, tally = target, owns_transaction(target), CopyTally()
     with translate_errors("enqueue_many"):
-        if _unbegun(conn):
+        if unbegun(conn):
             conn.execute(query("db_now"))
         with conn.transaction():
             cur = conn.cursor()
             db_now = cur.execute(query("db_now")).fetchone()[0]  # type: ignore[index]
             if staged:
                 cur.execute(query("jobs_stage_create"))
-            with cur.copy(copy_statement(staged)) as copy:
-                for chunk in copy_chunks(prepared, db_now, tally, staged):
+            statement, trace = copy_plan(staged)
+            with cur.copy(statement) as copy:
+                for chunk in copy_chunks(prepared, db_now, tally, staged, trace):
                     copy.write(chunk)
             inserted = tally.rows
             if staged:

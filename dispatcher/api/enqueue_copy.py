@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import orjson
 import psycopg
 
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
+from dispatcher.observe import tracing
 
 
 COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
@@ -38,14 +40,16 @@ class CopyTally:
 
 
 def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
-                 staged: bool = False) -> Iterator[bytes]:
+                 staged: bool = False, trace: bytes | None = None) -> Iterator[bytes]:
     """COPY text-format lines, ~1 us a row: the server's ~9 us per row stays the bottleneck.
 
     run_at is the database's now() (read in the same transaction) plus the job's delay, so the
     database clock still rules. Names were validated against a pattern with no escapes needed.
-    The staging table (`staged`) also takes each row's ordering key and dedupe window.
+    The staging table (`staged`) also takes each row's ordering key and dedupe window; `trace`
+    (copy_plan's) ends every row with the enqueuing span's trace context.
     """
     now_text = db_now.isoformat().encode()
+    end = b"\n" if trace is None else b"\t" + trace + b"\n"
     names: dict[tuple[str, str], bytes] = {}
     lines: list[bytes] = []
     for p in prepared:
@@ -71,7 +75,8 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
             attempts = b"\\N" if p.max_attempts is None else b"%d" % p.max_attempts
         else:  # max_attempts, max_attempts_given: 20 for workers of the previous release, else the handler's
             attempts = _NOT_GIVEN if p.max_attempts is None else b"%d\tt" % p.max_attempts
-        lines.append(b"%s%s\t%d\t%d\t%s\t%s\t%s\n" % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe))
+        lines.append(b"%s%s\t%d\t%d\t%s\t%s\t%s%s" % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe,
+                                                          end))
         if len(lines) >= COPY_CHUNK_ROWS:
             tally.rows += len(lines)
             yield b"".join(lines)
@@ -81,9 +86,16 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
         yield b"".join(lines)
 
 
-def copy_statement(staged: bool) -> str:
-    """COPY straight into the table, or through the staging table when dedupe keys need ON CONFLICT."""
-    return query("jobs_stage_copy_in") if staged else query("jobs_copy_in")
+def copy_plan(staged: bool) -> tuple[str, bytes | None]:
+    """The COPY statement, straight into the table or through the staging table when dedupe or
+    ordering keys need ON CONFLICT; and, for the former inside an OpenTelemetry span, the trace
+    context every row carries (copy_chunks). The staging path stores none (docs/operations/tracing.md)."""
+    if staged:
+        return query("jobs_stage_copy_in"), None
+    found = tracing.carrier()
+    if found is None:
+        return query("jobs_copy_in"), None
+    return query("jobs_copy_in_traced"), copy_text(orjson.dumps(found).decode())
 
 
 
@@ -102,3 +114,19 @@ async def published_async(cur: psycopg.AsyncCursor[Any], tally: CopyTally) -> in
 def published_sync(cur: psycopg.Cursor[Any], tally: CopyTally) -> int:
     cur = cur.execute(publish_statement(tally))
     return int(cur.fetchone()[0]) if tally.keyed else cur.rowcount  # type: ignore[index]
+
+
+def owns_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a bulk enqueue runs in a transaction of its own: only on an autocommit connection.
+    Otherwise the jobs belong to the caller's transaction, begun or not yet (a connection outside
+    autocommit that has sent nothing yet, as inside Django's `transaction.atomic`): they commit
+    with it or not at all."""
+    return conn.autocommit
+
+
+def unbegun(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """A connection outside autocommit whose transaction has not begun: psycopg would make
+    `conn.transaction()` a transaction of its own there and COMMIT it, the caller's rollback
+    notwithstanding. A first statement begins the caller's instead, and `transaction()` then
+    nests in it as a savepoint."""
+    return not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

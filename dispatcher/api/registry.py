@@ -10,6 +10,7 @@ from typing import Any
 from dispatcher.api.schedules import CATCH_UP_LATEST, Schedule, declare_schedule
 from dispatcher.backoff import HandlerRetry, RetryFn, handler_retry
 from dispatcher.constants import DEFAULT_QUEUE
+from dispatcher.observe import tracing
 from dispatcher.slots import ScheduleError
 
 # What a handler's final failure does to its job's ordering key (jobs without a key: nothing).
@@ -75,8 +76,10 @@ class Registry:
                 raise ValueError(f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}")
             if schedule is not None:
                 self.schedule(name, schedule, job_type=name)
-            self._handlers[name] = Handler(name, fn, inspect.iscoroutinefunction(fn), timeout_s, on_ordered_failure,
-                                           own_retry)
+            is_async = inspect.iscoroutinefunction(fn)
+            # Each run in its job's span when OpenTelemetry is installed (observe/tracing.py), else fn.
+            self._handlers[name] = Handler(name, tracing.traced(fn, is_async), is_async, timeout_s,
+                                           on_ordered_failure, own_retry)
             return fn
 
         return register

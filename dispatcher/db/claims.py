@@ -99,4 +99,4 @@ def claimed_rows(rows: list[Any], token: str, queue: str) -> Claimed:
     if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
         return Claimed([], selected)
     JOB_STATS.waited(queue, [row[11] for row in rows])
-    return Claimed([Job(row, token, queue, row[10]) for row in rows], selected)
+    return Claimed([Job(row, token, queue, row[10], row[12]) for row in rows], selected)

@@ -15,14 +15,14 @@ from typing import Any, TypeVar
 
 import orjson
 import psycopg
-from psycopg.types.json import Jsonb, set_json_dumps, set_json_loads
+from psycopg.types.json import set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
 from dispatcher.constants import COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
 from dispatcher.db.claims import allowance, claim_params, claim_sql, claimed_rows, next_token_s, steal_sql
 from dispatcher.db.completions import completion_statements
-from dispatcher.db.listener import format_payload
+from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.port import JobState, NewJob
 from dispatcher.db.queries import query
@@ -62,27 +62,6 @@ def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any])
     """orjson both ways: about 5x faster than the stdlib json psycopg uses by default."""
     set_json_loads(orjson.loads, conn)
     set_json_dumps(orjson.dumps, conn)
-
-
-def raw_json(data: Any) -> bytes:
-    """Jsonb's dumps for a payload serialised already (orjson bytes): sent as is."""
-    return data  # type: ignore[no-any-return]  # already orjson bytes
-
-
-def insert_one_params(job: NewJob) -> dict[str, Any]:
-    """jobs_insert_one's parameters: dispatcher.enqueue's and the port's jobs_enqueue."""
-    return {
-        "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=raw_json),
-        "priority": job.priority, "bucket": job.bucket, "max_attempts": job.max_attempts,
-        "run_at": job.run_at, "delay_s": job.delay_s, "dedupe_key": job.dedupe_key,
-        "ordering_key": job.ordering_key, "dedupe_window_s": getattr(job, "dedupe_window_s", None),
-        "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket),
-    }
-
-
-def insert_one_sql(job: NewJob) -> str:
-    """jobs_insert_one, or its keyed form for a job with an ordering key (sql/ordering.sql)."""
-    return query("jobs_insert_one" if job.ordering_key is None else "jobs_insert_one_keyed")
 
 
 class JobStore:
@@ -276,7 +255,7 @@ class JobStore:
                   "chain_limit": chain.limit, "token": token, "worker": self.worker_id, "lease_s": chain.lease_s}
         rows = await (await self._execute("complete", self._complete_sql[True], params)).fetchall()
         completed = int(rows[0][10]) if rows else 0
-        claimed = [Job(row, token, row[9]) for row in rows if row[0] is not None]
+        claimed = [Job(row, token, row[9], None, row[14]) for row in rows if row[0] is not None]
         for job, row in zip(claimed, rows, strict=False):  # the claimed rows come first
             JOB_STATS.waited(job.queue, (row[13],))
         return KeyedCompletion(completed, claimed, rows[0][12] if rows else [])

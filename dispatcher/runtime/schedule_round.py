@@ -20,7 +20,8 @@ from dispatcher.api.schedules import CATCH_UP_ALL, CATCH_UP_ALL_MAX, CATCH_UP_LA
 from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db.listener import format_payload
 from dispatcher.db.queries import query
-from dispatcher.db.store import SLOW_STATEMENT, JobStore, raw_json
+from dispatcher.db.inserts import raw_json
+from dispatcher.db.store import SLOW_STATEMENT, JobStore
 from dispatcher.slots import Cadence
 
 # Slots one schedule enqueues in one round, at most: a round's transaction stays short whatever

@@ -26,7 +26,8 @@
 -- whose claim lost a few rows to a stealer at start-up slept a whole poll interval while a
 -- stealer drained its buckets (spawn -> done 0.7x of SKIP LOCKED at 2 workers).
 -- `scheduled_for` is a recurring job's slot (migration 0012), NULL for every other job; `waited_s`
--- (last) how long the job waited after it was due (dispatcher_job_queue_wait_seconds).
+-- how long the job waited after it was due (dispatcher_job_queue_wait_seconds); `trace_context`
+-- (last) the trace of its enqueue (migration 0013), NULL unless OpenTelemetry stored one.
 -- %(flow_version)s is the version of the flow-control tables (migrations/0009) the worker's copy
 -- was read at: if they changed since, `ids` is NULL, nothing is claimed and `selected` comes back
 -- NULL, so the worker reads them again before it claims (NULL: no check, for callers without a
@@ -50,9 +51,9 @@ WITH picked AS MATERIALIZED (
        RETURNING id, job_type, payload, attempts, CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts,
                  extract(epoch FROM locked_at)::float8 AS locked_at,
                  bucket, priority, ordering_key, scheduled_for,
-                 extract(epoch FROM locked_at - run_at)::float8 AS waited_s)
+                 extract(epoch FROM locked_at - run_at)::float8 AS waited_s, trace_context)
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
-       cardinality(p.ids) AS selected, c.scheduled_for, c.waited_s
+       cardinality(p.ids) AS selected, c.scheduled_for, c.waited_s, c.trace_context
   FROM picked AS p LEFT JOIN claimed AS c ON true
 
 -- name: claim_select_partitioned

@@ -13,11 +13,11 @@
 -- can be named (NAME_PATTERN has no ':'): it ignores it and polls the job up as before.
 WITH inserted AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, dedupe_window_s)
+                                 run_at, dedupe_key, dedupe_window_s, trace_context)
     VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
             %(max_attempts)s::int IS NOT NULL,
             coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-            %(dedupe_window_s)s)
+            %(dedupe_window_s)s, %(trace_context)s::jsonb)
     ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
     DO NOTHING
     RETURNING id, run_at
@@ -31,6 +31,12 @@ SELECT id, pg_notify(%(channel)s, %(notify)s || CASE WHEN due_in_ms > 0 THEN ':'
 -- now() read in the same transaction, so the database clock still rules.
 COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given, run_at,
                       dedupe_key)
+FROM STDIN
+
+-- name: jobs_copy_in_traced
+-- jobs_copy_in from inside an OpenTelemetry span: every row also carries that span's trace context.
+COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given, run_at,
+                      dedupe_key, trace_context)
 FROM STDIN
 
 -- name: jobs_stage_create

@@ -61,11 +61,11 @@ to_queue AS (SELECT id FROM nexts),
 -- in statement order, so a key's waiting jobs are in enqueue order.
 WITH head AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s)
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context)
     SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
            %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-           %(ordering_key)s, %(dedupe_window_s)s
+           %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb
      WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
                         WHERE w.queue_name = %(queue)s AND w.ordering_key = %(ordering_key)s AND w.status = 'waiting')
     ON CONFLICT DO NOTHING
@@ -73,11 +73,11 @@ WITH head AS (
 ),
 behind AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s, status)
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context, status)
     SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
            %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-           %(ordering_key)s, %(dedupe_window_s)s, 'waiting'
+           %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb, 'waiting'
      WHERE NOT EXISTS (SELECT 1 FROM head)
     ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
     DO NOTHING
@@ -174,7 +174,7 @@ chained AS (
        AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
     RETURNING w.id, w.job_type, w.payload, w.attempts, CASE WHEN w.max_attempts_given THEN w.max_attempts END AS max_attempts,
               extract(epoch FROM w.locked_at)::float8 AS locked_at, w.bucket, w.priority, w.ordering_key,
-              w.queue_name, extract(epoch FROM w.locked_at - w.run_at)::float8 AS waited_s
+              w.queue_name, extract(epoch FROM w.locked_at - w.run_at)::float8 AS waited_s, w.trace_context
 ),
 to_queue AS (SELECT id FROM nexts EXCEPT SELECT id FROM mine),
 {queue_jobs}
@@ -192,7 +192,7 @@ WITH released AS (
 {chain_next}
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
        c.queue_name, (SELECT count(*) FROM released), w.promoted,
-       ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released), c.waited_s
+       ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released), c.waited_s, c.trace_context
   FROM woken AS w LEFT JOIN chained AS c ON true
 
 -- name: ordering_promote_scan

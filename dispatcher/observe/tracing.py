@@ -1,0 +1,95 @@
+"""OpenTelemetry, when it is installed (the `otel` extra): the trace of the code that enqueued a
+job goes on in its handler.
+
+- At enqueue, `carrier()` is the active span's W3C trace context (through the global propagator:
+  `traceparent`, `tracestate`, and baggage if configured), stored in the job's `trace_context`.
+- At registration, `traced()` wraps a handler so that each run is a CONSUMER span whose parent is
+  that stored context, with a link to it too, and the job's attributes; an exception is recorded
+  on the span and raised on.
+
+Without OpenTelemetry, `carrier()` returns None after one check and `traced()` returns the
+handler itself: no cost. With the API but no tracer provider set by the app (no SDK configured),
+a run checks that and makes no span. The costs per job: docs/operations/tracing.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from opentelemetry import propagate, trace
+except ImportError:  # the extra is not installed: tracing is off
+    propagate = trace = None  # type: ignore[assignment]
+
+INSTRUMENTATION = "bucket-dispatcher"
+SYSTEM = "bucket-dispatcher"  # messaging.system
+_provider_set = False
+
+
+def enabled() -> bool:
+    return trace is not None
+
+
+def carrier() -> dict[str, str] | None:
+    """The active span's trace context to store with a job; None outside a valid span."""
+    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return None
+    found: dict[str, str] = {}
+    propagate.inject(found)
+    return found or None
+
+
+def attributes(job: Any) -> dict[str, Any]:
+    """The job's span attributes: OpenTelemetry's messaging conventions, then ours."""
+    return {"messaging.system": SYSTEM, "messaging.operation.type": "process",
+            "messaging.destination.name": job.queue, "messaging.message.id": str(job.id),
+            "dispatcher.job.type": job.job_type, "dispatcher.job.attempt": job.attempts,
+            "dispatcher.job.bucket": job.bucket}
+
+
+def _recording() -> bool:
+    """Whether the app set a tracer provider (the SDK's): the API's own ones make spans that
+    record nothing, at a cost per job (the check is read at each run: an app may set its
+    provider after its handlers are registered)."""
+    global _provider_set
+    if not _provider_set:  # once set, the global provider never changes (the API refuses it)
+        _provider_set = not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider,
+                                                                     trace.NoOpTracerProvider))
+    return _provider_set
+
+
+def _start(job: Any) -> Any:
+    """The handler's span for `job`, as a context manager that makes it current."""
+    stored = getattr(job, "trace_context", None)
+    parent = propagate.extract(stored) if stored else None
+    enqueued = trace.get_current_span(parent).get_span_context() if parent is not None else None
+    links = [trace.Link(enqueued)] if enqueued is not None and enqueued.is_valid else None
+    return trace.get_tracer(INSTRUMENTATION).start_as_current_span(
+        f"{job.job_type} process", context=parent, kind=trace.SpanKind.CONSUMER, links=links,
+        attributes=attributes(job))
+
+
+def traced(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
+    """`fn`, run inside its job's span; `fn` itself without OpenTelemetry."""
+    if trace is None:
+        return fn
+    if is_async:
+        @functools.wraps(fn)
+        async def run_async(job: Any) -> Any:
+            if not _recording():
+                return await fn(job)
+            with _start(job):
+                return await fn(job)
+
+        return run_async
+
+    @functools.wraps(fn)
+    def run(job: Any) -> Any:
+        if not _recording():
+            return fn(job)
+        with _start(job):
+            return fn(job)
+
+    return run

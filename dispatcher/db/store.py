@@ -47,8 +47,8 @@ from dispatcher.db.rows import (
 from dispatcher.db.translate import connect_errors, translate_errors
 from dispatcher.errors import StoreConflict, StoreUnavailable
 from dispatcher.model import Job
-from dispatcher.observe.job_metrics import JOB_STATS
 from dispatcher.observe import metrics
+from dispatcher.observe.job_metrics import JOB_STATS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

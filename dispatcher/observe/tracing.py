@@ -15,6 +15,7 @@ a run checks that and makes no span. The costs per job: docs/operations/tracing.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,9 @@ except ImportError:  # the extra is not installed: tracing is off
 
 INSTRUMENTATION = "bucket-dispatcher"
 SYSTEM = "bucket-dispatcher"  # messaging.system
+PROVIDER_CHECK_S = 1.0
 _provider_set = False
+_next_check = 0.0
 
 
 def enabled() -> bool:
@@ -51,12 +54,18 @@ def attributes(job: Any) -> dict[str, Any]:
 
 def _recording() -> bool:
     """Whether the app set a tracer provider (the SDK's): the API's own ones make spans that
-    record nothing, at a cost per job (the check is read at each run: an app may set its
-    provider after its handlers are registered)."""
-    global _provider_set
-    if not _provider_set:  # once set, the global provider never changes (the API refuses it)
-        _provider_set = not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider,
-                                                                     trace.NoOpTracerProvider))
+    record nothing, at a cost per job. Asked again at most once a second while not (an app may
+    set its provider after its handlers are registered; asking costs ~2 us, too much per job);
+    once set, the global provider never changes (the API refuses it)."""
+    global _provider_set, _next_check
+    if _provider_set:
+        return True
+    now = time.monotonic()
+    if now < _next_check:
+        return False
+    _next_check = now + PROVIDER_CHECK_S
+    _provider_set = not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider,
+                                                                 trace.NoOpTracerProvider))
     return _provider_set
 
 

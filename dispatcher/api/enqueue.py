@@ -278,7 +278,7 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
             db_now = (await (await cur.execute(query("db_now"))).fetchone())[0]  # type: ignore[index]
             if staged:
                 await cur.execute(query("jobs_stage_create"))
-            statement, trace = copy_plan(staged)
+            statement, trace = copy_plan(staged, tally)
             async with cur.copy(statement) as copy:
                 for chunk in copy_chunks(prepared, db_now, tally, staged, trace):
                     await copy.write(chunk)
@@ -357,7 +357,7 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
             db_now = cur.execute(query("db_now")).fetchone()[0]  # type: ignore[index]
             if staged:
                 cur.execute(query("jobs_stage_create"))
-            statement, trace = copy_plan(staged)
+            statement, trace = copy_plan(staged, tally)
             with cur.copy(statement) as copy:
                 for chunk in copy_chunks(prepared, db_now, tally, staged, trace):
                     copy.write(chunk)

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.types.json import Jsonb
 
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS
 from dispatcher.db.port import NewJob
@@ -37,6 +38,7 @@ class CopyTally:
     queues: set[str] = field(default_factory=set)
     keyed: bool = False  # a staged row has an ordering key: publish through jobs_stage_publish_keyed
     windowed: bool = False  # a staged row has a dedupe window: publish between sql/dedupe.sql's steps
+    trace: dict[str, str] | None = None  # the enqueuing span's trace context (copy_plan), for every row
 
 
 def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
@@ -86,16 +88,17 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
         yield b"".join(lines)
 
 
-def copy_plan(staged: bool) -> tuple[str, bytes | None]:
+def copy_plan(staged: bool, tally: CopyTally) -> tuple[str, bytes | None]:
     """The COPY statement, straight into the table or through the staging table when dedupe or
     ordering keys need ON CONFLICT; and, for the former inside an OpenTelemetry span, the trace
-    context every row carries (copy_chunks). The staging path stores none (docs/operations/tracing.md)."""
+    context every row carries (copy_chunks). The staged rows get it when they are published
+    (`tally.trace`, a parameter of the publish statements)."""
+    tally.trace = tracing.carrier()
     if staged:
         return query("jobs_stage_copy_in"), None
-    found = tracing.carrier()
-    if found is None:
+    if tally.trace is None:
         return query("jobs_copy_in"), None
-    return query("jobs_copy_in_traced"), copy_text(orjson.dumps(found).decode())
+    return query("jobs_copy_in_traced"), copy_text(orjson.dumps(tally.trace).decode())
 
 
 
@@ -104,15 +107,19 @@ def publish_statement(tally: CopyTally) -> str:
 
 
 
+def _publish_params(tally: CopyTally) -> dict[str, Any]:
+    return {"trace_context": None if tally.trace is None else Jsonb(tally.trace)}
+
+
 async def published_async(cur: psycopg.AsyncCursor[Any], tally: CopyTally) -> int:
     """Move the staged rows into the jobs table; how many went in (live duplicates are skipped)."""
-    cur = await cur.execute(publish_statement(tally))
+    cur = await cur.execute(publish_statement(tally), _publish_params(tally))
     return int((await cur.fetchone())[0]) if tally.keyed else cur.rowcount  # type: ignore[index]
 
 
 
 def published_sync(cur: psycopg.Cursor[Any], tally: CopyTally) -> int:
-    cur = cur.execute(publish_statement(tally))
+    cur = cur.execute(publish_statement(tally), _publish_params(tally))
     return int(cur.fetchone()[0]) if tally.keyed else cur.rowcount  # type: ignore[index]
 
 

@@ -25,13 +25,16 @@ def test_the_trace_of_an_enqueue_goes_on_in_its_handler(dsn, tmp_path):
                    enqueue_sync(conn, "traced_sync", queue="mail"),
                    enqueue_sync(conn, "traced_fail", max_attempts=1)]
             assert enqueue_many_sync(conn, [JobSpec("traced_ok"), JobSpec("traced_ok")]) == 2
+            # Through the staging table: a dedupe key, and an ordering key.
+            assert enqueue_many_sync(conn, [JobSpec("traced_ok", dedupe_key="d1"),
+                                            JobSpec("traced_ok", ordering_key="k1")]) == 2
         outside = enqueue_sync(conn, "traced_ok")
     here = request.get_span_context()
     trace_id, span_id = format(here.trace_id, "032x"), format(here.span_id, "016x")
     stored = dict(fetchall(dsn, "SELECT id, trace_context FROM dispatcher_jobs"))
     assert stored[outside] is None, "no span, nothing stored"
     in_span = [i for i in stored if i != outside]
-    assert len(in_span) == 5
+    assert len(in_span) == 7
     for job_id in in_span:
         assert stored[job_id]["traceparent"].startswith(f"00-{trace_id}-{span_id}-"), stored[job_id]
 
@@ -40,7 +43,7 @@ def test_the_trace_of_an_enqueue_goes_on_in_its_handler(dsn, tmp_path):
                                   extra_env={"PYTHONPATH": str(ROOT), "TRACE_FILE": str(spans_file)},
                                   queues="default,mail")
     try:
-        wait_until(lambda: status_counts(dsn) == {"completed": 5, "failed": 1}, 60, "the six jobs done")
+        wait_until(lambda: status_counts(dsn) == {"completed": 7, "failed": 1}, 60, "the eight jobs done")
     finally:
         assert stop_workers([worker]) == [0]
     spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
@@ -82,12 +85,14 @@ registry = Registry()
 def handler(job): pass
 registry.handler("plain")(handler)
 assert registry.get("plain").fn is handler, "not wrapped: the handler itself"
-assert copy_plan(False) == (query("jobs_copy_in"), None)
+from dispatcher.api.enqueue_copy import CopyTally
+assert copy_plan(False, CopyTally()) == (query("jobs_copy_in"), None)
 with psycopg.connect({dsn!r}, autocommit=True) as conn:
     enqueue_sync(conn, "plain")
     enqueue_many_sync(conn, [JobSpec("plain")])
+    enqueue_many_sync(conn, [JobSpec("plain", dedupe_key="d")])
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
-    assert fetchall(dsn, "SELECT trace_context FROM dispatcher_jobs") == [(None,), (None,)]
+    assert fetchall(dsn, "SELECT trace_context FROM dispatcher_jobs") == [(None,)] * 3

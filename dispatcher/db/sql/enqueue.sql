@@ -56,11 +56,12 @@ COPY dispatcher_jobs_stage_v2 (queue_name, job_type, payload, priority, bucket, 
 FROM STDIN
 
 -- name: jobs_stage_publish
--- Move staged rows into the jobs table, skipping live duplicates (also within the batch).
+-- Move staged rows into the jobs table, skipping live duplicates (also within the batch). Every row
+-- gets the enqueuing span's trace context (the trace_context parameter; NULL outside a span).
 INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                             run_at, dedupe_key, dedupe_window_s)
+                             run_at, dedupe_key, dedupe_window_s, trace_context)
 SELECT queue_name, job_type, payload, priority, bucket, coalesce(max_attempts, 20), max_attempts IS NOT NULL,
-       run_at, dedupe_key, dedupe_window_s
+       run_at, dedupe_key, dedupe_window_s, %(trace_context)s::jsonb
   FROM dispatcher_jobs_stage_v2
  ORDER BY n
 ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')

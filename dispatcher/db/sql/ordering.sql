@@ -97,7 +97,8 @@ SELECT id, CASE WHEN status = 'queued'
 -- row that is not a live duplicate; `heads`: those that became their key's holder (the key had none
 -- and no job waits for it; ON CONFLICT as in jobs_insert_one_keyed). The rest go in, in staged
 -- order: keyed rows waiting, the others queued. Every keyed row of `rest` reads `heads` first, so
--- a key's holder has its lowest id. Returns how many rows were inserted.
+-- a key's holder has its lowest id. Returns how many rows were inserted. Every row gets the
+-- enqueuing span's trace context (the trace_context parameter), as jobs_stage_publish.
 WITH firsts AS MATERIALIZED (
     SELECT DISTINCT ON (s.queue_name, s.ordering_key) s.*
       FROM dispatcher_jobs_stage_v2 AS s
@@ -112,9 +113,9 @@ WITH firsts AS MATERIALIZED (
 ),
 heads AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s)
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context)
     SELECT queue_name, job_type, payload, priority, bucket, coalesce(max_attempts, 20), max_attempts IS NOT NULL,
-           run_at, dedupe_key, ordering_key, dedupe_window_s
+           run_at, dedupe_key, ordering_key, dedupe_window_s, %(trace_context)s::jsonb
       FROM firsts
      ORDER BY n
     ON CONFLICT DO NOTHING
@@ -122,10 +123,10 @@ heads AS (
 ),
 rest AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s, status)
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context, status)
     SELECT s.queue_name, s.job_type, s.payload, s.priority, s.bucket, coalesce(s.max_attempts, 20),
-           s.max_attempts IS NOT NULL, s.run_at, s.dedupe_key,
-           s.ordering_key, s.dedupe_window_s, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
+           s.max_attempts IS NOT NULL, s.run_at, s.dedupe_key, s.ordering_key, s.dedupe_window_s,
+           %(trace_context)s::jsonb, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
       FROM dispatcher_jobs_stage_v2 AS s
      WHERE s.ordering_key IS NULL
         OR s.n NOT IN (SELECT f.n FROM firsts AS f JOIN heads AS h USING (queue_name, ordering_key))

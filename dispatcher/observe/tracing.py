@@ -85,12 +85,15 @@ def traced(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     if trace is None:
         return fn
     if is_async:
-        @functools.wraps(fn)
-        async def run_async(job: Any) -> Any:
-            if not _recording():
-                return await fn(job)
+        async def in_span(job: Any) -> Any:
             with _start(job):
                 return await fn(job)
+
+        # A plain function that returns the coroutine to await: with no span to make, the
+        # handler's own (one coroutine per job, not two).
+        @functools.wraps(fn)
+        def run_async(job: Any) -> Any:
+            return in_span(job) if _recording() else fn(job)
 
         return run_async
 

@@ -51,7 +51,7 @@ WITH picked AS MATERIALIZED (
        RETURNING id, job_type, payload, attempts, CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts,
                  extract(epoch FROM locked_at)::float8 AS locked_at,
                  bucket, priority, ordering_key, scheduled_for,
-                 extract(epoch FROM locked_at - run_at)::float8 AS waited_s, trace_context)
+                 date_part('epoch', locked_at - run_at) AS waited_s, trace_context)
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
        cardinality(p.ids) AS selected, c.scheduled_for, c.waited_s, c.trace_context
   FROM picked AS p LEFT JOIN claimed AS c ON true

@@ -175,7 +175,7 @@ chained AS (
        AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
     RETURNING w.id, w.job_type, w.payload, w.attempts, CASE WHEN w.max_attempts_given THEN w.max_attempts END AS max_attempts,
               extract(epoch FROM w.locked_at)::float8 AS locked_at, w.bucket, w.priority, w.ordering_key,
-              w.queue_name, extract(epoch FROM w.locked_at - w.run_at)::float8 AS waited_s, w.trace_context
+              w.queue_name, date_part('epoch', w.locked_at - w.run_at) AS waited_s, w.trace_context
 ),
 to_queue AS (SELECT id FROM nexts EXCEPT SELECT id FROM mine),
 {queue_jobs}

@@ -1,15 +1,7 @@
-"""OpenTelemetry, when it is installed (the `otel` extra): the trace of the code that enqueued a
-job goes on in its handler.
-
-- At enqueue, `carrier()` is the active span's W3C trace context (through the global propagator:
-  `traceparent`, `tracestate`, and baggage if configured), stored in the job's `trace_context`.
-- At registration, `traced()` wraps a handler so that each run is a CONSUMER span whose parent is
-  that stored context, with a link to it too, and the job's attributes; an exception is recorded
-  on the span and raised on.
-
-Without OpenTelemetry, `carrier()` returns None after one check and `traced()` returns the
-handler itself: no cost. With the API but no tracer provider set by the app (no SDK configured),
-a run checks that and makes no span. The costs per job: docs/operations/tracing.md.
+"""OpenTelemetry, when installed (the `otel` extra): the trace of the code that enqueued a job goes
+on in its handler. `carrier()` is the active span's W3C context, stored with the job at enqueue;
+`traced()` wraps a handler so each run is a CONSUMER span continuing it, with the job's attributes.
+Without OpenTelemetry both are no-ops (the handler is not wrapped). docs/operations/tracing.md.
 """
 
 from __future__ import annotations

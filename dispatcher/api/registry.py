@@ -27,6 +27,13 @@ class Handler:
     timeout_s: float | None  # None: the worker's job_timeout_s
     on_ordered_failure: str = ON_ORDERED_FAILURE_HALT
     retry: HandlerRetry | None = None  # its own retry settings; None: the worker's
+    # What the worker calls: `fn` inside its job's span when OpenTelemetry is installed
+    # (observe/tracing.py), else `fn` itself. `fn` stays the function as it was registered.
+    run: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.run is None:
+            object.__setattr__(self, "run", self.fn)
 
     @property
     def halts(self) -> bool:
@@ -77,9 +84,8 @@ class Registry:
             if schedule is not None:
                 self.schedule(name, schedule, job_type=name)
             is_async = inspect.iscoroutinefunction(fn)
-            # Each run in its job's span when OpenTelemetry is installed (observe/tracing.py), else fn.
-            self._handlers[name] = Handler(name, tracing.traced(fn, is_async), is_async, timeout_s,
-                                           on_ordered_failure, own_retry)
+            self._handlers[name] = Handler(name, fn, is_async, timeout_s, on_ordered_failure, own_retry,
+                                           tracing.traced(fn, is_async))
             return fn
 
         return register

@@ -110,7 +110,7 @@ class Executor:
     async def _run_async(self, handler: Handler, job: Job, started: float) -> None:
         CURRENT_JOB.set(job)  # in this task's own context: its log lines carry the job's fields
         try:
-            await handler.fn(job)
+            await handler.run(job)  # type: ignore[misc]
         except asyncio.CancelledError:
             entry = self._running.get(job.id)
             if entry is not None and entry.state is State.LOST:
@@ -169,7 +169,7 @@ class Executor:
             entry.state = State.RUNNING
             started = self._clock()
             entry.timeout_at = started + limit if (limit := self._timeout_of(handler)) else None
-            future = loop.run_in_executor(self._threads, run_in_job, handler.fn, entry.job)
+            future = loop.run_in_executor(self._threads, run_in_job, handler.run, entry.job)
             future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
         if expiring:
             log.warning("lost the lease of %d backlogged jobs (it ran out before a thread was free, while "

@@ -84,7 +84,7 @@ assert not tracing.enabled() and tracing.carrier() is None
 registry = Registry()
 def handler(job): pass
 registry.handler("plain")(handler)
-assert registry.get("plain").fn is handler, "not wrapped: the handler itself"
+assert registry.get("plain").run is handler, "not wrapped: the worker calls the handler itself"
 from dispatcher.api.enqueue_copy import CopyTally
 assert copy_plan(False, CopyTally()) == (query("jobs_copy_in"), None)
 with psycopg.connect({dsn!r}, autocommit=True) as conn:

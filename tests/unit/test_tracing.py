@@ -46,3 +46,18 @@ def test_the_spans_attributes_follow_the_messaging_conventions():
         "messaging.system": "bucket-dispatcher", "messaging.operation.type": "process",
         "messaging.destination.name": "mail", "messaging.message.id": "7", "dispatcher.job.type": "send",
         "dispatcher.job.attempt": 2, "dispatcher.job.bucket": 40}
+
+
+def test_a_registered_handler_keeps_its_function_and_the_worker_calls_the_wrapped_one():
+    from dispatcher import Registry
+
+    async def handler(job):
+        return None
+
+    registry = Registry()
+    registry.handler("h")(handler)
+    got = registry.get("h")
+    assert got.fn is handler and got.is_async and got.run is not handler
+    again = Registry()  # an app that builds a registry from another's handlers (tests/apps/faulty.py)
+    again.handler("h")(got.fn)
+    assert again.get("h").is_async and again.get("h").fn is handler

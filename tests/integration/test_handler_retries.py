@@ -21,7 +21,7 @@ def enqueue(dsn: str, job_type: str, n: int, **options: object) -> list[int]:
 
 def outcomes_of(job_type: str) -> dict[str, int]:
     """dispatcher_job_outcomes_total of one job type in this process (nonzero ones)."""
-    for name, _, _, outcomes, _ in JOB_STATS.snapshot():
+    for (_, name), _, _, outcomes, _ in JOB_STATS.snapshot():  # keyed by (queue, job type)
         if name == job_type:
             return {o: n for o, n in outcomes.items() if n}
     return {}

@@ -89,19 +89,19 @@ def test_probes_answer_and_the_metrics_count_the_jobs_run(dsn, tmp_path):
                        for status in ("queued", "scheduled", "running", "failed"))
 
         text = wait_until(lambda: (t := scrape(port))
-                          and value(t, "dispatcher_job_outcomes_total", job_type="flaky", outcome="completed") == 7
+                          and value(t, "dispatcher_job_outcomes_total", queue="default", job_type="flaky", outcome="completed") == 7
                           and settled(t)
                           # a lone member's first assignment waits for its group to settle (1 s)
                           and value(t, "dispatcher_coordinator_owned_buckets", queue="default") == 64
                           and t, 20, "the scrape shows 7 completions, a table sample of none left and 64 buckets owned")
-        flaky = {outcome: value(text, "dispatcher_job_outcomes_total", job_type="flaky", outcome=outcome)
+        flaky = {outcome: value(text, "dispatcher_job_outcomes_total", queue="default", job_type="flaky", outcome=outcome)
                  for outcome in ("completed", "retried", "failed", "discarded", "cancelled")}
         assert flaky == {"completed": 7, "retried": 2, "failed": 0, "discarded": 0, "cancelled": 0}
-        assert value(text, "dispatcher_job_duration_seconds_count", job_type="flaky") == 9
-        assert value(text, "dispatcher_job_duration_seconds_bucket", job_type="flaky", le="+Inf") == 9
-        assert value(text, "dispatcher_job_duration_seconds_bucket", job_type="flaky", le="0.025") == 0
-        assert value(text, "dispatcher_job_duration_seconds_sum", job_type="flaky") >= 9 * 0.03
-        assert value(text, "dispatcher_job_timeouts_total", job_type="flaky") == 0
+        assert value(text, "dispatcher_job_duration_seconds_count", queue="default", job_type="flaky") == 9
+        assert value(text, "dispatcher_job_duration_seconds_bucket", queue="default", job_type="flaky", le="+Inf") == 9
+        assert value(text, "dispatcher_job_duration_seconds_bucket", queue="default", job_type="flaky", le="0.025") == 0
+        assert value(text, "dispatcher_job_duration_seconds_sum", queue="default", job_type="flaky") >= 9 * 0.03
+        assert value(text, "dispatcher_job_timeouts_total", queue="default", job_type="flaky") == 0
         assert value(text, "dispatcher_jobs_running", queue="default") == 0
         assert value(text, "dispatcher_ready") == 1
         assert 0 <= value(text, "dispatcher_loop_heartbeat_age_seconds") < 10

@@ -124,11 +124,12 @@ def published_sync(cur: psycopg.Cursor[Any], tally: CopyTally) -> int:
 
 
 def owns_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """Whether a bulk enqueue runs in a transaction of its own: only on an autocommit connection.
-    Otherwise the jobs belong to the caller's transaction, begun or not yet (a connection outside
-    autocommit that has sent nothing yet, as inside Django's `transaction.atomic`): they commit
-    with it or not at all."""
-    return conn.autocommit
+    """Whether a bulk enqueue runs in a transaction of its own: only on an autocommit connection
+    outside any transaction block. Otherwise the jobs belong to the caller's transaction, begun or
+    not yet (a connection outside autocommit that has sent nothing yet, as inside Django's
+    `transaction.atomic`; an autocommit one inside `conn.transaction()`): they commit with it or
+    not at all, and the statistics after a bulk load are the caller's to refresh."""
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 def unbegun(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -74,6 +74,34 @@ def test_a_bulk_enqueue_as_the_first_statement_of_a_transaction_commits_only_wit
     assert count(dsn) == 2
 
 
+def test_a_bulk_load_inside_the_callers_block_on_an_autocommit_connection_stays_in_that_block(dsn):
+    """An autocommit connection inside `conn.transaction()`: the jobs commit with the block or not
+    at all, and the ANALYZE that follows a bulk load runs not in it (it would count rows that may
+    roll back, and hold its lock until the caller commits), but only in a transaction of its own."""
+    class Abandon(Exception):
+        pass
+
+    def reltuples():
+        return fetchval(dsn, "SELECT reltuples FROM pg_class WHERE relname = 'dispatcher_jobs'")
+
+    async def abandoned_async():
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            async with conn.transaction():
+                assert await enqueue_payloads(conn, "b", [{}] * 6000) == 6000
+                raise Abandon
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(Abandon), conn.transaction():
+            assert enqueue_payloads_sync(conn, "a", [{}] * 6000) == 6000
+            raise Abandon
+    with pytest.raises(Abandon):
+        run_async(abandoned_async())
+    assert count(dsn) == 0 and reltuples() < 6000, "no ANALYZE inside the caller's block"
+    with psycopg.connect(dsn, autocommit=True) as conn:  # outside any block: its own, then ANALYZE
+        assert enqueue_payloads_sync(conn, "c", [{}] * 6000) == 6000
+    assert count(dsn) == 6000 and reltuples() == 6000
+
+
 def test_pool_enqueue_commits_on_its_own(dsn):
     async def main():
         async with psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:

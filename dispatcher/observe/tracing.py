@@ -6,10 +6,13 @@ Without OpenTelemetry both are no-ops (the handler is not wrapped). docs/operati
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from dispatcher.errors import Snooze
 
 try:
     from opentelemetry import propagate, trace
@@ -69,7 +72,23 @@ def _start(job: Any) -> Any:
     links = [trace.Link(enqueued)] if enqueued is not None and enqueued.is_valid else None
     return trace.get_tracer(INSTRUMENTATION).start_as_current_span(
         f"{job.job_type} process", context=parent, kind=trace.SpanKind.CONSUMER, links=links,
-        attributes=attributes(job))
+        attributes=attributes(job), record_exception=False, set_status_on_exception=False)
+
+
+@contextlib.contextmanager
+def _span(job: Any) -> Iterator[None]:
+    """The job's span, current while its handler runs, and how the run ended: a Snooze is no
+    failure; a timeout or a cancel is (CancelledError, which the API would not record: it records
+    Exception only)."""
+    with _start(job) as span:
+        try:
+            yield
+        except Snooze:
+            raise
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
 
 
 def traced(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
@@ -78,7 +97,7 @@ def traced(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
         return fn
     if is_async:
         async def in_span(job: Any) -> Any:
-            with _start(job):
+            with _span(job):
                 return await fn(job)
 
         # A plain function that returns the coroutine to await: with no span to make, the
@@ -93,7 +112,7 @@ def traced(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     def run(job: Any) -> Any:
         if not _recording():
             return fn(job)
-        with _start(job):
+        with _span(job):
             return fn(job)
 
     return run

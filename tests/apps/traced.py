@@ -3,11 +3,14 @@ finished span is written as one JSON line to $TRACE_FILE (tests/integration/test
 
 - `traced_ok` (async): opens a span of its own inside the handler's;
 - `traced_sync`: a plain function;
-- `traced_fail`: raises (enqueue it with max_attempts=1).
+- `traced_fail`: raises (enqueue it with max_attempts=1);
+- `traced_snooze`: snoozes its first run (no failure), completes the next;
+- `traced_slow` (async): outlives its 0.5 s timeout, so it is cancelled (max_attempts=1).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Sequence
@@ -16,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
-from dispatcher import Job, Registry
+from dispatcher import Job, Registry, Snooze
 
 
 class FileExporter(SpanExporter):
@@ -58,3 +61,18 @@ def traced_sync(job: Job) -> None:
 @registry.handler("traced_fail")
 def traced_fail(job: Job) -> None:
     raise RuntimeError("boom")
+
+
+snoozed: set[int] = set()
+
+
+@registry.handler("traced_snooze")
+def traced_snooze(job: Job) -> None:
+    if job.id not in snoozed:
+        snoozed.add(job.id)
+        raise Snooze(0, "not yet")
+
+
+@registry.handler("traced_slow", timeout_s=0.5)
+async def traced_slow(job: Job) -> None:
+    await asyncio.sleep(60)

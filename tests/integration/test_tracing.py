@@ -1,6 +1,7 @@
 """OpenTelemetry (the `otel` extra): a job enqueued inside a span stores that span's trace
 context, and its handler runs, in a real `dispatcher run` process, in a CONSUMER span that
-continues the trace (its parent, and a link to it) with the job's attributes. Without
+continues the trace (its parent, and a link to it) with the job's attributes; a failure and a
+timeout end it in error, a snooze does not. Without
 OpenTelemetry, nothing is stored and handlers are not wrapped."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def test_the_trace_of_an_enqueue_goes_on_in_its_handler(dsn, tmp_path):
         with tracer.start_as_current_span("POST /signup") as request:
             ids = [enqueue_sync(conn, "traced_ok", {"n": 1}),
                    enqueue_sync(conn, "traced_sync", queue="mail"),
-                   enqueue_sync(conn, "traced_fail", max_attempts=1)]
+                   enqueue_sync(conn, "traced_fail", max_attempts=1),
+                   enqueue_sync(conn, "traced_snooze"), enqueue_sync(conn, "traced_slow", max_attempts=1)]
             assert enqueue_many_sync(conn, [JobSpec("traced_ok"), JobSpec("traced_ok")]) == 2
             # Through the staging table: a dedupe key, and an ordering key.
             assert enqueue_many_sync(conn, [JobSpec("traced_ok", dedupe_key="d1"),
@@ -34,7 +36,7 @@ def test_the_trace_of_an_enqueue_goes_on_in_its_handler(dsn, tmp_path):
     stored = dict(fetchall(dsn, "SELECT id, trace_context FROM dispatcher_jobs"))
     assert stored[outside] is None, "no span, nothing stored"
     in_span = [i for i in stored if i != outside]
-    assert len(in_span) == 7
+    assert len(in_span) == 9
     for job_id in in_span:
         assert stored[job_id]["traceparent"].startswith(f"00-{trace_id}-{span_id}-"), stored[job_id]
 
@@ -43,11 +45,15 @@ def test_the_trace_of_an_enqueue_goes_on_in_its_handler(dsn, tmp_path):
                                   extra_env={"PYTHONPATH": str(ROOT), "TRACE_FILE": str(spans_file)},
                                   queues="default,mail")
     try:
-        wait_until(lambda: status_counts(dsn) == {"completed": 7, "failed": 1}, 60, "the eight jobs done")
+        wait_until(lambda: status_counts(dsn) == {"completed": 8, "failed": 2}, 60, "the ten jobs done")
     finally:
         assert stop_workers([worker]) == [0]
     spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
-    by_job = {int(s["attributes"]["messaging.message.id"]): s for s in spans if s["kind"] == "CONSUMER"}
+    consumer = [s for s in spans if s["kind"] == "CONSUMER"]
+    snoozed = [s for s in consumer if s["attributes"]["messaging.message.id"] == str(ids[3])]
+    assert len(snoozed) == 2 and [s["status"] for s in snoozed] == ["UNSET", "UNSET"], "a snooze is no failure"
+    assert all("exception" not in s["events"] for s in snoozed)
+    by_job = {int(s["attributes"]["messaging.message.id"]): s for s in consumer}
     assert set(by_job) == set(stored)
     for job_id in in_span:
         span = by_job[job_id]
@@ -64,6 +70,8 @@ def test_the_trace_of_an_enqueue_goes_on_in_its_handler(dsn, tmp_path):
     assert ("send email", ok["span_id"]) in inner and ("resize image", by_job[ids[1]]["span_id"]) in inner
     failed = by_job[ids[2]]
     assert failed["status"] == "ERROR" and "exception" in failed["events"]
+    timed_out = by_job[ids[4]]  # cancelled at its timeout: CancelledError, which OpenTelemetry leaves unrecorded
+    assert timed_out["status"] == "ERROR" and "exception" in timed_out["events"], timed_out
     # A job enqueued outside any span starts a trace of its own, linked to nothing.
     assert by_job[outside]["trace_id"] != trace_id and by_job[outside]["links"] == []
     assert by_job[outside]["parent"] is None

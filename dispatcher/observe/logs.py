@@ -7,6 +7,7 @@ quote. The formats: docs/operations/logs.md.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import threading
@@ -205,6 +206,17 @@ def configure(log_format: str | None, level: str | None, *, worker: str | None =
     sys.excepthook = _uncaught
     threading.excepthook = _uncaught_in_thread
     return handler
+
+
+def _report_suppressed() -> None:
+    """At exit, the storm filter's last counts: logging's own shutdown closes (and so reports)
+    only the handlers it still knows, and an app's dictConfig makes it forget ours."""
+    if _handler is not None:
+        for summary in _handler.storm.drain():
+            _handler.handle(summary)
+
+
+atexit.register(_report_suppressed)  # after logging's own registration, so it runs before it
 
 
 def reinstall() -> None:

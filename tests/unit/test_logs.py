@@ -230,3 +230,25 @@ def test_reinstall_undoes_an_apps_dictconfig_and_says_what_it_did(stream):
         for name, logger in logging.Logger.manager.loggerDict.items():
             if isinstance(logger, logging.Logger):
                 logger.disabled = False
+
+
+def test_lines_suppressed_after_an_apps_dictconfig_are_still_counted_at_exit():
+    """dictConfig closes every handler logging knows and forgets them: logging's shutdown at exit
+    would then not report what the storm filter dropped since."""
+    import subprocess
+
+    script = "\n".join([
+        "import logging, logging.config",
+        "from dispatcher.observe import logs",
+        "logs.configure('json', 'INFO', worker='w')",
+        "logging.config.dictConfig({'version': 1, 'disable_existing_loggers': True})",
+        "logs.reinstall()",
+        "for i in range(50):",
+        "    logging.getLogger('dispatcher.jobs').warning('job %d failed', i)",
+    ])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    docs = [orjson.loads(line) for line in done.stderr.splitlines()]
+    jobs = [d for d in docs if d["logger"] == "dispatcher.jobs"]
+    shown = [d for d in jobs if "suppressed" not in d]
+    assert 0 < len(shown) < 50 and len(shown) + sum(d.get("suppressed", 0) for d in jobs) == 50, jobs[-2:]

@@ -7,11 +7,13 @@ from dispatcher.api.admin import (
     AdminInputError,
     AdminResult,
     Filters,
+    Match,
     cancel_jobs,
     count_jobs,
     job_attempts,
     list_halted_keys,
     list_jobs,
+    match_jobs,
     purge_jobs,
     retry_jobs,
     show_job,
@@ -29,7 +31,7 @@ from dispatcher.api.flow import (
 from dispatcher.api.schedule_admin import ScheduleRow, list_schedules
 
 __all__ = [
-    "AdminInputError", "AdminResult", "Filters", "LimitRow", "PausedQueue", "ScheduleRow", "cancel_jobs",
+    "AdminInputError", "AdminResult", "Filters", "LimitRow", "Match", "PausedQueue", "ScheduleRow", "cancel_jobs",
     "clear_limits", "count_jobs", "job_attempts", "list_halted_keys", "list_jobs", "list_limits", "list_schedules",
-    "pause_queue", "paused_queues", "purge_jobs", "resume_queue", "retry_jobs", "set_limit", "show_job",
+    "match_jobs", "pause_queue", "paused_queues", "purge_jobs", "resume_queue", "retry_jobs", "set_limit", "show_job",
 ]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +27,15 @@ from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError, StoreError, StoreTimeout
 from dispatcher.constants import NOTIFY_CHANNEL
+from dispatcher.api.admin_results import (  # re-exported: the admin's public results
+    AdminResult,
+    Attempt,
+    HaltedKey,
+    JobDetail,
+    JobRow,
+    Match,
+    Skipped,
+)
 from dispatcher.model import (
     FINISHED_STATUSES,
     STATUS_CANCELLED,
@@ -74,6 +83,9 @@ class Filters:
     ids: tuple[int, ...] = ()
     halted: bool = False  # only jobs that halt their ordering key (failed or discarded, ordering_halted)
     before_id: int | None = None  # only jobs with a smaller id: the next page of a list, newest first
+    # The filters as they stood at this instant of the database's clock (a count someone confirmed):
+    # ages measured from it, and a job whose row changed after it left alone.
+    as_of: datetime | None = None
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.statuses if s not in STATUSES]
@@ -89,12 +101,14 @@ class Filters:
                if isinstance(i, bool) or not isinstance(i, int) or i < 1]
         if bad:
             raise AdminInputError(f"job ids are whole numbers >= 1, got {bad[:5]}", "ids")
+        if self.as_of is not None and (not isinstance(self.as_of, datetime) or self.as_of.tzinfo is None):
+            raise AdminInputError(f"must be a datetime with a time zone, got {self.as_of!r}", "as_of")
 
     def params(self) -> dict[str, Any]:
         return {"statuses": list(self.statuses) or None, "queues": list(self.queues) or None,
                 "job_types": list(self.job_types) or None, "older_than_s": self.older_than_s,
                 "newer_than_s": self.newer_than_s, "ids": list(self.ids) or None, "halted": self.halted,
-                "before_id": self.before_id}
+                "before_id": self.before_id, "as_of": self.as_of}
 
     def for_action(self, action: str) -> Filters:
         """These filters narrowed to the statuses `action` applies to; a status it never applies
@@ -105,80 +119,6 @@ class Filters:
         if wrong:
             raise AdminInputError(f"{action} applies to {', '.join(eligible)} jobs, not {', '.join(wrong)}", "statuses")
         return replace(self, statuses=self.statuses or eligible)
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    id: int
-    queue: str
-    job_type: str
-    status: str
-    priority: int
-    attempts: int
-    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
-    run_at: datetime
-    created_at: datetime
-    updated_at: datetime  # when it entered its status
-    age_s: float  # since then, by the database's clock
-    locked_by: str | None
-    cancel_requested_at: datetime | None
-    last_error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class HaltedKey:
-    """An ordering key that a failed or discarded job halts, and how many jobs wait behind it."""
-
-    queue: str
-    ordering_key: str
-    job_id: int
-    job_type: str
-    status: str
-    failed_at: datetime | None
-    last_error: str | None
-    waiting: int
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    attempt: int
-    worker: str
-    started_at: datetime
-    finished_at: datetime
-    duration_ms: float
-    outcome: str
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobDetail:
-    """`show`: the whole row (as a dict of its columns), its last error, its attempt history."""
-
-    job: dict[str, Any]
-    last_error: str | None
-    attempts: list[Attempt]
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    id: int
-    status: str | None  # when the statement began (None: no such job)
-    reason: str
-
-
-@dataclass(slots=True)
-class AdminResult:
-    """What a retry, cancel or purge did. `changed`: retried / cancelled at once / purged; for a
-    cancel, `requested`: running jobs that got a cancel request. Ids beyond MAX_REPORTED_IDS are
-    counted, not listed."""
-
-    action: str
-    matched: int = 0  # jobs considered: the ids given, or those the filters matched
-    changed_count: int = 0
-    requested_count: int = 0
-    changed: list[int] = field(default_factory=list)
-    requested: list[int] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
 
 
 Target = str | psycopg.Connection[Any]
@@ -207,10 +147,17 @@ def list_halted_keys(target: Target, filters: Filters = Filters(), *, limit: int
 def count_jobs(target: Target, filters: Filters, action: str | None = None, *,
                limits: ConnectionLimits | None = None) -> int:
     """How many jobs match (those `action` would touch, if given): what a bulk change asks to confirm."""
+    return match_jobs(target, filters, action, limits=limits).count
+
+
+def match_jobs(target: Target, filters: Filters, action: str | None = None, *,
+               limits: ConnectionLimits | None = None) -> Match:
+    """How many jobs match, the newest of them and the instant, read by one statement."""
     if action is not None:
         filters = filters.for_action(action)
     with _session(target, limits) as run:
-        return int(run("count", _sql("admin_jobs_count"), filters.params())[0][0])
+        count, newest, as_of = run("count", _sql("admin_jobs_count"), filters.params())[0]
+    return Match(int(count), newest, as_of)
 
 
 def show_job(target: Target, job_id: int, *, attempts_limit: int = 100,
@@ -238,32 +185,35 @@ def job_attempts(target: Target, job_id: int, *, limit: int = 100,
 
 
 def retry_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
-               limits: ConnectionLimits | None = None) -> AdminResult:
+               limits: ConnectionLimits | None = None,
+               keep_going: Callable[[], bool] | None = None) -> AdminResult:
     """Failed or discarded jobs back to queued, due now; a keyed one that no longer holds its key
     waits, and runs next (see the module docstring)."""
-    return _change("retry", target, filters, batch, up_to_id, limits)
+    return _change("retry", target, filters, batch, up_to_id, limits, keep_going)
 
 
 def cancel_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
-                limits: ConnectionLimits | None = None) -> AdminResult:
+                limits: ConnectionLimits | None = None,
+                keep_going: Callable[[], bool] | None = None) -> AdminResult:
     """Queued and waiting jobs, and jobs that halt their key, cancelled at once; running ones get a
     cancel request (see the module docstring)."""
-    return _change("cancel", target, filters, batch, up_to_id, limits)
+    return _change("cancel", target, filters, batch, up_to_id, limits, keep_going)
 
 
 def purge_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
-               limits: ConnectionLimits | None = None) -> AdminResult:
+               limits: ConnectionLimits | None = None,
+               keep_going: Callable[[], bool] | None = None) -> AdminResult:
     """Delete finished jobs that match (see the module docstring)."""
-    return _change("purge", target, filters, batch, up_to_id, limits)
+    return _change("purge", target, filters, batch, up_to_id, limits, keep_going)
 
 
 # -- how a change runs ------------------------------------------------------------------------------
 
 def _change(action: str, target: Target, filters: Filters, batch: int, up_to_id: int | None,
-            limits: ConnectionLimits | None) -> AdminResult:
+            limits: ConnectionLimits | None, keep_going: Callable[[], bool] | None = None) -> AdminResult:
     """With ids: those jobs (the filters must match too), each reported. Without: every job the
     filters match (narrowed to the statuses `action` applies to), batch by batch, up to `up_to_id`
-    (default: the newest that matches now)."""
+    (default: the newest that matches now), while `keep_going()` says so before each batch."""
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
         raise AdminInputError(f"must be a whole number from 1 to 10000, got {batch!r}", "batch")
     result = AdminResult(action)
@@ -276,12 +226,17 @@ def _change(action: str, target: Target, filters: Filters, batch: int, up_to_id:
                 _write(run, action, sql, ids[start:start + batch], filters, result)
             return result
         narrowed = filters.for_action(action)
+        if up_to_id is not None:  # counted, as walked, up to it
+            bound = up_to_id + 1 if narrowed.before_id is None else min(up_to_id + 1, narrowed.before_id)
+            narrowed = replace(narrowed, before_id=bound)
         params = narrowed.params()
-        count, newest = run("count", _sql("admin_jobs_count"), params)[0]
+        count, last, _ = run("count", _sql("admin_jobs_count"), params)[0]
         result.matched = int(count)
-        last = newest if up_to_id is None else min(up_to_id, newest or 0)
         after = 0
         while last is not None and after < last:
+            if keep_going is not None and not keep_going():
+                result.finished = False
+                break
             page = [row[0] for row in run(action, _sql("admin_jobs_page"),
                                           {**params, "after_id": after, "max_id": last, "limit": batch})]
             if not page:

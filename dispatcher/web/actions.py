@@ -1,6 +1,8 @@
 """The dashboard's changes (POST), each through dispatcher.admin: retry, cancel or purge one job;
 the same for every job a filter matches, after a page that says how many match (and fixes the
-newest id, so jobs that arrive later are left alone); pause and resume a queue; log in and out.
+newest id and the instant, so jobs that arrive or change later are left alone); pause and resume
+a queue; log in and out. A bulk change stops after BULK_TIME_S, or when the dashboard stops, and
+says how far it got.
 
 Every POST has passed the CSRF check (app.guarded) before it gets here; the changes also need
 --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS), else they are refused with 403.
@@ -8,12 +10,15 @@ Every POST has passed the CSRF check (app.guarded) before it gets here; the chan
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+from datetime import datetime
 from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.api.admin import AdminInputError, Filters, cancel_jobs, count_jobs, list_jobs, purge_jobs, retry_jobs
+from dispatcher.api.admin import AdminInputError, Filters, cancel_jobs, match_jobs, purge_jobs, retry_jobs
 from dispatcher.api.flow import pause_queue, resume_queue
 from dispatcher.constants import is_valid_name
 from dispatcher.web import security
@@ -21,6 +26,7 @@ from dispatcher.web.app import form
 from dispatcher.web.views import _dash, filters_from
 
 CHANGES = {"retry": retry_jobs, "cancel": cancel_jobs, "purge": purge_jobs}
+BULK_TIME_S = 20.0  # one request's share of a bulk change; the rest is confirmed again
 READ_ONLY = ("This dashboard is read-only: start it with --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS=true) "
              "to change jobs.")
 
@@ -53,16 +59,9 @@ async def confirm(request: Request) -> Response:
     filters, given = filters_from(request.query_params, before=False)
     if not given:
         raise AdminInputError("a bulk change needs at least one filter (queue, status, type or age)", "filters")
-    narrowed = filters.for_action(action)
-
-    def count_and_newest(conn: object) -> tuple[int, int | None]:
-        matching = count_jobs(conn, narrowed, limits=dash.limits)  # type: ignore[arg-type]
-        newest = list_jobs(conn, narrowed, limit=1, limits=dash.limits) if matching else []  # type: ignore[arg-type]
-        return matching, newest[0].id if newest else None
-
-    matching, newest = await dash.db(count_and_newest)
-    return dash.render(request, "confirm.html", action=action, given=given, matching=matching, up_to_id=newest,
-                       back=f"/jobs?{urlencode(given)}")
+    match = await dash.db(match_jobs, filters, action, limits=dash.limits)
+    return dash.render(request, "confirm.html", action=action, given=given, matching=match.count,
+                       up_to_id=match.newest_id, as_of=match.as_of.isoformat(), back=f"/jobs?{urlencode(given)}")
 
 
 async def bulk_action(request: Request) -> Response:
@@ -76,12 +75,23 @@ async def bulk_action(request: Request) -> Response:
         raise AdminInputError("a bulk change needs at least one filter (queue, status, type or age)", "filters")
     try:
         up_to_id = int(fields.get("up_to_id", ""))
+        as_of = datetime.fromisoformat(fields.get("as_of", ""))
+        if as_of.tzinfo is None:
+            raise ValueError("no time zone")
     except ValueError:
-        raise AdminInputError("the confirmation lost its newest id: start again from the jobs page", "up_to_id") \
+        raise AdminInputError("the confirmation lost what it counted: start again from the jobs page", "up_to_id") \
             from None
-    result = await dash.db(CHANGES[action], filters, up_to_id=up_to_id, limits=dash.limits)
+    deadline = time.monotonic() + BULK_TIME_S
+
+    def keep_going() -> bool:
+        return not dash.stopping and time.monotonic() < deadline
+
+    result = await dash.db(CHANGES[action], replace(filters, as_of=as_of), up_to_id=up_to_id, limits=dash.limits,
+                           keep_going=keep_going)
     dash.forget()
-    return dash.render(request, "result.html", action=action, result=result, back=f"/jobs?{urlencode(given)}")
+    again = f"/actions/confirm?{urlencode({**given, 'action': action})}"
+    return dash.render(request, "result.html", action=action, result=result, back=f"/jobs?{urlencode(given)}",
+                       again=again, bulk_time_s=int(BULK_TIME_S))
 
 
 async def queue_action(request: Request) -> Response:

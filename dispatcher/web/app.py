@@ -48,13 +48,16 @@ Handler = Callable[[Request], Awaitable[Response]]
 class Dashboard:
     """What the routes share: settings, the pool, the templates, the gate, the CSRF key."""
 
-    def __init__(self, config: Config, *, pool: psycopg_pool.ConnectionPool[Any]) -> None:
+    def __init__(self, config: Config, *, pool: psycopg_pool.ConnectionPool[Any], insecure: bool = False) -> None:
         self.config = config
         self.limits = config.database.limits
         self.allow_actions = config.web.allow_actions
         self.pool = pool
         self.gate = security.Gate(config.web.token)
         self.csrf = security.Csrf()
+        # Open to all only on loopback: then a request must also be addressed to a loopback name.
+        self.check_host = self.gate.open and not insecure
+        self.stopping = False  # set at shutdown: a bulk change stops at its next batch
         self._cache: dict[Any, tuple[float, Any]] = {}
         self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                                             autoescape=True, undefined=jinja2.StrictUndefined)
@@ -107,12 +110,17 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
         fresh = None if cookie else security.Csrf.new_cookie()
         request.state.csrf_token = dash.csrf.token_for(cookie or fresh)  # type: ignore[arg-type]
         try:
-            if not public and not dash.gate.allows(request.headers, request.cookies):
+            if dash.check_host and not security.host_allowed(request.headers.get("host"), dash.config.web.host):
+                response = PlainTextResponse(
+                    "This dashboard answers only to localhost or a loopback address (it has no token, and another "
+                    "name could be a DNS-rebinding page). Set DISPATCHER_WEB_TOKEN to reach it by another name.",
+                    status_code=400)
+            elif not public and not dash.gate.allows(request.headers, request.cookies):
                 if request.method == "GET" and not request.headers.get(FRAGMENT_HEADER):
                     response: Response = RedirectResponse("/login", status_code=303)
                 else:
                     response = PlainTextResponse("log in first: DISPATCHER_WEB_TOKEN is set", status_code=401)
-            elif post and not (security.same_origin(request.headers, request.url.scheme)
+            elif post and not (security.same_origin(request.headers)
                                and dash.csrf.valid(cookie, (await form(request)).get(security.CSRF_FIELD))):
                 response = dash.error(request, 403, "This form is not from this dashboard (its CSRF token is missing "
                                                     "or wrong). Reload the page and try again.")

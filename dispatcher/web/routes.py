@@ -21,15 +21,16 @@ from dispatcher.web.app import HERE, POOL_MAX, POOL_WAIT_S, Dashboard, guarded
 POOL_CLOSE_S = 2.0
 
 
-def create_app(config: Config) -> Starlette:
-    """The dashboard for `config` (its database and web settings); the pool opens with the app."""
+def create_app(config: Config, *, insecure: bool = False) -> Starlette:
+    """The dashboard for `config` (its database and web settings); the pool opens with the app.
+    `insecure`: started with --insecure, so requests may name any host."""
     pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
         config.dsn or "", min_size=1, max_size=POOL_MAX, open=False, name="dispatcher-web",
         timeout=POOL_WAIT_S, max_idle=300, reconnect_timeout=0,
         check=psycopg_pool.ConnectionPool.check_connection,
         kwargs={"autocommit": True, "application_name": "dispatcher-web", "prepare_threshold": None,
                 **config.database.limits.connect_kwargs()})
-    dashboard = Dashboard(config, pool=pool)
+    dashboard = Dashboard(config, pool=pool, insecure=insecure)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -37,6 +38,7 @@ def create_app(config: Config) -> Starlette:
         try:
             yield
         finally:
+            dashboard.stopping = True
             await run_in_threadpool(pool.close, POOL_CLOSE_S)
 
     public = {"public": True}

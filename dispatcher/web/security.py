@@ -5,6 +5,7 @@
   login made with it (compared in constant time; sessions live in this process's memory).
 - CSRF: a random cookie per browser, and in every form an HMAC of it under this process's key;
   a POST without it, or with another, is refused (403), as is one from another origin.
+- `host_allowed`: without a token, only requests addressed to a loopback name (DNS rebinding).
 - `SecurityHeaders`: a Content-Security-Policy that allows this origin's script and style files
   only (no inline script, no CDN), and the usual headers against framing and sniffing.
 """
@@ -19,6 +20,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from dispatcher.errors import ConfigError
 
@@ -122,16 +124,44 @@ class Csrf:
         return hmac.compare_digest(self.token_for(cookie).encode(), given.encode())
 
 
-def same_origin(headers: Any, scheme: str) -> bool:
-    """A POST's Origin (or Referer), where the browser sent one, is this server's own."""
-    host = headers.get("host")
+def same_origin(headers: Any) -> bool:
+    """A POST's Origin (or Referer), where the browser sent one, names this server's host and port.
+    The scheme is not compared: behind a proxy that ends TLS the browser says https while this
+    server sees http."""
+    host = (headers.get("host") or "").lower()
     origin = headers.get("origin") or ""
     if origin and origin != "null":
-        return origin == f"{scheme}://{host}"
+        return _netloc(origin) == host
     referer = headers.get("referer") or ""
     if referer:
-        return referer.startswith(f"{scheme}://{host}/")
+        return _netloc(referer) == host
     return origin != "null"  # neither header: a non-browser client, which the CSRF token still checks
+
+
+def _netloc(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return parts.netloc.lower() if parts.scheme in ("http", "https") and parts.netloc else None
+
+
+def host_allowed(host_header: str | None, bind_host: str) -> bool:
+    """Whether a request's Host names this dashboard as a loopback one: localhost, a loopback
+    address, or the address it listens on. Without a token this refuses DNS rebinding: a page of
+    another site whose name was re-pointed at 127.0.0.1 reaches the port, but sends its own name."""
+    try:
+        name = urlsplit("//" + host_header).hostname if host_header else None
+    except ValueError:
+        return False
+    if not name:
+        return False
+    if name in ("localhost", bind_host.strip("[]").lower()) or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 Asgi = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],

@@ -1,11 +1,12 @@
 """`dispatcher web`: checks where it may listen, then serves the dashboard with uvicorn until
-SIGTERM or SIGINT, and stops within a bound (open requests get SHUTDOWN_GRACE_S, the pool two
-seconds more), exiting 0."""
+SIGTERM or SIGINT, and stops within a bound (open requests get SHUTDOWN_GRACE_S, and a bulk
+change stops at its next batch; the pool two seconds more), exiting 0."""
 
 from __future__ import annotations
 
 import logging
 import signal
+from types import FrameType
 
 from dispatcher.settings.config import Config
 from dispatcher.web.security import check_bind
@@ -27,8 +28,14 @@ def serve(config: Config, *, insecure: bool = False) -> int:
     check_bind(web.host, web.token, insecure)
     # uvicorn's start-up lines repeat ours below; its warnings and errors (a failed request) stay.
     logging.getLogger("uvicorn").setLevel(logging.WARNING)
-    app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(
+    app = create_app(config, insecure=insecure)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            app.state.dashboard.stopping = True  # a bulk change in a request stops at its next batch
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(
         app, host=web.host, port=web.port, log_config=None, access_log=False, server_header=False,
         proxy_headers=False, lifespan="on", timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S, limit_concurrency=MAX_CONNECTIONS))

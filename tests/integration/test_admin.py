@@ -3,6 +3,8 @@ bulk changes in batches, and the status re-check of every write. Retried jobs ar
 real worker. (The CLI: test_admin_cli.py; cancels reaching running jobs: test_cancel.py.)"""
 
 import threading
+from dataclasses import replace
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -15,6 +17,7 @@ from dispatcher.api.admin import (
     cancel_jobs,
     count_jobs,
     list_jobs,
+    match_jobs,
     purge_jobs,
     retry_jobs,
     show_job,
@@ -137,6 +140,40 @@ def test_a_bulk_retry_runs_in_batches_and_only_over_what_matched_when_it_began(d
     later = add(dsn, status="failed", queue="mail")
     assert retry_jobs(dsn, Filters(queues=("mail",)), up_to_id=later[0] - 1).changed_count == 0
     assert statuses(dsn, later) == ["failed"]
+
+
+def test_a_confirmed_change_touches_exactly_what_was_counted_as_of_its_instant(dsn):
+    """match_jobs, then the change with its as_of and newest id (the dashboard's confirm page): a
+    job enqueued, changed or grown old enough after the count is left alone."""
+    old = add(dsn, 3, status="failed", queue="mail", age_s=3600)
+    running = add(dsn, status="running", queue="mail", age_s=4000)
+    filters = Filters(queues=("mail",), older_than_s=1040)
+    match = match_jobs(dsn, filters, "retry")
+    assert (match.count, match.newest_id) == (3, old[-1]) and match.as_of.tzinfo is not None
+    # After the count: the running job fails, and a job 1,070 s old now shows what time does to
+    # the age filter: a minute before, when a count as of then was taken, it was 30 s too young.
+    young = add(dsn, status="failed", queue="mail", age_s=1070)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE dispatcher_jobs SET status = 'failed', updated_at = now() WHERE id = %s", (running[0],))
+    assert count_jobs(dsn, replace(filters, older_than_s=None), "retry") == 5
+    assert count_jobs(dsn, filters, "retry") == 4, "now, the young job matches"
+    a_minute_before = match.as_of - timedelta(seconds=60)
+    assert count_jobs(dsn, replace(filters, as_of=a_minute_before), "retry") == 3, "as of then, it did not"
+    result = retry_jobs(dsn, replace(filters, as_of=match.as_of), up_to_id=match.newest_id)
+    assert (result.matched, result.changed_count, result.finished) == (3, 3, True)
+    assert statuses(dsn, [*old, *running, *young]) == ["queued"] * 3 + ["failed", "failed"]
+    with pytest.raises(AdminInputError, match="time zone"):
+        Filters(as_of=match.as_of.replace(tzinfo=None))
+
+
+def test_keep_going_stops_a_bulk_change_between_batches_and_the_rest_still_match(dsn):
+    failed = add(dsn, 25, status="failed", queue="mail")
+    answers = iter([True, True, False])
+    result = retry_jobs(dsn, Filters(queues=("mail",)), batch=10, keep_going=lambda: next(answers))
+    assert (result.matched, result.changed_count, result.finished) == (25, 20, False)
+    assert statuses(dsn, failed) == ["queued"] * 20 + ["failed"] * 5
+    result = retry_jobs(dsn, Filters(queues=("mail",)), batch=10, keep_going=lambda: True)
+    assert (result.changed_count, result.finished) == (5, True)
 
 
 def test_retry_never_makes_two_live_jobs_share_a_dedupe_key(dsn):

@@ -45,7 +45,8 @@ def test_bad_filters_are_refused_naming_the_field(kwargs, option):
 def test_good_filters_pass_and_absent_ones_are_sent_as_null():
     f = Filters(statuses=("failed",), queues=("mail",), older_than_s=60, ids=(3, 4))
     assert f.params() == {"statuses": ["failed"], "queues": ["mail"], "job_types": None, "older_than_s": 60,
-                          "newer_than_s": None, "ids": [3, 4], "halted": False, "before_id": None}
+                          "newer_than_s": None, "ids": [3, 4], "halted": False, "before_id": None,
+                          "as_of": None}
     assert Filters().params() == {**dict.fromkeys(f.params(), None), "halted": False}
     assert Filters(halted=True).params()["halted"] is True
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 import orjson
+import psycopg
 import pytest
 
 import dispatcher.web.app as web_app
@@ -86,9 +87,10 @@ def test_a_post_without_its_csrf_token_or_with_another_is_refused_and_changes_no
         assert status == 403
         assert statuses(dsn, [target]) == {target: "failed"}
         assert fetchval(dsn, "SELECT count(*) FROM dispatcher_paused_queues") == 0
-        # The same browser with its own token: accepted.
+        # The same browser with its own token: accepted, also where a proxy in front ends TLS (the
+        # browser's Origin then says https, while the dashboard sees http).
         status, headers, _ = client.request(f"/jobs/{target}/retry", {"csrf_token": token},
-                                            {"Origin": web.url})
+                                            {"Origin": web.url.replace("http://", "https://")})
         assert status == 303 and headers["location"] == f"/jobs/{target}?done=retried"
         assert statuses(dsn, [target]) == {target: "queued"}
 
@@ -110,7 +112,7 @@ def test_read_only_shows_no_action_and_refuses_every_change(seeded):
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_paused_queues") == 0
 
 
-def test_a_bulk_change_says_how_many_match_first_and_leaves_later_jobs_alone(seeded):
+def test_a_bulk_change_says_how_many_match_first_then_changes_exactly_those(seeded):
     dsn, s = seeded
     with served(dsn, web_allow_actions=True) as web:
         client = Client(web.url)
@@ -118,14 +120,71 @@ def test_a_bulk_change_says_how_many_match_first_and_leaves_later_jobs_alone(see
         assert status == 200
         matching = int(re.search(r'id="matching"><strong>(\d+)</strong>', page)[1])
         assert matching == len(s.ids["failed"]) + 1  # the hostile one too
-        up_to = re.search(r'name="up_to_id" value="(\d+)"', page)[1]
+        form = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', page))
+        assert set(form) == {"csrf_token", "queue", "status", "up_to_id", "as_of"}, form
         late = seed(dsn, per_status=1).ids["failed"]  # failed after the count: not swept in
-        token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page)[1]
-        status, _, result = client.request("/actions/retry", {"csrf_token": token, "queue": SEEDED,
-                                                               "status": "failed", "up_to_id": up_to})
-        assert status == 200 and f"{matching} changed" in result, result[-800:]
+        # A job that was running when the page counted, and failed since: not what was counted.
+        changed = s.ids["running"][0]
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE dispatcher_jobs SET status = 'failed', failed_at = now(), updated_at = now() "
+                         "WHERE id = %s", (changed,))
+        for lost in ("up_to_id", "as_of"):  # a form that lost what was counted changes nothing
+            status, _, body = client.request("/actions/retry", {k: v for k, v in form.items() if k != lost})
+            assert status == 400 and "start again" in body, lost
+        assert statuses(dsn, [s.hostile]) == {s.hostile: "failed"}
+        status, _, result = client.request("/actions/retry", form)
+        assert status == 200 and f"{matching} changed" in result and "stopped part-way" not in result, result[-800:]
     assert set(statuses(dsn, [*s.ids["failed"], s.hostile]).values()) == {"queued"}
     assert set(statuses(dsn, late).values()) == {"failed"}
+    assert statuses(dsn, [changed]) == {changed: "failed"}
+
+
+def test_a_long_bulk_change_stops_at_its_time_share_and_says_how_far_it_got(seeded, monkeypatch):
+    import dispatcher.web.actions as actions
+
+    dsn, s = seeded
+    monkeypatch.setattr(actions, "BULK_TIME_S", 0.0)  # the share is spent before the first batch
+    with served(dsn, web_allow_actions=True) as web:
+        client = Client(web.url)
+        page = client.request(f"/actions/confirm?action=retry&queue={SEEDED}&status=failed")[2]
+        form = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', page))
+        status, _, result = client.request("/actions/retry", form)
+        assert status == 200 and "stopped part-way" in result and "; 0 changed" in result, result[-800:]
+        again = html.unescape(re.search(r'<a href="([^"]+)">Count them and go on</a>', result)[1])
+        assert again.startswith("/actions/confirm?") and "action=retry" in again
+        monkeypatch.setattr(actions, "BULK_TIME_S", 60.0)
+        dashboard = web.server.config.app.state.dashboard
+        dashboard.stopping = True  # as at SIGTERM: the change stops at its next batch
+        page = client.request(again)[2]
+        form = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', page))
+        status, _, result = client.request("/actions/retry", form)
+        assert status == 200 and "stopped part-way" in result and "; 0 changed" in result, result[-800:]
+        dashboard.stopping = False
+        status, _, result = client.request("/actions/retry", form)
+        assert status == 200 and "Retry: done" in result
+    assert set(statuses(dsn, [*s.ids["failed"], s.hostile]).values()) == {"queued"}
+
+
+def test_without_a_token_only_a_request_addressed_to_loopback_is_answered(seeded):
+    """DNS rebinding: another site's name, re-pointed at 127.0.0.1, reaches the port from the
+    user's browser, but sends its own name as Host."""
+    dsn, s = seeded
+    target = s.ids["failed"][0]
+    with served(dsn, web_allow_actions=True) as web:
+        client = Client(web.url)
+        for host in (f"localhost:{web.port}", f"127.0.0.1:{web.port}"):
+            assert client.request("/jobs", headers={"Host": host})[0] == 200, host
+        token = client.csrf()
+        for host in (f"evil.example:{web.port}", "evil.example", f"127.0.0.1.evil.example:{web.port}"):
+            status, _, body = client.request(f"/jobs/{s.hostile}", headers={"Host": host})
+            assert status == 400 and "DISPATCHER_WEB_TOKEN" in body and "smtp" not in body, (host, body[:300])
+            status, _, _ = client.request(f"/jobs/{target}/retry", {"csrf_token": token},
+                                          {"Host": host, "Origin": f"http://{host}"})
+            assert status == 400, host
+        assert statuses(dsn, [target]) == {target: "failed"}
+    with served(dsn, web_token=TOKEN) as web:  # with a token, the token decides whatever the name
+        headers = {"Host": "dash.example.com", "Authorization": "Bearer " + TOKEN}
+        assert Client(web.url).request("/jobs", headers=headers)[0] == 200
 
 
 def test_bad_filters_get_a_clear_error_page(seeded):

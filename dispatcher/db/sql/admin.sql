@@ -12,15 +12,20 @@
 
 -- name: admin_filters
 -- The filters of every admin statement, on the row `j`; a NULL parameter means "any". The age is
--- by updated_at: the time a job entered its status (enqueued or retried, claimed, finished).
+-- by updated_at: the time a job entered its status (enqueued or retried, claimed, finished), up
+-- to now, or to %(as_of)s: a confirmed count, whose jobs a later change must not outgrow (a job
+-- whose row changed after it, claimed or failed since, is left alone).
     (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
 AND (%(queues)s::text[] IS NULL OR j.queue_name = ANY(%(queues)s::text[]))
 AND (%(job_types)s::text[] IS NULL OR j.job_type = ANY(%(job_types)s::text[]))
-AND (%(older_than_s)s::float8 IS NULL OR j.updated_at < now() - %(older_than_s)s::float8 * interval '1 second')
-AND (%(newer_than_s)s::float8 IS NULL OR j.updated_at >= now() - %(newer_than_s)s::float8 * interval '1 second')
+AND (%(older_than_s)s::float8 IS NULL
+     OR j.updated_at < coalesce(%(as_of)s::timestamptz, now()) - %(older_than_s)s::float8 * interval '1 second')
+AND (%(newer_than_s)s::float8 IS NULL
+     OR j.updated_at >= coalesce(%(as_of)s::timestamptz, now()) - %(newer_than_s)s::float8 * interval '1 second')
 AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
 AND (NOT %(halted)s::bool OR j.ordering_halted)
 AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
+AND (%(as_of)s::timestamptz IS NULL OR j.updated_at <= %(as_of)s::timestamptz)
 
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
@@ -34,9 +39,10 @@ SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts,
  LIMIT %(limit)s
 
 -- name: admin_jobs_count
--- How many jobs match (what a bulk change would touch), and the newest id among them: a bulk
--- change goes up to that id, so jobs enqueued meanwhile are not swept in.
-SELECT count(*), max(j.id) FROM dispatcher_jobs AS j WHERE {filters}
+-- How many jobs match (what a bulk change would touch), the newest id among them and the
+-- instant: a bulk change goes up to that id (jobs enqueued meanwhile are not swept in), and a
+-- confirmed one also as of that instant (admin_filters).
+SELECT count(*), max(j.id), now() FROM dispatcher_jobs AS j WHERE {filters}
 
 -- name: admin_jobs_page
 -- The next batch of a bulk change: ids after %(after_id)s (keyset, so each batch is one short

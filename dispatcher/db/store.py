@@ -20,7 +20,8 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
 from dispatcher.constants import COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
-from dispatcher.db.claims import allowance, claim_params, claim_sql, claimed_rows, next_token_s, steal_sql
+from dispatcher.db.claims import (allowance, claim_params, claim_sql, claimed_rows, next_token_s, record_waits,
+                                  steal_sql)
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.literals import int_array, token_array
@@ -198,13 +199,15 @@ class JobStore:
                 counts = iter(running)
                 allowed, held_by = allowance([(r[2], next(counts) if r[2] is not None else 0, r[4]) for r in locked])
                 asked = limit if allowed is None else min(limit, allowed)
-                claimed = Claimed([], 0)
+                claimed, rows = Claimed([], 0), []
                 if asked > 0:
                     params = claim_params(queue, asked, lease_s, self.worker_id, token, flow_version, gate.types)
-                    claimed = claimed_rows(await (await conn.execute(sql, params)).fetchall(), token, queue)
+                    rows = await (await conn.execute(sql, params)).fetchall()
+                    claimed = claimed_rows(rows, token, queue, committed=False)
                 spent = len(claimed.jobs)
                 if spent and any(r[3] is not None for r in locked):
                     await conn.execute(query("flow_gate_spend"), {**keys, "spent": spent})
+            record_waits(rows, queue)
             # Held back only if the limit cut a claim that had more to take: not when the jobs ran out.
             if allowed is None or allowed >= limit or (asked > 0 and claimed.selected < asked):
                 return GatedClaim(claimed, allowed)

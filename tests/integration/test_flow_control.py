@@ -414,3 +414,42 @@ def test_a_limit_holds_a_claim_back_only_while_jobs_wait_beyond_it(dsn):
             await store.close()
 
     run_async(scenario())
+
+
+def test_a_gated_claim_that_rolls_back_counts_no_queue_wait(dsn):
+    """A gated claim's jobs count in dispatcher_job_queue_wait_seconds once its transaction
+    commits: one that fails after its claim statement (here its token spend, refused by a
+    trigger) leaves its jobs queued, to be claimed, and counted, once."""
+    from dispatcher.errors import StoreError
+    from dispatcher.observe.job_metrics import JOB_STATS
+
+    queue = "gated_waits"
+    enqueue(dsn, "tick", 4, queue=queue)
+    set_limit(dsn, "tick", queue=queue, per_second=100)
+    gate = Gate(TypeFilter(("tick",), True), (("tick", queue),))
+
+    def waits_counted():
+        return sum(sum(counts) for q, counts, _ in JOB_STATS.wait_snapshot() if q == queue)
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION refuse_spend() RETURNS trigger LANGUAGE plpgsql "
+                     "AS $$ BEGIN RAISE EXCEPTION 'no spending today'; END $$")
+        conn.execute("CREATE TRIGGER refuse_spend BEFORE UPDATE ON dispatcher_limits "
+                     "FOR EACH ROW EXECUTE FUNCTION refuse_spend()")
+
+    async def claim():
+        store = JobStore(dsn, "w")
+        try:
+            version = (await store.flow_state()).version
+            return await store.jobs_claim_gated(queue, 10, 30.0, None, gate, version)
+        finally:
+            await store.close()
+
+    before = waits_counted()
+    with pytest.raises(StoreError):
+        run_async(claim())
+    assert waits_counted() == before and status_counts(dsn) == {"queued": 4}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER refuse_spend ON dispatcher_limits")
+    assert len(run_async(claim()).claimed.jobs) == 4
+    assert waits_counted() == before + 4

@@ -26,10 +26,13 @@ async def send_welcome(job: Job) -> None:
 @contextlib.asynccontextmanager
 async def worker_in_process():
     worker = Worker(Config.load(dsn=DATABASE_URL), registry)  # DISPATCHER_* settings apply
-    running = asyncio.create_task(worker.run())
+    running, stopping = asyncio.create_task(worker.run()), False
+    # Nothing restarts a worker that ends on its own (a lost schema, stuck handlers): say so.
+    running.add_done_callback(lambda task: stopping or log.error("the in-process worker ended: %r", task))
     try:
         yield
     finally:
+        stopping = True
         worker.stop()  # graceful: running jobs finish (within DISPATCHER_SHUTDOWN_GRACE_S)
         await running
 

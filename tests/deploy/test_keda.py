@@ -206,7 +206,8 @@ def test_the_query_counts_the_due_backlog_through_the_claim_index(overlay: str, 
     query = query_of(docs)
     # The claim index's predicate, tag included (migration 0003): without `priority > -32769` the
     # planner may not use dispatcher_jobs_claim_idx. Due only: the delayed jobs wait in it too.
-    for condition in ("status = 'queued'", "priority > -32769", "run_at <= now()", "queue_name = ANY ("):
+    for condition in ("status = 'queued'", "priority > -32769", "run_at <= now()", "queue_name = ANY (",
+                      "queue_name <> ALL (ARRAY(SELECT queue_name FROM dispatcher_paused_queues))"):
         assert condition in query, condition
     assert query.lstrip().startswith("SELECT count(*) FROM (") and query.rstrip().endswith(") AS due")
     # Capped: count at most what the largest fleet needs; more cannot change the replica count.

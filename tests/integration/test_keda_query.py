@@ -1,6 +1,7 @@
 """The KEDA scaler's query (k8s/components/keda), read out of the rendered manifest and run as it
 stands on a real migrated database: it counts the due queued jobs of the fleet's queues (any
-priority) and nothing else (another queue, delayed, waiting, running, finished), stops at its cap,
+priority) and nothing else (another queue, delayed, waiting, running, finished, a paused queue's
+jobs, which no worker claims), stops at its cap,
 and reads the claim index alone (an Index Only Scan of dispatcher_jobs_claim_idx).
 
 Rendering needs kubectl: skipped, saying how to install it, where it is missing."""
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_payloads_sync, enqueue_sync
+from dispatcher.admin import pause_queue, resume_queue
 from tests.deploy.support import documents
 from tests.deploy.test_keda import cap_of, query_of, queues_in, with_keda
 
@@ -80,6 +82,15 @@ def test_it_counts_the_due_jobs_of_the_fleets_queues_only(dsn: str, query: str) 
                      " WHERE id = (SELECT min(id) FROM dispatcher_jobs"
                      " WHERE queue_name = 'default' AND status = 'queued' AND run_at <= now())")
     assert backlog(dsn, query) == counted
+    # A paused queue's jobs: no worker claims them, so they ask for no pod, until it is resumed.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE queue_name = 'emails'"
+                           " AND status = 'queued' AND run_at <= now()").fetchone()
+    assert row is not None and row[0] == 3
+    pause_queue(dsn, "emails")
+    assert backlog(dsn, query) == counted - 3
+    resume_queue(dsn, "emails")
+    assert backlog(dsn, query) == counted
 
 
 def test_it_stops_at_its_cap_and_reads_only_the_claim_index(dsn: str, query: str) -> None:
@@ -105,9 +116,11 @@ def test_it_stops_at_its_cap_and_reads_only_the_claim_index(dsn: str, query: str
     assert backlog(dsn, query) == cap
     assert plan is not None
     nodes = list(walk(plan[0][0]["Plan"]))
-    scans = [n for n in nodes if "Scan" in n["Node Type"]]
+    scans = [n for n in nodes if "Scan" in n["Node Type"] and n.get("Relation Name") == "dispatcher_jobs"]
     used = [(n["Node Type"], n.get("Index Name")) for n in scans]
     assert used == [("Index Only Scan", "dispatcher_jobs_claim_idx")], scans
+    paused = [n for n in nodes if n.get("Relation Name") == "dispatcher_paused_queues"]
+    assert len(paused) == 1 and paused[0].get("Parent Relationship") == "InitPlan", "read once per poll"
     assert any(n["Node Type"] == "Limit" for n in nodes), "the cap is a LIMIT under the count"
     assert "= ANY ('{default,emails}'::text[])" in scans[0]["Index Cond"], "the queue list folded to a constant"
 

@@ -120,6 +120,10 @@ def test_a_bulk_change_says_how_many_match_first_then_changes_exactly_those(seed
         assert status == 200
         matching = int(re.search(r'id="matching"><strong>(\d+)</strong>', page)[1])
         assert matching == len(s.ids["failed"]) + 1  # the hostile one too
+        assert f"{matching}</strong> jobs match and can be retried" in page
+        for action, done in (("cancel", "cancelled"), ("purge", "purged")):
+            other = client.request(f"/actions/confirm?action={action}&queue={SEEDED}")[2]
+            assert re.search(rf"</strong> jobs match and can be {done}\s+\(", other), other[-600:]
         form = dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)">', page))
         assert set(form) == {"csrf_token", "queue", "status", "up_to_id", "as_of"}, form
         late = seed(dsn, per_status=1).ids["failed"]  # failed after the count: not swept in

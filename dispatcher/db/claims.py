@@ -101,7 +101,7 @@ def claimed_rows(rows: list[Any], token: str, queue: str, *, committed: bool = T
     if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
         return Claimed([], selected)
     if committed:
-        JOB_STATS.waited(queue, [row[11] for row in rows])
+        record_waits(rows, queue)
     return Claimed([Job(row, token, queue, row[10], row[12]) for row in rows], selected)
 
 

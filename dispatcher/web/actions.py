@@ -26,6 +26,7 @@ from dispatcher.web.app import form
 from dispatcher.web.views import _dash, filters_from
 
 CHANGES = {"retry": retry_jobs, "cancel": cancel_jobs, "purge": purge_jobs}
+DONE = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
 BULK_TIME_S = 20.0  # one request's share of a bulk change; the rest is confirmed again
 READ_ONLY = ("This dashboard is read-only: start it with --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS=true) "
              "to change jobs.")
@@ -46,7 +47,7 @@ async def job_action(request: Request) -> Response:
     result = await dash.db(CHANGES[action], Filters(ids=(job_id,)), limits=dash.limits)
     dash.forget()
     done = ("skipped" if result.skipped else "cancel-requested" if result.requested_count
-            else {"retry": "retried", "cancel": "cancelled", "purge": "purged"}[action])
+            else DONE[action])
     return RedirectResponse(f"/jobs/{job_id}?done={done}", status_code=303)
 
 
@@ -60,8 +61,9 @@ async def confirm(request: Request) -> Response:
     if not given:
         raise AdminInputError("a bulk change needs at least one filter (queue, status, type or age)", "filters")
     match = await dash.db(match_jobs, filters, action, limits=dash.limits)
-    return dash.render(request, "confirm.html", action=action, given=given, matching=match.count,
-                       up_to_id=match.newest_id, as_of=match.as_of.isoformat(), back=f"/jobs?{urlencode(given)}")
+    return dash.render(request, "confirm.html", action=action, done=DONE[action], given=given,
+                       matching=match.count, up_to_id=match.newest_id, as_of=match.as_of.isoformat(),
+                       back=f"/jobs?{urlencode(given)}")
 
 
 async def bulk_action(request: Request) -> Response:

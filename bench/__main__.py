@@ -23,17 +23,53 @@ from bench.external import add_arguments as add_external_arguments
 from bench.external import main as external_main
 from bench.keyed import MIXES, keyed_suite
 from bench.limits import limits_suite
-from bench.plots import coldstart_plot, curve_plot, keyed_plot, limits_plot, scaling_plots, schedules_plot
+from bench.plots import (
+    coldstart_plot,
+    curve_plot,
+    keyed_plot,
+    limits_plot,
+    scaling_plots,
+    schedules_plot,
+)
 from bench.schedules import schedules_suite
 from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 
-SCENARIOS = ["drain", "burst", "scaling", "skew", "jitter", "latency", "enqueue", "coldstart", "rolling", "keyed",
-             "limits", "schedules"]
+SCENARIOS = [
+    "drain",
+    "burst",
+    "scaling",
+    "skew",
+    "jitter",
+    "latency",
+    "enqueue",
+    "coldstart",
+    "rolling",
+    "keyed",
+    "limits",
+    "schedules",
+]
 MODES = ["partitioned", "skip_locked"]
-RUN_COLUMNS = ["mode", "workers", "jobs", "seconds", "jobs_per_s", "claim_p50_ms", "claim_p99_ms", "poll_p50_ms",
-               "poll_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters", "dead_tuples_end",
-               "pg_cpu_us_per_job", "client_cpu_us_per_job", "client_start_cpu_s", "idle_pg_cpu_ms_per_s",
-               "idle_client_cpu_ms_per_s", "autovacuums"]
+RUN_COLUMNS = [
+    "mode",
+    "workers",
+    "jobs",
+    "seconds",
+    "jobs_per_s",
+    "claim_p50_ms",
+    "claim_p99_ms",
+    "poll_p50_ms",
+    "poll_p99_ms",
+    "idx_reads_per_job",
+    "heap_fetch_per_job",
+    "max_lock_waiters",
+    "dead_tuples_end",
+    "pg_cpu_us_per_job",
+    "client_cpu_us_per_job",
+    "client_start_cpu_s",
+    "idle_pg_cpu_ms_per_s",
+    "idle_client_cpu_ms_per_s",
+    "autovacuums",
+]
 
 
 def _ints(text: str) -> list[int]:
@@ -50,85 +86,303 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
     columns = RUN_COLUMNS
     if scenario == "drain":
         workers = _ints(args.workers or ("2" if quick else "1,4"))
-        drain_suite(dsn, result, jobs=jobs, workers=workers, modes=modes, repeat=1 if quick else args.repeat,
-                    completed_jobs=tuple(c for c in args.completed_jobs.split(",") if c))
-        columns = ["kind", *RUN_COLUMNS[:5], "ratio_to_ceiling", "ratio_to_minimal", "ratio_to_minimal_delete",
-                   *RUN_COLUMNS[5:], "runs_jobs_per_s"]
+        drain_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=workers,
+            modes=modes,
+            repeat=1 if quick else args.repeat,
+            completed_jobs=tuple(c for c in args.completed_jobs.split(",") if c),
+        )
+        columns = [
+            "kind",
+            *RUN_COLUMNS[:5],
+            "ratio_to_ceiling",
+            "ratio_to_minimal",
+            "ratio_to_minimal_delete",
+            *RUN_COLUMNS[5:],
+            "runs_jobs_per_s",
+        ]
     elif scenario == "burst":
-        burst_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes,
-                    repeat=1 if quick else args.repeat)
-        columns = [*RUN_COLUMNS[:5], "due_to_done_s", "start_late_p99_ms", "vs_skip_locked", "rounds_vs_skip_locked",
-                   "median_round_vs_skip_locked", "median_interval", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
-        curve_plot(result.rows, out_dir, label, "burst_drain_curve.png", f"Burst: {jobs} jobs due at one instant")
+        burst_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=_ints(args.workers or ("2" if quick else "8"))[0],
+            modes=modes,
+            repeat=1 if quick else args.repeat,
+        )
+        columns = [
+            *RUN_COLUMNS[:5],
+            "due_to_done_s",
+            "start_late_p99_ms",
+            "vs_skip_locked",
+            "rounds_vs_skip_locked",
+            "median_round_vs_skip_locked",
+            "median_interval",
+            *RUN_COLUMNS[5:],
+            "runs_jobs_per_s",
+        ]
+        curve_plot(
+            result.rows,
+            out_dir,
+            label,
+            "burst_drain_curve.png",
+            f"Burst: {jobs} jobs due at one instant",
+        )
     elif scenario == "scaling":
-        scaling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")),
-                      modes=modes, repeat=1 if quick else args.repeat)
+        scaling_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=_ints(args.workers or ("1,2" if quick else "1,2,4,8,16")),
+            modes=modes,
+            repeat=1 if quick else args.repeat,
+        )
         scaling_plots(result.rows, out_dir, label)
-        columns = [*RUN_COLUMNS[:5], "median_round_vs_skip_locked", "rounds_vs_skip_locked", "median_interval",
-                   "stolen_share", *RUN_COLUMNS[5:], "runs_jobs_per_s"]
+        columns = [
+            *RUN_COLUMNS[:5],
+            "median_round_vs_skip_locked",
+            "rounds_vs_skip_locked",
+            "median_interval",
+            "stolen_share",
+            *RUN_COLUMNS[5:],
+            "runs_jobs_per_s",
+        ]
     elif scenario == "skew":
-        skew_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0], modes=modes)
+        skew_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=_ints(args.workers or ("2" if quick else "4"))[0],
+            modes=modes,
+        )
         columns = ["hot_share", *RUN_COLUMNS[:5], "vs_even", "stolen_share", *RUN_COLUMNS[5:]]
     elif scenario == "jitter":
-        jitter_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "8"))[0], modes=modes)
-        columns = ["jitter_s", *RUN_COLUMNS[:3], "due_to_done_s", "start_late_p50_ms", "start_late_p99_ms",
-                   "poll_p99_ms", "max_lock_waiters"]
-        curve_plot(result.rows, out_dir, label, "jitter_drain_curve.png", "Burst with enqueue jitter 0 s vs 5 s",
-                   label_of=lambda r: f"{r['mode']}, jitter {r['jitter_s']:g} s")
+        jitter_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=_ints(args.workers or ("2" if quick else "8"))[0],
+            modes=modes,
+        )
+        columns = [
+            "jitter_s",
+            *RUN_COLUMNS[:3],
+            "due_to_done_s",
+            "start_late_p50_ms",
+            "start_late_p99_ms",
+            "poll_p99_ms",
+            "max_lock_waiters",
+        ]
+        curve_plot(
+            result.rows,
+            out_dir,
+            label,
+            "jitter_drain_curve.png",
+            "Burst with enqueue jitter 0 s vs 5 s",
+            label_of=lambda r: f"{r['mode']}, jitter {r['jitter_s']:g} s",
+        )
     elif scenario == "latency":
-        latency_suite(dsn, result, jobs=args.jobs or (20 if quick else 200),
-                      workers=_ints(args.workers or "2")[0], modes=modes)
-        columns = ["mode", "workers", "jobs", "add_to_start_p50_ms", "add_to_start_p99_ms", "add_to_start_max_ms",
-                   "run_at_to_start_p50_ms", "run_at_to_start_p99_ms", "run_at_to_start_max_ms"]
+        latency_suite(
+            dsn,
+            result,
+            jobs=args.jobs or (20 if quick else 200),
+            workers=_ints(args.workers or "2")[0],
+            modes=modes,
+        )
+        columns = [
+            "mode",
+            "workers",
+            "jobs",
+            "add_to_start_p50_ms",
+            "add_to_start_p99_ms",
+            "add_to_start_max_ms",
+            "run_at_to_start_p50_ms",
+            "run_at_to_start_p99_ms",
+            "run_at_to_start_max_ms",
+        ]
     elif scenario == "coldstart":
-        coldstart_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "2,4,8")),
-                        modes=modes, profiles=tuple(args.profiles.split(",")), repeat=1 if quick else args.repeat)
-        columns = ["profile", "mode", "workers", "jobs", "spawn_to_first_claim_s", "spawn_to_done_s", "drain_s",
-                   "jobs_per_s", "vs_skip_locked", "rounds_vs_skip_locked", "median_round_vs_skip_locked",
-                   "median_interval", "ran_twice", "max_lock_waiters", "autovacuums", "pg_cpu_us_per_job",
-                   "client_cpu_us_per_job", "runs_jobs_per_s"]
+        coldstart_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=_ints(args.workers or ("2" if quick else "2,4,8")),
+            modes=modes,
+            profiles=tuple(args.profiles.split(",")),
+            repeat=1 if quick else args.repeat,
+        )
+        columns = [
+            "profile",
+            "mode",
+            "workers",
+            "jobs",
+            "spawn_to_first_claim_s",
+            "spawn_to_done_s",
+            "drain_s",
+            "jobs_per_s",
+            "vs_skip_locked",
+            "rounds_vs_skip_locked",
+            "median_round_vs_skip_locked",
+            "median_interval",
+            "ran_twice",
+            "max_lock_waiters",
+            "autovacuums",
+            "pg_cpu_us_per_job",
+            "client_cpu_us_per_job",
+            "runs_jobs_per_s",
+        ]
         coldstart_plot(result.rows, out_dir, label)
     elif scenario == "rolling":
-        rolling_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4"))[0],
-                      modes=modes, profiles=tuple(args.profiles.split(",")))
-        columns = ["profile", "mode", "workers", "jobs", "seconds", "jobs_per_s", "vs_skip_locked", "rollout_s",
-                   "rollout_share_of_drain", "steady_jobs_per_s", "dip_jobs_per_s", "dip_vs_steady", "ran_twice",
-                   "not_completed", "stop_max_s"]
-        curve_plot(result.rows, out_dir, label, "rolling_drain_curve.png",
-                   f"{jobs} jobs drained while every worker is replaced",
-                   label_of=lambda r: f"{r['mode']}, {r['profile']}", xlabel="seconds after the first claim")
+        rolling_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=_ints(args.workers or ("2" if quick else "4"))[0],
+            modes=modes,
+            profiles=tuple(args.profiles.split(",")),
+        )
+        columns = [
+            "profile",
+            "mode",
+            "workers",
+            "jobs",
+            "seconds",
+            "jobs_per_s",
+            "vs_skip_locked",
+            "rollout_s",
+            "rollout_share_of_drain",
+            "steady_jobs_per_s",
+            "dip_jobs_per_s",
+            "dip_vs_steady",
+            "ran_twice",
+            "not_completed",
+            "stop_max_s",
+        ]
+        curve_plot(
+            result.rows,
+            out_dir,
+            label,
+            "rolling_drain_curve.png",
+            f"{jobs} jobs drained while every worker is replaced",
+            label_of=lambda r: f"{r['mode']}, {r['profile']}",
+            xlabel="seconds after the first claim",
+        )
     elif scenario == "keyed":
-        keyed_suite(dsn, result, jobs=jobs, workers=_ints(args.workers or ("2" if quick else "4,8")), modes=modes,
-                    mixes=[m for m in args.mixes.split(",") if m],
-                    profiles=("bench",) if quick else tuple(args.profiles.split(",")))
-        columns = ["profile", "mix", "mode", "workers", "jobs", "due_to_done_s", "due_jobs_per_s", "vs_none", "vs_skip_locked",
-                   "order_ok", "order_violations", "ran_twice", "not_run", "keys", "top_key_jobs",
-                   "pg_cpu_us_per_job", "client_cpu_us_per_job", "idx_reads_per_job", "ordering_idx_reads_per_job",
-                   "start_late_p99_ms", "max_lock_waiters", "autovacuums", "due_after_commit_s"]
+        keyed_suite(
+            dsn,
+            result,
+            jobs=jobs,
+            workers=_ints(args.workers or ("2" if quick else "4,8")),
+            modes=modes,
+            mixes=[m for m in args.mixes.split(",") if m],
+            profiles=("bench",) if quick else tuple(args.profiles.split(",")),
+        )
+        columns = [
+            "profile",
+            "mix",
+            "mode",
+            "workers",
+            "jobs",
+            "due_to_done_s",
+            "due_jobs_per_s",
+            "vs_none",
+            "vs_skip_locked",
+            "order_ok",
+            "order_violations",
+            "ran_twice",
+            "not_run",
+            "keys",
+            "top_key_jobs",
+            "pg_cpu_us_per_job",
+            "client_cpu_us_per_job",
+            "idx_reads_per_job",
+            "ordering_idx_reads_per_job",
+            "start_late_p99_ms",
+            "max_lock_waiters",
+            "autovacuums",
+            "due_after_commit_s",
+        ]
         keyed_plot(result.rows, out_dir, label)
     elif scenario == "limits":
-        limits_suite(dsn, result, workers=_ints(args.workers or "4")[0], modes=modes, per_second=args.per_second,
-                     max_running=args.max_running, windows=2 if quick else args.windows,
-                     window_s=5.0 if quick else 10.0, free_jobs=args.jobs or (2_000 if quick else 20_000))
-        columns = ["mode", "workers", "seconds", "windows_with_backlog", "min_window_ratio", "max_window_starts",
-                   "max_starts_any_window", "window_bound", "rate_within_bound", "rate_held", "capped_max_running",
-                   "max_running", "cap_held", "capped_mean_running", "capped_jobs_per_s", "free_done_s",
-                   "capped_done_s", "rated_done_s", "ran_twice", "not_run"]
+        limits_suite(
+            dsn,
+            result,
+            workers=_ints(args.workers or "4")[0],
+            modes=modes,
+            per_second=args.per_second,
+            max_running=args.max_running,
+            windows=2 if quick else args.windows,
+            window_s=5.0 if quick else 10.0,
+            free_jobs=args.jobs or (2_000 if quick else 20_000),
+        )
+        columns = [
+            "mode",
+            "workers",
+            "seconds",
+            "windows_with_backlog",
+            "min_window_ratio",
+            "max_window_starts",
+            "max_starts_any_window",
+            "window_bound",
+            "rate_within_bound",
+            "rate_held",
+            "capped_max_running",
+            "max_running",
+            "cap_held",
+            "capped_mean_running",
+            "capped_jobs_per_s",
+            "free_done_s",
+            "capped_done_s",
+            "rated_done_s",
+            "ran_twice",
+            "not_run",
+        ]
         limits_plot(result.rows, out_dir, label)
     elif scenario == "schedules":
-        schedules_suite(dsn, result, workers=_ints(args.workers or "2")[0], modes=modes,
-                        profiles=("defaults",) if quick else tuple(args.profiles.split(",")),
-                        seconds=10.0 if quick else args.seconds)
-        columns = ["profile", "mode", "workers", "seconds", "schedules", "slots", "jobs", "missed", "ran_twice",
-                   "not_run", "late_p50_ms", "late_p99_ms", "late_max_ms", "within_1s", "lead_min_s", "lead_median_s"]
+        schedules_suite(
+            dsn,
+            result,
+            workers=_ints(args.workers or "2")[0],
+            modes=modes,
+            profiles=("defaults",) if quick else tuple(args.profiles.split(",")),
+            seconds=10.0 if quick else args.seconds,
+        )
+        columns = [
+            "profile",
+            "mode",
+            "workers",
+            "seconds",
+            "schedules",
+            "slots",
+            "jobs",
+            "missed",
+            "ran_twice",
+            "not_run",
+            "late_p50_ms",
+            "late_p99_ms",
+            "late_max_ms",
+            "within_1s",
+            "lead_min_s",
+            "lead_median_s",
+        ]
         schedules_plot(result.rows, out_dir, label)
     else:
-        enqueue_suite(dsn, result, single=500 if quick else 5_000, bulk=jobs, repeat=1 if quick else args.repeat)
+        enqueue_suite(
+            dsn,
+            result,
+            single=500 if quick else 5_000,
+            bulk=jobs,
+            repeat=1 if quick else args.repeat,
+        )
         columns = ["path", "jobs", "jobs_per_s", "ratio_to_ceiling", "runs_jobs_per_s"]
     print()
     print(result.table([c for c in columns if any(c in r for r in result.rows)]))
     for row in result.rows:
-        what = f"{row.get('kind', 'runtime')} {row['mode']} x{row['workers']}" if "mode" in row else ""
+        what = (
+            f"{row.get('kind', 'runtime')} {row['mode']} x{row['workers']}" if "mode" in row else ""
+        )
         if row.get("statements"):
             print(f"\n{what}: PostgreSQL time per job by statement")
             print(statements.table(row["statements"]))
@@ -143,33 +397,74 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("scenarios", nargs="+", choices=[*SCENARIOS, "all"])
     parser.add_argument("--dsn", default=os.environ.get("DISPATCHER_DSN"))
-    parser.add_argument("--jobs", type=int, default=None, help="jobs per run (default 200,000; --quick 3,000; limits: "
-                        "the `free` jobs, 20,000; --quick 2,000)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="jobs per run (default 200,000; --quick 3,000; limits: "
+        "the `free` jobs, 20,000; --quick 2,000)",
+    )
     parser.add_argument("--workers", default=None, help="comma-separated worker process counts")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--profiles", default="defaults,bench",
-                        help="coldstart/rolling/keyed: settings profiles, defaults (what a user gets) and/or bench "
-                             "(concurrency 500, poll 0.1 s)")
-    parser.add_argument("--completed-jobs", default="keep,delete",
-                        help="drain: the runtime and the ceiling once per value of DISPATCHER_COMPLETED_JOBS given")
-    parser.add_argument("--statements", action="store_true",
-                        help="drain/burst/scaling/skew/jitter: PostgreSQL's time per statement per job "
-                             "(pg_stat_statements; the throwaway server preloads it)")
-    parser.add_argument("--py-spy", action="store_true",
-                        help="drain/burst/scaling/skew/jitter: sample one worker with py-spy during each run and "
-                             "list its CPU per job by function (pip install py-spy; it takes CPU of its own: "
-                             "read rates from runs without it)")
-    parser.add_argument("--mixes", default=",".join(MIXES),
-                        help="keyed: ordering-key mixes (none is the baseline the others' vs_none divides by)")
-    parser.add_argument("--per-second", type=float, default=50.0,
-                        help="limits: the rate limit R of the `rated` type (starts per second, fleet-wide)")
-    parser.add_argument("--max-running", type=int, default=5,
-                        help="limits: the max-running limit N of the `capped` type (20-50 ms handlers)")
-    parser.add_argument("--windows", type=int, default=6,
-                        help="limits: 10 s windows of backlog for the `rated` type (--quick: 2 of 5 s)")
-    parser.add_argument("--seconds", type=float, default=60.0,
-                        help="schedules: seconds the fleet runs its every-second schedules (--quick: 10)")
-    parser.add_argument("--repeat", type=int, default=3, help="drain/burst/scaling/enqueue/coldstart: runs per configuration (median)")
+    parser.add_argument(
+        "--profiles",
+        default="defaults,bench",
+        help="coldstart/rolling/keyed: settings profiles, defaults (what a user gets) and/or bench "
+        "(concurrency 500, poll 0.1 s)",
+    )
+    parser.add_argument(
+        "--completed-jobs",
+        default="keep,delete",
+        help="drain: the runtime and the ceiling once per value of DISPATCHER_COMPLETED_JOBS given",
+    )
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="drain/burst/scaling/skew/jitter: PostgreSQL's time per statement per job "
+        "(pg_stat_statements; the throwaway server preloads it)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="drain/burst/scaling/skew/jitter: sample one worker with py-spy during each run and "
+        "list its CPU per job by function (pip install py-spy; it takes CPU of its own: "
+        "read rates from runs without it)",
+    )
+    parser.add_argument(
+        "--mixes",
+        default=",".join(MIXES),
+        help="keyed: ordering-key mixes (none is the baseline the others' vs_none divides by)",
+    )
+    parser.add_argument(
+        "--per-second",
+        type=float,
+        default=50.0,
+        help="limits: the rate limit R of the `rated` type (starts per second, fleet-wide)",
+    )
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        default=5,
+        help="limits: the max-running limit N of the `capped` type (20-50 ms handlers)",
+    )
+    parser.add_argument(
+        "--windows",
+        type=int,
+        default=6,
+        help="limits: 10 s windows of backlog for the `rated` type (--quick: 2 of 5 s)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="schedules: seconds the fleet runs its every-second schedules (--quick: 10)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="drain/burst/scaling/enqueue/coldstart: runs per configuration (median)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     add_external_arguments(parser)

@@ -47,9 +47,12 @@ def database(dsn: str | None, *, statements: bool = False) -> Iterator[str]:
 def machine(dsn: str) -> dict[str, Any]:
     with psycopg.connect(dsn) as conn:
         server = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        settings = dict(conn.execute(
-            "SELECT name, setting FROM pg_settings WHERE name IN "
-            "('fsync', 'synchronous_commit', 'shared_buffers', 'max_wal_size')").fetchall())
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('fsync', 'synchronous_commit', 'shared_buffers', 'max_wal_size')"
+            ).fetchall()
+        )
     cpu = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -59,8 +62,12 @@ def machine(dsn: str) -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "cores": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
-        "platform": platform.platform(), "postgres": server, "postgres_settings": settings,
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "postgres": server,
+        "postgres_settings": settings,
         "note": "PostgreSQL, the workers and the benchmark driver share these cores",
     }
 
@@ -90,7 +97,9 @@ class Result:
     def table(self, columns: list[str]) -> str:
         widths = {c: max(len(c), *(len(_fmt(r.get(c, ""))) for r in self.rows)) for c in columns}
         lines = ["  ".join(c.rjust(widths[c]) for c in columns)]
-        lines += ["  ".join(_fmt(r.get(c, "")).rjust(widths[c]) for c in columns) for r in self.rows]
+        lines += [
+            "  ".join(_fmt(r.get(c, "")).rjust(widths[c]) for c in columns) for r in self.rows
+        ]
         return "\n".join(lines)
 
 
@@ -150,7 +159,9 @@ def postgres_cpu_seconds(postmaster: int | None) -> float:
     return total / tick
 
 
-def wait_backends_gone(postmaster: int | None, conn: psycopg.Connection[Any], timeout_s: float = 10.0) -> None:
+def wait_backends_gone(
+    postmaster: int | None, conn: psycopg.Connection[Any], timeout_s: float = 10.0
+) -> None:
     """Until the server has reaped the client backends of conn's database but conn's own: an
     exited backend's CPU reaches postgres_cpu_seconds() only once the postmaster has waited for it
     (cutime), so a reading taken while the backends of processes that just closed their
@@ -161,8 +172,11 @@ def wait_backends_gone(postmaster: int | None, conn: psycopg.Connection[Any], ti
     deadline = time.monotonic() + timeout_s
     while [pid for pid in _client_backends(postmaster, database) if pid != own]:
         if time.monotonic() > deadline:
-            print(f"  (client backends of {database} still up {timeout_s:g} s after the run: "
-                  "their CPU so far is counted, the rest is not)", flush=True)
+            print(
+                f"  (client backends of {database} still up {timeout_s:g} s after the run: "
+                "their CPU so far is counted, the rest is not)",
+                flush=True,
+            )
             return
         time.sleep(0.01)
 
@@ -176,7 +190,13 @@ def _client_backends(postmaster: int, database: str) -> list[int]:
             try:
                 if _stat(int(entry.name))[1] != postmaster:
                     continue
-                words = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+                words = (
+                    (entry / "cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
+                    .decode(errors="replace")
+                    .split()
+                )
             except (OSError, ValueError, IndexError):
                 continue
             if database in words and any("(" in w or w == "[local]" for w in words):
@@ -190,12 +210,17 @@ def _stat(pid: int) -> list[int]:
     return [0] + [int(x) for x in parts[1:]]
 
 
-async def clocked_pair(dsn: str, claimer: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
-                       completer: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]) -> tuple[Any, Any]:
+async def clocked_pair(
+    dsn: str,
+    claimer: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
+    completer: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]],
+) -> tuple[Any, Any]:
     """Run a plain-SQL drainer's claimer and completer, each on an autocommit connection of its
     own; (the database clock before the claimer starts, after the completer ends)."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c1, \
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c2:
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c1,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c2,
+    ):
         clock = measure_query("measure_clock")
         first = (await (await c1.execute(clock)).fetchone())[0]  # type: ignore[index]
         await asyncio.gather(claimer(c1), completer(c2))

@@ -20,7 +20,8 @@ from bench.fleet import Fleet
 class Costs:
     pg_cpu_s: float  # the server's CPU, the bench's own session excluded
     client_cpu_s: float  # the worker processes' CPU
-    statements: dict[str, statements.Usage] | None  # cumulative usage at the window's end minus start
+    # cumulative usage at the window's end minus start
+    statements: dict[str, statements.Usage] | None
 
 
 class CostMeter:
@@ -37,8 +38,11 @@ class CostMeter:
                 pass  # then the bench's own statements appear in the table, under their own names
 
     def _reading(self) -> tuple[float, float, float]:
-        return (postgres_cpu_seconds(self._postmaster), cpu_seconds_of([self._bench_backend]),
-                self._fleet.cpu_seconds())
+        return (
+            postgres_cpu_seconds(self._postmaster),
+            cpu_seconds_of([self._bench_backend]),
+            self._fleet.cpu_seconds(),
+        )
 
     def idle(self, seconds: float, settle_s: float = 1.0) -> dict[str, float]:
         """The idle fleet's cost per second: its polls, heartbeats and samplers (ms of CPU per s),
@@ -48,8 +52,10 @@ class CostMeter:
         pg0, own0, client0 = self._reading()
         time.sleep(seconds)
         pg1, own1, client1 = self._reading()
-        return {"idle_pg_cpu_ms_per_s": round(1000 * ((pg1 - pg0) - (own1 - own0)) / seconds, 1),
-                "idle_client_cpu_ms_per_s": round(1000 * (client1 - client0) / seconds, 1)}
+        return {
+            "idle_pg_cpu_ms_per_s": round(1000 * ((pg1 - pg0) - (own1 - own0)) / seconds, 1),
+            "idle_client_cpu_ms_per_s": round(1000 * (client1 - client0) / seconds, 1),
+        }
 
     def start(self) -> None:
         usage = statements.snapshot(self._conn) if statements.RECORDING["on"] else None
@@ -60,5 +66,10 @@ class CostMeter:
         pg1, own1, client1 = self._reading()
         pg0, own0, client0, usage = self._started
         after = statements.snapshot(self._conn) if usage is not None else None
-        return Costs(pg_cpu_s=(pg1 - pg0) - (own1 - own0), client_cpu_s=client1 - client0,
-                     statements=statements.minus(after, usage) if after is not None and usage is not None else None)
+        return Costs(
+            pg_cpu_s=(pg1 - pg0) - (own1 - own0),
+            client_cpu_s=client1 - client0,
+            statements=statements.minus(after, usage)
+            if after is not None and usage is not None
+            else None,
+        )

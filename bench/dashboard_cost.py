@@ -37,35 +37,84 @@ from dispatcher.web import reads
 
 
 QUEUES = ("default", "emails", "reports")
-SHARES = {"queued": 0.04, "scheduled": 0.02, "running": 0.002, "failed": 0.02, "halted": 0.0001,
-          "discarded": 0.005, "cancelled": 0.005, "waiting": 0.003}  # of N; the rest completed
-FINISHED = ("completed", "failed", "discarded", "cancelled")  # 1/60 of these finished in the last minute
+SHARES = {
+    "queued": 0.04,
+    "scheduled": 0.02,
+    "running": 0.002,
+    "failed": 0.02,
+    "halted": 0.0001,
+    "discarded": 0.005,
+    "cancelled": 0.005,
+    "waiting": 0.003,
+}  # of N; the rest completed
+# 1/60 of these finished in the last minute
+FINISHED = ("completed", "failed", "discarded", "cancelled")
 HOUR_S, RECENT_S = 3600, 60
 SLOW_MS = 50.0
 PAGE_SIZE = 50  # dispatcher/web/views.py: a page lists PAGE_SIZE, asking for one more
 _QUEUE = f"(ARRAY{list(QUEUES)})[1 + {{of}} % {len(QUEUES)}]"
 _ERROR = "'TimeoutError: upstream did not answer within 30 s'"
 # Columns that differ from the defaults in _INSERT, per kind of job: t0 is when it entered its
-# status (spread over the hour, or over the last minute for the recent slice), i its index in its kind.
+# status (spread over the hour, or over the last minute for the recent slice), i its index in its
+# kind.
 KINDS: dict[str, dict[str, str]] = {
-    "completed": {"status": "'completed'", "locked_at": "t0 - interval '2 s'", "completed_at": "t0",
-                  "locked_by": "'worker-' || id % 12"},
+    "completed": {
+        "status": "'completed'",
+        "locked_at": "t0 - interval '2 s'",
+        "completed_at": "t0",
+        "locked_by": "'worker-' || id % 12",
+    },
     "queued": {"status": "'queued'", "attempts": "0"},
-    "scheduled": {"status": "'queued'", "attempts": "0", "run_at": "now() + (60 + id % 86400) * interval '1 s'"},
-    "running": {"status": "'running'", "updated_at": "now() - (id % 30) * interval '1 s'",
-                "locked_at": "now() - (id % 30) * interval '1 s'", "locked_by": "'worker-' || id % 12",
-                "lease_expires_at": "now() + interval '30 s'"},
+    "scheduled": {
+        "status": "'queued'",
+        "attempts": "0",
+        "run_at": "now() + (60 + id % 86400) * interval '1 s'",
+    },
+    "running": {
+        "status": "'running'",
+        "updated_at": "now() - (id % 30) * interval '1 s'",
+        "locked_at": "now() - (id % 30) * interval '1 s'",
+        "locked_by": "'worker-' || id % 12",
+        "lease_expires_at": "now() + interval '30 s'",
+    },
     "failed": {"status": "'failed'", "attempts": "3", "failed_at": "t0", "last_error": _ERROR},
-    "halted": {"status": "'failed'", "attempts": "3", "failed_at": "t0", "last_error": _ERROR,
-               "ordering_key": "'key-' || i", "ordering_halted": "true", "queue_name": _QUEUE.format(of="i")},
-    "discarded": {"status": "'discarded'", "attempts": "20", "failed_at": "t0", "last_error": _ERROR},
+    "halted": {
+        "status": "'failed'",
+        "attempts": "3",
+        "failed_at": "t0",
+        "last_error": _ERROR,
+        "ordering_key": "'key-' || i",
+        "ordering_halted": "true",
+        "queue_name": _QUEUE.format(of="i"),
+    },
+    "discarded": {
+        "status": "'discarded'",
+        "attempts": "20",
+        "failed_at": "t0",
+        "last_error": _ERROR,
+    },
     "cancelled": {"status": "'cancelled'", "attempts": "0"},
-    "waiting": {"status": "'waiting'", "attempts": "0", "ordering_key": "'key-' || i % {keys}",
-                "queue_name": _QUEUE.format(of="(i % {keys})")},
+    "waiting": {
+        "status": "'waiting'",
+        "attempts": "0",
+        "ordering_key": "'key-' || i % {keys}",
+        "queue_name": _QUEUE.format(of="(i % {keys})"),
+    },
 }
-DEFAULTS = {"queue_name": _QUEUE.format(of="id"), "attempts": "1", "run_at": "t0", "updated_at": "t0",
-            "locked_at": "NULL", "locked_by": "NULL", "lease_expires_at": "NULL", "completed_at": "NULL",
-            "failed_at": "NULL", "last_error": "NULL", "ordering_key": "NULL", "ordering_halted": "false"}
+DEFAULTS = {
+    "queue_name": _QUEUE.format(of="id"),
+    "attempts": "1",
+    "run_at": "t0",
+    "updated_at": "t0",
+    "locked_at": "NULL",
+    "locked_by": "NULL",
+    "lease_expires_at": "NULL",
+    "completed_at": "NULL",
+    "failed_at": "NULL",
+    "last_error": "NULL",
+    "ordering_key": "NULL",
+    "ordering_halted": "false",
+}
 _INSERT = """INSERT INTO dispatcher_jobs (id, job_type, payload, bucket, {columns}) OVERRIDING SYSTEM VALUE
 SELECT id, (ARRAY['send_email', 'resize_image', 'sync_account', 'build_report'])[1 + id % 4],
        jsonb_build_object('user_id', id, 'locale', 'en'), (id / 3) % 64, {values}
@@ -111,7 +160,9 @@ def mix(jobs: int) -> list[tuple[str, bool, int]]:
     return rows
 
 
-def insert_statements(segments: list[tuple[str, int]], *, first: int, ago_s: int, span_s: int, keys: int) -> list[str]:
+def insert_statements(
+    segments: list[tuple[str, int]], *, first: int, ago_s: int, span_s: int, keys: int
+) -> list[str]:
     """INSERT ... SELECT generate_series for each (kind, jobs): ids first.. spread over the kinds by
     a stride coprime with their number (each kind all over the id range, as in a live table),
     t0 growing with the id from now() - ago_s over span_s."""
@@ -120,9 +171,19 @@ def insert_statements(segments: list[tuple[str, int]], *, first: int, ago_s: int
     statements, lo = [], 0
     for kind, n in segments:
         columns = {**DEFAULTS, **KINDS[kind]}
-        statements.append(_INSERT.format(
-            columns=", ".join(columns), values=", ".join(columns.values()).replace("{keys}", str(keys)),
-            first=first, step=step, space=space, lo=lo, hi=lo + n - 1, ago=ago_s, span=span_s))
+        statements.append(
+            _INSERT.format(
+                columns=", ".join(columns),
+                values=", ".join(columns.values()).replace("{keys}", str(keys)),
+                first=first,
+                step=step,
+                space=space,
+                lo=lo,
+                hi=lo + n - 1,
+                ago=ago_s,
+                span=span_s,
+            )
+        )
         lo += n
     return statements
 
@@ -135,17 +196,23 @@ def load(conn: psycopg.Connection[Any], jobs: int) -> Callable[[], None]:
     old = [(k, n) for k, recent, n in segments if not recent]
     new = [(k, n) for k, recent, n in segments if recent]
     began = time.monotonic()
-    for statement in insert_statements(old, first=1, ago_s=HOUR_S, span_s=HOUR_S - RECENT_S, keys=keys):
+    for statement in insert_statements(
+        old, first=1, ago_s=HOUR_S, span_s=HOUR_S - RECENT_S, keys=keys
+    ):
         conn.execute(statement)
     conn.execute(_FLEET)
     conn.execute("VACUUM ANALYZE")
-    print(f"  loaded {sum(n for _, n in old):,} jobs in {time.monotonic() - began:.0f} s", flush=True)
+    print(
+        f"  loaded {sum(n for _, n in old):,} jobs in {time.monotonic() - began:.0f} s", flush=True
+    )
 
     def recent() -> None:
-        for statement in insert_statements(new, first=sum(n for _, n in old) + 1, ago_s=RECENT_S,
-                                           span_s=RECENT_S, keys=keys):
+        for statement in insert_statements(
+            new, first=sum(n for _, n in old) + 1, ago_s=RECENT_S, span_s=RECENT_S, keys=keys
+        ):
             conn.execute(statement)
         conn.execute("SELECT setval(pg_get_serial_sequence('dispatcher_jobs', 'id'), %s)", (jobs,))
+
     return recent
 
 
@@ -175,14 +242,20 @@ def pages(conn: psycopg.Connection[Any], queue: str) -> dict[str, Callable[[], A
     limits, lease = ConnectionLimits(), 10.0
 
     def jobs(**given: Any) -> Callable[[], Any]:
-        return lambda: admin.list_jobs(conn, admin.Filters(**given), limit=PAGE_SIZE + 1, limits=limits)
+        return lambda: admin.list_jobs(
+            conn, admin.Filters(**given), limit=PAGE_SIZE + 1, limits=limits
+        )
 
     failed_in_queue = {"statuses": ("failed",), "queues": (queue,)}
-    page_one = admin.list_jobs(conn, admin.Filters(**failed_in_queue), limit=PAGE_SIZE + 1, limits=limits)
+    page_one = admin.list_jobs(
+        conn, admin.Filters(**failed_in_queue), limit=PAGE_SIZE + 1, limits=limits
+    )
     job_id = conn.execute("SELECT max(job_id) FROM dispatcher_job_attempts").fetchone()[0]  # type: ignore[index]
 
     def overview() -> Any:
-        return reads.overview(conn, limits, mode="partitioned", coordinator="postgres", completed_rows_kept=True)
+        return reads.overview(
+            conn, limits, mode="partitioned", coordinator="postgres", completed_rows_kept=True
+        )
 
     return {
         "overview": overview,
@@ -192,11 +265,18 @@ def pages(conn: psycopg.Connection[Any], queue: str) -> dict[str, Callable[[], A
         "job": lambda: admin.show_job(conn, job_id, limits=limits),
         "workers": lambda: reads.fleet(conn, limits, member_lease_s=lease),
         # The bucket map's page reads the queues to choose from, and the map.
-        "bucket map": lambda: (reads.queue_names(conn, limits), reads.bucket_map(conn, limits, queue,
-                                                                                  member_lease_s=lease)),
-        "flow": lambda: (admin.list_limits(conn, limits=limits), admin.paused_queues(conn, limits=limits),
-                         admin.list_halted_keys(conn, admin.Filters(halted=True), limit=PAGE_SIZE, limits=limits),
-                         admin.list_schedules(conn, limits=limits)),
+        "bucket map": lambda: (
+            reads.queue_names(conn, limits),
+            reads.bucket_map(conn, limits, queue, member_lease_s=lease),
+        ),
+        "flow": lambda: (
+            admin.list_limits(conn, limits=limits),
+            admin.paused_queues(conn, limits=limits),
+            admin.list_halted_keys(
+                conn, admin.Filters(halted=True), limit=PAGE_SIZE, limits=limits
+            ),
+            admin.list_schedules(conn, limits=limits),
+        ),
     }
 
 
@@ -207,21 +287,27 @@ def p95(values: list[float]) -> float:
 
 
 def explain(conn: psycopg.Connection[Any], sql: str, params: Any, runs: int = 3) -> dict[str, Any]:
-    """Median execution ms of `runs` EXPLAIN ANALYZE, the top plan node's shared buffers (hit + read)."""
+    """Median execution ms of `runs` EXPLAIN ANALYZE, the top plan node's shared buffers (hit +
+    read)."""
     times, top = [], {}
     for _ in range(runs):
-        row = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params, prepare=False).fetchone()
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params, prepare=False
+        ).fetchone()
         plan = row[0] if row else [{}]
         plan = plan[0] if isinstance(plan, list) else plan
         times.append(float(plan["Execution Time"]))
         top = plan["Plan"]
-    return {"exec_ms": round(statistics.median(times), 3),
-            "buffers": int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)),
-            "rows": int(top.get("Actual Rows", 0))}
+    return {
+        "exec_ms": round(statistics.median(times), 3),
+        "buffers": int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0)),
+        "rows": int(top.get("Actual Rows", 0)),
+    }
 
 
-def measure(conn: psycopg.Connection[Any], name: str, refresh: Callable[[], Any], *, runs: int,
-            warmups: int) -> dict[str, Any]:
+def measure(
+    conn: psycopg.Connection[Any], name: str, refresh: Callable[[], Any], *, runs: int, warmups: int
+) -> dict[str, Any]:
     for _ in range(warmups):
         refresh()
     wall = []
@@ -242,20 +328,35 @@ def measure(conn: psycopg.Connection[Any], name: str, refresh: Callable[[], Any]
             elif isinstance(sql, str) and sql in names:
                 statements.append({"statement": names[sql], **explain(conn, sql, params)})
                 if statements[-1]["exec_ms"] > SLOW_MS:
-                    statements[-1]["plan"] = "\n".join(r[0] for r in conn.execute(
-                        "EXPLAIN (ANALYZE, BUFFERS) " + sql, params, prepare=False).fetchall())
-    return {"page": name, "median_ms": round(statistics.median(wall), 2), "p95_ms": round(p95(wall), 2),
-            "runs": runs, "statements": statements}
+                    statements[-1]["plan"] = "\n".join(
+                        r[0]
+                        for r in conn.execute(
+                            "EXPLAIN (ANALYZE, BUFFERS) " + sql, params, prepare=False
+                        ).fetchall()
+                    )
+    return {
+        "page": name,
+        "median_ms": round(statistics.median(wall), 2),
+        "p95_ms": round(p95(wall), 2),
+        "runs": runs,
+        "statements": statements,
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """A line per page (its refresh's wall time), then one per statement it sent."""
-    lines = [f"  {'page':<22}{'median ms':>10}{'p95 ms':>9}  {'statement':<22}{'exec ms':>9}{'buffers':>9}"]
+    lines = [
+        f"  {'page':<22}{'median ms':>10}{'p95 ms':>9}  {'statement':<22}{'exec ms':>9}{'buffers':>9}"
+    ]
     for r in rows:
         head = f"  {r['page']:<22}{r['median_ms']:>10.2f}{r['p95_ms']:>9.2f}"
-        for i, s in enumerate(r["statements"] or [{"statement": "-", "exec_ms": 0.0, "buffers": 0}]):
-            lines.append(f"{head if i == 0 else ' ' * len(head)}  {s['statement']:<22}{s['exec_ms']:>9.2f}"
-                         f"{s['buffers']:>9}")
+        for i, s in enumerate(
+            r["statements"] or [{"statement": "-", "exec_ms": 0.0, "buffers": 0}]
+        ):
+            lines.append(
+                f"{head if i == 0 else ' ' * len(head)}  {s['statement']:<22}{s['exec_ms']:>9.2f}"
+                f"{s['buffers']:>9}"
+            )
     return "\n".join(lines)
 
 
@@ -285,27 +386,51 @@ def scratch_database(admin_dsn: str) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.dashboard_cost", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.dashboard_cost", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--jobs", type=int, default=1_000_000)
-    parser.add_argument("--dsn", default=os.environ.get("DISPATCHER_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
-                        help="admin DSN: a database of the bench's own is created and dropped there")
-    parser.add_argument("--runs", type=int, default=20, help="timed refreshes per page (after --warmups)")
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get(
+            "DISPATCHER_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="admin DSN: a database of the bench's own is created and dropped there",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=20, help="timed refreshes per page (after --warmups)"
+    )
     parser.add_argument("--warmups", type=int, default=3)
-    parser.add_argument("--queue", default=QUEUES[0], help="the bucket map's queue, and the filtered jobs list's")
-    parser.add_argument("--out", type=Path, default=None, help="folder for dashboard_cost.json (default: a temporary one)")
+    parser.add_argument(
+        "--queue", default=QUEUES[0], help="the bucket map's queue, and the filtered jobs list's"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for dashboard_cost.json (default: a temporary one)",
+    )
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="dashboard_cost_"))
     with scratch_database(args.dsn) as dsn:
         result = Result("dashboard_cost", machine=machine(dsn))
         m = result.machine
         m.update(jobs=args.jobs, mix=mix(args.jobs), loadavg_before=os.getloadavg())
-        print(f"\n== dashboard_cost: {args.jobs:,} jobs; {m['cores']} cores, PostgreSQL {m['postgres']}", flush=True)
-        with psycopg.connect(dsn, autocommit=True, prepare_threshold=None, cursor_factory=Recorder) as conn:
+        print(
+            f"\n== dashboard_cost: {args.jobs:,} jobs; {m['cores']} cores, PostgreSQL {m['postgres']}",
+            flush=True,
+        )
+        with psycopg.connect(
+            dsn, autocommit=True, prepare_threshold=None, cursor_factory=Recorder
+        ) as conn:
             load(conn, args.jobs)()
             for name, refresh in pages(conn, args.queue).items():
-                result.rows.append(measure(conn, name, refresh, runs=args.runs, warmups=args.warmups))
+                result.rows.append(
+                    measure(conn, name, refresh, runs=args.runs, warmups=args.warmups)
+                )
                 print(f"  {name}: {result.rows[-1]['median_ms']} ms", flush=True)
-        m["loadavg_after"] = os.getloadavg()  # (1, 5, 15 min): others' work on these cores shows here
+        # (1, 5, 15 min): others' work on these cores shows here
+        m["loadavg_after"] = os.getloadavg()
     print()
     print(table(result.rows))
     for row in result.rows:

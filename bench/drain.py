@@ -58,33 +58,61 @@ def drain_seconds(conn: psycopg.Connection[Any]) -> float:
     return float(row[0])  # type: ignore[index]
 
 
-def row(kind: str, mode: str, workers: int, jobs: int, seconds: float, idx_read: int,
-        pg_cpu: float, client_cpu: float | None) -> dict[str, Any]:
+def row(
+    kind: str,
+    mode: str,
+    workers: int,
+    jobs: int,
+    seconds: float,
+    idx_read: int,
+    pg_cpu: float,
+    client_cpu: float | None,
+) -> dict[str, Any]:
     return {
-        "kind": kind, "mode": mode, "workers": workers, "jobs": jobs, "seconds": round(seconds, 3),
-        "jobs_per_s": round(jobs / seconds), "idx_reads_per_job": round(idx_read / jobs, 2),
+        "kind": kind,
+        "mode": mode,
+        "workers": workers,
+        "jobs": jobs,
+        "seconds": round(seconds, 3),
+        "jobs_per_s": round(jobs / seconds),
+        "idx_reads_per_job": round(idx_read / jobs, 2),
         "pg_cpu_us_per_job": round(pg_cpu / jobs * 1e6, 1),
         "client_cpu_us_per_job": None if client_cpu is None else round(client_cpu / jobs * 1e6, 1),
     }
 
 
-async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int, complete: str) -> tuple[Any, Any]:
+async def _plain_sql_drainer(
+    dsn: str, mode: str, index: int, count: int, complete: str
+) -> tuple[Any, Any]:
     """The runtime's own statements with no runtime: one connection claims 500 at a time while a
     second completes the previous batch (the same overlap the runtime's completer gives), raw
     tuples, no Job objects, no handlers. What is left is PostgreSQL's cost of these statements."""
-    buckets = tuple(b for b in range(NUM_BUCKETS) if b % count == index) if mode == MODE_PARTITIONED else None
+    buckets = (
+        tuple(b for b in range(NUM_BUCKETS) if b % count == index)
+        if mode == MODE_PARTITIONED
+        else None
+    )
     claim_statement = claim_sql(buckets)
     # As a worker sends it: fenced (it answers which ids it refused), and under delete closing
     # uniqueness windows.
-    complete_sql = completion_statements(COMPLETED_DELETE if complete == "jobs_complete_owned_delete"
-                                         else COMPLETED_KEEP)[False]
+    complete_sql = completion_statements(
+        COMPLETED_DELETE if complete == "jobs_complete_owned_delete" else COMPLETED_KEEP
+    )[False]
     batches: asyncio.Queue[tuple[list[int], list[str]] | None] = asyncio.Queue(maxsize=2)
 
     async def claimer(conn: psycopg.AsyncConnection[Any]) -> None:
-        params = {"queue": "default", "limit": BATCH, "lease_s": 30.0, "worker": f"ceiling-{index}", "flow_version": None}
+        params = {
+            "queue": "default",
+            "limit": BATCH,
+            "lease_s": 30.0,
+            "worker": f"ceiling-{index}",
+            "flow_version": None,
+        }
         while True:
             token = str(uuid.uuid4())
-            rows = await (await conn.execute(claim_statement, {**params, "token": token})).fetchall()
+            rows = await (
+                await conn.execute(claim_statement, {**params, "token": token})
+            ).fetchall()
             if not rows or rows[0][0] is None:  # the claim's one row of NULLs: nothing left
                 await batches.put(None)
                 return
@@ -92,12 +120,16 @@ async def _plain_sql_drainer(dsn: str, mode: str, index: int, count: int, comple
 
     async def completer(conn: psycopg.AsyncConnection[Any]) -> None:
         while (batch := await batches.get()) is not None:
-            await conn.execute(complete_sql, {"ids": int_array(batch[0]), "tokens": token_array(batch[1])})
+            await conn.execute(
+                complete_sql, {"ids": int_array(batch[0]), "tokens": token_array(batch[1])}
+            )
 
     return await clocked_pair(dsn, claimer, completer)
 
 
-def plain_sql_drainer(dsn: str, mode: str, index: int, count: int, complete: str) -> tuple[float, Any, Any]:
+def plain_sql_drainer(
+    dsn: str, mode: str, index: int, count: int, complete: str
+) -> tuple[float, Any, Any]:
     """One ceiling process: (its CPU seconds, database clock before its first claim and after its
     last completion)."""
     started = time.process_time()
@@ -105,32 +137,57 @@ def plain_sql_drainer(dsn: str, mode: str, index: int, count: int, complete: str
     return time.process_time() - started, first, last
 
 
-def run_ceiling(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None,
-                completed: str = COMPLETED_KEEP) -> dict[str, Any]:
-    complete = "jobs_complete_owned_delete" if completed == COMPLETED_DELETE else "jobs_complete_owned"
+def run_ceiling(
+    dsn: str,
+    mode: str,
+    workers: int,
+    jobs: int,
+    postmaster: int | None,
+    completed: str = COMPLETED_KEEP,
+) -> dict[str, Any]:
+    complete = (
+        "jobs_complete_owned_delete" if completed == COMPLETED_DELETE else "jobs_complete_owned"
+    )
     with psycopg.connect(dsn, autocommit=True) as conn:
         fill(conn, jobs)
         before = table_counters(conn)
         usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
         pg_cpu = postgres_cpu_seconds(postmaster)
-        ran = run_processes(plain_sql_drainer, [(dsn, mode, i, workers, complete) for i in range(workers)])
+        ran = run_processes(
+            plain_sql_drainer, [(dsn, mode, i, workers, complete) for i in range(workers)]
+        )
         wait_backends_gone(postmaster, conn)
         pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
         delta = table_counters(conn).minus(before)
-        by_statement = (statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)
-                        if usage is not None else None)
+        by_statement = (
+            statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)
+            if usage is not None
+            else None
+        )
         if completed == COMPLETED_DELETE:
-            seconds = (max(last for _, _, last in ran) - min(first for _, first, _ in ran)).total_seconds()
+            seconds = (
+                max(last for _, _, last in ran) - min(first for _, first, _ in ran)
+            ).total_seconds()
             assert jobs_left(conn) == 0, "ceiling drain left jobs behind"
         else:
             seconds = drain_seconds(conn)
             assert completed_jobs(conn) == jobs, "ceiling drain left jobs behind"
-    result = row(_kind("plain_sql", completed), mode, workers, jobs, seconds, delta.claim_idx_tup_read, pg_cpu,
-                 sum(cpu for cpu, _, _ in ran))
+    result = row(
+        _kind("plain_sql", completed),
+        mode,
+        workers,
+        jobs,
+        seconds,
+        delta.claim_idx_tup_read,
+        pg_cpu,
+        sum(cpu for cpu, _, _ in ran),
+    )
     return {**result, "statements": by_statement} if by_statement is not None else result
 
 
-def run_minimal(dsn: str, kind: str, workers: int, jobs: int, postmaster: int | None) -> dict[str, Any]:
+def run_minimal(
+    dsn: str, kind: str, workers: int, jobs: int, postmaster: int | None
+) -> dict[str, Any]:
     """The minimal table's drain (bench/minimal.py), measured as run_ceiling measures ours."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         minimal.fill(conn, jobs)
@@ -139,23 +196,28 @@ def run_minimal(dsn: str, kind: str, workers: int, jobs: int, postmaster: int | 
         client_cpu, seconds = minimal.drain(dsn, kind, workers)
         wait_backends_gone(postmaster, conn)
         pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
-        by_statement = (statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)
-                        if usage is not None else None)
+        by_statement = (
+            statements.per_job(statements.minus(statements.snapshot(conn), usage), jobs)
+            if usage is not None
+            else None
+        )
         idx_read = minimal.finish(conn, kind)
     result = row(kind, minimal.MODE, workers, jobs, seconds, idx_read, pg_cpu, client_cpu)
     return {**result, "statements": by_statement} if by_statement is not None else result
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median rate, plus every run's rate (a 1-second drain is noisy on 2 cores)."""
+    """The run with the median rate, plus every run's rate (a 1-second drain is noisy on 2
+    cores)."""
     ordered = sorted(runs, key=lambda r: r["jobs_per_s"])
     chosen = dict(ordered[len(ordered) // 2])
     chosen["runs_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
     return chosen
 
 
-def interleaved_rounds(modes: list[str], repeat: int,
-                       run: Callable[[str], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def interleaved_rounds(
+    modes: list[str], repeat: int, run: Callable[[str], dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
     """`repeat` rounds of one run per mode, interleaved so that slow drift hits every mode alike."""
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for _ in range(repeat):
@@ -164,9 +226,12 @@ def interleaved_rounds(modes: list[str], repeat: int,
     return runs
 
 
-def add_medians(result: Result, runs: dict[str, list[dict[str, Any]]],
-                ratio: Callable[[dict[str, Any], dict[str, Any]], float],
-                compared: tuple[str, ...] = ("partitioned",)) -> None:
+def add_medians(
+    result: Result,
+    runs: dict[str, list[dict[str, Any]]],
+    ratio: Callable[[dict[str, Any], dict[str, Any]], float],
+    compared: tuple[str, ...] = ("partitioned",),
+) -> None:
     """Each mode's median run as its row; with several rounds, each `compared` mode's row also
     gets every round's `ratio(its run, skip_locked run)` (above 1: it is faster), their median,
     and an interval for that median (bench/rounds.py)."""
@@ -190,9 +255,18 @@ def _kind(kind: str, completed: str) -> str:
     return f"{kind}_delete" if completed == COMPLETED_DELETE else kind
 
 
-def drain_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
-                ceiling: bool = True, minimal_table: bool = True, repeat: int = 1,
-                completed_jobs: tuple[str, ...] = (COMPLETED_KEEP, COMPLETED_DELETE)) -> None:
+def drain_suite(
+    dsn: str,
+    result: Result,
+    *,
+    jobs: int,
+    workers: list[int],
+    modes: list[str],
+    ceiling: bool = True,
+    minimal_table: bool = True,
+    repeat: int = 1,
+    completed_jobs: tuple[str, ...] = (COMPLETED_KEEP, COMPLETED_DELETE),
+) -> None:
     """Per worker count, `repeat` rounds of: each mode's runtime and ceiling (once per value of
     `completed_jobs`), then (`minimal_table`) the minimal table's two kinds, interleaved so that
     slow drift hits every kind alike; then each kind's median run as its row, and the ratios."""
@@ -202,16 +276,27 @@ def drain_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], mode
         for _ in range(repeat):
             for mode in modes:
                 for completed in completed_jobs:
-                    runtime = measured_run(dsn, mode, w, jobs, postmaster, label=f"drain {mode} x{w} {completed}",
-                                           completed_jobs=completed)
+                    runtime = measured_run(
+                        dsn,
+                        mode,
+                        w,
+                        jobs,
+                        postmaster,
+                        label=f"drain {mode} x{w} {completed}",
+                        completed_jobs=completed,
+                    )
                     runs.setdefault((_kind("runtime", completed), mode), []).append(
-                        {**runtime, "kind": _kind("runtime", completed)})
+                        {**runtime, "kind": _kind("runtime", completed)}
+                    )
                     if ceiling:
                         runs.setdefault((_kind("plain_sql", completed), mode), []).append(
-                            run_ceiling(dsn, mode, w, jobs, postmaster, completed))
+                            run_ceiling(dsn, mode, w, jobs, postmaster, completed)
+                        )
             if minimal_table:
                 for kind in minimal.KINDS:
-                    runs.setdefault((kind, minimal.MODE), []).append(run_minimal(dsn, kind, w, jobs, postmaster))
+                    runs.setdefault((kind, minimal.MODE), []).append(
+                        run_minimal(dsn, kind, w, jobs, postmaster)
+                    )
         for kind_runs in runs.values():
             result.add(**median_run(kind_runs))
     add_ratios(result.rows)

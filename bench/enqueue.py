@@ -22,8 +22,11 @@ from dispatcher.db import query
 
 def _raw_copy(conn: psycopg.Connection[Any], jobs: int) -> float:
     now = conn.execute("SELECT now()").fetchone()[0].isoformat()  # type: ignore[index]
-    # max_attempts 20, not given (max_attempts_given false): what enqueue_payloads writes by default.
-    buffer = "".join(f'default\tnoop\t{{"i":{i}}}\t0\t{i % 64}\t20\tf\t{now}\t\\N\n' for i in range(jobs)).encode()
+    # max_attempts 20, not given (max_attempts_given false): what enqueue_payloads writes by
+    # default.
+    buffer = "".join(
+        f'default\tnoop\t{{"i":{i}}}\t0\t{i % 64}\t20\tf\t{now}\t\\N\n' for i in range(jobs)
+    ).encode()
     started = time.perf_counter()
     with conn.transaction(), conn.cursor().copy(query("jobs_copy_in")) as copy:
         copy.write(buffer)
@@ -46,11 +49,19 @@ def enqueue_suite(dsn: str, result: Result, *, single: int, bulk: int, repeat: i
             paths = {
                 "server COPY of a pre-built buffer (ceiling)": (bulk, lambda: None),
                 "enqueue_payloads (one type, COPY)": (
-                    bulk, lambda: enqueue_payloads_sync(conn, "noop", ({"i": i} for i in range(bulk)))),
+                    bulk,
+                    lambda: enqueue_payloads_sync(conn, "noop", ({"i": i} for i in range(bulk))),
+                ),
                 "enqueue_many (JobSpec list, COPY)": (
-                    bulk, lambda: enqueue_many_sync(conn, [JobSpec("noop", {"i": i}) for i in range(bulk)])),
+                    bulk,
+                    lambda: enqueue_many_sync(
+                        conn, [JobSpec("noop", {"i": i}) for i in range(bulk)]
+                    ),
+                ),
                 "enqueue (one job per call, own transaction)": (
-                    single, lambda: [enqueue_sync(conn, "noop", {"i": i}) for i in range(single)]),
+                    single,
+                    lambda: [enqueue_sync(conn, "noop", {"i": i}) for i in range(single)],
+                ),
             }
             for name, (n, fn) in paths.items():
                 if fn is not None and name.startswith("server"):
@@ -62,6 +73,10 @@ def enqueue_suite(dsn: str, result: Result, *, single: int, bulk: int, repeat: i
                 ratios.setdefault(name, []).append(rate / ceiling)
     for name, rates in runs.items():
         n = single if name.startswith("enqueue (") else bulk
-        result.add(path=name, jobs=n, jobs_per_s=round(statistics.median(rates)),
-                   ratio_to_ceiling=round(statistics.median(ratios[name]), 2),
-                   runs_jobs_per_s=[round(r) for r in rates])
+        result.add(
+            path=name,
+            jobs=n,
+            jobs_per_s=round(statistics.median(rates)),
+            ratio_to_ceiling=round(statistics.median(ratios[name]), 2),
+            runs_jobs_per_s=[round(r) for r in rates],
+        )

@@ -34,12 +34,25 @@ EXIT_FAILED, EXIT_REFUSED = 1, 2
 # PGSTAT_IDLE_INTERVAL; a busy one every second): a worker's completion connection can go quiet
 # right after the last flush, so the closing counters are read 11 s after the last completion.
 SETTLE_S = 11.0
-STALL_S = 120.0  # no job completed for this long after T, while jobs are left: the fleet is not working
+# no job completed for this long after T, while jobs are left: the fleet is not working
+STALL_S = 120.0
 DELETE_BATCH = 10_000
 _NO_ID = 2**63 - 1
-COLUMNS = ["mode", "workers", "workers_connected", "jobs", "seconds", "jobs_per_s", "due_to_done_s",
-           "start_late_p50_ms", "start_late_p99_ms", "idx_reads_per_job", "heap_fetch_per_job", "max_lock_waiters",
-           "dead_tuples_end"]
+COLUMNS = [
+    "mode",
+    "workers",
+    "workers_connected",
+    "jobs",
+    "seconds",
+    "jobs_per_s",
+    "due_to_done_s",
+    "start_late_p50_ms",
+    "start_late_p99_ms",
+    "idx_reads_per_job",
+    "heap_fetch_per_job",
+    "max_lock_waiters",
+    "dead_tuples_end",
+]
 
 # This session's statistics not yet flushed to the shared counters (PostgreSQL 15+: earlier
 # transactions' too). A flush happens only between transactions, so two readings within one
@@ -52,7 +65,9 @@ SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(i.indexrelid))
   FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
  WHERE i.indrelid = 'dispatcher_jobs'::regclass"""
 # The run's rows: a primary-key range (never a scan of the queue's other rows), then queue and tag.
-_OURS = "id > %(lo)s AND id <= %(hi)s AND queue_name = %(queue)s AND payload->>'bench_run' = %(run)s"
+_OURS = (
+    "id > %(lo)s AND id <= %(hi)s AND queue_name = %(queue)s AND payload->>'bench_run' = %(run)s"
+)
 
 
 class Refused(Exception):
@@ -125,30 +140,59 @@ class Watch:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("a fleet that runs elsewhere (burst only; bench/external.py)")
-    group.add_argument("--external-workers", action="store_true",
-                       default=os.environ.get(ENV_FLAG, "").lower() in ("1", "true", "yes"),
-                       help=f"start no worker: measure the live ones on --dsn (also {ENV_FLAG}=1)")
-    group.add_argument("--queue", default="bench", help="the dedicated queue the workers serve (default bench)")
-    group.add_argument("--job-type", default="noop", help="a job type the workers run as a no-op (default noop)")
-    group.add_argument("--timeout-s", type=float, default=900.0, help="give up after this long (default 900)")
-    group.add_argument("--probe-timeout-s", type=float, default=30.0,
-                       help="how long the probe job may wait for a worker (default 30)")
-    group.add_argument("--lead-s", type=float, default=None,
-                       help="seconds from the enqueue to T (default 2 + N/20,000)")
-    group.add_argument("--keep-rows", action="store_true",
-                       help="leave the run's rows to retention instead of deleting them")
+    group.add_argument(
+        "--external-workers",
+        action="store_true",
+        default=os.environ.get(ENV_FLAG, "").lower() in ("1", "true", "yes"),
+        help=f"start no worker: measure the live ones on --dsn (also {ENV_FLAG}=1)",
+    )
+    group.add_argument(
+        "--queue", default="bench", help="the dedicated queue the workers serve (default bench)"
+    )
+    group.add_argument(
+        "--job-type", default="noop", help="a job type the workers run as a no-op (default noop)"
+    )
+    group.add_argument(
+        "--timeout-s", type=float, default=900.0, help="give up after this long (default 900)"
+    )
+    group.add_argument(
+        "--probe-timeout-s",
+        type=float,
+        default=30.0,
+        help="how long the probe job may wait for a worker (default 30)",
+    )
+    group.add_argument(
+        "--lead-s",
+        type=float,
+        default=None,
+        help="seconds from the enqueue to T (default 2 + N/20,000)",
+    )
+    group.add_argument(
+        "--keep-rows",
+        action="store_true",
+        help="leave the run's rows to retention instead of deleting them",
+    )
 
 
 def main(args: argparse.Namespace, scenarios: list[str]) -> int:
     if scenarios != ["burst"]:
         return _say("--external-workers runs the burst scenario only", EXIT_REFUSED)
     if not args.dsn:
-        return _say("--external-workers measures the fleet's database: give --dsn or DISPATCHER_DSN", EXIT_REFUSED)
+        return _say(
+            "--external-workers measures the fleet's database: give --dsn or DISPATCHER_DSN",
+            EXIT_REFUSED,
+        )
     # A Job's deadline or `kubectl delete` sends SIGTERM: unwind, so the run's rows are deleted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    opts = Options(jobs=args.jobs or (3_000 if args.quick else 200_000), queue=args.queue, job_type=args.job_type,
-                   timeout_s=args.timeout_s, probe_timeout_s=args.probe_timeout_s, lead_s=args.lead_s,
-                   keep_rows=args.keep_rows)
+    opts = Options(
+        jobs=args.jobs or (3_000 if args.quick else 200_000),
+        queue=args.queue,
+        job_type=args.job_type,
+        timeout_s=args.timeout_s,
+        probe_timeout_s=args.probe_timeout_s,
+        lead_s=args.lead_s,
+        keep_rows=args.keep_rows,
+    )
     where = describe_dsn(args.dsn)
     result = Result(SCENARIO)
     try:
@@ -167,28 +211,43 @@ def main(args: argparse.Namespace, scenarios: list[str]) -> int:
     print(result.table(COLUMNS))
     print(f"written: {result.save(args.out)}", flush=True)
     _plot(result, args.out, opts)
-    print("result " + json.dumps(row, default=str), flush=True)  # one line for scripts reading the logs
+    # one line for scripts reading the logs
+    print("result " + json.dumps(row, default=str), flush=True)
     if row["failed_jobs"]:
-        return _say(f"failed: {row['failed_jobs']} jobs ended failed, discarded or cancelled", EXIT_FAILED)
+        return _say(
+            f"failed: {row['failed_jobs']} jobs ended failed, discarded or cancelled", EXIT_FAILED
+        )
     return 0
 
 
 def burst(dsn: str, opts: Options) -> dict[str, Any]:
     """Check the fleet, probe it, enqueue the burst, wait, measure, delete the run's rows."""
     run = uuid.uuid4().hex[:12]
-    with psycopg.connect(dsn, autocommit=True, application_name="dispatcher-bench", connect_timeout=10) as conn:
-        conn.execute("SET statement_timeout = '60s'")  # nothing may hang: our statements take milliseconds
+    with psycopg.connect(
+        dsn, autocommit=True, application_name="dispatcher-bench", connect_timeout=10
+    ) as conn:
+        # nothing may hang: our statements take milliseconds
+        conn.execute("SET statement_timeout = '60s'")
         if conn.execute("SELECT to_regclass('dispatcher_jobs')").fetchone()[0] is None:  # type: ignore[index]
-            raise Refused(f"no dispatcher_jobs table on {describe_dsn(dsn)}: run `dispatcher migrate` first")
+            raise Refused(
+                f"no dispatcher_jobs table on {describe_dsn(dsn)}: run `dispatcher migrate` first"
+            )
         workers = len(claim_sessions(conn))
         if not workers:
-            raise Refused(f"no live worker on {describe_dsn(dsn)}: no session has application_name "
-                          f"'dispatcher-claim'; start the workers (serving queue {opts.queue!r}) first")
-        busy = conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE queue_name = %s AND status IN "
-                            "('queued', 'running')", (opts.queue,)).fetchone()[0]  # type: ignore[index]
+            raise Refused(
+                f"no live worker on {describe_dsn(dsn)}: no session has application_name "
+                f"'dispatcher-claim'; start the workers (serving queue {opts.queue!r}) first"
+            )
+        busy = conn.execute(
+            "SELECT count(*) FROM dispatcher_jobs WHERE queue_name = %s AND status IN "
+            "('queued', 'running')",
+            (opts.queue,),
+        ).fetchone()[0]  # type: ignore[index]
         if busy:
-            raise Refused(f"queue {opts.queue!r} holds {busy} unfinished jobs (another bench run, or leftovers): "
-                          "wait until the workers have run them")
+            raise Refused(
+                f"queue {opts.queue!r} holds {busy} unfinished jobs (another bench run, or leftovers): "
+                "wait until the workers have run them"
+            )
         watch = Watch()
         watch.sampler.sample(conn)
         probe_s = _probe(conn, opts, run, watch.sampler)
@@ -201,8 +260,13 @@ def burst(dsn: str, opts: Options) -> dict[str, Any]:
         watch.sampler.max_lock_waiters = 0  # the run's, from here
         try:
             started = time.monotonic()
-            enqueue_payloads_sync(conn, opts.job_type, ({TAG: run} for _ in range(opts.jobs)), queue=opts.queue,
-                                  delay_s=opts.lead())
+            enqueue_payloads_sync(
+                conn,
+                opts.job_type,
+                ({TAG: run} for _ in range(opts.jobs)),
+                queue=opts.queue,
+                delay_s=opts.lead(),
+            )
             enqueue_s = time.monotonic() - started
             ours.hi = _sequence(conn, "currval")
             committed_at = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
@@ -214,9 +278,14 @@ def burst(dsn: str, opts: Options) -> dict[str, Any]:
                 watch.own.add(OwnReads.pending(conn), sign=-1)
                 after = table_counters(conn)
             row = _figures(conn, ours, opts, before, after, watch)
-            row.update(workers_connected=workers, coordinator_members=members, probe_s=round(probe_s, 3),
-                       enqueue_s=round(enqueue_s, 3), lead_s=round(opts.lead(), 3),
-                       lead_margin_s=round((row.pop("due_at") - committed_at).total_seconds(), 3))
+            row.update(
+                workers_connected=workers,
+                coordinator_members=members,
+                probe_s=round(probe_s, 3),
+                enqueue_s=round(enqueue_s, 3),
+                lead_s=round(opts.lead(), 3),
+                lead_margin_s=round((row.pop("due_at") - committed_at).total_seconds(), 3),
+            )
         finally:
             deleted = None if opts.keep_rows else _delete(conn, ours)
         row["rows_deleted"] = deleted
@@ -229,26 +298,35 @@ def _probe(conn: psycopg.Connection[Any], opts: Options, run: str, sampler: Flee
     started = time.monotonic()
     try:
         while True:
-            row = conn.execute("SELECT status, last_error FROM dispatcher_jobs WHERE id = %s", (job_id,)).fetchone()
+            row = conn.execute(
+                "SELECT status, last_error FROM dispatcher_jobs WHERE id = %s", (job_id,)
+            ).fetchone()
             status, error = row if row else ("deleted", None)
             sampler.sample(conn)
             if status == "completed":
                 return time.monotonic() - started
             if error or status in ("failed", "discarded", "cancelled"):
-                raise Refused(f"the probe job ({opts.job_type!r} on queue {opts.queue!r}) did not succeed: {error}")
+                raise Refused(
+                    f"the probe job ({opts.job_type!r} on queue {opts.queue!r}) did not succeed: {error}"
+                )
             if time.monotonic() - started > opts.probe_timeout_s:
-                raise Refused(f"no worker ran a probe job ({opts.job_type!r}) on queue {opts.queue!r} within "
-                              f"{opts.probe_timeout_s:g} s ({status}): do the workers serve that queue "
-                              "(DISPATCHER_QUEUES) and have a handler for that job type?")
+                raise Refused(
+                    f"no worker ran a probe job ({opts.job_type!r}) on queue {opts.queue!r} within "
+                    f"{opts.probe_timeout_s:g} s ({status}): do the workers serve that queue "
+                    "(DISPATCHER_QUEUES) and have a handler for that job type?"
+                )
             time.sleep(0.05)
     finally:
-        conn.execute("DELETE FROM dispatcher_jobs WHERE id = %s AND queue_name = %s", (job_id, opts.queue))
+        conn.execute(
+            "DELETE FROM dispatcher_jobs WHERE id = %s AND queue_name = %s", (job_id, opts.queue)
+        )
         conn.execute("DELETE FROM dispatcher_job_attempts WHERE job_id = %s", (job_id,))
 
 
 def _sequence(conn: psycopg.Connection[Any], function: str) -> int:
     """nextval (an id below all the run's) or currval (the last id this session's enqueue got)."""
-    sql = f"SELECT {function}(pg_get_serial_sequence('dispatcher_jobs', 'id'))"  # a fixed name, never input
+    # a fixed name, never input
+    sql = f"SELECT {function}(pg_get_serial_sequence('dispatcher_jobs', 'id'))"
     return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
 
 
@@ -264,7 +342,9 @@ _PROGRESS = f"""SELECT count(*), count(*) FILTER (WHERE status = 'completed'),
                   FROM dispatcher_jobs WHERE {_OURS}"""
 
 
-def _wait(conn: psycopg.Connection[Any], ours: Ours, opts: Options, watch: Watch, *, due_in_s: float) -> None:
+def _wait(
+    conn: psycopg.Connection[Any], ours: Ours, opts: Options, watch: Watch, *, due_in_s: float
+) -> None:
     """Until every job of the run has ended; TimeoutError past timeout_s, or after STALL_S (from T)
     without a completion."""
     started = time.monotonic()
@@ -272,12 +352,15 @@ def _wait(conn: psycopg.Connection[Any], ours: Ours, opts: Options, watch: Watch
     while True:
         polled = time.monotonic()
         total, done, failed, watch.last_completed_at = watch.own.measured(
-            conn, lambda: conn.execute(_PROGRESS, ours.params()).fetchone())  # type: ignore[misc]
+            conn, lambda: conn.execute(_PROGRESS, ours.params()).fetchone()
+        )  # type: ignore[misc]
         poll_s = time.monotonic() - polled
         watch.sampler.sample(conn)
         progress(f"burst on {opts.queue}", done + failed, opts.jobs, time.monotonic() - started)
         if total != opts.jobs:
-            raise RuntimeError(f"{total} of the run's {opts.jobs} jobs are in the table: were some deleted?")
+            raise RuntimeError(
+                f"{total} of the run's {opts.jobs} jobs are in the table: were some deleted?"
+            )
         watch.failed = failed
         if done + failed >= opts.jobs:
             return
@@ -285,17 +368,27 @@ def _wait(conn: psycopg.Connection[Any], ours: Ours, opts: Options, watch: Watch
         if done != last_done:
             last_done, last_change = done, now
         elif now - max(last_change, due_at) > STALL_S:
-            raise TimeoutError(f"no job completed for {STALL_S:g} s: {opts.jobs - done} of {opts.jobs} left "
-                               f"({len(claim_sessions(conn))} worker processes connected)")
+            raise TimeoutError(
+                f"no job completed for {STALL_S:g} s: {opts.jobs - done} of {opts.jobs} left "
+                f"({len(claim_sessions(conn))} worker processes connected)"
+            )
         if now - started > opts.timeout_s:
-            raise TimeoutError(f"{opts.jobs - done} of {opts.jobs} jobs not done after {opts.timeout_s:g} s")
+            raise TimeoutError(
+                f"{opts.jobs - done} of {opts.jobs} jobs not done after {opts.timeout_s:g} s"
+            )
         # The count costs about 0.3 us a row: polling no more often than 4x its duration keeps it
         # under a fifth of one backend's time.
         time.sleep(max(0.1, 4 * poll_s))
 
 
-def _figures(conn: psycopg.Connection[Any], ours: Ours, opts: Options, before: TableCounters,
-             after: TableCounters, watch: Watch) -> dict[str, Any]:
+def _figures(
+    conn: psycopg.Connection[Any],
+    ours: Ours,
+    opts: Options,
+    before: TableCounters,
+    after: TableCounters,
+    watch: Watch,
+) -> dict[str, Any]:
     (jobs, retried, ran, drain_s, from_due_s, late_p50, late_p99, late_max, due_at) = conn.execute(
         f"""SELECT count(*), count(*) FILTER (WHERE attempts > 1), count(DISTINCT locked_by),
                    extract(epoch FROM max(completed_at) - min(locked_at))::float8,
@@ -304,18 +397,23 @@ def _figures(conn: psycopg.Connection[Any], ours: Ours, opts: Options, before: T
                    1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
                    1000 * extract(epoch FROM max(locked_at - run_at))::float8,
                    min(run_at)
-              FROM dispatcher_jobs WHERE {_OURS}""", ours.params()).fetchone()  # type: ignore[misc]
+              FROM dispatcher_jobs WHERE {_OURS}""",
+        ours.params(),
+    ).fetchone()  # type: ignore[misc]
     # Share of each bucket's jobs run by the worker that ran most of them: ~1 when each bucket has
     # one owner (partitioned), ~1/W when every worker claims from every bucket (SKIP LOCKED).
     share = conn.execute(
         f"""SELECT sum(top)::float8 / nullif(sum(total), 0) FROM (
                 SELECT max(n) AS top, sum(n) AS total FROM (
                     SELECT bucket, locked_by, count(*) AS n FROM dispatcher_jobs WHERE {_OURS} GROUP BY 1, 2
-                ) AS per_worker GROUP BY bucket) AS per_bucket""", ours.params()).fetchone()[0]  # type: ignore[index]
+                ) AS per_worker GROUP BY bucket) AS per_bucket""",
+        ours.params(),
+    ).fetchone()[0]  # type: ignore[index]
     curve = conn.execute(
         f"""SELECT floor(extract(epoch FROM completed_at - %(t0)s) / 0.1)::int, count(*)
               FROM dispatcher_jobs WHERE {_OURS} AND status = 'completed' GROUP BY 1 ORDER BY 1""",
-        ours.params(t0=due_at)).fetchall()
+        ours.params(t0=due_at),
+    ).fetchall()
     claim_reads = after.claim_idx_tup_read - before.claim_idx_tup_read - watch.own.claim_idx_reads
     fetches = after.idx_tup_fetch - before.idx_tup_fetch - watch.own.heap_fetches
     done, total = [], 0
@@ -323,16 +421,30 @@ def _figures(conn: psycopg.Connection[Any], ours: Ours, opts: Options, before: T
         total += count
         done.append((round((bin_index + 1) * 0.1, 3), total))
     return {
-        "kind": "external", "mode": watch.sampler.mode(), "worker_modes": watch.sampler.modes(), "workers": ran,
-        "jobs": jobs, "seconds": _r(drain_s, 3), "jobs_per_s": round(jobs / drain_s) if drain_s else None,
-        "due_to_done_s": _r(from_due_s, 3), "start_late_p50_ms": _r(late_p50), "start_late_p99_ms": _r(late_p99),
+        "kind": "external",
+        "mode": watch.sampler.mode(),
+        "worker_modes": watch.sampler.modes(),
+        "workers": ran,
+        "jobs": jobs,
+        "seconds": _r(drain_s, 3),
+        "jobs_per_s": round(jobs / drain_s) if drain_s else None,
+        "due_to_done_s": _r(from_due_s, 3),
+        "start_late_p50_ms": _r(late_p50),
+        "start_late_p99_ms": _r(late_p99),
         "start_late_max_ms": _r(late_max),
         "idx_reads_per_job": round(max(0, claim_reads) / jobs, 2),
         "heap_fetch_per_job": round(max(0, fetches) / jobs, 2),
         "max_lock_waiters": watch.sampler.max_lock_waiters,
-        "dead_tuples_start": before.n_dead_tup, "dead_tuples_end": after.n_dead_tup,
-        "bucket_owner_share": _r(share, 3), "retried_jobs": retried, "failed_jobs": watch.failed,
-        "queue": opts.queue, "job_type": opts.job_type, "run_id": ours.run, "due_at": due_at, "curve": done,
+        "dead_tuples_start": before.n_dead_tup,
+        "dead_tuples_end": after.n_dead_tup,
+        "bucket_owner_share": _r(share, 3),
+        "retried_jobs": retried,
+        "failed_jobs": watch.failed,
+        "queue": opts.queue,
+        "job_type": opts.job_type,
+        "run_id": ours.run,
+        "due_at": due_at,
+        "curve": done,
     }
 
 
@@ -340,11 +452,16 @@ def _delete(conn: psycopg.Connection[Any], ours: Ours) -> int:
     """Delete the run's rows (and their attempt history) in batches, walking up the id range."""
     deleted, low = 0, ours.lo
     while True:
-        ids = [r[0] for r in conn.execute(
-            f"""DELETE FROM dispatcher_jobs WHERE id = ANY(ARRAY(
+        ids = [
+            r[0]
+            for r in conn.execute(
+                f"""DELETE FROM dispatcher_jobs WHERE id = ANY(ARRAY(
                     SELECT id FROM dispatcher_jobs WHERE {_OURS}
                      ORDER BY id LIMIT %(n)s))
-                RETURNING id""", ours.params(lo=low, n=DELETE_BATCH)).fetchall()]
+                RETURNING id""",
+                ours.params(lo=low, n=DELETE_BATCH),
+            ).fetchall()
+        ]
         if not ids:
             return deleted
         conn.execute("DELETE FROM dispatcher_job_attempts WHERE job_id = ANY(%s)", (ids,))
@@ -356,9 +473,14 @@ def _plot(result: Result, out_dir: Path, opts: Options) -> None:
         from bench.plots import curve_plot
 
         machine_label = f"bench driver: {result.machine['cores']} cores; PostgreSQL {result.machine['postgres']}"
-        path = curve_plot(result.rows, out_dir, machine_label, f"{SCENARIO}_drain_curve.png",
-                          f"Burst on a live fleet: {opts.jobs} jobs due at one instant",
-                          label_of=lambda r: f"{r['mode']}, {r['workers']} workers")
+        path = curve_plot(
+            result.rows,
+            out_dir,
+            machine_label,
+            f"{SCENARIO}_drain_curve.png",
+            f"Burst on a live fleet: {opts.jobs} jobs due at one instant",
+            label_of=lambda r: f"{r['mode']}, {r['workers']} workers",
+        )
         print(f"written: {path}", flush=True)
     except ImportError:
         print("no plot: matplotlib is not installed (pip install '.[bench]')", flush=True)

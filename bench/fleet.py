@@ -18,12 +18,20 @@ from dispatcher.devtools import harness
 from dispatcher.devtools.harness import http_text
 
 APP = "dispatcher.devtools.demo_app:registry"
-_BUCKET = re.compile(r'^(dispatcher_\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"(?:,[^}]*)?\}\s+([0-9.e+]+)$')
+_BUCKET = re.compile(
+    r'^(dispatcher_\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"(?:,[^}]*)?\}\s+([0-9.e+]+)$'
+)
 
 
 # The settings every scenario runs at unless it asks for the defaults a user gets (profile
 # "defaults": concurrency 100, poll 1 s, coordinator lease 10 s; see dispatcher/settings/config.py).
-TUNED = dict(concurrency=500, batch_size=500, coordinator="postgres", coordinator_lease_s=10, poll_interval_s=0.1)
+TUNED = dict(
+    concurrency=500,
+    batch_size=500,
+    coordinator="postgres",
+    coordinator_lease_s=10,
+    poll_interval_s=0.1,
+)
 PROFILES: dict[str, dict[str, Any]] = {"bench": TUNED, "defaults": {}}
 
 
@@ -32,16 +40,28 @@ class Fleet(harness.Fleet):
     (or the defaults: `profile`), its histograms and its CPU seconds. `app`: another worker app
     than the demo's no-op (bench/keyed_app.py)."""
 
-    def __init__(self, dsn: str, mode: str, workers: int, *, profile: str = "bench", app: str = APP,
-                 **settings: Any) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        mode: str,
+        workers: int,
+        *,
+        profile: str = "bench",
+        app: str = APP,
+        **settings: Any,
+    ) -> None:
         base = dict(log_level="WARNING", **PROFILES[profile])
         base.update(settings)
-        self._cpu_at_stop: float | None = None  # first: a failed start stops the workers already started
+        # first: a failed start stops the workers already started
+        self._cpu_at_stop: float | None = None
         self._cpu_of_retired = 0.0
         # Their warnings and errors go to a file each, so that a worker that exits mid-run is
-        # reported with the end of its log (harness.Fleet.check_alive), not with its exit code alone.
+        # reported with the end of its log (harness.Fleet.check_alive), not with its exit code
+        # alone.
         logs = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-logs-"))
-        super().__init__(dsn, app, mode, workers, worker_id_prefix=f"bench-{mode}", log_dir=logs, **base)
+        super().__init__(
+            dsn, app, mode, workers, worker_id_prefix=f"bench-{mode}", log_dir=logs, **base
+        )
 
     def __enter__(self) -> Fleet:
         return self
@@ -71,7 +91,8 @@ class Fleet(harness.Fleet):
         return self._cpu_at_stop
 
     def retire(self, index: int, timeout_s: float = 60) -> int:
-        self._cpu_of_retired += cpu_seconds_of([self.procs[index].pid])  # before it exits: /proc goes with it
+        # before it exits: /proc goes with it
+        self._cpu_of_retired += cpu_seconds_of([self.procs[index].pid])
         return super().retire(index, timeout_s)
 
     def stop(self) -> list[int]:

@@ -52,15 +52,21 @@ def claim_mode(text: str | None) -> str | None:
 
 def claim_sessions(conn: psycopg.Connection[Any]) -> dict[int, str | None]:
     """pid -> last statement of every worker's claim session on this database (one per process)."""
-    rows = conn.execute("SELECT pid, query FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND application_name = %s", (CLAIM_APPLICATION,)).fetchall()
+    rows = conn.execute(
+        "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = %s",
+        (CLAIM_APPLICATION,),
+    ).fetchall()
     return {int(pid): text for pid, text in rows}
 
 
 def live_members(conn: psycopg.Connection[Any], queue: str) -> int:
     """Live members of `queue`'s coordination group (the PostgreSQL coordinator's table)."""
-    row = conn.execute("SELECT count(*) FROM dispatcher_members WHERE queue = %s AND expires_at > now() "
-                       "AND NOT leaving", (queue,)).fetchone()
+    row = conn.execute(
+        "SELECT count(*) FROM dispatcher_members WHERE queue = %s AND expires_at > now() "
+        "AND NOT leaving",
+        (queue,),
+    ).fetchone()
     return int(row[0]) if row else 0
 
 

@@ -34,7 +34,10 @@ def key_mix(mix: str, jobs: int, seed: int = 24) -> list[str] | None:
         n = 1000 if mix == "keys1000" else 50
         return [f"k{rng.randrange(n)}" for _ in range(jobs)]
     if mix == "skewed":
-        hot, cold = SKEWED_HOT_SHARE / SKEWED_HOT_KEYS, (1 - SKEWED_HOT_SHARE) / (SKEWED_KEYS - SKEWED_HOT_KEYS)
+        hot, cold = (
+            SKEWED_HOT_SHARE / SKEWED_HOT_KEYS,
+            (1 - SKEWED_HOT_SHARE) / (SKEWED_KEYS - SKEWED_HOT_KEYS),
+        )
         weights = list(accumulate(hot if k < SKEWED_HOT_KEYS else cold for k in range(SKEWED_KEYS)))
         return [f"k{k}" for k in rng.choices(range(SKEWED_KEYS), cum_weights=weights, k=jobs)]
     raise ValueError(f"unknown key mix {mix!r}: one of {', '.join(MIXES)}")
@@ -60,8 +63,14 @@ def order_check(runs: Iterable[Run], jobs: int) -> dict[str, Any]:
         violations += sum(1 for earlier, later in pairwise(key_runs) if later[2] < earlier[3])
     not_run = max(0, jobs - len(seen))
     ok = None if not by_key else violations == 0 and twice == 0 and not_run == 0
-    return {"order_ok": ok, "order_violations": violations, "ran_twice": twice, "not_run": not_run,
-            "keys": len(by_key), "top_key_jobs": max((len(r) for r in by_key.values()), default=0)}
+    return {
+        "order_ok": ok,
+        "order_violations": violations,
+        "ran_twice": twice,
+        "not_run": not_run,
+        "keys": len(by_key),
+        "top_key_jobs": max((len(r) for r in by_key.values()), default=0),
+    }
 
 
 def read_recording(directory: Path) -> Iterator[Run]:
@@ -81,7 +90,12 @@ def add_ratios(rows: list[dict[str, Any]], column: str = "due_jobs_per_s") -> No
         if row["mix"] != "none" and base and base.get(column) and row.get(column) is not None:
             row["vs_none"] = round(row[column] / base[column], 2)
         other = at.get((row["mix"], "skip_locked", row["workers"], row.get("profile")))
-        if row["mode"] == "partitioned" and other and other.get(column) and row.get(column) is not None:
+        if (
+            row["mode"] == "partitioned"
+            and other
+            and other.get(column)
+            and row.get(column) is not None
+        ):
             row["vs_skip_locked"] = round(row[column] / other[column], 2)
 
 
@@ -92,8 +106,16 @@ def lead_s(jobs: int) -> float:
     return 2.0 + jobs / 20_000
 
 
-def keyed_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
-                mixes: Iterable[str] = MIXES, profiles: Iterable[str] = ("bench",)) -> None:
+def keyed_suite(
+    dsn: str,
+    result: Result,
+    *,
+    jobs: int,
+    workers: list[int],
+    modes: list[str],
+    mixes: Iterable[str] = MIXES,
+    profiles: Iterable[str] = ("bench",),
+) -> None:
     """For each settings profile (bench/fleet.py: `defaults` is what a user gets), worker count and
     mix, one run per mode (modes back to back, so drift hits both)."""
     postmaster = postmaster_pid(dsn)
@@ -103,15 +125,28 @@ def keyed_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], mode
             for mix, ordering_keys in keys.items():
                 for mode in modes:
                     with recording_dir(RECORD_DIR_ENV, "bench-keyed-") as directory:
-                        row = measured_run(dsn, mode, w, jobs, postmaster, label=f"keyed {mix} {mode} x{w} {profile}",
-                                           delay_s=lead_s(jobs), ordering_keys=ordering_keys, app=APP,
-                                           timeout_s=1800, profile=profile)
+                        row = measured_run(
+                            dsn,
+                            mode,
+                            w,
+                            jobs,
+                            postmaster,
+                            label=f"keyed {mix} {mode} x{w} {profile}",
+                            delay_s=lead_s(jobs),
+                            ordering_keys=ordering_keys,
+                            app=APP,
+                            timeout_s=1800,
+                            profile=profile,
+                        )
                         check = order_check(read_recording(directory), jobs)
-                    row["due_jobs_per_s"] = round(jobs / row["due_to_done_s"]) if row["due_to_done_s"] else None
+                    row["due_jobs_per_s"] = (
+                        round(jobs / row["due_to_done_s"]) if row["due_to_done_s"] else None
+                    )
                     if (row["due_after_commit_s"] or 0) < 0:
-                        print(f"  (the jobs were due {-row['due_after_commit_s']:g} s before their enqueue "
-                              "committed: this row's figures count part of it; lead_s() needs a longer lead)",
-                              flush=True)
+                        print(
+                            f"  (the jobs were due {-row['due_after_commit_s']:g} s before their enqueue "
+                            "committed: this row's figures count part of it; lead_s() needs a longer lead)",
+                            flush=True,
+                        )
                     result.add(mix=mix, profile=profile, **row, **check)
     add_ratios(result.rows)
-

@@ -1,11 +1,12 @@
-"""`limits`: fleet-wide limits under a backlog, read from the handlers' own recording, in both modes.
+"""`limits`: fleet-wide limits under a backlog, read from the handlers' own recording, in both
+modes.
 
-One queue, three job types (the worker app is bench/limits_app.py): `rated` under
-`dispatcher limits set rated --per-second R`, `capped` under `--max-running N`, and `free` with no
-limit, enqueued last so that a queue held up by the limited types would show it. Reported per mode:
-the starts of `rated` per window and the most in any window of that length (`rate_windows`,
-`max_in_any_window`), the most `capped` running at once (`running_peak`, a sweep over start and end)
-and when each type finished (`summarize`). What the columns mean: docs/guides/benchmarks.md.
+One queue, three job types (the worker app is bench/limits_app.py): `rated` under `dispatcher
+limits set rated --per-second R`, `capped` under `--max-running N`, and `free` with no limit,
+enqueued last so that a queue held up by the limited types would show it. Reported per mode: the
+starts of `rated` per window and the most in any window of that length (`rate_windows`,
+`max_in_any_window`), the most `capped` running at once (`running_peak`, a sweep over start and
+end) and when each type finished (`summarize`). What the columns mean: docs/guides/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from dispatcher.devtools.harness import watch_until_done, worker_env
 APP = "bench.limits_app:registry"
 Run = tuple[str, int, int, int]  # job type, job id, start ns, end ns
 NS = 1_000_000_000
-RATE_HELD_SHARE = 0.9  # the issue's claim: with a backlog, a window starts at least 0.9 x its rate's jobs
+# the issue's claim: with a backlog, a window starts at least 0.9 x its rate's jobs
+RATE_HELD_SHARE = 0.9
 RUNNING_BIN_S = 0.1  # the capped series: the most running in each 0.1 s
 
 
@@ -41,7 +43,9 @@ def read_recording(directory: Path) -> Iterator[Run]:
             yield job_type, int(job_id), int(start), int(end)
 
 
-def rate_windows(starts_ns: Sequence[int], per_second: float, window_s: float) -> list[dict[str, Any]]:
+def rate_windows(
+    starts_ns: Sequence[int], per_second: float, window_s: float
+) -> list[dict[str, Any]]:
     """The starts in each window of `window_s` from the first start, against the rate's jobs per
     window. `backlog`: jobs were still waiting when the window closed (one started after it), so
     the window had work for its whole length; the last window, cut short, does not."""
@@ -53,9 +57,17 @@ def rate_windows(starts_ns: Sequence[int], per_second: float, window_s: float) -
     counts = [0] * ((last - t0) // window_ns + 1)
     for start in ordered:
         counts[(start - t0) // window_ns] += 1
-    return [{"window": i + 1, "from_s": round(i * window_s, 3), "starts": n, "rate_jobs": round(rate_jobs, 3),
-             "ratio": round(n / rate_jobs, 3), "backlog": last >= t0 + (i + 1) * window_ns}
-            for i, n in enumerate(counts)]
+    return [
+        {
+            "window": i + 1,
+            "from_s": round(i * window_s, 3),
+            "starts": n,
+            "rate_jobs": round(rate_jobs, 3),
+            "ratio": round(n / rate_jobs, 3),
+            "backlog": last >= t0 + (i + 1) * window_ns,
+        }
+        for i, n in enumerate(counts)
+    ]
 
 
 def max_in_any_window(starts_ns: Sequence[int], window_s: float) -> int:
@@ -84,7 +96,9 @@ def running_peak(intervals: Iterable[tuple[int, int]]) -> int:
     return most
 
 
-def running_series(intervals: Iterable[tuple[int, int]], t0_ns: int, bin_s: float, bins: int) -> list[int]:
+def running_series(
+    intervals: Iterable[tuple[int, int]], t0_ns: int, bin_s: float, bins: int
+) -> list[int]:
     """The most intervals open at once within each of `bins` spans of `bin_s` from `t0_ns`."""
     events, step_ns = _events(intervals), int(bin_s * NS)
     series, running, k = [], 0, 0
@@ -98,8 +112,11 @@ def running_series(intervals: Iterable[tuple[int, int]], t0_ns: int, bin_s: floa
     return series
 
 
-def mean_running_series(intervals: Iterable[tuple[int, int]], t0_ns: int, bin_s: float, bins: int) -> list[float]:
-    """How many intervals were open on average within each of `bins` spans of `bin_s` from `t0_ns`."""
+def mean_running_series(
+    intervals: Iterable[tuple[int, int]], t0_ns: int, bin_s: float, bins: int
+) -> list[float]:
+    """How many intervals were open on average within each of `bins` spans of `bin_s` from
+    `t0_ns`."""
     step_ns = int(bin_s * NS)
     busy = [0] * bins
     for start, end in intervals:
@@ -126,11 +143,19 @@ def per_second_series(starts_ns: Iterable[int], t0_ns: int, seconds: int) -> lis
     return series
 
 
-def summarize(runs: Iterable[Run], *, jobs: dict[str, int], per_second: float, burst_jobs: float,
-              max_running: int, window_s: float) -> dict[str, Any]:
+def summarize(
+    runs: Iterable[Run],
+    *,
+    jobs: dict[str, int],
+    per_second: float,
+    burst_jobs: float,
+    max_running: int,
+    window_s: float,
+) -> dict[str, Any]:
     """The row of one run from the recording: the rate's windows, the cap's peak, when each type
     finished (seconds after the first start of any job), jobs run twice or never; and the series
-    the plot draws (starts of `rated` per second; `capped` running per 0.1 s, the most and the mean)."""
+    the plot draws (starts of `rated` per second; `capped` running per 0.1 s, the most and the
+    mean)."""
     by_type: dict[str, list[Run]] = {t: [] for t in JOB_TYPES}
     seen: set[int] = set()
     twice = 0
@@ -147,24 +172,33 @@ def summarize(runs: Iterable[Run], *, jobs: dict[str, int], per_second: float, b
     bound = per_second * window_s + burst_jobs
     most_any = max_in_any_window(rated, window_s)
     peak = running_peak(capped)
-    done_s = {t: round((max(r[3] for r in rs) - t0) / NS, 2) if rs else None for t, rs in by_type.items()}
+    done_s = {
+        t: round((max(r[3] for r in rs) - t0) / NS, 2) if rs else None for t, rs in by_type.items()
+    }
     capped_span_s = (max(e for _, e in capped) - min(s for s, _ in capped)) / NS if capped else 0.0
     end_s = max(r[3] for r in every) - t0 if every else 0
     bins = int(end_s / (RUNNING_BIN_S * NS)) + 1
     return {
-        "per_second": per_second, "burst_jobs": burst_jobs, "window_s": window_s,
+        "per_second": per_second,
+        "burst_jobs": burst_jobs,
+        "window_s": window_s,
         **{f"{t}_jobs": jobs.get(t, 0) for t in JOB_TYPES},
         "windows_with_backlog": len(with_backlog),
         "min_window_ratio": min((w["ratio"] for w in with_backlog), default=None),
         "max_window_starts": max((w["starts"] for w in windows), default=0),
-        "max_starts_any_window": most_any, "window_bound": round(bound, 3),
+        "max_starts_any_window": most_any,
+        "window_bound": round(bound, 3),
         "rate_within_bound": most_any <= bound,
-        "rate_held": bool(with_backlog) and all(w["ratio"] >= RATE_HELD_SHARE for w in with_backlog),
-        "max_running": max_running, "capped_max_running": peak, "cap_held": peak <= max_running,
+        "rate_held": bool(with_backlog)
+        and all(w["ratio"] >= RATE_HELD_SHARE for w in with_backlog),
+        "max_running": max_running,
+        "capped_max_running": peak,
+        "cap_held": peak <= max_running,
         "capped_mean_running": round(mean_running(capped), 2),
         "capped_jobs_per_s": round(len(capped) / capped_span_s, 1) if capped_span_s else None,
         **{f"{t}_done_s": done_s[t] for t in JOB_TYPES},
-        "ran_twice": twice, "not_run": max(0, sum(jobs.values()) - len(seen)),
+        "ran_twice": twice,
+        "not_run": max(0, sum(jobs.values()) - len(seen)),
         "windows": windows,
         "rated_starts_per_s": per_second_series(rated, t0, int(end_s // NS) + 1),
         "capped_running": running_series(capped, t0, RUNNING_BIN_S, bins),
@@ -175,32 +209,52 @@ def summarize(runs: Iterable[Run], *, jobs: dict[str, int], per_second: float, b
 def window_table(row: dict[str, Any]) -> str:
     """The issue's table for one run: window, starts, the rate's jobs per window, their ratio."""
     lines = [f"{'window':>6} {'from_s':>7} {'starts':>7} {'rate_jobs':>9} {'ratio':>6}  backlog"]
-    lines += [f"{w['window']:>6} {w['from_s']:>7g} {w['starts']:>7} {w['rate_jobs']:>9g} {w['ratio']:>6.3f}  "
-              f"{'yes' if w['backlog'] else 'no (the last jobs)'}" for w in row["windows"]]
+    lines += [
+        f"{w['window']:>6} {w['from_s']:>7g} {w['starts']:>7} {w['rate_jobs']:>9g} {w['ratio']:>6.3f}  "
+        f"{'yes' if w['backlog'] else 'no (the last jobs)'}"
+        for w in row["windows"]
+    ]
     return "\n".join(lines)
 
 
-def job_counts(per_second: float, burst_jobs: float, max_running: int, windows: int, window_s: float,
-               free_jobs: int) -> dict[str, int]:
+def job_counts(
+    per_second: float,
+    burst_jobs: float,
+    max_running: int,
+    windows: int,
+    window_s: float,
+    free_jobs: int,
+) -> dict[str, int]:
     """Enough `rated` for `windows` full windows at the rate after the first burst, plus a second's
     worth, so the last of them still has a backlog; `capped` for about as long at a slot's turn of
     0.1 s (a 20-50 ms handler, its completion, the next gated claim)."""
     seconds = windows * window_s
-    return {"rated": round(per_second * (seconds + 1) + burst_jobs), "capped": round(max_running * seconds / 0.1),
-            "free": free_jobs}
+    return {
+        "rated": round(per_second * (seconds + 1) + burst_jobs),
+        "capped": round(max_running * seconds / 0.1),
+        "free": free_jobs,
+    }
 
 
 def limits_cli(dsn: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """`dispatcher limits ...`, as an operator runs it."""
-    return subprocess.run([sys.executable, "-m", "dispatcher", "limits", *argv], env=worker_env(dsn),
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher", "limits", *argv],
+        env=worker_env(dsn),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def set_limits(dsn: str, per_second: float, max_running: int) -> float:
     """Clear every limit, set the two of the run; returns the rate's burst (its default)."""
     limits_cli(dsn, "clear", "--all")  # exit 1: there was none
-    for argv in (("set", "rated", "--per-second", f"{per_second:g}"), ("set", "capped", "--max-running",
-                                                                       str(max_running))):
+    for argv in (
+        ("set", "rated", "--per-second", f"{per_second:g}"),
+        ("set", "capped", "--max-running", str(max_running)),
+    ):
         done = limits_cli(dsn, *argv)
         if done.returncode != 0:
             raise RuntimeError(f"dispatcher limits {' '.join(argv)}: {done.stdout}{done.stderr}")
@@ -208,8 +262,18 @@ def set_limits(dsn: str, per_second: float, max_running: int) -> float:
     return float(next(r["burst_jobs"] for r in listed if r["job_type"] == "rated"))
 
 
-def limits_suite(dsn: str, result: Result, *, workers: int, modes: list[str], per_second: float,
-                 max_running: int, windows: int, window_s: float, free_jobs: int) -> None:
+def limits_suite(
+    dsn: str,
+    result: Result,
+    *,
+    workers: int,
+    modes: list[str],
+    per_second: float,
+    max_running: int,
+    windows: int,
+    window_s: float,
+    free_jobs: int,
+) -> None:
     """One run per mode: limits set, a ready fleet, every job committed at once, drained."""
     for mode in modes:
         label = f"limits {mode} x{workers}"
@@ -224,17 +288,38 @@ def limits_suite(dsn: str, result: Result, *, workers: int, modes: list[str], pe
                         fleet.wait_ready()
                         with conn.transaction():  # the jobs appear at once, when it commits
                             for job_type in JOB_TYPES:  # `free` last: behind the limited ones
-                                enqueue_payloads_sync(conn, job_type, ({} for _ in range(jobs[job_type])))
+                                enqueue_payloads_sync(
+                                    conn, job_type, ({} for _ in range(jobs[job_type]))
+                                )
                         started = time.monotonic()
-                        watch_until_done(conn, fleet, total, label, timeout_s=max(300.0, 5 * windows * window_s),
-                                         every_s=0.1)
+                        watch_until_done(
+                            conn,
+                            fleet,
+                            total,
+                            label,
+                            timeout_s=max(300.0, 5 * windows * window_s),
+                            every_s=0.1,
+                        )
                         seconds = time.monotonic() - started
-                    row = summarize(read_recording(directory), jobs=jobs, per_second=per_second,
-                                    burst_jobs=burst, max_running=max_running, window_s=window_s)
+                    row = summarize(
+                        read_recording(directory),
+                        jobs=jobs,
+                        per_second=per_second,
+                        burst_jobs=burst,
+                        max_running=max_running,
+                        window_s=window_s,
+                    )
             finally:
                 limits_cli(dsn, "clear", "--all")
-        series = {k: row.pop(k) for k in ("windows", "rated_starts_per_s", "capped_running",
-                                            "capped_mean_running_series")}
+        series = {
+            k: row.pop(k)
+            for k in (
+                "windows",
+                "rated_starts_per_s",
+                "capped_running",
+                "capped_mean_running_series",
+            )
+        }
         result.add(mode=mode, workers=workers, seconds=round(seconds, 2), **row)
         result.rows[-1].update(series)  # in the JSON, not on the console
         print(window_table(result.rows[-1]), flush=True)

@@ -1,10 +1,12 @@
-"""The worker app of `python -m bench limits`: three job types in one queue, recording when each ran.
+"""The worker app of `python -m bench limits`: three job types in one queue, recording when each
+ran.
 
-`rated` (a rate limit) and `free` (no limit) yield to the event loop once; `capped` (a max-running
-limit) sleeps 20-50 ms, drawn from its job id, so that several run at once and the limit binds.
-As bench/keyed_app.py does, each worker process keeps (job type, job id, start, end) per job, the
-times from CLOCK_MONOTONIC (one clock for every process of the machine), and writes them to
-BENCH_LIMITS_RECORD_DIR/<pid>.tsv when it exits, after the measured window. bench/limits.py reads them.
+`rated` (a rate limit) and `free` (no limit) yield to the event loop once; `capped` (a
+max-running limit) sleeps 20-50 ms, drawn from its job id, so that several run at once and the
+limit binds. As bench/keyed_app.py does, each worker process keeps (job type, job id, start, end)
+per job, the times from CLOCK_MONOTONIC (one clock for every process of the machine), and writes
+them to BENCH_LIMITS_RECORD_DIR/<pid>.tsv when it exits, after the measured window.
+bench/limits.py reads them.
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-MODES = {"partitioned": ("tab:blue", "o"), "skip_locked": ("tab:red", "s"),
-         "partitioned_no_steal": ("tab:cyan", "^")}
+MODES = {
+    "partitioned": ("tab:blue", "o"),
+    "skip_locked": ("tab:red", "s"),
+    "partitioned_no_steal": ("tab:cyan", "^"),
+}
 
 
 def _pyplot() -> Any:
@@ -18,7 +21,9 @@ def _pyplot() -> Any:
     return plt
 
 
-def _finish(plt: Any, fig: Any, ax: Any, path: Path, machine: str, legend_size: str | None = None) -> Path:
+def _finish(
+    plt: Any, fig: Any, ax: Any, path: Path, machine: str, legend_size: str | None = None
+) -> Path:
     """Grid, legend, the machine in small print, then write the PNG and free the figure."""
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=legend_size)
@@ -39,7 +44,11 @@ def scaling_plots(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> li
     ):
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for mode, (color, marker) in MODES.items():
-            points = sorted((r["workers"], r[column]) for r in rows if r["mode"] == mode and r.get(column) is not None)
+            points = sorted(
+                (r["workers"], r[column])
+                for r in rows
+                if r["mode"] == mode and r.get(column) is not None
+            )
             if points:
                 ax.plot(*zip(*points), marker=marker, color=color, label=mode)
         ax.set_xscale("log", base=2)
@@ -49,16 +58,28 @@ def scaling_plots(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> li
     return paths
 
 
-def curve_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str, filename: str, title: str,
-               label_of: Any = lambda r: r["mode"], xlabel: str = "seconds after the jobs became due") -> Path:
+def curve_plot(
+    rows: list[dict[str, Any]],
+    out_dir: Path,
+    machine: str,
+    filename: str,
+    title: str,
+    label_of: Any = lambda r: r["mode"],
+    xlabel: str = "seconds after the jobs became due",
+) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for row in rows:
         if row.get("curve"):
             color, _ = MODES.get(row["mode"], ("black", "."))
             xs, ys = zip(*row["curve"])
-            ax.plot((0, *xs), (0, *ys), color=color, label=label_of(row),
-                    linestyle="--" if row.get("jitter_s") or row.get("profile") == "defaults" else "-")
+            ax.plot(
+                (0, *xs),
+                (0, *ys),
+                color=color,
+                label=label_of(row),
+                linestyle="--" if row.get("jitter_s") or row.get("profile") == "defaults" else "-",
+            )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("jobs done")
     ax.set_title(title)
@@ -71,10 +92,19 @@ def coldstart_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> P
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for profile, style in (("defaults", "--"), ("bench", "-")):
         for mode, (color, marker) in MODES.items():
-            points = sorted((r["workers"], r["spawn_to_done_s"]) for r in rows
-                            if r["mode"] == mode and r.get("profile") == profile)
+            points = sorted(
+                (r["workers"], r["spawn_to_done_s"])
+                for r in rows
+                if r["mode"] == mode and r.get("profile") == profile
+            )
             if points:
-                ax.plot(*zip(*points), marker=marker, color=color, linestyle=style, label=f"{mode}, {profile}")
+                ax.plot(
+                    *zip(*points),
+                    marker=marker,
+                    color=color,
+                    linestyle=style,
+                    label=f"{mode}, {profile}",
+                )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("worker processes spawned against the backlog")
     ax.set_ylabel("seconds, spawn -> all done")
@@ -93,12 +123,20 @@ def keyed_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
     for n, (mode, workers, profile) in enumerate(series):
         color, _ = MODES.get(mode, ("black", "."))
         shade = 0.45 + 0.55 * (counts.index(workers) + 1) / len(counts)  # more workers, darker
-        at = {r["mix"]: r.get("due_jobs_per_s") or 0 for r in rows
-              if (r["mode"], r["workers"], r.get("profile")) == (mode, workers, profile)}
-        ax.bar([i + (n - (len(series) - 1) / 2) * width for i in range(len(mixes))],
-               [at.get(mix, 0) for mix in mixes], width, color=color, alpha=shade,
-               hatch="//" if profile == "defaults" else None,  # the defaults a user gets: hatched
-               label=f"{mode} x{workers}" + (f" ({profile})" if profile else ""))
+        at = {
+            r["mix"]: r.get("due_jobs_per_s") or 0
+            for r in rows
+            if (r["mode"], r["workers"], r.get("profile")) == (mode, workers, profile)
+        }
+        ax.bar(
+            [i + (n - (len(series) - 1) / 2) * width for i in range(len(mixes))],
+            [at.get(mix, 0) for mix in mixes],
+            width,
+            color=color,
+            alpha=shade,
+            hatch="//" if profile == "defaults" else None,  # the defaults a user gets: hatched
+            label=f"{mode} x{workers}" + (f" ({profile})" if profile else ""),
+        )
     ax.set_xticks(range(len(mixes)), mixes)
     ax.set_xlabel("ordering keys of the jobs")
     ax.set_ylabel("jobs/s, due -> all done")
@@ -115,21 +153,51 @@ def limits_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path
     for row in rows:
         color, _ = MODES.get(row["mode"], ("black", "."))
         per_s = row.get("rated_starts_per_s") or []
-        rate_ax.step(range(len(per_s)), per_s, where="post", color=color, label=f"{row['mode']}: rated starts/s")
+        rate_ax.step(
+            range(len(per_s)),
+            per_s,
+            where="post",
+            color=color,
+            label=f"{row['mode']}: rated starts/s",
+        )
         running = row.get("capped_running") or []
-        cap_ax.step([i * 0.1 for i in range(len(running))], running, where="post", color=color, linewidth=0.8,
-                    label=f"{row['mode']}: capped, most at once")
+        cap_ax.step(
+            [i * 0.1 for i in range(len(running))],
+            running,
+            where="post",
+            color=color,
+            linewidth=0.8,
+            label=f"{row['mode']}: capped, most at once",
+        )
         mean = row.get("capped_mean_running_series") or []
-        cap_ax.step([i * 0.1 for i in range(len(mean))], mean, where="post", color=color, linewidth=0.8,
-                    alpha=0.45, linestyle="-.", label=f"{row['mode']}: capped, mean")
+        cap_ax.step(
+            [i * 0.1 for i in range(len(mean))],
+            mean,
+            where="post",
+            color=color,
+            linewidth=0.8,
+            alpha=0.45,
+            linestyle="-.",
+            label=f"{row['mode']}: capped, mean",
+        )
         if row.get("free_done_s") is not None:
             for ax in (rate_ax, cap_ax):
                 ax.axvline(row["free_done_s"], color=color, linestyle=":", linewidth=1)
     if rows:
-        rate_ax.axhline(rows[0]["per_second"], color="black", linestyle="--", linewidth=1,
-                        label=f"R = {rows[0]['per_second']:g}/s (burst {rows[0]['burst_jobs']:g})")
-        cap_ax.axhline(rows[0]["max_running"], color="black", linestyle="--", linewidth=1,
-                       label=f"N = {rows[0]['max_running']}")
+        rate_ax.axhline(
+            rows[0]["per_second"],
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"R = {rows[0]['per_second']:g}/s (burst {rows[0]['burst_jobs']:g})",
+        )
+        cap_ax.axhline(
+            rows[0]["max_running"],
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"N = {rows[0]['max_running']}",
+        )
     rate_ax.set_ylabel("jobs started per second")
     rate_ax.set_title("Fleet-wide limits under a backlog (dotted: the unlimited type done)")
     rate_ax.grid(True, alpha=0.3)
@@ -148,8 +216,14 @@ def schedules_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> P
         late = row.get("late_ms") or []
         color, _ = MODES.get(row["mode"], ("black", "."))
         style = "-" if row.get("profile") == "defaults" else "--"
-        ax.step(late, [(i + 1) / len(late) for i in range(len(late))], where="post", color=color, linestyle=style,
-                label=f"{row['mode']}, {row.get('profile')}: p99 {row.get('late_p99_ms')} ms")
+        ax.step(
+            late,
+            [(i + 1) / len(late) for i in range(len(late))],
+            where="post",
+            color=color,
+            linestyle=style,
+            label=f"{row['mode']}, {row.get('profile')}: p99 {row.get('late_p99_ms')} ms",
+        )
     ax.axvline(1000, color="black", linestyle=":", linewidth=1, label="1 s")
     ax.set_xscale("log")
     ax.set_xlabel("job start after its slot (ms, log)")

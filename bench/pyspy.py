@@ -41,9 +41,22 @@ class Sampler:
 
     def start(self) -> None:
         self._proc = subprocess.Popen(
-            [str(RECORDING["exe"]), "record", "--pid", str(self._pid), "--rate", str(RATE_HZ), "--format", "raw",
-             "--output", str(self.path), "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            [
+                str(RECORDING["exe"]),
+                "record",
+                "--pid",
+                str(self._pid),
+                "--rate",
+                str(RATE_HZ),
+                "--format",
+                "raw",
+                "--output",
+                str(self.path),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def stop(self) -> None:
         if self._proc is None:
@@ -55,7 +68,9 @@ class Sampler:
             self._proc.kill()
             raise RuntimeError(f"py-spy did not stop within 30 s (pid {self._pid})") from None
         if not self.path.exists():
-            raise RuntimeError(f"py-spy wrote nothing for pid {self._pid}: {err.decode(errors='replace').strip()}")
+            raise RuntimeError(
+                f"py-spy wrote nothing for pid {self._pid}: {err.decode(errors='replace').strip()}"
+            )
 
 
 def own_time(raw: str) -> Counter[str]:
@@ -74,8 +89,18 @@ def top(raw: str, client_us_per_job: float, n: int = 12) -> list[dict[str, Any]]
     client CPU per job, µs per job (py-spy samples running threads only: the share is of CPU)."""
     counts = own_time(raw)
     total = sum(counts.values())
-    return [{"function": name, "share": round(c / total, 3), "us_per_job": round(client_us_per_job * c / total, 2)}
-            for name, c in counts.most_common(n)] if total else []
+    return (
+        [
+            {
+                "function": name,
+                "share": round(c / total, 3),
+                "us_per_job": round(client_us_per_job * c / total, 2),
+            }
+            for name, c in counts.most_common(n)
+        ]
+        if total
+        else []
+    )
 
 
 def table(rows: list[dict[str, Any]]) -> str:

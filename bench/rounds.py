@@ -24,7 +24,7 @@ def median_interval(values: list[float], confidence: float = 0.9) -> tuple[float
     n = len(ordered)
 
     def coverage(k: int) -> float:  # of [x(k), x(n+1-k)], 1-based
-        return 1 - 2 * sum(comb(n, i) for i in range(k)) / 2 ** n
+        return 1 - 2 * sum(comb(n, i) for i in range(k)) / 2**n
 
     k = 1
     while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= confidence:

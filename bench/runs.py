@@ -28,26 +28,57 @@ from dispatcher.db import COMPLETED_DELETE, query
 from dispatcher.devtools.harness import db_clock, table_counters, watch_until_done
 
 
-def enqueue_jobs(conn: psycopg.Connection[Any], jobs: int, *, delay_s: float = 0.0, jitter_s: float = 0.0,
-                 hot_share: float = 0.0, ordering_keys: list[str] | None = None) -> None:
+def enqueue_jobs(
+    conn: psycopg.Connection[Any],
+    jobs: int,
+    *,
+    delay_s: float = 0.0,
+    jitter_s: float = 0.0,
+    hot_share: float = 0.0,
+    ordering_keys: list[str] | None = None,
+) -> None:
     """N no-op jobs in one transaction; `hot_share` of them in buckets 0 and 1 (the skew), or
     each with its ordering key (bench/keyed.py: through the staging table)."""
     if ordering_keys is not None:
-        enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)), delay_s=delay_s, jitter_s=jitter_s,
-                              ordering_keys=ordering_keys)
+        enqueue_payloads_sync(
+            conn,
+            "noop",
+            ({} for _ in range(jobs)),
+            delay_s=delay_s,
+            jitter_s=jitter_s,
+            ordering_keys=ordering_keys,
+        )
     elif hot_share:
         hot = int(jobs * hot_share)
-        specs = [JobSpec("noop", bucket=i % 2, delay_s=delay_s, jitter_s=jitter_s) for i in range(hot)]
-        specs += [JobSpec("noop", bucket=2 + i % 62, delay_s=delay_s, jitter_s=jitter_s) for i in range(jobs - hot)]
+        specs = [
+            JobSpec("noop", bucket=i % 2, delay_s=delay_s, jitter_s=jitter_s) for i in range(hot)
+        ]
+        specs += [
+            JobSpec("noop", bucket=2 + i % 62, delay_s=delay_s, jitter_s=jitter_s)
+            for i in range(jobs - hot)
+        ]
         enqueue_many_sync(conn, specs)
     else:
-        enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)), delay_s=delay_s, jitter_s=jitter_s)
+        enqueue_payloads_sync(
+            conn, "noop", ({} for _ in range(jobs)), delay_s=delay_s, jitter_s=jitter_s
+        )
 
 
-def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int | None, *, label: str,
-                 delay_s: float = 0.0, jitter_s: float = 0.0, hot_share: float = 0.0,
-                 ordering_keys: list[str] | None = None, timeout_s: float = 900,
-                 **settings: Any) -> dict[str, Any]:
+def measured_run(
+    dsn: str,
+    mode: str,
+    workers: int,
+    jobs: int,
+    postmaster: int | None,
+    *,
+    label: str,
+    delay_s: float = 0.0,
+    jitter_s: float = 0.0,
+    hot_share: float = 0.0,
+    ordering_keys: list[str] | None = None,
+    timeout_s: float = 900,
+    **settings: Any,
+) -> dict[str, Any]:
     # Completions that delete leave no timestamps: such a drain is timed from the commit of its
     # jobs until the watch finds none left, up to 0.1 s late (drain.py's docstring). Not polled
     # faster: each count scans the table, and every 20 ms cost a 1-worker drain 12% of its rate.
@@ -60,8 +91,14 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             meter = CostMeter(conn, postmaster, fleet)
             idle = meter.idle(1.0)
             with conn.transaction():  # the jobs appear at once, when it commits
-                enqueue_jobs(conn, jobs, delay_s=delay_s, jitter_s=jitter_s, hot_share=hot_share,
-                             ordering_keys=ordering_keys)
+                enqueue_jobs(
+                    conn,
+                    jobs,
+                    delay_s=delay_s,
+                    jitter_s=jitter_s,
+                    hot_share=hot_share,
+                    ordering_keys=ordering_keys,
+                )
                 conn.execute(query("jobs_analyze"))  # as enqueue does after a bulk COPY of its own
                 if not delay_s:
                     # The jobs can be claimed from the commit on (costs.py); the table counters
@@ -69,7 +106,10 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
                     # entries it has inserted so far in its buckets (they are not yet visible, so
                     # nothing stops the walk early); a backend flushes what it counted up to a
                     # second late, so up to a second of those reads still lands in the drain's.
-                    before, ordering_before = table_counters(conn), _ordering_reads(conn, ordering_keys)
+                    before, ordering_before = (
+                        table_counters(conn),
+                        _ordering_reads(conn, ordering_keys),
+                    )
                     meter.start()
             committed_at = db_clock(conn)
             due_after_commit_s = None
@@ -79,7 +119,9 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
                 meter.start()
             sampler = _sampler(fleet, label)
             try:
-                max_waiters = watch_until_done(conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1)
+                max_waiters = watch_until_done(
+                    conn, fleet, jobs, label, timeout_s=timeout_s, every_s=0.1
+                )
                 ended_at = db_clock(conn)
                 costs = meter.stop()
             finally:
@@ -99,37 +141,66 @@ def measured_run(dsn: str, mode: str, workers: int, jobs: int, postmaster: int |
             # promotes nothing: no job is left.
             wait_backends_gone(postmaster, conn)
             ordering_reads = _ordering_reads(conn, ordering_keys) - ordering_before
-        timing = ((ended_at - committed_at).total_seconds(), None, None, None, None) if deleting else conn.execute(
-            """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
+        timing = (
+            ((ended_at - committed_at).total_seconds(), None, None, None, None)
+            if deleting
+            else conn.execute(
+                """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                       extract(epoch FROM max(completed_at) - min(run_at))::float8,
                       extract(epoch FROM max(run_at) - min(run_at))::float8,
                       1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
                       1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at))
                  FROM dispatcher_jobs"""
+            ).fetchone()
+        )
+        dead = conn.execute(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dispatcher_jobs'"
         ).fetchone()
-        dead = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dispatcher_jobs'").fetchone()
     drain_s, from_due_s, due_spread_s, late_p50, late_p99 = timing  # type: ignore[misc]
     claim = histograms.get("dispatcher_claim_seconds", [])
     cycle = histograms.get("dispatcher_poll_cycle_seconds", [])
     return {
-        "kind": "runtime", "mode": mode, "workers": workers, "jobs": jobs,
-        "seconds": round(drain_s, 3), "jobs_per_s": round(jobs / drain_s),
-        "due_to_done_s": _r(from_due_s, 3), "due_spread_s": _r(due_spread_s, 3),
+        "kind": "runtime",
+        "mode": mode,
+        "workers": workers,
+        "jobs": jobs,
+        "seconds": round(drain_s, 3),
+        "jobs_per_s": round(jobs / drain_s),
+        "due_to_done_s": _r(from_due_s, 3),
+        "due_spread_s": _r(due_spread_s, 3),
         "due_after_commit_s": _r(due_after_commit_s),
         # How long after its due time each job started (queueing delay during a burst).
-        "start_late_p50_ms": _r(late_p50), "start_late_p99_ms": _r(late_p99),
-        "claim_p50_ms": _r(quantile_ms(claim, 0.5)), "claim_p99_ms": _r(quantile_ms(claim, 0.99)),
-        "poll_p50_ms": _r(quantile_ms(cycle, 0.5)), "poll_p99_ms": _r(quantile_ms(cycle, 0.99)),
+        "start_late_p50_ms": _r(late_p50),
+        "start_late_p99_ms": _r(late_p99),
+        "claim_p50_ms": _r(quantile_ms(claim, 0.5)),
+        "claim_p99_ms": _r(quantile_ms(claim, 0.99)),
+        "poll_p50_ms": _r(quantile_ms(cycle, 0.5)),
+        "poll_p99_ms": _r(quantile_ms(cycle, 0.99)),
         "stolen_share": round(stolen / jobs, 3),  # of the jobs, how many a thief took (partitioned)
         "idx_reads_per_job": round(delta.claim_idx_tup_read / jobs, 2),
         "heap_fetch_per_job": round(delta.idx_tup_fetch / jobs, 2),
-        **({"ordering_idx_reads_per_job": round(ordering_reads / jobs, 2)} if ordering_keys is not None else {}),
-        "max_lock_waiters": max_waiters, "dead_tuples_end": int(dead[0]) if dead else None,
+        **(
+            {"ordering_idx_reads_per_job": round(ordering_reads / jobs, 2)}
+            if ordering_keys is not None
+            else {}
+        ),
+        "max_lock_waiters": max_waiters,
+        "dead_tuples_end": int(dead[0]) if dead else None,
         "pg_cpu_us_per_job": round(costs.pg_cpu_s / jobs * 1e6, 1),
         "client_cpu_us_per_job": round(costs.client_cpu_s / jobs * 1e6, 1),
-        "client_start_cpu_s": round(start_cpu_s, 2), **idle, "autovacuums": delta.autovacuums,
-        **({"statements": statements.per_job(costs.statements, jobs)} if costs.statements is not None else {}),
-        **({"py_spy": pyspy.top(sampler.path.read_text(), costs.client_cpu_s / jobs * 1e6)} if sampler else {}),
+        "client_start_cpu_s": round(start_cpu_s, 2),
+        **idle,
+        "autovacuums": delta.autovacuums,
+        **(
+            {"statements": statements.per_job(costs.statements, jobs)}
+            if costs.statements is not None
+            else {}
+        ),
+        **(
+            {"py_spy": pyspy.top(sampler.path.read_text(), costs.client_cpu_s / jobs * 1e6)}
+            if sampler
+            else {}
+        ),
     }
 
 
@@ -153,7 +224,9 @@ def _sampler(fleet: Fleet, label: str) -> pyspy.Sampler | None:
     out_dir = pyspy.RECORDING["dir"]
     if out_dir is None:
         return None
-    sampler = pyspy.Sampler(fleet.procs[0].pid, out_dir / (re.sub(r"\W+", "-", label).strip("-") + ".pyspy.raw"))
+    sampler = pyspy.Sampler(
+        fleet.procs[0].pid, out_dir / (re.sub(r"\W+", "-", label).strip("-") + ".pyspy.raw")
+    )
     sampler.start()
     return sampler
 
@@ -163,7 +236,8 @@ def _sleep_until_due(conn: psycopg.Connection[Any]) -> float:
     Returns how long that was (negative: the jobs were due before they committed, and the burst's
     figures count some of the enqueue: give it a longer lead)."""
     row = conn.execute(
-        "SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 FROM dispatcher_jobs").fetchone()
+        "SELECT extract(epoch FROM min(run_at) - clock_timestamp())::float8 FROM dispatcher_jobs"
+    ).fetchone()
     margin = float(row[0])  # type: ignore[index]
     time.sleep(max(0.0, margin - 0.02))
     return margin
@@ -190,4 +264,3 @@ def drain_curve(dsn: str, since_due: bool, bins_s: float = 0.1) -> list[tuple[fl
 
 def _r(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
-

@@ -21,24 +21,38 @@ def _lead_s(jobs: int) -> float:
     return 1.5 + jobs / 60_000
 
 
-def burst_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str], repeat: int = 1) -> None:
+def burst_suite(
+    dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str], repeat: int = 1
+) -> None:
     """Idle workers; N jobs all due at one instant T; time from T until all are done. With
     `repeat`, rounds of one run per mode (interleaved, so drift hits both alike); each mode's row
     is its median run, with every round's rate and ratio beside it."""
     postmaster = postmaster_pid(dsn)
 
     def run(mode: str) -> dict[str, Any]:
-        row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"burst {mode} x{workers}",
-                           delay_s=_lead_s(jobs))
+        row = measured_run(
+            dsn,
+            mode,
+            workers,
+            jobs,
+            postmaster,
+            label=f"burst {mode} x{workers}",
+            delay_s=_lead_s(jobs),
+        )
         row["curve"] = drain_curve(dsn, since_due=True)
         return row
 
-    add_medians(result, interleaved_rounds(modes, repeat, run), lambda p, s: p["jobs_per_s"] / s["jobs_per_s"])
+    add_medians(
+        result,
+        interleaved_rounds(modes, repeat, run),
+        lambda p, s: p["jobs_per_s"] / s["jobs_per_s"],
+    )
     _ratio(result, "jobs_per_s")
 
 
-def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str],
-                  repeat: int = 1) -> None:
+def scaling_suite(
+    dsn: str, result: Result, *, jobs: int, workers: list[int], modes: list[str], repeat: int = 1
+) -> None:
     """The same drain at W = 1, 2, 4, 8, 16 worker PROCESSES: on 2 cores shared with PostgreSQL,
     beyond 2 they mostly measure CPU starvation in throughput, while index reads per claimed job
     show the contention itself, independent of machine noise. Partitioned mode runs twice, with
@@ -50,15 +64,27 @@ def scaling_suite(dsn: str, result: Result, *, jobs: int, workers: list[int], mo
     variants = [*modes, *(["partitioned_no_steal"] if "partitioned" in modes else [])]
 
     for w in workers:
+
         def run(variant: str, w: int = w) -> dict[str, Any]:
             if variant == "partitioned_no_steal":
-                row = measured_run(dsn, "partitioned", w, jobs, postmaster, label=f"scaling no-steal x{w}",
-                                   steal="false")
+                row = measured_run(
+                    dsn,
+                    "partitioned",
+                    w,
+                    jobs,
+                    postmaster,
+                    label=f"scaling no-steal x{w}",
+                    steal="false",
+                )
                 return {**row, "mode": variant}
             return measured_run(dsn, variant, w, jobs, postmaster, label=f"scaling {variant} x{w}")
 
-        add_medians(result, interleaved_rounds(variants, repeat, run), lambda p, s: p["jobs_per_s"] / s["jobs_per_s"],
-                    compared=("partitioned", "partitioned_no_steal"))
+        add_medians(
+            result,
+            interleaved_rounds(variants, repeat, run),
+            lambda p, s: p["jobs_per_s"] / s["jobs_per_s"],
+            compared=("partitioned", "partitioned_no_steal"),
+        )
 
 
 def skew_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:
@@ -66,8 +92,15 @@ def skew_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list
     postmaster = postmaster_pid(dsn)
     for mode in modes:
         for share in (0.0, 0.8):
-            row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"skew {mode} {share:.0%}",
-                               hot_share=share)
+            row = measured_run(
+                dsn,
+                mode,
+                workers,
+                jobs,
+                postmaster,
+                label=f"skew {mode} {share:.0%}",
+                hot_share=share,
+            )
             result.add(hot_share=share, **row)
     for mode in modes:
         even, skewed = (r for r in result.rows if r["mode"] == mode)
@@ -75,12 +108,21 @@ def skew_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list
 
 
 def jitter_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: list[str]) -> None:
-    """The burst with enqueue jitter 0 s vs 5 s: how late jobs start, how long until all are done."""
+    """The burst with enqueue jitter 0 s vs 5 s: how late jobs start, how long until all are
+    done."""
     postmaster = postmaster_pid(dsn)
     for mode in modes:
         for jitter in (0.0, 5.0):
-            row = measured_run(dsn, mode, workers, jobs, postmaster, label=f"jitter {mode} {jitter:g}s",
-                               delay_s=_lead_s(jobs), jitter_s=jitter)
+            row = measured_run(
+                dsn,
+                mode,
+                workers,
+                jobs,
+                postmaster,
+                label=f"jitter {mode} {jitter:g}s",
+                delay_s=_lead_s(jobs),
+                jitter_s=jitter,
+            )
             row["curve"] = drain_curve(dsn, since_due=True)
             result.add(jitter_s=jitter, **row)
 
@@ -108,13 +150,20 @@ def latency_suite(dsn: str, result: Result, *, jobs: int, workers: int, modes: l
                     time.sleep(0.02)
                 _wait_done(conn, fleet)
                 delayed = _ms(conn, "locked_at - run_at")
-        result.add(mode=mode, workers=workers, jobs=len(immediate), **percentiles("add_to_start", immediate),
-                   **percentiles("run_at_to_start", delayed))
+        result.add(
+            mode=mode,
+            workers=workers,
+            jobs=len(immediate),
+            **percentiles("add_to_start", immediate),
+            **percentiles("run_at_to_start", delayed),
+        )
 
 
 def _wait_done(conn: psycopg.Connection[Any], fleet: Fleet) -> None:
     deadline = time.monotonic() + 30
-    while conn.execute("SELECT count(*) FROM dispatcher_jobs WHERE status <> 'completed'").fetchone()[0]:  # type: ignore[index]
+    while conn.execute(
+        "SELECT count(*) FROM dispatcher_jobs WHERE status <> 'completed'"
+    ).fetchone()[0]:  # type: ignore[index]
         fleet.check_alive()
         if time.monotonic() > deadline:
             raise TimeoutError("latency jobs not done")
@@ -123,21 +172,29 @@ def _wait_done(conn: psycopg.Connection[Any], fleet: Fleet) -> None:
 
 def _ms(conn: psycopg.Connection[Any], interval: str) -> list[float]:
     """`interval` (a fixed expression of this module, never input) of every job, in ms, sorted."""
-    return sorted(r[0] for r in conn.execute(
-        f"SELECT 1000 * extract(epoch FROM {interval})::float8 FROM dispatcher_jobs").fetchall())
+    return sorted(
+        r[0]
+        for r in conn.execute(
+            f"SELECT 1000 * extract(epoch FROM {interval})::float8 FROM dispatcher_jobs"
+        ).fetchall()
+    )
 
 
 def percentiles(name: str, values: list[float]) -> dict[str, float]:
     """p50, p99 and max of `values` (sorted, ms) as `<name>_p50_ms`, ... columns."""
-    return {f"{name}_p50_ms": round(statistics.median(values), 2),
-            f"{name}_p99_ms": round(values[min(len(values) - 1, int(0.99 * len(values)))], 2),
-            f"{name}_max_ms": round(values[-1], 2)}
+    return {
+        f"{name}_p50_ms": round(statistics.median(values), 2),
+        f"{name}_p99_ms": round(values[min(len(values) - 1, int(0.99 * len(values)))], 2),
+        f"{name}_max_ms": round(values[-1], 2),
+    }
 
 
 def _ratio(result: Result, column: str) -> None:
     by_mode = {r["mode"]: r for r in result.rows}
     if "partitioned" in by_mode and "skip_locked" in by_mode and by_mode["skip_locked"][column]:
-        by_mode["partitioned"]["vs_skip_locked"] = round(by_mode["partitioned"][column] / by_mode["skip_locked"][column], 2)
+        by_mode["partitioned"]["vs_skip_locked"] = round(
+            by_mode["partitioned"][column] / by_mode["skip_locked"][column], 2
+        )
 
 
 __all__: list[Any] = ["burst_suite", "scaling_suite", "skew_suite", "jitter_suite", "latency_suite"]

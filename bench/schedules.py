@@ -36,13 +36,18 @@ def read_recording(directory: Path) -> list[tuple[int, float, float]]:
     return runs
 
 
-def summarize(runs: Iterable[tuple[int, float, float]], slots: dict[int, tuple[str, float, float]],
-              window: tuple[float, float]) -> dict[str, Any]:
+def summarize(
+    runs: Iterable[tuple[int, float, float]],
+    slots: dict[int, tuple[str, float, float]],
+    window: tuple[float, float],
+) -> dict[str, Any]:
     """The row of one run. `slots`: job id -> (schedule, slot, enqueued at) from the database;
     only slots within `window` (from the first slot after the fleet was ready to the last one due
     before it stopped) count."""
     lo, hi = window
-    expected = {(f"tick-{n}", float(s)) for n in range(SCHEDULES) for s in range(int(lo), int(hi) + 1)}
+    expected = {
+        (f"tick-{n}", float(s)) for n in range(SCHEDULES) for s in range(int(lo), int(hi) + 1)
+    }
     got = {(name, slot) for name, slot, _ in slots.values() if lo <= slot <= hi}
     starts: dict[int, list[float]] = {}
     for job_id, slot, start in runs:
@@ -51,8 +56,12 @@ def summarize(runs: Iterable[tuple[int, float, float]], slots: dict[int, tuple[s
     late_ms = sorted(min(s) * 1000 for s in starts.values())
     leads = [slot - enqueued for _, slot, enqueued in slots.values() if lo <= slot <= hi]
     return {
-        "schedules": SCHEDULES, "slots": len(expected), "jobs": len(got), "missed": len(expected - got),
-        "not_run": len(got) - len(starts), "ran_twice": sum(len(s) > 1 for s in starts.values()),
+        "schedules": SCHEDULES,
+        "slots": len(expected),
+        "jobs": len(got),
+        "missed": len(expected - got),
+        "not_run": len(got) - len(starts),
+        "ran_twice": sum(len(s) > 1 for s in starts.values()),
         **(percentiles("late", late_ms) if late_ms else dict.fromkeys(LATE_COLUMNS)),
         "within_1s": round(sum(ms < 1000 for ms in late_ms) / len(late_ms), 4) if late_ms else None,
         "lead_min_s": round(min(leads), 2) if leads else None,
@@ -61,8 +70,15 @@ def summarize(runs: Iterable[tuple[int, float, float]], slots: dict[int, tuple[s
     }
 
 
-def schedules_suite(dsn: str, result: Result, *, workers: int, modes: list[str], profiles: Iterable[str],
-                    seconds: float) -> None:
+def schedules_suite(
+    dsn: str,
+    result: Result,
+    *,
+    workers: int,
+    modes: list[str],
+    profiles: Iterable[str],
+    seconds: float,
+) -> None:
     """One run per profile and mode: a ready fleet runs the schedules for `seconds`."""
     for profile in profiles:
         for mode in modes:
@@ -75,12 +91,21 @@ def schedules_suite(dsn: str, result: Result, *, workers: int, modes: list[str],
                         time.sleep(seconds)
                         stop_at = _db_epoch(conn)
                         time.sleep(2.0)  # the last due slots' jobs start
-                    slots = {r[0]: (r[1], r[2].timestamp(), r[3].timestamp()) for r in conn.execute(
-                        "SELECT job_id, schedule_name, slot_at, enqueued_at FROM dispatcher_schedule_runs "
-                        "WHERE job_id IS NOT NULL").fetchall()}
+                    slots = {
+                        r[0]: (r[1], r[2].timestamp(), r[3].timestamp())
+                        for r in conn.execute(
+                            "SELECT job_id, schedule_name, slot_at, enqueued_at FROM dispatcher_schedule_runs "
+                            "WHERE job_id IS NOT NULL"
+                        ).fetchall()
+                    }
                     # The first slots after start-up are enqueued by the first round: from 2 s on.
-                    row = summarize(read_recording(directory), slots, (float(int(ready_at) + 2), float(int(stop_at))))
-                _clear(conn)  # the jobs enqueued ahead, the schedules: the next scenario starts empty
+                    row = summarize(
+                        read_recording(directory),
+                        slots,
+                        (float(int(ready_at) + 2), float(int(stop_at))),
+                    )
+                # the jobs enqueued ahead, the schedules: the next scenario starts empty
+                _clear(conn)
             late = row.pop("late_ms")
             result.add(profile=profile, mode=mode, workers=workers, seconds=seconds, **row)
             result.rows[-1]["late_ms"] = late  # in the JSON, not on the console

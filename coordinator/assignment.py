@@ -40,7 +40,8 @@ class StaticAssignment:
         self.changed = asyncio.Event()
 
     async def start(self, on_revoke: OnRevoke | None = None) -> None:
-        self.changed.set()  # on_revoke is never called: a static assignment never hands anything over
+        # on_revoke is never called: a static assignment never hands anything over
+        self.changed.set()
 
     def owned(self) -> tuple[int, ...]:
         return self._buckets

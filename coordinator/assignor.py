@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from .buckets import NUM_BUCKETS
 
 
-def assign(members: Sequence[str], current: Mapping[int, str | None], num_buckets: int = NUM_BUCKETS) -> dict[int, str]:
+def assign(
+    members: Sequence[str], current: Mapping[int, str | None], num_buckets: int = NUM_BUCKETS
+) -> dict[int, str]:
     """members + current assignment -> new assignment (every bucket -> one member).
 
     `current` may name owners that are no longer members (dead or departed: their buckets are

@@ -23,6 +23,7 @@ CHANGE_KINDS: Final = ("assign", "revoke", "cancel")
 DRAIN_QUIET_S: Final = 0.01
 DRAIN_MAX_S: Final = 0.1
 
+
 @dataclass(frozen=True, slots=True)
 class BucketState:
     bucket: int
@@ -47,7 +48,8 @@ class ClusterView:
 class BucketChange:
     bucket: int
     expected_epoch: int  # applied only if the bucket is still at this epoch (no lost updates)
-    kind: str  # "assign" (direct, epoch + 1), "revoke" (set next_owner), "cancel" (clear next_owner)
+    # "assign" (direct, epoch + 1), "revoke" (set next_owner), "cancel" (clear next_owner)
+    kind: str
     owner: str | None  # the target owner (assign, revoke); None for cancel
 
 
@@ -77,13 +79,16 @@ class CoordinatorBackend(Protocol):
 
     async def view(self) -> ClusterView: ...
 
-    async def apply(self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float) -> int:
+    async def apply(
+        self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float
+    ) -> int:
         """Leader-only: apply changes whose expected_epoch still matches; notify if any was.
         Returns how many were applied. Raises NotLeader if `leader` does not hold a live
         leadership, even for an empty list (so a leader learns it was deposed)."""
 
     async def hand_over(self, member: str, buckets: Sequence[int]) -> int:
-        """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1; notify."""
+        """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1;
+        notify."""
 
     async def wait_for_change(self, timeout_s: float, *, joins: bool = True) -> bool:
         """Block until another member notifies a change (True) or the timeout passes (False).
@@ -165,7 +170,10 @@ def unassigned(view: ClusterView) -> bool:
 
 def owned_by(view: ClusterView, member: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(buckets `member` may poll, buckets it must hand over)."""
-    poll = tuple(s.bucket for s in view.buckets if s.owner == member and s.next_owner in (None, member))
-    give = tuple(s.bucket for s in view.buckets if s.owner == member and s.next_owner not in (None, member))
+    poll = tuple(
+        s.bucket for s in view.buckets if s.owner == member and s.next_owner in (None, member)
+    )
+    give = tuple(
+        s.bucket for s in view.buckets if s.owner == member and s.next_owner not in (None, member)
+    )
     return poll, give
-

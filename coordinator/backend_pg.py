@@ -1,10 +1,10 @@
 """PostgreSQL coordination backend: member rows with leases, a leader row, bucket owners.
 
 Liveness: a lease on the database clock, plus a session advisory lock per member (off behind
-PgBouncer: `DISPATCHER_SESSION_LOCKS=false`). Changes are announced by NOTIFY. Errors are classified
-once (pg/errors.py): what waiting may fix, a stalled or lost connection included, becomes
-CoordinatorUnavailable, so the worker degrades instead of hanging; a refused login, a bad setting or a
-missing table becomes CoordinatorError.
+PgBouncer: `DISPATCHER_SESSION_LOCKS=false`). Changes are announced by NOTIFY. Errors are
+classified once (pg/errors.py): what waiting may fix, a stalled or lost connection included,
+becomes CoordinatorUnavailable, so the worker degrades instead of hanging; a refused login, a bad
+setting or a missing table becomes CoordinatorError.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def query(name: str) -> str:
 
 @contextlib.contextmanager
 def _errors(what: str) -> Iterator[None]:
-    """psycopg errors -> CoordinatorUnavailable (waiting may fix it) or CoordinatorError (anything else)."""
+    """psycopg errors -> CoordinatorUnavailable (waiting may fix it) or CoordinatorError
+    (anything else)."""
     try:
         yield
     except psycopg.Error as exc:
@@ -61,8 +62,16 @@ def _errors(what: str) -> Iterator[None]:
 
 
 class PostgresBackend:
-    def __init__(self, dsn: str, *, group: str = "default", session_locks: bool = True,
-                 limits: ConnectionLimits | None = None, listen_dsn: str | None = None, listen: bool = True) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        group: str = "default",
+        session_locks: bool = True,
+        limits: ConnectionLimits | None = None,
+        listen_dsn: str | None = None,
+        listen: bool = True,
+    ) -> None:
         if not group or ":" in group:
             raise ValueError(f"a coordination group is a non-empty name without ':', got {group!r}")
         self._dsn = dsn
@@ -84,12 +93,13 @@ class PostgresBackend:
         # of a connect() that succeeds (nothing can have been missed before it returned).
         self._wake_on_listen = False
         self._changed = asyncio.Event()
-        self._wake_on_join = True  # the last wait_for_change's `joins`, for notifications between waits too
+        # the last wait_for_change's `joins`, for notifications between waits too
+        self._wake_on_join = True
         # Tags our own notifications so wait_for_change() wakes only for *other* members.
         self._token = uuid.uuid4().hex
         self.waiting = asyncio.Event()  # test signal: wait_for_change is blocked, listening
 
-    # -- connections ---------------------------------------------------------------------------------
+    # -- connections -------------------------------------------------------------------------------
 
     async def connect(self) -> None:
         """Open the connection and LISTEN. Like the Redis backend: once this returns, no later
@@ -102,10 +112,13 @@ class PostgresBackend:
             if not self._listen_enabled:
                 return
             try:
-                await asyncio.wait_for(self._listening.wait(), timeout=self._limits.connect_timeout_s)
+                await asyncio.wait_for(
+                    self._listening.wait(), timeout=self._limits.connect_timeout_s
+                )
             except TimeoutError:
                 raise CoordinatorUnavailable(
-                    f"coordinator listen: no LISTEN within {self._limits.connect_timeout_s:g} s") from None
+                    f"coordinator listen: no LISTEN within {self._limits.connect_timeout_s:g} s"
+                ) from None
         except CoordinatorError:
             self._wake_on_listen = True
             raise
@@ -123,7 +136,9 @@ class PostgresBackend:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._locked_as = None
             with _errors("connect"):
-                self._conn = await connect(self._dsn, self._limits, application_name="dispatcher-coordinator")
+                self._conn = await connect(
+                    self._dsn, self._limits, application_name="dispatcher-coordinator"
+                )
         return self._conn
 
     def _drop(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -137,9 +152,13 @@ class PostgresBackend:
         while True:
             try:
                 conn = None
-                conn = await connect(self._listen_dsn, self._limits, application_name="dispatcher-coordinator-listen")
+                conn = await connect(
+                    self._listen_dsn, self._limits, application_name="dispatcher-coordinator-listen"
+                )
                 listen = listen_statement(CHANNEL)
-                await bounded("listen", conn.execute(listen), self._limits.statement_timeout_s, conn)
+                await bounded(
+                    "listen", conn.execute(listen), self._limits.statement_timeout_s, conn
+                )
                 if self._wake_on_listen:
                     self._changed.set()  # anything may have happened while we were not listening
                 self._wake_on_listen = True
@@ -163,13 +182,24 @@ class PostgresBackend:
     def _on_notification(self, note: psycopg.Notify) -> None:
         token, _, rest = note.payload.partition(":")
         group, _, reason = rest.partition(":")
-        if token != self._token and group == self.group and wakes_waiter(reason, self._wake_on_join):
+        if (
+            token != self._token
+            and group == self.group
+            and wakes_waiter(reason, self._wake_on_join)
+        ):
             self._changed.set()
 
     def _params(self, **extra: Any) -> dict[str, Any]:
-        return {"lock_class": LOCK_CLASS, "session_locks": self._session_locks, "queue": self.group, **extra}
+        return {
+            "lock_class": LOCK_CLASS,
+            "session_locks": self._session_locks,
+            "queue": self.group,
+            **extra,
+        }
 
-    async def _run(self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+    async def _run(
+        self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+    ) -> T:
         """`work(conn)` with driver errors mapped. A connection the server dropped since our last
         call (restart, failover, terminated session) fails once; then, as the Redis client
         does, reconnect and run it again. Safe: every operation is idempotent (compare-and-set,
@@ -189,18 +219,26 @@ class PostgresBackend:
             except CoordinatorUnavailable:
                 if attempt == 2 or not reused or not conn.broken:
                     raise
-                log.debug("coordination connection was dropped by the server; reconnecting for %s", what)
+                log.debug(
+                    "coordination connection was dropped by the server; reconnecting for %s", what
+                )
         raise AssertionError("unreachable")
 
-    async def _fetch(self, conn: psycopg.AsyncConnection[Any], statement: str,
-                     params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    async def _fetch(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        statement: str,
+        params: dict[str, Any] | None = None,
+    ) -> list[tuple[Any, ...]]:
         return await (await conn.execute(statement, params)).fetchall()
 
     def _payload(self, reason: str) -> str:
         return f"{self._token}:{self.group}:{reason}"
 
     async def _notify(self, conn: psycopg.AsyncConnection[Any], reason: str) -> None:
-        await conn.execute(query("notify_change"), {"channel": CHANNEL, "payload": self._payload(reason)})
+        await conn.execute(
+            query("notify_change"), {"channel": CHANNEL, "payload": self._payload(reason)}
+        )
 
     async def _lock_member(self, conn: psycopg.AsyncConnection[Any], member: str) -> None:
         """With session locks, take `member`'s advisory lock on our connection (once per
@@ -208,11 +246,13 @@ class PostgresBackend:
         if self._session_locks and self._locked_as != member:
             rows = await self._fetch(conn, query("member_lock"), self._params(member=member))
             if not rows or not rows[0][0]:
-                raise CoordinatorError(f"member lock of {member!r} is held by another session "
-                                       "(a second process with the same worker id, or one not yet gone)")
+                raise CoordinatorError(
+                    f"member lock of {member!r} is held by another session "
+                    "(a second process with the same worker id, or one not yet gone)"
+                )
             self._locked_as = member
 
-    # -- protocol ------------------------------------------------------------------------------------
+    # -- protocol ----------------------------------------------------------------------------------
 
     async def heartbeat(self, member: str, lease_s: float) -> None:
         check_lease(lease_s)
@@ -220,7 +260,9 @@ class PostgresBackend:
         async def work(conn: psycopg.AsyncConnection[Any]) -> None:
             await self._lock_member(conn, member)
             async with conn.transaction():  # the NOTIFY is sent with the commit, or not at all
-                rows = await self._fetch(conn, query("member_heartbeat"), self._params(member=member, lease_s=lease_s))
+                rows = await self._fetch(
+                    conn, query("member_heartbeat"), self._params(member=member, lease_s=lease_s)
+                )
                 if rows and rows[0][0]:  # (re)joined: wake the others
                     await self._notify(conn, join_reason(member))
 
@@ -233,19 +275,34 @@ class PostgresBackend:
             # A leader is deposed at once when its session lock is gone, so hold it before
             # leading, even before this member's first heartbeat (else anyone could take over).
             await self._lock_member(conn, member)
-            return bool(await self._fetch(conn, query("leader_acquire_or_renew"),
-                                          self._params(member=member, lease_s=lease_s)))
+            return bool(
+                await self._fetch(
+                    conn,
+                    query("leader_acquire_or_renew"),
+                    self._params(member=member, lease_s=lease_s),
+                )
+            )
 
         return await self._run("lead", work)
 
     async def view(self) -> ClusterView:
-        rows = await self._run("view", lambda conn: self._fetch(conn, query("cluster_view"), self._params()))
+        rows = await self._run(
+            "view", lambda conn: self._fetch(conn, query("cluster_view"), self._params())
+        )
         if not rows:  # the group's first member: create its bucket rows
-            await self._run("init", lambda conn: conn.execute(query("buckets_init"),
-                                                               self._params(num_buckets=NUM_BUCKETS)))
-            rows = await self._run("view", lambda conn: self._fetch(conn, query("cluster_view"), self._params()))
+            await self._run(
+                "init",
+                lambda conn: conn.execute(
+                    query("buckets_init"), self._params(num_buckets=NUM_BUCKETS)
+                ),
+            )
+            rows = await self._run(
+                "view", lambda conn: self._fetch(conn, query("cluster_view"), self._params())
+            )
         if not rows:
-            raise CoordinatorError(f"no bucket rows for group {self.group!r}: run `dispatcher migrate`")
+            raise CoordinatorError(
+                f"no bucket rows for group {self.group!r}: run `dispatcher migrate`"
+            )
         first = rows[0]
         return ClusterView(
             members=tuple(first[5]),
@@ -254,7 +311,9 @@ class PostgresBackend:
             next_expiry_s=first[7],
         )
 
-    async def apply(self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float) -> int:
+    async def apply(
+        self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float
+    ) -> int:
         check_changes(changes)
 
         async def work(conn: psycopg.AsyncConnection[Any]) -> int:
@@ -265,11 +324,16 @@ class PostgresBackend:
                     raise NotLeader(f"{leader!r} does not hold the leadership")
                 if not changes:
                     return 0
-                cur = await conn.execute(query("buckets_apply"), self._params(
-                    buckets=[c.bucket for c in changes], epochs=[c.expected_epoch for c in changes],
-                    kinds=[c.kind for c in changes], owners=[c.owner for c in changes],
-                    deadline_s=revoke_deadline_s,
-                ))
+                cur = await conn.execute(
+                    query("buckets_apply"),
+                    self._params(
+                        buckets=[c.bucket for c in changes],
+                        epochs=[c.expected_epoch for c in changes],
+                        kinds=[c.kind for c in changes],
+                        owners=[c.owner for c in changes],
+                        deadline_s=revoke_deadline_s,
+                    ),
+                )
                 applied = cur.rowcount
                 await conn.execute(query("members_prune"))
                 if applied:
@@ -285,7 +349,9 @@ class PostgresBackend:
 
         async def work(conn: psycopg.AsyncConnection[Any]) -> int:
             async with conn.transaction():
-                cur = await conn.execute(query("buckets_hand_over"), self._params(member=member, buckets=list(buckets)))
+                cur = await conn.execute(
+                    query("buckets_hand_over"), self._params(member=member, buckets=list(buckets))
+                )
                 if cur.rowcount:
                     await self._notify(conn, f"hand_over {member}")
                 return cur.rowcount

@@ -22,8 +22,18 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .backend import (DRAIN_MAX_S, DRAIN_QUIET_S, BucketChange, BucketState, ClusterView, check_buckets,
-                      check_changes, check_lease, join_reason, wakes_waiter)
+from .backend import (
+    DRAIN_MAX_S,
+    DRAIN_QUIET_S,
+    BucketChange,
+    BucketState,
+    ClusterView,
+    check_buckets,
+    check_changes,
+    check_lease,
+    join_reason,
+    wakes_waiter,
+)
 from .buckets import NUM_BUCKETS
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 from .redis_scripts import SCRIPTS
@@ -38,6 +48,7 @@ HEALTH_CHECK_INTERVAL_S = 5
 PRUNE_AFTER_MS = 600_000
 # Errors meaning "Redis is not usable right now" (READONLY: we reached a replica after failover).
 _UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
+
 
 class RedisKeys:
     """Every key and channel name of one cluster, derived from its prefix (the only place)."""
@@ -73,13 +84,16 @@ def _lease_ms(lease_s: float) -> int:
 class RedisBackend:
     """`CoordinatorBackend` on one Redis server; one instance per member's coordinator loop."""
 
-    def __init__(self, url: str, *, prefix: str = "dispatcher", num_buckets: int = NUM_BUCKETS) -> None:
+    def __init__(
+        self, url: str, *, prefix: str = "dispatcher", num_buckets: int = NUM_BUCKETS
+    ) -> None:
         self.url = url
         self.keys = RedisKeys(prefix)
         self.num_buckets = num_buckets
         # Tags our own notifications so wait_for_change() wakes only for *other* members.
         self._token = uuid.uuid4().hex
-        self.waiting = asyncio.Event()  # test signal: wait_for_change is blocked on the subscription
+        # test signal: wait_for_change is blocked on the subscription
+        self.waiting = asyncio.Event()
         self._redis: aioredis.Redis | None = None
         self._sub_redis: aioredis.Redis | None = None  # owns the pub/sub connection only
         self._pubsub: PubSub | None = None
@@ -95,8 +109,11 @@ class RedisBackend:
         # Every script is safe to run twice (epoch checks, compare-and-set), which a retry
         # after a lost reply may do; only the returned count can then read low.
         return aioredis.Redis.from_url(
-            self.url, decode_responses=True, socket_timeout=SOCKET_TIMEOUT_S,
-            socket_connect_timeout=SOCKET_TIMEOUT_S, health_check_interval=health_check_s,
+            self.url,
+            decode_responses=True,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_connect_timeout=SOCKET_TIMEOUT_S,
+            health_check_interval=health_check_s,
             retry=Retry(NoBackoff(), retries, supported_errors=(RedisConnectionError,)),
         )
 
@@ -112,7 +129,8 @@ class RedisBackend:
             # it), and their filtered PONGs read as "no message", cutting a drain short.
             self._sub_redis = self._client(retries=0, health_check_s=0)
             for name, src in SCRIPTS.items():
-                self._scripts[name] = self._redis.register_script(src)  # EVALSHA, reloads on NOSCRIPT
+                # EVALSHA, reloads on NOSCRIPT
+                self._scripts[name] = self._redis.register_script(src)
         if self._pubsub is None:
             with _errors("subscribe"):
                 await self._subscribe()
@@ -142,15 +160,21 @@ class RedisBackend:
         """Register or refresh `member`; it is live until Redis-now + lease_s."""
         k = self.keys
         lease_ms = _lease_ms(lease_s)
-        await self._run("heartbeat", [k.members, k.member(member)],
-                        [k.channel, self._payload(join_reason(member)), member, lease_ms, PRUNE_AFTER_MS])
+        await self._run(
+            "heartbeat",
+            [k.members, k.member(member)],
+            [k.channel, self._payload(join_reason(member)), member, lease_ms, PRUNE_AFTER_MS],
+        )
 
     async def leave(self, member: str) -> None:
         """Graceful exit: drop the member, release its buckets (to their next_owner if a hand-off
         was pending, else unowned), resign leadership if held, notify everyone."""
         k = self.keys
-        await self._run("leave", [k.members, k.member(member), k.leader, k.buckets],
-                        [k.channel, self._payload(f"leave {member}"), member])
+        await self._run(
+            "leave",
+            [k.members, k.member(member), k.leader, k.buckets],
+            [k.channel, self._payload(f"leave {member}"), member],
+        )
 
     async def try_lead(self, member: str, lease_s: float) -> bool:
         """Win a free or expired leadership, or renew our own (only where leader = member)."""
@@ -162,36 +186,59 @@ class RedisBackend:
     async def view(self) -> ClusterView:
         k = self.keys
         now, flat_members, leader, pttl, flat_buckets = await self._run(
-            "view", [k.members, k.leader, k.buckets], [])
-        expiries = {flat_members[i]: float(flat_members[i + 1]) for i in range(0, len(flat_members), 2)}
+            "view", [k.members, k.leader, k.buckets], []
+        )
+        expiries = {
+            flat_members[i]: float(flat_members[i + 1]) for i in range(0, len(flat_members), 2)
+        }
         try:
-            stored = {int(flat_buckets[i]): json.loads(flat_buckets[i + 1]) for i in range(0, len(flat_buckets), 2)}
+            stored = {
+                int(flat_buckets[i]): json.loads(flat_buckets[i + 1])
+                for i in range(0, len(flat_buckets), 2)
+            }
         except ValueError as e:
-            raise CoordinatorError(f"redis view: unreadable bucket state in {k.buckets!r}: {e}") from e
+            raise CoordinatorError(
+                f"redis view: unreadable bucket state in {k.buckets!r}: {e}"
+            ) from e
         buckets = []
         for b in range(self.num_buckets):
             st = stored.get(b, {})
             deadline = st.get("d")
-            buckets.append(BucketState(
-                bucket=b, owner=st.get("o"), next_owner=st.get("n"), epoch=int(st.get("e", 0)),
-                revoke_overdue=st.get("n") is not None and deadline is not None and deadline < now,
-            ))
+            buckets.append(
+                BucketState(
+                    bucket=b,
+                    owner=st.get("o"),
+                    next_owner=st.get("n"),
+                    epoch=int(st.get("e", 0)),
+                    revoke_overdue=st.get("n") is not None
+                    and deadline is not None
+                    and deadline < now,
+                )
+            )
         # Earliest lease that matters: a live member's expiry or the leader's remaining PTTL
         # (-2 = no key, -1 = no expiry: neither will lapse on its own).
         candidates = [(expiry - now) / 1000 for expiry in expiries.values()]
         if leader is not None and pttl >= 0:
             candidates.append(pttl / 1000)
         return ClusterView(
-            members=tuple(sorted(expiries)), buckets=tuple(buckets), leader=leader,
+            members=tuple(sorted(expiries)),
+            buckets=tuple(buckets),
+            leader=leader,
             next_expiry_s=max(0.0, min(candidates)) if candidates else None,
         )
 
-    async def apply(self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float) -> int:
+    async def apply(
+        self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float
+    ) -> int:
         """Leader-only: apply changes whose expected_epoch still matches; notify. Returns how many
         were applied. Raises NotLeader if `leader` does not hold a live leadership."""
         check_changes(changes, self.num_buckets)
-        args: list[Any] = [self.keys.channel, self._payload(f"apply {leader}"), leader,
-                           max(0, round(revoke_deadline_s * 1000))]
+        args: list[Any] = [
+            self.keys.channel,
+            self._payload(f"apply {leader}"),
+            leader,
+            max(0, round(revoke_deadline_s * 1000)),
+        ]
         for c in changes:
             args += [c.bucket, c.expected_epoch, c.kind, c.owner or ""]
         # Even an empty change list goes to Redis: the caller learns whether it still leads.
@@ -201,11 +248,17 @@ class RedisBackend:
         return applied
 
     async def hand_over(self, member: str, buckets: Sequence[int]) -> int:
-        """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1; notify."""
+        """Old owner completes pending hand-offs it holds: owner := next_owner, epoch + 1;
+        notify."""
         check_buckets(buckets, self.num_buckets)
         if not buckets:
             return 0
-        args: list[Any] = [self.keys.channel, self._payload(f"hand_over {member}"), member, *buckets]
+        args: list[Any] = [
+            self.keys.channel,
+            self._payload(f"hand_over {member}"),
+            member,
+            *buckets,
+        ]
         return int(await self._run("hand_over", [self.keys.buckets], args))
 
     # ----------------------------------------------------------------- notifications

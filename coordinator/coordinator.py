@@ -1,11 +1,12 @@
-"""The membership-based bucket assignment a worker runs, one per queue (backends: PostgreSQL, Redis).
+"""The membership-based bucket assignment a worker runs, one per queue (backends: PostgreSQL,
+Redis).
 
 Each member loops: heartbeat, read the view, try to lead, and, if it leads, move the assignment
 towards `assign(members, current)`; then it adopts its part. While it joins, while a group starts
-together, and while the backend is unreachable (degraded), `owned()` is None and the worker claims
-with SKIP LOCKED over all buckets. A member whose worker cannot work
-(`liveness.failing_since`, for a heartbeat interval) leaves.
-Protocol: docs/concepts/coordinator.md; reasons and measurements: docs/design/coordinator.md.
+together, and while the backend is unreachable (degraded), `owned()` is None and the worker
+claims with SKIP LOCKED over all buckets. A member whose worker cannot work
+(`liveness.failing_since`, for a heartbeat interval) leaves. Protocol:
+docs/concepts/coordinator.md; reasons and measurements: docs/design/coordinator.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from typing import Any, Protocol
 from . import metrics
 from .assignment import OnRevoke
 from .assignor import assign, moves
-from .backend import ClusterView, CoordinatorBackend, current_owners, owned_by, plan_changes, unassigned
+from .backend import (
+    ClusterView,
+    CoordinatorBackend,
+    current_owners,
+    owned_by,
+    plan_changes,
+    unassigned,
+)
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
 
 log = logging.getLogger(__name__)
@@ -40,7 +48,8 @@ class Liveness(Protocol):
 
     @property
     def failing_since(self) -> float | None:
-        """time.monotonic() since which the worker cannot work (claims or heartbeats fail); None: it can."""
+        """time.monotonic() since which the worker cannot work (claims or heartbeats fail); None:
+        it can."""
 
 
 def _jittered(interval_s: float, spread: float) -> float:
@@ -49,10 +58,19 @@ def _jittered(interval_s: float, spread: float) -> float:
 
 
 class Coordinator:
-    def __init__(self, backend: CoordinatorBackend, member: str, *, lease_s: float = 10.0,
-                 poll_s: float = 1.0, assignor: Assignor = assign,
-                 liveness: Liveness | None = None, group: str = "",
-                 initial_settle_s: float = INITIAL_SETTLE_S, initial_delay_max_s: float = INITIAL_DELAY_MAX_S) -> None:
+    def __init__(
+        self,
+        backend: CoordinatorBackend,
+        member: str,
+        *,
+        lease_s: float = 10.0,
+        poll_s: float = 1.0,
+        assignor: Assignor = assign,
+        liveness: Liveness | None = None,
+        group: str = "",
+        initial_settle_s: float = INITIAL_SETTLE_S,
+        initial_delay_max_s: float = INITIAL_DELAY_MAX_S,
+    ) -> None:
         if lease_s < 3:
             raise ValueError("coordinator lease must be >= 3 s")
         self.backend = backend
@@ -80,7 +98,8 @@ class Coordinator:
         self._initial_settle_s, self._initial_delay_max_s = initial_settle_s, initial_delay_max_s
         self._degraded = False
         self._last_beat = -1e9
-        self._beat_at = time.monotonic()  # last successful heartbeat (or creation), for the age metric
+        # last successful heartbeat (or creation), for the age metric
+        self._beat_at = time.monotonic()
         self._stopped = False
         self._owned_gauge = metrics.OWNED_BUCKETS.labels(group)  # group: the queue it assigns
         self._last_contact = time.monotonic()
@@ -169,7 +188,9 @@ class Coordinator:
                 # wakes the others. 8 idle workers spawned together read the view 54 times in
                 # their first 3 s when every join woke every member, 43 times since (most of the
                 # rest are the poll_s ticks; pg_stat_statements).
-                await self.backend.wait_for_change(wait, joins=self.view is None or self._may_lead(self.view))
+                await self.backend.wait_for_change(
+                    wait, joins=self.view is None or self._may_lead(self.view)
+                )
             except Exception as exc:  # noqa: BLE001 - the same
                 self._unreachable(exc)
                 await asyncio.sleep(_jittered(min(1.0, self.poll_s), 0.3))
@@ -196,7 +217,8 @@ class Coordinator:
             self._last_beat = self._beat_at = now
         view = await self.backend.view()
         # Only the leader (to renew) and members that see no live leader (to take over) ask: a
-        # try_lead is a write, once the coordinator's costliest statement (docs/design/coordinator.md).
+        # try_lead is a write, once the coordinator's costliest statement
+        # (docs/design/coordinator.md).
         if self._may_lead(view):
             self.leading = await self.backend.try_lead(self.member, self.lease_s)
         else:
@@ -212,7 +234,12 @@ class Coordinator:
 
     def _may_lead(self, view: ClusterView) -> bool:
         """We lead, or the view shows no live leader (so we may take over)."""
-        return self.leading or view.leader is None or view.leader == self.member or view.leader not in view.members
+        return (
+            self.leading
+            or view.leader is None
+            or view.leader == self.member
+            or view.leader not in view.members
+        )
 
     async def _resign(self) -> None:
         """Leave the group while the worker cannot work, once; our lease then lapses anyway if
@@ -225,14 +252,20 @@ class Coordinator:
         owned = self._owned
         self._set_owned(())
         self.changed.set()
-        log.warning("%s cannot work (its database is unreachable or stalled): leaving the group so its %d "
-                    "buckets move to members that can; rejoining when it can", self.member, len(owned))
+        log.warning(
+            "%s cannot work (its database is unreachable or stalled): leaving the group so its %d "
+            "buckets move to members that can; rejoining when it can",
+            self.member,
+            len(owned),
+        )
         if owned:
             await self._revoke(owned)
         try:
             await self.backend.leave(self.member)
         except CoordinatorError as exc:
-            log.warning("could not leave the group (%s): our membership lease will run out instead", exc)
+            log.warning(
+                "could not leave the group (%s): our membership lease will run out instead", exc
+            )
 
     async def _rebalance(self, view: ClusterView) -> ClusterView:
         self._initial_delay_left_s = self._initial_delay_s(view)
@@ -248,8 +281,13 @@ class Coordinator:
             metrics.BUCKETS_MOVED.labels(change.kind).inc()
         metrics.REBALANCES.labels(self._reason(view)).inc()
         metrics.REBALANCE_SECONDS.observe(time.perf_counter() - started)
-        log.info("rebalance by %s over %d members: %d changes applied (%d buckets move)",
-                 self.member, len(view.members), applied, moves(current_owners(view), target))
+        log.info(
+            "rebalance by %s over %d members: %d changes applied (%d buckets move)",
+            self.member,
+            len(view.members),
+            applied,
+            moves(current_owners(view), target),
+        )
         return await self.backend.view()
 
     def _initial_delay_s(self, view: ClusterView) -> float:
@@ -263,8 +301,10 @@ class Coordinator:
             self._unassigned_since = now
         if view.members != self._members_seen:
             self._members_seen, self._members_changed_at = view.members, now
-        settled_at = min(self._unassigned_since + self._initial_delay_max_s,
-                         self._members_changed_at + self._initial_settle_s)
+        settled_at = min(
+            self._unassigned_since + self._initial_delay_max_s,
+            self._members_changed_at + self._initial_settle_s,
+        )
         return max(0.0, settled_at - now)
 
     @staticmethod
@@ -288,7 +328,8 @@ class Coordinator:
         now_unassigned = unassigned(view)
         if now_unassigned != self._unassigned:
             self._unassigned = now_unassigned
-            self.changed.set()  # between SKIP LOCKED over everything and our share, even an empty one
+            # between SKIP LOCKED over everything and our share, even an empty one
+            self.changed.set()
         self.adopted.set()
 
     async def _revoke(self, buckets: tuple[int, ...]) -> None:
@@ -298,8 +339,11 @@ class Coordinator:
         try:
             await asyncio.wait_for(self._on_revoke(buckets), timeout=self.revoke_timeout_s)
         except TimeoutError:
-            log.warning("on_revoke(%s) overran %.1f s: handing the buckets over anyway",
-                        _fmt(buckets), self.revoke_timeout_s)
+            log.warning(
+                "on_revoke(%s) overran %.1f s: handing the buckets over anyway",
+                _fmt(buckets),
+                self.revoke_timeout_s,
+            )
         except Exception:  # the worker's callback must not stop the hand-over
             log.exception("on_revoke(%s) raised: handing the buckets over anyway", _fmt(buckets))
 
@@ -335,15 +379,23 @@ class Coordinator:
             self._degraded = True
             metrics.DEGRADED.set(1)
             metrics.DEGRADED_ENTERED.inc()
-            log.warning("coordinator backend %s for over %.0f s (%s): falling back to SKIP LOCKED "
-                        "over all buckets until it is back", what, self.lease_s, exc)
+            log.warning(
+                "coordinator backend %s for over %.0f s (%s): falling back to SKIP LOCKED "
+                "over all buckets until it is back",
+                what,
+                self.lease_s,
+                exc,
+            )
             self.changed.set()
         elif not isinstance(exc, CoordinatorError):
-            log.error("coordinator loop failed; retrying", exc_info=exc)  # a bug: always with its traceback
+            # a bug: always with its traceback
+            log.error("coordinator loop failed; retrying", exc_info=exc)
         elif self._degraded:
             log.debug("coordinator backend still %s: %s", what, exc)
         elif isinstance(exc, CoordinatorUnavailable):
-            log.info("coordinator backend unreachable (%s); keeping the last assignment for now", exc)
+            log.info(
+                "coordinator backend unreachable (%s); keeping the last assignment for now", exc
+            )
         else:
             log.warning("coordinator backend failed (%s); keeping the last assignment for now", exc)
 
@@ -377,4 +429,3 @@ def _abandon(task: asyncio.Future[None]) -> None:
 
 def _fmt(buckets: tuple[int, ...]) -> str:
     return ",".join(map(str, buckets))
-

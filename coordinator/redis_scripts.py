@@ -23,7 +23,9 @@ end
 # KEYS: members, member key. ARGV: channel, payload, member, lease_ms, prune_after_ms.
 # Refresh the lease; prune long-dead entries; publish only if the member was not live before,
 # so a join wakes everyone at once but routine heartbeats wake nobody. Returns 1 if new.
-HEARTBEAT = PRELUDE + """
+HEARTBEAT = (
+    PRELUDE
+    + """
 local now, lease = now_ms(), tonumber(ARGV[4])
 local old = redis.call('ZSCORE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
@@ -33,6 +35,7 @@ if old and tonumber(old) > now then return 0 end
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 1
 """
+)
 
 # KEYS: leader. ARGV: member, lease_ms. Renew if we hold it (compare, then PEXPIRE), take it
 # if free (an expired key reads as free), else refuse. Returns 1 iff we hold it afterwards.
@@ -50,17 +53,22 @@ return 1
 # KEYS: members, leader, buckets. Everything `view()` needs in one round trip, with the
 # server's now so liveness and overdue revokes are judged on the Redis clock:
 # {now_ms, [member, expiry_ms, ...] (live only), leader or nil, leader PTTL, HGETALL buckets}.
-VIEW = PRELUDE + """
+VIEW = (
+    PRELUDE
+    + """
 local now = now_ms()
 return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES'),
         redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
 """
+)
 
 # KEYS: leader, buckets. ARGV: channel, payload, leader, revoke_deadline_ms, then groups of
 # (bucket, expected_epoch, kind, target). The leadership check and every epoch check happen
 # in the same atomic step as the writes, so a deposed leader can never apply a stale plan.
 # Returns -1 if `leader` does not hold the leadership, else the number of changes applied.
-APPLY = PRELUDE + """
+APPLY = (
+    PRELUDE
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[3] then return -1 end
 local now, applied = now_ms(), 0
 for i = 5, #ARGV, 4 do
@@ -80,10 +88,13 @@ end
 if applied > 0 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
 return applied
 """
+)
 
 # KEYS: buckets. ARGV: channel, payload, member, bucket... The old owner completes pending
 # hand-offs it still holds: owner := next_owner, epoch + 1. Returns how many moved.
-HAND_OVER = PRELUDE + """
+HAND_OVER = (
+    PRELUDE
+    + """
 local moved = 0
 for i = 4, #ARGV do
   local st = load(redis.call('HGET', KEYS[1], ARGV[i]))
@@ -96,12 +107,15 @@ end
 if moved > 0 then redis.call('PUBLISH', ARGV[1], ARGV[2]) end
 return moved
 """
+)
 
 # KEYS: members, member key, leader, buckets. ARGV: channel, payload, member. Graceful exit:
 # drop the member, pass each owned bucket to its pending next_owner (else unowned), epoch + 1;
 # void hand-offs *to* the leaver (its old owner keeps polling instead of handing to a ghost);
 # resign leadership if held (compare-and-delete). Returns the number of buckets released.
-LEAVE = PRELUDE + """
+LEAVE = (
+    PRELUDE
+    + """
 local m, released = ARGV[3], 0
 redis.call('ZREM', KEYS[1], m)
 redis.call('DEL', KEYS[2])
@@ -122,7 +136,14 @@ end
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return released
 """
+)
 
 # name -> source, registered once per client (EVALSHA, reloaded on NOSCRIPT).
-SCRIPTS: dict[str, str] = {"heartbeat": HEARTBEAT, "try_lead": TRY_LEAD, "view": VIEW, "apply": APPLY,
-                           "hand_over": HAND_OVER, "leave": LEAVE}
+SCRIPTS: dict[str, str] = {
+    "heartbeat": HEARTBEAT,
+    "try_lead": TRY_LEAD,
+    "view": VIEW,
+    "apply": APPLY,
+    "hand_over": HAND_OVER,
+    "leave": LEAVE,
+}

@@ -37,7 +37,9 @@ def retry_delay_s(
     return max(MIN_RETRY_DELAY_S, retry_bound_s(attempt, base_s, cap_s) * rand())
 
 
-def jittered(interval_s: float, spread: float = 0.1, rand: Callable[[], float] = random.random) -> float:
+def jittered(
+    interval_s: float, spread: float = 0.1, rand: Callable[[], float] = random.random
+) -> float:
     """interval_s +/- spread (10% default): periodic loops in N pods must not fire in lockstep."""
     return interval_s * (1.0 - spread + 2.0 * spread * rand())
 
@@ -59,26 +61,37 @@ class HandlerRetry:
         return self.max_attempts if self.max_attempts is not None else DEFAULT_MAX_ATTEMPTS
 
 
-def handler_retry(max_attempts: object = None, base_s: object = None, cap_s: object = None,
-                  delay: object = None) -> HandlerRetry | None:
-    """Checked handler options (ValueError/TypeError naming the option), or None when none is set."""
-    if max_attempts is not None and (type(max_attempts) is not int or not 1 <= max_attempts <= MAX_HANDLER_ATTEMPTS):
-        raise ValueError(f"max_attempts must be an integer in 1..{MAX_HANDLER_ATTEMPTS}, got {max_attempts!r}")
+def handler_retry(
+    max_attempts: object = None, base_s: object = None, cap_s: object = None, delay: object = None
+) -> HandlerRetry | None:
+    """Checked handler options (ValueError/TypeError naming the option), or None when none is
+    set."""
+    if max_attempts is not None and (
+        type(max_attempts) is not int or not 1 <= max_attempts <= MAX_HANDLER_ATTEMPTS
+    ):
+        raise ValueError(
+            f"max_attempts must be an integer in 1..{MAX_HANDLER_ATTEMPTS}, got {max_attempts!r}"
+        )
     for option, value in (("retry_base_s", base_s), ("retry_cap_s", cap_s)):
         if value is not None and not is_delay_s(value, allow_zero=False):
-            raise ValueError(f"{option} must be a number of seconds > 0 and at most {MAX_RETRY_DELAY_S:.0f}, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"{option} must be a number of seconds > 0 and at most {MAX_RETRY_DELAY_S:.0f}, "
+                f"got {value!r}"
+            )
     if base_s is not None and cap_s is not None and cap_s < base_s:  # type: ignore[operator]
         raise ValueError(f"retry_cap_s ({cap_s}) must be >= retry_base_s ({base_s})")
     if delay is not None and not callable(delay):
-        raise TypeError(f"retry must be a callable (attempt, error) -> seconds or None, got {delay!r}")
+        raise TypeError(
+            f"retry must be a callable (attempt, error) -> seconds or None, got {delay!r}"
+        )
     if max_attempts is None and base_s is None and cap_s is None and delay is None:
         return None
     return HandlerRetry(max_attempts, base_s, cap_s, delay)  # type: ignore[arg-type]
 
 
 def is_delay_s(value: object, *, allow_zero: bool = True) -> bool:
-    """A number of seconds a retry may wait: finite, in 0..MAX_RETRY_DELAY_S (> 0 unless allow_zero)."""
+    """A number of seconds a retry may wait: finite, in 0..MAX_RETRY_DELAY_S (> 0 unless
+    allow_zero)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
     return (0 <= value if allow_zero else 0 < value) and value <= MAX_RETRY_DELAY_S

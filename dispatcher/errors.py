@@ -1,4 +1,5 @@
-"""The package's own exceptions. Driver errors (psycopg, redis) are turned into these at the store boundary."""
+"""The package's own exceptions. Driver errors (psycopg, redis) are turned into these at the
+store boundary."""
 
 
 class DispatcherError(Exception):
@@ -32,12 +33,14 @@ class StoreError(DispatcherError):
 
 
 class StoreUnavailable(StoreError):
-    """The database cannot be reached right now (connection lost, server shutting down); retry later."""
+    """The database cannot be reached right now (connection lost, server shutting down); retry
+    later."""
 
 
 class StoreTimeout(StoreUnavailable):
     """A statement gave up: it waited past lock_timeout for a lock (`lock` true) or ran past
-    statement_timeout. Retrying may work once whatever held the lock or loaded the server is done."""
+    statement_timeout. Retrying may work once whatever held the lock or loaded the server is
+    done."""
 
     def __init__(self, message: str, *, lock: bool) -> None:
         super().__init__(message)
@@ -76,7 +79,8 @@ class MigrationError(StoreError):
 
 
 class PermanentJobError(DispatcherError):
-    """Raise from a handler to fail a job at once, without retries (e.g. invalid input that will never succeed)."""
+    """Raise from a handler to fail a job at once, without retries (e.g. invalid input that will
+    never succeed)."""
 
 
 # Longest snooze: a day's backlog is what a snooze is for; longer is a unit mistake (ms for s).
@@ -90,9 +94,15 @@ class Snooze(DispatcherError):  # noqa: N818 - raised to ask for something, not 
     A bad `seconds` raises ValueError here, in the handler: that attempt then fails with it."""
 
     def __init__(self, seconds: float, reason: str | None = None) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SNOOZE_S:
-            raise ValueError(f"Snooze(seconds) must be a number of seconds >= 0 and at most {MAX_SNOOZE_S:.0f} "
-                             f"(7 days), got {seconds!r}")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not 0 <= seconds <= MAX_SNOOZE_S
+        ):
+            raise ValueError(
+                f"Snooze(seconds) must be a number of seconds >= 0 and at most {MAX_SNOOZE_S:.0f} "
+                f"(7 days), got {seconds!r}"
+            )
         super().__init__(f"snoozed for {seconds:g} s" + (f": {reason}" if reason else ""))
         self.seconds = float(seconds)
         self.reason = reason

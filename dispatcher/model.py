@@ -1,6 +1,8 @@
-"""The job as every layer sees it: its statuses, the `Job` a handler receives, and how an attempt ended.
+"""The job as every layer sees it: its statuses, the `Job` a handler receives, and how an attempt
+ended.
 
-The bottom of the package: it imports nothing of ours but the constants, and every layer may import it.
+The bottom of the package: it imports nothing of ours but the constants, and every layer may
+import it.
 """
 
 from __future__ import annotations
@@ -20,32 +22,68 @@ STATUS_DISCARDED: Final = "discarded"
 STATUS_CANCELLED: Final = "cancelled"  # by an operator (dispatcher jobs cancel): never retried
 # A job with an ordering key behind an earlier job of its key: no claim sees it until that one ends.
 STATUS_WAITING: Final = "waiting"
-STATUSES: Final = (STATUS_QUEUED, STATUS_RUNNING, STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED,
-                   STATUS_CANCELLED, STATUS_WAITING)
-# Where a job's life ends: nothing changes it any more, except an operator (retry, purge) or the pruner.
+STATUSES: Final = (
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    STATUS_COMPLETED,
+    STATUS_FAILED,
+    STATUS_DISCARDED,
+    STATUS_CANCELLED,
+    STATUS_WAITING,
+)
+# Where a job's life ends: nothing changes it any more, except an operator (retry, purge) or the
+# pruner.
 FINISHED_STATUSES: Final = (STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED, STATUS_CANCELLED)
 
 
 class Job:
     """A claimed job as handlers see it. Slotted: one is built per job on the hot path.
 
-    `token` is the claim's fencing token as a string (one uuid per claim statement, shared by
-    the batch): kept as text so writes can send it without a per-job conversion. `queue` is the
-    queue the claim read (one per statement), not a column read back per row. `locked_at` arrives
-    from the claim as epoch seconds and becomes a datetime when first read (why: the claim's
-    comment in dispatcher/db/sql/claim.sql). `ordering_key` is the job's key, or None: the jobs of a
-    queue that share one run one at a time, in the order they were enqueued. `scheduled_for` is the
-    slot a recurring job was enqueued for (UTC; None for other jobs): a handler can be idempotent
-    per slot with it. `trace_context` is the W3C trace context of the span that enqueued it (None:
-    none, or no OpenTelemetry), which its handler's span continues (dispatcher/observe/tracing.py)."""
+    `token` is the claim's fencing token as a string (one uuid per claim statement, shared by the
+    batch): kept as text so writes can send it without a per-job conversion. `queue` is the queue
+    the claim read (one per statement), not a column read back per row. `locked_at` arrives from
+    the claim as epoch seconds and becomes a datetime when first read (why: the claim's comment
+    in dispatcher/db/sql/claim.sql). `ordering_key` is the job's key, or None: the jobs of a
+    queue that share one run one at a time, in the order they were enqueued. `scheduled_for` is
+    the slot a recurring job was enqueued for (UTC; None for other jobs): a handler can be
+    idempotent per slot with it. `trace_context` is the W3C trace context of the span that
+    enqueued it (None: none, or no OpenTelemetry), which its handler's span continues
+    (dispatcher/observe/tracing.py)."""
 
-    __slots__ = ("id", "job_type", "payload", "attempts", "max_attempts", "_locked_at", "bucket", "priority",
-                 "ordering_key", "token", "queue", "_scheduled_for", "trace_context")
+    __slots__ = (
+        "id",
+        "job_type",
+        "payload",
+        "attempts",
+        "max_attempts",
+        "_locked_at",
+        "bucket",
+        "priority",
+        "ordering_key",
+        "token",
+        "queue",
+        "_scheduled_for",
+        "trace_context",
+    )
 
-    def __init__(self, row: tuple[Any, ...], token: str, queue: str = DEFAULT_QUEUE,
-                 scheduled_for: datetime | None = None, trace_context: dict[str, str] | None = None) -> None:
-        (self.id, self.job_type, self.payload, self.attempts, self.max_attempts,
-         self._locked_at, self.bucket, self.priority) = row[:8]
+    def __init__(
+        self,
+        row: tuple[Any, ...],
+        token: str,
+        queue: str = DEFAULT_QUEUE,
+        scheduled_for: datetime | None = None,
+        trace_context: dict[str, str] | None = None,
+    ) -> None:
+        (
+            self.id,
+            self.job_type,
+            self.payload,
+            self.attempts,
+            self.max_attempts,
+            self._locked_at,
+            self.bucket,
+            self.priority,
+        ) = row[:8]
         # A claim's rows carry the key, then `selected`; a row of 8 (a test's) has no key.
         self.ordering_key = row[8] if len(row) > 8 else None
         self.token = token
@@ -92,5 +130,3 @@ class Outcome:
     @property
     def retried(self) -> bool:
         return self.status == STATUS_QUEUED
-
-

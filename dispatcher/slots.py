@@ -1,8 +1,9 @@
-"""When a recurring schedule fires: the pure "next slot" logic of cron expressions and fixed intervals.
+"""When a recurring schedule fires: the pure "next slot" logic of cron expressions and fixed
+intervals.
 
-A `Cadence` is parsed once from what the user gave (a 5-field cron expression or a macro, read in an IANA
-time zone, or `every_s`) and answers "the first slot after t" and "the latest slots at or before t" as
-aware UTC datetimes. No I/O, no clock: the caller passes the time.
+A `Cadence` is parsed once from what the user gave (a 5-field cron expression or a macro, read in
+an IANA time zone, or `every_s`) and answers "the first slot after t" and "the latest slots at or
+before t" as aware UTC datetimes. No I/O, no clock: the caller passes the time.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The largest UTC-offset change of any zone's DST or law change (Lord Howe shifts 30 min, Antarctic
 # stations up to 3 h): how far a wall clock can jump, so how far around a time we must look.
 MAX_SHIFT = timedelta(hours=3)
-# A fixed date from which parse() checks that an expression fires at all (cronsim gives up after 50 years).
+# A fixed date from which parse() checks that an expression fires at all (cronsim gives up after 50
+# years).
 _PROBE = datetime(2000, 1, 1)
 
 
@@ -36,21 +38,24 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Cadence:
-    """When a schedule's slots fall: a 5-field cron expression read in a time zone, or a fixed interval."""
+    """When a schedule's slots fall: a 5-field cron expression read in a time zone, or a fixed
+    interval."""
 
     expression: str | None
     every_s: int | None
     time_zone: str = "UTC"
 
     @classmethod
-    def parse(cls, expression: str | None = None, *, every_s: int | float | None = None,
-              tz: str = "UTC") -> Cadence:
+    def parse(
+        cls, expression: str | None = None, *, every_s: int | float | None = None, tz: str = "UTC"
+    ) -> Cadence:
         """Exactly one of expression / every_s. Raises ScheduleError with a clear message."""
         if (expression is None) == (every_s is None):
             which = "both were given" if expression is not None else "neither was given"
             raise ScheduleError(f"give exactly one of a cron expression and every_s ({which})")
         if every_s is not None:
-            return cls(None, _whole_seconds(every_s), "UTC")  # intervals count from the epoch, zone-free
+            # intervals count from the epoch, zone-free
+            return cls(None, _whole_seconds(every_s), "UTC")
         if not isinstance(expression, str):
             raise ScheduleError(f"a cron expression is text, not {type(expression).__name__}")
         canonical = _canonical(expression)
@@ -64,7 +69,8 @@ class Cadence:
 
     @property
     def fixed_time(self) -> bool:
-        """Whether DST maps this expression by wall-clock time (minute and hour fields don't start with '*')."""
+        """Whether DST maps this expression by wall-clock time (minute and hour fields don't
+        start with '*')."""
         if self.expression is None:
             return False
         minute, hour = self.expression.split()[:2]
@@ -90,17 +96,25 @@ class Cadence:
                 for instant in self._instants(naive, tz):
                     if instant > after and (best is None or instant < best):
                         best = instant
-                        # A later wall time maps to an earlier instant only across a fall-back just before.
-                        ahead = MAX_SHIFT if _offset(best - MAX_SHIFT, tz) != _offset(best, tz) else timedelta(0)
+                        # A later wall time maps to an earlier instant only across a fall-back just
+                        # before.
+                        ahead = (
+                            MAX_SHIFT
+                            if _offset(best - MAX_SHIFT, tz) != _offset(best, tz)
+                            else timedelta(0)
+                        )
                         stop = _wall(best, tz) + ahead
         except StopIteration:
             pass
         if best is None:
-            raise ScheduleError(f"cron expression {self.expression!r} has no slot in the 50 years after {after}")
+            raise ScheduleError(
+                f"cron expression {self.expression!r} has no slot in the 50 years after {after}"
+            )
         return best
 
     def latest_at_or_before(self, at: datetime, count: int = 1) -> list[datetime]:
-        """The `count` latest slots <= at, ascending, aware UTC (fewer if none for 50 years before)."""
+        """The `count` latest slots <= at, ascending, aware UTC (fewer if none for 50 years
+        before)."""
         at = _utc(at)
         if count < 1:
             return []
@@ -109,8 +123,9 @@ class Cadence:
             last = (at - EPOCH) // step
             return [EPOCH + (last - i) * step for i in range(count - 1, -1, -1)]
         tz = ZoneInfo(self.time_zone)
-        # Mirror of next_after: an earlier instant has a later wall time only after a fall-back within
-        # MAX_SHIFT before `at`. Reverse iteration keeps a week of "* * * * *" out of the loop.
+        # Mirror of next_after: an earlier instant has a later wall time only after a fall-back
+        # within MAX_SHIFT before `at`. Reverse iteration keeps a week of "* * * * *" out of the
+        # loop.
         ahead = MAX_SHIFT if _offset(at - MAX_SHIFT, tz) != _offset(at, tz) else timedelta(0)
         start = (_wall(at, tz) + ahead).replace(microsecond=0) + timedelta(seconds=1)
         found: set[datetime] = set()
@@ -124,7 +139,11 @@ class Cadence:
                     found.update(new)
                     if len(found) >= count:
                         floor = sorted(found)[-count]
-                        back = MAX_SHIFT if _offset(floor, tz) != _offset(floor + MAX_SHIFT, tz) else timedelta(0)
+                        back = (
+                            MAX_SHIFT
+                            if _offset(floor, tz) != _offset(floor + MAX_SHIFT, tz)
+                            else timedelta(0)
+                        )
                         stop = _wall(floor, tz) - back
         except StopIteration:
             pass
@@ -143,30 +162,38 @@ class Cadence:
             return [early]
         if early < late:  # the wall time occurs twice (fall-back)
             return [early] if self.fixed_time else [early, late]
-        # The wall time does not exist (spring-forward): fold=0 reads it with the offset before the jump,
-        # fold=1 with the one after, so the jump lies in (late, early]. A fixed time fires at the jump.
+        # The wall time does not exist (spring-forward): fold=0 reads it with the offset before the
+        # jump, fold=1 with the one after, so the jump lies in (late, early]. A fixed time fires at
+        # the jump.
         return [_jump(late, early, tz)] if self.fixed_time else []
 
 
 def _canonical(expression: str) -> str:
-    """The 5-field text of an expression or macro, checked by cronsim; ScheduleError if it is not one."""
+    """The 5-field text of an expression or macro, checked by cronsim; ScheduleError if it is not
+    one."""
     fields = expression.split()
     if len(fields) == 1 and fields[0].startswith("@"):
         macro = fields[0].lower()
         if macro not in MACROS:
             known = ", ".join(sorted(MACROS))
-            raise ScheduleError(f"unsupported cron macro {expression.strip()!r} (known: {known}; @reboot is not)")
+            raise ScheduleError(
+                f"unsupported cron macro {expression.strip()!r} (known: {known}; @reboot is not)"
+            )
         fields = MACROS[macro].split()
     if len(fields) != 5:
-        raise ScheduleError(f"bad cron expression {expression!r}: expected 5 fields (minute hour day-of-month "
-                            f"month day-of-week), got {len(fields)}")
+        raise ScheduleError(
+            f"bad cron expression {expression!r}: expected 5 fields (minute hour day-of-month "
+            f"month day-of-week), got {len(fields)}"
+        )
     text = " ".join(fields)
     try:
         next(CronSim(text, _PROBE))
     except CronSimError as exc:
         if str(exc) == "Bad day-of-month" and _valid(f"0 0 {fields[2]} * *"):
             # cronsim rejects "30 2" at construction: a valid day that no chosen month has.
-            raise ScheduleError(f"cron expression {expression!r} never fires (no month in it has that day)")
+            raise ScheduleError(
+                f"cron expression {expression!r} never fires (no month in it has that day)"
+            )
         raise ScheduleError(f"bad cron expression {expression!r}: {exc}") from None
     except StopIteration:
         raise ScheduleError(f"cron expression {expression!r} never fires") from None

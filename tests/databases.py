@@ -22,8 +22,9 @@ def with_dbname(dsn: str, dbname: str) -> str:
 
 
 @contextmanager
-def scratch_database(admin_dsn: str, prefix: str, *, template: str | None = None,
-                     migrated: bool = False) -> Iterator[str]:
+def scratch_database(
+    admin_dsn: str, prefix: str, *, template: str | None = None, migrated: bool = False
+) -> Iterator[str]:
     """A new database named `prefix_<pid>_<random>` (a copy of `template` if given; migrated if
     asked), yielded as a DSN and dropped afterwards, WITH (FORCE) so leftover sessions of killed
     workers cannot keep it alive."""
@@ -40,7 +41,9 @@ def scratch_database(admin_dsn: str, prefix: str, *, template: str | None = None
         yield dsn
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def dbname_of(dsn: str) -> str:

@@ -1,4 +1,5 @@
-"""Shared test helpers: SQL peeks, waiting for a condition (never fixed sleeps), worker processes."""
+"""Shared test helpers: SQL peeks, waiting for a condition (never fixed sleeps), worker
+processes."""
 
 from __future__ import annotations
 
@@ -40,10 +41,10 @@ def status_counts(dsn: str) -> dict[str, int]:
     return dict(fetchall(dsn, "SELECT status, count(*) FROM dispatcher_jobs GROUP BY status"))
 
 
-# --------------------------------------------------------------------------- waiting for a condition
-# The one place tests wait for a condition: poll a predicate until it holds, fail after a deadline
-# saying what was awaited. Never a fixed sleep. `timeout_s` is seconds from now, or a `Deadline`
-# shared by several waits (one budget for a sequence of steps).
+# --------------------------------------------------------------------------- waiting for a
+# condition The one place tests wait for a condition: poll a predicate until it holds, fail after a
+# deadline saying what was awaited. Never a fixed sleep. `timeout_s` is seconds from now, or a
+# `Deadline` shared by several waits (one budget for a sequence of steps).
 
 What = str | Callable[[], str]  # what is awaited; a callable is asked only when the wait times out
 
@@ -67,8 +68,11 @@ def _deadline(timeout_s: float | Deadline) -> Deadline:
     return timeout_s if isinstance(timeout_s, Deadline) else Deadline(timeout_s)
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float | Deadline, what: What, interval_s: float = 0.05) -> T:
-    """Poll `predicate` until it returns something truthy (returned); fail with `what` after the deadline."""
+def wait_until(
+    predicate: Callable[[], T], timeout_s: float | Deadline, what: What, interval_s: float = 0.05
+) -> T:
+    """Poll `predicate` until it returns something truthy (returned); fail with `what` after the
+    deadline."""
     deadline = _deadline(timeout_s)
     while True:
         value = predicate()
@@ -79,8 +83,12 @@ def wait_until(predicate: Callable[[], T], timeout_s: float | Deadline, what: Wh
         time.sleep(interval_s)
 
 
-async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], timeout_s: float | Deadline, what: What,
-                           interval_s: float = 0.02) -> T:
+async def wait_until_async(
+    predicate: Callable[[], T | Awaitable[T]],
+    timeout_s: float | Deadline,
+    what: What,
+    interval_s: float = 0.02,
+) -> T:
     """`wait_until` on the running event loop: `predicate` may be sync or return an awaitable."""
     deadline = _deadline(timeout_s)
     while True:
@@ -94,8 +102,13 @@ async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], timeout_s:
         await asyncio.sleep(interval_s)
 
 
-def start_worker(dsn: str, record_dir: Path | None = None, app: str = "tests.apps.recording:registry",
-                 log_path: Path | None = None, **settings: Any) -> subprocess.Popen[bytes]:
+def start_worker(
+    dsn: str,
+    record_dir: Path | None = None,
+    app: str = "tests.apps.recording:registry",
+    log_path: Path | None = None,
+    **settings: Any,
+) -> subprocess.Popen[bytes]:
     """A real `dispatcher run` process with the recording app importable."""
     extra = {"PYTHONPATH": str(ROOT)}
     if record_dir is not None:
@@ -112,7 +125,9 @@ free_port = harness.free_port  # start_serving_worker tries another if a worker 
 def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
     """(status, body) of GET http://127.0.0.1:port/path; None if nothing answered."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}{path}", timeout=timeout_s
+        ) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         with exc:
@@ -125,11 +140,15 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def metric_samples(text: str) -> Samples:
-    """(sample name, sorted labels) -> value of a Prometheus text page, by prometheus_client's parser."""
+    """(sample name, sorted labels) -> value of a Prometheus text page, by prometheus_client's
+    parser."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def collected(collector: Any) -> Samples:
@@ -141,17 +160,28 @@ def collected(collector: Any) -> Samples:
     return metric_samples(generate_latest(registry).decode())
 
 
-def start_serving_worker(dsn: str, log_path: Path, *, record_dir: Path | None = None,
-                         app: str = "tests.apps.recording:registry", tries: int = 3,
-                         **settings: Any) -> tuple[subprocess.Popen[bytes], int]:
+def start_serving_worker(
+    dsn: str,
+    log_path: Path,
+    *,
+    record_dir: Path | None = None,
+    app: str = "tests.apps.recording:registry",
+    tries: int = 3,
+    **settings: Any,
+) -> tuple[subprocess.Popen[bytes], int]:
     """A worker process serving /metrics, /livez and /readyz on a free port: (process, port)
     once /livez answers. A port taken between free_port() and the worker's bind makes the worker
     exit 1 naming DISPATCHER_METRICS_PORT: then another port is tried."""
     for _ in range(tries):
         port = free_port()
-        proc = start_worker(dsn, record_dir, app=app, log_path=log_path, metrics_port=port, **settings)
-        wait_until(lambda: proc.poll() is not None or http_get(port, "/livez"), 60,
-                   lambda: f"/livez on port {port}: {log_path.read_text()[-2000:]}")
+        proc = start_worker(
+            dsn, record_dir, app=app, log_path=log_path, metrics_port=port, **settings
+        )
+        wait_until(
+            lambda: proc.poll() is not None or http_get(port, "/livez"),
+            60,
+            lambda: f"/livez on port {port}: {log_path.read_text()[-2000:]}",
+        )
         if proc.poll() is None:
             return proc, port
         if "DISPATCHER_METRICS_PORT" not in log_path.read_text():
@@ -178,8 +208,9 @@ def _complete_lines(path: Path) -> list[str]:
     return text.split("\n")[:-1]  # the last piece is "" or a partial line
 
 
-def read_executions(record_dir: Path, *, include_unfinished: bool = False,
-                    pid: int | None = None) -> dict[int, list[Execution]]:
+def read_executions(
+    record_dir: Path, *, include_unfinished: bool = False, pid: int | None = None
+) -> dict[int, list[Execution]]:
     """job id -> its executions (only process `pid`'s, if given). By default only executions
     that ended (the record of every test written before start lines existed); with
     `include_unfinished`, also those that started and never ended, with end=None (see
@@ -194,10 +225,14 @@ def read_executions(record_dir: Path, *, include_unfinished: bool = False,
                 started[(job_id, attempt, start)] = None
                 continue
             started.pop((job_id, attempt, start), None)
-            by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), float(end), writer, outcome))
+            by_job[int(job_id)].append(
+                Execution(int(job_id), int(attempt), float(start), float(end), writer, outcome)
+            )
         if include_unfinished:
             for job_id, attempt, start in started:
-                by_job[int(job_id)].append(Execution(int(job_id), int(attempt), float(start), None, writer))
+                by_job[int(job_id)].append(
+                    Execution(int(job_id), int(attempt), float(start), None, writer)
+                )
     return by_job
 
 
@@ -206,8 +241,9 @@ def unfinished(executions: dict[int, list[Execution]]) -> list[Execution]:
     return [run for runs in executions.values() for run in runs if run.end is None]
 
 
-def overlapping(executions: dict[int, list[Execution]],
-                cut_at: Mapping[int, float] | None = None) -> list[tuple[Execution, Execution]]:
+def overlapping(
+    executions: dict[int, list[Execution]], cut_at: Mapping[int, float] | None = None
+) -> list[tuple[Execution, Execution]]:
     """Pairs of executions of one job that ran at the same time (wall clock).
 
     An execution that never ended counts as running until `cut_at[pid]` (the time.time() its
@@ -220,14 +256,18 @@ def overlapping(executions: dict[int, list[Execution]],
         runs = sorted(runs, key=lambda e: e.start)
         for i, a in enumerate(runs):
             a_end = a.end if a.end is not None else cut_at.get(a.pid, math.inf)
-            pairs += [(a, b) for b in runs[i + 1:] if b.start < a_end]
+            pairs += [(a, b) for b in runs[i + 1 :] if b.start < a_end]
     return pairs
 
 
-def most_at_once(executions: dict[int, list[Execution]], job_ids: set[int] | None = None,
-                 cut_at: Mapping[int, float] | None = None) -> int:
-    """The largest number of executions (of `job_ids`, or of every job) that ran at one instant (wall
-    clock). An execution that never ended runs until `cut_at[pid]`, or for ever (as in `overlapping`)."""
+def most_at_once(
+    executions: dict[int, list[Execution]],
+    job_ids: set[int] | None = None,
+    cut_at: Mapping[int, float] | None = None,
+) -> int:
+    """The largest number of executions (of `job_ids`, or of every job) that ran at one instant
+    (wall clock). An execution that never ended runs until `cut_at[pid]`, or for ever (as in
+    `overlapping`)."""
     cut_at = cut_at or {}
     events = []
     for job_id, runs in executions.items():
@@ -237,14 +277,18 @@ def most_at_once(executions: dict[int, list[Execution]], job_ids: set[int] | Non
             end = run.end if run.end is not None else cut_at.get(run.pid, math.inf)
             events += [(run.start, 1), (end, -1)]
     most = now = 0
-    for _, step in sorted(events):  # at a tie an end (-1) sorts before a start: touching is not overlapping
+    # at a tie an end (-1) sorts before a start: touching is not overlapping
+    for _, step in sorted(events):
         now += step
         most = max(most, now)
     return most
 
 
-def key_order_violations(executions: dict[int, list[Execution]], keys: Mapping[int, tuple[str, int]],
-                         cut_at: Mapping[int, float] | None = None) -> list[str]:
+def key_order_violations(
+    executions: dict[int, list[Execution]],
+    keys: Mapping[int, tuple[str, int]],
+    cut_at: Mapping[int, float] | None = None,
+) -> list[str]:
     """What broke ordering keys' promise in a recording, described (none: it held).
 
     `keys`: job id -> (its ordering key, its sequence number in the key, as enqueued). For every
@@ -264,16 +308,22 @@ def key_order_violations(executions: dict[int, list[Execution]], keys: Mapping[i
             problems.append(f"key {key}: ids {ids} are not in enqueue order {seqs}")
         for job_id in ids:
             if not any(run.outcome == "ok" for run in executions.get(job_id, [])):
-                problems.append(f"key {key}: job {job_id} never ran to its end: {executions.get(job_id, [])}")
+                problems.append(
+                    f"key {key}: job {job_id} never ran to its end: {executions.get(job_id, [])}"
+                )
         for earlier, later in zip(ids, ids[1:], strict=False):
             runs, next_runs = executions.get(earlier, []), executions.get(later, [])
             if not runs or not next_runs:
                 continue
-            ended = max(run.end if run.end is not None else cut_at.get(run.pid, math.inf) for run in runs)
+            ended = max(
+                run.end if run.end is not None else cut_at.get(run.pid, math.inf) for run in runs
+            )
             started = min(run.start for run in next_runs)
             if started < ended:
-                problems.append(f"key {key}: job {later} started at {started:.3f}, {ended - started:.3f} s before "
-                                f"job {earlier} (before it in the key) had ended: {runs} / {next_runs}")
+                problems.append(
+                    f"key {key}: job {later} started at {started:.3f}, {ended - started:.3f} s before "
+                    f"job {earlier} (before it in the key) had ended: {runs} / {next_runs}"
+                )
     return problems
 
 
@@ -291,7 +341,8 @@ def run_async(coro: Any) -> Any:
 
 
 def analyze_if_stale(dsn: str) -> None:
-    """One PlannerStats tick (store.jobs_analyze_if_stale) as the role of `dsn`, on a store of its own."""
+    """One PlannerStats tick (store.jobs_analyze_if_stale) as the role of `dsn`, on a store of
+    its own."""
     from dispatcher.db.store import JobStore
 
     async def tick() -> None:
@@ -304,8 +355,13 @@ def analyze_if_stale(dsn: str) -> None:
     run_async(tick())
 
 
-async def run_worker_until(worker: Any, predicate: Callable[[], Any], timeout_s: float, what: str,
-                           grace_s: float | None = None) -> Any:
+async def run_worker_until(
+    worker: Any,
+    predicate: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    grace_s: float | None = None,
+) -> Any:
     """Run an in-process Worker until `predicate()` (a sync DB check, run in a thread) holds."""
     task = asyncio.create_task(worker.run())
 
@@ -349,8 +405,11 @@ async def reap_and_claim_again(dsn: str, old: Any, new: Any) -> tuple[list[Any],
     reaper = Reaper(new, RetryPolicy(1.0, 1.0), settings, on_reaped=lambda: None)
     await reaper.tick()
     assert reaper.reaped == len(stale)
-    assert set(fetchall(dsn, "SELECT status, locked_by FROM dispatcher_jobs")) == {("queued", "old")}
-    await conn.execute("UPDATE dispatcher_jobs SET run_at = now()")  # the retry's backoff has passed
+    assert set(fetchall(dsn, "SELECT status, locked_by FROM dispatcher_jobs")) == {
+        ("queued", "old")
+    }
+    # the retry's backoff has passed
+    await conn.execute("UPDATE dispatcher_jobs SET run_at = now()")
     fresh = await new.jobs_claim("default", 10_000, 30, everything)
     assert sorted(j.id for j in fresh) == sorted(j.id for j in stale)
     return stale, fresh

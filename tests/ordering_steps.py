@@ -118,7 +118,9 @@ def holder_problems(rows: list[Row]) -> list[str]:
             holder = holders[0]
             earlier = [r.id for r in jobs if r.id < holder.id and (r.status in LIVE or r.halted)]
             if earlier or any(i < holder.id for i in waiting):
-                problems.append(f"key {key}: holder {holder.id} is not its lowest unfinished job: {jobs}")
+                problems.append(
+                    f"key {key}: holder {holder.id} is not its lowest unfinished job: {jobs}"
+                )
         elif waiting:
             problems.append(f"key {key}: jobs {waiting} wait and nothing holds the key")
     return problems
@@ -126,10 +128,19 @@ def holder_problems(rows: list[Row]) -> list[str]:
 
 def claim_problems(before: list[Row], claimed: list[Job], limit: int) -> list[str]:
     """A claim must take the first `limit` queued jobs in claim order (every job here is due)."""
-    expected = [r.id for r in sorted((r for r in before if r.status == STATUS_QUEUED),
-                                     key=lambda r: (r.priority, r.run_at, r.id))[:limit]]
+    expected = [
+        r.id
+        for r in sorted(
+            (r for r in before if r.status == STATUS_QUEUED),
+            key=lambda r: (r.priority, r.run_at, r.id),
+        )[:limit]
+    ]
     got = sorted(job.id for job in claimed)
-    return [] if got == sorted(expected) else [f"claimed {got}, expected {sorted(expected)} of {before}"]
+    return (
+        []
+        if got == sorted(expected)
+        else [f"claimed {got}, expected {sorted(expected)} of {before}"]
+    )
 
 
 def _nth(items: list[Any], n: int) -> Any:
@@ -148,7 +159,9 @@ async def replay(target: Target, sequence: list[Step]) -> list[Any]:
 
     async def claim(limit: int, partitioned: bool) -> list[Job]:
         before = await target.rows()
-        jobs = await store.jobs_claim(target.queue, limit, LEASE_S, EVERY_BUCKET if partitioned else None)
+        jobs = await store.jobs_claim(
+            target.queue, limit, LEASE_S, EVERY_BUCKET if partitioned else None
+        )
         problems = claim_problems(before, jobs, limit)
         assert not problems, problems
         for job in sorted(jobs, key=lambda j: j.id):
@@ -169,18 +182,24 @@ async def replay(target: Target, sequence: list[Step]) -> list[Any]:
         elif op in ("complete", "fail", "release") and (job := _nth(mine, args[0])) is not None:
             del running[job.id]
             if op == "complete":
-                return await store.jobs_complete_owned([job.id], [job.token], keyed=job.ordering_key is not None)
+                return await store.jobs_complete_owned(
+                    [job.id], [job.token], keyed=job.ordering_key is not None
+                )
             if op == "release":
                 return await store.jobs_release_owned([job])
             outcome, halts = FAILURES[args[1]]
-            written = await store.jobs_fail_owned([Failure(job.id, job.token, outcome, halts=halts)])
+            written = await store.jobs_fail_owned(
+                [Failure(job.id, job.token, outcome, halts=halts)]
+            )
             return [(w.status, w.ordering_halted) for w in written]
         elif op == "cancel" and (row := _nth(await target.rows(), args[0])) is not None:
             return await store.jobs_cancel([row.id])  # a running job keeps running, with a request
         elif op in ("retry_halted", "cancel_halted"):
             halted = [r for r in await target.rows() if r.halted]
             if (row := _nth(halted, args[0])) is not None:
-                await (target.retry(row.id) if op == "retry_halted" else store.jobs_cancel([row.id]))
+                await (
+                    target.retry(row.id) if op == "retry_halted" else store.jobs_cancel([row.id])
+                )
         return None
 
     for op, *args in sequence:
@@ -194,7 +213,9 @@ async def replay(target: Target, sequence: list[Step]) -> list[Any]:
     for _ in range(len(sequence) * 4 + 10):  # the drain: each round ends at least one job, or stops
         await target.tick()
         for job in sorted(running.values(), key=lambda j: j.id):
-            await store.jobs_complete_owned([job.id], [job.token], keyed=job.ordering_key is not None)
+            await store.jobs_complete_owned(
+                [job.id], [job.token], keyed=job.ordering_key is not None
+            )
         running.clear()
         if not await claim(100, False):
             break
@@ -204,7 +225,9 @@ async def replay(target: Target, sequence: list[Step]) -> list[Any]:
     halted_keys = {r.key for r in rows if r.halted}
     stuck = [r for r in rows if r.status in LIVE and r.key not in halted_keys]
     assert not stuck, f"jobs left unfinished behind no halted key: {stuck}"
-    assert all(ids == sorted(ids) for ids in first_claims.values()), f"a key's claims out of id order: {first_claims}"
+    assert all(ids == sorted(ids) for ids in first_claims.values()), (
+        f"a key's claims out of id order: {first_claims}"
+    )
     trace.append(("drained", _statuses(rows)))
     return trace
 

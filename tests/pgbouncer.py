@@ -62,8 +62,15 @@ class PgBouncer(_Server):
     _death_signal = signal.SIGKILL
     _pidfile = "pgbouncer.pid"
 
-    def __init__(self, server_dsn: str, *, binary: str, users: Iterable[str] = ("postgres",),
-                 settings: Mapping[str, object] | None = None, startup_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        server_dsn: str,
+        *,
+        binary: str,
+        users: Iterable[str] = ("postgres",),
+        settings: Mapping[str, object] | None = None,
+        startup_timeout: float = 10.0,
+    ) -> None:
         self.binary = binary
         self.version = pgbouncer_version(binary)
         server = psycopg.conninfo.conninfo_to_dict(server_dsn)

@@ -41,7 +41,9 @@ class StatementTimeout(TimeoutError):
     """A statement (or a connect) got no answer within its deadline; the connection is abandoned."""
 
     def __init__(self, what: str, timeout_s: float) -> None:
-        super().__init__(f"{what}: no answer within {timeout_s:g} s (connection stalled or server overloaded)")
+        super().__init__(
+            f"{what}: no answer within {timeout_s:g} s (connection stalled or server overloaded)"
+        )
         self.what = what
         self.timeout_s = timeout_s
 
@@ -63,7 +65,8 @@ class ConnectionLimits:
     def connect_kwargs(self) -> dict[str, Any]:
         """libpq parameters for a connection with these limits."""
         return {
-            # libpq takes whole seconds and treats 1 as 2; round up so we never wait less than asked.
+            # libpq takes whole seconds and treats 1 as 2; round up so we never wait less than
+            # asked.
             "connect_timeout": max(2, int(-(-self.connect_timeout_s // 1))),
             "keepalives": 1,
             "keepalives_idle": KEEPALIVES_IDLE_S,
@@ -82,8 +85,9 @@ _abandoned: set[asyncio.Task[Any]] = set()
 _abandoned_conns: set[int] = set()  # id() of the connections
 
 
-async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
-                  **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+async def connect(
+    dsn: str, limits: ConnectionLimits, *, application_name: str, **kwargs: Any
+) -> psycopg.AsyncConnection[Any]:
     """An autocommit connection with the limits' timeouts. ConnectError says why not, in one line:
     unreachable (also a handshake that stalls past connect_timeout_s, +1 s for libpq's own timer
     to fire first), login refused or a bad setting (errors.py, diagnosed in a thread)."""
@@ -93,7 +97,12 @@ async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
     try:
         async with asyncio.timeout(limits.connect_timeout_s + 1.0):
             return await psycopg.AsyncConnection.connect(
-                dsn, autocommit=True, application_name=application_name, **limits.connect_kwargs(), **kwargs)
+                dsn,
+                autocommit=True,
+                application_name=application_name,
+                **limits.connect_kwargs(),
+                **kwargs,
+            )
     except TimeoutError:
         raise ConnectError(_stalled(limits), dsn) from None
     except psycopg.Error as exc:
@@ -103,14 +112,21 @@ async def connect(dsn: str, limits: ConnectionLimits, *, application_name: str,
         raise ConnectError(failure, dsn) from None
 
 
-def connect_sync(dsn: str, limits: ConnectionLimits, *, application_name: str,
-                 **kwargs: Any) -> psycopg.Connection[Any]:
+def connect_sync(
+    dsn: str, limits: ConnectionLimits, *, application_name: str, **kwargs: Any
+) -> psycopg.Connection[Any]:
     """connect() for sync code (the one-shot commands): the same bounds, the same ConnectError.
     Prepared statements off: each statement runs once or twice (and PgBouncer, above)."""
     began = time.monotonic()
     try:
-        return psycopg.connect(dsn, autocommit=True, application_name=application_name, prepare_threshold=None,
-                               **limits.connect_kwargs(), **kwargs)
+        return psycopg.connect(
+            dsn,
+            autocommit=True,
+            application_name=application_name,
+            prepare_threshold=None,
+            **limits.connect_kwargs(),
+            **kwargs,
+        )
     except psycopg.Error as exc:
         if _timed_out(limits, began):
             raise ConnectError(_stalled(limits), dsn) from None
@@ -124,19 +140,28 @@ def _timed_out(limits: ConnectionLimits, began: float) -> bool:
 
 
 def _stalled(limits: ConnectionLimits) -> Failure:
-    return Failure(Problem.UNREACHABLE, f"no answer within {limits.connect_timeout_s:g} s (connection stalled)")
+    return Failure(
+        Problem.UNREACHABLE, f"no answer within {limits.connect_timeout_s:g} s (connection stalled)"
+    )
 
 
 def local_timeouts(conn: psycopg.Connection[Any], statement_s: float, lock_s: float) -> None:
     """statement_timeout and lock_timeout for the transaction `conn` is in (SET LOCAL: nothing
     leaks through a PgBouncer pool). A one-shot command then fails in bounded time on a lock
     (55P03 lock_not_available) or a slow statement (57014 query_canceled) instead of hanging."""
-    conn.execute(load("coordinator")["local_timeouts"],
-                 {"statement": f"{max(1, int(statement_s * 1000))}ms", "lock": f"{max(1, int(lock_s * 1000))}ms"},
-                 prepare=False)
+    conn.execute(
+        load("coordinator")["local_timeouts"],
+        {
+            "statement": f"{max(1, int(statement_s * 1000))}ms",
+            "lock": f"{max(1, int(lock_s * 1000))}ms",
+        },
+        prepare=False,
+    )
 
 
-async def bounded(what: str, work: Awaitable[T], timeout_s: float, conn: psycopg.AsyncConnection[Any]) -> T:
+async def bounded(
+    what: str, work: Awaitable[T], timeout_s: float, conn: psycopg.AsyncConnection[Any]
+) -> T:
     """Await `work` (statements on `conn`) for at most `timeout_s`.
 
     On overrun, or if our caller is cancelled meanwhile, `work` is cancelled and left to finish

@@ -39,7 +39,9 @@ def password_forms(dsn: str) -> list[str]:
     """Every spelling of the DSN's password a message may quote: as written, unquoted,
     percent-decoded, and as libpq parsed it. Longest first, so a longer form is blanked whole."""
     forms: set[str] = set()
-    raw = [m.group(1) for pattern in (_URI_PASSWORD, _QUERY_PASSWORD) for m in pattern.finditer(dsn)]
+    raw = [
+        m.group(1) for pattern in (_URI_PASSWORD, _QUERY_PASSWORD) for m in pattern.finditer(dsn)
+    ]
     for m in _KEYWORD_PASSWORD.finditer(dsn):
         token = m.group(1)
         raw.append(token)
@@ -72,7 +74,7 @@ def one_line(exc: BaseException | str, dsn: str | None) -> str:
     names the server), whitespace collapsed, the password redacted."""
     text = str(exc)
     if "FATAL:" in text:
-        text = text[text.index("FATAL:") + len("FATAL:"):]
+        text = text[text.index("FATAL:") + len("FATAL:") :]
     return redact(" ".join(text.split()), dsn)
 
 
@@ -83,10 +85,12 @@ def one_line(exc: BaseException | str, dsn: str | None) -> str:
 _ANY_URI_PASSWORD = re.compile(r"""(\b[a-z][a-z0-9+.-]*://[^\s:/@'"]*:)[^\s'"]*@""", re.IGNORECASE)
 _ANY_KEY_PASSWORD = re.compile(
     r"""(\b(?:password|passwd|pwd)['"]?\s*[=:]\s*)('(?:\\.|[^'\\])*'?|"(?:\\.|[^"\\])*"?|[^\s&,;'"]+)""",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 
-_MAYBE_PASSWORD = re.compile(r"://|pass|pwd", re.IGNORECASE)  # what both patterns need: one search to rule out
+# what both patterns need: one search to rule out
+_MAYBE_PASSWORD = re.compile(r"://|pass|pwd", re.IGNORECASE)
 
 
 def scrub(text: str) -> str:
@@ -109,7 +113,9 @@ def redis_url_problem(url: str) -> str | None:
     except ValueError as exc:
         text = scrub(str(exc))
         password = urlsplit_password(url)
-        for form in sorted({password, unquote(password)}, key=len, reverse=True) if password else ():
+        for form in (
+            sorted({password, unquote(password)}, key=len, reverse=True) if password else ()
+        ):
             text = text.replace(form, REDACTED)
         return text
     return None

@@ -1,13 +1,14 @@
-"""What went wrong with PostgreSQL, classified once for both packages (docs/design/connection-errors.md).
+"""What went wrong with PostgreSQL, classified once for both packages
+(docs/design/connection-errors.md).
 
 `classify(exc)` sorts a psycopg error by its SQLSTATE class and psycopg's exception types, never
 by message text (a server may speak another language). Failures to connect carry no SQLSTATE
 (libpq builds them client-side), so `diagnose_connect()` finds out structurally instead: can we
 reach the host and port at all (a TCP connect), does libpq accept the options (`connect_start`
 fails at once for a bad value), does the server offer the SSL that `sslmode` requires (the
-SSLRequest answer), and does it refuse a startup for a reason that passes (starting up, full:
-the SQLSTATE of the ErrorResponse it sends to a bare StartupMessage) or take logins (then ours
-was refused). Each package maps a `Problem` to its own exception (dispatcher/errors.py,
+SSLRequest answer), and does it refuse a startup for a reason that passes (starting up, full: the
+SQLSTATE of the ErrorResponse it sends to a bare StartupMessage) or take logins (then ours was
+refused). Each package maps a `Problem` to its own exception (dispatcher/errors.py,
 coordinator/errors.py).
 """
 
@@ -29,10 +30,13 @@ from .dsn import describe_dsn, one_line
 
 class Problem(enum.Enum):
     UNREACHABLE = "unreachable"  # no answer, connection lost, server starting up or full: retry
-    LOGIN_REFUSED = "login refused"  # the server answered and refused this login (role, database, password, pg_hba)
-    BAD_SETTING = "bad connection setting"  # libpq refuses an option, or the server cannot meet our SSL setting
+    # the server answered and refused this login (role, database, password, pg_hba)
+    LOGIN_REFUSED = "login refused"
+    # libpq refuses an option, or the server cannot meet our SSL setting
+    BAD_SETTING = "bad connection setting"
     MISSING_SCHEMA = "missing schema"  # one of our tables does not exist: `dispatcher migrate`
-    TIMED_OUT = "timed out"  # lock_timeout, statement_timeout, a cancel request or a deadlock ended a statement
+    # lock_timeout, statement_timeout, a cancel request or a deadlock ended a statement
+    TIMED_OUT = "timed out"
     PERMISSION_DENIED = "permission denied"  # our role lacks a privilege
     OTHER = "other"
 
@@ -43,8 +47,10 @@ class Problem(enum.Enum):
 
 
 # SQLSTATEs of a server that cannot take us *now*: shutting down, starting up, in recovery, full.
-_TRANSIENT_STATES = {"57P01", "57P02", "57P03", "53300", "53000", "25006"}  # 25006: a read-only replica (failover)
-# At connect time only: 55000 is a database not accepting connections (ALTER DATABASE ... ALLOW_CONNECTIONS).
+# 25006: a read-only replica (failover)
+_TRANSIENT_STATES = {"57P01", "57P02", "57P03", "53300", "53000", "25006"}
+# At connect time only: 55000 is a database not accepting connections (ALTER DATABASE ...
+# ALLOW_CONNECTIONS).
 _CONNECT_TRANSIENT_STATES = _TRANSIENT_STATES | {"55000"}
 # The classes of a connection that was lost (08) or a server that ran out of something (53).
 _TRANSIENT_CLASSES = ("08", "53")
@@ -69,7 +75,9 @@ class ConnectError(psycopg.OperationalError):
     An OperationalError, so code that caught psycopg's own connect errors still catches it."""
 
     def __init__(self, failure: Failure, dsn: str) -> None:
-        super().__init__(f"cannot connect to {describe_dsn(dsn)} ({failure.problem.value}): {failure.reason}")
+        super().__init__(
+            f"cannot connect to {describe_dsn(dsn)} ({failure.problem.value}): {failure.reason}"
+        )
         self.failure = failure
 
 
@@ -82,8 +90,11 @@ def classify(exc: BaseException) -> Problem:
     state = getattr(exc, "sqlstate", None)
     if isinstance(exc, pgerrors.UndefinedTable):
         return Problem.MISSING_SCHEMA
-    if isinstance(exc, (pgerrors.LockNotAvailable, pgerrors.QueryCanceled)) or (state or "").startswith("40"):
-        return Problem.TIMED_OUT  # class 40 too: a lock wait the server ended (deadlock, serialization conflict)
+    if isinstance(exc, (pgerrors.LockNotAvailable, pgerrors.QueryCanceled)) or (
+        state or ""
+    ).startswith("40"):
+        # class 40 too: a lock wait the server ended (deadlock, serialization conflict)
+        return Problem.TIMED_OUT
     if isinstance(exc, pgerrors.InsufficientPrivilege):
         return Problem.PERMISSION_DENIED
     if state is not None and (state in _TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)):
@@ -91,7 +102,8 @@ def classify(exc: BaseException) -> Problem:
     if isinstance(exc, psycopg.ProgrammingError) and state is None:
         return Problem.BAD_SETTING  # libpq could not parse the connection string
     if isinstance(exc, psycopg.OperationalError) and state is None:
-        return Problem.UNREACHABLE  # client-side: the connection broke (a connect is diagnosed apart)
+        # client-side: the connection broke (a connect is diagnosed apart)
+        return Problem.UNREACHABLE
     return Problem.OTHER
 
 
@@ -100,7 +112,9 @@ def describe(exc: BaseException, dsn: str | None = None) -> Failure:
     diag = getattr(exc, "diag", None)
     primary = diag.message_primary if diag is not None else None
     reason = one_line(primary or str(exc) or type(exc).__name__, dsn)
-    return Failure(classify(exc), reason, getattr(exc, "sqlstate", None), diag.message_hint if diag else None)
+    return Failure(
+        classify(exc), reason, getattr(exc, "sqlstate", None), diag.message_hint if diag else None
+    )
 
 
 def diagnose_connect(exc: BaseException, dsn: str, timeout_s: float) -> Failure:
@@ -126,22 +140,34 @@ def diagnose_connect(exc: BaseException, dsn: str, timeout_s: float) -> Failure:
     options["host"] = options.get("host") or pgconn.host.decode()  # libpq's default socket folder
     address = _address(options)
     if address is None:  # e.g. a port that is not a number
-        return Failure(Problem.BAD_SETTING if _rejects_options(dsn, options) else Problem.UNREACHABLE, reason)
+        return Failure(
+            Problem.BAD_SETTING if _rejects_options(dsn, options) else Problem.UNREACHABLE, reason
+        )
     if not _answers(address, deadline):
         return Failure(Problem.UNREACHABLE, reason)
     if _rejects_options(dsn, options):
         return Failure(Problem.BAD_SETTING, reason)
-    if options.get("sslmode") in _SSL_REQUIRED and address[0] != socket.AF_UNIX and not _offers_ssl(address, deadline):
-        return Failure(Problem.BAD_SETTING, f"sslmode={options['sslmode']} but the server does not offer SSL")
+    if (
+        options.get("sslmode") in _SSL_REQUIRED
+        and address[0] != socket.AF_UNIX
+        and not _offers_ssl(address, deadline)
+    ):
+        return Failure(
+            Problem.BAD_SETTING, f"sslmode={options['sslmode']} but the server does not offer SSL"
+        )
     state = _startup_sqlstate(address, options, deadline)
-    if state == "":  # the probe got in, or no answer: whatever it was has passed, or the server went away
+    # the probe got in, or no answer: whatever it was has passed, or the server went away
+    if state == "":
         return Failure(Problem.UNREACHABLE, reason)
-    if state is not None and (state in _CONNECT_TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)):
+    if state is not None and (
+        state in _CONNECT_TRANSIENT_STATES or state.startswith(_TRANSIENT_CLASSES)
+    ):
         return Failure(Problem.UNREACHABLE, reason, state)
     return Failure(Problem.LOGIN_REFUSED, reason, state)
 
 
-# -- probes: plain sockets, each bounded ---------------------------------------------------------------
+# -- probes: plain sockets, each bounded -----------------------------------------------------------
+
 
 def _address(options: dict[str, str]) -> tuple[int, Any] | None:
     """(family, address) libpq last tried: hostaddr (psycopg resolves names) or host, and port;
@@ -200,15 +226,20 @@ def _offers_ssl(address: tuple[int, Any], deadline: float) -> bool:
         return True  # no answer: not a "no"; the caller goes on
 
 
-def _startup_sqlstate(address: tuple[int, Any], options: dict[str, str], deadline: float) -> str | None:
+def _startup_sqlstate(
+    address: tuple[int, Any], options: dict[str, str], deadline: float
+) -> str | None:
     """Send a bare StartupMessage (user, database) and read the answers: the SQLSTATE of the
     server's ErrorResponse; None if it asks for a password (it takes logins: ours was refused);
     '' if it let the probe in or did not answer (the failure has passed). A server that is
     starting up, shutting down or full says so before authentication; one that trusts the probe
     (no password) goes on and says what it says to a login: no such role or database, or the
     database not accepting connections."""
-    params = b"".join(k.encode() + b"\0" + v.encode() + b"\0" for k, v in
-                      (("user", options.get("user") or ""), ("database", options.get("dbname") or "")) if v)
+    params = b"".join(
+        k.encode() + b"\0" + v.encode() + b"\0"
+        for k, v in (("user", options.get("user") or ""), ("database", options.get("dbname") or ""))
+        if v
+    )
     body = struct.pack("!i", _PROTOCOL_3) + params + b"\0"
     try:
         with _socket(address, deadline) as sock:
@@ -218,7 +249,9 @@ def _startup_sqlstate(address: tuple[int, Any], options: dict[str, str], deadlin
                 payload = _recv(sock, struct.unpack("!i", _recv(sock, 4))[0] - 4)
                 if kind == b"E":
                     fields = payload.split(b"\0")
-                    return next((f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None)
+                    return next(
+                        (f[1:].decode("ascii", "replace") for f in fields if f[:1] == b"C"), None
+                    )
                 if kind == b"R" and payload[:4] != b"\0\0\0\0":
                     return None  # a password (or another method) is asked for: stop here
                 if kind == b"Z":

@@ -31,7 +31,9 @@ class NotificationWait:
     """Deliver the notifications of `conn` (which has run its LISTEN) to `on_notify`. Use it from
     one task, between statements on the connection, never during one."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], on_notify: Callable[[psycopg.Notify], None]) -> None:
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], on_notify: Callable[[psycopg.Notify], None]
+    ) -> None:
         self._conn = conn
         self._on_notify = on_notify
         conn.add_notify_handler(on_notify)  # those psycopg reads during our statements
@@ -40,7 +42,8 @@ class NotificationWait:
     async def wait(self, timeout_s: float) -> bool:
         """Wait until data arrives on the connection or `timeout_s` passes; hand every
         notification that arrived to `on_notify`. Returns False after a silent `timeout_s` (the
-        caller may then probe the connection). A broken connection raises psycopg.OperationalError."""
+        caller may then probe the connection). A broken connection raises
+        psycopg.OperationalError."""
         if self._read():  # arrived with a statement's answer, not yet taken out of libpq's buffer
             return True
         loop = asyncio.get_running_loop()
@@ -65,7 +68,11 @@ class NotificationWait:
         delivered = False
         encoding = self._conn.info.encoding
         while (note := pgconn.notifies()) is not None:
-            self._on_notify(psycopg.Notify(note.relname.decode(encoding), note.extra.decode(encoding), note.be_pid))
+            self._on_notify(
+                psycopg.Notify(
+                    note.relname.decode(encoding), note.extra.decode(encoding), note.be_pid
+                )
+            )
             delivered = True
         return delivered
 

@@ -1,4 +1,5 @@
-"""Named SQL queries: parsed once from a `.sql` file with `-- name: X` headers (procrastinate's layout).
+"""Named SQL queries: parsed once from a `.sql` file with `-- name: X` headers (procrastinate's
+layout).
 
 Generic over the package: `load("coordinator")` reads coordinator/sql/queries.sql;
 `load_all("dispatcher.db")` merges every `.sql` file of dispatcher/db/sql/ (split by concern),
@@ -48,6 +49,8 @@ def load_all(package: str) -> dict[str, str]:
             continue
         for name, statement in load(package, entry.name).items():
             if name in found:
-                raise ValueError(f"query {name!r} is defined in both {where[name]} and {entry.name}")
+                raise ValueError(
+                    f"query {name!r} is defined in both {where[name]} and {entry.name}"
+                )
             found[name], where[name] = statement, entry.name
     return found

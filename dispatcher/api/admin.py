@@ -1,10 +1,10 @@
 """Failed-job admin: list, show, retry, cancel and purge jobs. The API under `dispatcher jobs`.
 
 Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with a
-local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks the status it needs on the
-row, so a job that changed meanwhile is skipped and reported. Bulk changes go in batches by id; a
-change that lets an ordering key go on promotes the key's next job once it commits.
-Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
+local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks
+the status it needs on the row, so a job that changed meanwhile is skipped and reported. Bulk
+changes go in batches by id; a change that lets an ordering key go on promotes the key's next job
+once it commits. Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
 
 Under DISPATCHER_COMPLETED_JOBS=delete a job that completes leaves no row: `list_jobs` never
 returns it, `show_job` returns None for it, and `job_attempts` still reads its attempts from the
@@ -47,11 +47,13 @@ from dispatcher.model import (
     STATUSES,
 )
 
-ADMIN_BUDGET = 6.0  # statement timeout = statement_timeout_s x this (30 s at the defaults), as maintenance's
+# statement timeout = statement_timeout_s x this (30 s at the defaults), as maintenance's
+ADMIN_BUDGET = 6.0
 DEFAULT_BATCH = 1000  # rows per statement of a bulk change: ~2 ms each, 1,000 row locks at most
 DEFAULT_LIST_LIMIT = 50
 MAX_REPORTED_IDS = 100_000  # ids of changed jobs kept in a result; the counts are always exact
-_UNIQUE_RETRIES = 3  # a batch that hit a dedupe key enqueued meanwhile is sent again (it is then skipped)
+# a batch that hit a dedupe key enqueued meanwhile is sent again (it is then skipped)
+_UNIQUE_RETRIES = 3
 
 # Which statuses each change applies to.
 ELIGIBLE = {
@@ -81,8 +83,10 @@ class Filters:
     older_than_s: float | None = None
     newer_than_s: float | None = None
     ids: tuple[int, ...] = ()
-    halted: bool = False  # only jobs that halt their ordering key (failed or discarded, ordering_halted)
-    before_id: int | None = None  # only jobs with a smaller id: the next page of a list, newest first
+    # only jobs that halt their ordering key (failed or discarded, ordering_halted)
+    halted: bool = False
+    # only jobs with a smaller id: the next page of a list, newest first
+    before_id: int | None = None
     # The filters as they stood at this instant of the database's clock (a count someone confirmed):
     # ages measured from it, and a job whose row changed after it left alone.
     as_of: datetime | None = None
@@ -90,25 +94,45 @@ class Filters:
     def __post_init__(self) -> None:
         unknown = [s for s in self.statuses if s not in STATUSES]
         if unknown:
-            raise AdminInputError(f"unknown status {', '.join(map(repr, unknown))} (one of {', '.join(STATUSES)})",
-                                  "statuses")
+            raise AdminInputError(
+                f"unknown status {', '.join(map(repr, unknown))} (one of {', '.join(STATUSES)})",
+                "statuses",
+            )
         for name in ("older_than_s", "newer_than_s"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value < 0):
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
                 raise AdminInputError(f"must be a number of seconds >= 0, got {value!r}", name)
-        bad = [i for i in (*self.ids, *([] if self.before_id is None else [self.before_id]))
-               if isinstance(i, bool) or not isinstance(i, int) or i < 1]
+        bad = [
+            i
+            for i in (*self.ids, *([] if self.before_id is None else [self.before_id]))
+            if isinstance(i, bool) or not isinstance(i, int) or i < 1
+        ]
         if bad:
             raise AdminInputError(f"job ids are whole numbers >= 1, got {bad[:5]}", "ids")
-        if self.as_of is not None and (not isinstance(self.as_of, datetime) or self.as_of.tzinfo is None):
-            raise AdminInputError(f"must be a datetime with a time zone, got {self.as_of!r}", "as_of")
+        if self.as_of is not None and (
+            not isinstance(self.as_of, datetime) or self.as_of.tzinfo is None
+        ):
+            raise AdminInputError(
+                f"must be a datetime with a time zone, got {self.as_of!r}", "as_of"
+            )
 
     def params(self) -> dict[str, Any]:
-        return {"statuses": list(self.statuses) or None, "queues": list(self.queues) or None,
-                "job_types": list(self.job_types) or None, "older_than_s": self.older_than_s,
-                "newer_than_s": self.newer_than_s, "ids": list(self.ids) or None, "halted": self.halted,
-                "before_id": self.before_id, "as_of": self.as_of}
+        return {
+            "statuses": list(self.statuses) or None,
+            "queues": list(self.queues) or None,
+            "job_types": list(self.job_types) or None,
+            "older_than_s": self.older_than_s,
+            "newer_than_s": self.newer_than_s,
+            "ids": list(self.ids) or None,
+            "halted": self.halted,
+            "before_id": self.before_id,
+            "as_of": self.as_of,
+        }
 
     def for_action(self, action: str) -> Filters:
         """These filters narrowed to the statuses `action` applies to; a status it never applies
@@ -117,15 +141,23 @@ class Filters:
         eligible = HALTING if action == "cancel" and self.halted else ELIGIBLE[action]
         wrong = [s for s in self.statuses if s not in eligible]
         if wrong:
-            raise AdminInputError(f"{action} applies to {', '.join(eligible)} jobs, not {', '.join(wrong)}", "statuses")
+            raise AdminInputError(
+                f"{action} applies to {', '.join(eligible)} jobs, not {', '.join(wrong)}",
+                "statuses",
+            )
         return replace(self, statuses=self.statuses or eligible)
 
 
 Target = str | psycopg.Connection[Any]
 
 
-def list_jobs(target: Target, filters: Filters = Filters(), *, limit: int = DEFAULT_LIST_LIMIT,
-              limits: ConnectionLimits | None = None) -> list[JobRow]:
+def list_jobs(
+    target: Target,
+    filters: Filters = Filters(),
+    *,
+    limit: int = DEFAULT_LIST_LIMIT,
+    limits: ConnectionLimits | None = None,
+) -> list[JobRow]:
     """Jobs that match, newest first, at most `limit`."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
@@ -134,9 +166,15 @@ def list_jobs(target: Target, filters: Filters = Filters(), *, limit: int = DEFA
     return [JobRow(*row) for row in rows]
 
 
-def list_halted_keys(target: Target, filters: Filters = Filters(), *, limit: int = DEFAULT_LIST_LIMIT,
-                     limits: ConnectionLimits | None = None) -> list[HaltedKey]:
-    """Halted keys whose halted job matches, newest halt first (by its job's id), at most `limit`."""
+def list_halted_keys(
+    target: Target,
+    filters: Filters = Filters(),
+    *,
+    limit: int = DEFAULT_LIST_LIMIT,
+    limits: ConnectionLimits | None = None,
+) -> list[HaltedKey]:
+    """Halted keys whose halted job matches, newest halt first (by its job's id), at most
+    `limit`."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
     with _session(target, limits) as run:
@@ -144,14 +182,25 @@ def list_halted_keys(target: Target, filters: Filters = Filters(), *, limit: int
     return [HaltedKey(*row) for row in rows]
 
 
-def count_jobs(target: Target, filters: Filters, action: str | None = None, *,
-               limits: ConnectionLimits | None = None) -> int:
-    """How many jobs match (those `action` would touch, if given): what a bulk change asks to confirm."""
+def count_jobs(
+    target: Target,
+    filters: Filters,
+    action: str | None = None,
+    *,
+    limits: ConnectionLimits | None = None,
+) -> int:
+    """How many jobs match (those `action` would touch, if given): what a bulk change asks to
+    confirm."""
     return match_jobs(target, filters, action, limits=limits).count
 
 
-def match_jobs(target: Target, filters: Filters, action: str | None = None, *,
-               limits: ConnectionLimits | None = None) -> Match:
+def match_jobs(
+    target: Target,
+    filters: Filters,
+    action: str | None = None,
+    *,
+    limits: ConnectionLimits | None = None,
+) -> Match:
     """How many jobs match, the newest of them and the instant, read by one statement."""
     if action is not None:
         filters = filters.for_action(action)
@@ -160,8 +209,13 @@ def match_jobs(target: Target, filters: Filters, action: str | None = None, *,
     return Match(int(count), newest, as_of)
 
 
-def show_job(target: Target, job_id: int, *, attempts_limit: int = 100,
-             limits: ConnectionLimits | None = None) -> JobDetail | None:
+def show_job(
+    target: Target,
+    job_id: int,
+    *,
+    attempts_limit: int = 100,
+    limits: ConnectionLimits | None = None,
+) -> JobDetail | None:
     """The job's row, last error and attempt history (None: no such job)."""
     Filters(ids=(job_id,))  # validates the id
     with _session(target, limits) as run:
@@ -174,43 +228,71 @@ def show_job(target: Target, job_id: int, *, attempts_limit: int = 100,
     return JobDetail(job, job.get("last_error"), [Attempt(*row) for row in attempts])
 
 
-def job_attempts(target: Target, job_id: int, *, limit: int = 100,
-                 limits: ConnectionLimits | None = None) -> list[Attempt]:
-    """The job's attempt history alone, row or no row: what is left of a job whose row was deleted
-    (completed under DISPATCHER_COMPLETED_JOBS=delete, pruned or purged), if DISPATCHER_HISTORY was on."""
+def job_attempts(
+    target: Target, job_id: int, *, limit: int = 100, limits: ConnectionLimits | None = None
+) -> list[Attempt]:
+    """The job's attempt history alone, row or no row: what is left of a job whose row was
+    deleted (completed under DISPATCHER_COMPLETED_JOBS=delete, pruned or purged), if
+    DISPATCHER_HISTORY was on."""
     Filters(ids=(job_id,))  # validates the id
     with _session(target, limits) as run:
         rows = run("show", query("admin_job_attempts"), {"id": job_id, "limit": limit})
     return [Attempt(*row) for row in rows]
 
 
-def retry_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
-               limits: ConnectionLimits | None = None,
-               keep_going: Callable[[], bool] | None = None) -> AdminResult:
+def retry_jobs(
+    target: Target,
+    filters: Filters,
+    *,
+    batch: int = DEFAULT_BATCH,
+    up_to_id: int | None = None,
+    limits: ConnectionLimits | None = None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
     """Failed or discarded jobs back to queued, due now; a keyed one that no longer holds its key
     waits, and runs next (see the module docstring)."""
     return _change("retry", target, filters, batch, up_to_id, limits, keep_going)
 
 
-def cancel_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
-                limits: ConnectionLimits | None = None,
-                keep_going: Callable[[], bool] | None = None) -> AdminResult:
+def cancel_jobs(
+    target: Target,
+    filters: Filters,
+    *,
+    batch: int = DEFAULT_BATCH,
+    up_to_id: int | None = None,
+    limits: ConnectionLimits | None = None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
     """Queued and waiting jobs, and jobs that halt their key, cancelled at once; running ones get a
     cancel request (see the module docstring)."""
     return _change("cancel", target, filters, batch, up_to_id, limits, keep_going)
 
 
-def purge_jobs(target: Target, filters: Filters, *, batch: int = DEFAULT_BATCH, up_to_id: int | None = None,
-               limits: ConnectionLimits | None = None,
-               keep_going: Callable[[], bool] | None = None) -> AdminResult:
+def purge_jobs(
+    target: Target,
+    filters: Filters,
+    *,
+    batch: int = DEFAULT_BATCH,
+    up_to_id: int | None = None,
+    limits: ConnectionLimits | None = None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
     """Delete finished jobs that match (see the module docstring)."""
     return _change("purge", target, filters, batch, up_to_id, limits, keep_going)
 
 
-# -- how a change runs ------------------------------------------------------------------------------
+# -- how a change runs -----------------------------------------------------------------------------
 
-def _change(action: str, target: Target, filters: Filters, batch: int, up_to_id: int | None,
-            limits: ConnectionLimits | None, keep_going: Callable[[], bool] | None = None) -> AdminResult:
+
+def _change(
+    action: str,
+    target: Target,
+    filters: Filters,
+    batch: int,
+    up_to_id: int | None,
+    limits: ConnectionLimits | None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
     """With ids: those jobs (the filters must match too), each reported. Without: every job the
     filters match (narrowed to the statuses `action` applies to), batch by batch, up to `up_to_id`
     (default: the newest that matches now), while `keep_going()` says so before each batch."""
@@ -223,11 +305,15 @@ def _change(action: str, target: Target, filters: Filters, batch: int, up_to_id:
             ids = list(dict.fromkeys(filters.ids))
             result.matched = len(ids)
             for start in range(0, len(ids), batch):
-                _write(run, action, sql, ids[start:start + batch], filters, result)
+                _write(run, action, sql, ids[start : start + batch], filters, result)
             return result
         narrowed = filters.for_action(action)
         if up_to_id is not None:  # counted, as walked, up to it
-            bound = up_to_id + 1 if narrowed.before_id is None else min(up_to_id + 1, narrowed.before_id)
+            bound = (
+                up_to_id + 1
+                if narrowed.before_id is None
+                else min(up_to_id + 1, narrowed.before_id)
+            )
             narrowed = replace(narrowed, before_id=bound)
         params = narrowed.params()
         count, last, _ = run("count", _sql("admin_jobs_count"), params)[0]
@@ -237,8 +323,14 @@ def _change(action: str, target: Target, filters: Filters, batch: int, up_to_id:
             if keep_going is not None and not keep_going():
                 result.finished = False
                 break
-            page = [row[0] for row in run(action, _sql("admin_jobs_page"),
-                                          {**params, "after_id": after, "max_id": last, "limit": batch})]
+            page = [
+                row[0]
+                for row in run(
+                    action,
+                    _sql("admin_jobs_page"),
+                    {**params, "after_id": after, "max_id": last, "limit": batch},
+                )
+            ]
             if not page:
                 break
             _write(run, action, sql, page, narrowed, result)
@@ -248,7 +340,9 @@ def _change(action: str, target: Target, filters: Filters, batch: int, up_to_id:
     return result
 
 
-def _write(run: Any, action: str, sql: str, ids: list[int], filters: Filters, result: AdminResult) -> None:
+def _write(
+    run: Any, action: str, sql: str, ids: list[int], filters: Filters, result: AdminResult
+) -> None:
     """One statement over `ids`: the change, re-checked on each row; the report of each id."""
     params = {**filters.params(), "ids": ids}
     for attempt in range(_UNIQUE_RETRIES):
@@ -257,13 +351,18 @@ def _write(run: Any, action: str, sql: str, ids: list[int], filters: Filters, re
             break
         except _DedupeRace:
             if attempt == _UNIQUE_RETRIES - 1:
-                raise StoreError(f"{action}: jobs with the same dedupe key kept being enqueued meanwhile; "
-                                 "run it again") from None
+                raise StoreError(
+                    f"{action}: jobs with the same dedupe key kept being enqueued meanwhile; "
+                    "run it again"
+                ) from None
     eligible = ELIGIBLE[action]
     after = {row[0]: row[3] for row in rows if row[3] is not None}  # the changed rows
     # Keys a changed row lets go on (the SQL returns a key only where it may: see admin.sql).
-    released = {(queue, key) for _, _, _, status, _, _, queue, key in rows
-                if key is not None and status in (STATUS_WAITING, STATUS_CANCELLED, "purged")}
+    released = {
+        (queue, key)
+        for _, _, _, status, _, _, queue, key in rows
+        if key is not None and status in (STATUS_WAITING, STATUS_CANCELLED, "purged")
+    }
     for job_id, before, matches, status, dedupe_held, halted, _, _ in rows:
         if status is not None:
             continue  # the row as written; each id comes again below, as it was before
@@ -283,7 +382,11 @@ def _write(run: Any, action: str, sql: str, ids: list[int], filters: Filters, re
 def _promote(run: Any, keys: list[tuple[str, str]]) -> None:
     """ordering_promote_keys after the change committed; a race with another promotion (a unique
     violation on the holder index) is tried again, a key still missed is left to the sweeper."""
-    params = {"queues": [q for q, _ in keys], "keys": [k for _, k in keys], "channel": NOTIFY_CHANNEL}
+    params = {
+        "queues": [q for q, _ in keys],
+        "keys": [k for _, k in keys],
+        "channel": NOTIFY_CHANNEL,
+    }
     for _ in range(_UNIQUE_RETRIES):
         try:
             run("promote", query("ordering_promote_keys"), params)
@@ -292,11 +395,19 @@ def _promote(run: Any, keys: list[tuple[str, str]]) -> None:
             continue
 
 
-def _why(action: str, status: str | None, matches: bool, dedupe_held: bool, eligible: Sequence[str],
-         halted: bool | None = None) -> str:
+def _why(
+    action: str,
+    status: str | None,
+    matches: bool,
+    dedupe_held: bool,
+    eligible: Sequence[str],
+    halted: bool | None = None,
+) -> str:
     if status is None:
         return "no such job"
-    applies = ", ".join(eligible) + (" jobs and to jobs that halt their ordering key" if action == "cancel" else " jobs")
+    applies = ", ".join(eligible) + (
+        " jobs and to jobs that halt their ordering key" if action == "cancel" else " jobs"
+    )
     if action == "cancel" and status in HALTING and not halted:
         return f"it is {status} and does not halt its ordering key: cancel applies to {applies}"
     if status not in eligible and not (action == "cancel" and status in HALTING):
@@ -339,8 +450,11 @@ def _session(target: Target, limits: ConnectionLimits | None) -> Iterator[Any]:
         except StoreTimeout as exc:
             if exc.lock:
                 raise
-            raise StoreTimeout(f"{exc}; narrow the filters (a status, a queue), or raise "
-                               "DISPATCHER_STATEMENT_TIMEOUT_S", lock=False) from None
+            raise StoreTimeout(
+                f"{exc}; narrow the filters (a status, a queue), or raise "
+                "DISPATCHER_STATEMENT_TIMEOUT_S",
+                lock=False,
+            ) from None
 
     if isinstance(target, str):
         with session(target, limits, application_name="dispatcher-admin") as conn:
@@ -348,6 +462,9 @@ def _session(target: Target, limits: ConnectionLimits | None) -> Iterator[Any]:
     else:
         conn = target
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raise AdminInputError("admin changes commit batch by batch: pass a connection that is not inside a "
-                                  "transaction", "conn")
+            raise AdminInputError(
+                "admin changes commit batch by batch: pass a connection that is not inside a "
+                "transaction",
+                "conn",
+            )
         yield run

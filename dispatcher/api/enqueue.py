@@ -27,8 +27,15 @@ from dispatcher.api.enqueue_checks import (
     check_options,
     serialize_payload,
 )
-from dispatcher.api.enqueue_copy import (CopyTally, copy_chunks, copy_plan, owns_transaction, published_async,
-                                         published_sync, unbegun)
+from dispatcher.api.enqueue_copy import (
+    CopyTally,
+    copy_chunks,
+    copy_plan,
+    owns_transaction,
+    published_async,
+    published_sync,
+    unbegun,
+)
 from dispatcher.api.enqueue_windows import (
     insert_windowed_async,
     insert_windowed_sync,
@@ -63,7 +70,8 @@ class JobSpec:
     priority: int = 0
     run_at: datetime | None = None
     delay_s: float = 0.0
-    max_attempts: int | None = None  # None: the handler's max_attempts, else DEFAULT_MAX_ATTEMPTS (20)
+    # None: the handler's max_attempts, else DEFAULT_MAX_ATTEMPTS (20)
+    max_attempts: int | None = None
     dedupe_key: str | None = None
     jitter_s: float = 0.0
     partition_key: str | None = None
@@ -92,15 +100,23 @@ class _Prepared:
     dedupe_window_s: float | None = None
 
 
-def _pick_bucket(bucket: int | None, partition_key: str | None, ordering_key: str | None = None) -> int:
+def _pick_bucket(
+    bucket: int | None, partition_key: str | None, ordering_key: str | None = None
+) -> int:
     if ordering_key is not None:
         keyed = bucket_for(ordering_key)
         if partition_key is not None and bucket_for(partition_key) != keyed:
-            raise EnqueueError(f"partition_key {partition_key!r} maps to bucket {bucket_for(partition_key)} and "
-                               f"ordering_key {ordering_key!r} to bucket {keyed}: give one of them", "partition_key")
+            raise EnqueueError(
+                f"partition_key {partition_key!r} maps to bucket {bucket_for(partition_key)} and "
+                f"ordering_key {ordering_key!r} to bucket {keyed}: give one of them",
+                "partition_key",
+            )
         if bucket is not None and bucket != keyed:
-            raise EnqueueError(f"bucket {bucket} is not ordering_key {ordering_key!r}'s bucket ({keyed}): "
-                               f"leave bucket out", "bucket")
+            raise EnqueueError(
+                f"bucket {bucket} is not ordering_key {ordering_key!r}'s bucket ({keyed}): "
+                f"leave bucket out",
+                "bucket",
+            )
         return keyed
     if bucket is not None:
         return bucket
@@ -116,13 +132,23 @@ def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
     check_dedupe_window(spec.dedupe_window_s, spec.dedupe_key)
     delay = spec.delay_s + (random.uniform(0.0, spec.jitter_s) if spec.jitter_s else 0.0)
     return _Prepared(
-        spec.queue, spec.job_type, serialize_payload(spec.payload, max_payload_bytes), spec.priority,
-        _pick_bucket(spec.bucket, spec.partition_key, spec.ordering_key), spec.max_attempts, spec.run_at, delay,
-        spec.dedupe_key, spec.ordering_key, None if spec.dedupe_window_s is None else float(spec.dedupe_window_s),
+        spec.queue,
+        spec.job_type,
+        serialize_payload(spec.payload, max_payload_bytes),
+        spec.priority,
+        _pick_bucket(spec.bucket, spec.partition_key, spec.ordering_key),
+        spec.max_attempts,
+        spec.run_at,
+        delay,
+        spec.dedupe_key,
+        spec.ordering_key,
+        None if spec.dedupe_window_s is None else float(spec.dedupe_window_s),
     )
 
 
-def _prepare_one(job_type: str, payload: Any, max_payload_bytes: int, options: dict[str, Any]) -> _Prepared:
+def _prepare_one(
+    job_type: str, payload: Any, max_payload_bytes: int, options: dict[str, Any]
+) -> _Prepared:
     check_max_payload_bytes(max_payload_bytes)
     return _prepare(JobSpec(job_type, payload, **options), max_payload_bytes)
 
@@ -141,10 +167,18 @@ def _prepare_all(specs: Iterable[JobSpec], max_payload_bytes: int) -> Iterator[_
 
 
 def _prepare_payloads(
-    job_type: str, payloads: Iterable[Any], *, queue: str = DEFAULT_QUEUE, priority: int = 0,
-    run_at: datetime | None = None, delay_s: float = 0.0, max_attempts: int | None = None,
-    jitter_s: float = 0.0, partition_keys: Sequence[str] | None = None,
-    ordering_keys: Sequence[str | None] | None = None, max_payload_bytes: int,
+    job_type: str,
+    payloads: Iterable[Any],
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay_s: float = 0.0,
+    max_attempts: int | None = None,
+    jitter_s: float = 0.0,
+    partition_keys: Sequence[str] | None = None,
+    ordering_keys: Sequence[str | None] | None = None,
+    max_payload_bytes: int,
 ) -> Iterator[_Prepared]:
     """The columnar form of _prepare_all: options are checked once, here and now (before any
     statement is sent), payloads one by one as the COPY consumes them. `ordering_keys`: one per
@@ -153,20 +187,47 @@ def _prepare_payloads(
     check_options(priority, max_attempts, delay_s, jitter_s, run_at)
     check_max_payload_bytes(max_payload_bytes)
     if partition_keys is not None and ordering_keys is not None:
-        raise EnqueueError("give partition_keys or ordering_keys, not both (an ordering key picks the bucket)",
-                           "partition_keys")
-    keys, option = (ordering_keys, "ordering_keys") if ordering_keys is not None else (partition_keys, "partition_keys")
+        raise EnqueueError(
+            "give partition_keys or ordering_keys, not both (an ordering key picks the bucket)",
+            "partition_keys",
+        )
+    keys, option = (
+        (ordering_keys, "ordering_keys")
+        if ordering_keys is not None
+        else (partition_keys, "partition_keys")
+    )
     if keys is not None and not isinstance(payloads, Sized):
         payloads = list(payloads)
     if keys is not None and len(keys) != len(payloads):  # type: ignore[arg-type]
         raise EnqueueError(f"{len(keys)} {option} for {len(payloads)} payloads", option)  # type: ignore[arg-type]
-    return _iter_payloads(job_type, payloads, queue, priority, run_at, delay_s, max_attempts, jitter_s,
-                          keys, ordering_keys is not None, max_payload_bytes)
+    return _iter_payloads(
+        job_type,
+        payloads,
+        queue,
+        priority,
+        run_at,
+        delay_s,
+        max_attempts,
+        jitter_s,
+        keys,
+        ordering_keys is not None,
+        max_payload_bytes,
+    )
 
 
-def _iter_payloads(job_type: str, payloads: Iterable[Any], queue: str, priority: int, run_at: datetime | None,
-                   delay_s: float, max_attempts: int | None, jitter_s: float, keys: Sequence[str | None] | None,
-                   ordering: bool, max_payload_bytes: int) -> Iterator[_Prepared]:
+def _iter_payloads(
+    job_type: str,
+    payloads: Iterable[Any],
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    delay_s: float,
+    max_attempts: int | None,
+    jitter_s: float,
+    keys: Sequence[str | None] | None,
+    ordering: bool,
+    max_payload_bytes: int,
+) -> Iterator[_Prepared]:
     serialize, rand, uniform = serialize_payload, random.random, random.uniform
     option = "ordering_keys" if ordering else "partition_keys"
     for index, payload in enumerate(payloads):
@@ -178,10 +239,14 @@ def _iter_payloads(job_type: str, payloads: Iterable[Any], queue: str, priority:
         ordering_key = None
         if key is None:
             if keys is not None and not ordering:
-                raise EnqueueError(f"job #{index}: partition_key must be a string, got NoneType", option)
+                raise EnqueueError(
+                    f"job #{index}: partition_key must be a string, got NoneType", option
+                )
             bucket = int(rand() * NUM_BUCKETS)
         elif not isinstance(key, str):
-            raise EnqueueError(f"job #{index}: {option[:-1]} must be a string, got {type(key).__name__}", option)
+            raise EnqueueError(
+                f"job #{index}: {option[:-1]} must be a string, got {type(key).__name__}", option
+            )
         else:
             if ordering:
                 try:
@@ -191,13 +256,18 @@ def _iter_payloads(job_type: str, payloads: Iterable[Any], queue: str, priority:
                 ordering_key = key
             bucket = bucket_for(key)
         delay = delay_s + uniform(0.0, jitter_s) if jitter_s else delay_s
-        yield _Prepared(queue, job_type, data, priority, bucket, max_attempts, run_at, delay, None, ordering_key)
+        yield _Prepared(
+            queue, job_type, data, priority, bucket, max_attempts, run_at, delay, None, ordering_key
+        )
 
 
 def _materialize(specs: Iterable[JobSpec]) -> tuple[list[JobSpec], bool]:
-    """The specs as a list, and whether they go through the staging table (dedupe or ordering keys)."""
+    """The specs as a list, and whether they go through the staging table (dedupe or ordering
+    keys)."""
     specs = specs if isinstance(specs, list) else list(specs)
-    return specs, any(spec.dedupe_key is not None or spec.ordering_key is not None for spec in specs)
+    return specs, any(
+        spec.dedupe_key is not None or spec.ordering_key is not None for spec in specs
+    )
 
 
 # InProcessStore: dispatcher.testing's in-memory store, for users' unit tests (see _in_process).
@@ -213,9 +283,14 @@ def _in_process(store: InProcessStore, prepared: Iterable[_Prepared]) -> list[in
 
 # -- async -----------------------------------------------------------------------------------------
 
+
 async def enqueue(
-    target: AsyncTarget, job_type: str, payload: Any = None, *,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
+    target: AsyncTarget,
+    job_type: str,
+    payload: Any = None,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    **options: Any,
 ) -> int | None:
     """Enqueue one job; returns its id, or None if a live job has the same (queue, dedupe_key), or
     (with `dedupe_window_s`) a job with it finished within its window."""
@@ -238,7 +313,10 @@ async def _insert_one_async(conn: psycopg.AsyncConnection[Any], p: _Prepared) ->
 
 
 async def enqueue_many(
-    target: AsyncTarget, specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    target: AsyncTarget,
+    specs: Iterable[JobSpec],
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> int:
     """Enqueue many jobs in one transaction through COPY; returns how many were inserted
     (fewer than given only when dedupe keys matched live jobs, or held windows)."""
@@ -249,12 +327,17 @@ async def enqueue_many(
 
 
 async def enqueue_payloads(
-    target: AsyncTarget, job_type: str, payloads: Iterable[Any], *,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
+    target: AsyncTarget,
+    job_type: str,
+    payloads: Iterable[Any],
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    **options: Any,
 ) -> int:
     """Bulk-enqueue many jobs of one type that share their options (queue, priority, run_at,
     delay_s, jitter_s, max_attempts; optional per-job `partition_keys` or `ordering_keys`): the
-    fastest path, for bursts such as 200k renewals due at midnight. Returns how many were inserted."""
+    fastest path, for bursts such as 200k renewals due at midnight. Returns how many were
+    inserted."""
     prepared = _prepare_payloads(job_type, payloads, max_payload_bytes=max_payload_bytes, **options)
     return await _copy_async(target, prepared, staged=options.get("ordering_keys") is not None)
 
@@ -291,7 +374,9 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
                     await open_staged_async(cur)
                 await cur.execute(query("jobs_stage_clear"))
             for queue in sorted(tally.queues):
-                await cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})
+                await cur.execute(
+                    query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue}
+                )
         if owned and inserted >= _ANALYZE_MIN_ROWS:
             # Refresh statistics right after a bulk load, not within autovacuum's minute
             # (docs/design/enqueue.md). Only when we own the transaction, never in the caller's.
@@ -304,9 +389,14 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
 
 # -- sync (web apps, scripts, the CLI): the same steps without await ------------------------------
 
+
 def enqueue_sync(
-    target: SyncTarget, job_type: str, payload: Any = None, *,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
+    target: SyncTarget,
+    job_type: str,
+    payload: Any = None,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    **options: Any,
 ) -> int | None:
     prepared = _prepare_one(job_type, payload, max_payload_bytes, options)
     if isinstance(target, InProcessStore):
@@ -326,7 +416,10 @@ def _insert_one_sync(conn: psycopg.Connection[Any], p: _Prepared) -> int | None:
 
 
 def enqueue_many_sync(
-    target: SyncTarget, specs: Iterable[JobSpec], *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    target: SyncTarget,
+    specs: Iterable[JobSpec],
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> int:
     specs, staged = _materialize(specs)
     if not specs:
@@ -335,8 +428,12 @@ def enqueue_many_sync(
 
 
 def enqueue_payloads_sync(
-    target: SyncTarget, job_type: str, payloads: Iterable[Any], *,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES, **options: Any,
+    target: SyncTarget,
+    job_type: str,
+    payloads: Iterable[Any],
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    **options: Any,
 ) -> int:
     prepared = _prepare_payloads(job_type, payloads, max_payload_bytes=max_payload_bytes, **options)
     return _copy_sync(target, prepared, staged=options.get("ordering_keys") is not None)

@@ -25,7 +25,8 @@ from dispatcher.errors import EnqueueError, PayloadError
 MAX_DELAY_S: Final = 100 * 365.25 * 86_400  # 100 years
 MIN_PRIORITY, MAX_PRIORITY = -32768, 32767  # the column is a smallint
 MAX_ATTEMPTS: Final = 1_000_000
-# An ordering key is an index key (two indexes of migration 0008): bounded well inside a btree entry.
+# An ordering key is an index key (two indexes of migration 0008): bounded well inside a btree
+# entry.
 MAX_ORDERING_KEY_CHARS: Final = 500
 MIN_PAYLOAD_BYTES: Final = 2  # "{}"
 # Longest uniqueness window: a year and a day. Its window rows are kept that long after the job
@@ -45,9 +46,16 @@ def check_integer(option: str, value: Any, lo: int, hi: int) -> None:
 def check_seconds(option: str, value: Any) -> None:
     """A finite number of seconds in 0..MAX_DELAY_S. NaN fails every comparison, so it fails
     here too, as do the infinities; bools are refused like in check_integer."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_DELAY_S:
-        raise EnqueueError(f"{option} must be a number of seconds >= 0 and at most {MAX_DELAY_S:.0f} "
-                           f"(100 years), got {value!r}", option)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= MAX_DELAY_S
+    ):
+        raise EnqueueError(
+            f"{option} must be a number of seconds >= 0 and at most {MAX_DELAY_S:.0f} "
+            f"(100 years), got {value!r}",
+            option,
+        )
 
 
 def check_max_payload_bytes(value: Any) -> None:
@@ -68,7 +76,9 @@ def check_names(queue: Any, job_type: Any) -> None:
         _checked_names.add((queue, job_type))
 
 
-def check_options(priority: Any, max_attempts: Any, delay_s: Any, jitter_s: Any, run_at: Any) -> None:
+def check_options(
+    priority: Any, max_attempts: Any, delay_s: Any, jitter_s: Any, run_at: Any
+) -> None:
     check_integer("priority", priority, MIN_PRIORITY, MAX_PRIORITY)
     if max_attempts is not None:  # None: not given; the handler's max_attempts applies, else 20
         check_integer("max_attempts", max_attempts, 1, MAX_ATTEMPTS)
@@ -91,9 +101,13 @@ def check_keys(bucket: Any, partition_key: Any, dedupe_key: Any, ordering_key: A
             raise EnqueueError("give bucket or partition_key, not both", "bucket")
         check_integer("bucket", bucket, 0, NUM_BUCKETS - 1)
     if partition_key is not None and not isinstance(partition_key, str):
-        raise EnqueueError(f"partition_key must be a string, got {type(partition_key).__name__}", "partition_key")
+        raise EnqueueError(
+            f"partition_key must be a string, got {type(partition_key).__name__}", "partition_key"
+        )
     if dedupe_key is not None and not isinstance(dedupe_key, str):
-        raise EnqueueError(f"dedupe_key must be a string, got {type(dedupe_key).__name__}", "dedupe_key")
+        raise EnqueueError(
+            f"dedupe_key must be a string, got {type(dedupe_key).__name__}", "dedupe_key"
+        )
     if ordering_key is not None:
         check_ordering_key(ordering_key)
 
@@ -103,12 +117,21 @@ def check_dedupe_window(window_s: Any, dedupe_key: Any) -> None:
     window is kept per (queue, dedupe_key)."""
     if window_s is None:
         return
-    if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not 0 < window_s <= MAX_DEDUPE_WINDOW_S:
-        raise EnqueueError(f"dedupe_window_s must be a number of seconds > 0 and at most {MAX_DEDUPE_WINDOW_S} "
-                           f"(366 days), got {window_s!r}", "dedupe_window_s")
+    if (
+        isinstance(window_s, bool)
+        or not isinstance(window_s, (int, float))
+        or not 0 < window_s <= MAX_DEDUPE_WINDOW_S
+    ):
+        raise EnqueueError(
+            f"dedupe_window_s must be a number of seconds > 0 and at most {MAX_DEDUPE_WINDOW_S} "
+            f"(366 days), got {window_s!r}",
+            "dedupe_window_s",
+        )
     if dedupe_key is None:
-        raise EnqueueError("dedupe_window_s needs a dedupe_key: a window is kept per (queue, dedupe_key)",
-                           "dedupe_window_s")
+        raise EnqueueError(
+            "dedupe_window_s needs a dedupe_key: a window is kept per (queue, dedupe_key)",
+            "dedupe_window_s",
+        )
 
 
 def check_ordering_key(key: Any, option: str = "ordering_key") -> None:
@@ -117,7 +140,9 @@ def check_ordering_key(key: Any, option: str = "ordering_key") -> None:
     if not isinstance(key, str):
         raise EnqueueError(f"{option} must be a string, got {type(key).__name__}", option)
     if not key or len(key) > MAX_ORDERING_KEY_CHARS or "\x00" in key:
-        raise EnqueueError(f"{option} must be 1 to {MAX_ORDERING_KEY_CHARS} characters, without NUL", option)
+        raise EnqueueError(
+            f"{option} must be 1 to {MAX_ORDERING_KEY_CHARS} characters, without NUL", option
+        )
 
 
 def serialize_payload(payload: Any, max_bytes: int) -> bytes:
@@ -131,9 +156,13 @@ def serialize_payload(payload: Any, max_bytes: int) -> bytes:
     # orjson writes NaN and the infinities as null, and jsonb refuses \u0000: a byte search for
     # each, and a walk of the payload only after a hit (why find(): docs/design/enqueue.md).
     if data.find(b"null") >= 0 and (bad := non_finite_float(payload)) is not None:
-        raise PayloadError(f"payload holds {bad!r}: JSON has no NaN or Infinity (it would be stored as null)")
+        raise PayloadError(
+            f"payload holds {bad!r}: JSON has no NaN or Infinity (it would be stored as null)"
+        )
     if data.find(b"\\u0000") >= 0 and holds_nul(payload):
-        raise PayloadError("payload holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
+        raise PayloadError(
+            "payload holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
+        )
     return data
 
 
@@ -162,7 +191,9 @@ def non_finite_float(value: Any) -> float | None:
     while stack:
         item = stack.pop()
         kind = type(item)
-        items = item.values() if kind is dict else item if kind is list or kind is tuple else (item,)
+        items = (
+            item.values() if kind is dict else item if kind is list or kind is tuple else (item,)
+        )
         for v in items:
             kind = type(v)
             if kind is float:

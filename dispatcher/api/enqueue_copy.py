@@ -24,7 +24,8 @@ from dispatcher.observe import tracing
 
 COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 COPY_CHUNK_ROWS = 5000  # stream in chunks: the server parses one while we build the next
-_NOT_GIVEN = b"%d\tf" % DEFAULT_MAX_ATTEMPTS  # max_attempts, max_attempts_given of a job not given one
+# max_attempts, max_attempts_given of a job not given one
+_NOT_GIVEN = b"%d\tf" % DEFAULT_MAX_ATTEMPTS
 
 
 def copy_text(value: str) -> bytes:
@@ -36,13 +37,21 @@ def copy_text(value: str) -> bytes:
 class CopyTally:
     rows: int = 0
     queues: set[str] = field(default_factory=set)
-    keyed: bool = False  # a staged row has an ordering key: publish through jobs_stage_publish_keyed
-    windowed: bool = False  # a staged row has a dedupe window: publish between sql/dedupe.sql's steps
-    trace: dict[str, str] | None = None  # the enqueuing span's trace context (copy_plan), for every row
+    # a staged row has an ordering key: publish through jobs_stage_publish_keyed
+    keyed: bool = False
+    # a staged row has a dedupe window: publish between sql/dedupe.sql's steps
+    windowed: bool = False
+    # the enqueuing span's trace context (copy_plan), for every row
+    trace: dict[str, str] | None = None
 
 
-def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
-                 staged: bool = False, trace: bytes | None = None) -> Iterator[bytes]:
+def copy_chunks(
+    prepared: Iterable[NewJob],
+    db_now: datetime,
+    tally: CopyTally,
+    staged: bool = False,
+    trace: bytes | None = None,
+) -> Iterator[bytes]:
     """COPY text-format lines, ~1 us a row: the server's ~9 us per row stays the bottleneck.
 
     run_at is the database's now() (read in the same transaction) plus the job's delay, so the
@@ -75,10 +84,14 @@ def copy_chunks(prepared: Iterable[NewJob], db_now: datetime, tally: CopyTally,
                 tally.windowed = True
         if staged:  # the staging table keeps NULL for "not given" (published as 20, not given)
             attempts = b"\\N" if p.max_attempts is None else b"%d" % p.max_attempts
-        else:  # max_attempts, max_attempts_given: 20 for workers of the previous release, else the handler's
+        # max_attempts, max_attempts_given: 20 for workers of the previous release, else the
+        # handler's
+        else:
             attempts = _NOT_GIVEN if p.max_attempts is None else b"%d\tt" % p.max_attempts
-        lines.append(b"%s%s\t%d\t%d\t%s\t%s\t%s%s" % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe,
-                                                          end))
+        lines.append(
+            b"%s%s\t%d\t%d\t%s\t%s\t%s%s"
+            % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe, end)
+        )
         if len(lines) >= COPY_CHUNK_ROWS:
             tally.rows += len(lines)
             yield b"".join(lines)
@@ -101,10 +114,8 @@ def copy_plan(staged: bool, tally: CopyTally) -> tuple[str, bytes | None]:
     return query("jobs_copy_in_traced"), copy_text(orjson.dumps(tally.trace).decode())
 
 
-
 def publish_statement(tally: CopyTally) -> str:
     return query("jobs_stage_publish_keyed" if tally.keyed else "jobs_stage_publish")
-
 
 
 def _publish_params(tally: CopyTally) -> dict[str, Any]:
@@ -115,7 +126,6 @@ async def published_async(cur: psycopg.AsyncCursor[Any], tally: CopyTally) -> in
     """Move the staged rows into the jobs table; how many went in (live duplicates are skipped)."""
     cur = await cur.execute(publish_statement(tally), _publish_params(tally))
     return int((await cur.fetchone())[0]) if tally.keyed else cur.rowcount  # type: ignore[index]
-
 
 
 def published_sync(cur: psycopg.Cursor[Any], tally: CopyTally) -> int:

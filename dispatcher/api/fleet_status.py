@@ -20,15 +20,30 @@ def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     groups: dict[str, dict[str, Any]] = {}
 
     def group(name: str) -> dict[str, Any]:
-        return groups.setdefault(name, {"leader": None, "term": None, "members": [], "unowned": [], "handoffs": [],
-                                        "orphaned": []})
+        return groups.setdefault(
+            name,
+            {
+                "leader": None,
+                "term": None,
+                "members": [],
+                "unowned": [],
+                "handoffs": [],
+                "orphaned": [],
+            },
+        )
 
     for name, leader, term in conn.execute(query("status_leaders")):
         group(name).update(leader=leader, term=term)
     members: dict[tuple[str, str], dict[str, Any]] = {}
     for name, member, beat_s, up_s, leaving, leads in conn.execute(query("status_members")):
-        entry = {"id": member, "heartbeat_age_s": round(beat_s, 2), "up_s": round(up_s, 1), "leaving": leaving,
-                 "leader": leads, "buckets": []}
+        entry = {
+            "id": member,
+            "heartbeat_age_s": round(beat_s, 2),
+            "up_s": round(up_s, 1),
+            "leaving": leaving,
+            "leader": leads,
+            "buckets": [],
+        }
         members[(name, member)] = entry
         group(name)["members"].append(entry)
     owners = conn.execute(query("status_bucket_owners")).fetchall()
@@ -49,8 +64,10 @@ def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 
 def render_fleet(groups: dict[str, Any]) -> list[str]:
     if not groups:
-        return ["workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by Redis or "
-                "static buckets: their members are not kept in the database)"]
+        return [
+            "workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by Redis or "
+            "static buckets: their members are not kept in the database)"
+        ]
     lines = []
     for name, g in sorted(groups.items()):
         leader = f"leader {g['leader']} (term {g['term']})" if g["leader"] else "no leader"
@@ -59,15 +76,20 @@ def render_fleet(groups: dict[str, Any]) -> list[str]:
         for m in g["members"]:
             tags = " (leader)" if m["leader"] else ""
             tags += " (leaving)" if m["leaving"] else ""
-            lines.append(f"  {m['id'] + tags:<32}{m['heartbeat_age_s']:>9.1f}s{age_text(m['up_s']):>10}  "
-                         f"{bucket_ranges(m['buckets'])} ({len(m['buckets'])})")
+            lines.append(
+                f"  {m['id'] + tags:<32}{m['heartbeat_age_s']:>9.1f}s{age_text(m['up_s']):>10}  "
+                f"{bucket_ranges(m['buckets'])} ({len(m['buckets'])})"
+            )
         if g["handoffs"]:
-            lines.append("  hand-offs in progress: " + ", ".join(
-                f"{h['bucket']} {h['from'] or '-'} -> {h['to']}" for h in g["handoffs"]))
+            lines.append(
+                "  hand-offs in progress: "
+                + ", ".join(f"{h['bucket']} {h['from'] or '-'} -> {h['to']}" for h in g["handoffs"])
+            )
         if g["orphaned"]:
-            lines.append("  buckets of members no longer live: " + ", ".join(
-                f"{o['bucket']} ({o['owner']})" for o in g["orphaned"]))
+            lines.append(
+                "  buckets of members no longer live: "
+                + ", ".join(f"{o['bucket']} ({o['owner']})" for o in g["orphaned"])
+            )
         if g["unowned"]:
             lines.append(f"  buckets without an owner: {bucket_ranges(g['unowned'])}")
     return lines
-

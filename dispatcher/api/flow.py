@@ -53,22 +53,37 @@ class PausedQueue:
     paused_at: datetime
 
 
-def set_limit(target: Target, job_type: str, *, queue: str | None = None, max_running: int | None = None,
-              per_second: float | None = None, burst_jobs: float | None = None,
-              limits: ConnectionLimits | None = None) -> LimitRow:
+def set_limit(
+    target: Target,
+    job_type: str,
+    *,
+    queue: str | None = None,
+    max_running: int | None = None,
+    per_second: float | None = None,
+    burst_jobs: float | None = None,
+    limits: ConnectionLimits | None = None,
+) -> LimitRow:
     """Set (or replace) the limit on `job_type` ('*': every type) in `queue` (None: every queue).
 
     `max_running`: at no instant do more than this many such jobs run across the fleet (0 holds them
     all back). `per_second`: the fleet starts at most this many a second, after a burst of up to
     `burst_jobs` (default: one second's worth, at least 1) when the rate's tokens are full.
     What was set before on the same (job_type, queue) is replaced, both values."""
-    job_type, queue_name = _name(job_type, "job_type"), ANY if queue is None else _name(queue, "queue")
+    job_type, queue_name = (
+        _name(job_type, "job_type"),
+        ANY if queue is None else _name(queue, "queue"),
+    )
     if max_running is None and per_second is None:
         raise AdminInputError("give max_running, per_second or both", "max_running")
-    if max_running is not None and (isinstance(max_running, bool) or not isinstance(max_running, int)
-                                    or not 0 <= max_running <= MAX_RUNNING_MAX):
-        raise AdminInputError(f"max_running must be a whole number in 0..{MAX_RUNNING_MAX}, got {max_running!r}",
-                              "max_running")
+    if max_running is not None and (
+        isinstance(max_running, bool)
+        or not isinstance(max_running, int)
+        or not 0 <= max_running <= MAX_RUNNING_MAX
+    ):
+        raise AdminInputError(
+            f"max_running must be a whole number in 0..{MAX_RUNNING_MAX}, got {max_running!r}",
+            "max_running",
+        )
     if per_second is not None:
         per_second = _number(per_second, "per_second", PER_SECOND_MAX)
         if per_second <= 0:
@@ -80,33 +95,57 @@ def set_limit(target: Target, job_type: str, *, queue: str | None = None, max_ru
         if burst_jobs < 1:
             raise AdminInputError(f"burst_jobs must be >= 1, got {burst_jobs!r}", "burst_jobs")
     burst = burst_jobs if burst_jobs is not None else max(1.0, per_second or 1.0)
-    params = {"job_type": job_type, "queue": queue_name, "max_running": max_running, "per_second": per_second,
-              "burst_jobs": burst}
+    params = {
+        "job_type": job_type,
+        "queue": queue_name,
+        "max_running": max_running,
+        "per_second": per_second,
+        "burst_jobs": burst,
+    }
     with _transaction(target, "limits set", limits) as conn:
         conn.execute(query("flow_limit_set"), params, prepare=False)
-    return next(r for r in list_limits(target, limits=limits) if (r.job_type, r.queue) == (job_type, queue_name))
+    return next(
+        r
+        for r in list_limits(target, limits=limits)
+        if (r.job_type, r.queue) == (job_type, queue_name)
+    )
 
 
-def clear_limits(target: Target, job_type: str | None = None, *, queue: str | None = None,
-                 limits: ConnectionLimits | None = None) -> list[tuple[str, str]]:
+def clear_limits(
+    target: Target,
+    job_type: str | None = None,
+    *,
+    queue: str | None = None,
+    limits: ConnectionLimits | None = None,
+) -> list[tuple[str, str]]:
     """Remove the limits on `job_type` (None: on every type) in `queue` (None: in every queue, the
     '*' limit included); returns the (job_type, queue) pairs removed. Both None removes them all."""
-    params = {"job_type": None if job_type is None else _name(job_type, "job_type"),
-              "queue": None if queue is None else _name(queue, "queue")}
+    params = {
+        "job_type": None if job_type is None else _name(job_type, "job_type"),
+        "queue": None if queue is None else _name(queue, "queue"),
+    }
     with _transaction(target, "limits clear", limits) as conn:
-        return [(t, q) for t, q in conn.execute(query("flow_limit_clear"), params, prepare=False).fetchall()]
+        return [
+            (t, q)
+            for t, q in conn.execute(query("flow_limit_clear"), params, prepare=False).fetchall()
+        ]
 
 
 def list_limits(target: Target, *, limits: ConnectionLimits | None = None) -> list[LimitRow]:
     with _transaction(target, "limits list", limits) as conn:
-        return [LimitRow(*row) for row in conn.execute(query("flow_limits_list"), prepare=False).fetchall()]
+        return [
+            LimitRow(*row)
+            for row in conn.execute(query("flow_limits_list"), prepare=False).fetchall()
+        ]
 
 
 def pause_queue(target: Target, queue: str, *, limits: ConnectionLimits | None = None) -> bool:
     """Pause `queue`: from the commit on, no worker claims its jobs; running ones finish, enqueueing
     goes on. Returns False if it was paused already."""
     with _transaction(target, "queues pause", limits) as conn:
-        row = conn.execute(query("flow_queue_pause"), {"queue": _name(queue, "queue")}, prepare=False).fetchone()
+        row = conn.execute(
+            query("flow_queue_pause"), {"queue": _name(queue, "queue")}, prepare=False
+        ).fetchone()
     return bool(row and row[0])
 
 
@@ -120,32 +159,57 @@ def resume_queue(target: Target, queue: str, *, limits: ConnectionLimits | None 
 
 def paused_queues(target: Target, *, limits: ConnectionLimits | None = None) -> list[PausedQueue]:
     with _transaction(target, "queues list", limits) as conn:
-        return [PausedQueue(*row) for row in conn.execute(query("flow_paused_list"), prepare=False).fetchall()]
+        return [
+            PausedQueue(*row)
+            for row in conn.execute(query("flow_paused_list"), prepare=False).fetchall()
+        ]
 
 
 def _name(value: Any, option: str) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX_CHARS or "\x00" in value:
-        raise AdminInputError(f"{option} must be a non-empty string of at most {NAME_MAX_CHARS} characters "
-                              f"(no NUL), got {value!r}", option)
+    if (
+        not isinstance(value, str)
+        or not value.strip()
+        or len(value) > NAME_MAX_CHARS
+        or "\x00" in value
+    ):
+        raise AdminInputError(
+            f"{option} must be a non-empty string of at most {NAME_MAX_CHARS} characters "
+            f"(no NUL), got {value!r}",
+            option,
+        )
     return value
 
 
 def _number(value: Any, option: str, most: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value > most:
-        raise AdminInputError(f"{option} must be a finite number <= {most:g}, got {value!r}", option)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value > most
+    ):
+        raise AdminInputError(
+            f"{option} must be a finite number <= {most:g}, got {value!r}", option
+        )
     return float(value)
 
 
 @contextlib.contextmanager
-def _transaction(target: Target, what: str, limits: ConnectionLimits | None) -> Iterator[psycopg.Connection[Any]]:
+def _transaction(
+    target: Target, what: str, limits: ConnectionLimits | None
+) -> Iterator[psycopg.Connection[Any]]:
     limits = limits or ConnectionLimits()
     if isinstance(target, str):
-        with session(target, limits, application_name="dispatcher-admin") as conn, \
-                bounded_transaction(conn, what, limits):
+        with (
+            session(target, limits, application_name="dispatcher-admin") as conn,
+            bounded_transaction(conn, what, limits),
+        ):
             yield conn
         return
     if target.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise AdminInputError("flow-control changes commit at once: pass a connection that is not inside a "
-                              "transaction", "conn")
+        raise AdminInputError(
+            "flow-control changes commit at once: pass a connection that is not inside a "
+            "transaction",
+            "conn",
+        )
     with bounded_transaction(target, what, limits):
         yield target

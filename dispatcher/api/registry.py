@@ -14,7 +14,8 @@ from dispatcher.observe import tracing
 from dispatcher.slots import ScheduleError
 
 # What a handler's final failure does to its job's ordering key (jobs without a key: nothing).
-ON_ORDERED_FAILURE_HALT = "halt"  # the key's later jobs wait until an operator retries or cancels this one
+# the key's later jobs wait until an operator retries or cancels this one
+ON_ORDERED_FAILURE_HALT = "halt"
 ON_ORDERED_FAILURE_CONTINUE = "continue"  # the key's next job runs, as after a success
 ON_ORDERED_FAILURE = (ON_ORDERED_FAILURE_HALT, ON_ORDERED_FAILURE_CONTINUE)
 
@@ -54,9 +55,15 @@ class Registry:
         self._schedules: dict[str, Schedule] = {}
 
     def handler(
-        self, job_type: str | None = None, *, timeout_s: float | None = None,
-        on_ordered_failure: str = ON_ORDERED_FAILURE_HALT, max_attempts: int | None = None,
-        retry_base_s: float | None = None, retry_cap_s: float | None = None, retry: RetryFn | None = None,
+        self,
+        job_type: str | None = None,
+        *,
+        timeout_s: float | None = None,
+        on_ordered_failure: str = ON_ORDERED_FAILURE_HALT,
+        max_attempts: int | None = None,
+        retry_base_s: float | None = None,
+        retry_cap_s: float | None = None,
+        retry: RetryFn | None = None,
         schedule: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """`on_ordered_failure`: when a job with an ordering key fails for good (out of attempts, or
@@ -74,25 +81,47 @@ class Registry:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
         if on_ordered_failure not in ON_ORDERED_FAILURE:
-            raise ValueError(f"on_ordered_failure must be one of {', '.join(ON_ORDERED_FAILURE)}, "
-                             f"got {on_ordered_failure!r}")
+            raise ValueError(
+                f"on_ordered_failure must be one of {', '.join(ON_ORDERED_FAILURE)}, "
+                f"got {on_ordered_failure!r}"
+            )
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             name = job_type or fn.__name__
             if name in self._handlers:
-                raise ValueError(f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}")
+                raise ValueError(
+                    f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}"
+                )
             if schedule is not None:
                 self.schedule(name, schedule, job_type=name)
             is_async = inspect.iscoroutinefunction(fn)
-            self._handlers[name] = Handler(name, fn, is_async, timeout_s, on_ordered_failure, own_retry,
-                                           tracing.traced(fn, is_async))
+            self._handlers[name] = Handler(
+                name,
+                fn,
+                is_async,
+                timeout_s,
+                on_ordered_failure,
+                own_retry,
+                tracing.traced(fn, is_async),
+            )
             return fn
 
         return register
 
-    def schedule(self, name: str, expression: str | None = None, *, every_s: int | None = None, job_type: str,
-                 payload: Any = None, queue: str = DEFAULT_QUEUE, tz: str = "UTC", priority: int = 0,
-                 max_attempts: int | None = None, catch_up: str = CATCH_UP_LATEST) -> Schedule:
+    def schedule(
+        self,
+        name: str,
+        expression: str | None = None,
+        *,
+        every_s: int | None = None,
+        job_type: str,
+        payload: Any = None,
+        queue: str = DEFAULT_QUEUE,
+        tz: str = "UTC",
+        priority: int = 0,
+        max_attempts: int | None = None,
+        catch_up: str = CATCH_UP_LATEST,
+    ) -> Schedule:
         """A recurring job: one `job_type` job with `payload` in `queue` at each slot of a 5-field
         cron `expression` read in time zone `tz` (or "@daily", "@hourly", ...), or every `every_s`
         seconds (slots at multiples of it since the Unix epoch). Exactly one job per slot across
@@ -101,8 +130,18 @@ class Registry:
         Checked here: a ScheduleError names the schedule (docs/concepts/schedules.md)."""
         if name in self._schedules:
             raise ScheduleError(f"schedule {name!r} is declared twice")
-        declared = declare_schedule(name, expression, every_s=every_s, job_type=job_type, payload=payload, queue=queue,
-                                    tz=tz, priority=priority, max_attempts=max_attempts, catch_up=catch_up)
+        declared = declare_schedule(
+            name,
+            expression,
+            every_s=every_s,
+            job_type=job_type,
+            payload=payload,
+            queue=queue,
+            tz=tz,
+            priority=priority,
+            max_attempts=max_attempts,
+            catch_up=catch_up,
+        )
         self._schedules[name] = declared
         return declared
 
@@ -113,14 +152,17 @@ class Registry:
         """At the worker's start: every schedule's job type has a handler here."""
         for s in self._schedules.values():
             if s.job_type not in self._handlers:
-                raise ScheduleError(f"schedule {s.name!r}: job_type {s.job_type!r} has no handler in this app; "
-                                    f"handlers: {', '.join(self.job_types()) or 'none'}")
+                raise ScheduleError(
+                    f"schedule {s.name!r}: job_type {s.job_type!r} has no handler in this app; "
+                    f"handlers: {', '.join(self.job_types()) or 'none'}"
+                )
 
     def get(self, job_type: str) -> Handler | None:
         return self._handlers.get(job_type)
 
     def halts(self, job_type: str) -> bool:
-        """Whether a final failure of a keyed job of this type halts its key (unknown types: yes)."""
+        """Whether a final failure of a keyed job of this type halts its key (unknown types:
+        yes)."""
         handler = self._handlers.get(job_type)
         return handler is None or handler.halts
 

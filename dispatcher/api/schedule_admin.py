@@ -1,7 +1,9 @@
-"""The schedules as operators see them: `dispatcher schedules list` and `dispatcher.admin.list_schedules`.
+"""The schedules as operators see them: `dispatcher schedules list` and
+`dispatcher.admin.list_schedules`.
 
-Read from the database (migration 0012): what the holders of the queues' schedules leases declared,
-the next slot, the latest run that was due and how it ended. One short bounded transaction.
+Read from the database (migration 0012): what the holders of the queues' schedules leases
+declared, the next slot, the latest run that was due and how it ended. One short bounded
+transaction.
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ class ScheduleRow:
     removed_at: datetime | None  # no longer declared by the code of its queue's workers
 
 
-def list_schedules(target: str | psycopg.Connection[Any], *, queue: str | None = None,
-                   limits: ConnectionLimits | None = None) -> list[ScheduleRow]:
+def list_schedules(
+    target: str | psycopg.Connection[Any],
+    *,
+    queue: str | None = None,
+    limits: ConnectionLimits | None = None,
+) -> list[ScheduleRow]:
     """Every schedule (or those of `queue`), by name. `target`: a DSN, or a connection of yours."""
     limits = limits or ConnectionLimits()
     if isinstance(target, str):
@@ -46,7 +52,9 @@ def list_schedules(target: str | psycopg.Connection[Any], *, queue: str | None =
     return _read(target, queue, limits)
 
 
-def _read(conn: psycopg.Connection[Any], queue: str | None, limits: ConnectionLimits) -> list[ScheduleRow]:
+def _read(
+    conn: psycopg.Connection[Any], queue: str | None, limits: ConnectionLimits
+) -> list[ScheduleRow]:
     with bounded_transaction(conn, "schedules list", limits):
         rows = conn.execute(query("schedules_list"), {"queue": queue}, prepare=False).fetchall()
     return [ScheduleRow(*row) for row in rows]

@@ -42,17 +42,37 @@ class Schedule:
     @property
     def fingerprint(self) -> str:
         """Changes whenever the declaration does: the database's copy is then replaced."""
-        fields = [self.cadence.text, self.cadence.time_zone, self.job_type, self.payload.decode(), self.queue,
-                  self.priority, self.max_attempts, self.catch_up]
+        fields = [
+            self.cadence.text,
+            self.cadence.time_zone,
+            self.job_type,
+            self.payload.decode(),
+            self.queue,
+            self.priority,
+            self.max_attempts,
+            self.catch_up,
+        ]
         return hashlib.sha256(orjson.dumps(fields)).hexdigest()[:32]
 
 
-def declare_schedule(name: Any, expression: str | None = None, *, every_s: Any = None, job_type: Any,
-                     payload: Any = None, queue: Any = DEFAULT_QUEUE, tz: Any = "UTC", priority: Any = 0,
-                     max_attempts: Any = None, catch_up: Any = CATCH_UP_LATEST) -> Schedule:
+def declare_schedule(
+    name: Any,
+    expression: str | None = None,
+    *,
+    every_s: Any = None,
+    job_type: Any,
+    payload: Any = None,
+    queue: Any = DEFAULT_QUEUE,
+    tz: Any = "UTC",
+    priority: Any = 0,
+    max_attempts: Any = None,
+    catch_up: Any = CATCH_UP_LATEST,
+) -> Schedule:
     """A checked Schedule; ScheduleError, naming the schedule, for anything wrong."""
     if not is_valid_name(name):
-        raise ScheduleError(f"schedule name must be 1-100 letters, digits, '_', '.' or '-', got {name!r}")
+        raise ScheduleError(
+            f"schedule name must be 1-100 letters, digits, '_', '.' or '-', got {name!r}"
+        )
     try:
         cadence = Cadence.parse(expression, every_s=every_s, tz=tz)
         check_names(queue, job_type)

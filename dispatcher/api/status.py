@@ -17,20 +17,25 @@ from dispatcher.db.rows import DbPressure
 from dispatcher.model import STATUS_COMPLETED, STATUSES
 
 STATUS_BUDGET = 2.0  # its statements may take statement_timeout_s x this (10 s at the defaults)
-DELETED_NOTE = ("completed: DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so completed "
-                "jobs are not counted here (a count shown is of rows completed before that was set); count "
-                "completions with dispatcher_jobs_completed_total, or in the history (DISPATCHER_HISTORY)")
+DELETED_NOTE = (
+    "completed: DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so completed "
+    "jobs are not counted here (a count shown is of rows completed before that was set); count "
+    "completions with dispatcher_jobs_completed_total, or in the history (DISPATCHER_HISTORY)"
+)
 
 
-def read_status(dsn: str, limits: ConnectionLimits | None = None, *,
-                completed_jobs: str = COMPLETED_KEEP) -> dict[str, Any]:
+def read_status(
+    dsn: str, limits: ConnectionLimits | None = None, *, completed_jobs: str = COMPLETED_KEEP
+) -> dict[str, Any]:
     """Counts per queue and status, the oldest due job's age, the backlog per bucket and the
     table's cost, in one transaction bounded like every one-shot command's (db/oneshot.py).
     `completed_jobs` is DISPATCHER_COMPLETED_JOBS as the workers have it: with 'delete' the
     completed count is not what completed (render_status says so)."""
     limits = limits or ConnectionLimits()
-    with session(dsn, limits, application_name="dispatcher-status") as conn, \
-            bounded_transaction(conn, "status", limits, budget=STATUS_BUDGET):
+    with (
+        session(dsn, limits, application_name="dispatcher-status") as conn,
+        bounded_transaction(conn, "status", limits, budget=STATUS_BUDGET),
+    ):
         counts: dict[str, dict[str, int]] = {}
         for queue, status, jobs in conn.execute(query("status_counts")):
             counts.setdefault(queue, dict.fromkeys(STATUSES, 0))[status] = jobs
@@ -44,12 +49,19 @@ def read_status(dsn: str, limits: ConnectionLimits | None = None, *,
         limit_rows = [dict(zip(limit_columns, r, strict=True)) for r in limits.fetchall()]
         fleet = read_fleet(conn)
     for queue in paused:
-        counts.setdefault(queue, dict.fromkeys(STATUSES, 0))  # a paused queue shows, even with no jobs
+        # a paused queue shows, even with no jobs
+        counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
     return {
         "completed_jobs": completed_jobs,
-        "queues": {q: {"counts": c, "oldest_runnable_age_s": oldest.get(q), "halted_keys": halted.get(q, 0),
-                       "paused": q in paused}
-                   for q, c in counts.items()},
+        "queues": {
+            q: {
+                "counts": c,
+                "oldest_runnable_age_s": oldest.get(q),
+                "halted_keys": halted.get(q, 0),
+                "paused": q in paused,
+            }
+            for q, c in counts.items()
+        },
         "limits": [{k: v for k, v in r.items() if k != "updated_at"} for r in limit_rows],
         "runnable_by_bucket": backlog,
         "workers": fleet,
@@ -65,28 +77,39 @@ def render_status(status: dict[str, Any]) -> str:
             return f"{f'{counts[s]}*' if counts[s] else 'deleted*':>11}"
         return f"{counts[s]:>11}"
 
-    lines = [f"{'queue':<20}" + "".join(f"{s:>11}" for s in STATUSES) + f"{'oldest due':>12}{'halted keys':>13}"]
+    lines = [
+        f"{'queue':<20}"
+        + "".join(f"{s:>11}" for s in STATUSES)
+        + f"{'oldest due':>12}{'halted keys':>13}"
+    ]
     for queue, info in sorted(status["queues"].items()):
         age = info["oldest_runnable_age_s"]
         name = f"{queue} (paused)" if info.get("paused") else queue
         lines.append(
-            f"{name:<20}" + "".join(cell(info["counts"], s) for s in STATUSES)
-            + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}") + f"{info.get('halted_keys', 0):>13}"
+            f"{name:<20}"
+            + "".join(cell(info["counts"], s) for s in STATUSES)
+            + (f"{age:>11.1f}s" if age is not None else f"{'-':>12}")
+            + f"{info.get('halted_keys', 0):>13}"
         )
     if not status["queues"]:
         lines.append("(no jobs)")
     if any(info.get("halted_keys") for info in status["queues"].values()):
-        lines.append("waiting: jobs behind an earlier job of their ordering key; halted keys: "
-                     "`dispatcher jobs list --halted`")
+        lines.append(
+            "waiting: jobs behind an earlier job of their ordering key; halted keys: "
+            "`dispatcher jobs list --halted`"
+        )
     if deleted:
         lines.append(f"* {DELETED_NOTE}")
     if status.get("limits"):
         lines.append("")
         lines.append("limits (dispatcher limits list):")
         for limit in status["limits"]:
-            bounds = [f"max running {limit['max_running']} ({limit['running']} running)"
-                      if limit["max_running"] is not None else "",
-                      f"{limit['per_second']:g}/s" if limit["per_second"] is not None else ""]
+            bounds = [
+                f"max running {limit['max_running']} ({limit['running']} running)"
+                if limit["max_running"] is not None
+                else "",
+                f"{limit['per_second']:g}/s" if limit["per_second"] is not None else "",
+            ]
             where = "every queue" if limit["queue_name"] == "*" else f"queue {limit['queue_name']}"
             lines.append(f"  {limit['job_type']} in {where}: " + ", ".join(b for b in bounds if b))
     if "workers" in status:
@@ -97,7 +120,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append("")
         lines.append("runnable jobs per bucket:")
         cells = [f"{b:>2}:{n:<7}" for b, n in sorted(backlog.items())]
-        lines.extend(" ".join(cells[i:i + 8]) for i in range(0, len(cells), 8))
+        lines.extend(" ".join(cells[i : i + 8]) for i in range(0, len(cells), 8))
     db = status["db"]
     if db:
         lines.append("")

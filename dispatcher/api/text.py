@@ -16,8 +16,10 @@ def parse_duration_s(text: str) -> float:
     nan, inf, an unknown unit)."""
     match = _DURATION.fullmatch(text.strip().lower())
     if match is None:
-        raise ValueError(f"expected an age >= 0: seconds, or a number with s, m, h or d (90s, 10m, 2h, 7d), "
-                         f"got {text!r}")
+        raise ValueError(
+            f"expected an age >= 0: seconds, or a number with s, m, h or d (90s, 10m, 2h, 7d), "
+            f"got {text!r}"
+        )
     value = float(match[1]) * _UNITS_S[match[2] or "s"]
     if not math.isfinite(value):
         raise ValueError(f"too large: {text!r}")
@@ -37,7 +39,8 @@ def age_text(seconds: float) -> str:
 
 
 def bucket_ranges(buckets: Iterable[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8': what settings.meta.parse_buckets reads; 'none' if empty."""
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8': what settings.meta.parse_buckets reads; 'none' if
+    empty."""
     ordered, parts = sorted(buckets), []
     i = 0
     while i < len(ordered):

@@ -1,4 +1,5 @@
-"""`dispatcher` command line: migrate, grants, run, enqueue, status, jobs, limits, queues, schedules, web, demo.
+"""`dispatcher` command line: migrate, grants, run, enqueue, status, jobs, limits, queues,
+schedules, web, demo.
 
 Worker settings come from `DISPATCHER_*` env vars, overridden by flags of the same name
 (`DISPATCHER_BATCH_SIZE` / `--batch-size`). A bad setting exits with code 2 and names it.
@@ -36,7 +37,8 @@ from dispatcher.settings.sections import DATABASE, ENQUEUE, LOGGING, WEB
 EXIT_BAD_CONFIG = 2
 # What `dispatcher demo` takes of the settings (devtools/demo.py): the rest it sets per run itself.
 DEMO_SETTINGS = ("dsn", "concurrency", "batch_size", "log_level", "log_format")
-ENQUEUE_BUDGET = 6.0  # a bulk enqueue's COPY may take statement_timeout_s x this (30 s at the defaults)
+# a bulk enqueue's COPY may take statement_timeout_s x this (30 s at the defaults)
+ENQUEUE_BUDGET = 6.0
 
 
 # The settings a one-shot command reads: where and how to connect, and how to log. The others
@@ -48,7 +50,9 @@ READERS_EXTRA = ("completed_jobs",)
 WEB_EXTRA = ("mode", "coordinator", "coordinator_lease_s")
 
 
-def _add_config_flags(parser: argparse.ArgumentParser, chosen: tuple[Setting, ...] | None = None) -> None:
+def _add_config_flags(
+    parser: argparse.ArgumentParser, chosen: tuple[Setting, ...] | None = None
+) -> None:
     """The flags of `chosen` settings (default: every setting, for `run`)."""
     group = parser.add_argument_group("settings (each also DISPATCHER_<NAME> in the environment)")
     for s in settings() if chosen is None else chosen:
@@ -56,8 +60,14 @@ def _add_config_flags(parser: argparse.ArgumentParser, chosen: tuple[Setting, ..
         # so the default shown is the dataclass's, written into the text. argparse %-formats help.
         # A bare boolean flag means true (`--wait-for-schema`); `--steal false` still works.
         boolean = isinstance(s.default, bool)
-        group.add_argument(s.flag, dest=s.name, default=None, metavar="V", help=s.description.replace("%", "%%"),
-                           **({"nargs": "?", "const": "true"} if boolean else {}))
+        group.add_argument(
+            s.flag,
+            dest=s.name,
+            default=None,
+            metavar="V",
+            help=s.description.replace("%", "%%"),
+            **({"nargs": "?", "const": "true"} if boolean else {}),
+        )
 
 
 def _config_from(args: argparse.Namespace) -> Config:
@@ -70,7 +80,9 @@ def _config_from(args: argparse.Namespace) -> Config:
 
 def _require_dsn(config: Config) -> str:
     if not config.dsn:
-        raise ConfigError("DISPATCHER_DSN", "is not set (or pass --dsn); `dispatcher demo` runs without one")
+        raise ConfigError(
+            "DISPATCHER_DSN", "is not set (or pass --dsn); `dispatcher demo` runs without one"
+        )
     return config.dsn
 
 
@@ -92,7 +104,9 @@ def load_registry(spec: str, origin: str = "--app") -> Any:
         raise ConfigError(origin, f"{module_name!r}: {exc}") from None
     registry = getattr(module, attribute, None)
     if not isinstance(registry, Registry):
-        raise ConfigError(origin, f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})")
+        raise ConfigError(
+            origin, f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})"
+        )
     try:
         registry.check_schedules()
     except ScheduleError as exc:
@@ -122,12 +136,17 @@ def cmd_grants(args: argparse.Namespace) -> int:
 
     config = _config_from(args)
     try:
-        with session(_require_dsn(config), config.database.limits, application_name="dispatcher-grants") as conn, \
-                bounded_transaction(conn, "grants", config.database.limits):
+        with (
+            session(
+                _require_dsn(config), config.database.limits, application_name="dispatcher-grants"
+            ) as conn,
+            bounded_transaction(conn, "grants", config.database.limits),
+        ):
             conn.execute(script.encode())  # bytes: run as a multi-statement script
     except (StorePermissionDenied, SchemaMissing) as exc:
-        raise DispatcherError(f"{exc} (run them as the owner of the dispatcher tables, after "
-                              "`dispatcher migrate`)") from None
+        raise DispatcherError(
+            f"{exc} (run them as the owner of the dispatcher tables, after `dispatcher migrate`)"
+        ) from None
     print(f"granted the workers' privileges to {args.role}")
     return 0
 
@@ -144,14 +163,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _require_dsn(config)
     if config.worker.app is None:
-        raise ConfigError("DISPATCHER_APP", "is not set (or pass --app): module:attribute of your dispatcher.Registry")
-    registry = load_registry(config.worker.app, "--app" if args.app is not None else "DISPATCHER_APP")
+        raise ConfigError(
+            "DISPATCHER_APP",
+            "is not set (or pass --app): module:attribute of your dispatcher.Registry",
+        )
+    registry = load_registry(
+        config.worker.app, "--app" if args.app is not None else "DISPATCHER_APP"
+    )
     logs.reinstall()  # the app's import may have configured logging (Django's LOGGING): ours stays
     # Probes answer from here on (not ready until the worker runs), through --migrate and the
     # start-up checks; port 0: no server.
     observability = config.observability
     health = Health(loop_stall_s=observability.loop_stall_s)
-    server = HealthServer(observability.metrics_port, health) if observability.metrics_port else None
+    server = (
+        HealthServer(observability.metrics_port, health) if observability.metrics_port else None
+    )
     if server is not None:
         server.start()
     try:
@@ -177,34 +203,59 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise ConfigError("--count", f"must be >= 1, got {args.count}")
     if args.count > 1 and args.dedupe_window_s is not None:
-        raise ConfigError("--dedupe-window-s", "copies of one job (--count) cannot each hold a dedupe key")
+        raise ConfigError(
+            "--dedupe-window-s", "copies of one job (--count) cannot each hold a dedupe key"
+        )
     try:
         payload = orjson.loads(args.payload) if args.payload else None
     except orjson.JSONDecodeError as exc:
         raise ConfigError("--payload", f"not valid JSON: {exc}") from None
-    options: dict[str, Any] = {"queue": args.queue, "priority": args.priority, "delay_s": args.delay_s,
-                               "max_attempts": args.max_attempts, "jitter_s": args.jitter_s,
-                               "max_payload_bytes": config.max_payload_bytes}
+    options: dict[str, Any] = {
+        "queue": args.queue,
+        "priority": args.priority,
+        "delay_s": args.delay_s,
+        "max_attempts": args.max_attempts,
+        "jitter_s": args.jitter_s,
+        "max_payload_bytes": config.max_payload_bytes,
+    }
     # Enqueue's own rules judge the arguments (one copy of each rule); a value they refuse is a
     # bad argument like any other, so it exits 2 naming the flag. Nothing was written. The
     # enqueue runs in a bounded transaction: a locked table ends it after the lock timeout.
     try:
         with session(dsn, config.database.limits, application_name="dispatcher-enqueue") as conn:
-            with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
+            with bounded_transaction(
+                conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET
+            ):
                 if args.count == 1:
-                    job_id = enqueue_sync(conn, args.job_type, payload, dedupe_key=args.dedupe_key,
-                                          dedupe_window_s=args.dedupe_window_s, partition_key=args.partition_key,
-                                          ordering_key=args.ordering_key, **options)
+                    job_id = enqueue_sync(
+                        conn,
+                        args.job_type,
+                        payload,
+                        dedupe_key=args.dedupe_key,
+                        dedupe_window_s=args.dedupe_window_s,
+                        partition_key=args.partition_key,
+                        ordering_key=args.ordering_key,
+                        **options,
+                    )
                 else:
                     keys = None if args.ordering_key is None else [args.ordering_key] * args.count
-                    n = enqueue_payloads_sync(conn, args.job_type, [payload] * args.count, ordering_keys=keys,
-                                              **options)
+                    n = enqueue_payloads_sync(
+                        conn, args.job_type, [payload] * args.count, ordering_keys=keys, **options
+                    )
             if args.count > 1:  # ANALYZE waits on locks too: bounded the same way
-                with bounded_transaction(conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET):
+                with bounded_transaction(
+                    conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET
+                ):
                     refresh_statistics_sync(conn, n)
-        print(f"enqueued {n} jobs" if args.count > 1 else f"enqueued job {job_id}" if job_id is not None
-              else "duplicate: a live job has that dedupe key" if args.dedupe_window_s is None
-              else "duplicate: a job with that dedupe key is live or finished within its window")
+        print(
+            f"enqueued {n} jobs"
+            if args.count > 1
+            else f"enqueued job {job_id}"
+            if job_id is not None
+            else "duplicate: a live job has that dedupe key"
+            if args.dedupe_window_s is None
+            else "duplicate: a job with that dedupe key is live or finished within its window"
+        )
     except PayloadError as exc:
         raise ConfigError("--payload", str(exc)) from None
     except EnqueueError as exc:
@@ -225,9 +276,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     from dispatcher.api.status import read_status, render_status
 
     config = _config_from(args)
-    status = read_status(_require_dsn(config), config.database.limits,
-                         completed_jobs=config.completion.completed_jobs)
-    if args.json:  # OPT_NON_STR_KEYS: runnable_by_bucket is keyed by bucket number; JSON keys are strings
+    status = read_status(
+        _require_dsn(config),
+        config.database.limits,
+        completed_jobs=config.completion.completed_jobs,
+    )
+    # OPT_NON_STR_KEYS: runnable_by_bucket is keyed by bucket number; JSON keys are strings
+    if args.json:
         print(orjson.dumps(status, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
     else:
         print(render_status(status))
@@ -241,51 +296,106 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dispatcher", description=__doc__.split("\n")[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
-                        help="print the installed version and exit")
+    parser = argparse.ArgumentParser(
+        prog="dispatcher", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__}",
+        help="print the installed version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     one_shot = settings(*ONE_SHOT)
-    p = sub.add_parser("migrate", help="create or upgrade the schema (safe to run from N pods at once)")
+    p = sub.add_parser(
+        "migrate", help="create or upgrade the schema (safe to run from N pods at once)"
+    )
     _add_config_flags(p, one_shot)
     p.set_defaults(func=cmd_migrate)
 
-    p = sub.add_parser("grants", help="print (or --apply) the GRANTs a DML-only workers' role needs")
+    p = sub.add_parser(
+        "grants", help="print (or --apply) the GRANTs a DML-only workers' role needs"
+    )
     p.add_argument("--role", required=True, help="the workers' role (it must exist)")
-    p.add_argument("--schema", default="public", help="the schema of the dispatcher tables (default %(default)s)")
-    p.add_argument("--apply", action="store_true",
-                   help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher migrate`)")
+    p.add_argument(
+        "--schema",
+        default="public",
+        help="the schema of the dispatcher tables (default %(default)s)",
+    )
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher migrate`)",
+    )
     _add_config_flags(p, one_shot)
     p.set_defaults(func=cmd_grants)
 
-    p = sub.add_parser("run", help="run a worker until SIGTERM/SIGINT (its app: --app or DISPATCHER_APP)")
+    p = sub.add_parser(
+        "run", help="run a worker until SIGTERM/SIGINT (its app: --app or DISPATCHER_APP)"
+    )
     p.add_argument("--migrate", action="store_true", help="run migrations before starting")
     _add_config_flags(p, tuple(s for s in settings() if s.section != WEB))
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("enqueue", help="enqueue one job (or --count copies of it)")
     p.add_argument("job_type", help="the job's type: the name its handler is registered under")
-    p.add_argument("--payload", default=None, help="the job's payload as JSON (default: none, null)")
-    p.add_argument("--queue", default="default", help="the queue to put it in (default %(default)s)")
-    p.add_argument("--priority", type=int, default=0, help="smaller runs first (default %(default)s)")
-    p.add_argument("--delay-s", type=float, default=0.0,
-                   help="seconds from now before it may run (default %(default)g)")
-    p.add_argument("--jitter-s", type=float, default=0.0,
-                   help="up to this many seconds more, at random, so a burst spreads out (default %(default)g)")
-    p.add_argument("--max-attempts", type=int, default=None,
-                   help="attempts before the job fails for good (default: its handler's max_attempts, else 20)")
-    p.add_argument("--dedupe-key", default=None,
-                   help="a key no other live job may have: a duplicate is not enqueued (default: none)")
-    p.add_argument("--dedupe-window-s", type=float, default=None,
-                   help="with --dedupe-key: the key also stays held this many seconds after the job finished "
-                        "(default: only while it is live)")
-    p.add_argument("--partition-key", default=None,
-                   help="jobs with the same key get the same bucket (default: none, a random bucket)")
-    p.add_argument("--ordering-key", default=None,
-                   help="jobs of the queue with the same key run one at a time, in the order they were enqueued "
-                        "(default: none)")
-    p.add_argument("--count", type=int, default=1, help="how many copies of the job to enqueue (default %(default)s)")
+    p.add_argument(
+        "--payload", default=None, help="the job's payload as JSON (default: none, null)"
+    )
+    p.add_argument(
+        "--queue", default="default", help="the queue to put it in (default %(default)s)"
+    )
+    p.add_argument(
+        "--priority", type=int, default=0, help="smaller runs first (default %(default)s)"
+    )
+    p.add_argument(
+        "--delay-s",
+        type=float,
+        default=0.0,
+        help="seconds from now before it may run (default %(default)g)",
+    )
+    p.add_argument(
+        "--jitter-s",
+        type=float,
+        default=0.0,
+        help="up to this many seconds more, at random, so a burst spreads out (default %(default)g)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        help="attempts before the job fails for good (default: its handler's max_attempts, else 20)",
+    )
+    p.add_argument(
+        "--dedupe-key",
+        default=None,
+        help="a key no other live job may have: a duplicate is not enqueued (default: none)",
+    )
+    p.add_argument(
+        "--dedupe-window-s",
+        type=float,
+        default=None,
+        help="with --dedupe-key: the key also stays held this many seconds after the job finished "
+        "(default: only while it is live)",
+    )
+    p.add_argument(
+        "--partition-key",
+        default=None,
+        help="jobs with the same key get the same bucket (default: none, a random bucket)",
+    )
+    p.add_argument(
+        "--ordering-key",
+        default=None,
+        help="jobs of the queue with the same key run one at a time, in the order they were enqueued "
+        "(default: none)",
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        help="how many copies of the job to enqueue (default %(default)s)",
+    )
     _add_config_flags(p, settings(*ONE_SHOT, ENQUEUE))
     p.set_defaults(func=cmd_enqueue)
 
@@ -302,9 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
     web_settings = readers + tuple(s for s in settings() if s.name in WEB_EXTRA)
     add_web_parser(sub, functools.partial(_add_config_flags, chosen=web_settings), _config_from)
 
-    p = sub.add_parser("demo", help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL")
+    p = sub.add_parser(
+        "demo",
+        help="both modes, a burst to a ready fleet and a cold start, on a throwaway PostgreSQL",
+    )
     p.add_argument("--jobs", type=int, default=50_000, help="jobs per run (default %(default)s)")
-    p.add_argument("--workers", type=int, default=2, help="worker processes per mode (default %(default)s)")
+    p.add_argument(
+        "--workers", type=int, default=2, help="worker processes per mode (default %(default)s)"
+    )
     _add_config_flags(p, tuple(s for s in settings() if s.name in DEMO_SETTINGS))
     p.set_defaults(func=cmd_demo)
     return parser
@@ -317,8 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     # validated with the other settings (a bad one exits 2 naming it, in the format chosen here).
     # The worker id is known here only when it is given: else the run command sets it from its
     # config before anything logs. The one-shot commands run no worker: their lines have none.
-    logs.configure(_raw_setting(args, "log_format"), _raw_setting(args, "log_level"),
-                   worker=_raw_setting(args, "worker_id") if args.func is cmd_run else None)
+    logs.configure(
+        _raw_setting(args, "log_format"),
+        _raw_setting(args, "log_level"),
+        worker=_raw_setting(args, "worker_id") if args.func is cmd_run else None,
+    )
     try:
         return int(args.func(args))
     except ConfigError as exc:
@@ -330,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _raw_setting(args: argparse.Namespace, name: str) -> str | None:
-    """A setting's flag, else its env var, unparsed (for what must be known before the config is)."""
+    """A setting's flag, else its env var, unparsed (for what must be known before the config
+    is)."""
     value = getattr(args, name, None)
     return value if value is not None else os.environ.get(f"DISPATCHER_{name.upper()}") or None
 

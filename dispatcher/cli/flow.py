@@ -24,23 +24,46 @@ from dispatcher.api.flow import (
 from dispatcher.cli.jobs import config_dsn, guarded
 from dispatcher.errors import ConfigError
 
-_FLAGS = {"job_type": "JOB_TYPE", "queue": "--queue", "max_running": "--max-running", "per_second": "--per-second",
-          "burst_jobs": "--burst"}
+_FLAGS = {
+    "job_type": "JOB_TYPE",
+    "queue": "--queue",
+    "max_running": "--max-running",
+    "per_second": "--per-second",
+    "burst_jobs": "--burst",
+}
 
 
-def add_flow_parsers(sub: Any, add_config_flags: Callable[[argparse.ArgumentParser], None],
-                     config_from: Callable[[argparse.Namespace], Any]) -> None:
+def add_flow_parsers(
+    sub: Any,
+    add_config_flags: Callable[[argparse.ArgumentParser], None],
+    config_from: Callable[[argparse.Namespace], Any],
+) -> None:
     """Register `dispatcher limits ...` and `dispatcher queues ...` on the top-level subparsers."""
-    limits = sub.add_parser("limits", help="fleet-wide limits per job type and queue: max running, starts per second")
+    limits = sub.add_parser(
+        "limits", help="fleet-wide limits per job type and queue: max running, starts per second"
+    )
     commands = limits.add_subparsers(dest="limits_command", required=True)
-    p = commands.add_parser("set", help="set (or replace) the limit on a job type ('*': every type)")
+    p = commands.add_parser(
+        "set", help="set (or replace) the limit on a job type ('*': every type)"
+    )
     p.add_argument("job_type", help="the job type, or '*' for every type of the queue")
     p.add_argument("--queue", default=None, help="only in this queue (default: in every queue)")
-    p.add_argument("--max-running", type=int, default=None, help="at most this many run at once, fleet-wide")
-    p.add_argument("--per-second", type=float, default=None, help="at most this many start per second, fleet-wide")
-    p.add_argument("--burst", type=float, default=None,
-                   help="with --per-second: how many may start at once after a quiet spell (default: one second's "
-                        "worth, at least 1)")
+    p.add_argument(
+        "--max-running", type=int, default=None, help="at most this many run at once, fleet-wide"
+    )
+    p.add_argument(
+        "--per-second",
+        type=float,
+        default=None,
+        help="at most this many start per second, fleet-wide",
+    )
+    p.add_argument(
+        "--burst",
+        type=float,
+        default=None,
+        help="with --per-second: how many may start at once after a quiet spell (default: one second's "
+        "worth, at least 1)",
+    )
     add_config_flags(p)
     p.set_defaults(func=lambda args: _set(args, config_from(args)))
 
@@ -49,17 +72,25 @@ def add_flow_parsers(sub: Any, add_config_flags: Callable[[argparse.ArgumentPars
     add_config_flags(p)
     p.set_defaults(func=lambda args: _list(args, config_from(args)))
 
-    p = commands.add_parser("clear", help="remove the limits on a job type (all its queues, or --queue)")
-    p.add_argument("job_type", nargs="?", default=None, help="the job type ('*': the every-type limit)")
-    p.add_argument("--queue", default=None, help="only the limit in this queue ('*': the every-queue one)")
+    p = commands.add_parser(
+        "clear", help="remove the limits on a job type (all its queues, or --queue)"
+    )
+    p.add_argument(
+        "job_type", nargs="?", default=None, help="the job type ('*': the every-type limit)"
+    )
+    p.add_argument(
+        "--queue", default=None, help="only the limit in this queue ('*': the every-queue one)"
+    )
     p.add_argument("--all", action="store_true", help="remove every limit")
     add_config_flags(p)
     p.set_defaults(func=lambda args: _clear(args, config_from(args)))
 
     queues = sub.add_parser("queues", help="pause or resume a queue across the fleet")
     commands = queues.add_subparsers(dest="queues_command", required=True)
-    for action, what in (("pause", "no worker claims the queue's jobs (running ones finish; enqueue goes on)"),
-                         ("resume", "workers claim the queue's jobs again")):
+    for action, what in (
+        ("pause", "no worker claims the queue's jobs (running ones finish; enqueue goes on)"),
+        ("resume", "workers claim the queue's jobs again"),
+    ):
         p = commands.add_parser(action, help=what)
         p.add_argument("queue", help="the queue")
         add_config_flags(p)
@@ -71,9 +102,17 @@ def add_flow_parsers(sub: Any, add_config_flags: Callable[[argparse.ArgumentPars
 
 
 def _set(args: argparse.Namespace, config: Any) -> int:
-    row = _guarded(lambda: set_limit(config_dsn(config), args.job_type, queue=args.queue, max_running=args.max_running,
-                                     per_second=args.per_second, burst_jobs=args.burst,
-                                     limits=config.database.limits))
+    row = _guarded(
+        lambda: set_limit(
+            config_dsn(config),
+            args.job_type,
+            queue=args.queue,
+            max_running=args.max_running,
+            per_second=args.per_second,
+            burst_jobs=args.burst,
+            limits=config.database.limits,
+        )
+    )
     print(f"limit set: {render_limits([row]).splitlines()[1].strip()}")
     return 0
 
@@ -81,7 +120,9 @@ def _set(args: argparse.Namespace, config: Any) -> int:
 def _list(args: argparse.Namespace, config: Any) -> int:
     rows = _guarded(lambda: list_limits(config_dsn(config), limits=config.database.limits))
     if args.json:
-        print(orjson.dumps([dataclasses.asdict(r) for r in rows], option=orjson.OPT_INDENT_2).decode())
+        print(
+            orjson.dumps([dataclasses.asdict(r) for r in rows], option=orjson.OPT_INDENT_2).decode()
+        )
     else:
         print(render_limits(rows) if rows else "no limits")
     return 0
@@ -90,18 +131,29 @@ def _list(args: argparse.Namespace, config: Any) -> int:
 def _clear(args: argparse.Namespace, config: Any) -> int:
     if args.job_type is None and args.queue is None and not args.all:
         raise ConfigError("JOB_TYPE", "give a job type, --queue, or --all (limits clear)")
-    gone = _guarded(lambda: clear_limits(config_dsn(config), args.job_type, queue=args.queue,
-                                         limits=config.database.limits))
-    print(f"cleared {len(gone)} limits" + (": " + ", ".join(f"{t} in {_queue(q)}" for t, q in gone) if gone else ""))
+    gone = _guarded(
+        lambda: clear_limits(
+            config_dsn(config), args.job_type, queue=args.queue, limits=config.database.limits
+        )
+    )
+    print(
+        f"cleared {len(gone)} limits"
+        + (": " + ", ".join(f"{t} in {_queue(q)}" for t, q in gone) if gone else "")
+    )
     return 0 if gone else 1
 
 
 def _pause(args: argparse.Namespace, config: Any, action: str) -> int:
     change = pause_queue if action == "pause" else resume_queue
-    changed = _guarded(lambda: change(config_dsn(config), args.queue, limits=config.database.limits))
+    changed = _guarded(
+        lambda: change(config_dsn(config), args.queue, limits=config.database.limits)
+    )
     past = "paused" if action == "pause" else "resumed"
-    print(f"queue {args.queue!r} {past}" if changed else
-          f"queue {args.queue!r} was {'paused already' if action == 'pause' else 'not paused'}: nothing changed")
+    print(
+        f"queue {args.queue!r} {past}"
+        if changed
+        else f"queue {args.queue!r} was {'paused already' if action == 'pause' else 'not paused'}: nothing changed"
+    )
     return 0 if changed else 1
 
 
@@ -110,8 +162,12 @@ def _paused(args: argparse.Namespace, config: Any) -> int:
     if args.json:
         print(orjson.dumps([dataclasses.asdict(r) for r in rows]).decode())
     else:
-        print("\n".join(f"{r.queue:<24} paused since {r.paused_at:%Y-%m-%d %H:%M:%S %Z}" for r in rows)
-              or "no paused queues")
+        print(
+            "\n".join(
+                f"{r.queue:<24} paused since {r.paused_at:%Y-%m-%d %H:%M:%S %Z}" for r in rows
+            )
+            or "no paused queues"
+        )
     return 0
 
 
@@ -120,12 +176,16 @@ def _guarded(work: Callable[[], Any]) -> Any:
 
 
 def render_limits(rows: list[LimitRow]) -> str:
-    lines = [f"{'job type':<24}{'queue':<16}{'max running':>12}{'running':>9}{'per second':>12}{'burst':>8}"
-             f"{'tokens':>8}"]
+    lines = [
+        f"{'job type':<24}{'queue':<16}{'max running':>12}{'running':>9}{'per second':>12}{'burst':>8}"
+        f"{'tokens':>8}"
+    ]
     for r in rows:
-        lines.append(f"{r.job_type:<24}{_queue(r.queue):<16}{_opt(r.max_running):>12}{r.running:>9}"
-                     f"{_opt(r.per_second):>12}{_opt(r.burst_jobs if r.per_second else None):>8}"
-                     f"{_opt(None if r.tokens is None else round(r.tokens, 1)):>8}")
+        lines.append(
+            f"{r.job_type:<24}{_queue(r.queue):<16}{_opt(r.max_running):>12}{r.running:>9}"
+            f"{_opt(r.per_second):>12}{_opt(r.burst_jobs if r.per_second else None):>8}"
+            f"{_opt(None if r.tokens is None else round(r.tokens, 1)):>8}"
+        )
     return "\n".join(lines)
 
 

@@ -1,12 +1,13 @@
-"""`dispatcher jobs list|show|retry|cancel|purge`: the failed-job admin (dispatcher/api/admin.py) on
-the command line.
+"""`dispatcher jobs list|show|retry|cancel|purge`: the failed-job admin (dispatcher/api/admin.py)
+on the command line.
 
 Which jobs: ids (arguments, or --id repeated), and/or filters (--status, --queue, --type, each
 repeated or comma-separated; --older-than / --newer-than an age in seconds or 90s, 10m, 2h, 7d,
-by the time the job entered its status; --halted: jobs that halt their ordering key). A change given ids acts at once and reports each id.
-A change without ids is a bulk change of every job that matches (--all: no filter at all); it
-first prints how many match, and acts only with --yes: without it nothing changes and the exit
-code is 1, so a script that forgot --yes does not take "nothing done" for success.
+by the time the job entered its status; --halted: jobs that halt their ordering key). A change
+given ids acts at once and reports each id. A change without ids is a bulk change of every job
+that matches (--all: no filter at all); it first prints how many match, and acts only with --yes:
+without it nothing changes and the exit code is 1, so a script that forgot --yes does not take
+"nothing done" for success.
 
 Exit codes (0 done, 1 not done, 2 bad input): docs/guides/admin.md.
 """
@@ -44,23 +45,45 @@ from dispatcher.constants import is_valid_name
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.model import STATUS_COMPLETED, STATUSES
 
-_FLAGS = {"statuses": "--status", "queues": "--queue", "job_types": "--type", "older_than_s": "--older-than",
-          "newer_than_s": "--newer-than", "ids": "ids", "halted": "--halted", "limit": "--limit", "batch": "--batch"}
-_CHANGES = {"retry": (retry_jobs, "retried", "put back to queued"), "cancel": (cancel_jobs, "cancelled", "cancelled"),
-            "purge": (purge_jobs, "purged", "deleted")}
+_FLAGS = {
+    "statuses": "--status",
+    "queues": "--queue",
+    "job_types": "--type",
+    "older_than_s": "--older-than",
+    "newer_than_s": "--newer-than",
+    "ids": "ids",
+    "halted": "--halted",
+    "limit": "--limit",
+    "batch": "--batch",
+}
+_CHANGES = {
+    "retry": (retry_jobs, "retried", "put back to queued"),
+    "cancel": (cancel_jobs, "cancelled", "cancelled"),
+    "purge": (purge_jobs, "purged", "deleted"),
+}
 _ERROR_CHARS = 60  # of the last error's last line, in the list table
 
 
-def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParser], None],
-                    config_from: Callable[[argparse.Namespace], Any]) -> None:
+def add_jobs_parser(
+    sub: Any,
+    add_config_flags: Callable[[argparse.ArgumentParser], None],
+    config_from: Callable[[argparse.Namespace], Any],
+) -> None:
     """Register `dispatcher jobs ...` on the top-level subparsers."""
-    jobs = sub.add_parser("jobs", help="list, show, retry, cancel or purge jobs (failed-job admin)",
-                          description=__doc__.split("\n\n")[1].replace("\n", " "))
+    jobs = sub.add_parser(
+        "jobs",
+        help="list, show, retry, cancel or purge jobs (failed-job admin)",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
     commands = jobs.add_subparsers(dest="jobs_command", required=True)
 
-    p = commands.add_parser("list", help="jobs that match, newest first (--halted: the halted ordering keys)")
+    p = commands.add_parser(
+        "list", help="jobs that match, newest first (--halted: the halted ordering keys)"
+    )
     _add_selection(p)
-    p.add_argument("--limit", default=str(DEFAULT_LIST_LIMIT), help="most jobs listed (default %(default)s)")
+    p.add_argument(
+        "--limit", default=str(DEFAULT_LIST_LIMIT), help="most jobs listed (default %(default)s)"
+    )
     p.add_argument("--json", action="store_true", help="print them as JSON instead of a table")
     add_config_flags(p)
     p.set_defaults(func=lambda args: _list(args, config_from(args)))
@@ -71,17 +94,32 @@ def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParse
     add_config_flags(p)
     p.set_defaults(func=lambda args: _show(args, config_from(args)))
 
-    for action, what in (("retry", "failed or discarded jobs back to queued, due now (one with an ordering key "
-                                   "runs before the later jobs of its key)"),
-                         ("cancel", "queued and waiting jobs, and jobs that halt their ordering key: cancelled at "
-                                    "once; running ones: cancelled at their next heartbeat"),
-                         ("purge", "delete finished jobs (completed, failed, discarded, cancelled)")):
+    for action, what in (
+        (
+            "retry",
+            "failed or discarded jobs back to queued, due now (one with an ordering key "
+            "runs before the later jobs of its key)",
+        ),
+        (
+            "cancel",
+            "queued and waiting jobs, and jobs that halt their ordering key: cancelled at "
+            "once; running ones: cancelled at their next heartbeat",
+        ),
+        ("purge", "delete finished jobs (completed, failed, discarded, cancelled)"),
+    ):
         p = commands.add_parser(action, help=what)
         _add_selection(p)
         p.add_argument("--all", action="store_true", help="every job it applies to, with no filter")
-        p.add_argument("--yes", action="store_true", help="do a bulk change (without ids); without it, only count")
-        p.add_argument("--batch", default=str(DEFAULT_BATCH),
-                       help="most jobs changed per statement (default %(default)s)")
+        p.add_argument(
+            "--yes",
+            action="store_true",
+            help="do a bulk change (without ids); without it, only count",
+        )
+        p.add_argument(
+            "--batch",
+            default=str(DEFAULT_BATCH),
+            help="most jobs changed per statement (default %(default)s)",
+        )
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         add_config_flags(p)
         p.set_defaults(func=lambda args, action=action: _change(args, config_from(args), action))
@@ -89,32 +127,88 @@ def add_jobs_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParse
 
 def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("ids", nargs="*", help="job ids")
-    p.add_argument("--id", action="append", default=[], dest="id_flags", metavar="ID", help="a job id (repeatable)")
-    p.add_argument("--status", action="append", default=[], metavar="S",
-                   help=f"only jobs in this status (repeatable, or comma-separated): {', '.join(STATUSES)}")
-    p.add_argument("--queue", action="append", default=[], metavar="Q", help="only jobs of this queue (repeatable)")
-    p.add_argument("--type", action="append", default=[], dest="job_type", metavar="T",
-                   help="only jobs of this job type (repeatable)")
-    p.add_argument("--older-than", default=None, metavar="AGE",
-                   help="only jobs in their status for longer than this: seconds, or 90s, 10m, 2h, 7d")
-    p.add_argument("--newer-than", default=None, metavar="AGE", help="only jobs in their status for at most this")
-    p.add_argument("--halted", action="store_true",
-                   help="only failed or discarded jobs that halt their ordering key (list: one row per halted key)")
+    p.add_argument(
+        "--id",
+        action="append",
+        default=[],
+        dest="id_flags",
+        metavar="ID",
+        help="a job id (repeatable)",
+    )
+    p.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        metavar="S",
+        help=f"only jobs in this status (repeatable, or comma-separated): {', '.join(STATUSES)}",
+    )
+    p.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        metavar="Q",
+        help="only jobs of this queue (repeatable)",
+    )
+    p.add_argument(
+        "--type",
+        action="append",
+        default=[],
+        dest="job_type",
+        metavar="T",
+        help="only jobs of this job type (repeatable)",
+    )
+    p.add_argument(
+        "--older-than",
+        default=None,
+        metavar="AGE",
+        help="only jobs in their status for longer than this: seconds, or 90s, 10m, 2h, 7d",
+    )
+    p.add_argument(
+        "--newer-than",
+        default=None,
+        metavar="AGE",
+        help="only jobs in their status for at most this",
+    )
+    p.add_argument(
+        "--halted",
+        action="store_true",
+        help="only failed or discarded jobs that halt their ordering key (list: one row per halted key)",
+    )
 
 
-# -- commands ----------------------------------------------------------------------------------------
+# -- commands --------------------------------------------------------------------------------------
+
 
 def _list(args: argparse.Namespace, config: Any) -> int:
     filters = _filters(args)
     if filters.halted:
-        keys = guarded(lambda: list_halted_keys(config_dsn(config), filters, limit=_whole(args.limit, "--limit"),
-                                                 limits=config.database.limits))
-        print(orjson.dumps(keys, option=orjson.OPT_INDENT_2).decode() if args.json else render_halted(keys))
+        keys = guarded(
+            lambda: list_halted_keys(
+                config_dsn(config),
+                filters,
+                limit=_whole(args.limit, "--limit"),
+                limits=config.database.limits,
+            )
+        )
+        print(
+            orjson.dumps(keys, option=orjson.OPT_INDENT_2).decode()
+            if args.json
+            else render_halted(keys)
+        )
         return 0
-    rows = guarded(lambda: list_jobs(config_dsn(config), filters, limit=_whole(args.limit, "--limit"),
-                                      limits=config.database.limits))
-    # Completed jobs have no rows to list under DISPATCHER_COMPLETED_JOBS=delete: say so, not "(no jobs match)".
-    hidden = config.completion.deletes and (not filters.statuses or STATUS_COMPLETED in filters.statuses)
+    rows = guarded(
+        lambda: list_jobs(
+            config_dsn(config),
+            filters,
+            limit=_whole(args.limit, "--limit"),
+            limits=config.database.limits,
+        )
+    )
+    # Completed jobs have no rows to list under DISPATCHER_COMPLETED_JOBS=delete: say so, not "(no
+    # jobs match)".
+    hidden = config.completion.deletes and (
+        not filters.statuses or STATUS_COMPLETED in filters.statuses
+    )
     if args.json:
         print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
         if hidden:
@@ -124,8 +218,10 @@ def _list(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
-DELETED_LIST_NOTE = ("completed jobs are not listed: DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it "
-                     "completes (only rows completed before that was set remain)")
+DELETED_LIST_NOTE = (
+    "completed jobs are not listed: DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it "
+    "completes (only rows completed before that was set remain)"
+)
 
 
 def _show(args: argparse.Namespace, config: Any) -> int:
@@ -133,18 +229,29 @@ def _show(args: argparse.Namespace, config: Any) -> int:
     dsn, limits = config_dsn(config), config.database.limits
     detail = guarded(lambda: show_job(dsn, job_id, limits=limits))
     if detail is not None:
-        print(orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode() if args.json else render_show(detail))
+        print(
+            orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode()
+            if args.json
+            else render_show(detail)
+        )
         return 0
     # No row. Under DISPATCHER_COMPLETED_JOBS=delete that is what a completed job leaves; the
     # history (DISPATCHER_HISTORY) may still tell what became of it (and of a pruned or purged one).
     attempts = guarded(lambda: job_attempts(dsn, job_id, limits=limits))
     if attempts:
-        print(orjson.dumps({"id": job_id, "job": None, "attempts": attempts}, option=orjson.OPT_INDENT_2).decode()
-              if args.json else render_attempts(attempts, f"job {job_id}: no row; its attempts from the history"))
+        print(
+            orjson.dumps(
+                {"id": job_id, "job": None, "attempts": attempts}, option=orjson.OPT_INDENT_2
+            ).decode()
+            if args.json
+            else render_attempts(attempts, f"job {job_id}: no row; its attempts from the history")
+        )
     why = ""
     if config.completion.deletes:
-        why = (": DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so it may have completed"
-               + ("" if attempts else " (its attempts are kept only with DISPATCHER_HISTORY=true)"))
+        why = (
+            ": DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so it may have completed"
+            + ("" if attempts else " (its attempts are kept only with DISPATCHER_HISTORY=true)")
+        )
     elif attempts:
         why = ": its row was deleted (completed and deleted, pruned or purged); its attempts are above"
     raise DispatcherError(f"no job {job_id}{why}")  # one line on stderr, exit 1
@@ -157,8 +264,11 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
     dsn = config_dsn(config)
     if not filters.ids:
         if not args.all and filters == Filters():
-            raise ConfigError("arguments", f"name the jobs to {action}: ids, filters (--status, --queue, --type, "
-                                           "--older-than, --newer-than) or --all")
+            raise ConfigError(
+                "arguments",
+                f"name the jobs to {action}: ids, filters (--status, --queue, --type, "
+                "--older-than, --newer-than) or --all",
+            )
         matching = guarded(lambda: count_jobs(dsn, filters, action, limits=config.database.limits))
         if matching == 0:
             print(f"no jobs match: nothing to {action}")
@@ -166,7 +276,8 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
         if not args.yes:
             print(f"{matching} jobs match; nothing was changed: re-run with --yes to {action} them")
             return 1
-    # A bulk change goes up to the newest job that matches when it begins (jobs enqueued later stay).
+    # A bulk change goes up to the newest job that matches when it begins (jobs enqueued later
+    # stay).
     result = guarded(lambda: change(dsn, filters, batch=batch, limits=config.database.limits))
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
@@ -175,24 +286,38 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
     return 1 if filters.ids and result.skipped else 0
 
 
-# -- input ---------------------------------------------------------------------------------------------
+# -- input -----------------------------------------------------------------------------------------
+
 
 def _filters(args: argparse.Namespace) -> Filters:
-    ids = tuple(_whole(text, "ids" if i < len(args.ids) else "--id")
-                for i, text in enumerate([*args.ids, *args.id_flags]))
+    ids = tuple(
+        _whole(text, "ids" if i < len(args.ids) else "--id")
+        for i, text in enumerate([*args.ids, *args.id_flags])
+    )
     names = {"--queue": _split(args.queue), "--type": _split(args.job_type)}
     for flag, values in names.items():
         bad = [v for v in values if not is_valid_name(v)]
         if bad:
-            raise ConfigError(flag, f"{bad[0]!r} is not a name a job can have (letters, digits, _ . -)")
-    return guarded(lambda: Filters(statuses=_split(args.status), queues=names["--queue"],
-                                    job_types=names["--type"], older_than_s=_age(args.older_than, "--older-than"),
-                                    newer_than_s=_age(args.newer_than, "--newer-than"), ids=ids,
-                                    halted=args.halted))
+            raise ConfigError(
+                flag, f"{bad[0]!r} is not a name a job can have (letters, digits, _ . -)"
+            )
+    return guarded(
+        lambda: Filters(
+            statuses=_split(args.status),
+            queues=names["--queue"],
+            job_types=names["--type"],
+            older_than_s=_age(args.older_than, "--older-than"),
+            newer_than_s=_age(args.newer_than, "--newer-than"),
+            ids=ids,
+            halted=args.halted,
+        )
+    )
 
 
 def _split(values: list[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(v.strip() for value in values for v in value.split(",") if v.strip()))
+    return tuple(
+        dict.fromkeys(v.strip() for value in values for v in value.split(",") if v.strip())
+    )
 
 
 def _age(text: str | None, flag: str) -> float | None:
@@ -230,24 +355,30 @@ def guarded(work: Callable[[], Any], flags: dict[str, str] | None = None) -> Any
         raise ConfigError((flags or _FLAGS).get(exc.option, exc.option), str(exc)) from None
 
 
-# -- output --------------------------------------------------------------------------------------------
+# -- output ----------------------------------------------------------------------------------------
+
 
 def error_line(error: str | None) -> str:
     """The last line of a traceback (the exception), shortened for a table."""
     lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
     text = lines[-1] if lines else ""
-    return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS - 1] + "…"
+    return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 1] + "…"
 
 
 def render_list(rows: list[JobRow]) -> str:
     if not rows:
         return "(no jobs match)"
-    lines = [f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last error"]
+    lines = [
+        f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last error"
+    ]
     for r in rows:
         status = r.status + ("*" if r.cancel_requested_at and r.status == "running" else "")
-        allowed = "-" if r.max_attempts is None else r.max_attempts  # -: not given at enqueue, the handler's
-        lines.append(f"{r.id:>10}  {r.queue[:14]:<14} {r.job_type[:20]:<20} {status:<10} "
-                     f"{f'{r.attempts}/{allowed}':>8}  {age_text(r.age_s):>7}  {error_line(r.last_error)}")
+        # -: not given at enqueue, the handler's
+        allowed = "-" if r.max_attempts is None else r.max_attempts
+        lines.append(
+            f"{r.id:>10}  {r.queue[:14]:<14} {r.job_type[:20]:<20} {status:<10} "
+            f"{f'{r.attempts}/{allowed}':>8}  {age_text(r.age_s):>7}  {error_line(r.last_error)}"
+        )
     if any(r.cancel_requested_at and r.status == "running" for r in rows):
         lines.append("* cancel requested: its worker cancels it at its next heartbeat")
     return "\n".join(lines)
@@ -256,13 +387,19 @@ def render_list(rows: list[JobRow]) -> str:
 def render_halted(keys: list[HaltedKey]) -> str:
     if not keys:
         return "(no halted ordering keys)"
-    lines = [f"{'queue':<14} {'ordering key':<20} {'job':>10}  {'type':<20} {'status':<10} {'failed at':<19} "
-             f"{'waiting':>8}  last error"]
+    lines = [
+        f"{'queue':<14} {'ordering key':<20} {'job':>10}  {'type':<20} {'status':<10} {'failed at':<19} "
+        f"{'waiting':>8}  last error"
+    ]
     for k in keys:
         failed_at = f"{k.failed_at:%Y-%m-%d %H:%M:%S}" if k.failed_at else "-"
-        lines.append(f"{k.queue[:14]:<14} {k.ordering_key[:20]:<20} {k.job_id:>10}  {k.job_type[:20]:<20} "
-                     f"{k.status:<10} {failed_at:<19} {k.waiting:>8}  {error_line(k.last_error)}")
-    lines.append("each key's later jobs wait until its job is retried (`jobs retry ID`), cancelled or purged")
+        lines.append(
+            f"{k.queue[:14]:<14} {k.ordering_key[:20]:<20} {k.job_id:>10}  {k.job_type[:20]:<20} "
+            f"{k.status:<10} {failed_at:<19} {k.waiting:>8}  {error_line(k.last_error)}"
+        )
+    lines.append(
+        "each key's later jobs wait until its job is retried (`jobs retry ID`), cancelled or purged"
+    )
     return "\n".join(lines)
 
 
@@ -270,13 +407,23 @@ def render_show(detail: JobDetail) -> str:
     job = detail.job
     lines = [f"job {job['id']} ({job['status']})"]
     if job.get("ordering_key") is not None:
-        lines.append(f"  ordering key {job['ordering_key']!r}: "
-                     + ("HALTED by this job: the key's later jobs wait until it is retried, cancelled or purged"
-                        if job.get("ordering_halted") else "this job does not halt it"))
-    lines += [f"  {name:<20} {'' if value is None else value}" for name, value in job.items()
-              if name not in ("id", "status", "last_error", "payload", "max_attempts")]
+        lines.append(
+            f"  ordering key {job['ordering_key']!r}: "
+            + (
+                "HALTED by this job: the key's later jobs wait until it is retried, cancelled or purged"
+                if job.get("ordering_halted")
+                else "this job does not halt it"
+            )
+        )
+    lines += [
+        f"  {name:<20} {'' if value is None else value}"
+        for name, value in job.items()
+        if name not in ("id", "status", "last_error", "payload", "max_attempts")
+    ]
     if job.get("max_attempts") is None:
-        lines.append(f"  {'max_attempts':<20} not given at enqueue: its handler's max_attempts (else 20)")
+        lines.append(
+            f"  {'max_attempts':<20} not given at enqueue: its handler's max_attempts (else 20)"
+        )
     else:
         lines.append(f"  {'max_attempts':<20} {job['max_attempts']}")
     lines.append(f"  {'payload':<20} {orjson.dumps(job['payload']).decode()}")
@@ -292,17 +439,23 @@ def render_show(detail: JobDetail) -> str:
 def render_attempts(attempts: list[Attempt], title: str) -> str:
     lines = [f"{title} ({len(attempts)}):"]
     for a in attempts:
-        lines.append(f"  #{a.attempt:<3} {a.outcome:<10} {a.duration_ms:>10.1f} ms  "
-                     f"{a.started_at:%Y-%m-%d %H:%M:%S}  {a.worker}  {error_line(a.error)}")
+        lines.append(
+            f"  #{a.attempt:<3} {a.outcome:<10} {a.duration_ms:>10.1f} ms  "
+            f"{a.started_at:%Y-%m-%d %H:%M:%S}  {a.worker}  {error_line(a.error)}"
+        )
     return "\n".join(lines)
 
 
 def render_result(result: AdminResult, done: str, meaning: str) -> str:
-    lines = [f"{done} {result.changed_count} of {result.matched} jobs ({meaning})"
-             + (f": {_ids(result.changed)}" if result.changed else "")]
+    lines = [
+        f"{done} {result.changed_count} of {result.matched} jobs ({meaning})"
+        + (f": {_ids(result.changed)}" if result.changed else "")
+    ]
     if result.requested_count:
-        lines.append(f"cancel requested for {result.requested_count} running jobs (cancelled at their owner's next "
-                     f"heartbeat): {_ids(result.requested)}")
+        lines.append(
+            f"cancel requested for {result.requested_count} running jobs (cancelled at their owner's next "
+            f"heartbeat): {_ids(result.requested)}"
+        )
     if result.skipped:
         lines.append(f"skipped {len(result.skipped)}:")
         lines += [f"  {s.id}: {s.reason}" for s in result.skipped[:50]]

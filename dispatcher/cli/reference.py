@@ -26,7 +26,7 @@ def _cell(text: object) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-# -- configuration -----------------------------------------------------------------------------------
+# -- configuration ---------------------------------------------------------------------------------
 
 
 def configuration() -> str:
@@ -35,23 +35,30 @@ def configuration() -> str:
     groups: dict[str | None, list[object]] = {}
     for s in settings():
         groups.setdefault(getattr(s, "section", None), []).append(s)
-    out = [_GENERATED, "# Configuration reference\n\n",
-           "Every setting is an environment variable `DISPATCHER_<NAME>` or a flag `--<name>` of the worker "
-           "commands (a flag wins): `DISPATCHER_BATCH_SIZE=200` or `--batch-size 200`. Values are checked at "
-           "start-up: a bad one exits with code 2 and names the setting. Times are in seconds. "
-           "`dispatcher run --help` prints the same list.\n"]
+    out = [
+        _GENERATED,
+        "# Configuration reference\n\n",
+        "Every setting is an environment variable `DISPATCHER_<NAME>` or a flag `--<name>` of the worker "
+        "commands (a flag wins): `DISPATCHER_BATCH_SIZE=200` or `--batch-size 200`. Values are checked at "
+        "start-up: a bad one exits with code 2 and names the setting. Times are in seconds. "
+        "`dispatcher run --help` prints the same list.\n",
+    ]
     for section, rows in groups.items():
-        out.append(f"\n## {section or 'Settings'}\n\n| setting | default | meaning |\n|---|---|---|\n")
+        out.append(
+            f"\n## {section or 'Settings'}\n\n| setting | default | meaning |\n|---|---|---|\n"
+        )
         out += [f"| `{s.env_var}` | {_cell(s.default_text)} | {_cell(s.help)} |\n" for s in rows]  # type: ignore[attr-defined]
     return "".join(out)
 
 
-# -- CLI ---------------------------------------------------------------------------------------------
+# -- CLI -------------------------------------------------------------------------------------------
 
 _SETTINGS_GROUP = "settings (each also DISPATCHER_"  # the group each command's settings are in
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
+def _subparsers(
+    parser: argparse.ArgumentParser,
+) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
     """(full command, its one-line help, its parser) for every subcommand, depth first."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -89,12 +96,18 @@ def cli() -> str:
     from dispatcher.settings.config import settings
 
     parser = build_parser()
-    out = [_GENERATED, "# Command-line reference\n\n",
-           "Every command also takes `--help`. The commands that talk to the database take the settings they "
-           "read as flags too (`--dsn ...`, or `DISPATCHER_DSN=...` in the environment; `dispatcher run` takes "
-           "every one): see [configuration.md](configuration.md).\n"]
+    out = [
+        _GENERATED,
+        "# Command-line reference\n\n",
+        "Every command also takes `--help`. The commands that talk to the database take the settings they "
+        "read as flags too (`--dsn ...`, or `DISPATCHER_DSN=...` in the environment; `dispatcher run` takes "
+        "every one): see [configuration.md](configuration.md).\n",
+    ]
     every = len(settings())
-    for prog, summary, sub in [(parser.prog, parser.description or "", parser), *_subparsers(parser)]:
+    for prog, summary, sub in [
+        (parser.prog, parser.description or "", parser),
+        *_subparsers(parser),
+    ]:
         rows, setting_flags = _argument_rows(sub)
         out.append(f"\n## `{prog}`\n\n{_cell(summary)}\n")
         if rows:
@@ -103,15 +116,23 @@ def cli() -> str:
         if len(setting_flags) == every:
             out.append("\nAnd every setting as a flag ([configuration.md](configuration.md)).\n")
         elif setting_flags:
-            out.append(f"\nAnd these settings as flags ([configuration.md](configuration.md)): "
-                       f"{', '.join(f'`{flag}`' for flag in setting_flags)}.\n")
+            out.append(
+                f"\nAnd these settings as flags ([configuration.md](configuration.md)): "
+                f"{', '.join(f'`{flag}`' for flag in setting_flags)}.\n"
+            )
     return "".join(out)
 
 
-# -- metrics -----------------------------------------------------------------------------------------
+# -- metrics ---------------------------------------------------------------------------------------
 
-_KINDS = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "CounterMetricFamily": "counter",
-          "GaugeMetricFamily": "gauge", "HistogramMetricFamily": "histogram"}
+_KINDS = {
+    "Counter": "counter",
+    "Gauge": "gauge",
+    "Histogram": "histogram",
+    "CounterMetricFamily": "counter",
+    "GaugeMetricFamily": "gauge",
+    "HistogramMetricFamily": "histogram",
+}
 _METRIC_SOURCES = ("dispatcher", "coordinator")
 
 
@@ -120,8 +141,11 @@ def _text(node: ast.AST | None) -> str | None:
 
 
 def _labels(call: ast.Call) -> list[str]:
-    node = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords
-                                                           if k.arg in ("labels", "labelnames")), None)
+    node = (
+        call.args[2]
+        if len(call.args) > 2
+        else next((k.value for k in call.keywords if k.arg in ("labels", "labelnames")), None)
+    )
     if isinstance(node, (ast.List, ast.Tuple)):
         return [t for e in node.elts if (t := _text(e)) is not None]
     return []
@@ -131,12 +155,24 @@ def metric_definitions(root: Path = ROOT) -> list[tuple[str, str, list[str], str
     """(name as scraped, kind, labels, help, defining file) of every `dispatcher_*` metric the
     source defines, by file, in source order."""
     found, seen = [], set()
-    files = sorted(p for top in _METRIC_SOURCES for p in (root / top).rglob("*.py") if "devtools" not in p.parts)
+    files = sorted(
+        p
+        for top in _METRIC_SOURCES
+        for p in (root / top).rglob("*.py")
+        if "devtools" not in p.parts
+    )
     for path in files:
-        calls = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                 if isinstance(node, ast.Call) and len(node.args) >= 2]
+        calls = [
+            node
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and len(node.args) >= 2
+        ]
         for node in sorted(calls, key=lambda call: (call.lineno, call.col_offset)):
-            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            func = (
+                node.func.attr
+                if isinstance(node.func, ast.Attribute)
+                else getattr(node.func, "id", "")
+            )
             name, doc = _text(node.args[0]), _text(node.args[1])
             if func not in _KINDS or not name or not name.startswith("dispatcher_") or doc is None:
                 continue
@@ -150,34 +186,48 @@ def metric_definitions(root: Path = ROOT) -> list[tuple[str, str, list[str], str
 
 
 def metrics() -> str:
-    out = [_GENERATED, "# Metrics reference\n\n",
-           "What `/metrics` exports (with `DISPATCHER_METRICS_PORT` set), by the module that defines it. Every pod "
-           "exports its own figures, except the table-wide ones of `dispatcher/runtime/table_sampler.py` "
-           "(`dispatcher_queue_*`, `dispatcher_db_*`), which only the pod holding the sampler lease exports: "
-           "aggregate those with `max by (...)`, never `sum`. How to read them: "
-           "[operations/health-and-metrics.md](../operations/health-and-metrics.md).\n"]
+    out = [
+        _GENERATED,
+        "# Metrics reference\n\n",
+        "What `/metrics` exports (with `DISPATCHER_METRICS_PORT` set), by the module that defines it. Every pod "
+        "exports its own figures, except the table-wide ones of `dispatcher/runtime/table_sampler.py` "
+        "(`dispatcher_queue_*`, `dispatcher_db_*`), which only the pod holding the sampler lease exports: "
+        "aggregate those with `max by (...)`, never `sum`. How to read them: "
+        "[operations/health-and-metrics.md](../operations/health-and-metrics.md).\n",
+    ]
     current = None
     for name, kind, labels, doc, source in metric_definitions():
         if source != current:
             current = source
-            out.append(f"\n## {source}\n\n| metric | type | labels | meaning |\n|---|---|---|---|\n")
+            out.append(
+                f"\n## {source}\n\n| metric | type | labels | meaning |\n|---|---|---|---|\n"
+            )
         out.append(f"| `{name}` | {kind} | {_cell(', '.join(labels)) or '-'} | {_cell(doc)} |\n")
     return "".join(out)
 
 
-PAGES: dict[str, Callable[[], str]] = {"configuration.md": configuration, "cli.md": cli, "metrics.md": metrics}
+PAGES: dict[str, Callable[[], str]] = {
+    "configuration.md": configuration,
+    "cli.md": cli,
+    "metrics.md": metrics,
+}
 
 
 def stale(root: Path = ROOT) -> list[Path]:
     """The generated pages under `root` whose content differs from what the code renders now."""
-    return [root / REFERENCE / name for name, render in PAGES.items()
-            if not (root / REFERENCE / name).is_file()
-            or (root / REFERENCE / name).read_text(encoding="utf-8") != render()]
+    return [
+        root / REFERENCE / name
+        for name, render in PAGES.items()
+        if not (root / REFERENCE / name).is_file()
+        or (root / REFERENCE / name).read_text(encoding="utf-8") != render()
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a page is out of date")
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a page is out of date"
+    )
     args = parser.parse_args(argv)
     if args.check:
         old = stale()

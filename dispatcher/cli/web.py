@@ -9,21 +9,41 @@ from typing import Any
 from dispatcher.errors import ConfigError
 
 
-def add_web_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParser], None],
-                   config_from: Callable[[argparse.Namespace], Any]) -> None:
-    p = sub.add_parser("web", help="the web dashboard: queues, jobs, workers, the bucket map (the `web` extra)")
+def add_web_parser(
+    sub: Any,
+    add_config_flags: Callable[[argparse.ArgumentParser], None],
+    config_from: Callable[[argparse.Namespace], Any],
+) -> None:
+    p = sub.add_parser(
+        "web", help="the web dashboard: queues, jobs, workers, the bucket map (the `web` extra)"
+    )
     # The web settings under short names (each also DISPATCHER_WEB_*); the token only from the
     # environment (DISPATCHER_WEB_TOKEN): a flag would show it to anyone who can list processes.
-    p.add_argument("--host", dest="web_host", default=None,
-                   help="address to listen on (default 127.0.0.1; DISPATCHER_WEB_HOST); one that is not loopback "
-                        "needs DISPATCHER_WEB_TOKEN, or --insecure")
-    p.add_argument("--port", dest="web_port", default=None, help="TCP port (default 8080; DISPATCHER_WEB_PORT)")
-    p.add_argument("--allow-actions", dest="web_allow_actions", action="store_const", const="true", default=None,
-                   help="show and accept retry, cancel, purge, pause and resume (default: read-only; "
-                        "DISPATCHER_WEB_ALLOW_ACTIONS)")
-    p.add_argument("--insecure", action="store_true",
-                   help="serve on a non-loopback address without DISPATCHER_WEB_TOKEN (only behind a proxy that "
-                        "checks who comes in)")
+    p.add_argument(
+        "--host",
+        dest="web_host",
+        default=None,
+        help="address to listen on (default 127.0.0.1; DISPATCHER_WEB_HOST); one that is not loopback "
+        "needs DISPATCHER_WEB_TOKEN, or --insecure",
+    )
+    p.add_argument(
+        "--port", dest="web_port", default=None, help="TCP port (default 8080; DISPATCHER_WEB_PORT)"
+    )
+    p.add_argument(
+        "--allow-actions",
+        dest="web_allow_actions",
+        action="store_const",
+        const="true",
+        default=None,
+        help="show and accept retry, cancel, purge, pause and resume (default: read-only; "
+        "DISPATCHER_WEB_ALLOW_ACTIONS)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve on a non-loopback address without DISPATCHER_WEB_TOKEN (only behind a proxy that "
+        "checks who comes in)",
+    )
     add_config_flags(p)
     p.set_defaults(func=lambda args: _web(args, config_from(args)))
 
@@ -34,6 +54,7 @@ def _web(args: argparse.Namespace, config: Any) -> int:
     try:
         from dispatcher.web.server import serve
     except ImportError as exc:
-        raise ConfigError("dispatcher web", f"needs the web extra: pip install 'bucket-dispatcher[web]' ({exc})") \
-            from None
+        raise ConfigError(
+            "dispatcher web", f"needs the web extra: pip install 'bucket-dispatcher[web]' ({exc})"
+        ) from None
     return serve(config, insecure=args.insecure)

@@ -2,12 +2,19 @@
 
 The named queries, the claim statement's text for a mode (for EXPLAIN and to recognise a worker's
 claim in pg_stat_activity), the array literals the completion statements take, migrations, the
-values of DISPATCHER_COMPLETED_JOBS (which completion statement a worker sends), and the completions
-as a worker sends them (completion_statements: fenced, and under 'delete' closing uniqueness windows).
-Everything else in dispatcher/db/ is the runtime's own and may change without notice.
+values of DISPATCHER_COMPLETED_JOBS (which completion statement a worker sends), and the
+completions as a worker sends them (completion_statements: fenced, and under 'delete' closing
+uniqueness windows). Everything else in dispatcher/db/ is the runtime's own and may change
+without notice.
 """
 
-from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED, MODE_SKIP_LOCKED, NUM_BUCKETS
+from dispatcher.constants import (
+    COMPLETED_DELETE,
+    COMPLETED_KEEP,
+    MODE_PARTITIONED,
+    MODE_SKIP_LOCKED,
+    NUM_BUCKETS,
+)
 from dispatcher.db.claims import claim_sql
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.literals import int_array, token_array
@@ -15,7 +22,15 @@ from dispatcher.db.migrate import migrate
 from dispatcher.db.queries import query
 
 __all__ = [
-    "COMPLETED_DELETE", "COMPLETED_KEEP", "MODE_PARTITIONED", "MODE_SKIP_LOCKED", "NUM_BUCKETS", "claim_sql",
-    "completion_statements", "int_array", "migrate", "query",
+    "COMPLETED_DELETE",
+    "COMPLETED_KEEP",
+    "MODE_PARTITIONED",
+    "MODE_SKIP_LOCKED",
+    "NUM_BUCKETS",
+    "claim_sql",
+    "completion_statements",
+    "int_array",
+    "migrate",
+    "query",
     "token_array",
 ]

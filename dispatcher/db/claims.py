@@ -58,16 +58,31 @@ def claim_sql(buckets: Sequence[int] | None, types: TypeFilter | None = None) ->
     return _finish(selection, types)
 
 
-def claim_params(queue: str, limit: int, lease_s: float, worker: str, token: str, flow_version: int | None,
-                 types: TypeFilter | None) -> dict[str, Any]:
-    params = {"queue": queue, "limit": limit, "lease_s": lease_s, "worker": worker, "token": token,
-              "flow_version": flow_version}
+def claim_params(
+    queue: str,
+    limit: int,
+    lease_s: float,
+    worker: str,
+    token: str,
+    flow_version: int | None,
+    types: TypeFilter | None,
+) -> dict[str, Any]:
+    params = {
+        "queue": queue,
+        "limit": limit,
+        "lease_s": lease_s,
+        "worker": worker,
+        "token": token,
+        "flow_version": flow_version,
+    }
     if types is not None:
         params["claim_types"] = list(types.types)
     return params
 
 
-def allowance(rows: Sequence[tuple[int | None, int, float | None]]) -> tuple[int | None, str | None]:
+def allowance(
+    rows: Sequence[tuple[int | None, int, float | None]],
+) -> tuple[int | None, str | None]:
     """How many jobs a gated claim may start now under its locked limit rows, given as (max_running,
     running now, tokens now): None if no row bounds it. Also which kind of limit binds tightest."""
     allowed: int | None = None

@@ -18,7 +18,9 @@ def closing_keyed(keyed: str) -> str:
     that had a uniqueness window leaves its finish time in it, in the same statement."""
     if _RELEASED not in keyed:
         raise ValueError("jobs_complete_owned_keyed changed shape: update completions._RELEASED")
-    released = _RELEASED.replace("j.ordering_key", "j.ordering_key, j.dedupe_key, j.dedupe_window_s")
+    released = _RELEASED.replace(
+        "j.ordering_key", "j.ordering_key, j.dedupe_key, j.dedupe_window_s"
+    )
     return keyed.replace(_RELEASED, released + query("dedupe_windows_close_released") + ",\n")
 
 
@@ -26,9 +28,18 @@ def completion_statements(completed_jobs: str) -> dict[bool, str]:
     """{keyed: statement}: without keys, the fenced completion (it answers which ids it refused);
     with keys, the completion inside the statement that also promotes each key's next job (a batch
     without keys pays nothing for them). Under `delete`, both close uniqueness windows too."""
-    complete = query("jobs_complete_owned_delete" if completed_jobs == COMPLETED_DELETE else "jobs_complete_owned")
+    complete = query(
+        "jobs_complete_owned_delete"
+        if completed_jobs == COMPLETED_DELETE
+        else "jobs_complete_owned"
+    )
     keyed = query("jobs_complete_owned_keyed").replace("{completion}", complete)
     if completed_jobs != COMPLETED_DELETE:
-        return {False: query("jobs_complete_owned_fenced").replace("{completion}", complete), True: keyed}
-    return {False: query("jobs_complete_owned_delete_fenced").replace("{completion}", complete),
-            True: closing_keyed(keyed)}
+        return {
+            False: query("jobs_complete_owned_fenced").replace("{completion}", complete),
+            True: keyed,
+        }
+    return {
+        False: query("jobs_complete_owned_delete_fenced").replace("{completion}", complete),
+        True: closing_keyed(keyed),
+    }

@@ -23,16 +23,26 @@ def raw_json(data: Any) -> bytes:
 def insert_one_params(job: NewJob) -> dict[str, Any]:
     """jobs_insert_one's parameters: dispatcher.enqueue's and the port's jobs_enqueue."""
     return {
-        "queue": job.queue, "job_type": job.job_type, "payload": Jsonb(job.payload, dumps=raw_json),
-        "priority": job.priority, "bucket": job.bucket, "max_attempts": job.max_attempts,
-        "run_at": job.run_at, "delay_s": job.delay_s, "dedupe_key": job.dedupe_key,
-        "ordering_key": job.ordering_key, "dedupe_window_s": getattr(job, "dedupe_window_s", None),
-        "channel": NOTIFY_CHANNEL, "notify": format_payload(job.queue, job.bucket), "trace_context": trace_json(),
+        "queue": job.queue,
+        "job_type": job.job_type,
+        "payload": Jsonb(job.payload, dumps=raw_json),
+        "priority": job.priority,
+        "bucket": job.bucket,
+        "max_attempts": job.max_attempts,
+        "run_at": job.run_at,
+        "delay_s": job.delay_s,
+        "dedupe_key": job.dedupe_key,
+        "ordering_key": job.ordering_key,
+        "dedupe_window_s": getattr(job, "dedupe_window_s", None),
+        "channel": NOTIFY_CHANNEL,
+        "notify": format_payload(job.queue, job.bucket),
+        "trace_context": trace_json(),
     }
 
 
 def trace_json() -> Jsonb | None:
-    """The trace context of the span enqueuing now, if OpenTelemetry has one (observe/tracing.py)."""
+    """The trace context of the span enqueuing now, if OpenTelemetry has one
+    (observe/tracing.py)."""
     found = tracing.carrier()
     return None if found is None else Jsonb(found)
 

@@ -14,7 +14,13 @@ from typing import Any
 
 import psycopg
 
-from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
+from coordinator.pg.connect import (
+    ConnectionLimits,
+    StatementTimeout,
+    bounded,
+    close_quietly,
+    connect,
+)
 from coordinator.pg.dsn import redact
 from coordinator.pg.notify import NotificationWait, listen_statement, probe_statement
 from dispatcher.backoff import jittered
@@ -40,9 +46,16 @@ def format_payload(queue: str, bucket: int | None) -> str:
 
 
 class Listener:
-    def __init__(self, dsn: str, queues: set[str], on_notify: Callable[[str, int | None, float | None], None],
-                 channel: str = NOTIFY_CHANNEL, *, limits: ConnectionLimits | None = None,
-                 probe_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        queues: set[str],
+        on_notify: Callable[[str, int | None, float | None], None],
+        channel: str = NOTIFY_CHANNEL,
+        *,
+        limits: ConnectionLimits | None = None,
+        probe_s: float = 10.0,
+    ) -> None:
         self._dsn = dsn
         self._limits = limits or ConnectionLimits()
         self._probe_s = probe_s
@@ -72,7 +85,9 @@ class Listener:
         timeout_s = self._limits.statement_timeout_s
         while True:
             try:
-                self._conn = conn = await connect(self._dsn, self._limits, application_name="dispatcher-listen")
+                self._conn = conn = await connect(
+                    self._dsn, self._limits, application_name="dispatcher-listen"
+                )
                 listen = listen_statement(self._channel)
                 await bounded("listen", conn.execute(listen), timeout_s, conn)
                 self.listening.set()
@@ -82,11 +97,16 @@ class Listener:
                 notifications = NotificationWait(conn, self._deliver)
                 while True:
                     if not await notifications.wait(jittered(self._probe_s, 0.2)):
-                        await bounded("listen probe", conn.execute(probe_statement()), timeout_s, conn)
+                        await bounded(
+                            "listen probe", conn.execute(probe_statement()), timeout_s, conn
+                        )
             except (psycopg.Error, StatementTimeout) as exc:
                 self.listening.clear()
-                log.warning("listener lost its connection (%s); polling covers the gap, retrying in %.1f s",
-                            redact(str(exc), self._dsn), delay)
+                log.warning(
+                    "listener lost its connection (%s); polling covers the gap, retrying in %.1f s",
+                    redact(str(exc), self._dsn),
+                    delay,
+                )
                 await asyncio.sleep(jittered(delay))
                 delay = min(delay * 2, 10.0)
             finally:

@@ -12,5 +12,6 @@ def int_array(values: Sequence[int]) -> str:
 
 
 def token_array(tokens: Sequence[str]) -> str:
-    """A uuid[] text literal from claim tokens (already canonical uuid strings: no quoting needed)."""
+    """A uuid[] text literal from claim tokens (already canonical uuid strings: no quoting
+    needed)."""
     return "{" + ",".join(tokens) + "}"

@@ -35,8 +35,9 @@ _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _STEP = re.compile(r"^--\s*step:\s*(\w+)[^\n]*$", re.MULTILINE)
 _STEP_KINDS = ("transaction", "autocommit")
 _COMMENT = re.compile(r"--[^\n]*")
-_CONCURRENT_INDEX = re.compile(r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)",
-                               re.IGNORECASE)
+_CONCURRENT_INDEX = re.compile(
+    r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)", re.IGNORECASE
+)
 
 # Packages whose sql/migrations/ make up the schema.
 MIGRATION_PACKAGES: Final = ("dispatcher.db", "coordinator")
@@ -67,18 +68,23 @@ class Migration:
 
     @property
     def steps(self) -> list[Step]:
-        """The file's steps (see the module docstring); a file without step lines is one transaction."""
+        """The file's steps (see the module docstring); a file without step lines is one
+        transaction."""
         where = f"{self.package}/{self.version:04d}_{self.name}.sql"
         marks = list(_STEP.finditer(self.sql))
-        steps = [Step(False, self.sql[:marks[0].start()] if marks else self.sql)]
+        steps = [Step(False, self.sql[: marks[0].start()] if marks else self.sql)]
         for i, mark in enumerate(marks):
             if mark[1] not in _STEP_KINDS:
-                raise MigrationError(f"{where}: unknown step kind {mark[1]!r} (one of {', '.join(_STEP_KINDS)})")
+                raise MigrationError(
+                    f"{where}: unknown step kind {mark[1]!r} (one of {', '.join(_STEP_KINDS)})"
+                )
             end = marks[i + 1].start() if i + 1 < len(marks) else len(self.sql)
-            steps.append(Step(mark[1] == "autocommit", self.sql[mark.end():end]))
+            steps.append(Step(mark[1] == "autocommit", self.sql[mark.end() : end]))
         steps = [s for s in steps if _COMMENT.sub("", s.sql).strip()]
         if any(s.autocommit and "$$" in s.sql for s in steps):
-            raise MigrationError(f"{where}: an autocommit step cannot hold a $$ body (its statements are split at ';')")
+            raise MigrationError(
+                f"{where}: an autocommit step cannot hold a $$ body (its statements are split at ';')"
+            )
         return steps
 
 
@@ -87,21 +93,28 @@ def available_migrations(packages: Iterable[str] = MIGRATION_PACKAGES) -> list[M
     found: list[Migration] = []
     for package in packages:
         folder = resources.files(package).joinpath("sql", "migrations")
-        if not folder.is_dir():  # e.g. a build that did not ship the .sql files: never skip silently
+        # e.g. a build that did not ship the .sql files: never skip silently
+        if not folder.is_dir():
             raise MigrationError(f"no migrations folder in package {package!r}")
         for entry in folder.iterdir():
             match = _FILE.match(entry.name)
             if match:
-                found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8"), package))
+                found.append(
+                    Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8"), package)
+                )
     found.sort(key=lambda m: (m.version, m.package, m.name))
     for a, b in itertools.pairwise(found):
         if a.version == b.version:
-            raise MigrationError(f"two migrations share version {a.version}: "
-                                 f"{a.package}/{a.version:04d}_{a.name}.sql and {b.package}/{b.version:04d}_{b.name}.sql")
+            raise MigrationError(
+                f"two migrations share version {a.version}: "
+                f"{a.package}/{a.version:04d}_{a.name}.sql and {b.package}/{b.version:04d}_{b.name}.sql"
+            )
     return found
 
 
-def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: int | None = None) -> list[int]:
+def migrate(
+    dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: int | None = None
+) -> list[int]:
     """Bring the schema up to date (or up to version `up_to`); returns the versions applied by
     this call (often none)."""
     migrations = [m for m in available_migrations(packages) if up_to is None or m.version <= up_to]
@@ -112,12 +125,18 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: in
                 return []
             with _connect(dsn) as lock_conn, _migration_lock(lock_conn):
                 conn.execute(query("schema_version_create"))
-                done = _applied(conn)  # again, under the lock: a concurrent runner may have applied them
+                # again, under the lock: a concurrent runner may have applied them
+                done = _applied(conn)
                 applied = []
                 for migration in migrations:
                     if migration.version in done:
                         continue
-                    log.info("applying migration %s/%04d_%s", migration.package, migration.version, migration.name)
+                    log.info(
+                        "applying migration %s/%04d_%s",
+                        migration.package,
+                        migration.version,
+                        migration.name,
+                    )
                     _apply(conn, migration)
                     applied.append(migration.version)
                 return applied
@@ -126,8 +145,10 @@ def migrate(dsn: str, packages: Iterable[str] = MIGRATION_PACKAGES, *, up_to: in
         # traceback would print the psycopg error's own text.
         error = store_error(exc, f"migration of {describe_dsn(dsn)} failed", dsn)
         if isinstance(error, StorePermissionDenied):
-            raise MigrationError(f"{error} (migrations must run as the role that owns the dispatcher tables, "
-                                 "not as the workers' role: docs/operations/roles.md)") from None
+            raise MigrationError(
+                f"{error} (migrations must run as the role that owns the dispatcher tables, "
+                "not as the workers' role: docs/operations/roles.md)"
+            ) from None
         raise MigrationError(str(error)) from None
 
 
@@ -146,7 +167,9 @@ def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
     next_log = time.monotonic()
     while True:
         conn.execute(query("migrate_begin"))
-        if conn.execute(query("migrate_try_lock").replace("{key}", str(int(MIGRATE_LOCK_KEY)))).fetchone() == (True,):
+        if conn.execute(
+            query("migrate_try_lock").replace("{key}", str(int(MIGRATE_LOCK_KEY)))
+        ).fetchone() == (True,):
             break
         conn.execute(query("migrate_rollback"))
         if time.monotonic() >= next_log:
@@ -156,7 +179,8 @@ def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
     try:
         yield
     finally:
-        conn.execute(query("migrate_rollback"))  # nothing was written here: ending the transaction frees the lock
+        # nothing was written here: ending the transaction frees the lock
+        conn.execute(query("migrate_rollback"))
 
 
 def _apply(conn: psycopg.Connection[Any], migration: Migration) -> None:
@@ -189,8 +213,12 @@ def _run_alone(conn: psycopg.Connection[Any], statement: str) -> None:
         return
     row = conn.execute(query("index_is_valid"), {"index": index[1]}).fetchone()
     if row is not None and not row[0]:
-        log.warning("index %s was left invalid by an interrupted build: building it again", index[1])
-        conn.execute(sql.SQL(query("index_drop_concurrently")).format(index=sql.Identifier(index[1])))
+        log.warning(
+            "index %s was left invalid by an interrupted build: building it again", index[1]
+        )
+        conn.execute(
+            sql.SQL(query("index_drop_concurrently")).format(index=sql.Identifier(index[1]))
+        )
         conn.execute(statement.encode())
 
 

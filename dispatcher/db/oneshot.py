@@ -24,7 +24,9 @@ _DIAGNOSIS_S = 1.0  # the bound of the query that names the locked table, after 
 
 
 @contextlib.contextmanager
-def session(dsn: str, limits: ConnectionLimits, *, application_name: str) -> Iterator[psycopg.Connection[Any]]:
+def session(
+    dsn: str, limits: ConnectionLimits, *, application_name: str
+) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection for the block, closed after; StoreUnavailable or StoreRefused
     (one line naming the server) when it cannot be opened."""
     with connect_errors(dsn):
@@ -34,8 +36,9 @@ def session(dsn: str, limits: ConnectionLimits, *, application_name: str) -> Ite
 
 
 @contextlib.contextmanager
-def bounded_transaction(conn: psycopg.Connection[Any], what: str, limits: ConnectionLimits, *,
-                        budget: float = 1.0) -> Iterator[None]:
+def bounded_transaction(
+    conn: psycopg.Connection[Any], what: str, limits: ConnectionLimits, *, budget: float = 1.0
+) -> Iterator[None]:
     """The block in one transaction of `conn`, where a lock wait ends after statement_timeout_s
     and a statement after statement_timeout_s x `budget`; psycopg errors become ours (translate.py),
     a timeout a StoreTimeout that says which (and which of our tables is locked, if one is)."""
@@ -47,9 +50,14 @@ def bounded_transaction(conn: psycopg.Connection[Any], what: str, limits: Connec
             yield
     except StoreTimeout as exc:
         if exc.lock:
-            raise StoreTimeout(f"{what}: gave up after {lock_s:g} s waiting for a lock{_held(conn)} (lock_timeout); "
-                               "is a migration or a long transaction holding it?", lock=True) from None
-        raise StoreTimeout(f"{what}: gave up after {statement_s:g} s (statement_timeout)", lock=False) from None
+            raise StoreTimeout(
+                f"{what}: gave up after {lock_s:g} s waiting for a lock{_held(conn)} (lock_timeout); "
+                "is a migration or a long transaction holding it?",
+                lock=True,
+            ) from None
+        raise StoreTimeout(
+            f"{what}: gave up after {statement_s:g} s (statement_timeout)", lock=False
+        ) from None
 
 
 def _held(conn: psycopg.Connection[Any]) -> str:

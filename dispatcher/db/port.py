@@ -60,43 +60,58 @@ class JobState:
     payload: Any
     last_error: str | None
     ordering_key: str | None = None
-    ordering_halted: bool = False  # it ended failed or discarded and holds its key until retried or cancelled
+    # it ended failed or discarded and holds its key until retried or cancelled
+    ordering_halted: bool = False
     snoozes: int = 0  # times it raised Snooze (DISPATCHER_MAX_SNOOZES)
 
 
 @runtime_checkable
 class JobStorePort(Protocol):
-    """Every operation of a job's life: enqueue, claim, finish (fenced), lease upkeep, cancel, read."""
+    """Every operation of a job's life: enqueue, claim, finish (fenced), lease upkeep, cancel,
+    read."""
 
     worker_id: str
 
     async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
-        """Insert jobs; each one's id, or None where a live job of its queue holds its dedupe key."""
+        """Insert jobs; each one's id, or None where a live job of its queue holds its dedupe
+        key."""
         ...
 
-    async def jobs_claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-                         steal: Steal | None = None) -> list[Job]:
+    async def jobs_claim(
+        self,
+        queue: str,
+        limit: int,
+        lease_s: float,
+        buckets: Sequence[int] | None,
+        steal: Steal | None = None,
+    ) -> list[Job]:
         """Up to `limit` due jobs of `queue` in (priority, run_at, id) order, now running under one
         new token, their attempt counted and leased for `lease_s`; never one job to two claimers.
         A steal takes from the tail of each of its buckets in turn (rows.Steal)."""
         ...
 
-    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False) -> int:
+    async def jobs_complete_owned(
+        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+    ) -> int:
         """Completed where the token still matches; how many were. Each completed job with an
         ordering key releases its key: the key's next job becomes runnable (`keyed`: some may)."""
         ...
 
-    async def jobs_complete_fenced(self, ids: Sequence[int], tokens: Sequence[str], *,
-                                   keyed: bool = False) -> list[int]:
+    async def jobs_complete_fenced(
+        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+    ) -> list[int]:
         """jobs_complete_owned, answering the ids it refused (fenced): what the completer counts."""
         ...
 
-    async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+    async def jobs_fail_owned(
+        self, failures: Sequence[Failure], *, lease_expired: bool = False
+    ) -> list[FailedWrite]:
         """Each failure's outcome (retry after its delay, failed, discarded, cancelled) where the
-        token still matches (and, with `lease_expired`, the lease is still expired); the rows written.
-        A keyed job's key is released unless it is retried, or it ended failed or discarded and
-        its Failure `halts`. A Failure's `snooze` within its cap queues the job again after the
-        snooze, its attempt given back (FailedWrite.snoozed); past the cap its outcome is written."""
+        token still matches (and, with `lease_expired`, the lease is still expired); the rows
+        written. A keyed job's key is released unless it is retried, or it ended failed or
+        discarded and its Failure `halts`. A Failure's `snooze` within its cap queues the job
+        again after the snooze, its attempt given back (FailedWrite.snoozed); past the cap its
+        outcome is written."""
         ...
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
@@ -104,7 +119,8 @@ class JobStorePort(Protocol):
         ...
 
     async def jobs_extend_leases(self, jobs: Sequence[Job], lease_s: float) -> dict[int, bool]:
-        """Leases of jobs still ours pushed out; their ids, each with whether a cancel was requested."""
+        """Leases of jobs still ours pushed out; their ids, each with whether a cancel was
+        requested."""
         ...
 
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:

@@ -19,17 +19,22 @@ from dispatcher.db.queries import query
 _COMMENT = re.compile(r"--[^\n]*")
 _CREATE_TABLE = re.compile(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s*\(", re.IGNORECASE)
 _DROP_TABLE = re.compile(r"\bDROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
-_ADD_COLUMN = re.compile(r"\bALTER\s+TABLE\s+(?:ONLY\s+)?(\w+)\s+ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?([^;]*)",
-                         re.IGNORECASE)
+_ADD_COLUMN = re.compile(
+    r"\bALTER\s+TABLE\s+(?:ONLY\s+)?(\w+)\s+ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?([^;]*)",
+    re.IGNORECASE,
+)
 # A column backed by a sequence: `id bigint GENERATED ... AS IDENTITY` or `id bigserial`.
-_SEQUENCE_COLUMN = re.compile(r"^\s*(\w+)\s+(?:\w*serial\d?\b|.*\bGENERATED\s+(?:ALWAYS|BY\s+DEFAULT)\s+AS\s+IDENTITY)",
-                              re.IGNORECASE)
+_SEQUENCE_COLUMN = re.compile(
+    r"^\s*(\w+)\s+(?:\w*serial\d?\b|.*\bGENERATED\s+(?:ALWAYS|BY\s+DEFAULT)\s+AS\s+IDENTITY)",
+    re.IGNORECASE,
+)
 
 # Rows only. DELETE: the pruner deletes finished jobs, members leave, a leader resigns, a worker
 # gives up its maintenance lease (dispatcher_maintenance_leases: the table sampler's role).
 TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 SEQUENCE_PRIVILEGES = "USAGE, SELECT"
-# Workers check the schema version at start and `dispatcher migrate` reads it; only the owner writes it.
+# Workers check the schema version at start and `dispatcher migrate` reads it; only the owner writes
+# it.
 VERSION_TABLE_PRIVILEGES = "SELECT"
 ANALYZED_TABLE = "dispatcher_jobs"  # the table PlannerStats refreshes statistics of
 
@@ -75,7 +80,9 @@ def schema_objects(packages: Iterable[str] = MIGRATION_PACKAGES) -> SchemaObject
         text = _COMMENT.sub("", migration.sql)
         events: list[tuple[int, str, str, str]] = []  # (position, kind, table, detail)
         for m in _CREATE_TABLE.finditer(text):
-            events.append((m.start(), "create", m[1], text[m.end():_closing_paren(text, m.end())]))
+            events.append(
+                (m.start(), "create", m[1], text[m.end() : _closing_paren(text, m.end())])
+            )
         events += [(m.start(), "drop", m[1], "") for m in _DROP_TABLE.finditer(text)]
         events += [(m.start(), "add", m[1], m[2]) for m in _ADD_COLUMN.finditer(text)]
         for _, kind, table, detail in sorted(events):
@@ -114,8 +121,10 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
     for table in objects.tables:
         privileges = VERSION_TABLE_PRIVILEGES if table == VERSION_TABLE else TABLE_PRIVILEGES
         lines.append(_grant("grant_table", privileges=privileges, table=qualified(table), role=who))
-    lines += [_grant("grant_sequence", privileges=SEQUENCE_PRIVILEGES, sequence=qualified(s), role=who)
-              for s in objects.sequences]
+    lines += [
+        _grant("grant_sequence", privileges=SEQUENCE_PRIVILEGES, sequence=qualified(s), role=who)
+        for s in objects.sequences
+    ]
     lines += [
         "-- Optional (PostgreSQL 17+): let workers refresh planner statistics right after a bulk load;",
         "-- without it autovacuum does, within about a minute, and each worker logs once that it cannot.",
@@ -128,7 +137,8 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
 
 
 def _grant(name: str, **parts: str) -> str:
-    """A GRANT of sql/admin.sql with its {placeholders} filled in (quoted identifiers, privilege lists)."""
+    """A GRANT of sql/admin.sql with its {placeholders} filled in (quoted identifiers, privilege
+    lists)."""
     text = query(name)
     for key, value in parts.items():
         text = text.replace("{" + key + "}", value)

@@ -12,10 +12,16 @@ from functools import cache
 
 from coordinator.pg.sqlfile import load_all
 
-_FRAGMENTS = {"{promote_next}": "ordering_promote_next", "{chain_next}": "ordering_chain_next",
-              "{next_jobs}": "ordering_next_jobs", "{queue_jobs}": "ordering_queue_jobs",
-              "{key_held}": "dedupe_key_held", "{window_until}": "dedupe_window_until",
-              "{close_windows}": "dedupe_windows_close", "{close_batch_windows}": "dedupe_windows_close_batch"}
+_FRAGMENTS = {
+    "{promote_next}": "ordering_promote_next",
+    "{chain_next}": "ordering_chain_next",
+    "{next_jobs}": "ordering_next_jobs",
+    "{queue_jobs}": "ordering_queue_jobs",
+    "{key_held}": "dedupe_key_held",
+    "{window_until}": "dedupe_window_until",
+    "{close_windows}": "dedupe_windows_close",
+    "{close_batch_windows}": "dedupe_windows_close_batch",
+}
 
 
 @cache

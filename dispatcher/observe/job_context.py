@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-CURRENT_JOB: contextvars.ContextVar[Any] = contextvars.ContextVar("dispatcher_current_job", default=None)
+CURRENT_JOB: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "dispatcher_current_job", default=None
+)
 FIELDS = ("job_id", "job_type", "queue", "attempt")
 
 

@@ -1,4 +1,5 @@
-"""Log lines of the `dispatcher` commands: text or JSON on stderr, the worker id on each, no password.
+"""Log lines of the `dispatcher` commands: text or JSON on stderr, the worker id on each, no
+password.
 
 `configure()` puts one handler on the root logger (every logger reaches it) with `WorkerTag`, the
 storm filter (ratelimit.py) and a `text` or `json` formatter that scrubs every password it could
@@ -30,7 +31,11 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the shape the
 
 # Every attribute a LogRecord has without `extra=`, plus those formatters add; the rest of a
 # record's attributes are the call's structured fields (names starting with "_" stay private).
-_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "worker"}
+_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "worker",
+}
 
 
 class WorkerTag(logging.Filter):
@@ -66,7 +71,8 @@ class Redactor:
             if password:
                 forms.update((password, unquote(password)))
         forms.discard("")
-        self._forms = tuple(sorted(forms, key=len, reverse=True))  # longest first: a longer form blanked whole
+        # longest first: a longer form blanked whole
+        self._forms = tuple(sorted(forms, key=len, reverse=True))
 
     def __call__(self, text: str) -> str:
         text = scrub(text)
@@ -94,20 +100,27 @@ def message(record: logging.LogRecord) -> str:
 
 def iso_utc(record: logging.LogRecord) -> str:
     """ISO-8601 UTC with milliseconds: 2025-01-31T09:14:03.512Z."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        + f".{int(record.msecs):03d}Z"
+    )
 
 
 def _text_value(value: Any) -> str:
     if isinstance(value, str):
-        return value if value and not any(c.isspace() or c in '"=' for c in value) else orjson.dumps(value).decode()
+        return (
+            value
+            if value and not any(c.isspace() or c in '"=' for c in value)
+            else orjson.dumps(value).decode()
+        )
     if isinstance(value, datetime):
         return value.isoformat()
     return orjson.dumps(value, default=str).decode()
 
 
 class TextFormatter(logging.Formatter):
-    """`2025-01-31 10:14:03,512 WARNING dispatcher.runtime.joblog: job 42 failed ... worker=pod-a job_id=42 ...`,
-    a traceback on the lines after it; redacted as a whole."""
+    """`2025-01-31 10:14:03,512 WARNING dispatcher.runtime.joblog: job 42 failed ... worker=pod-a
+    job_id=42 ...`, a traceback on the lines after it; redacted as a whole."""
 
     def __init__(self, redact: Redactor) -> None:
         super().__init__(TEXT_FORMAT)
@@ -142,8 +155,13 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         redact = self._redact
-        doc: dict[str, Any] = {"ts": iso_utc(record), "level": record.levelname, "logger": record.name,
-                               "msg": redact(message(record)), "worker": getattr(record, "worker", None)}
+        doc: dict[str, Any] = {
+            "ts": iso_utc(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": redact(message(record)),
+            "worker": getattr(record, "worker", None),
+        }
         for key, value in fields(record):
             if key not in doc:
                 doc[key] = redact(value) if isinstance(value, str) else value
@@ -153,8 +171,11 @@ class JsonFormatter(logging.Formatter):
             doc["exception"] = redact(record.exc_text)
         if record.stack_info:
             doc["stack"] = redact(self.formatStack(record.stack_info))
-        # default=str: a field orjson cannot encode (a set, an exception) becomes its text, redacted.
-        return orjson.dumps(doc, default=lambda v: redact(str(v)), option=orjson.OPT_NON_STR_KEYS).decode()
+        # default=str: a field orjson cannot encode (a set, an exception) becomes its text,
+        # redacted.
+        return orjson.dumps(
+            doc, default=lambda v: redact(str(v)), option=orjson.OPT_NON_STR_KEYS
+        ).decode()
 
 
 class LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -183,8 +204,13 @@ _handler: LogHandler | None = None
 _level = logging.INFO
 
 
-def configure(log_format: str | None, level: str | None, *, worker: str | None = None,
-              stream: IO[str] | None = None) -> LogHandler:
+def configure(
+    log_format: str | None,
+    level: str | None,
+    *,
+    worker: str | None = None,
+    stream: IO[str] | None = None,
+) -> LogHandler:
     """Send every logger's lines to `stream` (stderr) in `log_format` (text unless 'json'), at
     `level` (INFO unless a valid level name). Lenient: it runs before the settings are
     validated (Config then refuses a bad value, naming it, in the format chosen here)."""
@@ -228,14 +254,20 @@ def reinstall() -> None:
         return  # never configured (dispatcher used as a library): nothing of ours to restore
     root = logging.getLogger()
     found = []
-    disabled = sorted(name for name, logger in logging.Logger.manager.loggerDict.items()
-                      if isinstance(logger, logging.Logger) and logger.disabled
-                      and name.split(".")[0] in OUR_LOGGERS)
+    disabled = sorted(
+        name
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+        and logger.disabled
+        and name.split(".")[0] in OUR_LOGGERS
+    )
     for name in disabled:
         logging.getLogger(name).disabled = False
     if disabled:
-        found.append(f"disabled {len(disabled)} of the dispatcher's loggers ({', '.join(disabled[:3])}"
-                     f"{', ...' if len(disabled) > 3 else ''}), enabled again")
+        found.append(
+            f"disabled {len(disabled)} of the dispatcher's loggers ({', '.join(disabled[:3])}"
+            f"{', ...' if len(disabled) > 3 else ''}), enabled again"
+        )
     for name in OUR_LOGGERS:
         logging.getLogger(name).setLevel(_level)
     if _handler not in root.handlers:
@@ -243,11 +275,15 @@ def reinstall() -> None:
         found.append("removed the dispatcher's log handler from the root logger, put back")
     others = [type(h).__name__ for h in root.handlers if h is not _handler]
     if found and others:
-        found.append(f"the root logger also has the app's {', '.join(others)}: a line may be written twice")
+        found.append(
+            f"the root logger also has the app's {', '.join(others)}: a line may be written twice"
+        )
     if found:
         logging.getLogger("dispatcher.observe").warning(
             "the app's logging configuration %s; the dispatcher's lines keep DISPATCHER_LOG_FORMAT",
-            "; ".join(found), extra={"app_log_handlers": others})
+            "; ".join(found),
+            extra={"app_log_handlers": others},
+        )
 
 
 def set_worker(worker_id: str | None) -> None:
@@ -261,7 +297,8 @@ def protect(*secrets: str | None, tokens: tuple[str | None, ...] = ()) -> None:
 
 
 def redact(text: str) -> str:
-    """`text` with every password and token the log lines hide blanked (for a page that quotes an error)."""
+    """`text` with every password and token the log lines hide blanked (for a page that quotes an
+    error)."""
     return _redactor(text)
 
 
@@ -276,7 +313,10 @@ def render(level: int, logger: str, text: str) -> str:
 def fatal(text: str) -> None:
     """The one line a command that fails writes on stderr: `dispatcher: <text>` (a JSON line
     in the json format), redacted."""
-    print(render(logging.ERROR, "dispatcher", text) if _json else "dispatcher: " + _redactor(text), file=sys.stderr)
+    print(
+        render(logging.ERROR, "dispatcher", text) if _json else "dispatcher: " + _redactor(text),
+        file=sys.stderr,
+    )
 
 
 def _uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -287,5 +327,9 @@ def _uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
     if args.exc_type is SystemExit:
         return
     name = args.thread.name if args.thread is not None else "?"
-    logging.getLogger("dispatcher").critical("uncaught %s in thread %s", args.exc_type.__name__, name,
-                                             exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    logging.getLogger("dispatcher").critical(
+        "uncaught %s in thread %s",
+        args.exc_type.__name__,
+        name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )

@@ -1,4 +1,5 @@
-"""Log storm control: a handler filter that lets a burst of similar lines through and counts the rest.
+"""Log storm control: a handler filter that lets a burst of similar lines through and counts the
+rest.
 
 Similar: same logger, level and message template. The first `burst` lines of a `window_s` window
 pass; the next line after the window carries the count, and a key gone quiet gets one summary
@@ -38,9 +39,14 @@ class StormFilter(logging.Filter):
     """Rate-limits similar lines (see the module docstring). `emit` receives the summary records
     of keys that went quiet (the handler's `handle`); `clock` is injectable for tests."""
 
-    def __init__(self, *, burst: int = BURST, window_s: float = WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic,
-                 emit: Callable[[logging.LogRecord], Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        burst: int = BURST,
+        window_s: float = WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+        emit: Callable[[logging.LogRecord], Any] | None = None,
+    ) -> None:
         super().__init__()
         if burst < 1 or window_s <= 0:
             raise ValueError("burst must be >= 1 and window_s > 0")
@@ -76,13 +82,16 @@ class StormFilter(logging.Filter):
                 window.last = record
                 self.dropped_total += 1
                 keep = False
-            if now >= self._next_sweep:  # after this key's own roll-over: its line carries its count
+            # after this key's own roll-over: its line carries its count
+            if now >= self._next_sweep:
                 quiet = self._sweep(now)
-        self._summarise(quiet, now)  # outside the lock: emitting runs the handler, which logs nothing of ours
+        # outside the lock: emitting runs the handler, which logs nothing of ours
+        self._summarise(quiet, now)
         return keep
 
     def _sweep(self, now: float) -> list[tuple[Key, _Window]]:
-        """Forget expired windows; return those that dropped lines (their count is due). Under the lock."""
+        """Forget expired windows; return those that dropped lines (their count is due). Under
+        the lock."""
         self._next_sweep = now + self.window_s
         expired = [(k, w) for k, w in self._windows.items() if now - w.start >= self.window_s]
         for k, _ in expired:
@@ -104,7 +113,8 @@ class StormFilter(logging.Filter):
 
 
 def _summary(window: _Window, now: float) -> logging.LogRecord:
-    """One line for a key that went quiet: its logger and level, the count, and the last line dropped."""
+    """One line for a key that went quiet: its logger and level, the count, and the last line
+    dropped."""
     last = window.last
     assert last is not None  # set with every drop
     try:
@@ -112,9 +122,15 @@ def _summary(window: _Window, now: float) -> logging.LogRecord:
     except Exception:  # noqa: BLE001 - a bad format string: its handler reports that; quote the template
         text = str(last.msg)
     record = logging.LogRecord(
-        last.name, last.levelno, last.pathname, last.lineno,
+        last.name,
+        last.levelno,
+        last.pathname,
+        last.lineno,
         "%d similar lines suppressed in the last %.3g s; the last one: %s",
-        (window.dropped, now - window.start, text), None, last.funcName)
+        (window.dropped, now - window.start, text),
+        None,
+        last.funcName,
+    )
     setattr(record, SUPPRESSED, window.dropped)
     setattr(record, _SUMMARY, True)
     return record

@@ -41,10 +41,15 @@ def carrier() -> dict[str, str] | None:
 
 def attributes(job: Any) -> dict[str, Any]:
     """The job's span attributes: OpenTelemetry's messaging conventions, then ours."""
-    return {"messaging.system": SYSTEM, "messaging.operation.type": "process",
-            "messaging.destination.name": job.queue, "messaging.message.id": str(job.id),
-            "dispatcher.job.type": job.job_type, "dispatcher.job.attempt": job.attempts,
-            "dispatcher.job.bucket": job.bucket}
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.destination.name": job.queue,
+        "messaging.message.id": str(job.id),
+        "dispatcher.job.type": job.job_type,
+        "dispatcher.job.attempt": job.attempts,
+        "dispatcher.job.bucket": job.bucket,
+    }
 
 
 def _recording() -> bool:
@@ -59,8 +64,9 @@ def _recording() -> bool:
     if now < _next_check:
         return False
     _next_check = now + PROVIDER_CHECK_S
-    _provider_set = not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider,
-                                                                 trace.NoOpTracerProvider))
+    _provider_set = not isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    )
     return _provider_set
 
 
@@ -71,8 +77,14 @@ def _start(job: Any) -> Any:
     enqueued = trace.get_current_span(parent).get_span_context() if parent is not None else None
     links = [trace.Link(enqueued)] if enqueued is not None and enqueued.is_valid else None
     return trace.get_tracer(INSTRUMENTATION).start_as_current_span(
-        f"{job.job_type} process", context=parent, kind=trace.SpanKind.CONSUMER, links=links,
-        attributes=attributes(job), record_exception=False, set_status_on_exception=False)
+        f"{job.job_type} process",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        links=links,
+        attributes=attributes(job),
+        record_exception=False,
+        set_status_on_exception=False,
+    )
 
 
 @contextlib.contextmanager
@@ -96,6 +108,7 @@ def traced(fn: Callable[..., Any], is_async: bool) -> Callable[..., Any]:
     if trace is None:
         return fn
     if is_async:
+
         async def in_span(job: Any) -> Any:
             with _span(job):
                 return await fn(job)

@@ -19,8 +19,15 @@ from dispatcher.runtime.executor import Executor
 
 
 class Chaining:
-    def __init__(self, executor: Executor, assignments: Mapping[str, BucketAssignment], concurrency: int,
-                 lease_s: float, mode: str, claiming: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        assignments: Mapping[str, BucketAssignment],
+        concurrency: int,
+        lease_s: float,
+        mode: str,
+        claiming: Callable[[], bool],
+    ) -> None:
         self._executor = executor
         self._assignments = assignments
         self._concurrency = concurrency

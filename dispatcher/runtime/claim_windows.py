@@ -1,15 +1,18 @@
-"""Claim windows: during a backlog, a partitioned claim reads a few of the owned buckets, not all.
+"""Claim windows: during a backlog, a partitioned claim reads a few of the owned buckets, not
+all.
 
 Each claim reads the next window (strided: own[i::n]); when every window came back short, the
 next claim reads all buckets again. The window holds about JOBS_PER_WALK jobs per bucket walk,
-between MIN_WINDOW_BUCKETS and MAX_WINDOW_BUCKETS. Why, with the measurements: docs/design/claims.md.
+between MIN_WINDOW_BUCKETS and MAX_WINDOW_BUCKETS. Why, with the measurements:
+docs/design/claims.md.
 """
 
 from __future__ import annotations
 
 JOBS_PER_WALK = 16
 MIN_WINDOW_BUCKETS = 2
-MAX_WINDOW_BUCKETS = 8  # 8 walks take 0.30 ms, SKIP LOCKED's one walk 0.16-0.25 ms (docs/design/claims.md)
+# 8 walks take 0.30 ms, SKIP LOCKED's one walk 0.16-0.25 ms (docs/design/claims.md)
+MAX_WINDOW_BUCKETS = 8
 
 
 def window_buckets(claim_size: int) -> int:

@@ -20,7 +20,15 @@ from dispatcher.constants import LIMIT_ANY as ANY_TYPE
 from dispatcher.db.rows import Chain, FailedWrite, Failure, HistoryRows
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
-from dispatcher.model import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, FailureKind, Job, Outcome
+from dispatcher.model import (
+    STATUS_CANCELLED,
+    STATUS_DISCARDED,
+    STATUS_FAILED,
+    STATUS_QUEUED,
+    FailureKind,
+    Job,
+    Outcome,
+)
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
 from dispatcher.runtime import joblog
@@ -29,13 +37,19 @@ from dispatcher.settings.sections import CompletionSettings
 log = logging.getLogger(__name__)
 
 # A failed attempt's outcome word, by the status written (jobs_fail_owned's rows): in the history
-# rows and in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its own.)
-_HISTORY_OUTCOME = {STATUS_QUEUED: "retried", STATUS_FAILED: "failed", STATUS_DISCARDED: "discarded"}
+# rows and in dispatcher_job_outcomes_total. (A cancelled attempt, once cancelling exists, adds its
+# own.)
+_HISTORY_OUTCOME = {
+    STATUS_QUEUED: "retried",
+    STATUS_FAILED: "failed",
+    STATUS_DISCARDED: "discarded",
+}
 
 # An operator's cancel is an outcome of its own: in the history rows, and the outcome label of
 # dispatcher_job_outcomes_total{outcome="cancelled"} wherever outcomes are counted by this word.
 _HISTORY_OUTCOME[STATUS_CANCELLED] = "cancelled"
-SNOOZED = "snoozed"  # a `raise Snooze(s)` within DISPATCHER_MAX_SNOOZES: queued again, its attempt given back
+# a `raise Snooze(s)` within DISPATCHER_MAX_SNOOZES: queued again, its attempt given back
+SNOOZED = "snoozed"
 
 
 class ChainSlots(Protocol):
@@ -59,9 +73,12 @@ class CompletionStats:
 
 
 class Completer:
-    def __init__(self, store: JobStore, settings: CompletionSettings, *, job_stats: JobStats = JOB_STATS) -> None:
+    def __init__(
+        self, store: JobStore, settings: CompletionSettings, *, job_stats: JobStats = JOB_STATS
+    ) -> None:
         self.store = store
-        self._job_stats = job_stats  # run time and outcome of every finished attempt (job_metrics.py)
+        # run time and outcome of every finished attempt (job_metrics.py)
+        self._job_stats = job_stats
         self._interval_s = settings.flush_interval_s
         self._flush_max = settings.flush_max
         self._history_on = settings.history
@@ -95,19 +112,35 @@ class Completer:
             # flight meanwhile batches whatever finishes while it runs).
             self._keyed = True
             self._full.set()
-        elif self.urgent_types and (job.job_type in self.urgent_types or ANY_TYPE in self.urgent_types):
+        elif self.urgent_types and (
+            job.job_type in self.urgent_types or ANY_TYPE in self.urgent_types
+        ):
             self._full.set()
         if len(self._ids) >= self._flush_max:
             self._full.set()
 
-    def failed(self, job: Job, outcome: Outcome, duration_s: float, *, kind: FailureKind = FailureKind.ERROR,
-               summary: str | None = None, halts: bool = True, snooze: tuple[float, int] | None = None) -> None:
+    def failed(
+        self,
+        job: Job,
+        outcome: Outcome,
+        duration_s: float,
+        *,
+        kind: FailureKind = FailureKind.ERROR,
+        summary: str | None = None,
+        halts: bool = True,
+        snooze: tuple[float, int] | None = None,
+    ) -> None:
         """A failed attempt; `kind` and `summary` (the error in one line) are for its log line;
         `halts`: a final failure of a keyed job halts its key (the handler's on_ordered_failure);
-        `snooze`: (seconds, cap) of a Snooze, written as `outcome` only past the cap (rows.Failure)."""
-        self._failures.append(Failure(job.id, job.token, outcome, job, kind, summary, halts, snooze, duration_s))
-        if job.ordering_key is not None or (self.urgent_types and (job.job_type in self.urgent_types
-                                                                   or ANY_TYPE in self.urgent_types)):
+        `snooze`: (seconds, cap) of a Snooze, written as `outcome` only past the cap
+        (rows.Failure)."""
+        self._failures.append(
+            Failure(job.id, job.token, outcome, job, kind, summary, halts, snooze, duration_s)
+        )
+        if job.ordering_key is not None or (
+            self.urgent_types
+            and (job.job_type in self.urgent_types or ANY_TYPE in self.urgent_types)
+        ):
             self._full.set()
         if len(self._failures) >= self._flush_max:
             self._full.set()
@@ -135,12 +168,14 @@ class Completer:
                 flush.add_done_callback(lambda f: f.cancelled() or f.exception())
                 raise
             except StoreError as exc:
-                # Outcomes stay buffered (see flush); back off briefly so a down database is not hammered.
+                # Outcomes stay buffered (see flush); back off briefly so a down database is not
+                # hammered.
                 log.warning("completion flush failed, will retry: %s", exc)
                 await asyncio.sleep(jittered(min(1.0, self._interval_s * 10)))
 
     async def flush(self) -> None:
-        """Write everything pending. On a store error, what was not written is put back and it raises."""
+        """Write everything pending. On a store error, what was not written is put back and it
+        raises."""
         async with self._lock:
             if not self._ids and not self._failures and not self._history:
                 return
@@ -163,10 +198,12 @@ class Completer:
                     rows = await self.store.jobs_fail_owned(failures)
                     written, failures = failures, []
                     self._record_failures(written, rows, history)
-                    joblog.failures_written(written, rows)  # once written: the lines say what the rows hold
+                    # once written: the lines say what the rows hold
+                    joblog.failures_written(written, rows)
                 if history:
                     await self.store.history_record(history)
-            except BaseException as exc:  # a store error, or a cancelled final flush: keep the count right
+            # a store error, or a cancelled final flush: keep the count right
+            except BaseException as exc:
                 if isinstance(exc, StoreError):
                     metrics.STORE_ERRORS.labels("flush").inc()
                 self._ids[:0], self._tokens[:0] = ids, tokens
@@ -181,7 +218,9 @@ class Completer:
         if self.written is not None:
             self.written()
 
-    async def _complete_chained(self, ids: list[int], tokens: list[str], chaining: ChainSlots) -> list[int]:
+    async def _complete_chained(
+        self, ids: list[int], tokens: list[str], chaining: ChainSlots
+    ) -> list[int]:
         chain = chaining.reserve()
         sent_at = time.monotonic()
         try:
@@ -192,24 +231,39 @@ class Completer:
         chaining.settle(chain, done.claimed, sent_at)
         return done.fenced
 
-    def _record_completed(self, jobs: list[Job], durations_s: list[float], fenced: list[int],
-                          history: HistoryRows) -> None:
+    def _record_completed(
+        self, jobs: list[Job], durations_s: list[float], fenced: list[int], history: HistoryRows
+    ) -> None:
         """Metrics and history rows of the completions whose write was accepted (not `fenced`)."""
         written = len(jobs) - len(fenced)
         self.stats.completed += written
         metrics.JOBS_COMPLETED.inc(written)
         refused = set(fenced)  # empty but for a taken-over job
-        finished, history_on, worker = self._job_stats.finished, self._history_on, self.store.worker_id
+        finished, history_on, worker = (
+            self._job_stats.finished,
+            self._history_on,
+            self.store.worker_id,
+        )
         for job, duration_s in zip(jobs, durations_s):
             if refused and job.id in refused:
                 continue
             finished(job.queue, job.job_type, "completed", duration_s)
             if history_on:
-                history.add(job.id, job.attempts, worker, job.locked_at, duration_s * 1000.0, "completed", None)
+                history.add(
+                    job.id,
+                    job.attempts,
+                    worker,
+                    job.locked_at,
+                    duration_s * 1000.0,
+                    "completed",
+                    None,
+                )
         if fenced:
             self._count_fenced(len(fenced), "completions")
 
-    def _record_failures(self, failures: list[Failure], rows: list[FailedWrite], history: HistoryRows) -> None:
+    def _record_failures(
+        self, failures: list[Failure], rows: list[FailedWrite], history: HistoryRows
+    ) -> None:
         """Outcome counts and history rows of the failures written (`rows`), by the status written:
         a retry the database turned into a cancel (its request newer than our last heartbeat) is a
         cancel, a snooze past DISPATCHER_MAX_SNOOZES the failed attempt it became."""
@@ -225,8 +279,15 @@ class Completer:
             self._job_stats.finished(job.queue, job.job_type, outcome, failure.duration_s)
             if self._history_on:
                 error = failure.summary if row.snoozed else failure.outcome.error
-                history.add(job.id, job.attempts, self.store.worker_id, job.locked_at, failure.duration_s * 1000.0,
-                            outcome, error)
+                history.add(
+                    job.id,
+                    job.attempts,
+                    self.store.worker_id,
+                    job.locked_at,
+                    failure.duration_s * 1000.0,
+                    outcome,
+                    error,
+                )
         stats = self.stats
         stats.retried += counts["retried"]
         stats.failed += counts["failed"]

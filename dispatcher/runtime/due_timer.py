@@ -28,7 +28,9 @@ class DueTimer:
         self._on_due = on_due
         self._scheduler = scheduler
         # The deadline's clock: the true monotonic clock, or a fake scheduler's own (tests).
-        self._clock: Callable[[], float] = scheduler.time if scheduler is not None else time.monotonic
+        self._clock: Callable[[], float] = (
+            scheduler.time if scheduler is not None else time.monotonic
+        )
         self._handle: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
 
@@ -55,7 +57,9 @@ class DueTimer:
 
     def _schedule(self, deadline: float, slack_s: float = 0.0) -> None:
         scheduler = self._scheduler or asyncio.get_running_loop()
-        self._handle = scheduler.call_at(scheduler.time() + (deadline - self._clock()) + slack_s, self._fire)
+        self._handle = scheduler.call_at(
+            scheduler.time() + (deadline - self._clock()) + slack_s, self._fire
+        )
 
     def _fire(self) -> None:
         deadline = self._deadline

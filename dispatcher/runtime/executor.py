@@ -25,19 +25,36 @@ from dispatcher.observe import metrics
 from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
 from dispatcher.runtime.completer import Completer
-from dispatcher.runtime.held_jobs import LOST_ACTIONS, ExecutorStats, Running, State, new_task, running_by_queue
+from dispatcher.runtime.held_jobs import (
+    LOST_ACTIONS,
+    ExecutorStats,
+    Running,
+    State,
+    new_task,
+    running_by_queue,
+)
 from dispatcher.runtime.joblog import exception_line
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.settings.sections import ExecutionSettings, LeaseSettings
 
 log = logging.getLogger(__name__)
 
+
 class Executor:
-    def __init__(self, registry: Registry, policy: RetryPolicy, completer: Completer, execution: ExecutionSettings,
-                 leases: LeaseSettings, *, job_stats: JobStats = JOB_STATS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        policy: RetryPolicy,
+        completer: Completer,
+        execution: ExecutionSettings,
+        leases: LeaseSettings,
+        *,
+        job_stats: JobStats = JOB_STATS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._registry = registry
-        # Seconds, monotonic: leases, durations and every time argument below are on it (tests: a FakeClock).
+        # Seconds, monotonic: leases, durations and every time argument below are on it (tests: a
+        # FakeClock).
         self._clock = clock
         self._job_stats = job_stats
         self._policy = policy
@@ -63,7 +80,8 @@ class Executor:
         self._starting: Job | None = None
         self._accepting = True
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.in_flight = 0  # claimed and not finished: what the producer's free slots are counted from
+        # claimed and not finished: what the producer's free slots are counted from
+        self.in_flight = 0
         self.slot_freed = asyncio.Event()
         self.stats = ExecutorStats()
 
@@ -83,7 +101,9 @@ class Executor:
             elif handler.is_async:
                 self._start_async(loop, handler, job, held_since, lease_until)
             else:
-                entry = self._running[job.id] = Running(job, held_since, lease_until, state=State.BACKLOG)
+                entry = self._running[job.id] = Running(
+                    job, held_since, lease_until, state=State.BACKLOG
+                )
                 self._sync_backlog.append(entry)
         self._pump_sync()
         if self._lease_watch is None and self._running:
@@ -93,10 +113,17 @@ class Executor:
         self._loop = asyncio.get_running_loop()
         return self._loop
 
-    def _start_async(self, loop: asyncio.AbstractEventLoop, handler: Handler, job: Job, held_since: float,
-                     lease_until: float) -> None:
+    def _start_async(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        handler: Handler,
+        job: Job,
+        held_since: float,
+        lease_until: float,
+    ) -> None:
         started = self._clock()
-        self._starting = job  # running inside the eager start: not in _running yet (running_by_queue)
+        # running inside the eager start: not in _running yet (running_by_queue)
+        self._starting = job
         task = new_task(loop, self._run_async(handler, job, started))
         self._starting = None
         if task.done():
@@ -127,9 +154,11 @@ class Executor:
             else:
                 self._fail_with(job, exc, started)
         else:
-            if self._cancelling(job):  # it swallowed the cancellation and returned: cancelled all the same
+            # it swallowed the cancellation and returned: cancelled all the same
+            if self._cancelling(job):
                 self._cancelled(job, "the handler returned anyway", started)
-            elif job.id in self._timed_out:  # it swallowed the cancellation and returned: still an overrun
+            # it swallowed the cancellation and returned: still an overrun
+            elif job.id in self._timed_out:
                 self._timed_out_failure(handler, job, started)
             else:
                 self._completer.completed(job, self._clock() - started)
@@ -141,7 +170,9 @@ class Executor:
             self._finish_slot()
 
     def _timed_out_failure(self, handler: Handler, job: Job, started: float) -> None:
-        self._fail(job, FailureKind.TIMEOUT, f"timed out after {self._timeout_of(handler):g} s", started)
+        self._fail(
+            job, FailureKind.TIMEOUT, f"timed out after {self._timeout_of(handler):g} s", started
+        )
 
     def _time_out(self, entry: Running) -> None:
         if entry.task is not None and not entry.task.done():
@@ -170,13 +201,21 @@ class Executor:
             started = self._clock()
             entry.timeout_at = started + limit if (limit := self._timeout_of(handler)) else None
             future = loop.run_in_executor(self._threads, run_in_job, handler.run, entry.job)
-            future.add_done_callback(lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s))
+            future.add_done_callback(
+                lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s)
+            )
         if expiring:
-            log.warning("lost the lease of %d backlogged jobs (it ran out before a thread was free, while "
-                        "heartbeats failed): dropped before they started; ids %s", len(expiring), expiring[:20],
-                        extra={"lost_jobs": len(expiring), "job_ids": expiring[:20]})
+            log.warning(
+                "lost the lease of %d backlogged jobs (it ran out before a thread was free, while "
+                "heartbeats failed): dropped before they started; ids %s",
+                len(expiring),
+                expiring[:20],
+                extra={"lost_jobs": len(expiring), "job_ids": expiring[:20]},
+            )
 
-    def _sync_done(self, future: asyncio.Future[Any], entry: Running, handler: Handler, started: float) -> None:
+    def _sync_done(
+        self, future: asyncio.Future[Any], entry: Running, handler: Handler, started: float
+    ) -> None:
         self._sync_busy -= 1
         self._running.pop(entry.job.id, None)
         if entry.state is State.RUNNING:
@@ -184,14 +223,22 @@ class Executor:
             elapsed = self._clock() - started
             exc = None if future.cancelled() else future.exception()
             if entry.cancelling:  # recorded when it returns, however it ended
-                self._cancelled(entry.job, "the sync handler ran to its end (a thread cannot be interrupted)", started)
+                self._cancelled(
+                    entry.job,
+                    "the sync handler ran to its end (a thread cannot be interrupted)",
+                    started,
+                )
             elif limit and elapsed > limit:
-                # A thread cannot be interrupted; an overrun is recorded as a timeout when it returns
-                # (its lease was kept alive meanwhile, so it never ran twice at once).
+                # A thread cannot be interrupted; an overrun is recorded as a timeout when it
+                # returns (its lease was kept alive meanwhile, so it never ran twice at once).
                 self.stats.timeouts += 1
                 self._job_stats.timed_out(entry.job.queue, entry.job.job_type)
-                self._fail(entry.job, FailureKind.TIMEOUT,
-                           f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)", started)
+                self._fail(
+                    entry.job,
+                    FailureKind.TIMEOUT,
+                    f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)",
+                    started,
+                )
             elif exc is not None:
                 self._fail_with(entry.job, exc, started)
             else:
@@ -199,7 +246,7 @@ class Executor:
         self._finish_slot()
         self._pump_sync()
 
-    # -- outcomes ------------------------------------------------------------------------------------
+    # -- outcomes ----------------------------------------------------------------------------------
 
     def _unknown_job_type(self, job: Job) -> None:
         known = ", ".join(self._registry.job_types()) or "none"
@@ -208,28 +255,63 @@ class Executor:
         self._finish_slot()
 
     def _fail_with(self, job: Job, exc: BaseException, started: float) -> None:
-        if isinstance(exc, Snooze):  # not a failure: this outcome is written only past the snooze cap
-            self._fail(job, FailureKind.ERROR, f"snoozed {self._max_snoozes} times (DISPATCHER_MAX_SNOOZES), and "
-                       f"again: {exc}", started, summary=str(exc), exc=exc, snooze=(exc.seconds, self._max_snoozes))
+        # not a failure: this outcome is written only past the snooze cap
+        if isinstance(exc, Snooze):
+            self._fail(
+                job,
+                FailureKind.ERROR,
+                f"snoozed {self._max_snoozes} times (DISPATCHER_MAX_SNOOZES), and again: {exc}",
+                started,
+                summary=str(exc),
+                exc=exc,
+                snooze=(exc.seconds, self._max_snoozes),
+            )
             return
         kind = FailureKind.PERMANENT if isinstance(exc, PermanentJobError) else FailureKind.ERROR
-        self._fail(job, kind, "".join(traceback.format_exception(exc)).strip(), started,
-                   summary=exception_line(exc), exc=exc)
+        self._fail(
+            job,
+            kind,
+            "".join(traceback.format_exception(exc)).strip(),
+            started,
+            summary=exception_line(exc),
+            exc=exc,
+        )
 
-    def _fail(self, job: Job, kind: FailureKind, error: str, started: float, summary: str | None = None,
-              exc: BaseException | None = None, snooze: tuple[float, int] | None = None) -> None:
-        outcome = self._policy.decide(kind, job.attempts, job.max_attempts, error,
-                                      self._registry.retry_of(job.job_type), exc)
+    def _fail(
+        self,
+        job: Job,
+        kind: FailureKind,
+        error: str,
+        started: float,
+        summary: str | None = None,
+        exc: BaseException | None = None,
+        snooze: tuple[float, int] | None = None,
+    ) -> None:
+        outcome = self._policy.decide(
+            kind, job.attempts, job.max_attempts, error, self._registry.retry_of(job.job_type), exc
+        )
         halts = job.ordering_key is None or self._registry.halts(job.job_type)
-        self._completer.failed(job, outcome, self._clock() - started, kind=kind, summary=summary, halts=halts,
-                               snooze=snooze)
+        self._completer.failed(
+            job,
+            outcome,
+            self._clock() - started,
+            kind=kind,
+            summary=summary,
+            halts=halts,
+            snooze=snooze,
+        )
 
     def _cancelling(self, job: Job) -> bool:
         entry = self._running.get(job.id)
         return entry is not None and entry.cancelling and entry.state is not State.LOST
 
     def _cancelled(self, job: Job, how: str, started: float) -> None:
-        self._fail(job, FailureKind.CANCELLED, f"cancelled: an operator asked (dispatcher jobs cancel); {how}", started)
+        self._fail(
+            job,
+            FailureKind.CANCELLED,
+            f"cancelled: an operator asked (dispatcher jobs cancel); {how}",
+            started,
+        )
 
     def _finish_slot(self) -> None:
         self.in_flight -= 1
@@ -245,15 +327,20 @@ class Executor:
         return running_by_queue(list(self._running.copy().values()), self._starting)
 
     def held(self) -> list[Running]:
-        """Jobs whose handler runs now (started, not finished): what the stuck watch reads (stuck.py)."""
+        """Jobs whose handler runs now (started, not finished): what the stuck watch reads
+        (stuck.py)."""
         return [r for r in self._running.values() if r.state is not State.BACKLOG]
 
-    # -- leases: for the lease keeper ---------------------------------------------------------------
+    # -- leases: for the lease keeper --------------------------------------------------------------
 
     def running_since(self, cutoff: float) -> list[Job]:
-        """Jobs held since the clock's time <= cutoff whose lease is still ours: the ones to extend."""
-        return [r.job for r in self._running.values()
-                if r.held_since <= cutoff and r.state in (State.RUNNING, State.BACKLOG)]
+        """Jobs held since the clock's time <= cutoff whose lease is still ours: the ones to
+        extend."""
+        return [
+            r.job
+            for r in self._running.values()
+            if r.held_since <= cutoff and r.state in (State.RUNNING, State.BACKLOG)
+        ]
 
     def extended(self, ids: Iterable[int], lease_until: float) -> None:
         """Their leases were extended by a statement sent at lease_until - lease_s."""
@@ -270,7 +357,11 @@ class Executor:
         if self._lease_watch is not None:
             self._lease_watch.cancel()
             self._lease_watch = None
-        ends = [r.lease_until for r in self._running.values() if r.state in (State.RUNNING, State.BACKLOG)]
+        ends = [
+            r.lease_until
+            for r in self._running.values()
+            if r.state in (State.RUNNING, State.BACKLOG)
+        ]
         if ends and self._loop is not None:
             delay = min(ends) - self._lose_early_s - self._clock()
             self._lease_watch = self._loop.call_later(max(0.0, delay), self._lease_watch_fired)
@@ -281,11 +372,17 @@ class Executor:
         self._watch_leases()
 
     def cancel(self, ids: Iterable[int]) -> int:
-        """An operator asked to cancel these jobs (read with a heartbeat): an async handler is cancelled
-        now, an unstarted sync job never starts, a sync handler's thread (it cannot be stopped) keeps
-        its lease until it returns. Each ends 'cancelled', never retried. Returns how many began to."""
-        entries = [e for i in ids if (e := self._running.get(i)) is not None and not e.cancelling
-                   and e.state in (State.RUNNING, State.BACKLOG)]
+        """An operator asked to cancel these jobs (read with a heartbeat): an async handler is
+        cancelled now, an unstarted sync job never starts, a sync handler's thread (it cannot be
+        stopped) keeps its lease until it returns. Each ends 'cancelled', never retried. Returns
+        how many began to."""
+        entries = [
+            e
+            for i in ids
+            if (e := self._running.get(i)) is not None
+            and not e.cancelling
+            and e.state in (State.RUNNING, State.BACKLOG)
+        ]
         for entry in entries:
             entry.cancelling = True
             if entry.state is State.BACKLOG:
@@ -297,28 +394,43 @@ class Executor:
             elif entry.task is not None:
                 entry.task.cancel()
         if entries:
-            log.info("cancelling %d jobs at an operator's request: %s", len(entries), [e.job.id for e in entries[:20]])
+            log.info(
+                "cancelling %d jobs at an operator's request: %s",
+                len(entries),
+                [e.job.id for e in entries[:20]],
+            )
         return len(entries)
 
     def lose(self, ids: Iterable[int], why: str) -> int:
         """These leases are no longer ours (`why`): nothing of these jobs may start or be written
         here any more. Returns how many we still held."""
-        entries = [e for i in ids if (e := self._running.get(i)) is not None
-                   and e.state in (State.RUNNING, State.BACKLOG)]
+        entries = [
+            e
+            for i in ids
+            if (e := self._running.get(i)) is not None and e.state in (State.RUNNING, State.BACKLOG)
+        ]
         if not entries:
             return 0
         actions = collections.Counter(self._lose(entry) for entry in entries)
         ids = [e.job.id for e in entries[:20]]
-        log.warning("lost the lease of %d jobs (%s): %s; ids %s", len(entries), why,
-                    ", ".join(f"{n} {LOST_ACTIONS[a]}" for a, n in actions.items()), ids,
-                    extra={"lost_jobs": len(entries), "job_ids": ids, "actions": dict(actions)})
+        log.warning(
+            "lost the lease of %d jobs (%s): %s; ids %s",
+            len(entries),
+            why,
+            ", ".join(f"{n} {LOST_ACTIONS[a]}" for a, n in actions.items()),
+            ids,
+            extra={"lost_jobs": len(entries), "job_ids": ids, "actions": dict(actions)},
+        )
         return len(entries)
 
     def lose_expired(self, now: float) -> int:
         """Leases that end by `now` (as we last extended them) are lost: our heartbeats did not
-        reach the database, and another worker may run these jobs once they end. Returns how many."""
-        return self.lose([r.job.id for r in self._running.values() if r.lease_until <= now],
-                         "it ran out while our heartbeats did not reach the database")
+        reach the database, and another worker may run these jobs once they end. Returns how
+        many."""
+        return self.lose(
+            [r.job.id for r in self._running.values() if r.lease_until <= now],
+            "it ran out while our heartbeats did not reach the database",
+        )
 
     def _lose(self, entry: Running) -> str:
         """Stop what can be stopped of a job whose lease is gone; returns what was done."""
@@ -359,11 +471,14 @@ class Executor:
         return unstarted
 
     async def drain(self, deadline: float, stuck: Callable[[], int] = lambda: 0) -> None:
-        """Let running jobs finish until the clock reaches `deadline`, or only `stuck()` are left (stuck.py)."""
+        """Let running jobs finish until the clock reaches `deadline`, or only `stuck()` are left
+        (stuck.py)."""
         while self.in_flight > stuck() and self._clock() < deadline:
             self.slot_freed.clear()
             try:
-                await asyncio.wait_for(self.slot_freed.wait(), timeout=max(0.0, deadline - self._clock()))
+                await asyncio.wait_for(
+                    self.slot_freed.wait(), timeout=max(0.0, deadline - self._clock())
+                )
             except TimeoutError:
                 break
 
@@ -378,8 +493,13 @@ class Executor:
         tasks = [r.task for r in self._running.values() if r.task is not None and not r.task.done()]
         threads = sum(r.task is None and r.state is State.RUNNING for r in self._running.values())
         if tasks or threads:
-            log.warning("grace period over: interrupting %d async handlers; %d sync handlers cannot be "
-                        "interrupted and keep their leases for up to %.0f s more", len(tasks), threads, wait_s)
+            log.warning(
+                "grace period over: interrupting %d async handlers; %d sync handlers cannot be "
+                "interrupted and keep their leases for up to %.0f s more",
+                len(tasks),
+                threads,
+                wait_s,
+            )
         for task in tasks:
             task.cancel()
         await self.drain(self._clock() + wait_s)
@@ -387,9 +507,13 @@ class Executor:
         for entry in left:
             entry.state = State.ABANDONED  # no outcome, no more heartbeats: its lease lapses
         if left:
-            log.error("%d handlers still run after the grace period and %.0f s more (async ones ignore "
-                      "cancellation, sync ones never return): leaving them to their leases: %s",
-                      len(left), wait_s, [e.job.id for e in left[:20]])
+            log.error(
+                "%d handlers still run after the grace period and %.0f s more (async ones ignore "
+                "cancellation, sync ones never return): leaving them to their leases: %s",
+                len(left),
+                wait_s,
+                [e.job.id for e in left[:20]],
+            )
         return len(left)
 
     def close(self) -> None:

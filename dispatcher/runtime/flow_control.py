@@ -1,10 +1,11 @@
 """A worker's copy of the fleet's flow control (paused queues, limits), and what it makes of it.
 
 The copy is read again at once when a claim finds it out of date (the claims carry its version:
-sql/claim.sql), and every second or so (jittered) while one of the worker's queues is paused, since
-it claims nothing there that could find out about a resume. `plan_for` is the pure part: which claims a queue needs,
-one gated claim per limited job type (and one for the rest when a '*' limit binds every type), and
-the filter that keeps the other claims off the limited types. Semantics: docs/concepts/flow-control.md.
+sql/claim.sql), and every second or so (jittered) while one of the worker's queues is paused,
+since it claims nothing there that could find out about a resume. `plan_for` is the pure part:
+which claims a queue needs, one gated claim per limited job type (and one for the rest when a '*'
+limit binds every type), and the filter that keeps the other claims off the limited types.
+Semantics: docs/concepts/flow-control.md.
 """
 
 from __future__ import annotations
@@ -45,9 +46,19 @@ def plan_for(limits: Iterable[Limit], queue: str) -> QueuePlan | None:
         return None
     typed = sorted({limit.job_type for limit in rows if limit.job_type != ANY})
     every_type = sorted((limit.job_type, limit.queue) for limit in rows if limit.job_type == ANY)
-    gates = [Gate(TypeFilter((job_type,), True),
-                  tuple(sorted((limit.job_type, limit.queue) for limit in rows if limit.job_type in (job_type, ANY))))
-             for job_type in typed]
+    gates = [
+        Gate(
+            TypeFilter((job_type,), True),
+            tuple(
+                sorted(
+                    (limit.job_type, limit.queue)
+                    for limit in rows
+                    if limit.job_type in (job_type, ANY)
+                )
+            ),
+        )
+        for job_type in typed
+    ]
     rest = TypeFilter(tuple(typed), False) if typed else None
     if every_type:  # a '*' limit binds the queue's other types too: they are gated as one group
         gates.append(Gate(rest, tuple(every_type)))
@@ -55,12 +66,19 @@ def plan_for(limits: Iterable[Limit], queue: str) -> QueuePlan | None:
 
 
 class FlowControl:
-    """The flow-control tables as this worker last read them; `on_change` is called when they moved."""
+    """The flow-control tables as this worker last read them; `on_change` is called when they
+    moved."""
 
     REFRESH_S = 1.0
 
-    def __init__(self, store: JobStore, queues: Iterable[str], *, on_change: Callable[[], None] | None = None,
-                 vitals: Vitals | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        queues: Iterable[str],
+        *,
+        on_change: Callable[[], None] | None = None,
+        vitals: Vitals | None = None,
+    ) -> None:
         self._store = store
         self._vitals = vitals
         self._queues = tuple(queues)
@@ -85,8 +103,11 @@ class FlowControl:
 
     def max_running_types(self) -> frozenset[str]:
         """Job types under a max_running limit in one of this worker's queues ('*': any type)."""
-        return frozenset(limit.job_type for limit in self.state.limits
-                         if limit.max_running is not None and (limit.queue == ANY or limit.queue in self._queues))
+        return frozenset(
+            limit.job_type
+            for limit in self.state.limits
+            if limit.max_running is not None and (limit.queue == ANY or limit.queue in self._queues)
+        )
 
     def plan(self, queue: str) -> QueuePlan | None:
         try:

@@ -17,7 +17,9 @@ from dispatcher.model import Job
 EAGER_TASKS = sys.version_info >= (3, 12)
 
 
-def new_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+def new_task(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
+) -> asyncio.Task[None]:
     if EAGER_TASKS:
         return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
     return loop.create_task(coro)
@@ -41,13 +43,16 @@ class State(enum.Enum):
 @dataclass(slots=True)
 class Running:
     job: Job
-    held_since: float  # the executor's clock when its claim was sent: its lease runs from (at the latest) then
-    lease_until: float  # our conservative estimate of the lease's end, on the executor's clock (time.monotonic)
+    # the executor's clock when its claim was sent: its lease runs from (at the latest) then
+    held_since: float
+    # our conservative estimate of the lease's end, on the executor's clock (time.monotonic)
+    lease_until: float
     task: asyncio.Task[None] | None = None  # None: a sync handler (backlogged or in a thread)
     timer: asyncio.TimerHandle | None = None
     state: State = State.RUNNING
     cancelling: bool = False  # an operator asked to cancel it: it ends 'cancelled' however it ends
-    timeout_at: float | None = None  # the clock's time its timeout fires (None: none, or not started yet)
+    # the clock's time its timeout fires (None: none, or not started yet)
+    timeout_at: float | None = None
 
 
 def running_by_queue(entries: list[Running], starting: Job | None) -> dict[str, int]:

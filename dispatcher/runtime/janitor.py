@@ -22,7 +22,11 @@ from dispatcher.db.queries import query
 from dispatcher.db.store import SLOW_STATEMENT, JobStore
 
 # What the pruner deletes, by kind (the label of dispatcher_jobs_pruned_total): its named query.
-PRUNE_QUERIES = {"completed": "jobs_prune_completed", "failed": "jobs_prune_unsuccessful", "history": "history_prune"}
+PRUNE_QUERIES = {
+    "completed": "jobs_prune_completed",
+    "failed": "jobs_prune_unsuccessful",
+    "history": "history_prune",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +40,14 @@ class PruneRound:
     oldest_age_s: dict[str, float | None]
 
 
-async def prune_round(store: JobStore, retentions_s: Mapping[str, float], limit: int,
-                      max_statements: int) -> PruneRound | None:
+async def prune_round(
+    store: JobStore, retentions_s: Mapping[str, float], limit: int, max_statements: int
+) -> PruneRound | None:
     """One round: None if another pod holds the pruner's lock (it is pruning now; never waited
     for). Else deletes of at most `limit` rows of each kind past its retention (kinds of
     PRUNE_QUERIES; absent: kept forever), again for kinds whose batch came back full while fewer
     than `max_statements` ran, then the oldest ages."""
+
     async def work(conn: psycopg.AsyncConnection[Any]) -> PruneRound | None:
         async with conn.transaction():
             row = await (await conn.execute(query("prune_try_lock"))).fetchone()
@@ -67,7 +73,10 @@ async def prune_round(store: JobStore, retentions_s: Mapping[str, float], limit:
                 if (await cur.fetchone())[0] < limit:  # type: ignore[index]
                     break
             ages = await (await conn.execute(query("janitor_ages"))).fetchone()
-        return PruneRound(deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True)))
+        return PruneRound(
+            deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True))
+        )
 
-    # The round's statements share one budget: each takes milliseconds (EXPLAINs in dispatcher/db/sql/maintenance.sql).
+    # The round's statements share one budget: each takes milliseconds (EXPLAINs in
+    # dispatcher/db/sql/maintenance.sql).
     return await store.run("prune", work, budget=SLOW_STATEMENT)

@@ -23,7 +23,7 @@ _RETRIED: dict[FailureKind, str] = {
     FailureKind.ERROR: "job %d failed (attempt %d/%d)" + _RETRY,
     FailureKind.TIMEOUT: "job %d timed out (attempt %d/%d)" + _RETRY,
     FailureKind.INTERRUPTED: "job %d was interrupted by this worker's shutdown (attempt %d/%d); queued again, "
-                             "due in %.3g s",
+    "due in %.3g s",
     FailureKind.LEASE_EXPIRED: "reaped job %d: its lease expired (attempt %d/%d)" + _RETRY,
 }
 _FINAL: dict[FailureKind, str] = {
@@ -31,7 +31,7 @@ _FINAL: dict[FailureKind, str] = {
     FailureKind.TIMEOUT: "job %d failed for good: its last attempt (%d/%d) timed out",
     FailureKind.INTERRUPTED: "job %d failed for good: its last attempt (%d/%d) was interrupted by shutdown",
     FailureKind.UNKNOWN_TYPE: "job %d failed: no handler for its job type in this worker (attempt %d/%d); "
-                              "not retried",
+    "not retried",
     FailureKind.PERMANENT: "job %d discarded: its handler raised PermanentJobError (attempt %d/%d)",
     FailureKind.LEASE_EXPIRED: "reaped job %d failed for good: its lease expired on its last attempt (%d/%d)",
 }
@@ -43,7 +43,11 @@ _CANCELLED = "job %d cancelled at an operator's request (attempt %d/%d); not ret
 def exception_line(exc: BaseException) -> str:
     """`module.Type: first line of the message`: the last line of a traceback, in one line."""
     kind = type(exc)
-    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
     text = str(exc).strip()
     return f"{name}: {text.splitlines()[0]}" if text else name
 
@@ -66,30 +70,57 @@ def failures_written(failures: Sequence[Failure], written: Sequence[FailedWrite]
     by_id = {f.id: f for f in failures}
     for row in written:
         failure = by_id.get(row.id)
-        if failure is None or failure.job is None or row.snoozed:  # a snooze is not a failure: no line
+        # a snooze is not a failure: no line
+        if failure is None or failure.job is None or row.snoozed:
             continue
         job = failure.job
-        _line(row, failure.kind or FailureKind.ERROR, failure.outcome.delay_s,
-              failure.summary if failure.summary is not None else first_line(failure.outcome.error),
-              {"job_id": row.id, "job_type": job.job_type, "queue": job.queue, "bucket": job.bucket,
-               "attempt": row.attempts, "max_attempts": failure.outcome.max_attempts or job.max_attempts})
+        _line(
+            row,
+            failure.kind or FailureKind.ERROR,
+            failure.outcome.delay_s,
+            failure.summary if failure.summary is not None else first_line(failure.outcome.error),
+            {
+                "job_id": row.id,
+                "job_type": job.job_type,
+                "queue": job.queue,
+                "bucket": job.bucket,
+                "attempt": row.attempts,
+                "max_attempts": failure.outcome.max_attempts or job.max_attempts,
+            },
+        )
 
 
-def reaped(written: Sequence[FailedWrite], failures: Sequence[Failure], expired: Sequence[ExpiredLease]) -> None:
+def reaped(
+    written: Sequence[FailedWrite], failures: Sequence[Failure], expired: Sequence[ExpiredLease]
+) -> None:
     """Jobs whose lease ran out, written by the reaper: with their old owner and since when."""
     delays = {f.id: (f.outcome.delay_s, f.outcome.error) for f in failures}
     limits = {f.id: f.outcome.max_attempts for f in failures}
     expiries = {e.id: e.lease_expiries for e in expired}
     for row in written:
         delay_s, error = delays.get(row.id, (0.0, ""))
-        _line(row, FailureKind.LEASE_EXPIRED, delay_s, first_line(error),
-              {"job_id": row.id, "job_type": row.job_type, "queue": row.queue, "bucket": row.bucket,
-               "attempt": row.attempts, "max_attempts": limits.get(row.id) or row.max_attempts,
-               "old_owner": row.locked_by,
-               "locked_since": utc(row.locked_at), "lease_expiries": expiries.get(row.id)})
+        _line(
+            row,
+            FailureKind.LEASE_EXPIRED,
+            delay_s,
+            first_line(error),
+            {
+                "job_id": row.id,
+                "job_type": row.job_type,
+                "queue": row.queue,
+                "bucket": row.bucket,
+                "attempt": row.attempts,
+                "max_attempts": limits.get(row.id) or row.max_attempts,
+                "old_owner": row.locked_by,
+                "locked_since": utc(row.locked_at),
+                "lease_expiries": expiries.get(row.id),
+            },
+        )
 
 
-def _line(row: FailedWrite, kind: FailureKind, delay_s: float, error: str, fields: dict[str, Any]) -> None:
+def _line(
+    row: FailedWrite, kind: FailureKind, delay_s: float, error: str, fields: dict[str, Any]
+) -> None:
     """A retry at WARNING with its next run time; a final failure (failed, discarded) at ERROR."""
     fields.update(outcome=row.status, reason=kind.value, error=error)
     args = (row.id, fields["attempt"], fields["max_attempts"] or 0)

@@ -32,8 +32,14 @@ log = logging.getLogger(__name__)
 class PeriodicService:
     name = "maintenance"
 
-    def __init__(self, store: JobStore, interval_s: float, *, first_delay_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        interval_s: float,
+        *,
+        first_delay_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._store = store
         self._clock = clock  # the executor's, for the lease keeper: a test passes a fake one
         self.interval_s = interval_s
@@ -44,7 +50,9 @@ class PeriodicService:
         self.tick_failing_since: float | None = None
 
     async def run(self) -> None:
-        await asyncio.sleep(jittered(self.interval_s) if self._first_delay_s is None else self._first_delay_s)
+        await asyncio.sleep(
+            jittered(self.interval_s) if self._first_delay_s is None else self._first_delay_s
+        )
         while True:
             try:
                 next_s = await self.tick()
@@ -86,8 +94,15 @@ class LeaseKeeper(PeriodicService):
     name = "heartbeat"
     STALLED_PROBE_S = 1.0
 
-    def __init__(self, store: JobStore, executor: Executor, leases: LeaseSettings, *,
-                 vitals: Vitals | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        executor: Executor,
+        leases: LeaseSettings,
+        *,
+        vitals: Vitals | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(store, leases.heartbeat_s, clock=clock)
         self._executor = executor
         self._lease_s = leases.lease_s
@@ -105,7 +120,8 @@ class LeaseKeeper(PeriodicService):
         due = self._executor.running_since(sent_at - self.interval_s)
         try:
             if due:
-                kept = await self._store.jobs_extend_leases(due, self._lease_s)  # id -> cancel requested
+                # id -> cancel requested
+                kept = await self._store.jobs_extend_leases(due, self._lease_s)
             elif self.stalled or self._executor.in_flight:
                 # Nothing due yet, but jobs we hold will need their heartbeats: a round trip per
                 # interval shows a stall within interval + statement timeout (15 s of the 30 s
@@ -118,8 +134,10 @@ class LeaseKeeper(PeriodicService):
         if due:
             self._executor.extended(kept, sent_at + self._lease_s)
             # A job that finished while the statement ran was not extended either, and is not lost.
-            lost = self._executor.lose([j.id for j in due if j.id not in kept],
-                                       "taken over: its lease had run out and another worker or a reaper got it")
+            lost = self._executor.lose(
+                [j.id for j in due if j.id not in kept],
+                "taken over: its lease had run out and another worker or a reaper got it",
+            )
             if lost:
                 self.leases_lost += lost
                 metrics.LEASES_LOST.inc(lost)
@@ -131,15 +149,21 @@ class LeaseKeeper(PeriodicService):
         if self._vitals.heartbeats_failing_since is None:
             self._vitals.heartbeats_failing_since = self._clock()
             metrics.DB_STALLED.set(1)
-            log.warning("heartbeat failed (%s): claiming nothing until the database answers; running jobs "
-                        "keep going while their leases last", exc)
+            log.warning(
+                "heartbeat failed (%s): claiming nothing until the database answers; running jobs "
+                "keep going while their leases last",
+                exc,
+            )
         else:
             log.debug("heartbeat still failing: %s", exc)
 
     def _answered(self) -> None:
         since = self._vitals.heartbeats_failing_since
         if since is not None:
-            log.warning("the database answers heartbeats again after %.1f s: claiming again", self._clock() - since)
+            log.warning(
+                "the database answers heartbeats again after %.1f s: claiming again",
+                self._clock() - since,
+            )
             self._vitals.heartbeats_failing_since = None
             metrics.DB_STALLED.set(0)
 
@@ -147,14 +171,22 @@ class LeaseKeeper(PeriodicService):
 class Reaper(PeriodicService):
     name = "reap"
 
-    def __init__(self, store: JobStore, policy: RetryPolicy, settings: MaintenanceSettings, *,
-                 on_reaped: Callable[[], None], vitals: Vitals | None = None,
-                 halts: Callable[[str], bool] = lambda job_type: True,
-                 retry_of: Callable[[str], HandlerRetry | None] = lambda job_type: None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        policy: RetryPolicy,
+        settings: MaintenanceSettings,
+        *,
+        on_reaped: Callable[[], None],
+        vitals: Vitals | None = None,
+        halts: Callable[[str], bool] = lambda job_type: True,
+        retry_of: Callable[[str], HandlerRetry | None] = lambda job_type: None,
+    ) -> None:
         super().__init__(store, settings.reaper_interval_s)
         self._policy = policy
         self._halts = halts  # the registry's: whether a keyed job's final failure halts its key
-        self._retry_of = retry_of  # the registry's: a handler's own retry settings (max_attempts, backoff)
+        # the registry's: a handler's own retry settings (max_attempts, backoff)
+        self._retry_of = retry_of
         self._history = settings.history
         self._on_reaped = on_reaped
         # Readiness reads the reaper's failures (reaper_failing_since): every pod runs it every
@@ -170,11 +202,19 @@ class Reaper(PeriodicService):
         if not expired:
             return
         failures = [
-            Failure(e.id, e.token, self._policy.decide(
-                FailureKind.CANCELLED if e.cancel_requested else FailureKind.LEASE_EXPIRED, e.attempts, e.max_attempts,
-                ("cancelled: an operator asked, and the job's " if e.cancel_requested else "")
-                + lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at), self._retry_of(e.job_type or "")),
-                halts=not e.keyed or self._halts(e.job_type or ""))
+            Failure(
+                e.id,
+                e.token,
+                self._policy.decide(
+                    FailureKind.CANCELLED if e.cancel_requested else FailureKind.LEASE_EXPIRED,
+                    e.attempts,
+                    e.max_attempts,
+                    ("cancelled: an operator asked, and the job's " if e.cancel_requested else "")
+                    + lease_expired_error(e.lease_expiries, e.locked_by, e.locked_at),
+                    self._retry_of(e.job_type or ""),
+                ),
+                halts=not e.keyed or self._halts(e.job_type or ""),
+            )
             for e in expired
         ]
         # Fenced by token and re-checked for expiry: a reaper in another pod, or an owner whose
@@ -187,8 +227,15 @@ class Reaper(PeriodicService):
         if self._history:
             rows = HistoryRows()
             for w in written:
-                rows.add(w.id, w.attempts, w.locked_by or "?", w.locked_at, None,
-                         "retried" if w.status == STATUS_QUEUED else w.status, errors[w.id])
+                rows.add(
+                    w.id,
+                    w.attempts,
+                    w.locked_by or "?",
+                    w.locked_at,
+                    None,
+                    "retried" if w.status == STATUS_QUEUED else w.status,
+                    errors[w.id],
+                )
             await self._store.history_record(rows)
         self.reaped += len(written)
         metrics.JOBS_REAPED.inc(len(written))
@@ -217,8 +264,11 @@ class Pruner(PeriodicService):
     LEASE_INTERVALS = 3  # a holder may miss two rounds (a slow statement, a blip) and keep the role
 
     def __init__(self, store: JobStore, settings: RetentionSettings) -> None:
-        # First prune after a random fraction of the interval, so N pods started together spread out.
-        super().__init__(store, settings.interval_s, first_delay_s=settings.interval_s * random.random())
+        # First prune after a random fraction of the interval, so N pods started together spread
+        # out.
+        super().__init__(
+            store, settings.interval_s, first_delay_s=settings.interval_s * random.random()
+        )
         self._retentions_s = {kind: r for kind, r in settings.retentions_s.items() if r > 0}
         self._batch = settings.batch
         self.rounds = 0  # rounds this pod ran (it held the lock)
@@ -233,10 +283,16 @@ class Pruner(PeriodicService):
             self.retired = True  # every kind is kept forever
             return None
         try:
-            self.holding = await self._store.maintenance_lease_take(self.LEASE_NAME,
-                                                                    self.LEASE_INTERVALS * self.interval_s)
-            done = None if not self.holding else await prune_round(self._store, self._retentions_s, self._batch,
-                                                                   self.ROUND_STATEMENTS)
+            self.holding = await self._store.maintenance_lease_take(
+                self.LEASE_NAME, self.LEASE_INTERVALS * self.interval_s
+            )
+            done = (
+                None
+                if not self.holding
+                else await prune_round(
+                    self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS
+                )
+            )
         except StoreError:
             metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
             raise
@@ -250,7 +306,9 @@ class Pruner(PeriodicService):
             metrics.JOBS_PRUNED.labels(kind).inc(n)
         for kind, retention_s in self._retentions_s.items():
             age_s = done.oldest_age_s[kind]
-            metrics.JANITOR_LAG.labels(kind).set(0.0 if age_s is None else max(0.0, age_s - retention_s))
+            metrics.JANITOR_LAG.labels(kind).set(
+                0.0 if age_s is None else max(0.0, age_s - retention_s)
+            )
         return jittered(self.CATCH_UP_S) if done.more else None
 
     async def release(self) -> None:
@@ -261,7 +319,8 @@ class Pruner(PeriodicService):
 
 
 class PlannerStats(PeriodicService):
-    """Refreshes the jobs table's statistics when they fall far behind (see dispatcher/db/sql/maintenance.sql).
+    """Refreshes the jobs table's statistics when they fall far behind (see
+    dispatcher/db/sql/maintenance.sql).
 
     A workers' role with DML only may not ANALYZE: it learns that on its first tick, says so
     once, and stops asking; autovacuum (and the owner) keep the statistics fresh instead."""
@@ -273,6 +332,10 @@ class PlannerStats(PeriodicService):
             await self._store.jobs_analyze_if_stale()
         except StorePermissionDenied as exc:
             self.retired = True
-            log.warning("planner statistics: %s, so this worker will not refresh them (not retried). That is the "
-                        "table owner's job, and autovacuum does it; to let workers refresh them right after a bulk "
-                        "load too: %s", exc.reason, exc.hint or "see docs/operations/roles.md")
+            log.warning(
+                "planner statistics: %s, so this worker will not refresh them (not retried). That is the "
+                "table owner's job, and autovacuum does it; to let workers refresh them right after a bulk "
+                "load too: %s",
+                exc.reason,
+                exc.hint or "see docs/operations/roles.md",
+            )

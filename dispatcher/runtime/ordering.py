@@ -28,7 +28,9 @@ class KeySweeper(PeriodicService):
     LEASE_NAME = "ordering"
     LEASE_INTERVALS = 5
 
-    def __init__(self, store: JobStore, queues: tuple[str, ...], *, interval_s: float = INTERVAL_S) -> None:
+    def __init__(
+        self, store: JobStore, queues: tuple[str, ...], *, interval_s: float = INTERVAL_S
+    ) -> None:
         super().__init__(store, interval_s)
         self._queues = queues
         self._after = dict.fromkeys(queues, "")  # where each queue's scan goes on
@@ -36,7 +38,9 @@ class KeySweeper(PeriodicService):
         self.promoted = 0
 
     async def tick(self) -> float | None:
-        self.holding = await self._store.maintenance_lease_take(self.LEASE_NAME, self.LEASE_INTERVALS * self.interval_s)
+        self.holding = await self._store.maintenance_lease_take(
+            self.LEASE_NAME, self.LEASE_INTERVALS * self.interval_s
+        )
         if not self.holding:
             return None
         pages = 0
@@ -44,15 +48,21 @@ class KeySweeper(PeriodicService):
             while pages < self.ROUND_PAGES:
                 pages += 1
                 try:
-                    scan = await self._store.ordering_promote_scan(queue, self._after[queue], self.PAGE_KEYS)
+                    scan = await self._store.ordering_promote_scan(
+                        queue, self._after[queue], self.PAGE_KEYS
+                    )
                 except StoreConflict as exc:  # a promotion of the same key raced ours: next round
                     log.debug("ordering sweep of %s: %s", queue, exc)
                     break
                 if scan.promoted:
                     self.promoted += scan.promoted
                     metrics.ORDERING_KEYS_PROMOTED.inc(scan.promoted)
-                    log.info("promoted the next job of %d ordering keys of queue %s that had waiting jobs and "
-                             "no holder", scan.promoted, queue)
+                    log.info(
+                        "promoted the next job of %d ordering keys of queue %s that had waiting jobs and "
+                        "no holder",
+                        scan.promoted,
+                        queue,
+                    )
                 self._after[queue] = scan.last_key or ""
                 if scan.last_key is None:
                     break

@@ -39,7 +39,8 @@ class ProducerStats:
     claims: int = 0  # claim statements, steals included
     claimed: int = 0
     steal_claims: int = 0  # statements
-    steals: int = 0  # steal attempts: each one statement per MAX_VICTIMS buckets, until one finds jobs
+    # steal attempts: each one statement per MAX_VICTIMS buckets, until one finds jobs
+    steals: int = 0
     stolen: int = 0
 
 
@@ -52,8 +53,16 @@ class Producer:
     # (jittered). Others' jobs end unseen by us, so there is nothing to wait on but time.
     FLOW_RECHECK_S = 0.25
 
-    def __init__(self, settings: ClaimSettings, store: JobStore, assignments: Mapping[str, BucketAssignment],
-                 executor: Executor, *, vitals: Vitals | None = None, completer: Completer | None = None) -> None:
+    def __init__(
+        self,
+        settings: ClaimSettings,
+        store: JobStore,
+        assignments: Mapping[str, BucketAssignment],
+        executor: Executor,
+        *,
+        vitals: Vitals | None = None,
+        completer: Completer | None = None,
+    ) -> None:
         self._claims = config = settings
         # Written: claims_failing_since. Read: stalled (heartbeats fail: claim nothing).
         self._vitals = vitals if vitals is not None else Vitals()
@@ -72,22 +81,28 @@ class Producer:
         self._stopped = asyncio.Event()
         self._woke_by_timer = True  # the first cycle may steal: a backlog may be waiting already
         self._due = DueTimer(self._on_due)
-        # Ask the database for our next run_at before the next claim (jobs_next_due_in): at start-up,
-        # after a poll or due-timer wake-up, a bulk NOTIFY and an assignment change; never after a
-        # per-job NOTIFY (it carries its run_at). Why each: docs/design/claims.md.
+        # Ask the database for our next run_at before the next claim (jobs_next_due_in): at
+        # start-up, after a poll or due-timer wake-up, a bulk NOTIFY and an assignment change; never
+        # after a per-job NOTIFY (it carries its run_at). Why each: docs/design/claims.md.
         self._look_ahead = True
-        self._poll_look_ahead_at = 0.0  # time.monotonic() from which a poll wake-up looks ahead again
+        # time.monotonic() from which a poll wake-up looks ahead again
+        self._poll_look_ahead_at = 0.0
         # A steal leaves each bucket the jobs its owner takes in one claim (the fleet is assumed to
         # share its claim settings): what the owner is about to claim anyway is not worth a race.
-        self._steals = StealPolicy(config.steal_batch, config.batch_size, min(config.batch_size, config.concurrency))
+        self._steals = StealPolicy(
+            config.steal_batch, config.batch_size, min(config.batch_size, config.concurrency)
+        )
         # After a full batch (a backlog exists) wait until a quarter of the slots are free rather
         # than claiming a handful at a time: fewer, fuller claims are cheaper for PostgreSQL.
         self._refill_at = max(1, min(config.batch_size, config.concurrency) // 4)
-        self._windows = ClaimWindows(window_buckets(self._refill_at))  # claims of a backlog take ~refill_at jobs
+        # claims of a backlog take ~refill_at jobs
+        self._windows = ClaimWindows(window_buckets(self._refill_at))
         self._asleep = False  # in _sleep_until_woken
         # The fleet's limits and paused queues (flow_control.py); a claim that finds them changed
         # sets _flow_stale and the cycle reads them again before claiming more.
-        self.flow = FlowControl(store, config.queues, on_change=self._flow_changed, vitals=self._vitals)
+        self.flow = FlowControl(
+            store, config.queues, on_change=self._flow_changed, vitals=self._vitals
+        )
         self._flow_stale = False
         self._flow_timer: asyncio.TimerHandle | None = None
         # A gated claim found its max_running taken: try again as soon as our own outcomes are
@@ -102,15 +117,18 @@ class Producer:
     def idle(self) -> bool:
         """Test signal: the claim loop sleeps and nothing has woken it yet (no NOTIFY, assignment
         change or reap pending), so only its poll timer would start the next claim."""
-        return (self._asleep and not self._wakeup.is_set()
-                and not any(a.changed.is_set() for a in self._distinct))
+        return (
+            self._asleep
+            and not self._wakeup.is_set()
+            and not any(a.changed.is_set() for a in self._distinct)
+        )
 
     @property
     def claiming(self) -> bool:
         """Not stopped: jobs may still be claimed and started here."""
         return not self._stopped.is_set()
 
-    # -- signals from outside ------------------------------------------------------------------------
+    # -- signals from outside ----------------------------------------------------------------------
 
     def wake(self) -> None:
         self._wakeup.set()
@@ -154,11 +172,13 @@ class Producer:
         self._wakeup.set()
         self._executor.slot_freed.set()
 
-    # -- the claim loop --------------------------------------------------------------------------------
+    # -- the claim loop ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        followers = [asyncio.create_task(self._follow_assignment(a), name="assignment-follower")
-                     for a in self._distinct]
+        followers = [
+            asyncio.create_task(self._follow_assignment(a), name="assignment-follower")
+            for a in self._distinct
+        ]
         followers.append(asyncio.create_task(self.flow.run(), name="flow-control"))
         try:
             await self._claim_loop()
@@ -179,7 +199,8 @@ class Producer:
         backlog = False
         queues = list(config.queues)
         while not self._stopped.is_set():
-            metrics.JOBS_IN_FLIGHT.set(executor.in_flight)  # per cycle, not per job: cheap and never stale for long
+            # per cycle, not per job: cheap and never stale for long
+            metrics.JOBS_IN_FLIGHT.set(executor.in_flight)
             if config.concurrency - executor.in_flight < (self._refill_at if backlog else 1):
                 executor.slot_freed.clear()
                 await executor.slot_freed.wait()
@@ -196,8 +217,12 @@ class Producer:
             owns = {q: self._assignments[q].owned() if self._partitioned else None for q in queues}
             # Not for a degraded queue (own is None): its claims are SKIP LOCKED over all buckets
             # already. Pointless for a queue whose every bucket we own.
-            stealing = (self._partitioned and config.steal and any(_can_steal(own) for own in owns.values())
-                        and self._steals.due(self._woke_by_timer))
+            stealing = (
+                self._partitioned
+                and config.steal
+                and any(_can_steal(own) for own in owns.values())
+                and self._steals.due(self._woke_by_timer)
+            )
             if all(own == () for own in owns.values()) and not stealing:
                 await self._sleep_until_woken()
                 continue
@@ -223,12 +248,20 @@ class Producer:
                 continue
             self._vitals.claims_failing_since = None
             queues.append(queues.pop(0))  # rotate: no queue always goes first
-            metrics.POLL_CYCLE_SECONDS.labels(self._mode).observe(time.perf_counter() - cycle_started)
-            if not backlog and not self._look_ahead:  # one left from a backlog: look ahead, claim, then sleep
+            metrics.POLL_CYCLE_SECONDS.labels(self._mode).observe(
+                time.perf_counter() - cycle_started
+            )
+            # one left from a backlog: look ahead, claim, then sleep
+            if not backlog and not self._look_ahead:
                 await self._sleep_until_woken()
 
-    async def _claim_cycle(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None],
-                           stealing: bool, in_backlog: bool) -> bool:
+    async def _claim_cycle(
+        self,
+        queues: list[str],
+        owns: Mapping[str, tuple[int, ...] | None],
+        stealing: bool,
+        in_backlog: bool,
+    ) -> bool:
         """One claim per queue for the free slots, plus a steal where our own came up short.
         Returns whether any claim came back full (a backlog: go again without sleeping)."""
         config, executor = self._claims, self._executor
@@ -263,8 +296,14 @@ class Producer:
                 executor.start(jobs, sent_at)
             free = config.concurrency - executor.in_flight
             # Steal only where all our own buckets ran short, not where others took rows of them.
-            if (stealing and not windowed and _can_steal(own) and selected < limit and free > 0
-                    and not self._stopped.is_set()):
+            if (
+                stealing
+                and not windowed
+                and _can_steal(own)
+                and selected < limit
+                and free > 0
+                and not self._stopped.is_set()
+            ):
                 asked = self._steals.batch(free)
                 stolen, sent_at = [], 0.0
                 self.stats.steals += 1
@@ -282,7 +321,9 @@ class Producer:
                 executor.start(stolen, sent_at)
         return backlog or self._flow_stale
 
-    async def _claim_gated(self, queue: str, gates: tuple[Gate, ...], own: tuple[int, ...] | None) -> bool:
+    async def _claim_gated(
+        self, queue: str, gates: tuple[Gate, ...], own: tuple[int, ...] | None
+    ) -> bool:
         """The gated claims of a flow-controlled queue (one per limited type: claims.py), from the
         same buckets as the plain claim. Returns whether one came back full (a backlog)."""
         config, executor = self._claims, self._executor
@@ -294,7 +335,9 @@ class Producer:
             asked = min(free, config.batch_size)
             started, sent_at = time.perf_counter(), time.monotonic()
             async with self._claim_fence:
-                gated = await self._store.jobs_claim_gated(queue, asked, config.lease_s, own, gate, self.flow.version)
+                gated = await self._store.jobs_claim_gated(
+                    queue, asked, config.lease_s, own, gate, self.flow.version
+                )
             claimed = gated.claimed
             if claimed.stale:
                 self._flow_stale = True
@@ -304,7 +347,9 @@ class Producer:
             if gated.held_by is not None:
                 self._held_by_running |= gated.held_by == "max_running"
                 metrics.FLOW_HELD_BACK.labels(queue, gated.held_by).inc()
-                self._recheck_flow(gated.wait_s if gated.wait_s is not None else jittered(self.FLOW_RECHECK_S, 0.2))
+                self._recheck_flow(
+                    gated.wait_s if gated.wait_s is not None else jittered(self.FLOW_RECHECK_S, 0.2)
+                )
             elif claimed.selected >= asked:
                 backlog = True
         return backlog
@@ -320,7 +365,8 @@ class Producer:
             self._wakeup.set()
 
     def _recheck_flow(self, delay_s: float) -> None:
-        """Wake the claim loop in `delay_s` (the earliest of those asked for) to try the limits again."""
+        """Wake the claim loop in `delay_s` (the earliest of those asked for) to try the limits
+        again."""
         loop = asyncio.get_running_loop()
         when = loop.time() + max(0.005, delay_s)
         if self._flow_timer is not None:
@@ -333,15 +379,29 @@ class Producer:
         self._flow_timer = None
         self._wakeup.set()
 
-    async def _claim(self, queue: str, limit: int, buckets: tuple[int, ...] | None,
-                     steal: Steal | None = None, *, types: TypeFilter | None = None) -> tuple[list[Job], int, float]:
+    async def _claim(
+        self,
+        queue: str,
+        limit: int,
+        buckets: tuple[int, ...] | None,
+        steal: Steal | None = None,
+        *,
+        types: TypeFilter | None = None,
+    ) -> tuple[list[Job], int, float]:
         """Claim; returns the jobs, how many the selection found, and when the statement was sent
         (time.monotonic()): their leases run from no earlier than that."""
         started = time.perf_counter()
         sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
-            claimed = await self._store.jobs_claim_counted(queue, limit, self._claims.lease_s, buckets, steal,
-                                                           types=types, flow_version=self.flow.version)
+            claimed = await self._store.jobs_claim_counted(
+                queue,
+                limit,
+                self._claims.lease_s,
+                buckets,
+                steal,
+                types=types,
+                flow_version=self.flow.version,
+            )
         if claimed.stale:
             self._flow_stale = True
         self._count_claim(queue, claimed.jobs, started)
@@ -355,7 +415,9 @@ class Producer:
         self.stats.claims += 1
         self.stats.claimed += len(jobs)
 
-    async def _arm_next_due(self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None]) -> None:
+    async def _arm_next_due(
+        self, queues: list[str], owns: Mapping[str, tuple[int, ...] | None]
+    ) -> None:
         """Arm the due timer at our earliest not-yet-due job (one bounded query per queue we claim
         from). Raises StoreError like a claim."""
         self._look_ahead = False
@@ -364,8 +426,10 @@ class Producer:
             own = owns[queue]
             if own == ():
                 continue
-            buckets = None if own is None or len(own) == NUM_BUCKETS else own  # all: no bucket filter
-            due_in_s = await self._store.jobs_next_due_in(queue, buckets)  # a StoreError: as the claim's
+            # all: no bucket filter
+            buckets = None if own is None or len(own) == NUM_BUCKETS else own
+            # a StoreError: as the claim's
+            due_in_s = await self._store.jobs_next_due_in(queue, buckets)
             if due_in_s is not None:
                 self._due.arm(due_in_s)
 

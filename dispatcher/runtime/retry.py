@@ -18,17 +18,33 @@ from collections.abc import Callable
 
 from dispatcher.backoff import MIN_RETRY_DELAY_S, HandlerRetry, is_delay_s, retry_delay_s
 from dispatcher.constants import LAST_ERROR_MAX_CHARS
-from dispatcher.model import STATUS_CANCELLED, STATUS_DISCARDED, STATUS_FAILED, STATUS_QUEUED, FailureKind, Outcome
+from dispatcher.model import (
+    STATUS_CANCELLED,
+    STATUS_DISCARDED,
+    STATUS_FAILED,
+    STATUS_QUEUED,
+    FailureKind,
+    Outcome,
+)
 
 
 class RetryPolicy:
-    def __init__(self, base_s: float, cap_s: float, rand: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self, base_s: float, cap_s: float, rand: Callable[[], float] = random.random
+    ) -> None:
         self.base_s = base_s
         self.cap_s = cap_s
         self._rand = rand
 
-    def decide(self, kind: FailureKind, attempts: int, max_attempts: int | None, error: str,
-               retry: HandlerRetry | None = None, exc: BaseException | None = None) -> Outcome:
+    def decide(
+        self,
+        kind: FailureKind,
+        attempts: int,
+        max_attempts: int | None,
+        error: str,
+        retry: HandlerRetry | None = None,
+        exc: BaseException | None = None,
+    ) -> Outcome:
         """The outcome of attempt number `attempts` (1-based, already counted) of a job allowed
         `max_attempts` (None: not given at enqueue, so the handler's `retry` or the default
         decides), which failed as `kind` with `error` (`exc`, if it raised: for `retry.delay`)."""
@@ -50,22 +66,32 @@ class RetryPolicy:
             # since the handler did start).
             return Outcome(STATUS_QUEUED, 0.0, error[:LAST_ERROR_MAX_CHARS], max_attempts)
         if retry is None:
-            return Outcome(STATUS_QUEUED, retry_delay_s(attempts, self.base_s, self.cap_s, self._rand),
-                           error[:LAST_ERROR_MAX_CHARS], max_attempts)
+            return Outcome(
+                STATUS_QUEUED,
+                retry_delay_s(attempts, self.base_s, self.cap_s, self._rand),
+                error[:LAST_ERROR_MAX_CHARS],
+                max_attempts,
+            )
         delay_s, error = self._handler_delay_s(retry, attempts, exc, error)
         return Outcome(STATUS_QUEUED, delay_s, error[:LAST_ERROR_MAX_CHARS], max_attempts)
 
-    def _handler_delay_s(self, retry: HandlerRetry, attempts: int, exc: BaseException | None,
-                         error: str) -> tuple[float, str]:
-        """The handler's delay: its callable's answer if valid, else its (or the worker's) backoff.
-        An answer that is not a delay (or a callable that raises) is noted at the head of the error."""
+    def _handler_delay_s(
+        self, retry: HandlerRetry, attempts: int, exc: BaseException | None, error: str
+    ) -> tuple[float, str]:
+        """The handler's delay: its callable's answer if valid, else its (or the worker's)
+        backoff. An answer that is not a delay (or a callable that raises) is noted at the head
+        of the error."""
         if retry.delay is not None:
             try:
                 chosen = retry.delay(attempts, exc)
             except Exception as raised:  # noqa: BLE001 - the user's callable: its fault is reported, not fatal
                 chosen, note = None, f"retry= raised {type(raised).__name__}: {raised}"
             else:
-                note = None if chosen is None or is_delay_s(chosen) else f"retry= returned {chosen!r}, not seconds"
+                note = (
+                    None
+                    if chosen is None or is_delay_s(chosen)
+                    else f"retry= returned {chosen!r}, not seconds"
+                )
             if note is None and chosen is not None:
                 return max(MIN_RETRY_DELAY_S, float(chosen)), error
             if note is not None:
@@ -81,5 +107,7 @@ _DEFAULTS = HandlerRetry()
 def lease_expired_error(expiries: int, locked_by: str | None, locked_at: object) -> str:
     """last_error of a job whose lease ran out `expiries` times in all (this one included)."""
     times = "once" if expiries == 1 else f"{expiries} times"
-    return (f"lease expired {times}: its worker died or stalled "
-            f"(last held by {locked_by or '?'} since {locked_at or '?'})")
+    return (
+        f"lease expired {times}: its worker died or stalled "
+        f"(last held by {locked_by or '?'} since {locked_at or '?'})"
+    )

@@ -38,8 +38,15 @@ class SlotPlan:
     missed_run: int = 0  # how many missed slots get a job (by catch_up)
 
 
-def plan_slots(cadence: Cadence, catch_up: str, cursor: datetime, now: datetime, *, lookahead_s: float,
-               late_s: float) -> SlotPlan:
+def plan_slots(
+    cadence: Cadence,
+    catch_up: str,
+    cursor: datetime,
+    now: datetime,
+    *,
+    lookahead_s: float,
+    late_s: float,
+) -> SlotPlan:
     """A slot more than `late_s` in the past when a round first sees it was missed (no holder was
     up to enqueue it ahead): catch_up decides whether it runs. Every other slot up to
     `now + lookahead_s` gets its job now, due at the slot."""
@@ -47,9 +54,15 @@ def plan_slots(cadence: Cadence, catch_up: str, cursor: datetime, now: datetime,
     missed: tuple[datetime, datetime] | None = None
     missed_until = now - timedelta(seconds=late_s)
     if cursor <= missed_until:
-        keep = CATCH_UP_ALL_MAX if catch_up == CATCH_UP_ALL else 1 if catch_up == CATCH_UP_LATEST else 0
+        keep = (
+            CATCH_UP_ALL_MAX
+            if catch_up == CATCH_UP_ALL
+            else 1
+            if catch_up == CATCH_UP_LATEST
+            else 0
+        )
         latest = [s for s in cadence.latest_at_or_before(missed_until, max(keep, 1)) if s >= cursor]
-        enqueue = latest[len(latest) - keep:] if keep else []
+        enqueue = latest[len(latest) - keep :] if keep else []
         if latest and (not enqueue or enqueue[0] > cursor):  # some missed slots get no job
             missed = (cursor, enqueue[0] if enqueue else missed_until)
         cursor = cadence.next_after(missed_until)
@@ -88,14 +101,25 @@ class ScheduleRound:
     settled: int = 0
 
 
-async def schedule_round(store: JobStore, queue: str, declared: Sequence[Schedule], *, gone: str,
-                         lookahead_s: float, late_s: float, keep_runs: int) -> ScheduleRound | None:
-    """One round for `queue`: None if another round of the queue holds its lock (never waited for)."""
+async def schedule_round(
+    store: JobStore,
+    queue: str,
+    declared: Sequence[Schedule],
+    *,
+    gone: str,
+    lookahead_s: float,
+    late_s: float,
+    keep_runs: int,
+) -> ScheduleRound | None:
+    """One round for `queue`: None if another round of the queue holds its lock (never waited
+    for)."""
     names = [s.name for s in declared]
 
     async def work(conn: psycopg.AsyncConnection[Any]) -> ScheduleRound | None:
         async with conn.transaction():
-            row = await (await conn.execute(query("schedules_try_lock"), {"queue": queue})).fetchone()
+            row = await (
+                await conn.execute(query("schedules_try_lock"), {"queue": queue})
+            ).fetchone()
             if not row or not row[0]:
                 return None
             now = (await (await conn.execute(query("db_now"))).fetchone())[0]  # type: ignore[index]
@@ -106,19 +130,25 @@ async def schedule_round(store: JobStore, queue: str, declared: Sequence[Schedul
                 return done  # the common case of a queue without schedules: three cheap statements
             for s in declared:
                 cursor = await _declare(conn, s, stored.get(s.name), now, done)
-                plan = plan_slots(s.cadence, s.catch_up, cursor, now, lookahead_s=lookahead_s, late_s=late_s)
+                plan = plan_slots(
+                    s.cadence, s.catch_up, cursor, now, lookahead_s=lookahead_s, late_s=late_s
+                )
                 done.enqueued[s.name] = await _enqueue(conn, s, plan.enqueue)
                 if plan.missed is not None:
                     done.missed[s.name] = plan
                 if plan.next_slot_at != cursor:
-                    await conn.execute(query("schedule_advance"), {"name": s.name, "next_slot_at": plan.next_slot_at})
+                    await conn.execute(
+                        query("schedule_advance"),
+                        {"name": s.name, "next_slot_at": plan.next_slot_at},
+                    )
             for name, st in stored.items():
                 if name not in done.enqueued and not st.removed:
                     await conn.execute(query("schedule_remove"), {"name": name})
                     await conn.execute(query("schedule_drop_ahead"), {"name": name})
                     done.removed.append(name)
-            cur = await conn.execute(query("schedule_runs_settle"), {"names": list(stored) + done.declared,
-                                                                     "gone": gone})
+            cur = await conn.execute(
+                query("schedule_runs_settle"), {"names": list(stored) + done.declared, "gone": gone}
+            )
             settled, succeeded = await cur.fetchone()  # type: ignore[misc]
             done.settled = int(settled)
             await conn.execute(query("schedule_runs_prune"), {"names": names, "keep": keep_runs})
@@ -132,8 +162,13 @@ async def schedule_round(store: JobStore, queue: str, declared: Sequence[Schedul
     return await store.run("schedules", work, budget=SLOW_STATEMENT)
 
 
-async def _declare(conn: psycopg.AsyncConnection[Any], s: Schedule, st: Stored | None, now: datetime,
-                   done: ScheduleRound) -> datetime:
+async def _declare(
+    conn: psycopg.AsyncConnection[Any],
+    s: Schedule,
+    st: Stored | None,
+    now: datetime,
+    done: ScheduleRound,
+) -> datetime:
     """The schedule's cursor; a new, changed or re-declared schedule starts at its next slot, and a
     changed one first drops the jobs its old declaration enqueued ahead."""
     if st is not None and not st.removed and st.fingerprint == s.fingerprint:
@@ -141,10 +176,19 @@ async def _declare(conn: psycopg.AsyncConnection[Any], s: Schedule, st: Stored |
     if st is not None:
         await conn.execute(query("schedule_drop_ahead"), {"name": s.name})
     cursor = s.cadence.next_after(now)
-    await conn.execute(query("schedule_declare"), {
-        "name": s.name, "queue": s.queue, "job_type": s.job_type, "cadence": s.cadence.text,
-        "time_zone": s.cadence.time_zone, "catch_up": s.catch_up, "fingerprint": s.fingerprint,
-        "next_slot_at": cursor})
+    await conn.execute(
+        query("schedule_declare"),
+        {
+            "name": s.name,
+            "queue": s.queue,
+            "job_type": s.job_type,
+            "cadence": s.cadence.text,
+            "time_zone": s.cadence.time_zone,
+            "catch_up": s.catch_up,
+            "fingerprint": s.fingerprint,
+            "next_slot_at": cursor,
+        },
+    )
     done.declared.append(s.name)
     return cursor
 
@@ -154,9 +198,18 @@ async def _enqueue(conn: psycopg.AsyncConnection[Any], s: Schedule, slots: list[
     enqueued = 0
     for slot in slots:
         bucket = random.randrange(NUM_BUCKETS)  # noqa: S311 - spreads jobs over buckets, not a secret
-        params = {"name": s.name, "slot_at": slot, "queue": s.queue, "job_type": s.job_type,
-                  "payload": Jsonb(s.payload, dumps=raw_json), "priority": s.priority, "bucket": bucket,
-                  "max_attempts": s.max_attempts, "channel": NOTIFY_CHANNEL, "notify": format_payload(s.queue, bucket)}
+        params = {
+            "name": s.name,
+            "slot_at": slot,
+            "queue": s.queue,
+            "job_type": s.job_type,
+            "payload": Jsonb(s.payload, dumps=raw_json),
+            "priority": s.priority,
+            "bucket": bucket,
+            "max_attempts": s.max_attempts,
+            "channel": NOTIFY_CHANNEL,
+            "notify": format_payload(s.queue, bucket),
+        }
         if await (await conn.execute(query("schedule_enqueue_slot"), params)).fetchone():
             enqueued += 1
     return enqueued

@@ -41,16 +41,25 @@ class Scheduler(PeriodicService):
     LATE_S = 2.0
     KEEP_RUNS = 1000  # ended runs kept per schedule, for `schedules list` and the admin API
 
-    def __init__(self, store: JobStore, schedules: Sequence[Schedule], queues: Sequence[str], *,
-                 completed_jobs: str, interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        schedules: Sequence[Schedule],
+        queues: Sequence[str],
+        *,
+        completed_jobs: str,
+        interval_s: float | None = None,
+    ) -> None:
         self._declared = {queue: [s for s in schedules if s.queue == queue] for queue in queues}
         if interval_s is None:
             interval_s = self.INTERVAL_S if any(self._declared.values()) else self.IDLE_INTERVAL_S
         super().__init__(store, interval_s, first_delay_s=0.0)  # the first slots are due soon
         elsewhere = sorted(s.name for s in schedules if s.queue not in queues)
         if elsewhere:
-            log.info("schedules %s are for queues this worker does not serve: their queues' workers enqueue them",
-                     ", ".join(elsewhere))
+            log.info(
+                "schedules %s are for queues this worker does not serve: their queues' workers enqueue them",
+                ", ".join(elsewhere),
+            )
         self._gone = "completed" if completed_jobs == COMPLETED_DELETE else "gone"
         self.holding: set[str] = set()
         self.enqueued = 0
@@ -59,8 +68,9 @@ class Scheduler(PeriodicService):
     async def tick(self) -> float | None:
         for queue, declared in self._declared.items():
             try:
-                held = await self._store.maintenance_lease_take(LEASE_PREFIX + queue,
-                                                                self.LEASE_INTERVALS * self.interval_s)
+                held = await self._store.maintenance_lease_take(
+                    LEASE_PREFIX + queue, self.LEASE_INTERVALS * self.interval_s
+                )
             except StoreError:
                 self._let_go(queue)
                 raise
@@ -69,9 +79,18 @@ class Scheduler(PeriodicService):
                 continue
             if queue not in self.holding:
                 self.holding.add(queue)
-                log.info("enqueuing the schedules of queue %s (%d declared here)", queue, len(declared))
-            done = await schedule_round(self._store, queue, declared, gone=self._gone, lookahead_s=self.LOOKAHEAD_S,
-                                        late_s=self.LATE_S, keep_runs=self.KEEP_RUNS)
+                log.info(
+                    "enqueuing the schedules of queue %s (%d declared here)", queue, len(declared)
+                )
+            done = await schedule_round(
+                self._store,
+                queue,
+                declared,
+                gone=self._gone,
+                lookahead_s=self.LOOKAHEAD_S,
+                late_s=self.LATE_S,
+                keep_runs=self.KEEP_RUNS,
+            )
             if done is not None:
                 self.rounds += 1
                 self._report(declared, done)
@@ -80,17 +99,28 @@ class Scheduler(PeriodicService):
     def _report(self, declared: Sequence[Schedule], done: ScheduleRound) -> None:
         for s in declared:
             if s.name in done.declared:
-                log.info("schedule %s (%s, %s) declared: next slot %s", s.name, s.cadence.text, s.cadence.time_zone,
-                         s.cadence.next_after(done.now).isoformat())
+                log.info(
+                    "schedule %s (%s, %s) declared: next slot %s",
+                    s.name,
+                    s.cadence.text,
+                    s.cadence.time_zone,
+                    s.cadence.next_after(done.now).isoformat(),
+                )
             n = done.enqueued.get(s.name, 0)
             if n:
                 self.enqueued += n
                 metrics.SCHEDULE_JOBS.labels(s.name).inc(n)
             plan = done.missed.get(s.name)
             if plan is not None and plan.missed is not None:
-                log.warning("schedule %s missed its slots from %s to %s (no worker enqueued them in time); "
-                            "catch_up=%s: %d of them run now", s.name, plan.missed[0].isoformat(),
-                            plan.missed[1].isoformat(), s.catch_up, plan.missed_run)
+                log.warning(
+                    "schedule %s missed its slots from %s to %s (no worker enqueued them in time); "
+                    "catch_up=%s: %d of them run now",
+                    s.name,
+                    plan.missed[0].isoformat(),
+                    plan.missed[1].isoformat(),
+                    s.catch_up,
+                    plan.missed_run,
+                )
             metrics.SCHEDULE_LAST_SUCCESS.labels(s.name).set(done.last_success[s.name])
             metrics.SCHEDULE_PERIOD.labels(s.name).set(s.cadence.period_s(done.now))
         for name in done.removed:
@@ -100,7 +130,9 @@ class Scheduler(PeriodicService):
         """Not (or no longer) the queue's holder: the holder exports its schedules' figures."""
         if queue in self.holding:
             self.holding.discard(queue)
-            log.info("no longer enqueuing the schedules of queue %s: another worker holds them", queue)
+            log.info(
+                "no longer enqueuing the schedules of queue %s: another worker holds them", queue
+            )
         for s in self._declared[queue]:
             for gauge in (metrics.SCHEDULE_LAST_SUCCESS, metrics.SCHEDULE_PERIOD):
                 try:

@@ -16,19 +16,28 @@ from collections.abc import Callable, Collection
 from dispatcher.constants import NUM_BUCKETS
 
 MAX_SKIPPED_WAKEUPS = 8  # with the default 1 s poll, an idle worker looks elsewhere every ~8 s
-MAX_VICTIMS = 16  # a steal statement's budget: buckets visited, each read for at most reserve + batch entries
+# a steal statement's budget: buckets visited, each read for at most reserve + batch entries
+MAX_VICTIMS = 16
 # How long a thief leaves shallow buckets to their owners: its steals keep each bucket's reserve
 # until it has found nothing for this long; then the owners are busy, slow or gone.
 RESERVE_PATIENCE_S = 1.0
 
 
 class StealPolicy:
-    def __init__(self, base_batch: int, max_batch: int, reserve: int = 0, *,
-                 patience_s: float = RESERVE_PATIENCE_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        base_batch: int,
+        max_batch: int,
+        reserve: int = 0,
+        *,
+        patience_s: float = RESERVE_PATIENCE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._reserve = reserve
         self._patience_s = patience_s
         self._clock = clock
-        self._dry_since: float | None = None  # when steals began to find nothing (None: they find jobs)
+        # when steals began to find nothing (None: they find jobs)
+        self._dry_since: float | None = None
         self._base_batch = base_batch
         self._max_batch = max(base_batch, max_batch)
         self._batch = base_batch
@@ -98,4 +107,4 @@ class StealPolicy:
         others = [b for b in range(NUM_BUCKETS) if b not in taken]
         random.shuffle(others)
         order = rich + others
-        return [order[i:i + MAX_VICTIMS] for i in range(0, len(order), MAX_VICTIMS)]
+        return [order[i : i + MAX_VICTIMS] for i in range(0, len(order), MAX_VICTIMS)]

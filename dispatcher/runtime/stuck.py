@@ -34,13 +34,18 @@ class StuckJob:
 
 
 def stuck_jobs(held: Iterable[Running], now: float, grace_s: float) -> list[StuckJob]:
-    """The jobs of `held` (handlers running now) still running `grace_s` after their timeout fired."""
-    return [StuckJob(r.job, r.timeout_at + grace_s, r.task is None) for r in held
-            if r.timeout_at is not None and now >= r.timeout_at + grace_s]
+    """The jobs of `held` (handlers running now) still running `grace_s` after their timeout
+    fired."""
+    return [
+        StuckJob(r.job, r.timeout_at + grace_s, r.task is None)
+        for r in held
+        if r.timeout_at is not None and now >= r.timeout_at + grace_s
+    ]
 
 
-def give_up_reason(stuck: list[StuckJob], now: float, concurrency: int, exit_after_s: float,
-                   sync_threads: int) -> str | None:
+def give_up_reason(
+    stuck: list[StuckJob], now: float, concurrency: int, exit_after_s: float, sync_threads: int
+) -> str | None:
     """Why the worker must exit now because of `stuck`, or None: stuck jobs hold over half of its
     `concurrency` slots, or over half of its `sync_threads` (sync jobs would wait behind them,
     claimed and unstarted), or one has been stuck `exit_after_s` (0: that rule is off)."""
@@ -53,8 +58,10 @@ def give_up_reason(stuck: list[StuckJob], now: float, concurrency: int, exit_aft
         return f"stuck handlers hold {threads} of its {sync_threads} sync threads (over half)"
     oldest = min(stuck, key=lambda s: s.stuck_since)
     if exit_after_s > 0 and now - oldest.stuck_since >= exit_after_s:
-        return (f"job {oldest.job.id} ({oldest.job.job_type}) has been stuck for {now - oldest.stuck_since:.0f} s "
-                f"(stuck_exit_after_s {exit_after_s:g})")
+        return (
+            f"job {oldest.job.id} ({oldest.job.job_type}) has been stuck for {now - oldest.stuck_since:.0f} s "
+            f"(stuck_exit_after_s {exit_after_s:g})"
+        )
     return None
 
 
@@ -64,8 +71,15 @@ class StuckWatch:
 
     name = "stuck watch"
 
-    def __init__(self, held: Callable[[], list[Running]], execution: ExecutionSettings, concurrency: int, *,
-                 on_give_up: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        held: Callable[[], list[Running]],
+        execution: ExecutionSettings,
+        concurrency: int,
+        *,
+        on_give_up: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._held = held
         self._grace_s = execution.stuck_grace_s
         self._exit_after_s = execution.stuck_exit_after_s
@@ -73,7 +87,8 @@ class StuckWatch:
         self._sync_threads = execution.sync_threads
         self._on_give_up = on_give_up
         self._clock = clock  # the executor's: timeout_at is on it
-        self._logged: set[int] = set()  # stuck jobs already logged (each once, while it stays stuck)
+        # stuck jobs already logged (each once, while it stays stuck)
+        self._logged: set[int] = set()
         self.stuck: list[StuckJob] = []
         self.gave_up: str | None = None  # the reason, once given up
 
@@ -85,22 +100,37 @@ class StuckWatch:
         for s in stuck:
             if s.job.id not in self._logged:
                 metrics.STUCK_JOBS_FOUND.inc()
-                how = ("its thread has not returned (a thread cannot be stopped)" if s.sync
-                       else "it ignored its cancellation")
-                log.error("job %d (%s) is stuck: its handler still runs %g s after its timeout fired; %s. Its "
-                          "slot stays taken and its lease is kept while this process lives",
-                          s.job.id, s.job.job_type, self._grace_s, how,
-                          extra={"job_id": s.job.id, "job_type": s.job.job_type, "stuck_jobs": len(stuck)})
+                how = (
+                    "its thread has not returned (a thread cannot be stopped)"
+                    if s.sync
+                    else "it ignored its cancellation"
+                )
+                log.error(
+                    "job %d (%s) is stuck: its handler still runs %g s after its timeout fired; %s. Its "
+                    "slot stays taken and its lease is kept while this process lives",
+                    s.job.id,
+                    s.job.job_type,
+                    self._grace_s,
+                    how,
+                    extra={
+                        "job_id": s.job.id,
+                        "job_type": s.job.job_type,
+                        "stuck_jobs": len(stuck),
+                    },
+                )
         self._logged = ids
         metrics.STUCK_JOBS.set(len(stuck))
-        reason = give_up_reason(stuck, now, self._concurrency, self._exit_after_s, self._sync_threads)
+        reason = give_up_reason(
+            stuck, now, self._concurrency, self._exit_after_s, self._sync_threads
+        )
         if reason is not None and self.gave_up is None:
             self.gave_up = reason
             self._on_give_up(reason)
         return stuck
 
     def count_now(self) -> int:
-        """How many jobs are stuck now (nothing logged or decided): what a shutdown need not wait for."""
+        """How many jobs are stuck now (nothing logged or decided): what a shutdown need not wait
+        for."""
         return len(stuck_jobs(self._held(), self._clock(), self._grace_s))
 
     async def run(self) -> None:

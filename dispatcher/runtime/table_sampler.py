@@ -27,11 +27,12 @@ LEASE_NAME = "table_sampler"
 LEASE_TICKS = 3  # the lease lasts this many intervals
 STALE_TICKS = 3  # a sample older than this many intervals is not exported
 # query queue_depth: every status but completed (throughput x retention rows; read it as a rate)
-# and, for ordering keys, 'waiting' (behind an earlier job of its key). The row 'halted' (keys that a
-# failed or discarded job halts) is a gauge of its own: those jobs are counted under their status.
+# and, for ordering keys, 'waiting' (behind an earlier job of its key). The row 'halted' (keys that
+# a failed or discarded job halts) is a gauge of its own: those jobs are counted under their status.
 DEPTH_STATUSES = ("queued", "scheduled", "running", "failed", "discarded", "cancelled", "waiting")
 HALTED = "halted"
-_MAX_QUEUES = 1000  # queues remembered to export 0 for once they are empty (bounded: names come from enqueue)
+# queues remembered to export 0 for once they are empty (bounded: names come from enqueue)
+_MAX_QUEUES = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,11 @@ class TableSampler(PeriodicService):
     def fresh_sample(self) -> TableSample | None:
         """The sample to export now: ours, held, and no older than STALE_TICKS intervals."""
         sample = self.sample
-        if sample is None or not self.holding or time.monotonic() - sample.taken_at > STALE_TICKS * self.interval_s:
+        if (
+            sample is None
+            or not self.holding
+            or time.monotonic() - sample.taken_at > STALE_TICKS * self.interval_s
+        ):
             return None
         return sample
 
@@ -76,13 +81,19 @@ class TableSampler(PeriodicService):
         ours = await self._store.maintenance_lease_take(LEASE_NAME, self.lease_s)
         if not ours:
             if self._held_until is not None:
-                log.info("table sampler: another worker holds the role now; this one stops exporting "
-                         "the table-wide metrics")
+                log.info(
+                    "table sampler: another worker holds the role now; this one stops exporting "
+                    "the table-wide metrics"
+                )
             self._held_until, self.sample = None, None
             return
         if self._held_until is None:
-            log.info("table sampler: this worker samples the table-wide metrics (lease %g s)", self.lease_s)
-        self._held_until = sent_at + self.lease_s  # counted from the send: never longer than the database's
+            log.info(
+                "table sampler: this worker samples the table-wide metrics (lease %g s)",
+                self.lease_s,
+            )
+        # counted from the send: never longer than the database's
+        self._held_until = sent_at + self.lease_s
         depth = tuple(await self._store.queue_depth())
         pressure = await self._store.db_pressure()
         for row in depth:
@@ -117,7 +128,11 @@ class TableCollector:
         samplers = list(self._samplers)
         holding = any(s.holding for s in samplers)
         fresh = [(sample, s) for s in samplers if (sample := s.fresh_sample()) is not None]
-        ages = [time.monotonic() - s.sample.taken_at for s in samplers if s.holding and s.sample is not None]
+        ages = [
+            time.monotonic() - s.sample.taken_at
+            for s in samplers
+            if s.holding and s.sample is not None
+        ]
         families = _role_families(1 if holding else 0, min(ages, default=math.inf))
         if fresh:
             sample, sampler = max(fresh, key=lambda pair: pair[0].taken_at)
@@ -127,35 +142,54 @@ class TableCollector:
 
 def _role_families(holding: int, age_s: float) -> list[Metric]:
     return [
-        GaugeMetricFamily("dispatcher_table_sampler",
-                          "1 on the one worker that samples the table-wide metrics (holds the sampler lease)",
-                          value=holding),
-        GaugeMetricFamily("dispatcher_table_sample_age_seconds",
-                          "Age of this worker's table-wide sample; +Inf when it holds none (use min() over pods)",
-                          value=age_s),
+        GaugeMetricFamily(
+            "dispatcher_table_sampler",
+            "1 on the one worker that samples the table-wide metrics (holds the sampler lease)",
+            value=holding,
+        ),
+        GaugeMetricFamily(
+            "dispatcher_table_sample_age_seconds",
+            "Age of this worker's table-wide sample; +Inf when it holds none (use min() over pods)",
+            value=age_s,
+        ),
     ]
 
 
 def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metric]:
-    jobs = GaugeMetricFamily("dispatcher_queue_jobs",
-                             "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, discarded, "
-                             "cancelled, waiting (behind an earlier job of its ordering key)",
-                             labels=["queue", "status"])
-    halted = GaugeMetricFamily("dispatcher_queue_halted_keys",
-                               "Ordering keys per queue whose jobs wait behind a job that failed for good "
-                               "(dispatcher jobs list --halted)", labels=["queue"])
-    oldest = GaugeMetricFamily("dispatcher_queue_oldest_runnable_age_seconds",
-                               "Age of the oldest due job waiting per queue (0 when none is due)", labels=["queue"])
+    jobs = GaugeMetricFamily(
+        "dispatcher_queue_jobs",
+        "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, discarded, "
+        "cancelled, waiting (behind an earlier job of its ordering key)",
+        labels=["queue", "status"],
+    )
+    halted = GaugeMetricFamily(
+        "dispatcher_queue_halted_keys",
+        "Ordering keys per queue whose jobs wait behind a job that failed for good "
+        "(dispatcher jobs list --halted)",
+        labels=["queue"],
+    )
+    oldest = GaugeMetricFamily(
+        "dispatcher_queue_oldest_runnable_age_seconds",
+        "Age of the oldest due job waiting per queue (0 when none is due)",
+        labels=["queue"],
+    )
     dead = GaugeMetricFamily("dispatcher_db_dead_tuples", "Dead tuples in the jobs table")
     live = GaugeMetricFamily("dispatcher_db_live_tuples", "Live tuples in the jobs table")
-    claim_reads = CounterMetricFamily("dispatcher_db_claim_index_tuples_read",
-                                      "Index entries read through the claim indexes (since the statistics reset)")
-    lock_waits = GaugeMetricFamily("dispatcher_db_lock_waits", "Sessions of dispatcher workers waiting on a lock now")
-    active = GaugeMetricFamily("dispatcher_db_active_sessions", "Sessions of this database running a statement now")
+    claim_reads = CounterMetricFamily(
+        "dispatcher_db_claim_index_tuples_read",
+        "Index entries read through the claim indexes (since the statistics reset)",
+    )
+    lock_waits = GaugeMetricFamily(
+        "dispatcher_db_lock_waits", "Sessions of dispatcher workers waiting on a lock now"
+    )
+    active = GaugeMetricFamily(
+        "dispatcher_db_active_sessions", "Sessions of this database running a statement now"
+    )
     families: list[Metric] = [jobs, halted, oldest, dead, live, claim_reads, lock_waits, active]
     if sample is None:
         return families
-    known = dict.fromkeys([*queues, *(row.queue for row in sample.depth)])  # each exported, 0 when empty
+    # each exported, 0 when empty
+    known = dict.fromkeys([*queues, *(row.queue for row in sample.depth)])
     counts = {(q, s): 0 for q in known for s in DEPTH_STATUSES}
     ages = dict.fromkeys(known, 0.0)
     halted_keys = dict.fromkeys(known, 0)

@@ -28,7 +28,8 @@ class Vitals:
     coordinated: bool = False  # a coordinator assigns the buckets: its state is a readiness check
     # The distinct assignments (one per queue's group); each coordinated one has a `state`.
     assignments: tuple[object, ...] = ()
-    paused_queues: tuple[str, ...] = ()  # of its queues, those paused (dispatcher queues pause): a detail
+    # of its queues, those paused (dispatcher queues pause): a detail
+    paused_queues: tuple[str, ...] = ()
 
     @property
     def stalled(self) -> bool:
@@ -39,7 +40,9 @@ class Vitals:
     def failing_since(self) -> float | None:
         """Since when the worker cannot work (its claims or heartbeats fail); None while it can.
         What a coordinator reads to give its membership up (coordinator.Liveness)."""
-        failing = [t for t in (self.claims_failing_since, self.heartbeats_failing_since) if t is not None]
+        failing = [
+            t for t in (self.claims_failing_since, self.heartbeats_failing_since) if t is not None
+        ]
         return min(failing) if failing else None
 
     @property

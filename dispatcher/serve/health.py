@@ -33,9 +33,15 @@ class Readiness:
 
 def judge(*, worker: str, database: str, schema: str, assignment: str) -> Readiness:
     """The readiness rule (module docstring), on the checks' states."""
-    ready = (worker == "running" and database == "ok" and schema == "current"
-             and assignment in _READY_ASSIGNMENTS)
-    return Readiness(ready, {"worker": worker, "database": database, "schema": schema, "assignment": assignment})
+    ready = (
+        worker == "running"
+        and database == "ok"
+        and schema == "current"
+        and assignment in _READY_ASSIGNMENTS
+    )
+    return Readiness(
+        ready, {"worker": worker, "database": database, "schema": schema, "assignment": assignment}
+    )
 
 
 def assignment_state(coordinated: bool, states: list[str]) -> str:
@@ -70,7 +76,7 @@ class Health:
     def __post_init__(self) -> None:
         COLLECTOR.track(self)
 
-    # -- written on the event loop ------------------------------------------------------------------
+    # -- written on the event loop -----------------------------------------------------------------
 
     async def beat_forever(self) -> None:
         """The loop heartbeat (module docstring); cancelled when the loop's work ends."""
@@ -78,7 +84,7 @@ class Health:
             self._beat = time.monotonic()
             await asyncio.sleep(LOOP_TICK_S)
 
-    # -- read from any thread -------------------------------------------------------------------------
+    # -- read from any thread ----------------------------------------------------------------------
 
     def loop_age_s(self) -> float | None:
         beat = self._beat
@@ -87,7 +93,11 @@ class Health:
     def livez(self) -> tuple[int, dict[str, Any]]:
         age = self.loop_age_s()
         if age is not None and age > self.loop_stall_s:
-            return 503, {"status": "stalled", "loop_heartbeat_age_s": round(age, 3), "loop_stall_s": self.loop_stall_s}
+            return 503, {
+                "status": "stalled",
+                "loop_heartbeat_age_s": round(age, 3),
+                "loop_stall_s": self.loop_stall_s,
+            }
         return 200, {"status": "ok", "loop_heartbeat_age_s": None if age is None else round(age, 3)}
 
     def readiness(self) -> Readiness:
@@ -135,10 +145,14 @@ class HealthCollector:
 
     @staticmethod
     def _families(healths: list[Health]) -> list[Metric]:
-        ready = GaugeMetricFamily("dispatcher_ready", "1 while /readyz answers 200 (the worker does its share)")
-        age = GaugeMetricFamily("dispatcher_loop_heartbeat_age_seconds",
-                                "Seconds since the event loop last ticked (it ticks every second; /livez fails "
-                                "past loop_stall_s)")
+        ready = GaugeMetricFamily(
+            "dispatcher_ready", "1 while /readyz answers 200 (the worker does its share)"
+        )
+        age = GaugeMetricFamily(
+            "dispatcher_loop_heartbeat_age_seconds",
+            "Seconds since the event loop last ticked (it ticks every second; /livez fails "
+            "past loop_stall_s)",
+        )
         if healths:
             ready.add_metric([], min(1 if h.readiness().ready else 0 for h in healths))
             ages = [a for h in healths if (a := h.loop_age_s()) is not None]

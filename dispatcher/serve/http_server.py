@@ -34,7 +34,9 @@ JSON = "application/json"
 ENDPOINTS = ("/metrics", "/livez", "/readyz")
 
 
-def exposition(accept: str | None, accept_encoding: str | None, query: str) -> tuple[bytes, str, str | None]:
+def exposition(
+    accept: str | None, accept_encoding: str | None, query: str
+) -> tuple[bytes, str, str | None]:
     """/metrics as prometheus_client's own server answers it: the format the scraper's Accept asks
     for (OpenMetrics, else the text format 0.0.4), only the families `name[]` names when given,
     gzipped when it accepts gzip. (body, content type, content encoding or None)"""
@@ -50,7 +52,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a request still being served never delays the process's exit
     request_queue_size = 16
 
-    def __init__(self, address: tuple[str, int], family: socket.AddressFamily, health: Health) -> None:
+    def __init__(
+        self, address: tuple[str, int], family: socket.AddressFamily, health: Health
+    ) -> None:
         self.address_family = family
         self.health = health
         self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
@@ -58,7 +62,8 @@ class _Server(ThreadingHTTPServer):
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too, as ::ffff:a.b.c.d
+            # IPv4 too, as ::ffff:a.b.c.d
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         super().server_bind()
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -107,8 +112,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path == "/metrics":
                 code = 200
-                body, content_type, encoding = exposition(self.headers.get("Accept"),
-                                                          self.headers.get("Accept-Encoding"), url.query)
+                body, content_type, encoding = exposition(
+                    self.headers.get("Accept"), self.headers.get("Accept-Encoding"), url.query
+                )
             elif path == "/livez":
                 code, payload = health.livez()
                 body = orjson.dumps(payload)
@@ -116,10 +122,18 @@ class _Handler(BaseHTTPRequestHandler):
                 code, payload = health.readyz()
                 body = orjson.dumps(payload)
             else:
-                code, body = 404, orjson.dumps({"status": "not found", "path": path, "endpoints": ENDPOINTS})
+                code, body = (
+                    404,
+                    orjson.dumps({"status": "not found", "path": path, "endpoints": ENDPOINTS}),
+                )
         except Exception as exc:  # noqa: BLE001 - a collector's bug must not kill the server thread
             log.exception("serving %s failed", path)
-            code, body, content_type, encoding = 500, orjson.dumps({"status": "error", "error": repr(exc)}), JSON, None
+            code, body, content_type, encoding = (
+                500,
+                orjson.dumps({"status": "error", "error": repr(exc)}),
+                JSON,
+                None,
+            )
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         if encoding is not None:
@@ -159,10 +173,16 @@ class HealthServer:
                 if exc.errno == errno.EADDRINUSE:
                     break
         if self._server is None:
-            raise DispatcherError(f"cannot serve /metrics, /livez and /readyz on port {self._port} "
-                                  f"(DISPATCHER_METRICS_PORT): {errors[-1].strerror or errors[-1]}")
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
-                                        name="dispatcher-http", daemon=True)
+            raise DispatcherError(
+                f"cannot serve /metrics, /livez and /readyz on port {self._port} "
+                f"(DISPATCHER_METRICS_PORT): {errors[-1].strerror or errors[-1]}"
+            )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.5},
+            name="dispatcher-http",
+            daemon=True,
+        )
         self._thread.start()
         log.info("serving /metrics, /livez and /readyz on port %d", self.port)
 

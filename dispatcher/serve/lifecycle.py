@@ -19,7 +19,8 @@ from types import FrameType
 from dispatcher.observe import logs
 
 EXIT_FORCED = 1  # the process ended without every outcome written; leases recover the rest
-EXIT_STUCK = 3  # it gave up on handlers stuck past their timeout (runtime/stuck.py); leases recover their jobs
+# it gave up on handlers stuck past their timeout (runtime/stuck.py); leases recover their jobs
+EXIT_STUCK = 3
 
 # Signals received before the worker's loop runs (start-up: imports, config, the schema check
 # under load can take seconds), replayed by ShutdownSignals.install(). Without this a SIGTERM in
@@ -57,8 +58,14 @@ def hard_exit(reason: str, code: int = EXIT_FORCED) -> None:
 class ShutdownSignals:
     """SIGTERM/SIGINT handling for one worker process (see the module docstring)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_stop: Callable[[], None], *, bound_s: float,
-                 announce: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        on_stop: Callable[[], None],
+        *,
+        bound_s: float,
+        announce: Callable[[str], None],
+    ) -> None:
         self._loop = loop
         self._on_stop = on_stop
         self._bound_s = bound_s
@@ -80,8 +87,11 @@ class ShutdownSignals:
             hard_exit(f"received {name} again during shutdown")
         self.arm()
         # Logged from the loop, not here: a signal handler may interrupt a logging call.
-        self._loop.call_soon_threadsafe(self._announce, f"received {name}: stopping gracefully (the process "
-                                        f"ends within {self._bound_s:g} s; a second signal ends it at once)")
+        self._loop.call_soon_threadsafe(
+            self._announce,
+            f"received {name}: stopping gracefully (the process "
+            f"ends within {self._bound_s:g} s; a second signal ends it at once)",
+        )
         self._loop.call_soon_threadsafe(self._on_stop)
 
     def arm(self, code: int = EXIT_FORCED) -> None:
@@ -89,6 +99,8 @@ class ShutdownSignals:
         and code); a worker that stops without a signal (it gave up on stuck handlers) calls it."""
         if self._watchdog is None:
             bound_s = self._bound_s
-            self._watchdog = threading.Timer(bound_s, hard_exit, (f"shutdown overran its {bound_s:g} s bound", code))
+            self._watchdog = threading.Timer(
+                bound_s, hard_exit, (f"shutdown overran its {bound_s:g} s bound", code)
+            )
             self._watchdog.daemon = True
             self._watchdog.start()

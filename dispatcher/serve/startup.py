@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 import psycopg
 
-from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly, connect
+from coordinator.pg.connect import (
+    ConnectionLimits,
+    StatementTimeout,
+    bounded,
+    close_quietly,
+    connect,
+)
 from coordinator.pg.dsn import describe_dsn, one_line
 from coordinator.pg.errors import ConnectError, Failure, Problem, describe
 from dispatcher.backoff import jittered
@@ -27,6 +33,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_WAIT_LOG_S = 5.0
 UNREACHABLE_BACKOFF_S = (0.5, 10.0)  # first wait, cap
+
 
 class StartupError(DispatcherError):
     """The worker cannot start and waiting would not help (the message says what to do)."""
@@ -49,11 +56,15 @@ class SchemaState:
 async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
     """Connect once and read the applied migration versions (psycopg errors and StatementTimeout
     propagate to the caller, which knows which are fatal)."""
+
     async def versions() -> frozenset[int] | None:
         exists = await (await conn.execute(query("schema_version_table_exists"))).fetchone()
         if not exists or not exists[0]:
             return None
-        return frozenset(row[0] for row in await (await conn.execute(query("schema_versions_applied"))).fetchall())
+        return frozenset(
+            row[0]
+            for row in await (await conn.execute(query("schema_versions_applied"))).fetchall()
+        )
 
     conn = await connect(dsn, limits, application_name="dispatcher-startup")
     try:
@@ -63,8 +74,14 @@ async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
     return SchemaState(applied, frozenset(m.version for m in available_migrations()))
 
 
-async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schema: bool,
-                           stopping: asyncio.Event, on_state: Callable[[str, str], None] | None = None) -> bool:
+async def wait_until_ready(
+    dsn: str,
+    limits: ConnectionLimits,
+    *,
+    wait_for_schema: bool,
+    stopping: asyncio.Event,
+    on_state: Callable[[str, str], None] | None = None,
+) -> bool:
     """Return True once the database answers with a current schema, False if `stopping` is set
     first; raise StartupError for what waiting cannot fix. `on_state(database, schema)` hears each
     attempt's finding, for /readyz (health.StartupState)."""
@@ -89,42 +106,66 @@ async def wait_until_ready(dsn: str, limits: ConnectionLimits, *, wait_for_schem
         except StatementTimeout as exc:
             problem = str(exc)
         except psycopg.errors.InsufficientPrivilege as exc:
-            # A DML-only role before the migration Job granted it anything (docs/operations/roles.md).
+            # A DML-only role before the migration Job granted it anything
+            # (docs/operations/roles.md).
             report("ok", "unreadable")
             if not wait_for_schema:
-                raise StartupError(f"cannot read the schema version in {where}: {one_line(exc, dsn)} "
-                                   "(grant it with `dispatcher grants`)") from None
+                raise StartupError(
+                    f"cannot read the schema version in {where}: {one_line(exc, dsn)} "
+                    "(grant it with `dispatcher grants`)"
+                ) from None
             if loop.time() - last_schema_log >= SCHEMA_WAIT_LOG_S:
-                log.warning("cannot read the schema version in %s (%s): waiting for the migration Job's "
-                            "`dispatcher grants` (--wait-for-schema)", where, one_line(exc, dsn))
+                log.warning(
+                    "cannot read the schema version in %s (%s): waiting for the migration Job's "
+                    "`dispatcher grants` (--wait-for-schema)",
+                    where,
+                    one_line(exc, dsn),
+                )
                 last_schema_log = loop.time()
             await _sleep_unless(stopping, jittered(1.0, 0.2))
             continue
         except psycopg.Error as exc:
             failure = describe(exc, dsn)
-            if not failure.problem.transient:  # e.g. the connection dropped mid-statement is not fatal
-                raise StartupError(f"cannot read the schema version in {where}: {failure.reason}") from None
+            # e.g. the connection dropped mid-statement is not fatal
+            if not failure.problem.transient:
+                raise StartupError(
+                    f"cannot read the schema version in {where}: {failure.reason}"
+                ) from None
             problem = failure.reason
         else:
-            report("ok", "current" if not state.missing else "older" if state.applied else "missing")
+            report(
+                "ok", "current" if not state.missing else "older" if state.applied else "missing"
+            )
             if not state.missing:
                 if state.newer:
-                    log.warning("schema has migrations this worker does not know (%s): a newer release migrated "
-                                "it; running, as migrations stay compatible with the release before", state.newer)
+                    log.warning(
+                        "schema has migrations this worker does not know (%s): a newer release migrated "
+                        "it; running, as migrations stay compatible with the release before",
+                        state.newer,
+                    )
                 return True
-            what = ("no dispatcher schema" if state.applied is None
-                    else f"schema is older than this worker (migrations {state.missing} not applied)")
+            what = (
+                "no dispatcher schema"
+                if state.applied is None
+                else f"schema is older than this worker (migrations {state.missing} not applied)"
+            )
             if not wait_for_schema:
-                raise StartupError(f"{what} in {where}: run `dispatcher migrate` first "
-                                   "(or start with --wait-for-schema while a migration job runs)")
+                raise StartupError(
+                    f"{what} in {where}: run `dispatcher migrate` first "
+                    "(or start with --wait-for-schema while a migration job runs)"
+                )
             if loop.time() - last_schema_log >= SCHEMA_WAIT_LOG_S:
-                log.warning("%s in %s: waiting for `dispatcher migrate` (--wait-for-schema)", what, where)
+                log.warning(
+                    "%s in %s: waiting for `dispatcher migrate` (--wait-for-schema)", what, where
+                )
                 last_schema_log = loop.time()
             await _sleep_unless(stopping, jittered(1.0, 0.2))
             continue
         refused_before = False
         report("unreachable", "unknown")
-        log.warning("database %s unreachable at start (%s): retrying in %.1f s", where, problem, delay)
+        log.warning(
+            "database %s unreachable at start (%s): retrying in %.1f s", where, problem, delay
+        )
         await _sleep_unless(stopping, jittered(delay, 0.2))
         delay = min(delay * 2, UNREACHABLE_BACKOFF_S[1])
     return False
@@ -140,8 +181,12 @@ async def check_listen(dsn: str, limits: ConnectionLimits) -> None:
     except ConnectError as exc:
         if not exc.failure.problem.transient:
             raise StartupError(_fatal(f"{where} (DISPATCHER_LISTEN_DSN)", exc.failure)) from None
-        log.warning("LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
-                    "answers", where, exc.failure.reason)
+        log.warning(
+            "LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
+            "answers",
+            where,
+            exc.failure.reason,
+        )
         return
     await close_quietly(conn)
 

@@ -25,7 +25,13 @@ from dispatcher.observe import job_metrics, metrics
 from dispatcher.runtime.chaining import Chaining
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
-from dispatcher.runtime.maintenance import LeaseKeeper, PeriodicService, PlannerStats, Pruner, Reaper
+from dispatcher.runtime.maintenance import (
+    LeaseKeeper,
+    PeriodicService,
+    PlannerStats,
+    Pruner,
+    Reaper,
+)
 from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.retry import RetryPolicy
@@ -55,9 +61,16 @@ WATCHDOG_SLACK_S = 1.0
 StoreFactory = Callable[[str, str, str, ConnectionLimits, str], JobStore]
 
 
-def _connect_store(dsn: str, worker_id: str, application_name: str, limits: ConnectionLimits,
-                   completed_jobs: str) -> JobStore:
-    return JobStore(dsn, worker_id, application_name=application_name, limits=limits, completed_jobs=completed_jobs)
+def _connect_store(
+    dsn: str, worker_id: str, application_name: str, limits: ConnectionLimits, completed_jobs: str
+) -> JobStore:
+    return JobStore(
+        dsn,
+        worker_id,
+        application_name=application_name,
+        limits=limits,
+        completed_jobs=completed_jobs,
+    )
 
 
 def exit_bound_s(settings: WorkerSettings) -> float:
@@ -82,16 +95,24 @@ class WorkerStats:
 
 
 class Worker:
-    def __init__(self, config: Config, registry: Registry, *,
-                 assignments: Mapping[str, BucketAssignment] | None = None,
-                 store_factory: StoreFactory = _connect_store, vitals: Vitals | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        registry: Registry,
+        *,
+        assignments: Mapping[str, BucketAssignment] | None = None,
+        store_factory: StoreFactory = _connect_store,
+        vitals: Vitals | None = None,
+    ) -> None:
         if config.dsn is None:
             raise ConfigError("dsn", "is required to run a worker")
         self.config = config
         # Written by the services, read by the producer, the coordinators and the health probes.
         self.vitals = vitals if vitals is not None else Vitals()
         # One per queue (coordination.py); membership is given up while the worker cannot work.
-        self.assignments = dict(assignments or build_assignments(config.coordination, liveness=self.vitals))
+        self.assignments = dict(
+            assignments or build_assignments(config.coordination, liveness=self.vitals)
+        )
         self._distinct_assignments = list({id(a): a for a in self.assignments.values()}.values())
         self.vitals.coordinated = config.coordination.used
         self.vitals.assignments = tuple(self._distinct_assignments)
@@ -99,8 +120,13 @@ class Worker:
 
         def store(role: str) -> JobStore:
             dsn: str = database.dsn  # type: ignore[assignment]  # checked above
-            return store_factory(dsn, worker.worker_id, f"dispatcher-{role}", database.limits,
-                                 config.completion.completed_jobs)
+            return store_factory(
+                dsn,
+                worker.worker_id,
+                f"dispatcher-{role}",
+                database.limits,
+                config.completion.completed_jobs,
+            )
 
         # One connection per loop: claims; completions and heartbeats (short owner-fenced writes,
         # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.
@@ -110,45 +136,95 @@ class Worker:
         policy = RetryPolicy(config.execution.retry_base_s, config.execution.retry_cap_s)
         self.completer = Completer(completions, config.completion)
         self.executor = Executor(registry, policy, self.completer, config.execution, config.leases)
-        self.lease_keeper = LeaseKeeper(completions, self.executor, config.leases, vitals=self.vitals)
-        self.stuck_watch = StuckWatch(self.executor.held, config.execution, config.claims.concurrency,
-                                      on_give_up=self._give_up)
+        self.lease_keeper = LeaseKeeper(
+            completions, self.executor, config.leases, vitals=self.vitals
+        )
+        self.stuck_watch = StuckWatch(
+            self.executor.held,
+            config.execution,
+            config.claims.concurrency,
+            on_give_up=self._give_up,
+        )
         self.on_give_up: Callable[[], None] | None = None  # run_worker: arms the exit deadline
-        self.gave_up: str | None = None  # why it gave up on stuck handlers: it then exits EXIT_STUCK
-        self.producer = Producer(config.claims, claims, self.assignments, self.executor, vitals=self.vitals,
-                                 completer=self.completer)
+        # why it gave up on stuck handlers: it then exits EXIT_STUCK
+        self.gave_up: str | None = None
+        self.producer = Producer(
+            config.claims,
+            claims,
+            self.assignments,
+            self.executor,
+            vitals=self.vitals,
+            completer=self.completer,
+        )
         if config.claims.partitioned:
             producer = self.producer
-            self.completer.chaining = Chaining(self.executor, self.assignments, config.claims.concurrency,
-                                               config.claims.lease_s, config.claims.mode, lambda: producer.claiming)
+            self.completer.chaining = Chaining(
+                self.executor,
+                self.assignments,
+                config.claims.concurrency,
+                config.claims.lease_s,
+                config.claims.mode,
+                lambda: producer.claiming,
+            )
         # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
-        self._listener = None if worker.listen_dsn is None else Listener(
-            worker.listen_dsn, set(config.claims.queues), self.producer.on_notify, limits=database.limits,
-            probe_s=worker.listen_probe_s)
+        self._listener = (
+            None
+            if worker.listen_dsn is None
+            else Listener(
+                worker.listen_dsn,
+                set(config.claims.queues),
+                self.producer.on_notify,
+                limits=database.limits,
+                probe_s=worker.listen_probe_s,
+            )
+        )
         self._never = asyncio.Event()  # `listening` without a listener: never set
-        self.reaper = Reaper(maint, policy, config.maintenance, on_reaped=self.producer.wake, vitals=self.vitals,
-                             halts=registry.halts, retry_of=registry.retry_of)
+        self.reaper = Reaper(
+            maint,
+            policy,
+            config.maintenance,
+            on_reaped=self.producer.wake,
+            vitals=self.vitals,
+            halts=registry.halts,
+            retry_of=registry.retry_of,
+        )
         self.pruner = Pruner(maint, config.retention)
         self.key_sweeper = KeySweeper(maint, config.claims.queues)
-        self.table_sampler = TableSampler(maint, interval_s=config.maintenance.table_sample_interval_s,
-                                          queues=config.claims.queues)
-        self.scheduler = Scheduler(maint, registry.schedules(), config.claims.queues,
-                                   completed_jobs=config.completion.completed_jobs)
+        self.table_sampler = TableSampler(
+            maint,
+            interval_s=config.maintenance.table_sample_interval_s,
+            queues=config.claims.queues,
+        )
+        self.scheduler = Scheduler(
+            maint,
+            registry.schedules(),
+            config.claims.queues,
+            completed_jobs=config.completion.completed_jobs,
+        )
         self._services: list[PeriodicService] = [
-            self.lease_keeper, self.reaper, self.pruner, self.key_sweeper, self.scheduler,
-            PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s), self.table_sampler]
-        job_metrics.COLLECTOR.track(self.executor, config.claims.queues)  # dispatcher_jobs_running{queue}
+            self.lease_keeper,
+            self.reaper,
+            self.pruner,
+            self.key_sweeper,
+            self.scheduler,
+            PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
+            self.table_sampler,
+        ]
+        # dispatcher_jobs_running{queue}
+        job_metrics.COLLECTOR.track(self.executor, config.claims.queues)
         self._stop = asyncio.Event()
         self._stop_requested_at: float | None = None
         self._grace_override: float | None = None
         self._released = 0
-        self.abandoned = 0  # jobs still running when shutdown ended: the process must not wait for them
+        # jobs still running when shutdown ended: the process must not wait for them
+        self.abandoned = 0
         self.unflushed = 0  # outcomes that could not be written before the deadline
         self.started = asyncio.Event()  # test signal: every service is up (also vitals.started)
 
     @property
     def listening(self) -> asyncio.Event:
-        """Test signal: set while LISTEN is active (wake-ups by NOTIFY work); never with listen_dsn=none."""
+        """Test signal: set while LISTEN is active (wake-ups by NOTIFY work); never with
+        listen_dsn=none."""
         return self._never if self._listener is None else self._listener.listening
 
     @property
@@ -164,8 +240,18 @@ class Worker:
     @property
     def stats(self) -> WorkerStats:
         p = self.producer.stats
-        return WorkerStats(p.claims, p.claimed, p.stolen, p.steal_claims, p.steals, self.executor.stats.timeouts,
-                           self._released, self.reaper.reaped, self.lease_keeper.leases_lost, self.abandoned)
+        return WorkerStats(
+            p.claims,
+            p.claimed,
+            p.stolen,
+            p.steal_claims,
+            p.steals,
+            self.executor.stats.timeouts,
+            self._released,
+            self.reaper.reaped,
+            self.lease_keeper.leases_lost,
+            self.abandoned,
+        )
 
     @property
     def exit_code(self) -> int:
@@ -184,7 +270,9 @@ class Worker:
         joining = asyncio.create_task(self._join(), name="join")
         # Connect every store now: a stall that starts later then shows as a statement without
         # an answer (statement_timeout_s), not first as a connect timeout (connect_timeout_s).
-        for result in await asyncio.gather(*(s.connection() for s in self._stores), return_exceptions=True):
+        for result in await asyncio.gather(
+            *(s.connection() for s in self._stores), return_exceptions=True
+        ):
             if isinstance(result, StoreError):
                 log.warning("%s: will connect on first use", result)
             elif isinstance(result, BaseException):
@@ -194,10 +282,14 @@ class Worker:
         if self._listener is not None:
             await self._listener.start()
         else:
-            log.info("LISTEN is off (listen_dsn=none): idle workers find new jobs by polling every %g s",
-                     self.config.claims.poll_interval_s)
-        background = [asyncio.create_task(self.completer.run(), name="completer"),
-                      asyncio.create_task(self.stuck_watch.run(), name=self.stuck_watch.name)]
+            log.info(
+                "LISTEN is off (listen_dsn=none): idle workers find new jobs by polling every %g s",
+                self.config.claims.poll_interval_s,
+            )
+        background = [
+            asyncio.create_task(self.completer.run(), name="completer"),
+            asyncio.create_task(self.stuck_watch.run(), name=self.stuck_watch.name),
+        ]
         background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
         producer = asyncio.create_task(self.producer.run(), name="producer")
         stopping = asyncio.create_task(self._stop.wait(), name="stop requested")
@@ -208,9 +300,18 @@ class Worker:
                 self.started.set()
                 self.vitals.started = True
                 claims = self.config.claims
-                log.info("worker %s running: mode=%s queues=%s concurrency=%d buckets=%s", self.config.worker.worker_id,
-                         claims.mode, ",".join(claims.queues), claims.concurrency, "all" if not claims.partitioned else
-                         " ".join(f"{q}:{_fmt_buckets(a.owned())}" for q, a in self.assignments.items()))
+                log.info(
+                    "worker %s running: mode=%s queues=%s concurrency=%d buckets=%s",
+                    self.config.worker.worker_id,
+                    claims.mode,
+                    ",".join(claims.queues),
+                    claims.concurrency,
+                    "all"
+                    if not claims.partitioned
+                    else " ".join(
+                        f"{q}:{_fmt_buckets(a.owned())}" for q, a in self.assignments.items()
+                    ),
+                )
             await stopping
         finally:
             stopping.cancel()
@@ -219,7 +320,9 @@ class Worker:
             await asyncio.shield(self._shutdown(producer, background))
 
     async def _join(self) -> None:
-        await asyncio.gather(*(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments))
+        await asyncio.gather(
+            *(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments)
+        )
 
     def stop(self, *, grace_s: float | None = None) -> None:
         """Begin a graceful shutdown (idempotent; call from a signal handler). The grace period
@@ -232,20 +335,32 @@ class Worker:
         self._stop.set()
 
     def _give_up(self, reason: str) -> None:
-        """The stuck watch's verdict (ignored once a shutdown has begun: it ends within its bound)."""
+        """The stuck watch's verdict (ignored once a shutdown has begun: it ends within its
+        bound)."""
         if self._stop.is_set():
             return
         self.gave_up, self.vitals.gave_up = reason, True
-        log.error("giving up on stuck handlers: %s. This worker stops claiming, lets its other jobs finish within "
-                  "%g s and exits with code %d; the stuck handlers end with the process and their jobs come back "
-                  "when their leases run out", reason, self.config.worker.shutdown_grace_s, EXIT_STUCK)
+        log.error(
+            "giving up on stuck handlers: %s. This worker stops claiming, lets its other jobs finish within "
+            "%g s and exits with code %d; the stuck handlers end with the process and their jobs come back "
+            "when their leases run out",
+            reason,
+            self.config.worker.shutdown_grace_s,
+            EXIT_STUCK,
+        )
         if self.on_give_up is not None:
             self.on_give_up()
         self.stop()
 
-    async def _shutdown(self, producer: asyncio.Task[None], background: list[asyncio.Task[None]]) -> None:
+    async def _shutdown(
+        self, producer: asyncio.Task[None], background: list[asyncio.Task[None]]
+    ) -> None:
         begun = self._stop_requested_at or time.monotonic()
-        grace = self._grace_override if self._grace_override is not None else self.config.worker.shutdown_grace_s
+        grace = (
+            self._grace_override
+            if self._grace_override is not None
+            else self.config.worker.shutdown_grace_s
+        )
         grace_ends = begun + grace
         overrun_ends = grace_ends + SHUTDOWN_OVERRUN_S
         # 1. Stop claiming (never mid-statement: a claim in flight finishes and its jobs start),
@@ -257,7 +372,8 @@ class Worker:
         leaving = asyncio.create_task(_stop_all(self._distinct_assignments), name="leave")
         # 2. Claimed but never started: back to the queue at once, the attempt not counted.
         await self._release_unstarted(grace_ends)
-        # 3. Running jobs get the rest of the grace (stuck ones are not waited for), then are interrupted.
+        # 3. Running jobs get the rest of the grace (stuck ones are not waited for), then are
+        # interrupted.
         await self.executor.drain(grace_ends, self.stuck_watch.count_now)
         self.abandoned = await self.executor.interrupt(INTERRUPT_WAIT_S)
         # 4. Every outcome we can write before the deadline reaches the database; then close.
@@ -277,8 +393,12 @@ class Worker:
         job_metrics.COLLECTOR.untrack(self.executor)
         for store in self._stores:
             await store.close()
-        log.info("worker %s stopped in %.1f s", self.config.worker_id, time.monotonic() - begun,
-                 extra={**asdict(self.stats), **asdict(self.completer.stats)})
+        log.info(
+            "worker %s stopped in %.1f s",
+            self.config.worker_id,
+            time.monotonic() - begun,
+            extra={**asdict(self.stats), **asdict(self.completer.stats)},
+        )
 
     async def _release_unstarted(self, deadline: float) -> None:
         """Give the unstarted jobs back: tried at least once, retried until `deadline`."""
@@ -294,29 +414,41 @@ class Worker:
                 if time.monotonic() >= deadline:
                     break
                 log.warning("release of unstarted jobs failed (try %d): %s", attempt, exc)
-                await asyncio.sleep(min(0.2 * 2**attempt, 2.0, max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(
+                    min(0.2 * 2**attempt, 2.0, max(0.0, deadline - time.monotonic()))
+                )
                 continue
             self._released += released
             metrics.JOBS_RELEASED.inc(released)
             log.info("released %d claimed-but-unstarted jobs", released)
             return
-        log.error("could not release %d unstarted jobs in time; their leases will bring them back", len(unstarted))
+        log.error(
+            "could not release %d unstarted jobs in time; their leases will bring them back",
+            len(unstarted),
+        )
 
     async def _flush_until(self, deadline: float) -> None:
         attempt = 0
         while True:
             try:
-                await asyncio.wait_for(self.completer.flush(), timeout=max(0.0, deadline - time.monotonic()))
+                await asyncio.wait_for(
+                    self.completer.flush(), timeout=max(0.0, deadline - time.monotonic())
+                )
                 return
             except (StoreError, TimeoutError) as exc:
                 attempt += 1
                 if time.monotonic() >= deadline:
                     break
                 log.warning("final flush failed (try %d): %s", attempt, exc)
-                await asyncio.sleep(min(0.1 * 2**attempt, 1.0, max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(
+                    min(0.1 * 2**attempt, 1.0, max(0.0, deadline - time.monotonic()))
+                )
         self.unflushed = self.completer.pending
-        log.error("could not write %d outcomes before the shutdown deadline; their leases will bring the jobs "
-                  "back (fenced if they were written after all)", self.unflushed)
+        log.error(
+            "could not write %d outcomes before the shutdown deadline; their leases will bring the jobs "
+            "back (fenced if they were written after all)",
+            self.unflushed,
+        )
 
 
 async def _release_roles(*roles: TableSampler | Pruner | KeySweeper | Scheduler) -> None:
@@ -336,7 +468,8 @@ async def _within(task: Awaitable[None], deadline: float) -> None:
     if not done:
         log.warning("%s did not finish in time during shutdown: cancelled", name)
         fut.cancel()
-        await asyncio.wait((fut,), timeout=0.5)  # not longer: it may be stuck in a cancellation of its own
+        # not longer: it may be stuck in a cancellation of its own
+        await asyncio.wait((fut,), timeout=0.5)
     elif not fut.cancelled() and fut.exception() is not None:
         log.warning("%s failed during shutdown: %r", name, fut.exception())
 
@@ -347,8 +480,14 @@ def _fmt_buckets(buckets: tuple[int, ...] | None) -> str:
     return ",".join(map(str, buckets)) if len(buckets) < 12 else f"{len(buckets)} buckets"
 
 
-def run_worker(config: Config, registry: Registry, *, install_signals: bool = True,
-               on_started: Callable[[Worker], None] | None = None, health: Health | None = None) -> Worker:
+def run_worker(
+    config: Config,
+    registry: Registry,
+    *,
+    install_signals: bool = True,
+    on_started: Callable[[Worker], None] | None = None,
+    health: Health | None = None,
+) -> Worker:
     """Run a worker on uvloop until SIGTERM/SIGINT (see lifecycle.py for the exit guarantees).
 
     `health` (what the HTTP server's probes read) gets the loop heartbeat from the loop's first
@@ -368,7 +507,11 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
     database, settings = config.database, config.worker
 
     async def main() -> None:
-        beat = None if health is None else asyncio.create_task(health.beat_forever(), name="loop heartbeat")
+        beat = (
+            None
+            if health is None
+            else asyncio.create_task(health.beat_forever(), name="loop heartbeat")
+        )
         try:
             await start_and_run()
         finally:
@@ -377,13 +520,21 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
 
     async def start_and_run() -> None:
         if install_signals:
-            signals = ShutdownSignals(asyncio.get_running_loop(), worker.stop, bound_s=exit_bound_s(settings),
-                                      announce=log.info)
+            signals = ShutdownSignals(
+                asyncio.get_running_loop(),
+                worker.stop,
+                bound_s=exit_bound_s(settings),
+                announce=log.info,
+            )
             signals.install()
             worker.on_give_up = lambda: signals.arm(EXIT_STUCK)  # the same bound as after a SIGTERM
-        ready = await wait_until_ready(database.dsn, database.limits,  # type: ignore[arg-type]  # checked by Worker
-                                       wait_for_schema=settings.wait_for_schema, stopping=worker.stopping,
-                                       on_state=None if health is None else health.startup.update)
+        ready = await wait_until_ready(
+            database.dsn,
+            database.limits,  # type: ignore[arg-type]  # checked by Worker
+            wait_for_schema=settings.wait_for_schema,
+            stopping=worker.stopping,
+            on_state=None if health is None else health.startup.update,
+        )
         if not ready:
             log.info("stopped before the database was ready")
             return
@@ -393,7 +544,9 @@ def run_worker(config: Config, registry: Registry, *, install_signals: bool = Tr
             on_started(worker)
         await worker.run()
         if worker.abandoned and install_signals:
-            hard_exit(f"{worker.abandoned} handlers still run after the shutdown bound", worker.exit_code)
+            hard_exit(
+                f"{worker.abandoned} handlers still run after the shutdown bound", worker.exit_code
+            )
 
     uvloop.run(main())
     return worker

@@ -45,8 +45,12 @@ def parse_queues(text: str) -> tuple[str, ...]:
 # What a value of each parser's result must be when a Config is built directly (no text parsed).
 # bool is an int, so ints accept bools; that is not worth a rule.
 KINDS: dict[Callable[[str], Any], tuple[type, ...]] = {
-    str: (str,), int: (int,), float: (int, float), parse_bool: (bool,),
-    parse_queues: (tuple,), parse_buckets: (tuple,),
+    str: (str,),
+    int: (int,),
+    float: (int, float),
+    parse_bool: (bool,),
+    parse_queues: (tuple,),
+    parse_buckets: (tuple,),
 }
 _META_KEY = "dispatcher.setting"
 
@@ -60,10 +64,19 @@ class _Meta:
     section: str
 
 
-def setting(default: Any = dataclasses.MISSING, *, section: str, parse: Callable[[str], Any], help: str,
-            unit: str | None = None, shown: str | None = None, secret: bool = False,
-            default_factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:
-    """A Config field: its section, default, the parser for its env var / flag text, what it does, its unit.
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    section: str,
+    parse: Callable[[str], Any],
+    help: str,
+    unit: str | None = None,
+    shown: str | None = None,
+    secret: bool = False,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+) -> Any:
+    """A Config field: its section, default, the parser for its env var / flag text, what it
+    does, its unit.
 
     `help` says what the setting does, with its unit, but not its default (that is appended from
     the field, or from `shown` where the default is computed or None means something). `section`
@@ -89,7 +102,8 @@ class Setting:
     parse: Callable[[str], Any]  # text -> value; raises ValueError on bad text
     help: str  # what it does, with its unit, without the default
     unit: str | None  # "seconds", "bytes", "jobs", ... or None
-    default: Any  # the dataclass default; None where it is computed at construction (see default_text)
+    # the dataclass default; None where it is computed at construction (see default_text)
+    default: Any
     default_text: str  # the default as documented: "30", "partitioned", "lease_s / 3"
     section: str  # the component that reads it: "claims", "leases", ... (sections.SECTIONS)
 
@@ -115,9 +129,15 @@ def setting_of(field: dataclasses.Field[Any], env_prefix: str) -> Setting:
     meta: _Meta = field.metadata[_META_KEY]
     default = None if field.default is dataclasses.MISSING else field.default
     return Setting(
-        name=field.name, env_var=env_prefix + field.name.upper(), flag="--" + field.name.replace("_", "-"),
-        parse=meta.parse, help=meta.help, unit=meta.unit, default=default,
-        default_text=meta.shown if meta.shown is not None else show(default), section=meta.section,
+        name=field.name,
+        env_var=env_prefix + field.name.upper(),
+        flag="--" + field.name.replace("_", "-"),
+        parse=meta.parse,
+        help=meta.help,
+        unit=meta.unit,
+        default=default,
+        default_text=meta.shown if meta.shown is not None else show(default),
+        section=meta.section,
     )
 
 

@@ -32,16 +32,31 @@ RETENTION = "retention"
 COORDINATION = "coordination"
 OBSERVABILITY = "observability"
 WEB = "web"
-SECTIONS = (DATABASE, LOGGING, ENQUEUE, WORKER, CLAIMS, LEASES, EXECUTION, COMPLETION, MAINTENANCE, RETENTION,
-            COORDINATION, OBSERVABILITY, WEB)
+SECTIONS = (
+    DATABASE,
+    LOGGING,
+    ENQUEUE,
+    WORKER,
+    CLAIMS,
+    LEASES,
+    EXECUTION,
+    COMPLETION,
+    MAINTENANCE,
+    RETENTION,
+    COORDINATION,
+    OBSERVABILITY,
+    WEB,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class DatabaseSettings:
-    """Where every command connects, and the bounds of each connection (coordinator/pg/connect.py)."""
+    """Where every command connects, and the bounds of each connection
+    (coordinator/pg/connect.py)."""
 
     dsn: str | None
-    limits: ConnectionLimits  # statement timeout resolved: statement_timeout_s, else min(5, lease_s / 2)
+    # statement timeout resolved: statement_timeout_s, else min(5, lease_s / 2)
+    limits: ConnectionLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +72,8 @@ class WorkerSettings:
     worker_id: str
     app: str | None  # module:attribute of the Registry; `dispatcher run` requires it
     listen_dsn: str | None  # where LISTEN goes: listen_dsn, else dsn; None: nowhere (polling only)
-    listen_probe_s: float  # how often an idle LISTEN connection is probed: a third of the lease, >= 1 s
+    # how often an idle LISTEN connection is probed: a third of the lease, >= 1 s
+    listen_probe_s: float
     wait_for_schema: bool
     shutdown_grace_s: float
 
@@ -104,8 +120,8 @@ class ExecutionSettings:
     max_snoozes: int = 100  # snoozes per job that do not spend an attempt (DISPATCHER_MAX_SNOOZES)
     # A handler still running this long after its timeout fired is stuck (runtime/stuck.py) ...
     stuck_grace_s: float = DEFAULT_STUCK_GRACE_S
-    # ... and the worker exits once one is stuck this long (0: never for that), or stuck ones hold over
-    # half the slots or sync threads.
+    # ... and the worker exits once one is stuck this long (0: never for that), or stuck ones hold
+    # over half the slots or sync threads.
     stuck_exit_after_s: float = DEFAULT_STUCK_EXIT_AFTER_S
 
 
@@ -116,7 +132,8 @@ class CompletionSettings:
     flush_interval_s: float
     flush_max: int
     history: bool  # one row per attempt in dispatcher_job_attempts
-    completed_jobs: str = COMPLETED_KEEP  # keep: marked completed; delete: the completion deletes the row
+    # keep: marked completed; delete: the completion deletes the row
+    completed_jobs: str = COMPLETED_KEEP
 
     @property
     def deletes(self) -> bool:
@@ -135,7 +152,8 @@ class MaintenanceSettings:
 @dataclass(frozen=True, slots=True)
 class RetentionSettings:
     interval_s: float
-    retentions_s: Mapping[str, float]  # kind (completed, failed, history) -> seconds; 0: kept forever
+    # kind (completed, failed, history) -> seconds; 0: kept forever
+    retentions_s: Mapping[str, float]
     batch: int
 
 
@@ -152,7 +170,8 @@ class CoordinationSettings:
     redis_key_prefix: str  # Redis keys of a queue's group: <redis_key_prefix>:<queue>:...
     dsn: str | None
     listen_dsn: str | None  # as WorkerSettings.listen_dsn
-    limits: ConnectionLimits  # a round must fail well inside a membership lease: min(statement, lease / 3)
+    # a round must fail well inside a membership lease: min(statement, lease / 3)
+    limits: ConnectionLimits
     lease_s: float
     poll_s: float
     session_locks: bool
@@ -171,7 +190,8 @@ class ObservabilitySettings:
 
 @dataclass(frozen=True, slots=True)
 class WebSettings:
-    """`dispatcher web`, the dashboard (dispatcher/web/): where it listens, who may use it, what it may do."""
+    """`dispatcher web`, the dashboard (dispatcher/web/): where it listens, who may use it, what
+    it may do."""
 
     host: str
     port: int

@@ -1,4 +1,5 @@
-"""Test handlers and enqueue code without PostgreSQL: an in-memory job store, a runner, a fake clock.
+"""Test handlers and enqueue code without PostgreSQL: an in-memory job store, a runner, a fake
+clock.
 
     from dispatcher import enqueue_sync
     from dispatcher.testing import MemoryStore, Runner, assert_enqueued
@@ -17,5 +18,13 @@ from dispatcher.testing.clock import FakeClock
 from dispatcher.testing.memory_store import MemoryStore
 from dispatcher.testing.runner import Attempt, Runner
 
-__all__ = ["Attempt", "FakeClock", "JobState", "MemoryStore", "Runner", "assert_enqueued", "enqueued",
-           "refute_enqueued"]
+__all__ = [
+    "Attempt",
+    "FakeClock",
+    "JobState",
+    "MemoryStore",
+    "Runner",
+    "assert_enqueued",
+    "enqueued",
+    "refute_enqueued",
+]

@@ -20,38 +20,68 @@ def _matches(job: JobState, payload: Any) -> bool:
     if payload is _ANY:
         return True
     if isinstance(payload, dict) and isinstance(job.payload, dict):
-        return all(key in job.payload and job.payload[key] == value for key, value in payload.items())
+        return all(
+            key in job.payload and job.payload[key] == value for key, value in payload.items()
+        )
     return bool(job.payload == payload)
 
 
-def enqueued(store: MemoryStore, job_type: str | None = None, payload: Any = _ANY, *, queue: str | None = None,
-             status: str | None = STATUS_QUEUED) -> list[JobState]:
+def enqueued(
+    store: MemoryStore,
+    job_type: str | None = None,
+    payload: Any = _ANY,
+    *,
+    queue: str | None = None,
+    status: str | None = STATUS_QUEUED,
+) -> list[JobState]:
     """Jobs that match, oldest first (`status=None`: in any status)."""
     return [j for j in store.jobs(status, job_type=job_type, queue=queue) if _matches(j, payload)]
 
 
 def _describe(store: MemoryStore) -> str:
-    held = [f"#{j.id} {j.job_type} {j.status} in {j.queue!r} run_at={j.run_at.isoformat()} payload={j.payload!r}"
-            for j in store.jobs()]
+    held = [
+        f"#{j.id} {j.job_type} {j.status} in {j.queue!r} run_at={j.run_at.isoformat()} payload={j.payload!r}"
+        for j in store.jobs()
+    ]
     return "\n  ".join(["the store holds:", *held]) if held else "the store holds no job"
 
 
-def assert_enqueued(store: MemoryStore, job_type: str, payload: Any = _ANY, *, queue: str | None = None,
-                    status: str | None = STATUS_QUEUED, count: int | None = None) -> JobState:
-    """At least one matching job (exactly `count`, if given); returns the newest. Queued ones by default."""
+def assert_enqueued(
+    store: MemoryStore,
+    job_type: str,
+    payload: Any = _ANY,
+    *,
+    queue: str | None = None,
+    status: str | None = STATUS_QUEUED,
+    count: int | None = None,
+) -> JobState:
+    """At least one matching job (exactly `count`, if given); returns the newest. Queued ones by
+    default."""
     found = enqueued(store, job_type, payload, queue=queue, status=status)
     if not found or (count is not None and len(found) != count):
-        wanted = f"{'a' if count is None else count} {status or ''} {job_type!r} job(s)".replace("  ", " ")
+        wanted = f"{'a' if count is None else count} {status or ''} {job_type!r} job(s)".replace(
+            "  ", " "
+        )
         detail = "" if payload is _ANY else f" with payload {payload!r}"
         where = "" if queue is None else f" in queue {queue!r}"
-        raise AssertionError(f"expected {wanted}{detail}{where}, found {len(found)}; {_describe(store)}")
+        raise AssertionError(
+            f"expected {wanted}{detail}{where}, found {len(found)}; {_describe(store)}"
+        )
     return found[-1]
 
 
-def refute_enqueued(store: MemoryStore, job_type: str, payload: Any = _ANY, *, queue: str | None = None,
-                    status: str | None = STATUS_QUEUED) -> None:
+def refute_enqueued(
+    store: MemoryStore,
+    job_type: str,
+    payload: Any = _ANY,
+    *,
+    queue: str | None = None,
+    status: str | None = STATUS_QUEUED,
+) -> None:
     """No matching job (queued ones by default)."""
     found = enqueued(store, job_type, payload, queue=queue, status=status)
     if found:
-        raise AssertionError(f"expected no {job_type!r} job like this, found {[j.id for j in found]}; "
-                             f"{_describe(store)}")
+        raise AssertionError(
+            f"expected no {job_type!r} job like this, found {[j.id for j in found]}; "
+            f"{_describe(store)}"
+        )

@@ -30,9 +30,15 @@ class FakeClock:
         return self._start + timedelta(seconds=self._elapsed)
 
     def advance(self, seconds: float) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-                or seconds < 0:
-            raise ValueError(f"a clock only moves forward by a finite number of seconds, got {seconds!r}")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise ValueError(
+                f"a clock only moves forward by a finite number of seconds, got {seconds!r}"
+            )
         with self._lock:
             self._elapsed += seconds
 

@@ -1,11 +1,13 @@
-"""An in-memory job store: the store port (dispatcher/db/port.py) without PostgreSQL, for unit tests.
+"""An in-memory job store: the store port (dispatcher/db/port.py) without PostgreSQL, for unit
+tests.
 
 It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that a test can
-observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that token,
-a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live jobs of a
-queue (and held for `dedupe_window_s` after a job finished, testing/windows.py), and ordering keys: one holder per key, its later jobs waiting, the next promoted when the
-holder ends (or never, while a failure halts the key, until `retry` or `cancel` of the failed job).
-Its database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and the real
+observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that
+token, a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live
+jobs of a queue (and held for `dedupe_window_s` after a job finished, testing/windows.py), and
+ordering keys: one holder per key, its later jobs waiting, the next promoted when the holder ends
+(or never, while a failure halts the key, until `retry` or `cancel` of the failed job). Its
+database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and the real
 store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
 """
 
@@ -47,10 +49,17 @@ class MemoryStore(InProcessStore):
     is what claims record as the owner; `completed_jobs` is DISPATCHER_COMPLETED_JOBS: 'keep'
     (a completed job stays, status 'completed') or 'delete' (a completion removes the job)."""
 
-    def __init__(self, clock: FakeClock | None = None, *, worker_id: str = "memory",
-                 completed_jobs: str = COMPLETED_KEEP) -> None:
+    def __init__(
+        self,
+        clock: FakeClock | None = None,
+        *,
+        worker_id: str = "memory",
+        completed_jobs: str = COMPLETED_KEEP,
+    ) -> None:
         if completed_jobs not in COMPLETED_JOBS:
-            raise ValueError(f"completed_jobs must be one of {', '.join(COMPLETED_JOBS)}, got {completed_jobs!r}")
+            raise ValueError(
+                f"completed_jobs must be one of {', '.join(COMPLETED_JOBS)}, got {completed_jobs!r}"
+            )
         self.clock = clock or FakeClock()
         self.worker_id = worker_id
         self.completed_jobs = completed_jobs
@@ -71,19 +80,48 @@ class MemoryStore(InProcessStore):
             for n in self._insert_order(jobs):
                 job = jobs[n]
                 window_s = getattr(job, "dedupe_window_s", None)
-                if self._dedupe_held(job) or (window_s is not None and self._windows.held(
-                        job.queue, job.dedupe_key, self._rows, now)):  # type: ignore[arg-type]
+                if self._dedupe_held(job) or (
+                    window_s is not None
+                    and self._windows.held(job.queue, job.dedupe_key, self._rows, now)
+                ):  # type: ignore[arg-type]
                     continue
                 run_at = (job.run_at or now) + timedelta(seconds=job.delay_s)
                 key = getattr(job, "ordering_key", None)
                 status = STATUS_QUEUED
-                if key is not None and (self._holder(job.queue, key) is not None or any(
-                        r.status == STATUS_WAITING and r.queue == job.queue and r.ordering_key == key
-                        for r in self._rows.values())):
+                if key is not None and (
+                    self._holder(job.queue, key) is not None
+                    or any(
+                        r.status == STATUS_WAITING
+                        and r.queue == job.queue
+                        and r.ordering_key == key
+                        for r in self._rows.values()
+                    )
+                ):
                     status = STATUS_WAITING  # jobs_insert_one_keyed: behind its key's earlier jobs
-                row = JobState(self._next_id, job.queue, job.job_type, status, job.priority, job.bucket, 0,
-                               job.max_attempts, 0, run_at, now, now, None, None, None, None, None, None,
-                               job.dedupe_key, bytes(job.payload), None, key)
+                row = JobState(
+                    self._next_id,
+                    job.queue,
+                    job.job_type,
+                    status,
+                    job.priority,
+                    job.bucket,
+                    0,
+                    job.max_attempts,
+                    0,
+                    run_at,
+                    now,
+                    now,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    job.dedupe_key,
+                    bytes(job.payload),
+                    None,
+                    key,
+                )
                 self._rows[row.id] = row
                 self._next_id += 1
                 ids[n] = row.id
@@ -93,7 +131,9 @@ class MemoryStore(InProcessStore):
 
     def _dedupe_held(self, job: NewJob) -> bool:
         return job.dedupe_key is not None and any(
-            r.dedupe_key == job.dedupe_key and r.queue == job.queue and r.status in _LIVE for r in self._rows.values())
+            r.dedupe_key == job.dedupe_key and r.queue == job.queue and r.status in _LIVE
+            for r in self._rows.values()
+        )
 
     def _insert_order(self, jobs: Sequence[NewJob]) -> list[int]:
         """The batch's positions in the order its jobs get their ids. With ordering keys, as
@@ -107,8 +147,15 @@ class MemoryStore(InProcessStore):
             if job.ordering_key is None or key in heads or self._dedupe_held(job):
                 continue
             heads[key] = n
-        heads = {key: n for key, n in heads.items() if self._holder(*key) is None and not any(
-            r.status == STATUS_WAITING and (r.queue, r.ordering_key) == key for r in self._rows.values())}
+        heads = {
+            key: n
+            for key, n in heads.items()
+            if self._holder(*key) is None
+            and not any(
+                r.status == STATUS_WAITING and (r.queue, r.ordering_key) == key
+                for r in self._rows.values()
+            )
+        }
         first = sorted(heads.values())
         return first + [n for n in range(len(jobs)) if n not in heads.values()]
 
@@ -117,18 +164,29 @@ class MemoryStore(InProcessStore):
 
     # -- claim ---------------------------------------------------------------------------------
 
-    def claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None = None,
-              steal: Steal | None = None) -> list[Job]:
+    def claim(
+        self,
+        queue: str,
+        limit: int,
+        lease_s: float,
+        buckets: Sequence[int] | None = None,
+        steal: Steal | None = None,
+    ) -> list[Job]:
         """The port's jobs_claim, callable without an event loop."""
         if buckets is not None and steal is None:
             if not buckets:
                 raise ValueError("a partitioned claim needs at least one bucket")
             if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
-                raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
+                raise ValueError(
+                    f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}"
+                )
         with self._lock:
             now = self.clock.now()
-            due = [r for r in self._rows.values()
-                   if r.queue == queue and r.status == STATUS_QUEUED and r.run_at <= now]
+            due = [
+                r
+                for r in self._rows.values()
+                if r.queue == queue and r.status == STATUS_QUEUED and r.run_at <= now
+            ]
             order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
             if steal is not None:  # the given buckets in the given order, each from its tail
                 due = self._stealable(due, steal)
@@ -139,15 +197,44 @@ class MemoryStore(InProcessStore):
             token = str(uuid.uuid4())
             lease_until = now + timedelta(seconds=lease_s)
             claimed = []
-            for row in sorted(due, key=order)[:max(limit, 0)]:
-                row = self._write(row, token=token, status=STATUS_RUNNING, attempts=row.attempts + 1, locked_at=now,
-                                  locked_by=self.worker_id, lease_expires_at=lease_until, updated_at=now)
-                claimed.append(Job((row.id, row.job_type, orjson.loads(row.payload), row.attempts, row.max_attempts,
-                                    row.locked_at, row.bucket, row.priority, row.ordering_key), token, queue))
+            for row in sorted(due, key=order)[: max(limit, 0)]:
+                row = self._write(
+                    row,
+                    token=token,
+                    status=STATUS_RUNNING,
+                    attempts=row.attempts + 1,
+                    locked_at=now,
+                    locked_by=self.worker_id,
+                    lease_expires_at=lease_until,
+                    updated_at=now,
+                )
+                claimed.append(
+                    Job(
+                        (
+                            row.id,
+                            row.job_type,
+                            orjson.loads(row.payload),
+                            row.attempts,
+                            row.max_attempts,
+                            row.locked_at,
+                            row.bucket,
+                            row.priority,
+                            row.ordering_key,
+                        ),
+                        token,
+                        queue,
+                    )
+                )
             return claimed
 
-    async def jobs_claim(self, queue: str, limit: int, lease_s: float, buckets: Sequence[int] | None,
-                         steal: Steal | None = None) -> list[Job]:
+    async def jobs_claim(
+        self,
+        queue: str,
+        limit: int,
+        lease_s: float,
+        buckets: Sequence[int] | None,
+        steal: Steal | None = None,
+    ) -> list[Job]:
         return self.claim(queue, limit, lease_s, buckets, steal)
 
     @staticmethod
@@ -156,25 +243,47 @@ class MemoryStore(InProcessStore):
         tail, all but the first `reserve` of them in claim order."""
         out: list[JobState] = []
         for bucket in dict.fromkeys(steal.buckets):
-            rows = sorted((r for r in due if r.bucket == bucket), key=lambda r: (r.priority, r.run_at, r.id))
-            out.extend(reversed(rows[steal.reserve:]))
+            rows = sorted(
+                (r for r in due if r.bucket == bucket), key=lambda r: (r.priority, r.run_at, r.id)
+            )
+            out.extend(reversed(rows[steal.reserve :]))
         return out
 
     def _owned(self, job_id: int, token: str) -> JobState | None:
         """The row if it is running under `token` (the fence of every owner's write)."""
         row = self._rows.get(job_id)
-        return row if row is not None and row.status == STATUS_RUNNING and self._tokens.get(job_id) == token else None
+        return (
+            row
+            if row is not None
+            and row.status == STATUS_RUNNING
+            and self._tokens.get(job_id) == token
+            else None
+        )
 
     def _holder(self, queue: str, key: str) -> JobState | None:
-        return next((r for r in self._rows.values() if r.queue == queue and r.ordering_key == key
-                     and (r.status in _HOLDING or r.ordering_halted)), None)
+        return next(
+            (
+                r
+                for r in self._rows.values()
+                if r.queue == queue
+                and r.ordering_key == key
+                and (r.status in _HOLDING or r.ordering_halted)
+            ),
+            None,
+        )
 
     def _release(self, row: JobState) -> None:
-        """`row` no longer holds its key: the key's next waiting job becomes queued (ordering_promote_next)."""
+        """`row` no longer holds its key: the key's next waiting job becomes queued
+        (ordering_promote_next)."""
         if row.ordering_key is None or self._holder(row.queue, row.ordering_key) is not None:
             return
-        waiting = [r for r in self._rows.values()
-                   if r.queue == row.queue and r.ordering_key == row.ordering_key and r.status == STATUS_WAITING]
+        waiting = [
+            r
+            for r in self._rows.values()
+            if r.queue == row.queue
+            and r.ordering_key == row.ordering_key
+            and r.status == STATUS_WAITING
+        ]
         if waiting:
             nxt = min(waiting, key=lambda r: r.id)
             self._write(nxt, status=STATUS_QUEUED, updated_at=self.clock.now())
@@ -206,48 +315,100 @@ class MemoryStore(InProcessStore):
                     self._tokens.pop(job_id, None)
                     self._windows.deleted(row, now)  # jobs_complete_owned_delete_fenced
                 else:
-                    self._write(row, status=STATUS_COMPLETED, completed_at=now, lease_expires_at=None, updated_at=now)
+                    self._write(
+                        row,
+                        status=STATUS_COMPLETED,
+                        completed_at=now,
+                        lease_expires_at=None,
+                        updated_at=now,
+                    )
                 self._release(row)
             return fenced
 
-    async def jobs_complete_owned(self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False) -> int:
+    async def jobs_complete_owned(
+        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+    ) -> int:
         return self.complete(ids, tokens)
 
-    async def jobs_complete_fenced(self, ids: Sequence[int], tokens: Sequence[str], *,
-                                   keyed: bool = False) -> list[int]:
+    async def jobs_complete_fenced(
+        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+    ) -> list[int]:
         return self.complete_fenced(ids, tokens)
 
-    def fail(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+    def fail(
+        self, failures: Sequence[Failure], *, lease_expired: bool = False
+    ) -> list[FailedWrite]:
         with self._lock:
             now, written = self.clock.now(), []
             for f in failures:
                 row = self._owned(f.id, f.token)
-                if row is None or (lease_expired and not (row.lease_expires_at and row.lease_expires_at < now)):
+                if row is None or (
+                    lease_expired and not (row.lease_expires_at and row.lease_expires_at < now)
+                ):
                     continue
-                # A snooze within its cap (jobs_fail_owned): queued again after it, its attempt given back.
+                # A snooze within its cap (jobs_fail_owned): queued again after it, its attempt
+                # given back.
                 snoozed = f.snooze is not None and row.snoozes < f.snooze[1]
-                status, retry, run_at = f.outcome.status, f.outcome.status == STATUS_QUEUED or snoozed, row.run_at
+                status, retry, run_at = (
+                    f.outcome.status,
+                    f.outcome.status == STATUS_QUEUED or snoozed,
+                    row.run_at,
+                )
                 attempts, error = row.attempts, f.outcome.error
                 if retry and row.cancel_requested_at is not None:
-                    status, snoozed = STATUS_CANCELLED, False  # a cancel request is honoured, never retried
+                    # a cancel request is honoured, never retried
+                    status, snoozed = STATUS_CANCELLED, False
                 elif snoozed:
-                    status, attempts, error = STATUS_QUEUED, max(row.attempts - 1, 0), row.last_error
+                    status, attempts, error = (
+                        STATUS_QUEUED,
+                        max(row.attempts - 1, 0),
+                        row.last_error,
+                    )
                     run_at = now + timedelta(seconds=f.snooze[0])  # type: ignore[index]
                 elif retry:
                     run_at = now + timedelta(seconds=f.outcome.delay_s)
                 failed_at = now if status in (STATUS_FAILED, STATUS_DISCARDED) else row.failed_at
-                halted = row.ordering_key is not None and status in (STATUS_FAILED, STATUS_DISCARDED) and f.halts
-                row = self._write(row, status=status, run_at=run_at, failed_at=failed_at, last_error=error,
-                                  lease_expiries=row.lease_expiries + int(lease_expired), lease_expires_at=None,
-                                  updated_at=now, ordering_halted=halted, attempts=attempts,
-                                  snoozes=row.snoozes + (f.snooze is not None))
+                halted = (
+                    row.ordering_key is not None
+                    and status in (STATUS_FAILED, STATUS_DISCARDED)
+                    and f.halts
+                )
+                row = self._write(
+                    row,
+                    status=status,
+                    run_at=run_at,
+                    failed_at=failed_at,
+                    last_error=error,
+                    lease_expiries=row.lease_expiries + int(lease_expired),
+                    lease_expires_at=None,
+                    updated_at=now,
+                    ordering_halted=halted,
+                    attempts=attempts,
+                    snoozes=row.snoozes + (f.snooze is not None),
+                )
                 if status != STATUS_QUEUED:
                     self._release(row)
-                written.append(FailedWrite(row.id, row.status, row.attempts, row.locked_by, row.locked_at, row.run_at,
-                                           row.job_type, row.queue, row.bucket, row.max_attempts, halted, snoozed))
+                written.append(
+                    FailedWrite(
+                        row.id,
+                        row.status,
+                        row.attempts,
+                        row.locked_by,
+                        row.locked_at,
+                        row.run_at,
+                        row.job_type,
+                        row.queue,
+                        row.bucket,
+                        row.max_attempts,
+                        halted,
+                        snoozed,
+                    )
+                )
             return written
 
-    async def jobs_fail_owned(self, failures: Sequence[Failure], *, lease_expired: bool = False) -> list[FailedWrite]:
+    async def jobs_fail_owned(
+        self, failures: Sequence[Failure], *, lease_expired: bool = False
+    ) -> list[FailedWrite]:
         return self.fail(failures, lease_expired=lease_expired)
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
@@ -255,8 +416,15 @@ class MemoryStore(InProcessStore):
             now, released = self.clock.now(), 0
             for job in jobs:
                 if (row := self._owned(job.id, job.token)) is not None:
-                    row = self._write(row, status=STATUS_QUEUED if row.cancel_requested_at is None else STATUS_CANCELLED,
-                                      attempts=max(row.attempts - 1, 0), lease_expires_at=None, updated_at=now)
+                    row = self._write(
+                        row,
+                        status=STATUS_QUEUED
+                        if row.cancel_requested_at is None
+                        else STATUS_CANCELLED,
+                        attempts=max(row.attempts - 1, 0),
+                        lease_expires_at=None,
+                        updated_at=now,
+                    )
                     if row.status == STATUS_CANCELLED:
                         self._release(row)
                     released += 1
@@ -276,12 +444,31 @@ class MemoryStore(InProcessStore):
     def lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         with self._lock:
             now = self.clock.now()
-            expired = sorted((r for r in self._rows.values() if r.status == STATUS_RUNNING
-                              and r.lease_expires_at is not None and r.lease_expires_at < now),
-                             key=lambda r: r.lease_expires_at or now)[:limit]
-            return [ExpiredLease(r.id, self._tokens[r.id], r.attempts, r.max_attempts, r.lease_expiries + 1,
-                                 r.locked_by, r.locked_at, r.cancel_requested_at is not None, r.job_type,
-                                 r.ordering_key is not None) for r in expired]
+            expired = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.status == STATUS_RUNNING
+                    and r.lease_expires_at is not None
+                    and r.lease_expires_at < now
+                ),
+                key=lambda r: r.lease_expires_at or now,
+            )[:limit]
+            return [
+                ExpiredLease(
+                    r.id,
+                    self._tokens[r.id],
+                    r.attempts,
+                    r.max_attempts,
+                    r.lease_expiries + 1,
+                    r.locked_by,
+                    r.locked_at,
+                    r.cancel_requested_at is not None,
+                    r.job_type,
+                    r.ordering_key is not None,
+                )
+                for r in expired
+            ]
 
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         return self.lease_expired(limit)
@@ -293,8 +480,11 @@ class MemoryStore(InProcessStore):
             now, changed = self.clock.now(), {}
             for job_id in ids:
                 row = self._rows.get(job_id)
-                if row is not None and row.ordering_halted:  # a halted key's failed holder: the key goes on
-                    row = self._write(row, status=STATUS_CANCELLED, ordering_halted=False, updated_at=now)
+                # a halted key's failed holder: the key goes on
+                if row is not None and row.ordering_halted:
+                    row = self._write(
+                        row, status=STATUS_CANCELLED, ordering_halted=False, updated_at=now
+                    )
                     self._release(row)
                     changed[row.id] = row.status
                     continue
@@ -302,7 +492,12 @@ class MemoryStore(InProcessStore):
                     continue
                 requested_at = row.cancel_requested_at or now
                 if row.status in (STATUS_QUEUED, STATUS_WAITING):
-                    row = self._write(row, status=STATUS_CANCELLED, cancel_requested_at=requested_at, updated_at=now)
+                    row = self._write(
+                        row,
+                        status=STATUS_CANCELLED,
+                        cancel_requested_at=requested_at,
+                        updated_at=now,
+                    )
                     self._release(row)
                 else:  # running: its owner sees the request when it next extends the lease
                     row = self._write(row, self._tokens[row.id], cancel_requested_at=requested_at)
@@ -313,24 +508,46 @@ class MemoryStore(InProcessStore):
         return self.cancel(ids)
 
     def retry(self, ids: Sequence[int]) -> list[int]:
-        """`dispatcher jobs retry --id`: failed or discarded jobs back to queued, due now, one more
-        attempt allowed (a max_attempts not given stays so), snoozes from 0 (admin_jobs_retry). A halted key's holder stays its holder, no longer
-        halted; another keyed job goes back behind its key's holder, if the key has one. The ids
-        changed."""
+        """`dispatcher jobs retry --id`: failed or discarded jobs back to queued, due now, one
+        more attempt allowed (a max_attempts not given stays so), snoozes from 0
+        (admin_jobs_retry). A halted key's holder stays its holder, no longer halted; another
+        keyed job goes back behind its key's holder, if the key has one. The ids changed."""
         with self._lock:
             now, changed = self.clock.now(), []
             for job_id in ids:
                 row = self._rows.get(job_id)
-                if row is None or row.status not in (STATUS_FAILED, STATUS_DISCARDED) or (
-                        row.dedupe_key is not None and any(r.dedupe_key == row.dedupe_key and r.queue == row.queue
-                                                           and r.status in _LIVE for r in self._rows.values())):
+                if (
+                    row is None
+                    or row.status not in (STATUS_FAILED, STATUS_DISCARDED)
+                    or (
+                        row.dedupe_key is not None
+                        and any(
+                            r.dedupe_key == row.dedupe_key
+                            and r.queue == row.queue
+                            and r.status in _LIVE
+                            for r in self._rows.values()
+                        )
+                    )
+                ):
                     continue
-                behind = (row.ordering_key is not None and not row.ordering_halted
-                          and self._holder(row.queue, row.ordering_key) is not None)
-                self._write(row, status=STATUS_WAITING if behind else STATUS_QUEUED, run_at=now,
-                            max_attempts=None if row.max_attempts is None else max(row.max_attempts, row.attempts + 1),
-                            snoozes=0, failed_at=None,
-                            cancel_requested_at=None, ordering_halted=False, updated_at=now)
+                behind = (
+                    row.ordering_key is not None
+                    and not row.ordering_halted
+                    and self._holder(row.queue, row.ordering_key) is not None
+                )
+                self._write(
+                    row,
+                    status=STATUS_WAITING if behind else STATUS_QUEUED,
+                    run_at=now,
+                    max_attempts=None
+                    if row.max_attempts is None
+                    else max(row.max_attempts, row.attempts + 1),
+                    snoozes=0,
+                    failed_at=None,
+                    cancel_requested_at=None,
+                    ordering_halted=False,
+                    updated_at=now,
+                )
                 changed.append(job_id)
             return changed
 
@@ -342,13 +559,18 @@ class MemoryStore(InProcessStore):
     async def job_get(self, job_id: int) -> JobState | None:
         return self.get(job_id)
 
-    def jobs(self, status: str | None = None, *, job_type: str | None = None,
-             queue: str | None = None) -> list[JobState]:
+    def jobs(
+        self, status: str | None = None, *, job_type: str | None = None, queue: str | None = None
+    ) -> list[JobState]:
         """Every job (or those of a status, type, queue), in the order they were enqueued."""
         with self._lock:
-            return [_copy(r) for r in self._rows.values()
-                    if (status is None or r.status == status) and (job_type is None or r.job_type == job_type)
-                    and (queue is None or r.queue == queue)]
+            return [
+                _copy(r)
+                for r in self._rows.values()
+                if (status is None or r.status == status)
+                and (job_type is None or r.job_type == job_type)
+                and (queue is None or r.queue == queue)
+            ]
 
     def queues(self) -> set[str]:
         with self._lock:
@@ -357,8 +579,11 @@ class MemoryStore(InProcessStore):
     def next_run_at(self, queue: str | None = None) -> datetime | None:
         """When the earliest queued job (of `queue`, or any) is due; None if none is queued."""
         with self._lock:
-            times = [r.run_at for r in self._rows.values()
-                     if r.status == STATUS_QUEUED and (queue is None or r.queue == queue)]
+            times = [
+                r.run_at
+                for r in self._rows.values()
+                if r.status == STATUS_QUEUED and (queue is None or r.queue == queue)
+            ]
             return min(times, default=None)
 
     def clear(self) -> None:
@@ -369,5 +594,6 @@ class MemoryStore(InProcessStore):
 
 
 def _copy(row: JobState) -> JobState:
-    """The row as callers see it: the payload decoded afresh, so their edits never reach the store."""
+    """The row as callers see it: the payload decoded afresh, so their edits never reach the
+    store."""
     return replace(row, payload=orjson.loads(row.payload))

@@ -26,7 +26,12 @@ from dispatcher.db.rows import Failure
 from dispatcher.errors import PermanentJobError, Snooze
 from dispatcher.model import STATUS_COMPLETED, FailureKind, Job
 from dispatcher.runtime.retry import RetryPolicy
-from dispatcher.settings.config import DEFAULT_LEASE_S, DEFAULT_MAX_SNOOZES, DEFAULT_RETRY_BASE_S, DEFAULT_RETRY_CAP_S
+from dispatcher.settings.config import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_SNOOZES,
+    DEFAULT_RETRY_BASE_S,
+    DEFAULT_RETRY_CAP_S,
+)
 from dispatcher.testing.memory_store import MemoryStore
 
 T = TypeVar("T")
@@ -56,10 +61,19 @@ class Runner:
     bound). `job_timeout_s`: the limit of a handler with no timeout_s of its own (0: none; it is
     real time, as in a worker). `max_snoozes`: DISPATCHER_MAX_SNOOZES."""
 
-    def __init__(self, store: MemoryStore, registry: Registry, *, queues: list[str] | None = None,
-                 retry_base_s: float = DEFAULT_RETRY_BASE_S, retry_cap_s: float = DEFAULT_RETRY_CAP_S,
-                 rand: Callable[[], float] = random.random, job_timeout_s: float = 0.0,
-                 lease_s: float = DEFAULT_LEASE_S, max_snoozes: int = DEFAULT_MAX_SNOOZES) -> None:
+    def __init__(
+        self,
+        store: MemoryStore,
+        registry: Registry,
+        *,
+        queues: list[str] | None = None,
+        retry_base_s: float = DEFAULT_RETRY_BASE_S,
+        retry_cap_s: float = DEFAULT_RETRY_CAP_S,
+        rand: Callable[[], float] = random.random,
+        job_timeout_s: float = 0.0,
+        lease_s: float = DEFAULT_LEASE_S,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
+    ) -> None:
         self.store = store
         self.registry = registry
         self.queues = queues
@@ -93,7 +107,9 @@ class Runner:
             for job in batch:
                 made.append(await self._attempt(job))
                 if len(made) > max_jobs:
-                    raise RuntimeError(f"ran over {max_jobs} attempts: do handlers enqueue jobs forever?")
+                    raise RuntimeError(
+                        f"ran over {max_jobs} attempts: do handlers enqueue jobs forever?"
+                    )
         return made
 
     async def adrain(self, max_jobs: int = MAX_JOBS) -> list[Attempt]:
@@ -126,8 +142,11 @@ class Runner:
         handler = self.registry.get(job.job_type)
         if handler is None:
             known = ", ".join(self.registry.job_types()) or "none"
-            return self._failed(job, FailureKind.UNKNOWN_TYPE,
-                                f"no handler registered for job_type {job.job_type!r} (known: {known})")
+            return self._failed(
+                job,
+                FailureKind.UNKNOWN_TYPE,
+                f"no handler registered for job_type {job.job_type!r} (known: {known})",
+            )
         try:
             await self._call(handler, job)
         except _TimedOut as exc:
@@ -158,22 +177,42 @@ class Runner:
 
     def _raised(self, job: Job, exc: BaseException) -> Attempt:
         if isinstance(exc, Snooze):  # as the executor: written as a failure only past max_snoozes
-            return self._failed(job, FailureKind.ERROR, f"snoozed {self.max_snoozes} times (DISPATCHER_MAX_SNOOZES), "
-                                f"and again: {exc}", exc, (exc.seconds, self.max_snoozes))
+            return self._failed(
+                job,
+                FailureKind.ERROR,
+                f"snoozed {self.max_snoozes} times (DISPATCHER_MAX_SNOOZES), and again: {exc}",
+                exc,
+                (exc.seconds, self.max_snoozes),
+            )
         kind = FailureKind.PERMANENT if isinstance(exc, PermanentJobError) else FailureKind.ERROR
         return self._failed(job, kind, "".join(traceback.format_exception(exc)).strip(), exc)
 
-    def _failed(self, job: Job, kind: FailureKind, error: str, exc: BaseException | None = None,
-                snooze: tuple[float, int] | None = None) -> Attempt:
-        outcome = self.policy.decide(kind, job.attempts, job.max_attempts, error,
-                                     self.registry.retry_of(job.job_type), exc)
+    def _failed(
+        self,
+        job: Job,
+        kind: FailureKind,
+        error: str,
+        exc: BaseException | None = None,
+        snooze: tuple[float, int] | None = None,
+    ) -> Attempt:
+        outcome = self.policy.decide(
+            kind, job.attempts, job.max_attempts, error, self.registry.retry_of(job.job_type), exc
+        )
         written = self.store.fail([Failure(job.id, job.token, outcome, snooze=snooze)])
         if written and written[0].snoozed:
             return self._record(job, written[0].status, None, str(exc), snoozed=True)
-        return self._record(job, written[0].status if written else outcome.status, kind, outcome.error)
+        return self._record(
+            job, written[0].status if written else outcome.status, kind, outcome.error
+        )
 
-    def _record(self, job: Job, status: str, kind: FailureKind | None, error: str | None,
-                snoozed: bool = False) -> Attempt:
+    def _record(
+        self,
+        job: Job,
+        status: str,
+        kind: FailureKind | None,
+        error: str | None,
+        snoozed: bool = False,
+    ) -> Attempt:
         attempt = Attempt(job.id, job.job_type, job.attempts, status, kind, error, snoozed)
         self.attempts.append(attempt)
         return attempt
@@ -189,4 +228,6 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     except RuntimeError:
         return asyncio.run(coro)
     coro.close()
-    raise RuntimeError("an event loop is running here: await runner.arun_due() / runner.adrain() instead")
+    raise RuntimeError(
+        "an event loop is running here: await runner.arun_due() / runner.adrain() instead"
+    )

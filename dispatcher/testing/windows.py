@@ -46,7 +46,10 @@ class DedupeWindows:
         self._windows[(queue, key)] = _Window(job_id, window_s, now)
 
     def deleted(self, row: JobState, now: datetime) -> None:
-        """`row`'s job was deleted as it finished: its window, if it is still the key's, counts from now."""
-        window = self._windows.get((row.queue, row.dedupe_key)) if row.dedupe_key is not None else None
+        """`row`'s job was deleted as it finished: its window, if it is still the key's, counts
+        from now."""
+        window = (
+            self._windows.get((row.queue, row.dedupe_key)) if row.dedupe_key is not None else None
+        )
         if window is not None and window.job_id == row.id:
             window.finished_at = now

@@ -18,7 +18,14 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.api.admin import AdminInputError, Filters, cancel_jobs, match_jobs, purge_jobs, retry_jobs
+from dispatcher.api.admin import (
+    AdminInputError,
+    Filters,
+    cancel_jobs,
+    match_jobs,
+    purge_jobs,
+    retry_jobs,
+)
 from dispatcher.api.flow import pause_queue, resume_queue
 from dispatcher.constants import is_valid_name
 from dispatcher.web import security
@@ -28,8 +35,10 @@ from dispatcher.web.views import _dash, filters_from
 CHANGES = {"retry": retry_jobs, "cancel": cancel_jobs, "purge": purge_jobs}
 DONE = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
 BULK_TIME_S = 20.0  # one request's share of a bulk change; the rest is confirmed again
-READ_ONLY = ("This dashboard is read-only: start it with --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS=true) "
-             "to change jobs.")
+READ_ONLY = (
+    "This dashboard is read-only: start it with --allow-actions (DISPATCHER_WEB_ALLOW_ACTIONS=true) "
+    "to change jobs."
+)
 
 
 def _action(request: Request) -> str:
@@ -46,8 +55,13 @@ async def job_action(request: Request) -> Response:
     action, job_id = _action(request), request.path_params["job_id"]
     result = await dash.db(CHANGES[action], Filters(ids=(job_id,)), limits=dash.limits)
     dash.forget()
-    done = ("skipped" if result.skipped else "cancel-requested" if result.requested_count
-            else DONE[action])
+    done = (
+        "skipped"
+        if result.skipped
+        else "cancel-requested"
+        if result.requested_count
+        else DONE[action]
+    )
     return RedirectResponse(f"/jobs/{job_id}?done={done}", status_code=303)
 
 
@@ -59,11 +73,21 @@ async def confirm(request: Request) -> Response:
     action = _action(request)
     filters, given = filters_from(request.query_params, before=False)
     if not given:
-        raise AdminInputError("a bulk change needs at least one filter (queue, status, type or age)", "filters")
+        raise AdminInputError(
+            "a bulk change needs at least one filter (queue, status, type or age)", "filters"
+        )
     match = await dash.db(match_jobs, filters, action, limits=dash.limits)
-    return dash.render(request, "confirm.html", action=action, done=DONE[action], given=given,
-                       matching=match.count, up_to_id=match.newest_id, as_of=match.as_of.isoformat(),
-                       back=f"/jobs?{urlencode(given)}")
+    return dash.render(
+        request,
+        "confirm.html",
+        action=action,
+        done=DONE[action],
+        given=given,
+        matching=match.count,
+        up_to_id=match.newest_id,
+        as_of=match.as_of.isoformat(),
+        back=f"/jobs?{urlencode(given)}",
+    )
 
 
 async def bulk_action(request: Request) -> Response:
@@ -74,26 +98,41 @@ async def bulk_action(request: Request) -> Response:
     fields = await form(request)
     filters, given = filters_from(fields, before=False)
     if not given:
-        raise AdminInputError("a bulk change needs at least one filter (queue, status, type or age)", "filters")
+        raise AdminInputError(
+            "a bulk change needs at least one filter (queue, status, type or age)", "filters"
+        )
     try:
         up_to_id = int(fields.get("up_to_id", ""))
         as_of = datetime.fromisoformat(fields.get("as_of", ""))
         if as_of.tzinfo is None:
             raise ValueError("no time zone")
     except ValueError:
-        raise AdminInputError("the confirmation lost what it counted: start again from the jobs page", "up_to_id") \
-            from None
+        raise AdminInputError(
+            "the confirmation lost what it counted: start again from the jobs page", "up_to_id"
+        ) from None
     deadline = time.monotonic() + BULK_TIME_S
 
     def keep_going() -> bool:
         return not dash.stopping and time.monotonic() < deadline
 
-    result = await dash.db(CHANGES[action], replace(filters, as_of=as_of), up_to_id=up_to_id, limits=dash.limits,
-                           keep_going=keep_going)
+    result = await dash.db(
+        CHANGES[action],
+        replace(filters, as_of=as_of),
+        up_to_id=up_to_id,
+        limits=dash.limits,
+        keep_going=keep_going,
+    )
     dash.forget()
     again = f"/actions/confirm?{urlencode({**given, 'action': action})}"
-    return dash.render(request, "result.html", action=action, result=result, back=f"/jobs?{urlencode(given)}",
-                       again=again, bulk_time_s=int(BULK_TIME_S))
+    return dash.render(
+        request,
+        "result.html",
+        action=action,
+        result=result,
+        back=f"/jobs?{urlencode(given)}",
+        again=again,
+        bulk_time_s=int(BULK_TIME_S),
+    )
 
 
 async def queue_action(request: Request) -> Response:
@@ -125,8 +164,15 @@ async def login(request: Request) -> Response:
     if not dash.gate.token_matches((await form(request)).get("token")):
         return dash.render(request, "login.html", status=401, failed=True)
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(security.SESSION_COOKIE, dash.gate.login(), max_age=security.SESSION_TTL_S, httponly=True,
-                        samesite="strict", path="/", secure=request.url.scheme == "https")
+    response.set_cookie(
+        security.SESSION_COOKIE,
+        dash.gate.login(),
+        max_age=security.SESSION_TTL_S,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 

@@ -48,7 +48,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 class Dashboard:
     """What the routes share: settings, the pool, the templates, the gate, the CSRF key."""
 
-    def __init__(self, config: Config, *, pool: psycopg_pool.ConnectionPool[Any], insecure: bool = False) -> None:
+    def __init__(
+        self, config: Config, *, pool: psycopg_pool.ConnectionPool[Any], insecure: bool = False
+    ) -> None:
         self.config = config
         self.limits = config.database.limits
         self.allow_actions = config.web.allow_actions
@@ -59,9 +61,14 @@ class Dashboard:
         self.check_host = self.gate.open and not insecure
         self.stopping = False  # set at shutdown: a bulk change stops at its next batch
         self._cache: dict[Any, tuple[float, Any]] = {}
-        self.templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
-                                            autoescape=True, undefined=jinja2.StrictUndefined)
-        self.templates.filters.update(age=_age, at=_at, ranges=bucket_ranges, pretty=_pretty, number=_number)
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters.update(
+            age=_age, at=_at, ranges=bucket_ranges, pretty=_pretty, number=_number
+        )
 
     async def db(self, fn: Callable[..., Any], *args: Any, cache: Any = None, **kwargs: Any) -> Any:
         """fn(conn, *args, **kwargs) on a pooled connection, in a thread; with `cache` (a key),
@@ -86,11 +93,19 @@ class Dashboard:
         """Drop the shared view data: after a change, the next page shows it."""
         self._cache.clear()
 
-    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    def render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> HTMLResponse:
         """The page, or only its live block when dashboard.js asks for it."""
         tmpl = self.templates.get_template(template)
-        context.update(request=request, allow_actions=self.allow_actions, csrf_token=request.state.csrf_token,
-                       refresh_s=REFRESH_S, logged_in=not self.gate.open, csrf_field=security.CSRF_FIELD)
+        context.update(
+            request=request,
+            allow_actions=self.allow_actions,
+            csrf_token=request.state.csrf_token,
+            refresh_s=REFRESH_S,
+            logged_in=not self.gate.open,
+            csrf_field=security.CSRF_FIELD,
+        )
         if request.headers.get(FRAGMENT_HEADER) and "live" in tmpl.blocks:
             body = "".join(tmpl.blocks["live"](tmpl.new_context(context)))
         else:
@@ -98,7 +113,9 @@ class Dashboard:
         return HTMLResponse(body, status_code=status, headers={"cache-control": "no-store"})
 
     def error(self, request: Request, status: int, message: str) -> HTMLResponse:
-        return self.render(request, "error.html", status=status, status_code=status, message=message)
+        return self.render(
+            request, "error.html", status=status, status_code=status, message=message
+        )
 
 
 def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Handler:
@@ -110,20 +127,31 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
         fresh = None if cookie else security.Csrf.new_cookie()
         request.state.csrf_token = dash.csrf.token_for(cookie or fresh)  # type: ignore[arg-type]
         try:
-            if dash.check_host and not security.host_allowed(request.headers.get("host"), dash.config.web.host):
+            if dash.check_host and not security.host_allowed(
+                request.headers.get("host"), dash.config.web.host
+            ):
                 response = PlainTextResponse(
                     "This dashboard answers only to localhost or a loopback address (it has no token, and another "
                     "name could be a DNS-rebinding page). Set DISPATCHER_WEB_TOKEN to reach it by another name.",
-                    status_code=400)
+                    status_code=400,
+                )
             elif not public and not dash.gate.allows(request.headers, request.cookies):
                 if request.method == "GET" and not request.headers.get(FRAGMENT_HEADER):
                     response: Response = RedirectResponse("/login", status_code=303)
                 else:
-                    response = PlainTextResponse("log in first: DISPATCHER_WEB_TOKEN is set", status_code=401)
-            elif post and not (security.same_origin(request.headers)
-                               and dash.csrf.valid(cookie, (await form(request)).get(security.CSRF_FIELD))):
-                response = dash.error(request, 403, "This form is not from this dashboard (its CSRF token is missing "
-                                                    "or wrong). Reload the page and try again.")
+                    response = PlainTextResponse(
+                        "log in first: DISPATCHER_WEB_TOKEN is set", status_code=401
+                    )
+            elif post and not (
+                security.same_origin(request.headers)
+                and dash.csrf.valid(cookie, (await form(request)).get(security.CSRF_FIELD))
+            ):
+                response = dash.error(
+                    request,
+                    403,
+                    "This form is not from this dashboard (its CSRF token is missing "
+                    "or wrong). Reload the page and try again.",
+                )
             else:
                 response = await handler(request)
         except AdminInputError as exc:
@@ -132,10 +160,18 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
             response = dash.error(request, 413, "The form is too large.")
         except (StoreError, psycopg_pool.PoolTimeout, psycopg.OperationalError) as exc:
             log.warning("dashboard: %s: %s", request.url.path, exc)
-            response = dash.error(request, 503, f"The database did not answer: {logs.redact(str(exc))}")
+            response = dash.error(
+                request, 503, f"The database did not answer: {logs.redact(str(exc))}"
+            )
         if fresh is not None:
-            response.set_cookie(security.CSRF_COOKIE, fresh, httponly=True, samesite="strict", path="/",
-                                secure=request.url.scheme == "https")
+            response.set_cookie(
+                security.CSRF_COOKIE,
+                fresh,
+                httponly=True,
+                samesite="strict",
+                path="/",
+                secure=request.url.scheme == "https",
+            )
         return response
 
     return route
@@ -155,7 +191,10 @@ async def form(request: Request) -> dict[str, str]:
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise FormTooLarge()
-    fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
+    fields = {
+        k: v[0]
+        for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()
+    }
     request.state.form = fields
     return fields
 

@@ -22,7 +22,16 @@ OUTCOME_WINDOW_S = 60  # throughput: jobs finished in the last minute
 BACKLOG_CAP = 10_000  # a bucket's due count stops here on the map ("10000+"): bounds the index read
 COLOURS = 12  # owner colours on the bucket map (CSS classes o0..o11)
 # The per-queue columns of the overview, in the order shown (queue_depth's statuses).
-DEPTH_STATUSES = ("queued", "scheduled", "running", "waiting", "failed", "discarded", "cancelled", "halted")
+DEPTH_STATUSES = (
+    "queued",
+    "scheduled",
+    "running",
+    "waiting",
+    "failed",
+    "discarded",
+    "cancelled",
+    "halted",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +50,8 @@ class Overview:
     queues: list[QueueSummary]
     mode: str  # as this dashboard's settings say (the workers' ConfigMap, in Kubernetes)
     coordinator: str
-    completed_rows_kept: bool  # False under DISPATCHER_COMPLETED_JOBS=delete: no completed rows to count
+    # False under DISPATCHER_COMPLETED_JOBS=delete: no completed rows to count
+    completed_rows_kept: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +93,21 @@ class Cell:
 class BucketMap:
     queue: str
     cells: list[Cell]
-    group: Group | None  # None: no PostgreSQL-coordinated worker serves it (skip_locked, Redis, static)
+    # None: no PostgreSQL-coordinated worker serves it (skip_locked, Redis, static)
+    group: Group | None
     due_total: int
     capped: bool = False
     owners: list[Member] = field(default_factory=list)
 
 
-def overview(conn: psycopg.Connection[Any], limits: ConnectionLimits, *, mode: str, coordinator: str,
-             completed_rows_kept: bool) -> Overview:
+def overview(
+    conn: psycopg.Connection[Any],
+    limits: ConnectionLimits,
+    *,
+    mode: str,
+    coordinator: str,
+    completed_rows_kept: bool,
+) -> Overview:
     with bounded_transaction(conn, "dashboard overview", limits, budget=READ_BUDGET):
         conn.execute(query("web_serial_reads"), prepare=False)
         depth: dict[str, dict[str, int]] = {}
@@ -99,16 +116,29 @@ def overview(conn: psycopg.Connection[Any], limits: ConnectionLimits, *, mode: s
             depth.setdefault(queue, dict.fromkeys(DEPTH_STATUSES, 0))[status] = int(jobs)
             if status == "queued":
                 oldest[queue] = oldest_s if jobs else None
-        outcomes = {q: (int(c), int(f)) for q, c, f in
-                    conn.execute(query("web_recent_outcomes"), {"window_s": OUTCOME_WINDOW_S}, prepare=False)}
+        outcomes = {
+            q: (int(c), int(f))
+            for q, c, f in conn.execute(
+                query("web_recent_outcomes"), {"window_s": OUTCOME_WINDOW_S}, prepare=False
+            )
+        }
         paused = {q for q, _ in conn.execute(query("flow_paused_list"), prepare=False)}
         members: dict[str, int] = {}
         for queue, *_ in conn.execute(query("status_members"), prepare=False):
             members[queue] = members.get(queue, 0) + 1
     names = sorted(set(depth) | set(outcomes) | paused | set(members))
-    queues = [QueueSummary(q, depth.get(q, dict.fromkeys(DEPTH_STATUSES, 0)), oldest.get(q),
-                           outcomes.get(q, (0, 0))[0], outcomes.get(q, (0, 0))[1], q in paused, members.get(q, 0))
-              for q in names]
+    queues = [
+        QueueSummary(
+            q,
+            depth.get(q, dict.fromkeys(DEPTH_STATUSES, 0)),
+            oldest.get(q),
+            outcomes.get(q, (0, 0))[0],
+            outcomes.get(q, (0, 0))[1],
+            q in paused,
+            members.get(q, 0),
+        )
+        for q in names
+    ]
     return Overview(queues, mode, coordinator, completed_rows_kept)
 
 
@@ -118,37 +148,71 @@ def queue_names(conn: psycopg.Connection[Any], limits: ConnectionLimits) -> list
         return [name for (name,) in conn.execute(query("web_queue_names"), prepare=False)]
 
 
-def fleet(conn: psycopg.Connection[Any], limits: ConnectionLimits, *, member_lease_s: float) -> list[Group]:
+def fleet(
+    conn: psycopg.Connection[Any], limits: ConnectionLimits, *, member_lease_s: float
+) -> list[Group]:
     with bounded_transaction(conn, "dashboard workers", limits, budget=READ_BUDGET):
         return _groups(read_fleet(conn), member_lease_s)
 
 
-def bucket_map(conn: psycopg.Connection[Any], limits: ConnectionLimits, queue: str, *,
-               member_lease_s: float) -> BucketMap:
+def bucket_map(
+    conn: psycopg.Connection[Any], limits: ConnectionLimits, queue: str, *, member_lease_s: float
+) -> BucketMap:
     with bounded_transaction(conn, "dashboard buckets", limits, budget=READ_BUDGET):
         conn.execute(query("web_serial_reads"), prepare=False)
-        due = dict(conn.execute(query("web_bucket_backlog"), {"queue": queue, "cap": BACKLOG_CAP},
-                                prepare=False).fetchall())
+        due = dict(
+            conn.execute(
+                query("web_bucket_backlog"), {"queue": queue, "cap": BACKLOG_CAP}, prepare=False
+            ).fetchall()
+        )
         groups = {g.name: g for g in _groups(read_fleet(conn), member_lease_s)}
     group = groups.get(queue)
-    owner_of: dict[int, Member] = {b: m for m in (group.members if group else []) for b in m.buckets}
+    owner_of: dict[int, Member] = {
+        b: m for m in (group.members if group else []) for b in m.buckets
+    }
     stale = {o["bucket"]: o["owner"] for o in (group.orphaned if group else [])}
     moving = {h["bucket"]: h["to"] for h in (group.handoffs if group else [])}
     cells = []
     for bucket in range(NUM_BUCKETS):
         member = owner_of.get(bucket)
         n = int(due.get(bucket, 0))
-        cells.append(Cell(bucket, n, n >= BACKLOG_CAP, member.id if member else stale.get(bucket),
-                          member.colour if member else None, moving.get(bucket)))
-    return BucketMap(queue, cells, group, sum(c.due for c in cells), any(c.capped for c in cells),
-                     group.members if group else [])
+        cells.append(
+            Cell(
+                bucket,
+                n,
+                n >= BACKLOG_CAP,
+                member.id if member else stale.get(bucket),
+                member.colour if member else None,
+                moving.get(bucket),
+            )
+        )
+    return BucketMap(
+        queue,
+        cells,
+        group,
+        sum(c.due for c in cells),
+        any(c.capped for c in cells),
+        group.members if group else [],
+    )
 
 
 def _groups(raw: dict[str, Any], member_lease_s: float) -> list[Group]:
     groups = []
     for name, g in sorted(raw.items()):
-        members = [Member(m["id"], m["heartbeat_age_s"], m["up_s"], m["leaving"], m["leader"], sorted(m["buckets"]),
-                          m["leaving"] or m["heartbeat_age_s"] > member_lease_s / 2, i % COLOURS)
-                   for i, m in enumerate(g["members"])]
-        groups.append(Group(name, g["leader"], g["term"], members, g["unowned"], g["handoffs"], g["orphaned"]))
+        members = [
+            Member(
+                m["id"],
+                m["heartbeat_age_s"],
+                m["up_s"],
+                m["leaving"],
+                m["leader"],
+                sorted(m["buckets"]),
+                m["leaving"] or m["heartbeat_age_s"] > member_lease_s / 2,
+                i % COLOURS,
+            )
+            for i, m in enumerate(g["members"])
+        ]
+        groups.append(
+            Group(name, g["leader"], g["term"], members, g["unowned"], g["handoffs"], g["orphaned"])
+        )
     return groups

@@ -25,11 +25,22 @@ def create_app(config: Config, *, insecure: bool = False) -> Starlette:
     """The dashboard for `config` (its database and web settings); the pool opens with the app.
     `insecure`: started with --insecure, so requests may name any host."""
     pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
-        config.dsn or "", min_size=1, max_size=POOL_MAX, open=False, name="dispatcher-web",
-        timeout=POOL_WAIT_S, max_idle=300, reconnect_timeout=0,
+        config.dsn or "",
+        min_size=1,
+        max_size=POOL_MAX,
+        open=False,
+        name="dispatcher-web",
+        timeout=POOL_WAIT_S,
+        max_idle=300,
+        reconnect_timeout=0,
         check=psycopg_pool.ConnectionPool.check_connection,
-        kwargs={"autocommit": True, "application_name": "dispatcher-web", "prepare_threshold": None,
-                **config.database.limits.connect_kwargs()})
+        kwargs={
+            "autocommit": True,
+            "application_name": "dispatcher-web",
+            "prepare_threshold": None,
+            **config.database.limits.connect_kwargs(),
+        },
+    )
     dashboard = Dashboard(config, pool=pool, insecure=insecure)
 
     @contextlib.asynccontextmanager
@@ -46,7 +57,9 @@ def create_app(config: Config, *, insecure: bool = False) -> Starlette:
         Route("/", guarded(views.overview)),
         Route("/jobs", guarded(views.jobs)),
         Route("/jobs/{job_id:int}", guarded(views.job)),
-        Route("/jobs/{job_id:int}/{action}", guarded(actions.job_action, post=True), methods=["POST"]),
+        Route(
+            "/jobs/{job_id:int}/{action}", guarded(actions.job_action, post=True), methods=["POST"]
+        ),
         Route("/workers", guarded(views.workers)),
         Route("/buckets", guarded(views.buckets)),
         Route("/flow", guarded(views.flow)),
@@ -60,6 +73,8 @@ def create_app(config: Config, *, insecure: bool = False) -> Starlette:
         Route("/readyz", views.readyz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(security.SecurityHeaders)], lifespan=lifespan)
+    app = Starlette(
+        routes=routes, middleware=[Middleware(security.SecurityHeaders)], lifespan=lifespan
+    )
     app.state.dashboard = dashboard
     return app

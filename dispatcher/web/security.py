@@ -29,8 +29,10 @@ SESSION_COOKIE = "dispatcher_session"
 CSRF_FIELD = "csrf_token"
 SESSION_TTL_S = 12 * 3600
 MAX_SESSIONS = 10_000  # logins kept; the oldest is forgotten first
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
 HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
@@ -57,9 +59,12 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, token: str | None, insecure: bool) -> None:
     """ConfigError unless `host` is loopback, a token is set, or --insecure was given on purpose."""
     if token is None and not insecure and not is_loopback(host):
-        raise ConfigError("--host", f"{host!r} is not a loopback address: anyone who reaches it could read every "
-                                        "job's payload; set DISPATCHER_WEB_TOKEN, or pass --insecure if a proxy in "
-                                        "front of it checks who comes in")
+        raise ConfigError(
+            "--host",
+            f"{host!r} is not a loopback address: anyone who reaches it could read every "
+            "job's payload; set DISPATCHER_WEB_TOKEN, or pass --insecure if a proxy in "
+            "front of it checks who comes in",
+        )
 
 
 class Gate:
@@ -74,8 +79,11 @@ class Gate:
         return self._token is None
 
     def token_matches(self, given: str | None) -> bool:
-        return self._token is not None and given is not None and hmac.compare_digest(given.strip().encode(),
-                                                                                     self._token)
+        return (
+            self._token is not None
+            and given is not None
+            and hmac.compare_digest(given.strip().encode(), self._token)
+        )
 
     def allows(self, headers: Any, cookies: MutableMapping[str, str]) -> bool:
         if self._token is None:
@@ -135,7 +143,8 @@ def same_origin(headers: Any) -> bool:
     referer = headers.get("referer") or ""
     if referer:
         return _netloc(referer) == host
-    return origin != "null"  # neither header: a non-browser client, which the CSRF token still checks
+    # neither header: a non-browser client, which the CSRF token still checks
+    return origin != "null"
 
 
 def _netloc(url: str) -> str | None:
@@ -164,8 +173,10 @@ def host_allowed(host_header: str | None, bind_host: str) -> bool:
         return False
 
 
-Asgi = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-                Awaitable[None]]
+Asgi = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
 
 
 class SecurityHeaders:
@@ -174,8 +185,12 @@ class SecurityHeaders:
     def __init__(self, app: Asgi) -> None:
         self.app = app
 
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]],
-                       send: Callable[[Any], Awaitable[None]]) -> None:
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

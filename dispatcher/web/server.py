@@ -32,17 +32,36 @@ def serve(config: Config, *, insecure: bool = False) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            app.state.dashboard.stopping = True  # a bulk change in a request stops at its next batch
+            # a bulk change in a request stops at its next batch
+            app.state.dashboard.stopping = True
             super().handle_exit(sig, frame)
 
-    server = Server(uvicorn.Config(
-        app, host=web.host, port=web.port, log_config=None, access_log=False, server_header=False,
-        proxy_headers=False, lifespan="on", timeout_keep_alive=KEEP_ALIVE_S,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S, limit_concurrency=MAX_CONNECTIONS))
+    server = Server(
+        uvicorn.Config(
+            app,
+            host=web.host,
+            port=web.port,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+            lifespan="on",
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            limit_concurrency=MAX_CONNECTIONS,
+        )
+    )
     shown = f"[{web.host}]" if ":" in web.host else web.host
-    log.info("dashboard on http://%s:%d (%s%s)", shown, web.port,
-             "actions allowed" if web.allow_actions else "read-only",
-             ", token required" if web.token else (", no login: --insecure" if insecure else ", loopback only"))
+    log.info(
+        "dashboard on http://%s:%d (%s%s)",
+        shown,
+        web.port,
+        "actions allowed" if web.allow_actions else "read-only",
+        ", token required"
+        if web.token
+        else (", no login: --insecure" if insecure else ", loopback only"),
+    )
+
     # uvicorn traps SIGTERM and SIGINT while it serves, then sends the signal again once it has
     # stopped, to the handler that was in place before: this one, so the command exits 0 after a
     # clean stop. A signal before uvicorn's own handlers are in place stops it all the same.

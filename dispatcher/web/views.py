@@ -9,7 +9,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from dispatcher.api.admin import (AdminInputError, Filters, job_attempts, list_halted_keys, list_jobs, show_job)
+from dispatcher.api.admin import (
+    AdminInputError,
+    Filters,
+    job_attempts,
+    list_halted_keys,
+    list_jobs,
+    show_job,
+)
 from dispatcher.api.flow import list_limits, paused_queues
 from dispatcher.api.schedule_admin import list_schedules
 from dispatcher.api.text import parse_duration_s
@@ -23,14 +30,24 @@ from dispatcher.web.app import Dashboard
 PAGE_SIZE = 50
 FILTER_KEYS = ("queue", "status", "type", "older_than", "newer_than")
 # What each status of a job allows, for the buttons of its page (the admin re-checks on the row).
-ACTIONS_BY_STATUS = {"failed": ("retry", "cancel", "purge"), "discarded": ("retry", "cancel", "purge"),
-                     "queued": ("cancel",), "running": ("cancel",), "waiting": ("cancel",),
-                     "completed": ("purge",), "cancelled": ("purge",)}
-DONE = {"retried": "Retried: the job is queued again.", "cancelled": "Cancelled.",
-        "cancel-requested": "Cancel requested: the worker running it stops it at its next check.",
-        "purged": "Purged: the job's row is deleted.",
-        "skipped": "Nothing changed: the job's status no longer allows it.",
-        "paused": "Queue paused: workers claim nothing more from it.", "resumed": "Queue resumed."}
+ACTIONS_BY_STATUS = {
+    "failed": ("retry", "cancel", "purge"),
+    "discarded": ("retry", "cancel", "purge"),
+    "queued": ("cancel",),
+    "running": ("cancel",),
+    "waiting": ("cancel",),
+    "completed": ("purge",),
+    "cancelled": ("purge",),
+}
+DONE = {
+    "retried": "Retried: the job is queued again.",
+    "cancelled": "Cancelled.",
+    "cancel-requested": "Cancel requested: the worker running it stops it at its next check.",
+    "purged": "Purged: the job's row is deleted.",
+    "skipped": "Nothing changed: the job's status no longer allows it.",
+    "paused": "Queue paused: workers claim nothing more from it.",
+    "resumed": "Queue resumed.",
+}
 
 
 def _dash(request: Request) -> Dashboard:
@@ -40,10 +57,21 @@ def _dash(request: Request) -> Dashboard:
 async def overview(request: Request) -> Response:
     dash = _dash(request)
     config = dash.config
-    data = await dash.db(reads.overview, dash.limits, mode=config.mode, coordinator=config.coordinator,
-                         completed_rows_kept=config.completion.completed_jobs == COMPLETED_KEEP, cache="overview")
-    return dash.render(request, "overview.html", data=data, statuses=reads.DEPTH_STATUSES,
-                       window_s=reads.OUTCOME_WINDOW_S)
+    data = await dash.db(
+        reads.overview,
+        dash.limits,
+        mode=config.mode,
+        coordinator=config.coordinator,
+        completed_rows_kept=config.completion.completed_jobs == COMPLETED_KEEP,
+        cache="overview",
+    )
+    return dash.render(
+        request,
+        "overview.html",
+        data=data,
+        statuses=reads.DEPTH_STATUSES,
+        window_s=reads.OUTCOME_WINDOW_S,
+    )
 
 
 def filters_from(params: Any, *, before: bool = True) -> tuple[Filters, dict[str, str]]:
@@ -52,9 +80,13 @@ def filters_from(params: Any, *, before: bool = True) -> tuple[Filters, dict[str
     given = {k: (params.get(k) or "").strip() for k in FILTER_KEYS}
     for key in ("queue", "type"):
         if given[key] and not is_valid_name(given[key]):
-            raise AdminInputError(f"{given[key]!r} is not a name a job can have (letters, digits, _ . -)", key)
+            raise AdminInputError(
+                f"{given[key]!r} is not a name a job can have (letters, digits, _ . -)", key
+            )
     if given["status"] and given["status"] not in STATUSES:
-        raise AdminInputError(f"unknown status {given['status']!r} (one of {', '.join(STATUSES)})", "status")
+        raise AdminInputError(
+            f"unknown status {given['status']!r} (one of {', '.join(STATUSES)})", "status"
+        )
     ages: dict[str, float | None] = {}
     for key in ("older_than", "newer_than"):
         try:
@@ -67,10 +99,14 @@ def filters_from(params: Any, *, before: bool = True) -> tuple[Filters, dict[str
             before_id = int(params["before"])
         except ValueError:
             raise AdminInputError(f"a job id, got {params['before']!r}", "before") from None
-    filters = Filters(statuses=(given["status"],) if given["status"] else (),
-                      queues=(given["queue"],) if given["queue"] else (),
-                      job_types=(given["type"],) if given["type"] else (),
-                      older_than_s=ages["older_than"], newer_than_s=ages["newer_than"], before_id=before_id)
+    filters = Filters(
+        statuses=(given["status"],) if given["status"] else (),
+        queues=(given["queue"],) if given["queue"] else (),
+        job_types=(given["type"],) if given["type"] else (),
+        older_than_s=ages["older_than"],
+        newer_than_s=ages["newer_than"],
+        before_id=before_id,
+    )
     return filters, {k: v for k, v in given.items() if v}
 
 
@@ -79,10 +115,18 @@ async def jobs(request: Request) -> Response:
     filters, given = filters_from(request.query_params)
     rows = await dash.db(list_jobs, filters, limit=PAGE_SIZE + 1, limits=dash.limits)
     more = len(rows) > PAGE_SIZE
-    return dash.render(request, "jobs.html", rows=rows[:PAGE_SIZE], given=given, more=more, statuses=STATUSES,
-                       values={k: given.get(k, "") for k in FILTER_KEYS},
-                       first_page=filters.before_id is None,
-                       next_before=rows[PAGE_SIZE - 1].id if more else None, bulk=bool(given))
+    return dash.render(
+        request,
+        "jobs.html",
+        rows=rows[:PAGE_SIZE],
+        given=given,
+        more=more,
+        statuses=STATUSES,
+        values={k: given.get(k, "") for k in FILTER_KEYS},
+        first_page=filters.before_id is None,
+        next_before=rows[PAGE_SIZE - 1].id if more else None,
+        bulk=bool(given),
+    )
 
 
 async def job(request: Request) -> Response:
@@ -91,21 +135,41 @@ async def job(request: Request) -> Response:
     if job_id < 1:
         return dash.error(request, 404, "No such job.")
     detail = await dash.db(show_job, job_id, limits=dash.limits)
-    attempts = detail.attempts if detail else await dash.db(job_attempts, job_id, limits=dash.limits)
+    attempts = (
+        detail.attempts if detail else await dash.db(job_attempts, job_id, limits=dash.limits)
+    )
     done = DONE.get(request.query_params.get("done", ""))
     status = detail.job["status"] if detail else None
     if detail is None and not attempts:
-        return dash.error(request, 404, f"No job {job_id}: no row and no history (it was never enqueued, or it "
-                                        "completed under DISPATCHER_COMPLETED_JOBS=delete, or it was pruned).")
-    return dash.render(request, "job.html", job_id=job_id, detail=detail, attempts=attempts, done=done,
-                       actions=ACTIONS_BY_STATUS.get(status or "", ()) if detail else ())
+        return dash.error(
+            request,
+            404,
+            f"No job {job_id}: no row and no history (it was never enqueued, or it "
+            "completed under DISPATCHER_COMPLETED_JOBS=delete, or it was pruned).",
+        )
+    return dash.render(
+        request,
+        "job.html",
+        job_id=job_id,
+        detail=detail,
+        attempts=attempts,
+        done=done,
+        actions=ACTIONS_BY_STATUS.get(status or "", ()) if detail else (),
+    )
 
 
 async def workers(request: Request) -> Response:
     dash = _dash(request)
-    groups = await dash.db(reads.fleet, dash.limits, member_lease_s=dash.config.coordinator_lease_s, cache="workers")
-    return dash.render(request, "workers.html", groups=groups, coordinator=dash.config.coordinator,
-                       mode=dash.config.mode)
+    groups = await dash.db(
+        reads.fleet, dash.limits, member_lease_s=dash.config.coordinator_lease_s, cache="workers"
+    )
+    return dash.render(
+        request,
+        "workers.html",
+        groups=groups,
+        coordinator=dash.config.coordinator,
+        mode=dash.config.mode,
+    )
 
 
 async def buckets(request: Request) -> Response:
@@ -114,22 +178,34 @@ async def buckets(request: Request) -> Response:
     queue = (request.query_params.get("queue") or (names[0] if names else "default")).strip()
     if not is_valid_name(queue):
         raise AdminInputError(f"{queue!r} is not a queue name", "queue")
-    grid = await dash.db(reads.bucket_map, dash.limits, queue, member_lease_s=dash.config.coordinator_lease_s,
-                         cache=("buckets", queue))
-    return dash.render(request, "buckets.html", grid=grid, queues=names, queue=queue, cap=reads.BACKLOG_CAP)
+    grid = await dash.db(
+        reads.bucket_map,
+        dash.limits,
+        queue,
+        member_lease_s=dash.config.coordinator_lease_s,
+        cache=("buckets", queue),
+    )
+    return dash.render(
+        request, "buckets.html", grid=grid, queues=names, queue=queue, cap=reads.BACKLOG_CAP
+    )
 
 
 def _flow(conn: Any, limits: Any) -> dict[str, Any]:
     # One connection for the four reads; each function bounds its own transaction.
-    return {"limits": list_limits(conn, limits=limits), "paused": paused_queues(conn, limits=limits),
-            "halted": list_halted_keys(conn, Filters(halted=True), limit=PAGE_SIZE, limits=limits),
-            "schedules": list_schedules(conn, limits=limits)}
+    return {
+        "limits": list_limits(conn, limits=limits),
+        "paused": paused_queues(conn, limits=limits),
+        "halted": list_halted_keys(conn, Filters(halted=True), limit=PAGE_SIZE, limits=limits),
+        "schedules": list_schedules(conn, limits=limits),
+    }
 
 
 async def flow(request: Request) -> Response:
     dash = _dash(request)
     data = await dash.db(_flow, dash.limits, cache="flow")
-    return dash.render(request, "flow.html", done=DONE.get(request.query_params.get("done", "")), **data)
+    return dash.render(
+        request, "flow.html", done=DONE.get(request.query_params.get("done", "")), **data
+    )
 
 
 async def healthz(request: Request) -> Response:

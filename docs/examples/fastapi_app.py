@@ -1,6 +1,7 @@
 # fastapi_app.py
-"""Serve with `uvicorn fastapi_app:app`; RUN_WORKER=1 also runs a worker in the app's process.
-Or run the workers on their own: DISPATCHER_DSN=$DATABASE_URL dispatcher run --app fastapi_app:registry"""
+"""Serve with `uvicorn fastapi_app:app`; RUN_WORKER=1 also runs a worker in the app's process. Or
+run the workers on their own: DISPATCHER_DSN=$DATABASE_URL dispatcher run --app
+fastapi_app:registry"""
 
 import asyncio
 import contextlib
@@ -28,7 +29,9 @@ async def worker_in_process():
     worker = Worker(Config.load(dsn=DATABASE_URL), registry)  # DISPATCHER_* settings apply
     running, stopping = asyncio.create_task(worker.run()), False
     # Nothing restarts a worker that ends on its own (a lost schema, stuck handlers): say so.
-    running.add_done_callback(lambda task: stopping or log.error("the in-process worker ended: %r", task))
+    running.add_done_callback(
+        lambda task: stopping or log.error("the in-process worker ended: %r", task)
+    )
     try:
         yield
     finally:
@@ -55,8 +58,11 @@ class SignUp(BaseModel):
 
 @app.post("/signup", status_code=201)
 async def signup(body: SignUp) -> dict[str, int]:
-    async with app.state.pool.connection() as conn:  # one transaction, committed at the end of the block
-        cur = await conn.execute("INSERT INTO users (email) VALUES (%s) RETURNING id", (body.email,))
+    # one transaction, committed at the end of the block
+    async with app.state.pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO users (email) VALUES (%s) RETURNING id", (body.email,)
+        )
         (user_id,) = await cur.fetchone()
         await enqueue(conn, "send_welcome", {"user_id": user_id, "email": body.email})
     return {"id": user_id}  # after the commit: a 201 means the user and the job are both there

@@ -36,7 +36,8 @@ async def swallow_cancel(job: Job) -> None:
             try:
                 await asyncio.sleep(left_s)
             except asyncio.CancelledError:
-                continue  # deliberately deaf: the worker must cope with a handler that will not stop
+                # deliberately deaf: the worker must cope with a handler that will not stop
+                continue
 
 
 @registry.handler("never_returns_sync")

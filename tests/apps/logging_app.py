@@ -13,13 +13,21 @@ import logging.config
 
 from dispatcher import Job, Registry
 
-logging.config.dictConfig({
-    "version": 1,
-    "disable_existing_loggers": True,
-    "formatters": {"app": {"format": "APP %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "app", "stream": "ext://sys.stdout"}},
-    "root": {"handlers": ["console"], "level": "WARNING"},
-})
+logging.config.dictConfig(
+    {
+        "version": 1,
+        "disable_existing_loggers": True,
+        "formatters": {"app": {"format": "APP %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": "app",
+                "stream": "ext://sys.stdout",
+            }
+        },
+        "root": {"handlers": ["console"], "level": "WARNING"},
+    }
+)
 
 log = logging.getLogger("ecoapp")
 registry = Registry()

@@ -36,7 +36,9 @@ def _write(line: str) -> None:
     global _log
     with _log_lock:
         if _log is None:
-            _log = open(os.path.join(os.environ["RECORD_DIR"], f"{os.getpid()}.log"), "a", buffering=1)
+            _log = open(
+                os.path.join(os.environ["RECORD_DIR"], f"{os.getpid()}.log"), "a", buffering=1
+            )
         _log.write(line)  # line-buffered: one write() per line, before the handler goes on
 
 
@@ -85,7 +87,9 @@ async def record_keyed(job: Job) -> None:
     not the job's ordering key is a test's own mistake: it fails loudly."""
     with recorded(job):
         if job.payload.get("key") != job.ordering_key:
-            raise AssertionError(f"job {job.id}: payload key {job.payload.get('key')!r} is not {job.ordering_key!r}")
+            raise AssertionError(
+                f"job {job.id}: payload key {job.payload.get('key')!r} is not {job.ordering_key!r}"
+            )
         await asyncio.sleep(job.payload.get("s", 0.05))
 
 

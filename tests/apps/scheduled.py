@@ -1,9 +1,10 @@
-"""Worker apps with recurring jobs, for the scheduler's multi-process tests (tests/chaos/test_schedules.py).
+"""Worker apps with recurring jobs, for the scheduler's multi-process tests
+(tests/chaos/test_schedules.py).
 
-Every execution of `tick` appends `job_id slot start pid` to RECORD_DIR/slots-<pid>.log, one write
-per line: `slot` is the job's `scheduled_for` as the handler saw it (Unix seconds), `start` the
-wall clock when it started. `registry`: one schedule every second; `catch_up_registry`: three, one
-per catch_up policy.
+Every execution of `tick` appends `job_id slot start pid` to RECORD_DIR/slots-<pid>.log, one
+write per line: `slot` is the job's `scheduled_for` as the handler saw it (Unix seconds), `start`
+the wall clock when it started. `registry`: one schedule every second; `catch_up_registry`:
+three, one per catch_up policy.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ async def tick(job: Job) -> None:
     slot = "-" if job.scheduled_for is None else f"{job.scheduled_for.timestamp():.6f}"
     with _log_lock:
         if _log is None:
-            _log = open(os.path.join(os.environ["RECORD_DIR"], f"slots-{os.getpid()}.log"), "a", buffering=1)
+            _log = open(
+                os.path.join(os.environ["RECORD_DIR"], f"slots-{os.getpid()}.log"), "a", buffering=1
+            )
         _log.write(f"{job.id} {slot} {time.time():.6f} {os.getpid()}\n")
 
 

@@ -29,13 +29,22 @@ class FileExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with open(self.path, "a") as out:
             for span in spans:
-                out.write(json.dumps({
-                    "name": span.name, "kind": span.kind.name,
-                    "trace_id": format(span.context.trace_id, "032x"), "span_id": format(span.context.span_id, "016x"),
-                    "parent": format(span.parent.span_id, "016x") if span.parent else None,
-                    "links": [format(link.context.span_id, "016x") for link in span.links],
-                    "attributes": dict(span.attributes or {}), "status": span.status.status_code.name,
-                    "events": [event.name for event in span.events]}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "name": span.name,
+                            "kind": span.kind.name,
+                            "trace_id": format(span.context.trace_id, "032x"),
+                            "span_id": format(span.context.span_id, "016x"),
+                            "parent": format(span.parent.span_id, "016x") if span.parent else None,
+                            "links": [format(link.context.span_id, "016x") for link in span.links],
+                            "attributes": dict(span.attributes or {}),
+                            "status": span.status.status_code.name,
+                            "events": [event.name for event in span.events],
+                        }
+                    )
+                    + "\n"
+                )
         return SpanExportResult.SUCCESS
 
 

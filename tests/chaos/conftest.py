@@ -13,7 +13,12 @@ import psycopg
 import pytest
 
 from dispatcher.db.migrate import migrate
-from dispatcher.devtools.embedded import EmbeddedPostgres, EmbeddedRedis, start_postgres, start_redis
+from dispatcher.devtools.embedded import (
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    start_postgres,
+    start_redis,
+)
 from tests.chaos.proxy import Proxy
 from tests.chaos.support import Workers
 from tests.databases import dbname_of, scratch_database
@@ -64,7 +69,9 @@ def restartable_pg() -> Iterator[RestartablePg]:
     not of the machine, so no acknowledged write is lost, as on a production server, whereas
     asynchronous commit (the tier's speed setting) would lose the last ~200 ms of acknowledged
     commits and so test that opt-out rather than the dispatcher."""
-    with start_postgres(durable=False, max_connections=100, settings={"synchronous_commit": True}) as server:
+    with start_postgres(
+        durable=False, max_connections=100, settings={"synchronous_commit": True}
+    ) as server:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
             conn.execute("CREATE DATABASE chaos")
         dsn = server.dsn_for("chaos")

@@ -77,8 +77,10 @@ class Entry:
 
 def entries(dsn: str) -> list[Entry]:
     rows: list[tuple[Any, ...]] = fetchall(
-        dsn, "SELECT seq, job_id, old_status, new_status, attempts, old_locked_by, new_locked_by, locked_at, "
-             "old_lease_expires_at, lease_expired, at FROM chaos_journal ORDER BY seq")
+        dsn,
+        "SELECT seq, job_id, old_status, new_status, attempts, old_locked_by, new_locked_by, locked_at, "
+        "old_lease_expires_at, lease_expired, at FROM chaos_journal ORDER BY seq",
+    )
     return [Entry(*row) for row in rows]
 
 
@@ -118,11 +120,19 @@ def takeovers(journal: list[Entry], worker: str) -> tuple[list[Takeover], list[i
     next. Returns (taken over, job ids never claimed again)."""
     done, never = [], []
     for reaped in expired_leases_of(journal, worker):
-        after = [e for e in journal if e.job_id == reaped.job_id and e.is_claim and e.seq > reaped.seq]
+        after = [
+            e for e in journal if e.job_id == reaped.job_id and e.is_claim and e.seq > reaped.seq
+        ]
         if not after:
             never.append(reaped.job_id)
             continue
         assert reaped.old_lease_expires_at is not None and after[0].locked_at is not None
-        done.append(Takeover(reaped.job_id, reaped.old_lease_expires_at, after[0].locked_at,
-                             after[0].new_locked_by))
+        done.append(
+            Takeover(
+                reaped.job_id,
+                reaped.old_lease_expires_at,
+                after[0].locked_at,
+                after[0].new_locked_by,
+            )
+        )
     return done, never

@@ -82,7 +82,9 @@ class Proxy:
         self._mode = FORWARD  # written by the loop thread only
         self._failure: BaseException | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"chaos-proxy-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"chaos-proxy-{self.port}", daemon=True
+        )
         self._thread.start()
 
     # -- the test's side ---------------------------------------------------------------------------
@@ -127,7 +129,9 @@ class Proxy:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def _command(self, name: str) -> None:
@@ -143,10 +147,12 @@ class Proxy:
         except BlockingIOError:
             pass  # the wake-up pipe is full: the loop has wake-ups pending anyway
         if not done.wait(_COMMAND_TIMEOUT_S):
-            raise ProxyError(f"proxy loop did not apply {name!r} within {_COMMAND_TIMEOUT_S} s "
-                             f"(alive={self._thread.is_alive()}, failure={self._failure!r})")
+            raise ProxyError(
+                f"proxy loop did not apply {name!r} within {_COMMAND_TIMEOUT_S} s "
+                f"(alive={self._thread.is_alive()}, failure={self._failure!r})"
+            )
 
-    # -- the loop thread -------------------------------------------------------------------------------
+    # -- the loop thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
@@ -211,7 +217,9 @@ class Proxy:
     def _sync_interest(self) -> None:
         """(Re)register each socket for what it may do in the current mode."""
         wanted: dict[socket.socket, tuple[int, _Link | None]] = {
-            self._wake_r: (selectors.EVENT_READ, None), self._listener: (selectors.EVENT_READ, None)}
+            self._wake_r: (selectors.EVENT_READ, None),
+            self._listener: (selectors.EVENT_READ, None),
+        }
         if self._mode == FORWARD:
             for link in list(self._links):
                 if link.server is None:
@@ -267,7 +275,7 @@ class Proxy:
                 (link.to_server if from_client else link.to_client).extend(data)
             if events & selectors.EVENT_WRITE:
                 out = link.to_client if from_client else link.to_server
-                del out[:sock.send(out)]
+                del out[: sock.send(out)]
             self._pass_eofs(link)
         except (BlockingIOError, InterruptedError):
             return

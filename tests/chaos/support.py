@@ -20,7 +20,14 @@ from typing import Any
 import psycopg
 
 from dispatcher import enqueue_payloads_sync
-from tests.helpers import Execution, fetchall, key_order_violations, read_executions, start_worker, wait_until
+from tests.helpers import (
+    Execution,
+    fetchall,
+    key_order_violations,
+    read_executions,
+    start_worker,
+    wait_until,
+)
 
 DEFAULT_APP = "tests.apps.faulty:registry"
 # Fast reactions, so a test sees a death or a reap within about a second: idle poll 0.2 s,
@@ -46,8 +53,16 @@ class WorkerProcess:
     """One worker process. Times returned are time.time() (wall clock, as in the execution
     records) or time.monotonic() where said."""
 
-    def __init__(self, name: str, dsn: str, record_dir: Path, log_path: Path, *, app: str = DEFAULT_APP,
-                 **settings: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        dsn: str,
+        record_dir: Path,
+        log_path: Path,
+        *,
+        app: str = DEFAULT_APP,
+        **settings: Any,
+    ) -> None:
         self.name = name
         self.dsn = dsn
         self.settings = settings
@@ -77,7 +92,10 @@ class WorkerProcess:
     def shutdown_bound_s(self) -> float:
         """How long after SIGTERM this worker may take to exit: its grace period plus the
         allowance for flushing and closing."""
-        return float(self.settings.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S)) + EXIT_ALLOWANCE_S
+        return (
+            float(self.settings.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S))
+            + EXIT_ALLOWANCE_S
+        )
 
     def executions(self, *, include_unfinished: bool = True) -> dict[int, list[Execution]]:
         """This process's executions only (one file read: cheap enough to poll)."""
@@ -87,7 +105,7 @@ class WorkerProcess:
         """Its executions that have started and not ended: handlers mid-run right now."""
         return [run for runs in self.executions().values() for run in runs if run.end is None]
 
-    # -- its log ---------------------------------------------------------------------------------------
+    # -- its log -----------------------------------------------------------------------------------
 
     def log_text(self) -> str:
         """Everything it has logged so far (read incrementally: only new bytes each call)."""
@@ -113,14 +131,19 @@ class WorkerProcess:
             exited = self._proc.poll() is not None  # before reading: its last lines are then in
             match = regex.search(self.log_text(), start)
             if match is None and exited:
-                raise AssertionError(f"{self.name} exited with {self._proc.returncode} before its log matched "
-                                     f"{pattern!r}; log tail:\n{self.log_tail()}")
+                raise AssertionError(
+                    f"{self.name} exited with {self._proc.returncode} before its log matched "
+                    f"{pattern!r}; log tail:\n{self.log_tail()}"
+                )
             return match
 
-        return wait_until(found, timeout_s, lambda: f"{self.name}'s log to match {pattern!r}; log tail:\n"
-                                                    f"{self.log_tail()}")
+        return wait_until(
+            found,
+            timeout_s,
+            lambda: f"{self.name}'s log to match {pattern!r}; log tail:\n{self.log_tail()}",
+        )
 
-    # -- signals ---------------------------------------------------------------------------------------
+    # -- signals -----------------------------------------------------------------------------------
 
     def signal(self, sig: int) -> float:
         """Send `sig`; returns time.monotonic() just after (the `after` of exited_within)."""
@@ -140,7 +163,12 @@ class WorkerProcess:
         it certainly was (its connections stay open: to the database it looks alive but stalled)."""
         self._proc.send_signal(signal.SIGSTOP)
         self.paused = True
-        wait_until(lambda: _state(self.pid) in ("T", None), 5, f"{self.name} to show as stopped", interval_s=0.005)
+        wait_until(
+            lambda: _state(self.pid) in ("T", None),
+            5,
+            f"{self.name} to show as stopped",
+            interval_s=0.005,
+        )
         return time.time()
 
     def resume(self) -> float:
@@ -151,17 +179,20 @@ class WorkerProcess:
         self.paused = False
         return resumed_at
 
-    # -- its exit --------------------------------------------------------------------------------------
+    # -- its exit ----------------------------------------------------------------------------------
 
     def wait_exit(self, timeout_s: float) -> int:
-        """Its exit code; if it is still running after `timeout_s`, SIGKILL it and fail with the log tail."""
+        """Its exit code; if it is still running after `timeout_s`, SIGKILL it and fail with the
+        log tail."""
         try:
             return self._proc.wait(timeout=max(0.0, timeout_s))
         except subprocess.TimeoutExpired:
             paused = self.paused
             self.kill()
-            raise AssertionError(f"{self.name} (pid {self.pid}{', paused' if paused else ''}) still ran "
-                                 f"{timeout_s:.1f} s later and was killed; log tail:\n{self.log_tail()}") from None
+            raise AssertionError(
+                f"{self.name} (pid {self.pid}{', paused' if paused else ''}) still ran "
+                f"{timeout_s:.1f} s later and was killed; log tail:\n{self.log_tail()}"
+            ) from None
 
     def exited_within(self, bound_s: float, after: float) -> int:
         """Its exit code, if it exits within `bound_s` of `after` (a time.monotonic(), e.g. from
@@ -169,7 +200,9 @@ class WorkerProcess:
         try:
             return self.wait_exit(after + bound_s - time.monotonic())
         except AssertionError as exc:
-            raise AssertionError(f"{self.name} did not exit within its bound of {bound_s:g} s: {exc}") from None
+            raise AssertionError(
+                f"{self.name} did not exit within its bound of {bound_s:g} s: {exc}"
+            ) from None
 
     def stop(self) -> int:
         """SIGTERM, then its exit code once it exits within its shutdown bound."""
@@ -185,10 +218,19 @@ class Workers:
         self.record_dir.mkdir(exist_ok=True)
         self.started: list[WorkerProcess] = []
 
-    def start(self, dsn: str, name: str, *, app: str = DEFAULT_APP, **settings: Any) -> WorkerProcess:
-        """A worker with worker_id `name`, FAST settings unless overridden, logging to <name>.out."""
-        worker = WorkerProcess(name, dsn, self.record_dir, self.dir / f"{name}.out", app=app,
-                               **{**FAST, "worker_id": name, **settings})
+    def start(
+        self, dsn: str, name: str, *, app: str = DEFAULT_APP, **settings: Any
+    ) -> WorkerProcess:
+        """A worker with worker_id `name`, FAST settings unless overridden, logging to
+        <name>.out."""
+        worker = WorkerProcess(
+            name,
+            dsn,
+            self.record_dir,
+            self.dir / f"{name}.out",
+            app=app,
+            **{**FAST, "worker_id": name, **settings},
+        )
         self.started.append(worker)
         return worker
 
@@ -210,13 +252,18 @@ class Workers:
         return read_executions(self.record_dir, include_unfinished=include_unfinished)
 
     def log_tails(self) -> str:
-        return "\n".join(f"--- {w.name} (pid {w.pid}, exit {w.returncode}):\n{w.log_tail()}" for w in self.started)
+        return "\n".join(
+            f"--- {w.name} (pid {w.pid}, exit {w.returncode}):\n{w.log_tail()}"
+            for w in self.started
+        )
 
 
 # --------------------------------------------------------------------------- jobs
 
 
-def enqueue(dsn: str, job_type: str, n: int, payload: dict[str, Any] | None = None, **options: Any) -> int:
+def enqueue(
+    dsn: str, job_type: str, n: int, payload: dict[str, Any] | None = None, **options: Any
+) -> int:
     """n jobs of `job_type`, all with `payload`, in one COPY; `options` as enqueue_payloads_sync's
     (jitter_s, max_attempts, priority ...)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -225,8 +272,14 @@ def enqueue(dsn: str, job_type: str, n: int, payload: dict[str, Any] | None = No
 
 def running_ids(dsn: str, worker: str) -> set[int]:
     """Jobs the database shows running under `worker`."""
-    return {job_id for (job_id,) in fetchall(
-        dsn, "SELECT id FROM dispatcher_jobs WHERE status = 'running' AND locked_by = %s", (worker,))}
+    return {
+        job_id
+        for (job_id,) in fetchall(
+            dsn,
+            "SELECT id FROM dispatcher_jobs WHERE status = 'running' AND locked_by = %s",
+            (worker,),
+        )
+    }
 
 
 def started_by(executions: dict[int, list[Execution]], pid: int) -> dict[int, Execution]:
@@ -242,44 +295,72 @@ def started_by(executions: dict[int, list[Execution]], pid: int) -> dict[int, Ex
 # --------------------------------------------------------------------------- ordered jobs
 
 
-def enqueue_keyed(dsn: str, keys: int, per_key: int, s: float | tuple[float, float] = 0.05, *, first_seq: int = 0,
-                  prefix: str = "key", **options: Any) -> int:
+def enqueue_keyed(
+    dsn: str,
+    keys: int,
+    per_key: int,
+    s: float | tuple[float, float] = 0.05,
+    *,
+    first_seq: int = 0,
+    prefix: str = "key",
+    **options: Any,
+) -> int:
     """`per_key` record_keyed jobs for each of `keys` ordering keys (prefix0, prefix1 ...), in one
     COPY, the keys interleaved (a key's jobs are not neighbours by id) and numbered first_seq,
     first_seq + 1 ... within their key. Each runs `s` seconds, or a random time in the (low, high)
     range `s`, so that runs have widths that could overlap."""
+
     def seconds() -> float:
         return s if isinstance(s, (int, float)) else random.uniform(*s)
 
-    payloads = [{"key": f"{prefix}{k}", "seq": first_seq + i, "s": seconds()}
-                for i in range(per_key) for k in range(keys)]
+    payloads = [
+        {"key": f"{prefix}{k}", "seq": first_seq + i, "s": seconds()}
+        for i in range(per_key)
+        for k in range(keys)
+    ]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return enqueue_payloads_sync(conn, "record_keyed", payloads, ordering_keys=[p["key"] for p in payloads],
-                                     **options)
+        return enqueue_payloads_sync(
+            conn, "record_keyed", payloads, ordering_keys=[p["key"] for p in payloads], **options
+        )
 
 
 def keyed_jobs(dsn: str) -> dict[int, tuple[str, int]]:
     """job id -> (ordering key, sequence number) of every keyed job, checking that each job's
     payload names its own key."""
-    rows = fetchall(dsn, "SELECT id, ordering_key, payload->>'key', (payload->>'seq')::int FROM dispatcher_jobs "
-                         "WHERE ordering_key IS NOT NULL")
+    rows = fetchall(
+        dsn,
+        "SELECT id, ordering_key, payload->>'key', (payload->>'seq')::int FROM dispatcher_jobs "
+        "WHERE ordering_key IS NOT NULL",
+    )
     wrong = [row for row in rows if row[1] != row[2]]
     assert not wrong, f"payload keys that are not the jobs' ordering keys: {wrong[:5]}"
     return {job_id: (key, seq) for job_id, key, _, seq in rows}
 
 
-def assert_keys_in_order(dsn: str, executions: dict[int, list[Execution]],
-                         cut_at: Mapping[int, float] | None = None) -> dict[int, tuple[str, int]]:
+def assert_keys_in_order(
+    dsn: str, executions: dict[int, list[Execution]], cut_at: Mapping[int, float] | None = None
+) -> dict[int, tuple[str, int]]:
     """Every keyed job completed, and the recording kept each key's order (key_order_violations);
     returns keyed_jobs."""
     keys = keyed_jobs(dsn)
-    left = fetchall(dsn, "SELECT id, status, ordering_key FROM dispatcher_jobs WHERE status <> 'completed' LIMIT 10")
+    left = fetchall(
+        dsn,
+        "SELECT id, status, ordering_key FROM dispatcher_jobs WHERE status <> 'completed' LIMIT 10",
+    )
     assert not left, f"jobs not completed: {left}"
     problems = key_order_violations(executions, keys, cut_at)
-    assert not problems, f"{len(problems)} breaches of key order, the first:\n" + "\n".join(problems[:5])
+    assert not problems, f"{len(problems)} breaches of key order, the first:\n" + "\n".join(
+        problems[:5]
+    )
     return keys
 
 
-def keys_run_by(executions: dict[int, list[Execution]], keys: Mapping[int, tuple[str, int]], pid: int) -> set[str]:
+def keys_run_by(
+    executions: dict[int, list[Execution]], keys: Mapping[int, tuple[str, int]], pid: int
+) -> set[str]:
     """The keys of which process `pid` ran at least one job."""
-    return {keys[job_id][0] for job_id, runs in executions.items() if job_id in keys and any(r.pid == pid for r in runs)}
+    return {
+        keys[job_id][0]
+        for job_id, runs in executions.items()
+        if job_id in keys and any(r.pid == pid for r in runs)
+    }

@@ -1,4 +1,5 @@
-"""EmbeddedPostgres restarts on the same port and data dir: what the server-restart tests stand on."""
+"""EmbeddedPostgres restarts on the same port and data dir: what the server-restart tests stand
+on."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ def test_restart_fast_and_immediate_keep_port_and_data(restartable_pg):
         try:
             server.restart(mode)
             assert server.port == port and server.pid != old_pid
-            with pytest.raises(psycopg.OperationalError):  # the old session died with the old server
+            # the old session died with the old server
+            with pytest.raises(psycopg.OperationalError):
                 conn.execute("SELECT 1")
         finally:
             conn.close()
         with psycopg.connect(restartable_pg.dsn, autocommit=True) as fresh:
-            assert fresh.execute("SELECT n FROM kept").fetchall() == [(1,)], f"data lost by a {mode} restart"
+            assert fresh.execute("SELECT n FROM kept").fetchall() == [(1,)], (
+                f"data lost by a {mode} restart"
+            )
 
 
 def test_stop_server_keeps_it_down_until_start_again(restartable_pg):

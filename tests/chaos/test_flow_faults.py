@@ -17,19 +17,30 @@ from tests.helpers import fetchall, most_at_once, status_counts, unfinished, wai
 pytestmark = pytest.mark.chaos
 
 LEASE_S = 2.0
-OPTS = dict(lease_s=LEASE_S, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05,
-            shutdown_grace_s=5)
+OPTS = dict(
+    lease_s=LEASE_S,
+    coordinator_lease_s=3,
+    coordinator_poll_s=0.5,
+    retry_base_s=0.05,
+    shutdown_grace_s=5,
+)
 MAX_RUNNING = 3
 
 
 @pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
-def test_max_running_holds_across_a_kill_9_and_the_dead_workers_slots_come_back(chaos_dsn, workers, mode):
+def test_max_running_holds_across_a_kill_9_and_the_dead_workers_slots_come_back(
+    chaos_dsn, workers, mode
+):
     set_limit(chaos_dsn, "record_slow", max_running=MAX_RUNNING)
     slow = enqueue(chaos_dsn, "record_slow", 18, {"s": 0.4})
     fast = enqueue(chaos_dsn, "record", 300)
     procs = [workers.start(chaos_dsn, f"f{i}", concurrency=10, mode=mode, **OPTS) for i in range(3)]
-    slow_ids = {job_id for (job_id,) in fetchall(chaos_dsn, "SELECT id FROM dispatcher_jobs "
-                                                           "WHERE job_type = 'record_slow'")}
+    slow_ids = {
+        job_id
+        for (job_id,) in fetchall(
+            chaos_dsn, "SELECT id FROM dispatcher_jobs WHERE job_type = 'record_slow'"
+        )
+    }
 
     def victim_runs_a_limited_job():
         for proc in procs:
@@ -37,11 +48,20 @@ def test_max_running_holds_across_a_kill_9_and_the_dead_workers_slots_come_back(
                 return proc
         return None
 
-    victim = wait_until(victim_runs_a_limited_job, 30, lambda: f"a worker runs a limited job:\n{workers.log_tails()}",
-                        interval_s=0.005)
+    victim = wait_until(
+        victim_runs_a_limited_job,
+        30,
+        lambda: f"a worker runs a limited job:\n{workers.log_tails()}",
+        interval_s=0.005,
+    )
     killed_at = victim.kill()
-    wait_until(lambda: status_counts(chaos_dsn).get("completed") == slow + fast, 90,
-               lambda: f"all {slow + fast} jobs completed: {status_counts(chaos_dsn)}\n{workers.log_tails()}")
+    wait_until(
+        lambda: status_counts(chaos_dsn).get("completed") == slow + fast,
+        90,
+        lambda: (
+            f"all {slow + fast} jobs completed: {status_counts(chaos_dsn)}\n{workers.log_tails()}"
+        ),
+    )
     survivors = {p.name for p in procs if p is not victim}
     assert workers.stop_all() == dict.fromkeys(survivors, 0), workers.log_tails()
 

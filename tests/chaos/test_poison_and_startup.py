@@ -31,21 +31,31 @@ from tests.helpers import (
 pytestmark = pytest.mark.chaos
 
 OPTS = dict(lease_s=3, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05)
-START_BOUND_S = 20.0  # a fatal start-up error ends the process within this (interpreter start included)
+# a fatal start-up error ends the process within this (interpreter start included)
+START_BOUND_S = 20.0
 
 
 @pytest.mark.parametrize("job_type", ["raise_system_exit", "raise_keyboard_interrupt"])
 def test_a_handler_raising_systemexit_or_keyboardinterrupt_fails_its_job_and_the_worker_lives(
-        chaos_dsn, workers, job_type):
+    chaos_dsn, workers, job_type
+):
     enqueue(chaos_dsn, job_type, 3, max_attempts=2)
     worker = workers.start(chaos_dsn, "w", **OPTS)
-    wait_until(lambda: status_counts(chaos_dsn) == {"failed": 3}, 30,
-               lambda: f"the poison jobs end failed: {status_counts(chaos_dsn)}\n{worker.log_tail()}")
+    wait_until(
+        lambda: status_counts(chaos_dsn) == {"failed": 3},
+        30,
+        lambda: f"the poison jobs end failed: {status_counts(chaos_dsn)}\n{worker.log_tail()}",
+    )
     rows = fetchall(chaos_dsn, "SELECT attempts, last_error FROM dispatcher_jobs")
-    exception = {"raise_system_exit": "SystemExit: 3", "raise_keyboard_interrupt": "KeyboardInterrupt"}[job_type]
+    exception = {
+        "raise_system_exit": "SystemExit: 3",
+        "raise_keyboard_interrupt": "KeyboardInterrupt",
+    }[job_type]
     assert all(attempts == 2 and exception in error for attempts, error in rows), rows
     enqueue(chaos_dsn, "record", 50)  # and the worker still works
-    wait_until(lambda: status_counts(chaos_dsn).get("completed") == 50, 30, "the next jobs complete")
+    wait_until(
+        lambda: status_counts(chaos_dsn).get("completed") == 50, 30, "the next jobs complete"
+    )
     assert worker.alive()
     assert workers.stop_all() == {"w": 0}, worker.log_tail()
     runs = workers.executions()
@@ -72,7 +82,12 @@ def test_a_job_that_kills_its_worker_backs_off_then_fails_for_good(chaos_dsn, tm
     deaths = []
 
     def poison_failed():  # meanwhile, a worker that died is restarted
-        if fetchval(chaos_dsn, "SELECT status FROM dispatcher_jobs WHERE job_type = 'exit_process'") == "failed":
+        if (
+            fetchval(
+                chaos_dsn, "SELECT status FROM dispatcher_jobs WHERE job_type = 'exit_process'"
+            )
+            == "failed"
+        ):
             return True
         for i, proc in enumerate(workers):
             if proc.poll() is not None:
@@ -81,9 +96,17 @@ def test_a_job_that_kills_its_worker_backs_off_then_fails_for_good(chaos_dsn, tm
         return False
 
     try:
-        wait_until(poison_failed, 90, lambda: f"the poison job to fail for good (after {len(deaths)} deaths)")
+        wait_until(
+            poison_failed,
+            90,
+            lambda: f"the poison job to fail for good (after {len(deaths)} deaths)",
+        )
         # A while longer: a failed job must not be claimed again (no 4th death).
-        wait_until(lambda: status_counts(chaos_dsn).get("completed") == 200, 60, "the other 200 jobs completed")
+        wait_until(
+            lambda: status_counts(chaos_dsn).get("completed") == 200,
+            60,
+            "the other 200 jobs completed",
+        )
         for proc in workers:
             assert proc.poll() is None, "a worker died after the poison job had failed for good"
     finally:
@@ -91,15 +114,22 @@ def test_a_job_that_kills_its_worker_backs_off_then_fails_for_good(chaos_dsn, tm
     assert deaths == [1, 1, 1]
     assert codes == [0, 0]
     status, attempts, expiries, error = fetchall(
-        chaos_dsn, "SELECT status, attempts, lease_expiries, last_error FROM dispatcher_jobs WHERE job_type = 'exit_process'")[0]
+        chaos_dsn,
+        "SELECT status, attempts, lease_expiries, last_error FROM dispatcher_jobs WHERE job_type = 'exit_process'",
+    )[0]
     assert (status, attempts, expiries) == ("failed", 3, 3)
     assert error.startswith("lease expired 3 times: its worker died or stalled"), error
-    retries = fetchall(chaos_dsn, "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log "
-                            "WHERE job_id = (SELECT id FROM dispatcher_jobs WHERE job_type = 'exit_process')")
+    retries = fetchall(
+        chaos_dsn,
+        "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log "
+        "WHERE job_id = (SELECT id FROM dispatcher_jobs WHERE job_type = 'exit_process')",
+    )
     assert sorted(a for a, _ in retries) == [1, 2], retries
     assert all(0 < delay <= 1.0 * 2 ** (a - 1) + 0.01 for a, delay in retries), retries
     executions = read_executions(tmp_path)
-    poison_id = fetchval(chaos_dsn, "SELECT id FROM dispatcher_jobs WHERE job_type = 'exit_process'")
+    poison_id = fetchval(
+        chaos_dsn, "SELECT id FROM dispatcher_jobs WHERE job_type = 'exit_process'"
+    )
     assert len(executions.pop(poison_id)) == 3
     # Jobs a dying worker had finished but not yet flushed ran again after its lease: at least
     # once, never two at a time.
@@ -123,8 +153,10 @@ def test_no_schema_exits_at_once_naming_the_command(chaos_empty_dsn, workers):
 
 def test_an_older_schema_exits_at_once(chaos_dsn, workers):
     with psycopg.connect(chaos_dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM dispatcher_schema_version WHERE version = "
-                     "(SELECT max(version) FROM dispatcher_schema_version)")
+        conn.execute(
+            "DELETE FROM dispatcher_schema_version WHERE version = "
+            "(SELECT max(version) FROM dispatcher_schema_version)"
+        )
     text = fatal_start(workers, chaos_dsn, **OPTS)
     assert "schema is older than this worker" in text and "dispatcher migrate" in text
 
@@ -148,12 +180,17 @@ def test_an_unreachable_server_is_waited_for_then_joined(chaos_dsn, proxy_to, wo
     proxy.blackhole()  # accepts, never answers: as a server behind a partition
     worker = workers.start(proxy.dsn_via(chaos_dsn), "w", connect_timeout_s=1, **OPTS)
     first = worker.wait_for_log(r"unreachable at start", 30)
-    worker.wait_for_log(r"unreachable at start", 30, start=first.end())  # a line per try, still waiting
+    # a line per try, still waiting
+    worker.wait_for_log(r"unreachable at start", 30, start=first.end())
     assert worker.alive()
     proxy.forward()
     worker.wait_for_log(r"worker w running", 30)
     enqueue(chaos_dsn, "record", 20)
-    wait_until(lambda: status_counts(chaos_dsn).get("completed") == 20, 30, "it works once the server answers")
+    wait_until(
+        lambda: status_counts(chaos_dsn).get("completed") == 20,
+        30,
+        "it works once the server answers",
+    )
     assert workers.stop_all() == {"w": 0}
 
 
@@ -164,5 +201,7 @@ def test_wait_for_schema_waits_for_the_migration_then_runs(chaos_empty_dsn, work
     migrate(chaos_empty_dsn)
     worker.wait_for_log(r"worker w running", 30)
     enqueue(chaos_empty_dsn, "record", 20)
-    wait_until(lambda: status_counts(chaos_empty_dsn).get("completed") == 20, 30, "it works once migrated")
+    wait_until(
+        lambda: status_counts(chaos_empty_dsn).get("completed") == 20, 30, "it works once migrated"
+    )
     assert workers.stop_all() == {"w": 0}

@@ -36,10 +36,14 @@ def test_forward_passes_queries_and_the_dsn_points_at_the_proxy(chaos_dsn, proxy
 
 def test_blackhole_holds_a_query_unanswered_then_forward_delivers_it(chaos_dsn, proxy_to):
     proxy = proxy_to(chaos_dsn)
-    with psycopg.connect(proxy.dsn_via(chaos_dsn), autocommit=True) as conn, ThreadPoolExecutor(1) as pool:
+    with (
+        psycopg.connect(proxy.dsn_via(chaos_dsn), autocommit=True) as conn,
+        ThreadPoolExecutor(1) as pool,
+    ):
         proxy.blackhole()
         answer: Future[tuple[int] | None] = pool.submit(lambda: conn.execute("SELECT 7").fetchone())
-        with pytest.raises(FutureTimeout):  # the client-side timeout: no answer, and no error either
+        # the client-side timeout: no answer, and no error either
+        with pytest.raises(FutureTimeout):
             answer.result(timeout=SILENCE_S)
         proxy.forward()
         assert answer.result(timeout=10) == (7,), "the query sent during the partition was lost"
@@ -51,8 +55,10 @@ def test_blackhole_gives_no_fin_and_holds_new_connections(chaos_dsn, proxy_to):
     raw = socket.create_connection(("127.0.0.1", proxy.port), timeout=SILENCE_S)
     try:
         proxy.blackhole()
-        raw.sendall(b"\x00\x00\x00\x08\x04\xd2\x16\x2f")  # SSLRequest: the server answers b"N" or b"S"
-        with pytest.raises(TimeoutError):  # b"" here would be a FIN, an exception other than a timeout an RST
+        # SSLRequest: the server answers b"N" or b"S"
+        raw.sendall(b"\x00\x00\x00\x08\x04\xd2\x16\x2f")
+        # b"" here would be a FIN, an exception other than a timeout an RST
+        with pytest.raises(TimeoutError):
             raw.recv(1)
         # A new client's connect completes (the proxy accepts) but its start-up gets no answer.
         with pytest.raises(psycopg.OperationalError):
@@ -101,4 +107,9 @@ def test_close_ends_the_thread_and_refuses_new_connections(chaos_dsn, proxy_to):
 
 def _backend_alive(dsn: str, pid: int) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] > 0
+        return (
+            conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[
+                0
+            ]
+            > 0
+        )

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.chaos
 
 # A 10 s job lease outlasts a restart (about 1 s, a few on a loaded machine), so no lease need
 # expire; the coordinator's minimum lease (3 s) lets a worker that lost its backend degrade fast.
-OPTS = dict(lease_s=10, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05, shutdown_grace_s=5)
+OPTS = dict(
+    lease_s=10, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05, shutdown_grace_s=5
+)
 
 
 def assert_drained_exactly_once(dsn, workers, jobs):
@@ -41,14 +43,22 @@ def test_postgres_restart_mid_drain(restartable_pg, workers, mode):
     # a restart after 800 completions lands in the middle of it.
     enqueue(dsn, "record_slow", jobs, {"s": 0.02})
     procs = [workers.start(dsn, name, concurrency=20, batch_size=20, **OPTS) for name in ("a", "b")]
-    wait_until(lambda: status_counts(dsn).get("completed", 0) >= 800, 60,
-               lambda: f"800 jobs completed:\n{workers.log_tails()}")
+    wait_until(
+        lambda: status_counts(dsn).get("completed", 0) >= 800,
+        60,
+        lambda: f"800 jobs completed:\n{workers.log_tails()}",
+    )
     server.restart(mode)
     restarted_at = datetime.now(UTC)
     assert status_counts(dsn).get("completed", 0) < jobs, "the drain was over before the restart"
 
-    wait_until(lambda: status_counts(dsn).get("completed") == jobs, 60,
-               lambda: f"all {jobs} jobs completed after the restart: {status_counts(dsn)}\n{workers.log_tails()}")
+    wait_until(
+        lambda: status_counts(dsn).get("completed") == jobs,
+        60,
+        lambda: (
+            f"all {jobs} jobs completed after the restart: {status_counts(dsn)}\n{workers.log_tails()}"
+        ),
+    )
     for worker in procs:  # each saw the server go, and is still up
         worker.wait_for_log("listener lost its connection", 10)
         assert worker.alive(), worker.log_tail()
@@ -66,7 +76,9 @@ def test_redis_killed_and_started_again_mid_drain(chaos_dsn, chaos_redis, worker
     # 50 ms jobs, 10 at a time per worker: at most 400 jobs/s, so the first 4,000 last >= 10 s,
     # longer than the outage (3 s until the workers degrade, then a few hundred jobs without Redis).
     enqueue(chaos_dsn, "record_slow", jobs, {"s": 0.05})
-    opts = dict(coordinator="redis", redis_url=chaos_redis.url, concurrency=10, batch_size=10, **OPTS)
+    opts = dict(
+        coordinator="redis", redis_url=chaos_redis.url, concurrency=10, batch_size=10, **OPTS
+    )
     procs = [workers.start(chaos_dsn, name, **opts) for name in ("r0", "r1")]
     for worker in procs:
         worker.wait_for_log(r"worker r\d running", 30)
@@ -76,16 +88,22 @@ def test_redis_killed_and_started_again_mid_drain(chaos_dsn, chaos_redis, worker
     down = {w.name: w.wait_for_log("falling back to SKIP LOCKED", 3 + 10) for w in procs}
     during = status_counts(chaos_dsn).get("completed", 0)
     assert during < jobs, "the drain was over before the workers degraded"
-    wait_until(lambda: status_counts(chaos_dsn).get("completed", 0) >= during + 200, 30,
-               "jobs keep completing while Redis is down")
+    wait_until(
+        lambda: status_counts(chaos_dsn).get("completed", 0) >= during + 200,
+        30,
+        "jobs keep completing while Redis is down",
+    )
 
     chaos_redis.start_again()
     for worker in procs:
         worker.wait_for_log("coordinator backend is back", 20, start=down[worker.name].end())
     # Back on their assigned buckets, they take new work as before.
     enqueue(chaos_dsn, "record_slow", later, {"s": 0.05})
-    wait_until(lambda: status_counts(chaos_dsn).get("completed") == jobs + later, 60,
-               lambda: f"all jobs completed: {status_counts(chaos_dsn)}\n{workers.log_tails()}")
+    wait_until(
+        lambda: status_counts(chaos_dsn).get("completed") == jobs + later,
+        60,
+        lambda: f"all jobs completed: {status_counts(chaos_dsn)}\n{workers.log_tails()}",
+    )
     assert all(w.alive() for w in procs), workers.log_tails()
     assert workers.stop_all() == {"r0": 0, "r1": 0}, workers.log_tails()
     reruns = assert_drained_exactly_once(chaos_dsn, workers, jobs + later)

@@ -16,18 +16,29 @@ from tests.helpers import wait_until
 
 pytestmark = pytest.mark.chaos
 
-OPTS = dict(lease_s=4.0, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05, shutdown_grace_s=2.0)
+OPTS = dict(
+    lease_s=4.0,
+    coordinator_lease_s=3,
+    coordinator_poll_s=0.5,
+    retry_base_s=0.05,
+    shutdown_grace_s=2.0,
+)
 
 
-def test_sigterm_during_a_stall_says_why_it_could_not_leave_and_abandons_no_task(chaos_dsn, proxy_to, workers):
+def test_sigterm_during_a_stall_says_why_it_could_not_leave_and_abandons_no_task(
+    chaos_dsn, proxy_to, workers
+):
     proxy = proxy_to(chaos_dsn)
     stalled = workers.start(proxy.dsn_via(chaos_dsn), "s", concurrency=5, **OPTS)
     stalled.wait_for_log(r"worker s running", 30)
     stalled.wait_for_log(r"rebalance by s over 1 members", 30)
     enqueue(chaos_dsn, "record_slow", 5, {"s": 1.0})
-    wait_until(lambda: len(started_by(workers.executions(), stalled.pid)) == 5, 30, "s runs all 5 jobs")
+    wait_until(
+        lambda: len(started_by(workers.executions(), stalled.pid)) == 5, 30, "s runs all 5 jobs"
+    )
     proxy.blackhole()
-    # The coordinator notices (its heartbeat has no answer) and drops its connection: leaving must connect anew.
+    # The coordinator notices (its heartbeat has no answer) and drops its connection: leaving must
+    # connect anew.
     stalled.wait_for_log(r"coordinator backend (unreachable|failed)", 30)
     sent = stalled.signal(signal.SIGTERM)
     code = stalled.exited_within(stalled.shutdown_bound_s, sent)

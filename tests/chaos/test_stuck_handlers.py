@@ -19,26 +19,41 @@ pytestmark = pytest.mark.chaos
 
 LEASE_S = 3.0
 OPTS = dict(lease_s=LEASE_S, coordinator_lease_s=3, coordinator_poll_s=0.5, retry_base_s=0.05)
-# The stuck worker: a 1 s timeout, stuck 1 s later, given up on 1 s after that, a 1 s grace for the rest.
-STUCK = dict(job_timeout_s=1.0, stuck_grace_s=1.0, stuck_exit_after_s=1.0, shutdown_grace_s=1.0, concurrency=4)
+# The stuck worker: a 1 s timeout, stuck 1 s later, given up on 1 s after that, a 1 s grace for the
+# rest.
+STUCK = dict(
+    job_timeout_s=1.0,
+    stuck_grace_s=1.0,
+    stuck_exit_after_s=1.0,
+    shutdown_grace_s=1.0,
+    concurrency=4,
+)
 # From the handler's start: timeout + grace + exit_after + the watch's 1 s look, then the shutdown
 # bound (grace + 6 s, dispatcher/serve/worker.py), and the tier's allowance for a loaded machine.
 EXIT_BOUND_S = 1.0 + 1.0 + 1.0 + 1.0 + (1.0 + 6.0) + EXIT_ALLOWANCE_S
 OTHER_JOBS = 20
 
 
-@pytest.mark.parametrize(("job_type", "worker_opts"), [
-    ("stuck_first_async", {}),
-    ("stuck_first_sync", {"sync_threads": 2}),
-], ids=["async-swallows-cancel", "sync-sleeps-for-ever"])
+@pytest.mark.parametrize(
+    ("job_type", "worker_opts"),
+    [
+        ("stuck_first_async", {}),
+        ("stuck_first_sync", {"sync_threads": 2}),
+    ],
+    ids=["async-swallows-cancel", "sync-sleeps-for-ever"],
+)
 def test_a_worker_with_a_stuck_handler_exits_and_the_job_runs_again_elsewhere_only_after(
-        chaos_dsn, workers, job_type, worker_opts):
+    chaos_dsn, workers, job_type, worker_opts
+):
     journal.install_journal(chaos_dsn)
     enqueue(chaos_dsn, job_type, 1, max_attempts=5)
     [(job_id,)] = fetchall(chaos_dsn, "SELECT id FROM dispatcher_jobs")
     first = workers.start(chaos_dsn, "a", **STUCK, **worker_opts, **OPTS)
-    wait_until(lambda: job_id in started_by(workers.executions(), first.pid), 30,
-               lambda: f"a runs the job:\n{first.log_tail()}")
+    wait_until(
+        lambda: job_id in started_by(workers.executions(), first.pid),
+        30,
+        lambda: f"a runs the job:\n{first.log_tail()}",
+    )
     began = time.monotonic()
     # a still has free slots and claims these while its handler is stuck, then finishes them.
     enqueue(chaos_dsn, "record_slow", OTHER_JOBS, {"s": 0.2})
@@ -52,8 +67,11 @@ def test_a_worker_with_a_stuck_handler_exits_and_the_job_runs_again_elsewhere_on
     assert code == EXIT_STUCK, f"the stuck exit code, not {code}:\n{first.log_tail()}"
     assert f"job {job_id} ({job_type}) is stuck" in log and "giving up on stuck handlers" in log
     assert log.count(" is stuck: ") == 1, "each stuck job is logged once"
-    wait_until(lambda: status_counts(chaos_dsn).get("completed") == OTHER_JOBS + 1, LEASE_S + 30,
-               lambda: f"every job completed: {status_counts(chaos_dsn)}\n{workers.log_tails()}")
+    wait_until(
+        lambda: status_counts(chaos_dsn).get("completed") == OTHER_JOBS + 1,
+        LEASE_S + 30,
+        lambda: f"every job completed: {status_counts(chaos_dsn)}\n{workers.log_tails()}",
+    )
     assert workers.stop_all() == {"b": 0}, workers.log_tails()
 
     entries = journal.entries(chaos_dsn)
@@ -63,10 +81,17 @@ def test_a_worker_with_a_stuck_handler_exits_and_the_job_runs_again_elsewhere_on
     [reaped] = journal.expired_leases_of(entries, "a")
     assert reaped.job_id == job_id, "it came back by its lease, not by a release"
     # a kept extending the lease until it exited (a lease of 3 s, held for several times that) ...
-    assert reaped.old_lease_expires_at is not None and reaped.old_lease_expires_at.timestamp() > exited_wall
+    assert (
+        reaped.old_lease_expires_at is not None
+        and reaped.old_lease_expires_at.timestamp() > exited_wall
+    )
     # ... so b ran it only once a was gone: no overlap, with a's run cut at its exit.
     executions = workers.executions(include_unfinished=True)
     assert job_id in started_by(executions, second.pid)
     assert not overlapping(executions, cut_at={first.pid: exited_wall}), "the job ran twice at once"
-    assert [run for run in executions[job_id] if run.pid == first.pid][0].end is None, "a's run died with a"
-    print(f"\n{job_type}: a exited {exited_s:.1f} s after the handler started (bound {EXIT_BOUND_S:g} s)")
+    assert [run for run in executions[job_id] if run.pid == first.pid][0].end is None, (
+        "a's run died with a"
+    )
+    print(
+        f"\n{job_type}: a exited {exited_s:.1f} s after the handler started (bound {EXIT_BOUND_S:g} s)"
+    )

@@ -22,11 +22,15 @@ from tests.contract.support import KINDS, BackendFactory, PostgresFactory, Redis
 @pytest.fixture(params=KINDS)
 def backend_factory(request: pytest.FixtureRequest) -> Iterator[BackendFactory]:
     if request.param == "redis":
-        factory = RedisFactory(request.getfixturevalue("redis_url"), f"contract-{uuid.uuid4().hex[:12]}")
+        factory = RedisFactory(
+            request.getfixturevalue("redis_url"), f"contract-{uuid.uuid4().hex[:12]}"
+        )
         yield factory
         factory.delete_keys()
     else:
-        yield PostgresFactory(request.getfixturevalue("dsn"), session_locks=request.param == "postgres")
+        yield PostgresFactory(
+            request.getfixturevalue("dsn"), session_locks=request.param == "postgres"
+        )
 
 
 @pytest.fixture(params=KINDS)
@@ -37,5 +41,8 @@ def restartable_factory(request: pytest.FixtureRequest) -> Iterator[BackendFacto
         with start_redis() as server:
             yield RedisFactory(server.url, "contract", server=server)
     else:
-        yield PostgresFactory(request.getfixturevalue("dsn"), session_locks=request.param == "postgres",
-                              admin_dsn=request.getfixturevalue("pg_admin_dsn"))
+        yield PostgresFactory(
+            request.getfixturevalue("dsn"),
+            session_locks=request.param == "postgres",
+            admin_dsn=request.getfixturevalue("pg_admin_dsn"),
+        )

@@ -84,15 +84,23 @@ class PostgresHarness(Harness):
         await self._sql("UPDATE dispatcher_jobs SET run_at = now() WHERE id = %s", (job_id,))
 
     async def expire_lease(self, job_id: int) -> None:
-        await self._sql("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 ms' WHERE id = %s",
-                        (job_id,))
+        await self._sql(
+            "UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 ms' WHERE id = %s",
+            (job_id,),
+        )
 
     async def pass_time(self, seconds: float) -> None:
         shift = {"s": seconds}
-        await self._sql("UPDATE dispatcher_jobs SET updated_at = updated_at - %(s)s * interval '1 second', "
-                        "created_at = created_at - %(s)s * interval '1 second'", shift)
-        await self._sql("UPDATE dispatcher_dedupe_windows SET enqueued_at = enqueued_at - %(s)s * interval '1 second', "
-                        "finished_at = finished_at - %(s)s * interval '1 second'", shift)
+        await self._sql(
+            "UPDATE dispatcher_jobs SET updated_at = updated_at - %(s)s * interval '1 second', "
+            "created_at = created_at - %(s)s * interval '1 second'",
+            shift,
+        )
+        await self._sql(
+            "UPDATE dispatcher_dedupe_windows SET enqueued_at = enqueued_at - %(s)s * interval '1 second', "
+            "finished_at = finished_at - %(s)s * interval '1 second'",
+            shift,
+        )
 
     async def close(self) -> None:
         for store in [self.store, *self._others]:
@@ -131,7 +139,8 @@ class MemoryHarness(Harness):
 
 
 async def open_harness(kind: str, dsn: str | None, completed_jobs: str = COMPLETED_KEEP) -> Harness:
-    """A harness on a fresh store of `kind`; `completed_jobs`: DISPATCHER_COMPLETED_JOBS of its stores."""
+    """A harness on a fresh store of `kind`; `completed_jobs`: DISPATCHER_COMPLETED_JOBS of its
+    stores."""
     if kind == "postgres":
         assert dsn is not None
         return PostgresHarness(dsn, completed_jobs)

@@ -26,10 +26,12 @@ def _free_port() -> int:
 
 
 class BackendFactory:
-    """Makes backends of one kind on one test's cluster; every one is closed by `connected`/`dead`."""
+    """Makes backends of one kind on one test's cluster; every one is closed by
+    `connected`/`dead`."""
 
     kind: str
-    drops_on_close: bool  # closing a member's backend drops it from the view at once (no lease wait)
+    # closing a member's backend drops it from the view at once (no lease wait)
+    drops_on_close: bool
     driver_error: type[BaseException]  # what the driver raises: never seen outside a backend
 
     def __call__(self, group: str = "default") -> CoordinatorBackend:
@@ -105,10 +107,15 @@ class PostgresFactory(BackendFactory):
             ident = sql.Identifier(dbname)
             admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(ident))
             try:
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (dbname,))
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (dbname,),
+                )
                 yield
             finally:
-                admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(ident))
+                admin.execute(
+                    sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(ident)
+                )
 
 
 class RedisFactory(BackendFactory):
@@ -123,7 +130,9 @@ class RedisFactory(BackendFactory):
 
     def __call__(self, group: str = "default") -> RedisBackend:
         # As dispatcher/serve/coordination.py does it: one key prefix per group.
-        return RedisBackend(self.url, prefix=self.prefix if group == "default" else f"{self.prefix}:{group}")
+        return RedisBackend(
+            self.url, prefix=self.prefix if group == "default" else f"{self.prefix}:{group}"
+        )
 
     def _dead(self) -> RedisBackend:
         return RedisBackend(f"redis://127.0.0.1:{_free_port()}/0", prefix=self.prefix)

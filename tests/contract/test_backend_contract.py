@@ -55,7 +55,9 @@ def test_a_fresh_cluster_has_every_bucket_unowned(backend_factory: BackendFactor
     run_async(main())
 
 
-def test_heartbeat_makes_a_member_live_and_the_view_shows_it(backend_factory: BackendFactory) -> None:
+def test_heartbeat_makes_a_member_live_and_the_view_shows_it(
+    backend_factory: BackendFactory,
+) -> None:
     async def main() -> None:
         async with backend_factory.connected(3) as backends:
             # Mixed case: members sort by code point (as Python sorts), whatever the backend.
@@ -97,24 +99,37 @@ def test_next_expiry_is_the_earliest_lease_that_matters(backend_factory: Backend
 # --------------------------------------------------------------------------- graceful leave
 
 
-def test_leave_releases_buckets_cancels_hand_offs_to_the_leaver_and_resigns(backend_factory: BackendFactory) -> None:
+def test_leave_releases_buckets_cancels_hand_offs_to_the_leaver_and_resigns(
+    backend_factory: BackendFactory,
+) -> None:
     async def main() -> None:
         async with backend_factory.connected(3) as [a, b, c]:
             for backend, member in ((a, "a"), (b, "b"), (c, "c")):
                 await backend.heartbeat(member, 10)
             assert await a.try_lead("a", 10)
-            await a.apply("a", [assign(1, 0, "a"), assign(2, 0, "a"), assign(3, 0, "c"), assign(4, 0, "b"),
-                                assign(5, 0, "a")], 10)
+            await a.apply(
+                "a",
+                [
+                    assign(1, 0, "a"),
+                    assign(2, 0, "a"),
+                    assign(3, 0, "c"),
+                    assign(4, 0, "b"),
+                    assign(5, 0, "a"),
+                ],
+                10,
+            )
             await a.apply("a", [revoke(2, 1, "b"), revoke(3, 1, "a"), revoke(5, 1, "a")], 10)
 
             await a.leave("a")
             view = await b.view()
             assert view.members == ("b", "c") and view.leader is None
-            assert bucket(view, 1) == (None, None, 2, False)  # no hand-off pending: unowned, epoch + 1
+            # no hand-off pending: unowned, epoch + 1
+            assert bucket(view, 1) == (None, None, 2, False)
             assert bucket(view, 2) == ("b", None, 2, False)  # pending: straight to its next_owner
             assert bucket(view, 3) == ("c", None, 1, False)  # a hand-off *to* the leaver is void
             assert bucket(view, 4) == ("b", None, 1, False)  # others' buckets untouched
-            assert bucket(view, 5) == (None, None, 2, False)  # a "hand-off" to itself is no next owner
+            # a "hand-off" to itself is no next owner
+            assert bucket(view, 5) == (None, None, 2, False)
             assert all(bucket(view, n) == (None, None, 0, False) for n in range(6, NUM_BUCKETS))
             with pytest.raises(NotLeader):
                 await a.apply("a", [], 1)
@@ -134,13 +149,16 @@ def test_leave_releases_buckets_cancels_hand_offs_to_the_leaver_and_resigns(back
 
 def test_a_member_whose_lease_lapses_disappears(backend_factory: BackendFactory) -> None:
     """It stops heartbeating but keeps its connection (a stuck process): gone after its lease."""
+
     async def main() -> None:
         async with backend_factory.connected(2) as [observer, stuck]:
             await observer.heartbeat("obs", 30)
             await stuck.heartbeat("stuck", LEASE_S)
             t0 = time.monotonic()
             assert (await observer.view()).members == ("obs", "stuck")
-            await wait_until_async(lambda: gone(observer, "stuck"), LEASE_S + 5, "the stuck member's lease to lapse")
+            await wait_until_async(
+                lambda: gone(observer, "stuck"), LEASE_S + 5, "the stuck member's lease to lapse"
+            )
             assert time.monotonic() - t0 > LEASE_S * 0.7  # by its lease, not earlier
             assert (await observer.view()).members == ("obs",)
 
@@ -150,6 +168,7 @@ def test_a_member_whose_lease_lapses_disappears(backend_factory: BackendFactory)
 def test_closing_a_members_connection(backend_factory: BackendFactory) -> None:
     """What SIGKILL does to a member: PostgreSQL with session locks drops it at once (its lock
     goes with the connection); the lease-only backends keep it until its lease lapses."""
+
     async def main() -> None:
         async with backend_factory.connected(1) as [observer]:
             killed = backend_factory()
@@ -157,7 +176,9 @@ def test_closing_a_members_connection(backend_factory: BackendFactory) -> None:
             await killed.heartbeat("killed", 30)
             await killed.close()
             if backend_factory.drops_on_close:
-                await wait_until_async(lambda: gone(observer, "killed"), 2, "a closed member to drop at once")
+                await wait_until_async(
+                    lambda: gone(observer, "killed"), 2, "a closed member to drop at once"
+                )
             else:
                 assert "killed" in (await observer.view()).members  # still within its lease
 
@@ -167,7 +188,9 @@ def test_closing_a_members_connection(backend_factory: BackendFactory) -> None:
 # --------------------------------------------------------------------------- leadership
 
 
-def test_leadership_is_exclusive_and_only_the_holder_renews(backend_factory: BackendFactory) -> None:
+def test_leadership_is_exclusive_and_only_the_holder_renews(
+    backend_factory: BackendFactory,
+) -> None:
     async def main() -> None:
         async with backend_factory.connected(2) as [a, b]:
             assert await a.try_lead("a", 0.8)  # without a heartbeat first: leading alone suffices
@@ -189,7 +212,9 @@ def test_an_expired_leadership_is_taken_over(backend_factory: BackendFactory) ->
         async with backend_factory.connected(2) as [a, b]:
             assert await a.try_lead("a", LEASE_S)
             t0 = time.monotonic()
-            await wait_until_async(lambda: b.try_lead("b", 10), LEASE_S + 5, "b to take over the expired leadership")
+            await wait_until_async(
+                lambda: b.try_lead("b", 10), LEASE_S + 5, "b to take over the expired leadership"
+            )
             assert time.monotonic() - t0 > LEASE_S * 0.7  # only once it expired
             assert not await a.try_lead("a", 10)  # a cannot renew what it lost
             assert (await a.view()).leader == "b"
@@ -206,17 +231,29 @@ def test_apply_respects_the_expected_epoch(backend_factory: BackendFactory) -> N
             assert await a.try_lead("a", 10)
             assert await a.apply("a", [assign(3, 0, "a"), assign(4, 0, "b")], 1) == 2
             view = await a.view()
-            assert bucket(view, 3) == ("a", None, 1, False) and bucket(view, 4) == ("b", None, 1, False)
+            assert bucket(view, 3) == ("a", None, 1, False) and bucket(view, 4) == (
+                "b",
+                None,
+                1,
+                False,
+            )
             # the stale change (epoch 0) is skipped, the current one applied, in one call
             assert await a.apply("a", [assign(3, 0, "c"), assign(4, 1, "c")], 1) == 1
             view = await a.view()
-            assert bucket(view, 3) == ("a", None, 1, False) and bucket(view, 4) == ("c", None, 2, False)
+            assert bucket(view, 3) == ("a", None, 1, False) and bucket(view, 4) == (
+                "c",
+                None,
+                2,
+                False,
+            )
             assert await a.apply("a", [assign(4, 1, "c")], 1) == 0  # not applied twice
 
     run_async(main())
 
 
-def test_revoke_then_hand_over_moves_the_bucket_and_bumps_the_epoch(backend_factory: BackendFactory) -> None:
+def test_revoke_then_hand_over_moves_the_bucket_and_bumps_the_epoch(
+    backend_factory: BackendFactory,
+) -> None:
     async def main() -> None:
         async with backend_factory.connected(2) as [a, b]:
             assert await a.try_lead("a", 10)
@@ -302,6 +339,7 @@ def test_apply_by_a_non_leader_raises_not_leader(backend_factory: BackendFactory
 
 def test_an_empty_apply_still_checks_leadership(backend_factory: BackendFactory) -> None:
     """The coordinator learns it was deposed even when it has nothing to change."""
+
     async def main() -> None:
         async with backend_factory.connected(2) as [a, b]:
             with pytest.raises(NotLeader):  # nobody leads
@@ -341,8 +379,9 @@ BAD_CALLS: dict[str, Callable[[Any], Awaitable[Any]]] = {
 
 
 @pytest.mark.parametrize("call", BAD_CALLS.values(), ids=BAD_CALLS.keys())
-def test_invalid_arguments_raise_value_error_before_any_io(backend_factory: BackendFactory,
-                                                            call: Callable[[Any], Awaitable[Any]]) -> None:
+def test_invalid_arguments_raise_value_error_before_any_io(
+    backend_factory: BackendFactory, call: Callable[[Any], Awaitable[Any]]
+) -> None:
     async def main() -> None:
         async with backend_factory.dead() as dead:  # never connected, no server: any I/O would fail
             with pytest.raises(ValueError):
@@ -353,7 +392,8 @@ def test_invalid_arguments_raise_value_error_before_any_io(backend_factory: Back
             with pytest.raises(ValueError):
                 await call(a)
             after = await a.view()
-            assert after.buckets == before.buckets and after.members == before.members  # nothing written
+            # nothing written
+            assert after.buckets == before.buckets and after.members == before.members
 
     run_async(main())
 
@@ -371,7 +411,9 @@ CALLS: dict[str, Callable[[Any], Awaitable[Any]]] = {
 }
 
 
-def test_an_unreachable_server_raises_coordinator_unavailable(backend_factory: BackendFactory) -> None:
+def test_an_unreachable_server_raises_coordinator_unavailable(
+    backend_factory: BackendFactory,
+) -> None:
     async def main() -> None:
         async with backend_factory.dead() as dead:
             for name, call in CALLS.items():  # connect first: the others run on a failed connect
@@ -379,7 +421,8 @@ def test_an_unreachable_server_raises_coordinator_unavailable(backend_factory: B
                 with pytest.raises(CoordinatorUnavailable) as info:
                     await call(dead)
                 assert time.monotonic() - t0 < FAST_S, name
-                assert isinstance(info.value.__cause__, backend_factory.driver_error), name  # cause kept
+                # cause kept
+                assert isinstance(info.value.__cause__, backend_factory.driver_error), name
 
     run_async(main())
 
@@ -387,6 +430,7 @@ def test_an_unreachable_server_raises_coordinator_unavailable(backend_factory: B
 def test_other_driver_errors_raise_coordinator_error(backend_factory: BackendFactory) -> None:
     """Anything the driver raises that is not "cannot reach" is a CoordinatorError, never a raw
     driver exception, and never mistaken for an outage."""
+
     async def main() -> None:
         async with backend_factory.connected(1) as [a]:
             await a.heartbeat("a", 10)
@@ -402,10 +446,13 @@ def test_other_driver_errors_raise_coordinator_error(backend_factory: BackendFac
     run_async(main())
 
 
-def test_a_backend_that_could_not_connect_recovers_on_its_own(restartable_factory: BackendFactory) -> None:
+def test_a_backend_that_could_not_connect_recovers_on_its_own(
+    restartable_factory: BackendFactory,
+) -> None:
     """connect() during an outage raises CoordinatorUnavailable, yet the backend stays usable:
     once the server is back, calls succeed without another connect(), the first wait reports a
     change at once (notifications may have been missed), and from then on it is woken as usual."""
+
     async def main() -> None:
         async with restartable_factory.connected(1) as [other]:
             late = restartable_factory()
@@ -419,7 +466,8 @@ def test_a_backend_that_could_not_connect_recovers_on_its_own(restartable_factor
                         await other.view()  # and the connected one notices the outage too
                 await late.heartbeat("late", 10)
                 assert await late.wait_for_change(10) is True  # may have missed some: look again
-                await other.heartbeat("other", 10)  # a pooled connection the server dropped: retried
+                # a pooled connection the server dropped: retried
+                await other.heartbeat("other", 10)
                 assert await late.wait_for_change(10) is True  # the join wakes it
                 assert await late.wait_for_change(0.2) is False
                 assert (await late.view()).members == ("late", "other")
@@ -432,7 +480,9 @@ def test_a_backend_that_could_not_connect_recovers_on_its_own(restartable_factor
 # --------------------------------------------------------------------------- notifications
 
 
-def test_wait_for_change_wakes_on_another_members_change_only(backend_factory: BackendFactory) -> None:
+def test_wait_for_change_wakes_on_another_members_change_only(
+    backend_factory: BackendFactory,
+) -> None:
     async def main() -> None:
         async with backend_factory.connected(2) as [a, b]:
             t0 = time.monotonic()
@@ -440,7 +490,8 @@ def test_wait_for_change_wakes_on_another_members_change_only(backend_factory: B
             assert time.monotonic() - t0 >= 0.15
 
             waiter = asyncio.create_task(a.wait_for_change(10))
-            # The join must wake a waiter already blocked (one sent before it blocks is kept for it too).
+            # The join must wake a waiter already blocked (one sent before it blocks is kept for it
+            # too).
             await wait_until_async(a.waiting.is_set, 5, "a blocks in wait_for_change")
             t0 = time.monotonic()
             await b.heartbeat("b", 10)  # a join notifies
@@ -463,9 +514,12 @@ def test_wait_for_change_wakes_on_another_members_change_only(backend_factory: B
     run_async(main())
 
 
-def test_a_wait_without_joins_sleeps_through_a_join_but_not_through_what_follows(backend_factory: BackendFactory) -> None:
+def test_a_wait_without_joins_sleeps_through_a_join_but_not_through_what_follows(
+    backend_factory: BackendFactory,
+) -> None:
     """A follower waits with joins=False: only the leader acts on a join, and its apply (or a
     hand-over, or a leave) is what the follower must see."""
+
     async def main() -> None:
         async with backend_factory.connected(2) as [a, b]:
             await b.heartbeat("b", 10)
@@ -479,7 +533,8 @@ def test_a_wait_without_joins_sleeps_through_a_join_but_not_through_what_follows
             await b.apply("b", [assign(0, 0, "c")], 10)  # ... then the leader's apply
             assert await waiter is True  # woken by the apply
             assert time.monotonic() - t0 < 5
-            assert await a.wait_for_change(0.2, joins=False) is False  # the joins did not queue a wake-up
+            # the joins did not queue a wake-up
+            assert await a.wait_for_change(0.2, joins=False) is False
             await b.heartbeat("e", 10)  # nor does a join sent between two waits
             assert await a.wait_for_change(0.3, joins=False) is False
             await b.leave("c")  # a leave does wake a follower
@@ -488,7 +543,9 @@ def test_a_wait_without_joins_sleeps_through_a_join_but_not_through_what_follows
     run_async(main())
 
 
-def test_apply_hand_over_and_leave_notify_only_when_something_changed(backend_factory: BackendFactory) -> None:
+def test_apply_hand_over_and_leave_notify_only_when_something_changed(
+    backend_factory: BackendFactory,
+) -> None:
     async def main() -> None:
         async with backend_factory.connected(2) as [a, b]:
             await a.heartbeat("a", 10)

@@ -35,10 +35,14 @@ async def status(h: Harness, job_id: int) -> str:
 
 
 def test_a_keys_jobs_are_claimable_one_at_a_time_in_id_order_under_either_completion(
-        on_store_completing: Run) -> None:
+    on_store_completing: Run,
+) -> None:
     async def test(h: Harness) -> None:
         a = [await h.enqueue("send", {"n": n}, ordering_key="customer:42") for n in range(4)]
-        b = [await h.enqueue("send", {"n": n}, ordering_key="customer:7", priority=-1) for n in range(2)]
+        b = [
+            await h.enqueue("send", {"n": n}, ordering_key="customer:7", priority=-1)
+            for n in range(2)
+        ]
         free = await h.enqueue("send", {"free": True})
         assert [await status(h, i) for i in a] == [STATUS_QUEUED] + [STATUS_WAITING] * 3
         jobs = await h.store.jobs_claim("default", 1, 30.0, None)
@@ -52,13 +56,22 @@ def test_a_keys_jobs_are_claimable_one_at_a_time_in_id_order_under_either_comple
             assert len(keys) == len(set(keys)), f"two jobs of one key claimed at once: {jobs}"
             order += [j.id for j in jobs]
             assert await claim_all(h) == [], "nothing else is claimable while the holders run"
-            assert await h.store.jobs_complete_owned([j.id for j in jobs], [j.token for j in jobs],
-                                                     keyed=bool(keys)) == len(jobs)
+            assert await h.store.jobs_complete_owned(
+                [j.id for j in jobs], [j.token for j in jobs], keyed=bool(keys)
+            ) == len(jobs)
             jobs = []
-        assert [i for i in order if i in a] == a and [i for i in order if i in b] == b and free in order
+        assert (
+            [i for i in order if i in a] == a
+            and [i for i in order if i in b] == b
+            and free in order
+        )
         for job_id in a + b:
             state = await h.store.job_get(job_id)
-            assert state is None if h.completed_jobs == "delete" else state and state.status == STATUS_COMPLETED
+            assert (
+                state is None
+                if h.completed_jobs == "delete"
+                else state and state.status == STATUS_COMPLETED
+            )
 
     on_store_completing(test)
 
@@ -87,14 +100,22 @@ def test_a_final_failure_halts_its_key_unless_its_handler_continues(on_store: Ru
         going = [await h.enqueue("send", ordering_key="go", max_attempts=1) for _ in range(2)]
         jobs = {j.id: j for j in await claim_all(h)}
         assert set(jobs) == {halted[0], going[0]}
-        written = await h.store.jobs_fail_owned([
-            Failure(halted[0], jobs[halted[0]].token, FAIL_FOR_GOOD, halts=True),
-            Failure(going[0], jobs[going[0]].token, FAIL_FOR_GOOD, halts=False)])
+        written = await h.store.jobs_fail_owned(
+            [
+                Failure(halted[0], jobs[halted[0]].token, FAIL_FOR_GOOD, halts=True),
+                Failure(going[0], jobs[going[0]].token, FAIL_FOR_GOOD, halts=False),
+            ]
+        )
         assert {w.id: w.ordering_halted for w in written} == {halted[0]: True, going[0]: False}
-        assert [j.id for j in await claim_all(h)] == [going[1]], "only the continuing key's next job"
+        assert [j.id for j in await claim_all(h)] == [going[1]], (
+            "only the continuing key's next job"
+        )
         state = await h.store.job_get(halted[0])
-        assert state is not None and (state.status, state.ordering_halted, state.ordering_key) == \
-            (STATUS_FAILED, True, "halt")
+        assert state is not None and (state.status, state.ordering_halted, state.ordering_key) == (
+            STATUS_FAILED,
+            True,
+            "halt",
+        )
         assert await status(h, halted[1]) == STATUS_WAITING
 
     on_store(test)
@@ -102,9 +123,15 @@ def test_a_final_failure_halts_its_key_unless_its_handler_continues(on_store: Ru
 
 def test_a_keyed_job_whose_lease_ran_out_runs_again_before_its_keys_next_job(on_store: Run) -> None:
     async def test(h: Harness) -> None:
-        settings = MaintenanceSettings(reaper_interval_s=1.0, history=False, table_sample_interval_s=15.0)
-        reaper = Reaper(h.store, RetryPolicy(1.0, 60.0, rand=lambda: 0.0), settings,  # type: ignore[arg-type]
-                        on_reaped=lambda: None)
+        settings = MaintenanceSettings(
+            reaper_interval_s=1.0, history=False, table_sample_interval_s=15.0
+        )
+        reaper = Reaper(
+            h.store,
+            RetryPolicy(1.0, 60.0, rand=lambda: 0.0),
+            settings,  # type: ignore[arg-type]
+            on_reaped=lambda: None,
+        )
         first = await h.enqueue("send", ordering_key="k", max_attempts=5)
         second = await h.enqueue("send", ordering_key="k")
         (old,) = await h.store.jobs_claim("default", 10, 5.0, None)
@@ -114,7 +141,9 @@ def test_a_keyed_job_whose_lease_ran_out_runs_again_before_its_keys_next_job(on_
         await h.make_due(first)
         (new,) = await claim_all(h)
         assert new.id == first and new.token != old.token
-        assert await h.store.jobs_complete_owned([first], [old.token], keyed=True) == 0, "the stale run: fenced"
+        assert await h.store.jobs_complete_owned([first], [old.token], keyed=True) == 0, (
+            "the stale run: fenced"
+        )
         assert await status(h, second) == STATUS_WAITING, "a fenced completion releases nothing"
         assert await h.store.jobs_complete_owned([first], [new.token], keyed=True) == 1
         assert [j.id for j in await claim_all(h)] == [second]
@@ -138,12 +167,15 @@ def test_a_job_given_back_at_shutdown_keeps_its_key(on_store: Run) -> None:
 def test_a_cancelled_holder_or_waiting_job_lets_its_key_go_on_in_order(on_store: Run) -> None:
     async def test(h: Harness) -> None:
         ids = [await h.enqueue("send", ordering_key="k") for _ in range(4)]
-        assert await h.store.jobs_cancel([ids[2]]) == {ids[2]: "cancelled"}, "a waiting job: at once"
-        assert await h.store.jobs_cancel([ids[0]]) == {ids[0]: "cancelled"}, "the queued holder: at once"
+        assert await h.store.jobs_cancel([ids[2]]) == {ids[2]: "cancelled"}, (
+            "a waiting job: at once"
+        )
+        assert await h.store.jobs_cancel([ids[0]]) == {ids[0]: "cancelled"}, (
+            "the queued holder: at once"
+        )
         (job,) = await claim_all(h)
         assert job.id == ids[1], "the next job of the key, not the cancelled one"
         assert await h.store.jobs_complete_owned([job.id], [job.token], keyed=True) == 1
         assert [j.id for j in await claim_all(h)] == [ids[3]]
 
     on_store(test)
-

@@ -35,13 +35,20 @@ class PostgresTarget:
 
     async def enqueue(self, keys: list[str | None], priority: int) -> None:
         if len(keys) == 1:
-            await enqueue(self.conn, "t", {}, queue=self.queue, ordering_key=keys[0], priority=priority)
+            await enqueue(
+                self.conn, "t", {}, queue=self.queue, ordering_key=keys[0], priority=priority
+            )
         else:
-            await enqueue_many(self.conn, [JobSpec("t", {}, queue=self.queue, ordering_key=k) for k in keys])
+            await enqueue_many(
+                self.conn, [JobSpec("t", {}, queue=self.queue, ordering_key=k) for k in keys]
+            )
 
     async def rows(self) -> list[Row]:
-        cur = await self.conn.execute("SELECT id, ordering_key, status, ordering_halted, priority, run_at "
-                                      "FROM dispatcher_jobs WHERE queue_name = %s ORDER BY id", (self.queue,))
+        cur = await self.conn.execute(
+            "SELECT id, ordering_key, status, ordering_halted, priority, run_at "
+            "FROM dispatcher_jobs WHERE queue_name = %s ORDER BY id",
+            (self.queue,),
+        )
         return [Row(*row) for row in await cur.fetchall()]
 
     async def retry(self, job_id: int) -> None:
@@ -52,10 +59,13 @@ class PostgresTarget:
         pass  # the server's clock moves on by itself
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(steps(max_size=30))
-def test_postgres_keeps_the_ordering_rules_step_by_step_as_the_memory_store_does(dsn: str,
-                                                                                  sequence: list[Step]) -> None:
+def test_postgres_keeps_the_ordering_rules_step_by_step_as_the_memory_store_does(
+    dsn: str, sequence: list[Step]
+) -> None:
     async def both() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             target = PostgresTarget(dsn, conn)
@@ -65,6 +75,8 @@ def test_postgres_keeps_the_ordering_rules_step_by_step_as_the_memory_store_does
                 await target.job_store.close()
         on_memory = await replay(MemoryTarget(), sequence)
         for step, (pg, memory) in enumerate(zip(on_postgres, on_memory, strict=True)):
-            assert pg == memory, f"step {step} {sequence[step] if step < len(sequence) else 'drain'}: {pg} != {memory}"
+            assert pg == memory, (
+                f"step {step} {sequence[step] if step < len(sequence) else 'drain'}: {pg} != {memory}"
+            )
 
     run_async(both())

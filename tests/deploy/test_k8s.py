@@ -1,7 +1,8 @@
 """The Kubernetes manifests: every overlay renders with `kubectl kustomize`, passes
-`kubernetes-validate --strict`, and has the properties docs/operations/kubernetes.md promises (probes on the health
-endpoints, a locked-down securityContext, a grace period above the worker's exit bound, the mode in
-the ConfigMap, the image set through `images:`, a per-release migration Job on the owner secret)."""
+`kubernetes-validate --strict`, and has the properties docs/operations/kubernetes.md promises
+(probes on the health endpoints, a locked-down securityContext, a grace period above the worker's
+exit bound, the mode in the ConfigMap, the image set through `images:`, a per-release migration
+Job on the owner secret)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
 WORKER_SECRET = "dispatcher-db"
 OWNER_SECRET = "dispatcher-db-owner"
 EXPECTED_SETTINGS = {
-    "partitioned-postgres": {"DISPATCHER_MODE": "partitioned", "DISPATCHER_COORDINATOR": "postgres"},
+    "partitioned-postgres": {
+        "DISPATCHER_MODE": "partitioned",
+        "DISPATCHER_COORDINATOR": "postgres",
+    },
     "partitioned-redis": {"DISPATCHER_MODE": "partitioned", "DISPATCHER_COORDINATOR": "redis"},
     "skip-locked": {"DISPATCHER_MODE": "skip_locked"},
     "static": {"DISPATCHER_MODE": "partitioned", "DISPATCHER_COORDINATOR": "static"},
@@ -42,20 +46,31 @@ def rendered(overlay: str) -> list[dict[str, Any]]:
 
 
 def pod_specs(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    return [(f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
-            for d in docs if d["kind"] in WORKLOADS]
+    return [
+        (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"]["spec"])
+        for d in docs
+        if d["kind"] in WORKLOADS
+    ]
 
 
 def workers(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """The one worker workload (Deployment, or the static overlay's StatefulSet)."""
-    found = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")
-             and d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
+    found = [
+        d
+        for d in docs
+        if d["kind"] in ("Deployment", "StatefulSet")
+        and d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    ]
     assert len(found) == 1, [d["metadata"]["name"] for d in found]
     return found[0]
 
 
 def settings_map(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    maps = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("dispatcher-settings-")]
+    maps = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("dispatcher-settings-")
+    ]
     assert len(maps) == 1, "one generated dispatcher-settings-<hash> ConfigMap"
     return maps[0]
 
@@ -66,8 +81,18 @@ def kustomization(overlay: str) -> dict[str, Any]:
 
 def validate(path: Path, version: str) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the `test` extra")
-    return run([sys.executable, "-m", "kubernetes_validate", "--strict", "--kubernetes-version", version,
-                "--quiet", str(path)])
+    return run(
+        [
+            sys.executable,
+            "-m",
+            "kubernetes_validate",
+            "--strict",
+            "--kubernetes-version",
+            version,
+            "--quiet",
+            str(path),
+        ]
+    )
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -76,14 +101,18 @@ def test_overlay_is_valid_kubernetes(overlay: str, version: str, tmp_path: Path)
     path = tmp_path / f"{overlay}.yaml"
     path.write_text(render(K8S / "overlays" / overlay))
     done = validate(path, version)
-    assert done.returncode == 0, f"{overlay} against Kubernetes {version}:\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, (
+        f"{overlay} against Kubernetes {version}:\n{done.stdout}{done.stderr}"
+    )
 
 
 def test_strict_validation_refuses_a_misspelt_field(tmp_path: Path) -> None:
     """The check above can fail: a probe with a field Kubernetes does not know is refused."""
     docs = rendered("partitioned-postgres")
     worker = workers(docs)
-    worker["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/readyz"
+    worker["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = (
+        "/readyz"
+    )
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(worker))
     done = validate(path, KUBERNETES_VERSIONS[-1])
@@ -105,12 +134,24 @@ def test_workers_probe_the_health_endpoints_on_the_metrics_port(overlay: str) ->
     port = str(settings_map(docs)["data"]["DISPATCHER_METRICS_PORT"])
     for container in spec["containers"]:
         ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-        assert str(ports.get("metrics")) == port, f"{container['name']}: port 'metrics' is not {port}"
-        for probe, path in (("startupProbe", "/livez"), ("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        assert str(ports.get("metrics")) == port, (
+            f"{container['name']}: port 'metrics' is not {port}"
+        )
+        for probe, path in (
+            ("startupProbe", "/livez"),
+            ("livenessProbe", "/livez"),
+            ("readinessProbe", "/readyz"),
+        ):
             get = container[probe]["httpGet"]
-            assert (get["path"], get["port"]) == (path, "metrics"), f"{container['name']} {probe}: {get}"
+            assert (get["path"], get["port"]) == (path, "metrics"), (
+                f"{container['name']} {probe}: {get}"
+            )
         # A liveness failure must wait out a slow start; the startup probe covers it.
-        assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 60
+        assert (
+            container["startupProbe"]["failureThreshold"]
+            * container["startupProbe"]["periodSeconds"]
+            >= 60
+        )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -134,7 +175,9 @@ def assert_locked_down(name: str, spec: dict[str, Any]) -> None:
         where = f"{name} container {container['name']}"
         sc = {**pod_sc, **container.get("securityContext", {})}  # the container's fields win
         assert sc.get("runAsNonRoot") is True, where
-        assert isinstance(sc.get("runAsUser"), int) and sc["runAsUser"] > 0, f"{where}: numeric non-root uid"
+        assert isinstance(sc.get("runAsUser"), int) and sc["runAsUser"] > 0, (
+            f"{where}: numeric non-root uid"
+        )
         assert sc.get("readOnlyRootFilesystem") is True, where
         assert sc.get("allowPrivilegeEscalation") is False, where
         assert sc.get("capabilities", {}).get("drop") == ["ALL"], where
@@ -171,7 +214,9 @@ def test_the_configmap_holds_the_mode_and_valid_settings(overlay: str) -> None:
     # The app is a setting like the others: `dispatcher run` takes it from the ConfigMap.
     assert config.worker.app == "myapp.jobs:registry"
     commands = [c["command"] for c in workers(docs)["spec"]["template"]["spec"]["containers"]]
-    assert commands == [["dispatcher", "run"]], "the settings, the app among them, come from the ConfigMap"
+    assert commands == [["dispatcher", "run"]], (
+        "the settings, the app among them, come from the ConfigMap"
+    )
     # The workers read it through envFrom under its generated (hashed) name, so a change rolls them.
     spec = workers(docs)["spec"]["template"]["spec"]
     refs = [src for c in spec["containers"] for src in c.get("envFrom", [])]
@@ -185,7 +230,10 @@ def test_redis_overlay_points_the_workers_at_its_redis() -> None:
     service = one(docs, "Service", "dispatcher-redis")
     assert url == f"redis://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/0"
     redis = one(docs, "Deployment", "dispatcher-redis")
-    assert service["spec"]["selector"].items() <= redis["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        service["spec"]["selector"].items()
+        <= redis["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert redis["spec"]["strategy"]["type"] == "Recreate", "never two Redis servers at once"
 
 
@@ -194,12 +242,18 @@ def test_static_overlay_runs_a_statefulset_of_n_indexed_workers() -> None:
     assert not find(docs, "Deployment"), "the static overlay replaces the Deployment"
     sts = one(docs, "StatefulSet", "dispatcher")
     data = settings_map(docs)["data"]
-    assert int(data["DISPATCHER_WORKER_COUNT"]) == sts["spec"]["replicas"], "N follows the replica count"
+    assert int(data["DISPATCHER_WORKER_COUNT"]) == sts["spec"]["replicas"], (
+        "N follows the replica count"
+    )
     assert int(data["DISPATCHER_WORKER_COUNT"]) == kustomization("static")["replicas"][0]["count"]
     env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0].get("env", [])}
-    assert env["DISPATCHER_WORKER_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.labels['apps.kubernetes.io/pod-index']"
-    assert sts["spec"]["serviceName"] == one(docs, "Service", "dispatcher-metrics")["metadata"]["name"]
+    assert (
+        env["DISPATCHER_WORKER_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    assert (
+        sts["spec"]["serviceName"] == one(docs, "Service", "dispatcher-metrics")["metadata"]["name"]
+    )
     assert sts["spec"]["podManagementPolicy"] == "Parallel"
 
 
@@ -210,7 +264,9 @@ def test_the_image_is_set_through_kustomize_images(overlay: str) -> None:
     for name, spec in pod_specs(rendered(overlay)):
         for container in spec.get("initContainers", []) + spec["containers"]:
             if container["name"] == "redis":
-                assert not container["image"].endswith(":latest") and ":" in container["image"], container["image"]
+                assert not container["image"].endswith(":latest") and ":" in container["image"], (
+                    container["image"]
+                )
                 continue
             assert container["image"] == image, f"{name} {container['name']}: {container['image']}"
 
@@ -222,11 +278,16 @@ def test_the_migration_job_is_per_release_on_the_owner_secret(overlay: str) -> N
     job = one(docs, "Job")
     name = job["metadata"]["name"]
     assert name == f"dispatcher-migrate-{tag}", "a release's Job is named after its image tag"
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", name), f"{name}: not a valid Job name"
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", name), (
+        f"{name}: not a valid Job name"
+    )
     assert job["spec"]["ttlSecondsAfterFinished"] > 0
     spec = job["spec"]["template"]["spec"]
     steps = spec["initContainers"] + spec["containers"]
-    assert [c["command"][:2] for c in steps] == [["dispatcher", "migrate"], ["dispatcher", "grants"]]
+    assert [c["command"][:2] for c in steps] == [
+        ["dispatcher", "migrate"],
+        ["dispatcher", "grants"],
+    ]
     assert "--apply" in steps[1]["command"]
     for container in steps:
         # Its own secret, and no ConfigMap: a settings change must not touch an existing Job
@@ -240,7 +301,10 @@ def test_metrics_service_and_disruption_budget_select_the_workers(overlay: str) 
     labels = workers(docs)["spec"]["template"]["metadata"]["labels"]
     service = one(docs, "Service", "dispatcher-metrics")
     assert service["spec"]["selector"].items() <= labels.items()
-    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert (
+        service["spec"]["clusterIP"] == "None"
+        and service["spec"]["publishNotReadyAddresses"] is True
+    )
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -257,26 +321,41 @@ def find_labels(docs: list[dict[str, Any]], name: str) -> dict[str, str]:
 
 
 def test_monitoring_components_render_and_point_at_the_workers(tmp_path: Path) -> None:
-    """An overlay with the ServiceMonitor and the monitoring component (PrometheusRule, dashboard)."""
+    """An overlay with the ServiceMonitor and the monitoring component (PrometheusRule,
+    dashboard)."""
+
     def rel(path: Path) -> str:  # kustomize refuses absolute paths
         return os.path.relpath(path, tmp_path)
 
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [rel(K8S / "overlays" / "partitioned-postgres")],
-        "components": [rel(K8S / "components" / "servicemonitor"), rel(K8S / "monitoring")],
-    }))
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [rel(K8S / "overlays" / "partitioned-postgres")],
+                "components": [rel(K8S / "components" / "servicemonitor"), rel(K8S / "monitoring")],
+            }
+        )
+    )
     text = render(tmp_path)
     docs = documents(text)
     (tmp_path / "out.yaml").write_text(text)
-    done = validate(tmp_path / "out.yaml", KUBERNETES_VERSIONS[-1])  # the CRDs' kinds are skipped, with a warning
+    # the CRDs' kinds are skipped, with a warning
+    done = validate(tmp_path / "out.yaml", KUBERNETES_VERSIONS[-1])
     assert done.returncode == 0, done.stdout + done.stderr
     monitor = one(docs, "ServiceMonitor")
     service = one(docs, "Service", "dispatcher-metrics")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
+        p["name"] for p in service["spec"]["ports"]
+    }
     rule = one(docs, "PrometheusRule")
-    assert {g["name"] for g in rule["spec"]["groups"]} == {"dispatcher.recording", "dispatcher.alerts"}
+    assert {g["name"] for g in rule["spec"]["groups"]} == {
+        "dispatcher.recording",
+        "dispatcher.alerts",
+    }
     dashboard = one(docs, "ConfigMap", "dispatcher-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert "dispatcher.json" in dashboard["data"]
@@ -290,11 +369,16 @@ def test_dockerfile_runs_as_the_manifests_uid_without_compilers() -> None:
     assert len(stages) >= 2, "multi-stage"
     final = stages[-1]
     (user,) = re.findall(r"(?m)^USER (\S+)$", final)
-    uid = one(rendered("partitioned-postgres"), "Deployment", "dispatcher")["spec"]["template"]["spec"][
-        "securityContext"]["runAsUser"]
+    uid = one(rendered("partitioned-postgres"), "Deployment", "dispatcher")["spec"]["template"][
+        "spec"
+    ]["securityContext"]["runAsUser"]
     assert user == f"{uid}:{uid}", f"USER {user}, runAsUser {uid}"
-    assert not re.search(r"apt-get|apk add|pip install|gcc|build-essential", final), "the final stage builds nothing"
+    assert not re.search(r"apt-get|apk add|pip install|gcc|build-essential", final), (
+        "the final stage builds nothing"
+    )
     assert "COPY --from=build /opt/venv /opt/venv" in final
-    assert re.search(r'(?m)^RUN pip install "?\.', stages[0]), "the project itself (with EXTRAS, if any)"
+    assert re.search(r'(?m)^RUN pip install "?\.', stages[0]), (
+        "the project itself (with EXTRAS, if any)"
+    )
     ignored = (K8S.parent / ".dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)

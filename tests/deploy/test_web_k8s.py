@@ -18,8 +18,14 @@ import pytest
 import yaml
 
 from tests.deploy.support import K8S, OVERLAYS, WEB_IMAGE, documents, one, render
-from tests.deploy.test_k8s import (KUBERNETES_VERSIONS, WORKER_SECRET, assert_locked_down, settings_map, validate,
-                                   workers)
+from tests.deploy.test_k8s import (
+    KUBERNETES_VERSIONS,
+    WORKER_SECRET,
+    assert_locked_down,
+    settings_map,
+    validate,
+    workers,
+)
 
 COMPONENT = K8S / "components" / "web"
 WEB_SECRET_EXAMPLE = K8S / "web-secret.example.yaml"
@@ -59,6 +65,7 @@ def rendered_text(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], s
         if overlay not in _texts:  # one render per overlay and test session
             _texts[overlay] = with_web(tmp_path_factory.mktemp(overlay), overlay)
         return _texts[overlay]
+
     return text
 
 
@@ -88,11 +95,14 @@ def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlays_with_the_web_component_are_valid_kubernetes(
-        overlay: str, version: str, rendered_text: Callable[[str], str], tmp_path: Path) -> None:
+    overlay: str, version: str, rendered_text: Callable[[str], str], tmp_path: Path
+) -> None:
     path = tmp_path / f"{overlay}-web.yaml"
     path.write_text(rendered_text(overlay))
     done = validate(path, version)
-    assert done.returncode == 0, f"{overlay} + web against Kubernetes {version}:\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, (
+        f"{overlay} + web against Kubernetes {version}:\n{done.stdout}{done.stderr}"
+    )
 
 
 def test_the_dashboard_serves_all_interfaces_behind_the_secret_token(rendered: Render) -> None:
@@ -130,7 +140,11 @@ def test_the_dashboard_serves_all_interfaces_behind_the_secret_token(rendered: R
 def test_the_dashboard_is_probed_on_healthz_and_readyz(rendered: Render) -> None:
     container = web_container(rendered("partitioned-postgres"))
     assert [p["name"] for p in container["ports"]] == ["http"]
-    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
         get = container[probe]["httpGet"]
         # No token: the probes send no header.
         assert get == {"path": path, "port": "http"}, f"{probe}: {get}"
@@ -167,7 +181,9 @@ def test_the_dashboard_is_a_workload_of_its_own(overlay: str, rendered: Render) 
     for workload in others:
         spec = workload["spec"]["template"]["spec"]
         for container in spec.get("initContainers", []) + spec["containers"]:
-            assert argv(container)[:2] != ["dispatcher", "web"], f"{workload['metadata']['name']} runs the dashboard"
+            assert argv(container)[:2] != ["dispatcher", "web"], (
+                f"{workload['metadata']['name']} runs the dashboard"
+            )
     for kind, name in (("Service", "dispatcher-metrics"), ("PodDisruptionBudget", "dispatcher")):
         found = one(docs, kind, name)
         selector = found["spec"]["selector"]
@@ -178,16 +194,23 @@ def test_the_dashboard_is_a_workload_of_its_own(overlay: str, rendered: Render) 
     assert service["spec"]["selector"].items() <= web_labels.items()
     for workload in others:
         labels = workload["spec"]["template"]["metadata"]["labels"]
-        assert not service["spec"]["selector"].items() <= labels.items(), workload["metadata"]["name"]
+        assert not service["spec"]["selector"].items() <= labels.items(), workload["metadata"][
+            "name"
+        ]
     (port,) = service["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (HTTP_PORT, "http")
 
 
 def test_the_documented_patch_turns_the_actions_on(tmp_path: Path) -> None:
     assert ALLOW_ACTIONS_PATCH in DOCS.read_text(), "docs/operations/kubernetes.md shows the patch"
-    assert ALLOW_ACTIONS_PATCH in (COMPONENT / "kustomization.yaml").read_text(), "so does the component"
-    text = with_web(tmp_path, "partitioned-postgres",
-                    [{"target": {"kind": "Deployment", "name": WEB}, "patch": ALLOW_ACTIONS_PATCH}])
+    assert ALLOW_ACTIONS_PATCH in (COMPONENT / "kustomization.yaml").read_text(), (
+        "so does the component"
+    )
+    text = with_web(
+        tmp_path,
+        "partitioned-postgres",
+        [{"target": {"kind": "Deployment", "name": WEB}, "patch": ALLOW_ACTIONS_PATCH}],
+    )
     args = argv(web_container(documents(text)))
     assert "--allow-actions" in args and option(args, "--host") == "0.0.0.0", args
     (tmp_path / "out.yaml").write_text(text)
@@ -196,11 +219,15 @@ def test_the_documented_patch_turns_the_actions_on(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_the_web_secret_example_holds_the_token_the_pod_reads(version: str, rendered: Render) -> None:
+def test_the_web_secret_example_holds_the_token_the_pod_reads(
+    version: str, rendered: Render
+) -> None:
     done = validate(WEB_SECRET_EXAMPLE, version)
     assert done.returncode == 0, done.stdout + done.stderr
     (secret,) = documents(WEB_SECRET_EXAMPLE.read_text())
-    ref = env_of(web_container(rendered("partitioned-postgres")))["DISPATCHER_WEB_TOKEN"]["valueFrom"]["secretKeyRef"]
+    ref = env_of(web_container(rendered("partitioned-postgres")))["DISPATCHER_WEB_TOKEN"][
+        "valueFrom"
+    ]["secretKeyRef"]
     assert (secret["kind"], secret["metadata"]["name"]) == ("Secret", ref["name"])
     assert list(secret["stringData"]) == [ref["key"]]
     assert "secrets.token_urlsafe(32)" in WEB_SECRET_EXAMPLE.read_text(), "how to make one"
@@ -228,6 +255,12 @@ def test_the_dockerfile_installs_the_web_extra_only_when_asked() -> None:
     if sh is None:
         pytest.skip("no sh to expand the install word")
     for extras, expected in (("", "."), ("web", ".[web]"), ("web,bench", ".[web,bench]")):
-        done = subprocess.run([sh, "-c", f"printf %s {word}"], env={"EXTRAS": extras},
-                              capture_output=True, text=True, timeout=10, check=True)
+        done = subprocess.run(
+            [sh, "-c", f"printf %s {word}"],
+            env={"EXTRAS": extras},
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
         assert done.stdout == expected, (extras, done.stdout)

@@ -23,8 +23,10 @@ APP_DIR = ROOT / "docs" / "examples" / "django_app"
 def django_dsn(pg_admin_dsn: str, template_db: str) -> Iterator[str]:
     """One database for the module, with the dispatcher's tables and the example's: Django is set
     up once per process, on the example's own settings module."""
-    with scratch_database(pg_admin_dsn, "dispatcher_django", template=template_db) as dsn, \
-            pytest.MonkeyPatch.context() as path:
+    with (
+        scratch_database(pg_admin_dsn, "dispatcher_django", template=template_db) as dsn,
+        pytest.MonkeyPatch.context() as path,
+    ):
         path.syspath_prepend(str(APP_DIR))
         with pytest.MonkeyPatch.context() as env:  # read once, by django.setup()
             env.setenv("DATABASE_URL", dsn)
@@ -41,8 +43,11 @@ def django_dsn(pg_admin_dsn: str, template_db: str) -> Iterator[str]:
 
 
 def jobs_of(dsn: str, order_id: int) -> list[tuple[Any, ...]]:
-    return fetchall(dsn, "SELECT job_type, status FROM dispatcher_jobs WHERE payload->>'order_id' = %s",
-                    (str(order_id),))
+    return fetchall(
+        dsn,
+        "SELECT job_type, status FROM dispatcher_jobs WHERE payload->>'order_id' = %s",
+        (str(order_id),),
+    )
 
 
 def test_the_order_and_its_job_commit_together(django_dsn: str) -> None:
@@ -61,28 +66,42 @@ def test_an_order_rolled_back_leaves_no_job(django_dsn: str) -> None:
 
     with pytest.raises(RuntimeError, match="payment declined"), transaction.atomic():
         order = place_order("grace@example.com", 990)
-        assert jobs_of(django_dsn, order.pk) == []  # written, not committed: other sessions see nothing
+        # written, not committed: other sessions see nothing
+        assert jobs_of(django_dsn, order.pk) == []
         raise RuntimeError("payment declined")
     assert not Order.objects.filter(pk=order.pk).exists()
     assert jobs_of(django_dsn, order.pk) == []
 
 
 @pytest.mark.slow
-def test_a_worker_started_as_the_guide_says_runs_the_orm_handler(django_dsn: str, tmp_path: Any) -> None:
+def test_a_worker_started_as_the_guide_says_runs_the_orm_handler(
+    django_dsn: str, tmp_path: Any
+) -> None:
     from shop.models import Order
     from shop.orders import place_order
 
     order = place_order("alan@example.com", 4200)
     log = tmp_path / "worker.log"
-    # DISPATCHER_DSN=$DATABASE_URL dispatcher run --app shop.jobs:registry, from the project's directory
-    # (no DJANGO_SETTINGS_MODULE: shop/jobs.py sets its default, as manage.py does).
+    # DISPATCHER_DSN=$DATABASE_URL dispatcher run --app shop.jobs:registry, from the project's
+    # directory (no DJANGO_SETTINGS_MODULE: shop/jobs.py sets its default, as manage.py does).
     assert "DJANGO_SETTINGS_MODULE" not in os.environ
-    worker = harness.start_worker(django_dsn, "shop.jobs:registry", log=log, cwd=APP_DIR,
-                                  extra_env={"DATABASE_URL": django_dsn, "PYTHONPATH": str(ROOT)},
-                                  poll_interval_s=0.1)
+    worker = harness.start_worker(
+        django_dsn,
+        "shop.jobs:registry",
+        log=log,
+        cwd=APP_DIR,
+        extra_env={"DATABASE_URL": django_dsn, "PYTHONPATH": str(ROOT)},
+        poll_interval_s=0.1,
+    )
     try:
-        wait_until(lambda: Order.objects.get(pk=order.pk).receipt_sent_at is not None or worker.poll() is not None,
-                   30, "the receipt sent by the worker")
+        wait_until(
+            lambda: (
+                Order.objects.get(pk=order.pk).receipt_sent_at is not None
+                or worker.poll() is not None
+            ),
+            30,
+            "the receipt sent by the worker",
+        )
     finally:
         codes = stop_workers([worker])
     assert codes == [0], log.read_text()

@@ -33,8 +33,12 @@ class Server:
         self.process, self.port, self.log = process, port, log
 
     def post(self, path: str, body: Any) -> tuple[int, Any]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
 
@@ -48,7 +52,9 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-            raise AssertionError(f"uvicorn did not stop within 30 s:\n{self.log.read_text()}") from None
+            raise AssertionError(
+                f"uvicorn did not stop within 30 s:\n{self.log.read_text()}"
+            ) from None
         log = self.log.read_text()
         assert code in (0, -signal.SIGTERM), log
         assert "Application shutdown complete" in log and "Traceback" not in log, log
@@ -66,13 +72,29 @@ def serve(dsn: str, tmp_path: Path) -> Iterator[Any]:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
         environ.update(DATABASE_URL=dsn, PYTHONPATH=str(ROOT), **env)
         with open(log, "ab") as out:
-            process = subprocess.Popen([sys.executable, "-m", "uvicorn", "fastapi_app:app", "--host", "127.0.0.1",
-                                        "--port", str(port)], cwd=EXAMPLES, env=environ, stdout=out,
-                                       stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "fastapi_app:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                cwd=EXAMPLES,
+                env=environ,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         server = Server(process, port, log)
         servers.append(server)
-        wait_until(lambda: process.poll() is not None or http_get(port, "/openapi.json") is not None, 30,
-                   "uvicorn answering")
+        wait_until(
+            lambda: process.poll() is not None or http_get(port, "/openapi.json") is not None,
+            30,
+            "uvicorn answering",
+        )
         assert process.poll() is None, log.read_text()
         return server
 
@@ -89,9 +111,12 @@ def test_signup_writes_the_user_and_its_job(dsn: str, serve: Any) -> None:
     server = serve()
     status, body = server.post("/signup", {"email": "ada@example.com"})
     assert status == 201
-    assert fetchval(dsn, "SELECT email FROM users WHERE id = %s", (body["id"],)) == "ada@example.com"
+    assert (
+        fetchval(dsn, "SELECT email FROM users WHERE id = %s", (body["id"],)) == "ada@example.com"
+    )
     assert fetchall(dsn, "SELECT job_type, payload, status FROM dispatcher_jobs") == [
-        ("send_welcome", {"user_id": body["id"], "email": "ada@example.com"}, "queued")]
+        ("send_welcome", {"user_id": body["id"], "email": "ada@example.com"}, "queued")
+    ]
     server.stop()
 
 
@@ -103,7 +128,11 @@ def test_the_lifespan_worker_runs_the_job_and_stops_with_the_server(dsn: str, se
 
     def status_of_job() -> Any:
         assert server.process.poll() is None, server.log.read_text()
-        return fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE payload->>'user_id' = %s", (str(body["id"]),))
+        return fetchval(
+            dsn,
+            "SELECT status FROM dispatcher_jobs WHERE payload->>'user_id' = %s",
+            (str(body["id"]),),
+        )
 
     wait_until(lambda: status_of_job() == "completed", 30, "the welcome job completed")
     server.stop()  # the lifespan stopped the worker: a clean shutdown, no traceback
@@ -115,13 +144,29 @@ def test_dispatcher_run_beside_the_app_runs_the_job(dsn: str, serve: Any, tmp_pa
     status, body = server.post("/signup", {"email": "alan@example.com"})
     assert status == 201
     log = tmp_path / "worker.log"
-    # DISPATCHER_DSN=$DATABASE_URL dispatcher run --app fastapi_app:registry, from the app's directory
-    worker = harness.start_worker(dsn, "fastapi_app:registry", log=log, cwd=EXAMPLES,
-                                  extra_env={"DATABASE_URL": dsn, "PYTHONPATH": str(ROOT)})
+    # DISPATCHER_DSN=$DATABASE_URL dispatcher run --app fastapi_app:registry, from the app's
+    # directory
+    worker = harness.start_worker(
+        dsn,
+        "fastapi_app:registry",
+        log=log,
+        cwd=EXAMPLES,
+        extra_env={"DATABASE_URL": dsn, "PYTHONPATH": str(ROOT)},
+    )
     try:
-        wait_until(lambda: worker.poll() is not None or fetchval(
-            dsn, "SELECT status FROM dispatcher_jobs WHERE payload->>'user_id' = %s", (str(body["id"]),)) == "completed",
-            30, "the welcome job completed by `dispatcher run`")
+        wait_until(
+            lambda: (
+                worker.poll() is not None
+                or fetchval(
+                    dsn,
+                    "SELECT status FROM dispatcher_jobs WHERE payload->>'user_id' = %s",
+                    (str(body["id"]),),
+                )
+                == "completed"
+            ),
+            30,
+            "the welcome job completed by `dispatcher run`",
+        )
     finally:
         codes = stop_workers([worker])
     assert codes == [0], log.read_text()

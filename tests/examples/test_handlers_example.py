@@ -17,7 +17,9 @@ sent: list[str] = []  # stands in for a mail service
 def sign_up(db, email: str) -> None:
     """Application code. In production `db` is your psycopg connection (the job commits with
     the user's row) or pool; in a unit test, a MemoryStore."""
-    enqueue_sync(db, "send_welcome", {"email": email}, max_attempts=3, dedupe_key=f"welcome:{email}")
+    enqueue_sync(
+        db, "send_welcome", {"email": email}, max_attempts=3, dedupe_key=f"welcome:{email}"
+    )
 
 
 @registry.handler("send_welcome")
@@ -30,7 +32,8 @@ def send_welcome(job) -> None:
     sent.append(email)
 
 
-# -- the tests ---------------------------------------------------------------------------------------
+# -- the tests -------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def store() -> MemoryStore:

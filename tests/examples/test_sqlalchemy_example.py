@@ -30,11 +30,17 @@ def example() -> ModuleType:
 
 @pytest.fixture
 def engine(dsn: str, example: ModuleType) -> Iterator[Any]:
-    """The psycopg 3 dialect (`postgresql+psycopg://`) on the test's database, with the example's table."""
+    """The psycopg 3 dialect (`postgresql+psycopg://`) on the test's database, with the example's
+    table."""
     params = conninfo_to_dict(dsn)
-    url = sqlalchemy.URL.create("postgresql+psycopg", username=params.get("user"), password=params.get("password"),
-                                host=params.get("host"), port=int(params["port"]) if "port" in params else None,
-                                database=params["dbname"])
+    url = sqlalchemy.URL.create(
+        "postgresql+psycopg",
+        username=params.get("user"),
+        password=params.get("password"),
+        host=params.get("host"),
+        port=int(params["port"]) if "port" in params else None,
+        database=params["dbname"],
+    )
     engine = sqlalchemy.create_engine(url)
     example.Base.metadata.create_all(engine)
     try:
@@ -44,7 +50,10 @@ def engine(dsn: str, example: ModuleType) -> Iterator[Any]:
 
 
 def welcome_jobs(dsn: str) -> list[tuple[Any, ...]]:
-    return fetchall(dsn, "SELECT payload->>'user_id', status FROM dispatcher_jobs WHERE job_type = 'send_welcome'")
+    return fetchall(
+        dsn,
+        "SELECT payload->>'user_id', status FROM dispatcher_jobs WHERE job_type = 'send_welcome'",
+    )
 
 
 def test_the_job_commits_with_the_session(dsn: str, engine: Any, example: ModuleType) -> None:
@@ -57,9 +66,12 @@ def test_the_job_commits_with_the_session(dsn: str, engine: Any, example: Module
 
 
 def test_a_rolled_back_session_leaves_no_job(dsn: str, engine: Any, example: ModuleType) -> None:
-    with pytest.raises(RuntimeError, match="no such plan"), Session(engine) as session, session.begin():
+    with (
+        pytest.raises(RuntimeError, match="no such plan"),
+        Session(engine) as session,
+        session.begin(),
+    ):
         example.sign_up(session, "grace@example.com")
         raise RuntimeError("no such plan")
     assert fetchval(dsn, "SELECT count(*) FROM users") == 0
     assert welcome_jobs(dsn) == []
-

@@ -14,8 +14,15 @@ def jobs(dsn, *args):
 
 
 def test_list_prints_a_table_or_json(dsn):
-    failed = add(dsn, 2, status="failed", queue="mail", job_type="send", age_s=7200,
-                 last_error="Traceback (most recent call last):\n  ...\nValueError: no such customer")
+    failed = add(
+        dsn,
+        2,
+        status="failed",
+        queue="mail",
+        job_type="send",
+        age_s=7200,
+        last_error="Traceback (most recent call last):\n  ...\nValueError: no such customer",
+    )
     add(dsn, 3)
     table = jobs(dsn, "list", "--status", "failed")
     assert table.returncode == 0, table.stderr
@@ -23,7 +30,9 @@ def test_list_prints_a_table_or_json(dsn):
     assert lines[0].split()[:4] == ["id", "queue", "type", "status"] and len(lines) == 3
     assert lines[1].split()[:6] == [str(failed[1]), "mail", "send", "failed", "0/20", "2h00m"]
     assert lines[1].endswith("ValueError: no such customer")
-    listed = orjson.loads(jobs(dsn, "list", "--status", "failed,queued", "--limit", "4", "--json").stdout)
+    listed = orjson.loads(
+        jobs(dsn, "list", "--status", "failed,queued", "--limit", "4", "--json").stdout
+    )
     assert len(listed) == 4 and {j["status"] for j in listed} <= {"failed", "queued"}
     assert jobs(dsn, "list", "--queue", "nowhere").stdout.strip() == "(no jobs match)"
 
@@ -54,12 +63,18 @@ def test_a_bulk_change_prints_the_count_and_needs_yes(dsn):
     young = add(dsn, 2, status="completed", age_s=60)
     asked = jobs(dsn, "purge", "--status", "completed", "--older-than", "2d")
     assert asked.returncode == 1, asked
-    assert asked.stdout.strip() == "3 jobs match; nothing was changed: re-run with --yes to purge them"
+    assert (
+        asked.stdout.strip() == "3 jobs match; nothing was changed: re-run with --yes to purge them"
+    )
     assert statuses(dsn, old) == ["completed"] * 3
     done = jobs(dsn, "purge", "--status", "completed", "--older-than", "2d", "--yes", "--json")
     assert done.returncode == 0, done.stderr
     result = orjson.loads(done.stdout)
-    assert (result["action"], result["changed_count"], sorted(result["changed"])) == ("purge", 3, old)
+    assert (result["action"], result["changed_count"], sorted(result["changed"])) == (
+        "purge",
+        3,
+        old,
+    )
     assert statuses(dsn, old + young) == [None] * 3 + ["completed"] * 2
     nothing = jobs(dsn, "purge", "--status", "completed", "--older-than", "2d")
     assert (nothing.returncode, nothing.stdout.strip()) == (0, "no jobs match: nothing to purge")
@@ -70,27 +85,37 @@ def test_cancel_all_needs_all_and_yes_and_leaves_finished_jobs_alone(dsn):
     one_line_error(jobs(dsn, "cancel", "--yes"), 2, "arguments", "--all")  # nothing named: refused
     done = jobs(dsn, "cancel", "--all", "--yes")
     assert done.returncode == 0, done
-    assert done.stdout.splitlines()[0] == "cancelled 2 of 3 jobs (cancelled): " + ", ".join(map(str, queued))
+    assert done.stdout.splitlines()[0] == "cancelled 2 of 3 jobs (cancelled): " + ", ".join(
+        map(str, queued)
+    )
     requested = f"cancel requested for 1 running jobs (cancelled at their owner's next heartbeat): {running[0]}"
     assert requested in done.stdout
-    assert statuses(dsn, queued + running + failed) == ["cancelled", "cancelled", "running", "failed"]
+    assert statuses(dsn, queued + running + failed) == [
+        "cancelled",
+        "cancelled",
+        "running",
+        "failed",
+    ]
 
 
-@pytest.mark.parametrize("args, named", [
-    (["list", "--status", "nope"], "--status"),
-    (["list", "--status", "failed,bogus"], "--status"),
-    (["list", "--older-than", "-5"], "--older-than"),
-    (["list", "--newer-than", "3 weeks"], "--newer-than"),
-    (["list", "--limit", "0"], "--limit"),
-    (["list", "--limit", "ten"], "--limit"),
-    (["list", "--queue", "we ird"], "--queue"),
-    (["retry", "12x"], "ids"),
-    (["retry", "--id", "-3"], "--id"),
-    (["show", "abc"], "id"),
-    (["retry", "--status", "running", "--yes"], "--status"),
-    (["purge", "--status", "queued", "--yes"], "--status"),
-    (["cancel", "--all", "--yes", "--batch", "0"], "--batch"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["list", "--status", "nope"], "--status"),
+        (["list", "--status", "failed,bogus"], "--status"),
+        (["list", "--older-than", "-5"], "--older-than"),
+        (["list", "--newer-than", "3 weeks"], "--newer-than"),
+        (["list", "--limit", "0"], "--limit"),
+        (["list", "--limit", "ten"], "--limit"),
+        (["list", "--queue", "we ird"], "--queue"),
+        (["retry", "12x"], "ids"),
+        (["retry", "--id", "-3"], "--id"),
+        (["show", "abc"], "id"),
+        (["retry", "--status", "running", "--yes"], "--status"),
+        (["purge", "--status", "queued", "--yes"], "--status"),
+        (["cancel", "--all", "--yes", "--batch", "0"], "--batch"),
+    ],
+)
 def test_bad_input_exits_2_naming_the_flag_and_changes_nothing(dsn, args, named):
     ids = add(dsn, status="failed") + add(dsn)
     one_line_error(jobs(dsn, *args), 2, named)

@@ -102,7 +102,9 @@ def test_prefixes_isolate_clusters(cluster: tuple[str, str]) -> None:
 # --------------------------------------------------------------------------- Redis failures
 
 
-def test_dead_redis_raises_quickly_and_everything_recovers_after_restart(own_redis: EmbeddedRedis) -> None:
+def test_dead_redis_raises_quickly_and_everything_recovers_after_restart(
+    own_redis: EmbeddedRedis,
+) -> None:
     async def main() -> None:
         async with backends(own_redis.url, "fail", 2) as [a, b]:
             await a.heartbeat("a", 30)
@@ -151,7 +153,8 @@ def test_subscriber_survives_a_restart_while_waiting(own_redis: EmbeddedRedis) -
     async def main() -> None:
         async with backends(own_redis.url, "fail", 2) as [a, b]:
             waiter = asyncio.create_task(b.wait_for_change(30))
-            await wait_until_async(b.waiting.is_set, 5, "b blocks on its subscription")  # the kill must find it waiting
+            # the kill must find it waiting
+            await wait_until_async(b.waiting.is_set, 5, "b blocks on its subscription")
             own_redis.kill()
             with pytest.raises(CoordinatorUnavailable):
                 await asyncio.wait_for(waiter, FAST_S)

@@ -22,7 +22,8 @@ JOBS = 2_000
 
 def _add_foreign_rows(dsn: str) -> None:
     """Rows the bench did not enqueue: a job of another queue, due in an hour (the workers serve
-    that queue too, but it is not due), and an earlier bench run's finished job in the bench queue."""
+    that queue too, but it is not due), and an earlier bench run's finished job in the bench
+    queue."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue_sync(conn, "noop", {"owner": "the app"}, queue="default", delay_s=3600)
         conn.execute("""INSERT INTO dispatcher_jobs (queue_name, job_type, payload, status, bucket, completed_at)
@@ -38,21 +39,40 @@ def _sequence(dsn: str) -> tuple[Any, ...]:
 
 
 def _connected_workers(dsn: str) -> int:
-    return int(fetchval(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                             "AND application_name = %s", (CLAIM_APPLICATION,)))
+    return int(
+        fetchval(
+            dsn,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s",
+            (CLAIM_APPLICATION,),
+        )
+    )
 
 
 def _bench(dsn: str, out: Path, *more: str) -> int:
-    return bench_main(["burst", "--external-workers", "--dsn", dsn, "--jobs", str(JOBS), "--out", str(out), *more])
+    return bench_main(
+        ["burst", "--external-workers", "--dsn", dsn, "--jobs", str(JOBS), "--out", str(out), *more]
+    )
 
 
 @pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
-def test_fleet_bench_measures_live_workers_and_touches_only_its_own_rows(dsn: str, tmp_path: Path,
-                                                                          mode: str) -> None:
+def test_fleet_bench_measures_live_workers_and_touches_only_its_own_rows(
+    dsn: str, tmp_path: Path, mode: str
+) -> None:
     _add_foreign_rows(dsn)
     foreign = _table(dsn)
-    workers = [start_worker(dsn, app=APP, log_path=tmp_path / f"w{i}.log", mode=mode, queues="default,bench",
-                            history="true", batch_size=100) for i in range(2)]
+    workers = [
+        start_worker(
+            dsn,
+            app=APP,
+            log_path=tmp_path / f"w{i}.log",
+            mode=mode,
+            queues="default,bench",
+            history="true",
+            batch_size=100,
+        )
+        for i in range(2)
+    ]
     try:
         wait_until(lambda: _connected_workers(dsn) == 2, 60, "two worker processes connected")
         code = _bench(dsn, tmp_path / "out")
@@ -64,7 +84,12 @@ def test_fleet_bench_measures_live_workers_and_touches_only_its_own_rows(dsn: st
     (row,) = result["rows"]
     assert {"cores", "postgres", "python", "database"} <= result["machine"].keys()
     # Every job ran, once; the fleet as the database shows it.
-    assert (row["jobs"], row["failed_jobs"], row["retried_jobs"], row["rows_deleted"]) == (JOBS, 0, 0, JOBS)
+    assert (row["jobs"], row["failed_jobs"], row["retried_jobs"], row["rows_deleted"]) == (
+        JOBS,
+        0,
+        0,
+        JOBS,
+    )
     assert row["workers_connected"] == 2 and 1 <= row["workers"] <= 2
     assert (row["mode"], row["worker_modes"]) == (mode, {mode: 2})
     assert row["coordinator_members"] == (2 if mode == "partitioned" else 0)
@@ -86,8 +111,9 @@ def test_fleet_bench_measures_live_workers_and_touches_only_its_own_rows(dsn: st
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_job_attempts") == 0
 
 
-def test_fleet_bench_refuses_without_a_live_worker(dsn: str, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_fleet_bench_refuses_without_a_live_worker(
+    dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _add_foreign_rows(dsn)
     foreign, sequence = _table(dsn), _sequence(dsn)
     assert _connected_workers(dsn) == 0
@@ -99,8 +125,9 @@ def test_fleet_bench_refuses_without_a_live_worker(dsn: str, tmp_path: Path,
     assert not (tmp_path / "out" / "burst_external.json").exists()
 
 
-def test_fleet_bench_refuses_when_no_worker_serves_its_queue(dsn: str, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_fleet_bench_refuses_when_no_worker_serves_its_queue(
+    dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Workers are live but serve `default` only: the probe job is not run, so the bench deletes it
     and refuses before the burst."""
     _add_foreign_rows(dsn)

@@ -17,7 +17,11 @@ JOBS = 1_200  # three claims of 500 per drainer at most: the last claim comes ba
 def test_a_minimal_drain_completes_every_job_and_drops_its_table(dsn: str, kind: str) -> None:
     row = run_minimal(dsn, kind, workers=2, jobs=JOBS, postmaster=None)
     assert {k: row[k] for k in ("kind", "mode", "workers", "jobs")} == {
-        "kind": kind, "mode": "-", "workers": 2, "jobs": JOBS}
+        "kind": kind,
+        "mode": "-",
+        "workers": 2,
+        "jobs": JOBS,
+    }
     assert row["seconds"] > 0 and row["jobs_per_s"] > 0
     assert row["idx_reads_per_job"] >= 1  # every job was read from the partial index at least once
     assert row["client_cpu_us_per_job"] > 0
@@ -26,6 +30,7 @@ def test_a_minimal_drain_completes_every_job_and_drops_its_table(dsn: str, kind:
 
 def test_the_minimal_drain_leaves_the_jobs_table_empty(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        enqueue_sync(conn, "noop", {})  # a previous run's rows: their vacuum must not land in this drain
+        # a previous run's rows: their vacuum must not land in this drain
+        enqueue_sync(conn, "noop", {})
     run_minimal(dsn, "minimal", workers=1, jobs=10, postmaster=None)
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 0

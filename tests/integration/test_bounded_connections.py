@@ -30,8 +30,11 @@ def test_a_statement_past_its_deadline_fails_at_once_and_is_cancelled_on_the_ser
 
     pid, waited = run_async(main())
     assert waited < 3, "the caller does not wait for the cancellation"
-    wait_until(lambda: not fetchval(dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)), 15,
-               "the server session is gone")
+    wait_until(
+        lambda: not fetchval(dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)),
+        15,
+        "the server session is gone",
+    )
 
 
 def test_a_connect_to_a_server_that_never_answers_is_bounded():
@@ -42,8 +45,13 @@ def test_a_connect_to_a_server_that_never_answers_is_bounded():
     try:
         began = time.monotonic()
         with pytest.raises((StatementTimeout, psycopg.OperationalError)):
-            run_async(connect(f"postgresql://x@127.0.0.1:{port}/x", ConnectionLimits(connect_timeout_s=1),
-                              application_name="bounded-test"))
+            run_async(
+                connect(
+                    f"postgresql://x@127.0.0.1:{port}/x",
+                    ConnectionLimits(connect_timeout_s=1),
+                    application_name="bounded-test",
+                )
+            )
         assert time.monotonic() - began < 5
     finally:
         silent.close()

@@ -11,7 +11,15 @@ import pytest
 
 from dispatcher import enqueue_sync
 from dispatcher.api.admin import Filters, cancel_jobs
-from tests.helpers import fetchall, fetchval, read_executions, start_worker, status_counts, stop_workers, wait_until
+from tests.helpers import (
+    fetchall,
+    fetchval,
+    read_executions,
+    start_worker,
+    status_counts,
+    stop_workers,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +48,12 @@ def started(record_dir, job_id):
 
 def cancel_to_end_s(dsn, job_id):
     """From the cancel request to the write that ended the job, by the database's clock."""
-    return fetchval(dsn, "SELECT extract(epoch FROM updated_at - cancel_requested_at) FROM dispatcher_jobs "
-                         "WHERE id = %s", (job_id,))
+    return fetchval(
+        dsn,
+        "SELECT extract(epoch FROM updated_at - cancel_requested_at) FROM dispatcher_jobs "
+        "WHERE id = %s",
+        (job_id,),
+    )
 
 
 def test_a_cancelled_queued_job_never_runs(dsn, tmp_path):
@@ -68,7 +80,9 @@ def test_a_running_async_job_is_cancelled_at_the_next_heartbeat_and_not_retried(
         assert cancel_jobs(dsn, Filters(ids=(job_id,))).requested == [job_id]
         wait_until(lambda: status(dsn, job_id) == "cancelled", 30, "the job ended cancelled")
         took_s = cancel_to_end_s(dsn, job_id)
-        assert took_s <= BOUND_S, f"cancelled {took_s:.2f} s after the request (bound {BOUND_S:.1f} s)"
+        assert took_s <= BOUND_S, (
+            f"cancelled {took_s:.2f} s after the request (bound {BOUND_S:.1f} s)"
+        )
         # Not retried: nothing claims it again, whatever else the worker runs meanwhile.
         marker = enqueue(dsn, "record")
         wait_until(lambda: status(dsn, marker) == "completed", 30, "a later job ran")
@@ -76,8 +90,14 @@ def test_a_running_async_job_is_cancelled_at_the_next_heartbeat_and_not_retried(
         assert stop_workers([worker]) == [0]
     (run,) = read_executions(tmp_path, include_unfinished=True)[job_id]
     assert run.outcome == "cancelled", "the handler itself saw the cancellation"
-    row = fetchall(dsn, "SELECT status, attempts, lock_token, last_error FROM dispatcher_jobs WHERE id = %s", (job_id,))
-    assert row[0][:3] == ("cancelled", 1, None) and row[0][3].startswith("cancelled: an operator asked")
+    row = fetchall(
+        dsn,
+        "SELECT status, attempts, lock_token, last_error FROM dispatcher_jobs WHERE id = %s",
+        (job_id,),
+    )
+    assert row[0][:3] == ("cancelled", 1, None) and row[0][3].startswith(
+        "cancelled: an operator asked"
+    )
 
 
 def test_a_running_sync_job_is_recorded_cancelled_when_its_thread_returns(dsn, tmp_path):
@@ -87,18 +107,27 @@ def test_a_running_sync_job_is_recorded_cancelled_when_its_thread_returns(dsn, t
     try:
         wait_until(lambda: started(tmp_path, job_id), 30, "the handler started")
         cancel_jobs(dsn, Filters(ids=(job_id,)))
-        wait_until(lambda: "at an operator's request" in log.read_text(), BOUND_S + 5, "the worker saw the request")
+        wait_until(
+            lambda: "at an operator's request" in log.read_text(),
+            BOUND_S + 5,
+            "the worker saw the request",
+        )
         # Seen, but the thread runs on: the job keeps its lease (heartbeats) and its status.
         assert status(dsn, job_id) == "running" and not read_executions(tmp_path).get(job_id)
-        wait_until(lambda: status(dsn, job_id) == "cancelled", 30, "recorded when the thread returned")
+        wait_until(
+            lambda: status(dsn, job_id) == "cancelled", 30, "recorded when the thread returned"
+        )
     finally:
         assert stop_workers([worker]) == [0]
     (run,) = read_executions(tmp_path)[job_id]
     assert run.outcome == "ok", "the thread ran to its end"
-    ended_at = fetchval(dsn, "SELECT extract(epoch FROM updated_at) FROM dispatcher_jobs WHERE id = %s", (job_id,))
+    ended_at = fetchval(
+        dsn, "SELECT extract(epoch FROM updated_at) FROM dispatcher_jobs WHERE id = %s", (job_id,)
+    )
     assert ended_at >= run.end - 0.5  # written after it returned (same machine, so clocks agree)
-    assert "a thread cannot be interrupted" in fetchval(dsn, "SELECT last_error FROM dispatcher_jobs WHERE id = %s",
-                                                       (job_id,))
+    assert "a thread cannot be interrupted" in fetchval(
+        dsn, "SELECT last_error FROM dispatcher_jobs WHERE id = %s", (job_id,)
+    )
 
 
 def test_a_job_whose_worker_died_is_ended_cancelled_by_the_reaper(dsn, tmp_path):
@@ -130,4 +159,6 @@ def test_a_job_that_finishes_before_the_request_is_seen_ends_completed(dsn, tmp_
         wait_until(lambda: status(dsn, job_id) == "completed", 30, "the job completed")
     finally:
         assert stop_workers([worker]) == [0]
-    assert fetchval(dsn, "SELECT cancel_requested_at IS NOT NULL FROM dispatcher_jobs WHERE id = %s", (job_id,))
+    assert fetchval(
+        dsn, "SELECT cancel_requested_at IS NOT NULL FROM dispatcher_jobs WHERE id = %s", (job_id,)
+    )

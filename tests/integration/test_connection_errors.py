@@ -35,15 +35,26 @@ def problem_of(dsn: str) -> ConnectError:
     return sync_info.value
 
 
-@pytest.mark.parametrize(("change", "problem", "said"), [
-    ({"user": "no_such_role"}, Problem.LOGIN_REFUSED, 'role "no_such_role" does not exist'),
-    ({"dbname": "no_such_db"}, Problem.LOGIN_REFUSED, 'database "no_such_db" does not exist'),
-    ({"sslmode": "require"}, Problem.BAD_SETTING, "sslmode=require but the server does not offer SSL"),
-    ({"sslmode": "verify-full"}, Problem.BAD_SETTING, "sslmode=verify-full but the server does not offer SSL"),
-    ({"sslmode": "bogus"}, Problem.BAD_SETTING, "sslmode"),
-    ({"target_session_attrs": "bogus"}, Problem.BAD_SETTING, "target_session_attrs"),
-    ({"host": "no-such-host.invalid"}, Problem.UNREACHABLE, "no-such-host.invalid"),
-])
+@pytest.mark.parametrize(
+    ("change", "problem", "said"),
+    [
+        ({"user": "no_such_role"}, Problem.LOGIN_REFUSED, 'role "no_such_role" does not exist'),
+        ({"dbname": "no_such_db"}, Problem.LOGIN_REFUSED, 'database "no_such_db" does not exist'),
+        (
+            {"sslmode": "require"},
+            Problem.BAD_SETTING,
+            "sslmode=require but the server does not offer SSL",
+        ),
+        (
+            {"sslmode": "verify-full"},
+            Problem.BAD_SETTING,
+            "sslmode=verify-full but the server does not offer SSL",
+        ),
+        ({"sslmode": "bogus"}, Problem.BAD_SETTING, "sslmode"),
+        ({"target_session_attrs": "bogus"}, Problem.BAD_SETTING, "target_session_attrs"),
+        ({"host": "no-such-host.invalid"}, Problem.UNREACHABLE, "no-such-host.invalid"),
+    ],
+)
 def test_each_connect_failure_is_classified_without_reading_its_text(dsn, change, problem, said):
     error = problem_of(mk(dsn, password="s3cret", **change))
     assert error.failure.problem is problem
@@ -51,7 +62,10 @@ def test_each_connect_failure_is_classified_without_reading_its_text(dsn, change
 
 
 def test_a_refused_port_is_unreachable():
-    assert problem_of(f"postgresql://app@127.0.0.1:{closed_port()}/jobs").failure.problem is Problem.UNREACHABLE
+    assert (
+        problem_of(f"postgresql://app@127.0.0.1:{closed_port()}/jobs").failure.problem
+        is Problem.UNREACHABLE
+    )
 
 
 def test_an_unknown_connection_option_is_a_bad_setting(dsn):
@@ -63,11 +77,15 @@ def test_a_database_closed_to_connections_for_now_is_unreachable_not_refusing(pg
     """ALTER DATABASE ... ALLOW_CONNECTIONS false (maintenance): 55000 at login, waited out."""
     name = psycopg.sql.Identifier(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(name))
+        admin.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(name)
+        )
         try:
             error = problem_of(dsn)
         finally:
-            admin.execute(psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name))
+            admin.execute(
+                psycopg.sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name)
+            )
     assert error.failure.problem is Problem.UNREACHABLE and error.failure.sqlstate == "55000", error
 
 
@@ -98,9 +116,14 @@ def test_a_server_that_is_full_is_unreachable_not_refusing():
     assert error.failure.sqlstate == "53300"
 
 
-# -- one-shot commands as real processes ------------------------------------------------------------
+# -- one-shot commands as real processes -----------------------------------------------------------
 
-ONE_SHOT = [["status"], ["enqueue", "hello"], ["enqueue", "hello", "--count", "3"], ["jobs", "list"]]
+ONE_SHOT = [
+    ["status"],
+    ["enqueue", "hello"],
+    ["enqueue", "hello", "--count", "3"],
+    ["jobs", "list"],
+]
 
 
 def timed_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -127,8 +150,12 @@ def test_a_one_shot_command_on_a_locked_table_gives_up_in_one_line(dsn, command)
     finally:
         release.set()
         holder.join(10)
-    line = one_line_error(result, 1, "gave up after 5 s waiting for a lock on dispatcher_jobs (lock_timeout)",
-                          "is a migration or a long transaction holding it?")
+    line = one_line_error(
+        result,
+        1,
+        "gave up after 5 s waiting for a lock on dispatcher_jobs (lock_timeout)",
+        "is a migration or a long transaction holding it?",
+    )
     assert line.startswith(f"dispatcher: {command[0]}")
     assert took < 15, f"took {took:.1f} s"
     assert jobs(dsn) == 0
@@ -141,12 +168,20 @@ def test_a_one_shot_command_before_migrate_says_to_migrate(empty_dsn, command):
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize(("change", "said"), [
-    ({"sslmode": "require"}, "(bad connection setting): sslmode=require but the server does not offer SSL"),
-    ({"sslmode": "bogus"}, "(bad connection setting)"),
-    ({"user": "no_such_role"}, "(login refused)"),
-])
-@pytest.mark.parametrize("command", [["status"], ["jobs", "list"], ["enqueue", "hello"], ["migrate"]], ids=" ".join)
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            {"sslmode": "require"},
+            "(bad connection setting): sslmode=require but the server does not offer SSL",
+        ),
+        ({"sslmode": "bogus"}, "(bad connection setting)"),
+        ({"user": "no_such_role"}, "(login refused)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [["status"], ["jobs", "list"], ["enqueue", "hello"], ["migrate"]], ids=" ".join
+)
 def test_a_one_shot_command_fails_fast_on_a_connection_that_cannot_work(dsn, command, change, said):
     result, took = timed_cli(*command, "--dsn", mk(dsn, password="s3cret", **change))
     line = one_line_error(result, 1, said)
@@ -158,7 +193,9 @@ def test_a_slow_statement_of_a_one_shot_session_ends_at_its_statement_timeout(ds
     limits = ConnectionLimits(statement_timeout_s=0.2)
     began = time.monotonic()
     with session(dsn, limits, application_name="errors-test") as conn:
-        with pytest.raises(StoreTimeout, match=r"^slow: gave up after 0.4 s \(statement_timeout\)$") as info:
+        with pytest.raises(
+            StoreTimeout, match=r"^slow: gave up after 0.4 s \(statement_timeout\)$"
+        ) as info:
             with bounded_transaction(conn, "slow", limits, budget=2):
                 conn.execute("SELECT pg_sleep(30)")
         assert info.value.lock is False
@@ -166,7 +203,8 @@ def test_a_slow_statement_of_a_one_shot_session_ends_at_its_statement_timeout(ds
     assert time.monotonic() - began < 5
 
 
-# -- the worker: only an unreachable server is waited out -------------------------------------------
+# -- the worker: only an unreachable server is waited out ------------------------------------------
+
 
 def ready(dsn: str, stop_after_s: float) -> bool:
     async def main():
@@ -177,10 +215,13 @@ def ready(dsn: str, stop_after_s: float) -> bool:
     return run_async(main())
 
 
-@pytest.mark.parametrize(("change", "said"), [
-    ({"sslmode": "require"}, "sslmode=require but the server does not offer SSL"),
-    ({"sslmode": "bogus"}, "sslmode"),
-])
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"sslmode": "require"}, "sslmode=require but the server does not offer SSL"),
+        ({"sslmode": "bogus"}, "sslmode"),
+    ],
+)
 def test_the_worker_does_not_retry_a_setting_the_server_cannot_meet(dsn, change, said):
     began = time.monotonic()
     with pytest.raises(StartupError, match="bad connection setting") as info:
@@ -190,9 +231,23 @@ def test_the_worker_does_not_retry_a_setting_the_server_cannot_meet(dsn, change,
 
 def test_dispatcher_run_exits_at_once_on_a_setting_the_server_cannot_meet(dsn):
     began = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "dispatcher", "run", "--app", "tests.apps.recording:registry",
-                             "--dsn", mk(dsn, sslmode="require")], capture_output=True, text=True, cwd=ROOT,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dispatcher",
+            "run",
+            "--app",
+            "tests.apps.recording:registry",
+            "--dsn",
+            mk(dsn, sslmode="require"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode != 0, result.stderr
     assert "sslmode=require but the server does not offer SSL" in result.stderr
     assert "unreachable" not in result.stderr and time.monotonic() - began < 20

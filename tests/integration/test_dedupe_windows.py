@@ -30,21 +30,31 @@ def _enqueue(dsn: str, key: str, window_s: float | None = HOUR_S, **options: Any
 
 
 def _jobs_with(dsn: str, key: str) -> list[int]:
-    return [r[0] for r in fetchall(dsn, "SELECT id FROM dispatcher_jobs WHERE dedupe_key = %s ORDER BY id", (key,))]
+    return [
+        r[0]
+        for r in fetchall(
+            dsn, "SELECT id FROM dispatcher_jobs WHERE dedupe_key = %s ORDER BY id", (key,)
+        )
+    ]
 
 
 def _run_to_end(dsn: str, how: str, completed_jobs: str = COMPLETED_KEEP) -> None:
     """Claim every due job and end it: completed, or failed for good."""
+
     async def main() -> None:
         store = JobStore(dsn, "w", completed_jobs=completed_jobs)
         try:
             jobs = await store.jobs_claim("default", 100, 30.0, None)
             assert jobs, "nothing to claim"
             if how == "completed":
-                assert await store.jobs_complete_owned([j.id for j in jobs], [j.token for j in jobs]) == len(jobs)
+                assert await store.jobs_complete_owned(
+                    [j.id for j in jobs], [j.token for j in jobs]
+                ) == len(jobs)
             else:
                 failed = Outcome(STATUS_FAILED, 0.0, "boom")
-                assert len(await store.jobs_fail_owned([Failure(j.id, j.token, failed) for j in jobs])) == len(jobs)
+                assert len(
+                    await store.jobs_fail_owned([Failure(j.id, j.token, failed) for j in jobs])
+                ) == len(jobs)
         finally:
             await store.close()
 
@@ -67,8 +77,10 @@ ENDINGS: dict[str, Callable[[str, int], None]] = {
     "failed": lambda dsn, job_id: _run_to_end(dsn, "failed"),
     "cancelled": lambda dsn, job_id: cancel_jobs(dsn, Filters(ids=(job_id,))),
     "deleted at completion": lambda dsn, job_id: _run_to_end(dsn, "completed", COMPLETED_DELETE),
-    "completed, then purged": lambda dsn, job_id: (_run_to_end(dsn, "completed"),
-                                                   purge_jobs(dsn, Filters(ids=(job_id,)))),
+    "completed, then purged": lambda dsn, job_id: (
+        _run_to_end(dsn, "completed"),
+        purge_jobs(dsn, Filters(ids=(job_id,))),
+    ),
     "failed, then pruned": lambda dsn, job_id: (_run_to_end(dsn, "failed"), _prune(dsn, 0.0)),
 }
 
@@ -79,7 +91,10 @@ def test_a_duplicate_is_refused_while_live_and_within_the_window_after_the_job_e
     assert first is not None
     assert _enqueue(dsn, "order-1") is None, "live"
     ENDINGS[ending](dsn, first)
-    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status IN ('queued', 'running')") == 0
+    assert (
+        fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status IN ('queued', 'running')")
+        == 0
+    )
     assert _enqueue(dsn, "order-1") is None, f"{ending} within the window"
     assert _jobs_with(dsn, "order-1") in ([first], [])
     # Without a window, enqueue is what it always was: only a live job holds the key.
@@ -87,13 +102,18 @@ def test_a_duplicate_is_refused_while_live_and_within_the_window_after_the_job_e
 
 
 @pytest.mark.parametrize("ending", ["completed", "deleted at completion", "completed, then purged"])
-def test_the_window_counts_from_when_the_job_finished_and_a_duplicate_goes_in_once_it_passed(dsn, ending):
+def test_the_window_counts_from_when_the_job_finished_and_a_duplicate_goes_in_once_it_passed(
+    dsn, ending
+):
     window_s = 1.0
     first = _enqueue(dsn, "sync-7", window_s, delay_s=0.0)
     assert first is not None
     ENDINGS[ending](dsn, first)
-    finished = fetchval(dsn, "SELECT coalesce(j.updated_at, w.finished_at) FROM dispatcher_dedupe_windows AS w "
-                             "LEFT JOIN dispatcher_jobs AS j ON j.id = w.job_id WHERE w.dedupe_key = 'sync-7'")
+    finished = fetchval(
+        dsn,
+        "SELECT coalesce(j.updated_at, w.finished_at) FROM dispatcher_dedupe_windows AS w "
+        "LEFT JOIN dispatcher_jobs AS j ON j.id = w.job_id WHERE w.dedupe_key = 'sync-7'",
+    )
     assert finished is not None, "the window knows when its job finished"
 
     def attempt() -> int | None:
@@ -105,20 +125,29 @@ def test_the_window_counts_from_when_the_job_finished_and_a_duplicate_goes_in_on
         return job_id
 
     second = wait_until(attempt, 20.0, "a duplicate accepted once the window passed")
-    assert second != first and _enqueue(dsn, "sync-7", window_s) is None, "the new job holds the key again"
+    assert second != first and _enqueue(dsn, "sync-7", window_s) is None, (
+        "the new job holds the key again"
+    )
 
 
 def test_a_window_counts_from_the_end_not_from_the_enqueue(dsn):
-    """A job that ran longer than its window still holds the key for the whole window after it ended."""
+    """A job that ran longer than its window still holds the key for the whole window after it
+    ended."""
     first = _enqueue(dsn, "long-run", 1.0)
     assert first is not None
     with psycopg.connect(dsn, autocommit=True) as conn:  # enqueued long ago, finished just now
-        conn.execute("UPDATE dispatcher_dedupe_windows SET enqueued_at = enqueued_at - interval '1 hour'")
+        conn.execute(
+            "UPDATE dispatcher_dedupe_windows SET enqueued_at = enqueued_at - interval '1 hour'"
+        )
         conn.execute("UPDATE dispatcher_jobs SET created_at = created_at - interval '1 hour'")
     ENDINGS["deleted at completion"](dsn, first)
-    assert fetchval(dsn, "SELECT finished_at > now() - interval '1 minute' FROM dispatcher_dedupe_windows")
-    assert _enqueue(dsn, "long-run", 1.0) is None or \
-        fetchval(dsn, "SELECT clock_timestamp() >= finished_at + interval '1 second' FROM dispatcher_dedupe_windows")
+    assert fetchval(
+        dsn, "SELECT finished_at > now() - interval '1 minute' FROM dispatcher_dedupe_windows"
+    )
+    assert _enqueue(dsn, "long-run", 1.0) is None or fetchval(
+        dsn,
+        "SELECT clock_timestamp() >= finished_at + interval '1 second' FROM dispatcher_dedupe_windows",
+    )
 
 
 def test_keys_and_queues_are_apart_and_a_non_windowed_live_job_holds_the_key_too(dsn):
@@ -127,22 +156,36 @@ def test_keys_and_queues_are_apart_and_a_non_windowed_live_job_holds_the_key_too
     assert _enqueue(dsn, "a", queue="other") is not None
     assert _enqueue(dsn, "plain", None) is not None
     assert _enqueue(dsn, "plain") is None, "a live job without a window holds its key"
-    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_dedupe_windows WHERE dedupe_key = 'plain'") == 0
+    assert (
+        fetchval(dsn, "SELECT count(*) FROM dispatcher_dedupe_windows WHERE dedupe_key = 'plain'")
+        == 0
+    )
 
 
 def test_bulk_enqueue_refuses_duplicates_inside_the_batch_and_against_held_windows(dsn):
     held = _enqueue(dsn, "held")
     assert held is not None
     _run_to_end(dsn, "completed")
-    specs = [JobSpec("send", {"n": n}, dedupe_key=key, dedupe_window_s=HOUR_S)
-             for n, key in enumerate(["held", "x", "x", "y", "held", "y", "z"])]
+    specs = [
+        JobSpec("send", {"n": n}, dedupe_key=key, dedupe_window_s=HOUR_S)
+        for n, key in enumerate(["held", "x", "x", "y", "held", "y", "z"])
+    ]
     specs.append(JobSpec("send", {"n": 7}, dedupe_key="plain"))
-    specs.append(JobSpec("send", {"n": 8}, dedupe_key="plain", dedupe_window_s=HOUR_S))  # behind a plain one
+    # behind a plain one
+    specs.append(JobSpec("send", {"n": 8}, dedupe_key="plain", dedupe_window_s=HOUR_S))
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert enqueue_many_sync(conn, specs) == 4  # x, y, z (the first of each), plain
-    rows = fetchall(dsn, "SELECT dedupe_key, payload->>'n', dedupe_window_s FROM dispatcher_jobs "
-                         "WHERE status = 'queued' ORDER BY id")
-    assert rows == [("x", "1", HOUR_S), ("y", "3", HOUR_S), ("z", "6", HOUR_S), ("plain", "7", None)]
+    rows = fetchall(
+        dsn,
+        "SELECT dedupe_key, payload->>'n', dedupe_window_s FROM dispatcher_jobs "
+        "WHERE status = 'queued' ORDER BY id",
+    )
+    assert rows == [
+        ("x", "1", HOUR_S),
+        ("y", "3", HOUR_S),
+        ("z", "6", HOUR_S),
+        ("plain", "7", None),
+    ]
     windows = dict(fetchall(dsn, "SELECT dedupe_key, job_id FROM dispatcher_dedupe_windows"))
     assert set(windows) == {"held", "x", "y", "z"} and windows["held"] == held
     with psycopg.connect(dsn, autocommit=True) as conn:  # and the batch's windows hold the next one
@@ -152,13 +195,22 @@ def test_bulk_enqueue_refuses_duplicates_inside_the_batch_and_against_held_windo
 def test_bulk_enqueue_with_ordering_keys_honours_windows(dsn):
     first = _enqueue(dsn, "k1", ordering_key="customer-1")
     assert first is not None
-    specs = [JobSpec("send", {"n": n}, dedupe_key=key, dedupe_window_s=HOUR_S, ordering_key="customer-1")
-             for n, key in enumerate(["k1", "k2", "k2", "k3"])]
+    specs = [
+        JobSpec("send", {"n": n}, dedupe_key=key, dedupe_window_s=HOUR_S, ordering_key="customer-1")
+        for n, key in enumerate(["k1", "k2", "k2", "k3"])
+    ]
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert enqueue_many_sync(conn, specs) == 2
     assert fetchall(dsn, "SELECT dedupe_key, status FROM dispatcher_jobs ORDER BY id") == [
-        ("k1", "queued"), ("k2", "waiting"), ("k3", "waiting")]
-    assert set(dict(fetchall(dsn, "SELECT dedupe_key, job_id FROM dispatcher_dedupe_windows"))) == {"k1", "k2", "k3"}
+        ("k1", "queued"),
+        ("k2", "waiting"),
+        ("k3", "waiting"),
+    ]
+    assert set(dict(fetchall(dsn, "SELECT dedupe_key, job_id FROM dispatcher_dedupe_windows"))) == {
+        "k1",
+        "k2",
+        "k3",
+    }
 
 
 def test_a_window_survives_in_the_callers_transaction_only_if_it_commits(dsn):
@@ -173,16 +225,27 @@ def test_the_pruner_deletes_ended_windows_and_keeps_the_others(dsn):
     for key in ("ended", "recent", "live"):
         assert _enqueue(dsn, key, 1.0 if key == "ended" else HOUR_S) is not None
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 minute' "
-                     "WHERE dedupe_key IN ('ended', 'recent')")
-        conn.execute("UPDATE dispatcher_dedupe_windows SET prune_after = now() - interval '1 second'")
+        conn.execute(
+            "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 minute' "
+            "WHERE dedupe_key IN ('ended', 'recent')"
+        )
+        conn.execute(
+            "UPDATE dispatcher_dedupe_windows SET prune_after = now() - interval '1 second'"
+        )
     _prune(dsn, HOUR_S)
-    rows = dict(fetchall(dsn, "SELECT dedupe_key, prune_after > now() FROM dispatcher_dedupe_windows"))
+    rows = dict(
+        fetchall(dsn, "SELECT dedupe_key, prune_after > now() FROM dispatcher_dedupe_windows")
+    )
     assert rows == {"recent": True, "live": True}, "ended ones go, the others wait for their end"
-    assert _enqueue(dsn, "ended") is not None and _enqueue(dsn, "recent") is None and _enqueue(dsn, "live") is None
+    assert (
+        _enqueue(dsn, "ended") is not None
+        and _enqueue(dsn, "recent") is None
+        and _enqueue(dsn, "live") is None
+    )
 
 
 # -- races -----------------------------------------------------------------------------------------
+
 
 def _race(dsn: str, n: int, attempt: Callable[[psycopg.Connection[Any], int], Any]) -> list[Any]:
     """`n` threads, a connection each, released together; what each attempt returned."""
@@ -206,17 +269,40 @@ def _race(dsn: str, n: int, attempt: Callable[[psycopg.Connection[Any], int], An
 
 
 @pytest.mark.parametrize("ordering_key", [None, "customer-9"])
-def test_exactly_one_of_many_concurrent_enqueuers_wins_a_free_key_and_an_ended_window(dsn, ordering_key):
+def test_exactly_one_of_many_concurrent_enqueuers_wins_a_free_key_and_an_ended_window(
+    dsn, ordering_key
+):
     for round_ in range(3):
         key = f"race-{round_}"
-        won = [r for r in _race(dsn, 8, lambda conn, i: enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=0.5,
-                                                                 ordering_key=ordering_key)) if r is not None]
+        won = [
+            r
+            for r in _race(
+                dsn,
+                8,
+                lambda conn, i: enqueue_sync(
+                    conn, "send", {}, dedupe_key=key, dedupe_window_s=0.5, ordering_key=ordering_key
+                ),
+            )
+            if r is not None
+        ]
         assert len(won) == 1, won
         with psycopg.connect(dsn, autocommit=True) as conn:  # its job ends; its window passes
-            conn.execute("UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 s' "
-                         "WHERE id = %s", (won[0],))
-        won = [r for r in _race(dsn, 8, lambda conn, i: enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=0.5,
-                                                                 ordering_key=ordering_key)) if r is not None]
+            conn.execute(
+                "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 s' "
+                "WHERE id = %s",
+                (won[0],),
+            )
+        won = [
+            r
+            for r in _race(
+                dsn,
+                8,
+                lambda conn, i: enqueue_sync(
+                    conn, "send", {}, dedupe_key=key, dedupe_window_s=0.5, ordering_key=ordering_key
+                ),
+            )
+            if r is not None
+        ]
         assert len(won) == 1, f"round {round_}: {won} won an ended window"
         assert len(_jobs_with(dsn, key)) == 2
 
@@ -235,10 +321,14 @@ def test_enqueuers_racing_the_jobs_completion_never_get_in_within_the_window(dsn
             got = []
             while not stop.is_set():
                 tries[i] += 1
-                if (job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)) is not None:
+                if (
+                    job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)
+                ) is not None:
                     got.append(job_id)
             for _ in range(3):  # and some after the end
-                if (job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)) is not None:
+                if (
+                    job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)
+                ) is not None:
                     got.append(job_id)
             return got
 
@@ -258,11 +348,14 @@ def test_concurrent_bulk_enqueues_of_the_same_keys_insert_each_key_once_and_neve
 
     def bulk(conn: psycopg.Connection[Any], i: int) -> int:
         mine = random.Random(i).sample(keys, len(keys)) * 2
-        return enqueue_many_sync(conn, [JobSpec("send", {"i": i}, dedupe_key=k, dedupe_window_s=HOUR_S) for k in mine])
+        return enqueue_many_sync(
+            conn, [JobSpec("send", {"i": i}, dedupe_key=k, dedupe_window_s=HOUR_S) for k in mine]
+        )
 
     assert sum(_race(dsn, 6, bulk)) == len(keys)
-    assert fetchall(dsn, "SELECT dedupe_key, count(*) FROM dispatcher_jobs GROUP BY 1 ORDER BY 1") == \
-        [(k, 1) for k in sorted(keys)]
+    assert fetchall(
+        dsn, "SELECT dedupe_key, count(*) FROM dispatcher_jobs GROUP BY 1 ORDER BY 1"
+    ) == [(k, 1) for k in sorted(keys)]
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_dedupe_windows") == len(keys)
 
 
@@ -272,17 +365,28 @@ def test_an_enqueuer_that_waited_for_the_keys_lock_judges_by_what_committed_mean
     its old view of the key: B is refused."""
     old = _enqueue(dsn, "trap", 0.001)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 s' "
-                     "WHERE id = %s", (old,))
+        conn.execute(
+            "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 s' "
+            "WHERE id = %s",
+            (old,),
+        )
     with psycopg.connect(dsn) as a:
         a_id = enqueue_sync(a, "send", {}, dedupe_key="trap", dedupe_window_s=HOUR_S)
         assert a_id is not None
-        a.execute("UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() WHERE id = %s", (a_id,))
+        a.execute(
+            "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() WHERE id = %s",
+            (a_id,),
+        )
         b_result: list[int | None] = []
         b = threading.Thread(target=lambda: b_result.append(_enqueue(dsn, "trap")))
         b.start()
-        wait_until(lambda: fetchval(dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"),
-                   30.0, "B waiting for the key's lock")
+        wait_until(
+            lambda: fetchval(
+                dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ),
+            30.0,
+            "B waiting for the key's lock",
+        )
         a.commit()
     b.join(timeout=60)
     assert b_result == [None], "B got in within the window of a job that ended as it waited"
@@ -292,19 +396,32 @@ def test_an_enqueuer_that_waited_for_the_keys_lock_judges_by_what_committed_mean
 def test_the_cli_enqueues_with_a_window_and_names_its_flag_when_refused(dsn):
     from tests.integration.test_cli_errors import cli, one_line_error
 
-    first = cli("enqueue", "hello", "--dedupe-key", "nightly", "--dedupe-window-s", "3600", "--dsn", dsn)
+    first = cli(
+        "enqueue", "hello", "--dedupe-key", "nightly", "--dedupe-window-s", "3600", "--dsn", dsn
+    )
     assert first.returncode == 0 and first.stdout.startswith("enqueued job "), first.stderr
     _run_to_end(dsn, "completed")
-    again = cli("enqueue", "hello", "--dedupe-key", "nightly", "--dedupe-window-s", "3600", "--dsn", dsn)
+    again = cli(
+        "enqueue", "hello", "--dedupe-key", "nightly", "--dedupe-window-s", "3600", "--dsn", dsn
+    )
     assert again.returncode == 0 and again.stdout.startswith("duplicate: "), again.stdout
-    one_line_error(cli("enqueue", "hello", "--dedupe-window-s", "60", "--dsn", dsn), 2, "--dedupe-window-s",
-                   "dedupe_key")
-    one_line_error(cli("enqueue", "hello", "--dedupe-key", "k", "--dedupe-window-s", "0", "--dsn", dsn), 2,
-                   "--dedupe-window-s")
+    one_line_error(
+        cli("enqueue", "hello", "--dedupe-window-s", "60", "--dsn", dsn),
+        2,
+        "--dedupe-window-s",
+        "dedupe_key",
+    )
+    one_line_error(
+        cli("enqueue", "hello", "--dedupe-key", "k", "--dedupe-window-s", "0", "--dsn", dsn),
+        2,
+        "--dedupe-window-s",
+    )
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 1
 
 
-def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed_one_closes_its_window(dsn):
+def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed_one_closes_its_window(
+    dsn,
+):
     """DISPATCHER_COMPLETED_JOBS=delete: the completion of jobs without a window reads nothing of
     the windows table however big it is; a keyed job's completion closes its window too."""
     from dispatcher import enqueue_payloads_sync
@@ -312,8 +429,10 @@ def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed
     from tests.helpers import plan_nodes
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO dispatcher_dedupe_windows (queue_name, dedupe_key, job_id, window_s, prune_after) "
-                     "SELECT 'default', 'w' || n, n + 10000000, 60, now() FROM generate_series(1, 20000) AS n")
+        conn.execute(
+            "INSERT INTO dispatcher_dedupe_windows (queue_name, dedupe_key, job_id, window_s, prune_after) "
+            "SELECT 'default', 'w' || n, n + 10000000, 60, now() FROM generate_series(1, 20000) AS n"
+        )
         conn.execute("ANALYZE dispatcher_dedupe_windows")
         enqueue_payloads_sync(conn, "plain", [{"n": n} for n in range(300)])
 
@@ -321,26 +440,46 @@ def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed
         store = JobStore(dsn, "w", completed_jobs=COMPLETED_DELETE)
         try:
             jobs = await store.jobs_claim("default", 300, 30.0, None)
-            params = {"ids": int_array([j.id for j in jobs]), "tokens": token_array([j.token for j in jobs])}
+            params = {
+                "ids": int_array([j.id for j in jobs]),
+                "tokens": token_array([j.token for j in jobs]),
+            }
             conn = await store.connection()
             async with conn.transaction(force_rollback=True):
-                cur = await conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + store._complete_sql[False], params)
+                cur = await conn.execute(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + store._complete_sql[False], params
+                )
                 plan = (await cur.fetchone())[0][0]["Plan"]  # type: ignore[index]
             return list(plan_nodes(plan))
         finally:
             await store.close()
 
     nodes = run_async(claim_and_explain())
-    windows = [n for n in nodes if n.get("Relation Name") == "dispatcher_dedupe_windows"
-               or "dispatcher_dedupe_windows" in str(n.get("Index Name"))]
-    assert all(n.get("Actual Loops", 0) == 0 or n.get("Actual Rows", 0) == 0 for n in windows), windows
-    assert not [n for n in windows if n["Node Type"] == "Seq Scan" and n.get("Actual Loops", 0) > 0], windows
+    windows = [
+        n
+        for n in nodes
+        if n.get("Relation Name") == "dispatcher_dedupe_windows"
+        or "dispatcher_dedupe_windows" in str(n.get("Index Name"))
+    ]
+    assert all(n.get("Actual Loops", 0) == 0 or n.get("Actual Rows", 0) == 0 for n in windows), (
+        windows
+    )
+    assert not [
+        n for n in windows if n["Node Type"] == "Seq Scan" and n.get("Actual Loops", 0) > 0
+    ], windows
     # The closing part finds the batch's windowed jobs in the index of running windowed jobs only
     # (empty here), not by a probe per id (the DELETE's own plan: test_completed_jobs.py).
-    closing = [n for n in nodes if n.get("Relation Name") == "dispatcher_jobs" and n.get("Parent Relationship") == "InitPlan"
-               and n["Node Type"] != "ModifyTable"]  # the fenced completion's DELETE is a CTE of its own
-    assert [(n.get("Index Name"), n.get("Actual Rows")) for n in closing] == \
-        [("dispatcher_jobs_windowed_running_idx", 0)], closing
+    closing = [
+        n
+        for n in nodes
+        if n.get("Relation Name") == "dispatcher_jobs"
+        and n.get("Parent Relationship") == "InitPlan"
+        # the fenced completion's DELETE is a CTE of its own
+        and n["Node Type"] != "ModifyTable"
+    ]
+    assert [(n.get("Index Name"), n.get("Actual Rows")) for n in closing] == [
+        ("dispatcher_jobs_windowed_running_idx", 0)
+    ], closing
 
     keyed = _enqueue(dsn, "keyed", ordering_key="customer-3")
 
@@ -354,7 +493,10 @@ def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed
             await store.close()
 
     run_async(complete_keyed())
-    assert fetchval(dsn, "SELECT finished_at IS NOT NULL FROM dispatcher_dedupe_windows WHERE dedupe_key = 'keyed'")
+    assert fetchval(
+        dsn,
+        "SELECT finished_at IS NOT NULL FROM dispatcher_dedupe_windows WHERE dedupe_key = 'keyed'",
+    )
     assert _enqueue(dsn, "keyed", ordering_key="customer-3") is None
 
 
@@ -364,11 +506,16 @@ def test_async_enqueue_through_a_pool_and_in_the_callers_transaction_honours_win
     from dispatcher import enqueue, enqueue_many
 
     async def main() -> tuple[Any, ...]:
-        async with psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        async with psycopg_pool.AsyncConnectionPool(
+            dsn, min_size=1, max_size=2, open=False
+        ) as pool:
             first = await enqueue(pool, "send", {}, dedupe_key="p", dedupe_window_s=HOUR_S)
             dup = await enqueue(pool, "send", {}, dedupe_key="p", dedupe_window_s=HOUR_S)
-            bulk = await enqueue_many(pool, [JobSpec("send", dedupe_key=k, dedupe_window_s=HOUR_S) for k in "pqq"])
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:  # the outbox: commits with the caller
+            bulk = await enqueue_many(
+                pool, [JobSpec("send", dedupe_key=k, dedupe_window_s=HOUR_S) for k in "pqq"]
+            )
+        # the outbox: commits with the caller
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
             async with conn.transaction():
                 outbox = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
                 again = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
@@ -376,4 +523,6 @@ def test_async_enqueue_through_a_pool_and_in_the_callers_transaction_honours_win
 
     first, dup, bulk, outbox, again = run_async(main())
     assert first is not None and dup is None and bulk == 1 and outbox is not None and again is None
-    assert sorted(r[0] for r in fetchall(dsn, "SELECT dedupe_key FROM dispatcher_dedupe_windows")) == ["p", "q", "r"]
+    assert sorted(
+        r[0] for r in fetchall(dsn, "SELECT dedupe_key FROM dispatcher_dedupe_windows")
+    ) == ["p", "q", "r"]

@@ -26,9 +26,25 @@ def run_demo(dsn: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
     # INFO (the default) makes every worker log at start and stop: lines that would show if leaked.
     env.update(DISPATCHER_DSN=dsn, DISPATCHER_LOG_LEVEL="INFO")
-    r = subprocess.run([sys.executable, "-m", "dispatcher", "demo", "--jobs", str(JOBS), "--workers", str(WORKERS)],
-                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=240, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dispatcher",
+            "demo",
+            "--jobs",
+            str(JOBS),
+            "--workers",
+            str(WORKERS),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout
     return r.stdout
 
@@ -41,16 +57,31 @@ def test_demo_table_reading_and_no_log_lines(dsn: str) -> None:
 
     # One progress line per run (not a terminal), all before the table.
     progress = [(i, PROGRESS.match(line)) for i, line in enumerate(lines) if PROGRESS.match(line)]
-    assert sorted((m[1], m[2]) for _, m in progress) == sorted((mode, run) for mode in MODES
-                                                                for run in ("burst", "cold start")), out
+    assert sorted((m[1], m[2]) for _, m in progress) == sorted(
+        (mode, run) for mode in MODES for run in ("burst", "cold start")
+    ), out
 
     # The table: group labels, headings, then one row per mode, with nothing in between.
     top = next(i for i, line in enumerate(lines) if "burst from a ready fleet" in line)
     assert "cold start" in lines[top] and top > max(i for i, _ in progress), out
-    assert lines[top + 1].split() == ["mode", "burst", "s", "jobs/s", "reads/job", "waiters",
-                                      "1st", "claim", "s", "cold", "s", "jobs/s", "reads/job", "waiters"], out
+    assert lines[top + 1].split() == [
+        "mode",
+        "burst",
+        "s",
+        "jobs/s",
+        "reads/job",
+        "waiters",
+        "1st",
+        "claim",
+        "s",
+        "cold",
+        "s",
+        "jobs/s",
+        "reads/job",
+        "waiters",
+    ], out
     rows = {}
-    for line in lines[top + 2: top + 2 + len(MODES)]:
+    for line in lines[top + 2 : top + 2 + len(MODES)]:
         m = ROW.match(line)
         assert m, (line, out)
         rows[m[1]] = [float(x.replace(",", "")) for x in m.groups()[1:]]
@@ -64,7 +95,10 @@ def test_demo_table_reading_and_no_log_lines(dsn: str) -> None:
 
     # A line explaining each column, under the table.
     for name, text in column_notes(JOBS, WORKERS):
-        assert any(line.startswith(name + " ") and line.endswith(text) for line in lines[top:]), (name, out)
+        assert any(line.startswith(name + " ") and line.endswith(text) for line in lines[top:]), (
+            name,
+            out,
+        )
 
     # The reading, from this run's figures: the ratios agree with the table's jobs/s.
     m = re.search(r"(\d+\.\d\d)x on the ready-fleet burst, (\d+\.\d\d)x on the cold start", out)

@@ -1,9 +1,10 @@
-"""Delayed jobs start at their run_at, not at the next poll: the due timer (dispatcher/runtime/due_timer.py).
+"""Delayed jobs start at their run_at, not at the next poll: the due timer
+(dispatcher/runtime/due_timer.py).
 
 The poll interval is 5 s (jittered to 4-6 s) and every job is due 1.5-3.6 s after the worker last
 polled or claimed, so only the due timer can start one within 0.5 s of its run_at. Lateness is
-measured on the database clock (locked_at - run_at); 0.5 s is generous for a loaded 2-core machine:
-the timer itself is late by a claim's round trip (a few ms).
+measured on the database clock (locked_at - run_at); 0.5 s is generous for a loaded 2-core
+machine: the timer itself is late by a claim's round trip (a few ms).
 """
 
 import asyncio
@@ -27,7 +28,9 @@ def _worker(dsn: str, mode: str, done: list[int]) -> Worker:
     async def ping(job: Job) -> None:
         done.append(job.id)
 
-    return Worker(Config(dsn=dsn, mode=mode, poll_interval_s=5, flush_interval_s=0.01).replace(), registry)
+    return Worker(
+        Config(dsn=dsn, mode=mode, poll_interval_s=5, flush_interval_s=0.01).replace(), registry
+    )
 
 
 @contextlib.asynccontextmanager
@@ -38,7 +41,9 @@ async def _idle_worker(dsn: str, mode: str, done: list[int]) -> AsyncIterator[Wo
     task = asyncio.create_task(worker.run())
     try:
         await worker.listening.wait()
-        await wait_until_async(lambda: worker.stats.claims >= 1 and worker.idle, 15, "an idle worker")
+        await wait_until_async(
+            lambda: worker.stats.claims >= 1 and worker.idle, 15, "an idle worker"
+        )
         yield worker
     finally:
         worker.stop()
@@ -46,7 +51,9 @@ async def _idle_worker(dsn: str, mode: str, done: list[int]) -> AsyncIterator[Wo
 
 
 def _lateness_s(dsn: str) -> dict[int, float]:
-    rows = fetchall(dsn, "SELECT id, extract(epoch FROM locked_at - run_at)::float8 FROM dispatcher_jobs")
+    rows = fetchall(
+        dsn, "SELECT id, extract(epoch FROM locked_at - run_at)::float8 FROM dispatcher_jobs"
+    )
     return {job_id: late for job_id, late in rows}
 
 
@@ -59,7 +66,9 @@ def test_a_delayed_job_enqueued_while_the_worker_idles_starts_at_its_run_at(dsn,
         async with _idle_worker(dsn, mode, done):
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 job_id = await enqueue(conn, "ping", delay_s=1.5)
-            await wait_until_async(lambda: done, Deadline(10), "the delayed ping handled", interval_s=0.01)
+            await wait_until_async(
+                lambda: done, Deadline(10), "the delayed ping handled", interval_s=0.01
+            )
             return job_id
 
     job_id = run_async(main())
@@ -84,20 +93,28 @@ def test_delayed_jobs_enqueued_before_the_worker_started_start_at_their_run_at(d
     async def main():
         task = asyncio.create_task(worker.run())
         try:
-            await wait_until_async(lambda: worker.stats.claims >= 1, 10, "the first claim of start-up",
-                                   interval_s=0.01)
-            queued_after_start_up = fetchall(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status = 'queued'")[0][0]
-            await wait_until_async(lambda: len(done) >= 2, Deadline(15), "both delayed pings handled",
-                                   interval_s=0.01)
+            await wait_until_async(
+                lambda: worker.stats.claims >= 1, 10, "the first claim of start-up", interval_s=0.01
+            )
+            queued_after_start_up = fetchall(
+                dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status = 'queued'"
+            )[0][0]
+            await wait_until_async(
+                lambda: len(done) >= 2, Deadline(15), "both delayed pings handled", interval_s=0.01
+            )
             return queued_after_start_up
         finally:
             worker.stop()
             await task
 
     queued_after_start_up = run_async(main())
-    assert queued_after_start_up == 2, "start-up took longer than the 3 s lead: the test proves nothing"
+    assert queued_after_start_up == 2, (
+        "start-up took longer than the 3 s lead: the test proves nothing"
+    )
     lateness = _lateness_s(dsn)
-    print(f"{mode}: started {1000 * lateness[early]:.1f} and {1000 * lateness[later]:.1f} ms after run_at (query path)")
+    print(
+        f"{mode}: started {1000 * lateness[early]:.1f} and {1000 * lateness[later]:.1f} ms after run_at (query path)"
+    )
     assert 0 <= lateness[early] < LATE_BOUND_S, lateness
     assert 0 <= lateness[later] < LATE_BOUND_S, lateness
 
@@ -118,12 +135,20 @@ def test_delayed_jobs_due_a_few_ms_apart_each_start_at_their_run_at(dsn, mode):
                 base = (await (await conn.execute("SELECT now()")).fetchone())[0]
                 for i in range(pairs):
                     for offset_s in (0.0, 0.003):
-                        await enqueue(conn, "ping", run_at=base + timedelta(seconds=1.5 + 0.6 * i + offset_s))
-            await wait_until_async(lambda: len(done) >= 2 * pairs, Deadline(20), "every delayed ping handled",
-                                   interval_s=0.01)
+                        await enqueue(
+                            conn, "ping", run_at=base + timedelta(seconds=1.5 + 0.6 * i + offset_s)
+                        )
+            await wait_until_async(
+                lambda: len(done) >= 2 * pairs,
+                Deadline(20),
+                "every delayed ping handled",
+                interval_s=0.01,
+            )
 
     run_async(main())
     lateness = sorted(_lateness_s(dsn).values())
-    print(f"{mode}: lateness p50 {1000 * lateness[len(lateness) // 2]:.1f} ms, max {1000 * lateness[-1]:.1f} ms")
+    print(
+        f"{mode}: lateness p50 {1000 * lateness[len(lateness) // 2]:.1f} ms, max {1000 * lateness[-1]:.1f} ms"
+    )
     assert len(lateness) == 2 * pairs and lateness[0] >= 0, lateness
     assert lateness[-1] < LATE_BOUND_S, lateness

@@ -1,4 +1,5 @@
-"""Real throwaway servers from dispatcher.devtools.embedded: start, isolate, stop, and clean up after crashes."""
+"""Real throwaway servers from dispatcher.devtools.embedded: start, isolate, stop, and clean up
+after crashes."""
 
 from __future__ import annotations
 
@@ -59,7 +60,10 @@ def spawn_orphan(kind: str, pdeathsig: bool) -> tuple[subprocess.Popen[str], int
     """Run a server in a child interpreter and return (child, server pid, server dir)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", ORPHAN_SCRIPT, kind, "1" if pdeathsig else "0"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.stdout is not None
@@ -171,8 +175,11 @@ def test_bad_setting_raises_with_log_tail() -> None:
     with pytest.raises(EmbeddedServerError, match="no_such_setting"):
         start_postgres(settings={"no_such_setting": 1})
     leaked = set(Path(tempfile.gettempdir()).glob("dispatcher-pg-*")) - before
-    assert not any(json.loads((d / "owner.json").read_text())["pid"] == os.getpid()
-                   for d in leaked if (d / "owner.json").exists())
+    assert not any(
+        json.loads((d / "owner.json").read_text())["pid"] == os.getpid()
+        for d in leaked
+        if (d / "owner.json").exists()
+    )
 
 
 def test_forked_child_does_not_stop_server(pg: EmbeddedPostgres) -> None:

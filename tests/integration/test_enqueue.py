@@ -30,12 +30,16 @@ def test_enqueue_joins_the_callers_transaction(dsn):
             async with conn.transaction(force_rollback=True):
                 await enqueue(conn, "a", {"x": 1})
                 await enqueue_many(conn, [JobSpec("b"), JobSpec("c")])
-                assert (await (await conn.execute("SELECT count(*) FROM dispatcher_jobs")).fetchone())[0] == 3
+                assert (
+                    await (await conn.execute("SELECT count(*) FROM dispatcher_jobs")).fetchone()
+                )[0] == 3
             assert count(dsn) == 0  # rolled back: no job exists
             async with conn.transaction():
                 job_id = await enqueue(conn, "a", {"x": 1})
                 assert count(dsn) == 0  # not visible before the caller commits
-            assert fetchval(dsn, "SELECT payload FROM dispatcher_jobs WHERE id = %s", (job_id,)) == {"x": 1}
+            assert fetchval(
+                dsn, "SELECT payload FROM dispatcher_jobs WHERE id = %s", (job_id,)
+            ) == {"x": 1}
 
     run_async(main())
 
@@ -78,6 +82,7 @@ def test_a_bulk_load_inside_the_callers_block_on_an_autocommit_connection_stays_
     """An autocommit connection inside `conn.transaction()`: the jobs commit with the block or not
     at all, and the ANALYZE that follows a bulk load runs not in it (it would count rows that may
     roll back, and hold its lock until the caller commits), but only in a transaction of its own."""
+
     class Abandon(Exception):
         pass
 
@@ -104,7 +109,9 @@ def test_a_bulk_load_inside_the_callers_block_on_an_autocommit_connection_stays_
 
 def test_pool_enqueue_commits_on_its_own(dsn):
     async def main():
-        async with psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+        async with psycopg_pool.AsyncConnectionPool(
+            dsn, min_size=1, max_size=1, open=False
+        ) as pool:
             await pool.open()
             await enqueue(pool, "a")
             await enqueue_many(pool, [JobSpec("b")] * 3)
@@ -119,8 +126,15 @@ def test_dedupe_key_holds_for_live_jobs_only(dsn):
         assert first is not None
         assert enqueue_sync(conn, "a", dedupe_key="k") is None
         assert enqueue_sync(conn, "a", dedupe_key="k", queue="other") is not None  # per queue
-        inserted = enqueue_many_sync(conn, [JobSpec("a", dedupe_key="k"), JobSpec("a", dedupe_key="m"),
-                                            JobSpec("a", dedupe_key="m"), JobSpec("a")])
+        inserted = enqueue_many_sync(
+            conn,
+            [
+                JobSpec("a", dedupe_key="k"),
+                JobSpec("a", dedupe_key="m"),
+                JobSpec("a", dedupe_key="m"),
+                JobSpec("a"),
+            ],
+        )
         assert inserted == 2  # 'k' is live, the second 'm' duplicates the first
         conn.execute("UPDATE dispatcher_jobs SET status = 'completed' WHERE id = %s", (first,))
         assert enqueue_sync(conn, "a", dedupe_key="k") is not None  # finished jobs free the key
@@ -136,7 +150,9 @@ def test_bad_payloads_are_rejected_and_nothing_is_written(dsn, payload, error):
         with pytest.raises(PayloadError, match=error):
             enqueue_sync(conn, "a", payload, max_payload_bytes=1024)
         with pytest.raises(PayloadError, match=f"job #2.*{error}"):
-            enqueue_many_sync(conn, [JobSpec("a"), JobSpec("a"), JobSpec("a", payload)], max_payload_bytes=1024)
+            enqueue_many_sync(
+                conn, [JobSpec("a"), JobSpec("a"), JobSpec("a", payload)], max_payload_bytes=1024
+            )
         with pytest.raises(PayloadError, match="job #1"):
             enqueue_payloads_sync(conn, "a", [{}, payload], max_payload_bytes=1024)
     assert count(dsn) == 0
@@ -180,12 +196,16 @@ def test_bad_options_are_clear_errors(dsn, options, error):
 
 def test_partition_key_maps_to_a_stable_bucket_and_options_land(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
-        a = enqueue_sync(conn, "a", partition_key="customer-42", priority=-3, max_attempts=7, delay_s=60)
+        a = enqueue_sync(
+            conn, "a", partition_key="customer-42", priority=-3, max_attempts=7, delay_s=60
+        )
         enqueue_many_sync(conn, [JobSpec("a", partition_key="customer-42")] * 5)
     buckets = {b for (b,) in fetchall(dsn, "SELECT bucket FROM dispatcher_jobs")}
     assert buckets == {bucket_for("customer-42")}
     priority, max_attempts, delay = fetchall(
-        dsn, "SELECT priority, max_attempts, extract(epoch FROM run_at - created_at) FROM dispatcher_jobs WHERE id = %s", (a,)
+        dsn,
+        "SELECT priority, max_attempts, extract(epoch FROM run_at - created_at) FROM dispatcher_jobs WHERE id = %s",
+        (a,),
     )[0]
     assert (priority, max_attempts) == (-3, 7)
     assert 59.9 < float(delay) < 60.1
@@ -194,7 +214,12 @@ def test_partition_key_maps_to_a_stable_bucket_and_options_land(dsn):
 def test_jitter_spreads_run_at_over_the_window_from_the_database_clock(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue_payloads_sync(conn, "a", [{}] * 2000, jitter_s=10)
-    offsets = [float(x) for (x,) in fetchall(dsn, "SELECT extract(epoch FROM run_at - created_at) FROM dispatcher_jobs")]
+    offsets = [
+        float(x)
+        for (x,) in fetchall(
+            dsn, "SELECT extract(epoch FROM run_at - created_at) FROM dispatcher_jobs"
+        )
+    ]
     assert min(offsets) >= 0 and max(offsets) <= 10
     assert min(offsets) < 1 and max(offsets) > 9  # spread, not bunched
     # roughly uniform: each of the 5 two-second slices holds 20% +- 5%
@@ -206,19 +231,47 @@ def test_jitter_spreads_run_at_over_the_window_from_the_database_clock(dsn):
 def test_bulk_enqueue_writes_every_job_with_its_payload(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         tricky = {"s": "tab\there\\back\nslash", "u": "żółw", "n": None}
-        assert enqueue_many_sync(conn, [JobSpec("a", {"i": i, **tricky}, dedupe_key=f"k\t{i}") for i in range(3)]) == 3
+        assert (
+            enqueue_many_sync(
+                conn, [JobSpec("a", {"i": i, **tricky}, dedupe_key=f"k\t{i}") for i in range(3)]
+            )
+            == 3
+        )
         assert enqueue_payloads_sync(conn, "b", [{"i": i} for i in range(10_000)]) == 10_000
     assert count(dsn) == 10_003
-    assert fetchval(dsn, "SELECT count(DISTINCT payload->>'i') FROM dispatcher_jobs WHERE job_type = 'b'") == 10_000
-    rows = fetchall(dsn, "SELECT payload, dedupe_key FROM dispatcher_jobs WHERE job_type = 'a' ORDER BY id")
+    assert (
+        fetchval(
+            dsn, "SELECT count(DISTINCT payload->>'i') FROM dispatcher_jobs WHERE job_type = 'b'"
+        )
+        == 10_000
+    )
+    rows = fetchall(
+        dsn, "SELECT payload, dedupe_key FROM dispatcher_jobs WHERE job_type = 'a' ORDER BY id"
+    )
     assert rows[1] == ({"i": 1, **tricky}, "k\t1")
 
 
-# -- the bad-input sweep: every path applies every rule, and a refusal writes nothing ---------------
+# -- the bad-input sweep: every path applies every rule, and a refusal writes nothing --------------
 
-PATHS = ["enqueue", "enqueue_sync", "enqueue_many", "enqueue_many_sync", "enqueue_payloads", "enqueue_payloads_sync"]
-FUNCTIONS = {f.__name__: f for f in (enqueue, enqueue_sync, enqueue_many, enqueue_many_sync, enqueue_payloads,
-                                     enqueue_payloads_sync)}
+PATHS = [
+    "enqueue",
+    "enqueue_sync",
+    "enqueue_many",
+    "enqueue_many_sync",
+    "enqueue_payloads",
+    "enqueue_payloads_sync",
+]
+FUNCTIONS = {
+    f.__name__: f
+    for f in (
+        enqueue,
+        enqueue_sync,
+        enqueue_many,
+        enqueue_many_sync,
+        enqueue_payloads,
+        enqueue_payloads_sync,
+    )
+}
 
 
 def enqueue_by(path, dsn, payload=None, *, max_payload_bytes=1 << 20, **options):
@@ -229,9 +282,15 @@ def enqueue_by(path, dsn, payload=None, *, max_payload_bytes=1 << 20, **options)
 
     def call(conn):
         if path.startswith("enqueue_many"):
-            return function(conn, [JobSpec("a"), JobSpec("a", payload, **options)], max_payload_bytes=max_payload_bytes)
+            return function(
+                conn,
+                [JobSpec("a"), JobSpec("a", payload, **options)],
+                max_payload_bytes=max_payload_bytes,
+            )
         if path.startswith("enqueue_payloads"):
-            return function(conn, "a", [{}, payload], max_payload_bytes=max_payload_bytes, **options)
+            return function(
+                conn, "a", [{}, payload], max_payload_bytes=max_payload_bytes, **options
+            )
         return function(conn, "a", payload, max_payload_bytes=max_payload_bytes, **options)
 
     if path.endswith("_sync"):
@@ -252,10 +311,19 @@ def test_max_payload_bytes_is_enforced_on_every_path(dsn, path):
         enqueue_by(path, dsn, payload, max_payload_bytes=10)
     assert count(dsn) == 0
     enqueue_by(path, dsn, payload, max_payload_bytes=44)  # exactly at the limit: accepted
-    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE payload = %s::jsonb", (orjson.dumps(payload).decode(),)) == 1
+    assert (
+        fetchval(
+            dsn,
+            "SELECT count(*) FROM dispatcher_jobs WHERE payload = %s::jsonb",
+            (orjson.dumps(payload).decode(),),
+        )
+        == 1
+    )
 
 
-@pytest.mark.parametrize("payload", [{"ratio": float("nan")}, {"a": None, "b": [1, {"c": float("-inf")}]}])
+@pytest.mark.parametrize(
+    "payload", [{"ratio": float("nan")}, {"a": None, "b": [1, {"c": float("-inf")}]}]
+)
 @pytest.mark.parametrize("path", PATHS)
 def test_nan_or_infinity_in_a_payload_is_refused_not_stored_as_null(dsn, path, payload):
     with pytest.raises(PayloadError, match="NaN or Infinity"):
@@ -272,8 +340,16 @@ def test_a_nul_character_is_a_payload_error_not_a_database_error(dsn, path):
 
 @pytest.mark.parametrize(
     "option, value",
-    [("delay_s", float("nan")), ("delay_s", float("inf")), ("jitter_s", float("nan")), ("jitter_s", float("inf")),
-     ("delay_s", 1e300), ("max_attempts", 1.5), ("max_attempts", True), ("priority", 2.5)],
+    [
+        ("delay_s", float("nan")),
+        ("delay_s", float("inf")),
+        ("jitter_s", float("nan")),
+        ("jitter_s", float("inf")),
+        ("delay_s", 1e300),
+        ("max_attempts", 1.5),
+        ("max_attempts", True),
+        ("priority", 2.5),
+    ],
 )
 @pytest.mark.parametrize("path", PATHS)
 def test_non_finite_times_and_non_integer_counts_are_enqueue_errors(dsn, path, option, value):

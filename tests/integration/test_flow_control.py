@@ -60,14 +60,25 @@ class Concurrency:
 
 # -- the API ---------------------------------------------------------------------------------------
 
+
 def test_limits_are_set_replaced_listed_and_cleared(dsn):
     row = set_limit(dsn, "sms", max_running=10)
-    assert (row.job_type, row.queue, row.max_running, row.per_second, row.running) == ("sms", "*", 10, None, 0)
+    assert (row.job_type, row.queue, row.max_running, row.per_second, row.running) == (
+        "sms",
+        "*",
+        10,
+        None,
+        0,
+    )
     row = set_limit(dsn, "sms", per_second=50)  # replaces both values
     assert (row.max_running, row.per_second, row.burst_jobs) == (None, 50.0, 50.0)
     set_limit(dsn, "sms", queue="eu", max_running=3, per_second=0.5)
     set_limit(dsn, "*", queue="bulk", max_running=1)
-    assert [(r.job_type, r.queue) for r in list_limits(dsn)] == [("*", "bulk"), ("sms", "*"), ("sms", "eu")]
+    assert [(r.job_type, r.queue) for r in list_limits(dsn)] == [
+        ("*", "bulk"),
+        ("sms", "*"),
+        ("sms", "eu"),
+    ]
     assert fetchval(dsn, "SELECT burst_jobs FROM dispatcher_limits WHERE queue_name = 'eu'") == 1.0
     assert clear_limits(dsn, "sms", queue="eu") == [("sms", "eu")]
     assert clear_limits(dsn, "nothing") == []
@@ -75,19 +86,22 @@ def test_limits_are_set_replaced_listed_and_cleared(dsn):
     assert list_limits(dsn) == []
 
 
-@pytest.mark.parametrize(("kwargs", "option"), [
-    (dict(job_type="sms"), "max_running"),
-    (dict(job_type="", max_running=1), "job_type"),
-    (dict(job_type="sms", queue="", max_running=1), "queue"),
-    (dict(job_type="sms", max_running=-1), "max_running"),
-    (dict(job_type="sms", max_running=1.5), "max_running"),
-    (dict(job_type="sms", max_running=True), "max_running"),
-    (dict(job_type="sms", per_second=0), "per_second"),
-    (dict(job_type="sms", per_second=float("nan")), "per_second"),
-    (dict(job_type="sms", per_second=float("inf")), "per_second"),
-    (dict(job_type="sms", max_running=1, burst_jobs=5), "burst_jobs"),
-    (dict(job_type="sms", per_second=1, burst_jobs=0.5), "burst_jobs"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [
+        (dict(job_type="sms"), "max_running"),
+        (dict(job_type="", max_running=1), "job_type"),
+        (dict(job_type="sms", queue="", max_running=1), "queue"),
+        (dict(job_type="sms", max_running=-1), "max_running"),
+        (dict(job_type="sms", max_running=1.5), "max_running"),
+        (dict(job_type="sms", max_running=True), "max_running"),
+        (dict(job_type="sms", per_second=0), "per_second"),
+        (dict(job_type="sms", per_second=float("nan")), "per_second"),
+        (dict(job_type="sms", per_second=float("inf")), "per_second"),
+        (dict(job_type="sms", max_running=1, burst_jobs=5), "burst_jobs"),
+        (dict(job_type="sms", per_second=1, burst_jobs=0.5), "burst_jobs"),
+    ],
+)
 def test_a_bad_limit_is_refused_naming_the_option_and_nothing_changes(dsn, kwargs, option):
     version = fetchval(dsn, "SELECT version FROM dispatcher_flow_control")
     job_type = kwargs.pop("job_type")
@@ -109,6 +123,7 @@ def test_pause_and_resume_say_whether_they_changed_anything(dsn):
 
 # -- the store: the gate and the version -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
 def test_concurrent_gated_claims_never_run_more_than_max_running(dsn, mode):
     """Eight claimers at once, each asking for 20: together they hold exactly max_running jobs;
@@ -122,18 +137,31 @@ def test_concurrent_gated_claims_never_run_more_than_max_running(dsn, mode):
         stores = [JobStore(dsn, f"w{i}") for i in range(8)]
         version = (await stores[0].flow_state()).version
         try:
+
             def buckets(i):
                 return None if mode == "skip_locked" else tuple(range(i, 64, 8))
-            results = await asyncio.gather(*(s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
-                                             for i, s in enumerate(stores)))
+
+            results = await asyncio.gather(
+                *(
+                    s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
+                    for i, s in enumerate(stores)
+                )
+            )
             held = [job for r in results for job in r.claimed.jobs]
             assert len(held) == 7 and {j.job_type for j in held} == {"sms"}
             assert sum(r.held_by == "max_running" for r in results) >= 1
             # Three of them end; the claims that follow share exactly those three slots.
             done = held[:3]
-            assert await stores[0].jobs_complete_owned([j.id for j in done], [j.token for j in done]) == 3
-            again = await asyncio.gather(*(s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
-                                           for i, s in enumerate(stores)))
+            assert (
+                await stores[0].jobs_complete_owned([j.id for j in done], [j.token for j in done])
+                == 3
+            )
+            again = await asyncio.gather(
+                *(
+                    s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
+                    for i, s in enumerate(stores)
+                )
+            )
             assert sum(len(r.claimed.jobs) for r in again) == 3
         finally:
             for s in stores:
@@ -167,8 +195,14 @@ def test_a_rate_limit_starts_at_most_its_burst_then_its_rate(dsn):
         return waits
 
     assert run_async(scenario())
-    times = [t for (t,) in fetchall(dsn, "SELECT extract(epoch FROM locked_at)::float8 FROM dispatcher_jobs "
-                                         "WHERE status = 'running' ORDER BY locked_at")]
+    times = [
+        t
+        for (t,) in fetchall(
+            dsn,
+            "SELECT extract(epoch FROM locked_at)::float8 FROM dispatcher_jobs "
+            "WHERE status = 'running' ORDER BY locked_at",
+        )
+    ]
     assert len(times) >= 20
     for i, t in enumerate(times):  # every window [t, t + w] from each start
         for j in range(i, len(times)):
@@ -185,8 +219,9 @@ def test_a_claim_with_an_old_copy_of_the_tables_claims_nothing(dsn):
             pause_queue(dsn, "elsewhere")  # any change moves the version
             stale = await store.jobs_claim_counted("default", 10, 30.0, None, flow_version=old)
             assert stale.stale and stale.jobs == []
-            fresh = await store.jobs_claim_counted("default", 10, 30.0, None,
-                                                   flow_version=(await store.flow_state()).version)
+            fresh = await store.jobs_claim_counted(
+                "default", 10, 30.0, None, flow_version=(await store.flow_state()).version
+            )
             assert not fresh.stale and len(fresh.jobs) == 10
         finally:
             await store.close()
@@ -195,6 +230,7 @@ def test_a_claim_with_an_old_copy_of_the_tables_claims_nothing(dsn):
 
 
 # -- the fleet -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
 def test_three_workers_never_run_more_than_max_running_and_other_types_go_on(dsn, mode):
@@ -217,15 +253,24 @@ def test_three_workers_never_run_more_than_max_running_and_other_types_go_on(dsn
 
     async def fleet():
         nonlocal db_most
-        workers = [Worker(config(dsn, mode=mode, worker_id=f"w{i}", concurrency=10), registry) for i in range(3)]
+        workers = [
+            Worker(config(dsn, mode=mode, worker_id=f"w{i}", concurrency=10), registry)
+            for i in range(3)
+        ]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         try:
+
             async def drained():
                 nonlocal db_most
-                running = await asyncio.to_thread(fetchval, dsn, "SELECT count(*) FROM dispatcher_jobs "
-                                                              "WHERE status = 'running' AND job_type = 'slow'")
+                running = await asyncio.to_thread(
+                    fetchval,
+                    dsn,
+                    "SELECT count(*) FROM dispatcher_jobs "
+                    "WHERE status = 'running' AND job_type = 'slow'",
+                )
                 db_most = max(db_most, running)
                 return status_counts(dsn) == {"completed": 630}
+
             await wait_until_async(drained, 90, "630 jobs completed", interval_s=0.02)
         finally:
             for w in workers:
@@ -263,7 +308,9 @@ def test_a_limit_set_while_jobs_run_holds_within_a_second(dsn):
             settled = time.monotonic() - set_at
             seen.most, before = 0, len(done)
             # 40 jobs more under the limit (about a second at 2 x 50 ms): never more than 2 at once.
-            await wait_until_async(lambda: len(done) >= before + 40, 30, "40 more jobs done under the limit")
+            await wait_until_async(
+                lambda: len(done) >= before + 40, 30, "40 more jobs done under the limit"
+            )
             assert seen.most <= 2, seen.most
             return settled
         finally:
@@ -290,23 +337,40 @@ def test_a_paused_queue_claims_nothing_lets_running_jobs_finish_and_resumes(dsn)
     async def scenario():
         task = asyncio.create_task(worker.run())
         try:
-            await wait_until_async(lambda: fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE id = %s",
-                                                    (slow_id,)) == "running", 30, "the slow job runs")
+            await wait_until_async(
+                lambda: (
+                    fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE id = %s", (slow_id,))
+                    == "running"
+                ),
+                30,
+                "the slow job runs",
+            )
             pause_queue(dsn, "default")
             paused_at = fetchval(dsn, "SELECT paused_at FROM dispatcher_paused_queues")
             assert enqueue(dsn, "a", 50) == 50  # enqueueing goes on while paused
             await wait_until_async(lambda: slow_id in ran, 10, "the running job finished")
-            await wait_until_async(lambda: worker.vitals.paused_queues == ("default",), 5, "readyz detail")
+            await wait_until_async(
+                lambda: worker.vitals.paused_queues == ("default",), 5, "readyz detail"
+            )
             assert metrics.QUEUE_PAUSED.labels("default")._value.get() == 1
             # The worker goes on claiming its other queue meanwhile: once 20 jobs of it are done, it
             # has claimed again and again, and never from the paused one.
             assert enqueue(dsn, "a", 20, queue="other") == 20
             await wait_until_async(lambda: len(ran) == 21, 30, "the other queue's jobs done")
-            assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE queue_name = 'default' "
-                                 "AND locked_at >= %s", (paused_at,)) == 0
+            assert (
+                fetchval(
+                    dsn,
+                    "SELECT count(*) FROM dispatcher_jobs WHERE queue_name = 'default' "
+                    "AND locked_at >= %s",
+                    (paused_at,),
+                )
+                == 0
+            )
             assert slow_id in ran
             resume_queue(dsn, "default")
-            await wait_until_async(lambda: status_counts(dsn) == {"completed": 71}, 30, "all done after resume")
+            await wait_until_async(
+                lambda: status_counts(dsn) == {"completed": 71}, 30, "all done after resume"
+            )
         finally:
             worker.stop(grace_s=5)
             await task
@@ -316,7 +380,9 @@ def test_a_paused_queue_claims_nothing_lets_running_jobs_finish_and_resumes(dsn)
 
 
 @pytest.mark.parametrize("control", [None, "limit", "pause"])
-def test_a_keyed_completion_never_claims_the_next_job_of_a_paused_queue_or_a_limited_type(dsn, control):
+def test_a_keyed_completion_never_claims_the_next_job_of_a_paused_queue_or_a_limited_type(
+    dsn, control
+):
     """A keyed completion claims its key's next job for the completing worker (chaining), except in
     a paused queue or under a limit: then the next job is queued, for a gated claim to take."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -329,7 +395,8 @@ def test_a_keyed_completion_never_claims_the_next_job_of_a_paused_queue_or_a_lim
     async def scenario():
         store = JobStore(dsn, "w")
         try:
-            (first,) = await store.jobs_claim("default", 10, 30.0, None)  # no version: as a test may
+            # no version: as a test may
+            (first,) = await store.jobs_claim("default", 10, 30.0, None)
             chain = Chain(("default",) * 64, tuple(range(64)), 10, 30.0)
             return await store.jobs_complete_keyed([first.id], [first.token], chain)
         finally:
@@ -338,8 +405,9 @@ def test_a_keyed_completion_never_claims_the_next_job_of_a_paused_queue_or_a_lim
     done = run_async(scenario())
     assert done.completed == 1
     assert len(done.claimed) == (1 if control is None else 0)
-    assert fetchval(dsn, "SELECT status FROM dispatcher_jobs ORDER BY id DESC LIMIT 1") == \
-        ("running" if control is None else "queued")
+    assert fetchval(dsn, "SELECT status FROM dispatcher_jobs ORDER BY id DESC LIMIT 1") == (
+        "running" if control is None else "queued"
+    )
 
 
 @pytest.mark.parametrize("include", [False, True])
@@ -349,16 +417,31 @@ def test_a_type_filtered_claim_still_walks_the_claim_index(dsn, include, buckets
     same index walk as the unfiltered claim (no sort, no scan of the table), reading past the other
     type's rows only."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) "
-                     "SELECT CASE WHEN g % 10 = 0 THEN 'sms' ELSE 'x' END, g % 64 FROM generate_series(1, 50000) g")
+        conn.execute(
+            "INSERT INTO dispatcher_jobs (job_type, bucket) "
+            "SELECT CASE WHEN g % 10 = 0 THEN 'sms' ELSE 'x' END, g % 64 FROM generate_series(1, 50000) g"
+        )
         conn.execute("ANALYZE dispatcher_jobs")
         sql = claim_sql(buckets, TypeFilter(("sms",), include))
         with conn.transaction(force_rollback=True):
-            params = {"queue": "default", "limit": 100, "lease_s": 30.0, "worker": "w", "token": None,
-                      "flow_version": 0, "claim_types": ["sms"]}
-            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+            params = {
+                "queue": "default",
+                "limit": 100,
+                "lease_s": 30.0,
+                "worker": "w",
+                "token": None,
+                "flow_version": 0,
+                "claim_types": ["sms"],
+            }
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0][0][
+                "Plan"
+            ]
     nodes = list(plan_nodes(plan))
-    assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "dispatcher_flow_control"]
+    assert not [
+        n
+        for n in nodes
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") != "dispatcher_flow_control"
+    ]
     assert not [n for n in nodes if n["Node Type"] == "Sort"]
     assert plan["Actual Rows"] == 100
 
@@ -374,9 +457,13 @@ def test_the_cli_sets_lists_clears_pauses_and_resumes_and_refuses_bad_input(dsn)
     assert "limit set: sms" in ok("limits", "set", "sms", "--max-running", "10")
     ok("limits", "set", "partner", "--queue", "eu", "--per-second", "2.5", "--burst", "5")
     listed = orjson.loads(ok("limits", "list", "--json"))
-    assert [(r["job_type"], r["queue"], r["max_running"], r["per_second"], r["burst_jobs"]) for r in listed] == \
-        [("partner", "eu", None, 2.5, 5.0), ("sms", "*", 10, None, 1.0)]
-    one_line_error(cli("limits", "set", "sms", "--max-running", "-1", "--dsn", dsn), 2, "--max-running")
+    assert [
+        (r["job_type"], r["queue"], r["max_running"], r["per_second"], r["burst_jobs"])
+        for r in listed
+    ] == [("partner", "eu", None, 2.5, 5.0), ("sms", "*", 10, None, 1.0)]
+    one_line_error(
+        cli("limits", "set", "sms", "--max-running", "-1", "--dsn", dsn), 2, "--max-running"
+    )
     one_line_error(cli("limits", "set", "sms", "--dsn", dsn), 2, "--max-running")
     assert fetchval(dsn, "SELECT max_running FROM dispatcher_limits WHERE job_type = 'sms'") == 10
     assert "cleared 1 limits: sms in (every queue)" in ok("limits", "clear", "sms")
@@ -404,10 +491,15 @@ def test_a_limit_holds_a_claim_back_only_while_jobs_wait_beyond_it(dsn):
         try:
             version = (await store.flow_state()).version
             first = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
-            assert (len(first.claimed.jobs), first.allowed, first.held_by) == (3, 5, None)  # ran out of jobs
+            # ran out of jobs
+            assert (len(first.claimed.jobs), first.allowed, first.held_by) == (3, 5, None)
             enqueue(dsn, "sms", 10)
             second = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
-            assert (len(second.claimed.jobs), second.allowed, second.held_by) == (2, 2, "max_running")
+            assert (len(second.claimed.jobs), second.allowed, second.held_by) == (
+                2,
+                2,
+                "max_running",
+            )
             third = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
             assert (len(third.claimed.jobs), third.allowed, third.held_by) == (0, 0, "max_running")
         finally:
@@ -432,10 +524,14 @@ def test_a_gated_claim_that_rolls_back_counts_no_queue_wait(dsn):
         return sum(sum(counts) for q, counts, _ in JOB_STATS.wait_snapshot() if q == queue)
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE FUNCTION refuse_spend() RETURNS trigger LANGUAGE plpgsql "
-                     "AS $$ BEGIN RAISE EXCEPTION 'no spending today'; END $$")
-        conn.execute("CREATE TRIGGER refuse_spend BEFORE UPDATE ON dispatcher_limits "
-                     "FOR EACH ROW EXECUTE FUNCTION refuse_spend()")
+        conn.execute(
+            "CREATE FUNCTION refuse_spend() RETURNS trigger LANGUAGE plpgsql "
+            "AS $$ BEGIN RAISE EXCEPTION 'no spending today'; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse_spend BEFORE UPDATE ON dispatcher_limits "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_spend()"
+        )
 
     async def claim():
         store = JobStore(dsn, "w")

@@ -27,7 +27,9 @@ def outcomes_of(job_type: str) -> dict[str, int]:
     return {}
 
 
-def test_a_handlers_max_attempts_ends_its_jobs_failed_after_exactly_that_many_and_enqueues_wins(dsn):
+def test_a_handlers_max_attempts_ends_its_jobs_failed_after_exactly_that_many_and_enqueues_wins(
+    dsn,
+):
     registry = Registry()
 
     @registry.handler("own_limit", max_attempts=3)
@@ -37,19 +39,32 @@ def test_a_handlers_max_attempts_ends_its_jobs_failed_after_exactly_that_many_an
     handlers = enqueue(dsn, "own_limit", 5)
     given = enqueue(dsn, "own_limit", 2, max_attempts=5)
     # Not given: stored as 20 for workers of the previous release, marked as not given for ours.
-    assert fetchall(dsn, "SELECT max_attempts, max_attempts_given, count(*) FROM dispatcher_jobs "
-                         "GROUP BY 1, 2 ORDER BY 1") == [(5, True, 2), (20, False, 5)]
+    assert fetchall(
+        dsn,
+        "SELECT max_attempts, max_attempts_given, count(*) FROM dispatcher_jobs "
+        "GROUP BY 1, 2 ORDER BY 1",
+    ) == [(5, True, 2), (20, False, 5)]
     worker = Worker(config(dsn, history=True, retry_base_s=0.01, retry_cap_s=0.02), registry)
     run_async(run_worker_until(worker, finished(dsn, 7), 60, "every job failed for good"))
-    rows = dict(((i, (s, a)) for i, s, a in fetchall(dsn, "SELECT id, status, attempts FROM dispatcher_jobs")))
+    rows = dict(
+        (
+            (i, (s, a))
+            for i, s, a in fetchall(dsn, "SELECT id, status, attempts FROM dispatcher_jobs")
+        )
+    )
     assert {rows[i] for i in handlers} == {("failed", 3)}, "the handler's max_attempts"
     assert {rows[i] for i in given} == {("failed", 5)}, "max_attempts given at enqueue wins"
-    history = fetchall(dsn, "SELECT job_id, array_agg(outcome ORDER BY attempt) FROM dispatcher_job_attempts "
-                            "GROUP BY job_id")
+    history = fetchall(
+        dsn,
+        "SELECT job_id, array_agg(outcome ORDER BY attempt) FROM dispatcher_job_attempts "
+        "GROUP BY job_id",
+    )
     assert {tuple(o) for i, o in history if i in handlers} == {("retried", "retried", "failed")}
 
 
-def test_a_retry_callables_delay_is_applied_by_the_database_clock_and_every_retry_is_in_the_future(dsn):
+def test_a_retry_callables_delay_is_applied_by_the_database_clock_and_every_retry_is_in_the_future(
+    dsn,
+):
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(RETRY_LOG)
     registry = Registry()
@@ -65,12 +80,23 @@ def test_a_retry_callables_delay_is_applied_by_the_database_clock_and_every_retr
 
     [job_id] = enqueue(dsn, "custom", 1)
     worker = Worker(config(dsn), registry)
-    run_async(run_worker_until(worker, lambda: fetchval(dsn, "SELECT count(*) FROM retry_log") >= 2, 30,
-                               "two retries written"))
-    retries = fetchall(dsn, "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log "
-                            "ORDER BY attempts")
+    run_async(
+        run_worker_until(
+            worker,
+            lambda: fetchval(dsn, "SELECT count(*) FROM retry_log") >= 2,
+            30,
+            "two retries written",
+        )
+    )
+    retries = fetchall(
+        dsn,
+        "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log "
+        "ORDER BY attempts",
+    )
     assert retries[0][0] == 1 and 0 < retries[0][1] < 0.5, retries
-    assert retries[1][0] == 2 and retries[1][1] == pytest.approx(302.0, abs=1e-3), "the callable's delay, to the ms"
+    assert retries[1][0] == 2 and retries[1][1] == pytest.approx(302.0, abs=1e-3), (
+        "the callable's delay, to the ms"
+    )
     assert asked[:2] == [(1, "KeyError"), (2, "KeyError")]
     assert fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE id = %s", (job_id,)) == "queued"
 
@@ -87,6 +113,7 @@ def test_a_snooze_spends_no_attempt_and_is_recorded_as_snoozed(dsn, is_async):
             raise Snooze(0.05, "not yet")
 
     if is_async:
+
         @registry.handler(job_type)
         async def snoozy(job: Job) -> None:
             await asyncio.sleep(0)
@@ -94,16 +121,25 @@ def test_a_snooze_spends_no_attempt_and_is_recorded_as_snoozed(dsn, is_async):
     else:
         registry.handler(job_type)(body)
 
-    ids = enqueue(dsn, job_type, 3, max_attempts=1)  # a snooze that spent an attempt would fail them
+    # a snooze that spent an attempt would fail them
+    ids = enqueue(dsn, job_type, 3, max_attempts=1)
     worker = Worker(config(dsn, history=True), registry)
     run_async(run_worker_until(worker, finished(dsn, 3), 30, "every job completed"))
     rows = fetchall(dsn, "SELECT status, attempts, snoozes, last_error FROM dispatcher_jobs")
     assert set(rows) == {("completed", 1, 2, None)}
-    history = fetchall(dsn, "SELECT job_id, array_agg(outcome ORDER BY finished_at, started_at), array_agg(attempt ORDER BY finished_at, started_at), "
-                            "array_agg(error ORDER BY finished_at, started_at) FROM dispatcher_job_attempts GROUP BY job_id")
+    history = fetchall(
+        dsn,
+        "SELECT job_id, array_agg(outcome ORDER BY finished_at, started_at), array_agg(attempt ORDER BY finished_at, started_at), "
+        "array_agg(error ORDER BY finished_at, started_at) FROM dispatcher_job_attempts GROUP BY job_id",
+    )
     assert {i for i, *_ in history} == set(ids)
     assert {(tuple(o), tuple(a), tuple(e)) for _, o, a, e in history} == {
-        (("snoozed", "snoozed", "completed"), (1, 1, 1), ("snoozed for 0.05 s: not yet",) * 2 + (None,))}
+        (
+            ("snoozed", "snoozed", "completed"),
+            (1, 1, 1),
+            ("snoozed for 0.05 s: not yet",) * 2 + (None,),
+        )
+    }
     assert outcomes_of(job_type) == {"snoozed": 6, "completed": 3}
 
 
@@ -116,10 +152,18 @@ def test_a_snooze_is_due_after_its_seconds_by_the_database_clock(dsn):
 
     [job_id] = enqueue(dsn, "wait_a_minute", 1)
     worker = Worker(config(dsn), registry)
-    run_async(run_worker_until(worker, lambda: fetchval(dsn, "SELECT snoozes FROM dispatcher_jobs") == 1, 30,
-                               "the job snoozed"))
+    run_async(
+        run_worker_until(
+            worker,
+            lambda: fetchval(dsn, "SELECT snoozes FROM dispatcher_jobs") == 1,
+            30,
+            "the job snoozed",
+        )
+    )
     status, attempts, due_in_s = fetchall(
-        dsn, "SELECT status, attempts, extract(epoch FROM run_at - updated_at)::float8 FROM dispatcher_jobs")[0]
+        dsn,
+        "SELECT status, attempts, extract(epoch FROM run_at - updated_at)::float8 FROM dispatcher_jobs",
+    )[0]
     assert (status, attempts) == ("queued", 0)
     assert due_in_s == pytest.approx(60.0, abs=1e-3)
 
@@ -132,12 +176,24 @@ def test_past_max_snoozes_a_snooze_is_a_failed_attempt_that_goes_through_the_ret
         raise Snooze(0, "still waiting")
 
     [job_id] = enqueue(dsn, "forever", 1, max_attempts=2)
-    worker = Worker(config(dsn, history=True, max_snoozes=2, retry_base_s=0.01, retry_cap_s=0.02), registry)
+    worker = Worker(
+        config(dsn, history=True, max_snoozes=2, retry_base_s=0.01, retry_cap_s=0.02), registry
+    )
     run_async(run_worker_until(worker, finished(dsn, 1), 30, "the job failed for good"))
-    status, attempts, snoozes, error = fetchall(dsn, "SELECT status, attempts, snoozes, last_error FROM dispatcher_jobs")[0]
+    status, attempts, snoozes, error = fetchall(
+        dsn, "SELECT status, attempts, snoozes, last_error FROM dispatcher_jobs"
+    )[0]
     assert (status, attempts, snoozes) == ("failed", 2, 4)
-    assert error == "snoozed 2 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 0 s: still waiting"
-    outcomes = [o for (o,) in fetchall(dsn, "SELECT outcome FROM dispatcher_job_attempts ORDER BY finished_at, started_at")]
+    assert (
+        error
+        == "snoozed 2 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 0 s: still waiting"
+    )
+    outcomes = [
+        o
+        for (o,) in fetchall(
+            dsn, "SELECT outcome FROM dispatcher_job_attempts ORDER BY finished_at, started_at"
+        )
+    ]
     assert outcomes == ["snoozed", "snoozed", "retried", "failed"]
 
 
@@ -168,7 +224,9 @@ def test_a_write_refused_by_the_fence_gets_no_history_row_and_no_outcome_count(d
         if not running.is_set():
             return False
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("UPDATE dispatcher_jobs SET lock_token = gen_random_uuid() WHERE id = %s", (job_id,))
+            conn.execute(
+                "UPDATE dispatcher_jobs SET lock_token = gen_random_uuid() WHERE id = %s", (job_id,)
+            )
         release.set()
         return True
 
@@ -187,8 +245,11 @@ def test_a_write_refused_by_the_fence_gets_no_history_row_and_no_outcome_count(d
             await task
 
     run_async(asyncio.wait_for(main(), 30))
-    assert fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE id = %s", (job_id,)) == "running", \
-        "the other owner's job, untouched"
+    assert (
+        fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE id = %s", (job_id,)) == "running"
+    ), "the other owner's job, untouched"
     history = fetchall(dsn, "SELECT job_id, outcome FROM dispatcher_job_attempts")
-    assert sorted(history) == sorted((i, "completed") for i in others), "no row of the fenced attempt"
+    assert sorted(history) == sorted((i, "completed") for i in others), (
+        "no row of the fenced attempt"
+    )
     assert outcomes_of(job_type) == {}, "no outcome counted for it"

@@ -22,7 +22,9 @@ def test_eight_pods_migrating_at_once_apply_each_version_once(empty_dsn):
         results = list(pool.map(lambda _: migrate(empty_dsn), range(8)))
     applied = [r for r in results if r]
     assert len(applied) == 1, results  # exactly one runner did the work; the others found it done
-    rows = fetchall(empty_dsn, "SELECT version, count(*) FROM dispatcher_schema_version GROUP BY version")
+    rows = fetchall(
+        empty_dsn, "SELECT version, count(*) FROM dispatcher_schema_version GROUP BY version"
+    )
     assert all(count == 1 for _, count in rows)
     assert fetchval(empty_dsn, "SELECT to_regclass('dispatcher_jobs') IS NOT NULL")
 
@@ -42,7 +44,9 @@ def test_both_packages_migrations_apply_as_one_sequence(empty_dsn):
     union = sorted((m for ms in own.values() for m in ms), key=lambda m: m.version)
     assert [m.version for m in available_migrations()] == [m.version for m in union]
     assert migrate(empty_dsn) == [m.version for m in union]
-    history = fetchall(empty_dsn, "SELECT version, name FROM dispatcher_schema_version ORDER BY version")
+    history = fetchall(
+        empty_dsn, "SELECT version, name FROM dispatcher_schema_version ORDER BY version"
+    )
     assert history == [(m.version, m.name) for m in union]
     assert history[:3] == [(1, "jobs"), (2, "coordinator"), (3, "claim_index_tag")]
     assert [m.version for m in own["coordinator"]] == [2, 5]
@@ -50,13 +54,16 @@ def test_both_packages_migrations_apply_as_one_sequence(empty_dsn):
 
 
 def test_coordinator_bucket_table_covers_exactly_the_bucket_space(dsn):
-    assert fetchall(dsn, "SELECT count(*), min(bucket), max(bucket) FROM dispatcher_bucket_owners") == [
-        (NUM_BUCKETS, 0, NUM_BUCKETS - 1)]
+    assert fetchall(
+        dsn, "SELECT count(*), min(bucket), max(bucket) FROM dispatcher_bucket_owners"
+    ) == [(NUM_BUCKETS, 0, NUM_BUCKETS - 1)]
     with pytest.raises(psycopg.errors.CheckViolation):
         fetchall(dsn, "INSERT INTO dispatcher_bucket_owners (bucket) VALUES (%s)", (NUM_BUCKETS,))
 
 
-def test_a_version_used_by_two_packages_is_refused_before_anything_runs(empty_dsn, tmp_path, monkeypatch):
+def test_a_version_used_by_two_packages_is_refused_before_anything_runs(
+    empty_dsn, tmp_path, monkeypatch
+):
     package = f"clashing_migrations_{uuid.uuid4().hex[:8]}"
     folder = tmp_path / package / "sql" / "migrations"
     folder.mkdir(parents=True)

@@ -34,7 +34,9 @@ def _exported(port: int) -> set[str] | None:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
     except OSError:
         return None
-    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        sample.name for family in text_string_to_metric_families(text) for sample in family.samples
+    }
 
 
 @pytest.mark.slow
@@ -47,12 +49,24 @@ def test_every_metric_the_rules_and_dashboard_read_is_exported(dsn, tmp_path):
             enqueue_sync(conn, "record")  # completed
         # One attempt retried, the second (the last) failed: both failure outcomes.
         enqueue_sync(conn, "raise_system_exit", max_attempts=2)
-    worker = start_worker(dsn, tmp_path, app="tests.apps.monitored:registry", log_path=tmp_path / "w.out",
-                          metrics_port=port, poll_interval_s=0.2, retry_base_s=0.05, retry_cap_s=0.1,
-                          mode="partitioned", coordinator="postgres")
+    worker = start_worker(
+        dsn,
+        tmp_path,
+        app="tests.apps.monitored:registry",
+        log_path=tmp_path / "w.out",
+        metrics_port=port,
+        poll_interval_s=0.2,
+        retry_base_s=0.05,
+        retry_cap_s=0.1,
+        mode="partitioned",
+        coordinator="postgres",
+    )
     try:
-        wait_until(lambda: status_counts(dsn) == {"completed": 5, "failed": 1}, 60,
-                   lambda: f"5 completed and 1 failed job, got {status_counts(dsn)}")
+        wait_until(
+            lambda: status_counts(dsn) == {"completed": 5, "failed": 1},
+            60,
+            lambda: f"5 completed and 1 failed job, got {status_counts(dsn)}",
+        )
         # The table-wide figures come with the sampler's next round: wait for every name, then
         # say which are missing.
         seen: set[str] = set()
@@ -81,9 +95,15 @@ def _check_the_exposition(port: int) -> None:
     """What prometheus_client's own server would answer: labels by queue, the queue-wait
     histogram, no _created series, gzip, OpenMetrics, and `name[]` filtering."""
     headers, body = _scrape(port)
-    assert headers["content-type"].startswith("text/plain; version=0.0.4") and "content-encoding" not in headers
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    assert (
+        headers["content-type"].startswith("text/plain; version=0.0.4")
+        and "content-encoding" not in headers
+    )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
     assert not [name for name, _ in samples if name.endswith("_created")]
     outcome = (("job_type", "record"), ("outcome", "completed"), ("queue", "default"))
     assert samples[("dispatcher_job_outcomes_total", outcome)] == 5
@@ -94,7 +114,13 @@ def _check_the_exposition(port: int) -> None:
     headers, body = _scrape(port, **{"Accept-Encoding": "gzip"})
     assert headers["content-encoding"] == "gzip" and gzip.decompress(body).startswith(b"# HELP")
     headers, body = _scrape(port, Accept="application/openmetrics-text; version=1.0.0")
-    assert headers["content-type"].startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
-    _, body = _scrape(port, "?name[]=dispatcher_jobs_running&name[]=dispatcher_job_queue_wait_seconds_count")
-    names = {s.name for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+    assert headers["content-type"].startswith("application/openmetrics-text") and body.endswith(
+        b"# EOF\n"
+    )
+    _, body = _scrape(
+        port, "?name[]=dispatcher_jobs_running&name[]=dispatcher_job_queue_wait_seconds_count"
+    )
+    names = {
+        s.name for family in text_string_to_metric_families(body.decode()) for s in family.samples
+    }
     assert names == {"dispatcher_jobs_running", "dispatcher_job_queue_wait_seconds_count"}, names

@@ -24,7 +24,9 @@ async def _listening(dsn: str) -> psycopg.AsyncConnection:
 
 
 @contextlib.asynccontextmanager
-async def _waiting(dsn: str, on_notify) -> AsyncIterator[tuple[psycopg.AsyncConnection, NotificationWait]]:
+async def _waiting(
+    dsn: str, on_notify
+) -> AsyncIterator[tuple[psycopg.AsyncConnection, NotificationWait]]:
     """A LISTEN connection and its NotificationWait, closed afterwards."""
     conn = await _listening(dsn)
     try:
@@ -77,7 +79,8 @@ def test_a_silent_wait_times_out_and_a_broken_connection_raises(dsn):
             pid = conn.info.backend_pid
 
             async def wait_as_a_listener_does():
-                while True:  # the server's last words (an error message) may come in a read of their own
+                # the server's last words (an error message) may come in a read of their own
+                while True:
                     await waiter.wait(30)
 
             waiting = asyncio.create_task(wait_as_a_listener_does())

@@ -14,7 +14,15 @@ import orjson
 import psycopg
 
 from dispatcher import Config, Registry, Worker, enqueue_sync
-from dispatcher.api.admin import Filters, cancel_jobs, list_halted_keys, list_jobs, purge_jobs, retry_jobs, show_job
+from dispatcher.api.admin import (
+    Filters,
+    cancel_jobs,
+    list_halted_keys,
+    list_jobs,
+    purge_jobs,
+    retry_jobs,
+    show_job,
+)
 from dispatcher.api.status import read_status
 from dispatcher.db.store import JobStore
 from tests.helpers import fetchall, fetchval, run_async, run_worker_until
@@ -57,10 +65,16 @@ class Recorder:
         run_async(run_worker_until(worker, predicate, DEADLINE_S, what))
 
 
-def enqueue(dsn: str, key: str | None, *types: str, queue: str = "default", **options: Any) -> list[int]:
+def enqueue(
+    dsn: str, key: str | None, *types: str, queue: str = "default", **options: Any
+) -> list[int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return [enqueue_sync(conn, t, {"n": i}, queue=queue, ordering_key=key, max_attempts=1, **options)
-                for i, t in enumerate(types)]
+        return [
+            enqueue_sync(
+                conn, t, {"n": i}, queue=queue, ordering_key=key, max_attempts=1, **options
+            )
+            for i, t in enumerate(types)
+        ]
 
 
 async def queue_depth(dsn: str) -> list[Any]:
@@ -72,7 +86,9 @@ async def queue_depth(dsn: str) -> list[Any]:
 
 
 def halted(dsn: str, job_id: int) -> bool:
-    return bool(fetchval(dsn, "SELECT ordering_halted FROM dispatcher_jobs WHERE id = %s", (job_id,)))
+    return bool(
+        fetchval(dsn, "SELECT ordering_halted FROM dispatcher_jobs WHERE id = %s", (job_id,))
+    )
 
 
 def halt_key_a(dsn: str, rec: Recorder) -> tuple[list[int], list[int]]:
@@ -80,8 +96,11 @@ def halt_key_a(dsn: str, rec: Recorder) -> tuple[list[int], list[int]]:
     failed and b's jobs completed."""
     a = enqueue(dsn, "a", "flaky", "step", "step")
     b = enqueue(dsn, "b", "step", "step")
-    rec.run_until(dsn, lambda: statuses(dsn, a[:1] + b) == ["failed", "completed", "completed"],
-                  "a's first job failed, b's jobs completed")
+    rec.run_until(
+        dsn,
+        lambda: statuses(dsn, a[:1] + b) == ["failed", "completed", "completed"],
+        "a's first job failed, b's jobs completed",
+    )
     return a, b
 
 
@@ -91,23 +110,38 @@ def test_a_final_failure_halts_its_key_while_other_keys_run(dsn):
     assert statuses(dsn, a) == ["failed", "waiting", "waiting"] and halted(dsn, a[0])
     assert rec.of("a") == a[:1] and rec.of("b") == b
     (key,) = list_halted_keys(dsn)
-    assert (key.queue, key.ordering_key, key.job_id, key.job_type, key.status, key.waiting) == \
-        ("default", "a", a[0], "flaky", "failed", 2)
+    assert (key.queue, key.ordering_key, key.job_id, key.job_type, key.status, key.waiting) == (
+        "default",
+        "a",
+        a[0],
+        "flaky",
+        "failed",
+        2,
+    )
     assert key.failed_at is not None and "job" in key.last_error and "fails" in key.last_error
     assert list_halted_keys(dsn, Filters(queues=("other",))) == []
     assert [r.id for r in list_jobs(dsn, Filters(statuses=("waiting",)))] == a[:0:-1]
     detail = show_job(dsn, a[0])
-    assert detail is not None and (detail.job["ordering_key"], detail.job["ordering_halted"]) == ("a", True)
+    assert detail is not None and (detail.job["ordering_key"], detail.job["ordering_halted"]) == (
+        "a",
+        True,
+    )
     status = read_status(dsn)["queues"]["default"]
     assert (status["counts"]["waiting"], status["halted_keys"]) == (2, 1)
     depth = {(row.queue, row.status): row.jobs for row in run_async(queue_depth(dsn))}
-    assert (depth[("default", "waiting")], depth[("default", "halted")], depth[("default", "failed")]) == (2, 1, 1)
+    assert (
+        depth[("default", "waiting")],
+        depth[("default", "halted")],
+        depth[("default", "failed")],
+    ) == (2, 1, 1)
 
 
 def test_a_continue_handler_lets_the_next_job_run_after_a_final_failure(dsn):
     rec = Recorder()
     a = enqueue(dsn, "a", "flaky_go_on", "step", "step")
-    rec.run_until(dsn, lambda: statuses(dsn, a) == ["failed", "completed", "completed"], "a's jobs ended")
+    rec.run_until(
+        dsn, lambda: statuses(dsn, a) == ["failed", "completed", "completed"], "a's jobs ended"
+    )
     assert rec.of("a") == a and not halted(dsn, a[0]) and list_halted_keys(dsn) == []
 
 
@@ -141,7 +175,9 @@ def test_a_retry_of_a_job_that_no_longer_holds_its_key_waits_and_runs_next(dsn):
     assert retry_jobs(dsn, Filters(ids=(again[0],))).changed == again
     assert statuses(dsn, [holder, again[0], behind]) == ["queued", "waiting", "waiting"]
     rec.runs.clear()
-    rec.run_until(dsn, lambda: statuses(dsn, [holder, again[0], behind]) == ["completed"] * 3, "k ran")
+    rec.run_until(
+        dsn, lambda: statuses(dsn, [holder, again[0], behind]) == ["completed"] * 3, "k ran"
+    )
     assert rec.of("k") == [holder, again[0], behind]
 
 
@@ -176,8 +212,9 @@ def test_a_waiting_job_and_a_queued_holder_are_cancelled_at_once(dsn):
     # A failed job that does not halt its key is not cancelled.
     (free,) = add(dsn, status="failed")
     skipped = cancel_jobs(dsn, Filters(ids=(free,))).skipped
-    assert [(s.id, s.reason.split(":")[0]) for s in skipped] == [(free, "it is failed and does not halt its "
-                                                                       "ordering key")]
+    assert [(s.id, s.reason.split(":")[0]) for s in skipped] == [
+        (free, "it is failed and does not halt its ordering key")
+    ]
     rec = Recorder()
     rec.run_until(dsn, lambda: statuses(dsn, k[2:]) == ["completed"] * 2, "the rest ran")
     assert rec.of("k") == k[2:]
@@ -188,7 +225,9 @@ def test_a_retry_counts_waiting_jobs_as_live_for_dedupe_keys(dsn):
     (behind,) = enqueue(dsn, "k", "step", dedupe_key="d")
     (failed,) = add(dsn, status="failed", dedupe_key="d")
     result = retry_jobs(dsn, Filters(ids=(failed,)))
-    assert [(s.id, s.reason) for s in result.skipped] == [(failed, "a live job holds its dedupe key")]
+    assert [(s.id, s.reason) for s in result.skipped] == [
+        (failed, "a live job holds its dedupe key")
+    ]
     assert statuses(dsn, [behind, failed]) == ["waiting", "failed"]
 
 
@@ -197,12 +236,16 @@ def test_the_pruner_never_deletes_a_halted_job(dsn):
     a, _ = halt_key_a(dsn, rec)
     (plain,) = add(dsn, status="failed")
     with psycopg.connect(dsn, autocommit=True) as conn:  # both far past the failed retention
-        conn.execute("UPDATE dispatcher_jobs SET updated_at = now() - interval '30 days' WHERE id = ANY(%s)",
-                     ([a[0], plain],))
+        conn.execute(
+            "UPDATE dispatcher_jobs SET updated_at = now() - interval '30 days' WHERE id = ANY(%s)",
+            ([a[0], plain],),
+        )
     pruner, store = pruner_on(dsn)
     tick(pruner, store)
     assert pruner.last_round.deleted["failed"] == 1
-    assert statuses(dsn, [plain, *a]) == [None, "failed", "waiting", "waiting"] and halted(dsn, a[0])
+    assert statuses(dsn, [plain, *a]) == [None, "failed", "waiting", "waiting"] and halted(
+        dsn, a[0]
+    )
 
 
 def test_the_cli_enqueues_with_an_ordering_key_and_lists_halted_keys(dsn):
@@ -210,17 +253,25 @@ def test_the_cli_enqueues_with_an_ordering_key_and_lists_halted_keys(dsn):
     assert one.returncode == 0, one.stderr
     more = cli("enqueue", "step", "--ordering-key", "acct-1", "--count", "3", "--dsn", dsn)
     assert more.returncode == 0 and more.stdout.strip() == "enqueued 3 jobs", more
-    ids = [row[0] for row in fetchall(dsn, "SELECT id FROM dispatcher_jobs WHERE ordering_key = 'acct-1' "
-                                           "ORDER BY id")]
+    ids = [
+        row[0]
+        for row in fetchall(
+            dsn, "SELECT id FROM dispatcher_jobs WHERE ordering_key = 'acct-1' ORDER BY id"
+        )
+    ]
     assert statuses(dsn, ids) == ["queued", "waiting", "waiting", "waiting"]
-    assert fetchval(dsn, "SELECT count(DISTINCT bucket) FROM dispatcher_jobs") == 1  # the key picks the bucket
+    # the key picks the bucket
+    assert fetchval(dsn, "SELECT count(DISTINCT bucket) FROM dispatcher_jobs") == 1
     waiting = jobs(dsn, "list", "--status", "waiting")
     assert waiting.returncode == 0 and len(waiting.stdout.splitlines()) == 4, waiting
 
     # The holder fails for good and halts the key (as jobs_fail_owned writes it).
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE dispatcher_jobs SET status = 'failed', ordering_halted = true, failed_at = now(), "
-                     "last_error = 'Traceback ...\nValueError: bad account' WHERE id = %s", (ids[0],))
+        conn.execute(
+            "UPDATE dispatcher_jobs SET status = 'failed', ordering_halted = true, failed_at = now(), "
+            "last_error = 'Traceback ...\nValueError: bad account' WHERE id = %s",
+            (ids[0],),
+        )
     table = jobs(dsn, "list", "--halted")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()

@@ -1,4 +1,5 @@
-"""Least privilege: the owner migrates, the workers run as a role with DML only (docs/operations/roles.md).
+"""Least privilege: the owner migrates, the workers run as a role with DML only
+(docs/operations/roles.md).
 
 The roles are real (CREATE ROLE ... LOGIN on the test server, which trusts its clients) and are
 dropped after each test; nothing is mocked.
@@ -44,8 +45,15 @@ def dispatcher_cli(*args: str, dsn: str | None = None) -> subprocess.CompletedPr
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
     if dsn is not None:
         env["DISPATCHER_DSN"] = dsn
-    return subprocess.run([sys.executable, "-m", "dispatcher", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def dml_role(admin_dsn: str):
@@ -83,18 +91,25 @@ def grant(owner_dsn: str, role: str) -> None:
 
 def test_the_derived_objects_are_exactly_what_a_migrated_database_holds(dsn):
     objects = schema_objects()
-    rows = fetchall(dsn, """SELECT c.relkind::text, c.relname FROM pg_class c
-                             WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S')""")
+    rows = fetchall(
+        dsn,
+        """SELECT c.relkind::text, c.relname FROM pg_class c
+                             WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S')""",
+    )
     assert sorted(name for kind, name in rows if kind != "S") == sorted(objects.tables)
     assert sorted(name for kind, name in rows if kind == "S") == sorted(objects.sequences)
 
 
-def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_date(dsn, worker_role, tmp_path):
+def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_date(
+    dsn, worker_role, tmp_path
+):
     role, role_dsn = worker_role
     grant(dsn, role)
 
     migrated = dispatcher_cli("migrate", dsn=role_dsn)
-    assert (migrated.returncode, migrated.stdout.strip()) == (0, "schema is up to date"), migrated.stderr
+    assert (migrated.returncode, migrated.stdout.strip()) == (0, "schema is up to date"), (
+        migrated.stderr
+    )
 
     with psycopg.connect(role_dsn, autocommit=True) as conn:
         enqueue_payloads_sync(conn, "record", [{}] * 300)
@@ -103,16 +118,38 @@ def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_d
         assert enqueue_many_sync(conn, specs) == 50
     log = tmp_path / "worker.out"
     # reaper_interval_s paces PlannerStats too: it would ask again every ~0.3 s if it retried.
-    worker = start_worker(role_dsn, tmp_path, log_path=log, lease_s=3, poll_interval_s=0.2,
-                          flush_interval_s=0.02, reaper_interval_s=0.3, worker_id="least-privilege")
+    worker = start_worker(
+        role_dsn,
+        tmp_path,
+        log_path=log,
+        lease_s=3,
+        poll_interval_s=0.2,
+        flush_interval_s=0.02,
+        reaper_interval_s=0.3,
+        worker_id="least-privilege",
+    )
     try:
-        wait_until(lambda: status_counts(dsn).get("completed") == 350, 60, "350 jobs completed by the DML-only role")
-        wait_until(lambda: ANALYZE_WARNING in log.read_text(), 10, "the worker's one warning about ANALYZE")
+        wait_until(
+            lambda: status_counts(dsn).get("completed") == 350,
+            60,
+            "350 jobs completed by the DML-only role",
+        )
+        wait_until(
+            lambda: ANALYZE_WARNING in log.read_text(), 10, "the worker's one warning about ANALYZE"
+        )
         # Its group's first assignment waits 1 s for other members; a coordinator that cannot
         # write leaves it at 0.
-        wait_until(lambda: fetchval(dsn, "SELECT count(*) FROM dispatcher_bucket_owners "
-                                         "WHERE owner = 'least-privilege'") == 64, 10,
-                   "the PostgreSQL coordinator works for the DML-only role: the worker owns the 64 buckets")
+        wait_until(
+            lambda: (
+                fetchval(
+                    dsn,
+                    "SELECT count(*) FROM dispatcher_bucket_owners WHERE owner = 'least-privilege'",
+                )
+                == 64
+            ),
+            10,
+            "the PostgreSQL coordinator works for the DML-only role: the worker owns the 64 buckets",
+        )
     finally:
         codes = stop_workers([worker])
     status = dispatcher_cli("status", dsn=role_dsn)
@@ -122,15 +159,24 @@ def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_d
     warnings = [line for line in text.splitlines() if ANALYZE_WARNING in line]
     assert len(warnings) == 1, warnings
     assert f"role {role} may not ANALYZE dispatcher_jobs" in warnings[0]
-    assert f"GRANT MAINTAIN ON dispatcher_jobs TO {role}" in warnings[0] or "PostgreSQL 17" in warnings[0]
-    assert " failed: " not in text and "Traceback" not in text, text[-3000:]  # no other service was refused
+    assert (
+        f"GRANT MAINTAIN ON dispatcher_jobs TO {role}" in warnings[0]
+        or "PostgreSQL 17" in warnings[0]
+    )
+    # no other service was refused
+    assert " failed: " not in text and "Traceback" not in text, text[-3000:]
 
 
-def test_migrating_as_the_workers_role_names_the_owner_when_there_is_something_to_apply(empty_dsn, empty_db_role):
+def test_migrating_as_the_workers_role_names_the_owner_when_there_is_something_to_apply(
+    empty_dsn, empty_db_role
+):
     role, role_dsn = empty_db_role
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")  # the default since PostgreSQL 15
-    with pytest.raises(MigrationError, match="must run as the role that owns the dispatcher tables"):
+        # the default since PostgreSQL 15
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    with pytest.raises(
+        MigrationError, match="must run as the role that owns the dispatcher tables"
+    ):
         migrate(role_dsn)
     assert fetchval(empty_dsn, "SELECT to_regclass('dispatcher_schema_version')") is None
 
@@ -140,13 +186,20 @@ def test_grants_apply_gives_exactly_the_printed_privileges(dsn, worker_role):
     applied = dispatcher_cli("grants", "--role", role, "--apply", dsn=dsn)
     assert applied.returncode == 0, applied.stderr
     privileges = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
-    held = dict(fetchall(dsn, """SELECT c.relname, array_agg(p ORDER BY p) FILTER (WHERE has_table_privilege(%s, c.oid, p))
+    held = dict(
+        fetchall(
+            dsn,
+            """SELECT c.relname, array_agg(p ORDER BY p) FILTER (WHERE has_table_privilege(%s, c.oid, p))
                                    FROM pg_class c, unnest(%s::text[]) p
                                   WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
-                                  GROUP BY c.relname""", (role, list(privileges))))
+                                  GROUP BY c.relname""",
+            (role, list(privileges)),
+        )
+    )
     assert held.pop("dispatcher_schema_version") == ["SELECT"]
     assert {table: sorted(held[table]) for table in held} == {
-        table: ["DELETE", "INSERT", "SELECT", "UPDATE"] for table in schema_objects().tables[1:]}
+        table: ["DELETE", "INSERT", "SELECT", "UPDATE"] for table in schema_objects().tables[1:]
+    }
     assert fetchval(dsn, "SELECT has_schema_privilege(%s, 'public', 'CREATE')", (role,)) is False
     # and it can do its job: one claim as that role
     with psycopg.connect(role_dsn, autocommit=True) as conn:
@@ -179,7 +232,9 @@ def test_planner_stats_without_permission_warn_once_and_stop_asking(dsn, worker_
     with caplog.at_level(logging.WARNING, logger="dispatcher.runtime.maintenance"):
         stats = run_async(main())
     assert stats.retired
-    warnings = [r.getMessage() for r in caplog.records if r.name == "dispatcher.runtime.maintenance"]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "dispatcher.runtime.maintenance"
+    ]
     assert len(warnings) == 1, warnings
     assert f"role {role} may not ANALYZE dispatcher_jobs" in warnings[0]
     assert "owner" in warnings[0] and "not retried" in warnings[0]
@@ -191,10 +246,16 @@ def test_planner_stats_work_for_a_role_granted_maintain(dsn, worker_role):
     role, role_dsn = worker_role
     grant(dsn, role)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("GRANT MAINTAIN ON dispatcher_jobs TO {}").format(sql.Identifier(role)))
-        conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 20000) g")
+        conn.execute(
+            sql.SQL("GRANT MAINTAIN ON dispatcher_jobs TO {}").format(sql.Identifier(role))
+        )
+        conn.execute(
+            "INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 20000) g"
+        )
     analyze_if_stale(role_dsn)
-    assert fetchval(dsn, "SELECT reltuples FROM pg_class WHERE relname = 'dispatcher_jobs'") == 20000
+    assert (
+        fetchval(dsn, "SELECT reltuples FROM pg_class WHERE relname = 'dispatcher_jobs'") == 20000
+    )
 
 
 def test_a_worker_waiting_for_the_schema_also_waits_for_its_grants(dsn, worker_role, caplog):
@@ -205,19 +266,29 @@ def test_a_worker_waiting_for_the_schema_also_waits_for_its_grants(dsn, worker_r
 
     async def main():
         stopping = asyncio.Event()
-        waiting = asyncio.create_task(wait_until_ready(role_dsn, limits, wait_for_schema=True, stopping=stopping))
-        await wait_until_async(lambda: "waiting for the migration Job's" in caplog.text, 10, "a line saying why")
+        waiting = asyncio.create_task(
+            wait_until_ready(role_dsn, limits, wait_for_schema=True, stopping=stopping)
+        )
+        await wait_until_async(
+            lambda: "waiting for the migration Job's" in caplog.text, 10, "a line saying why"
+        )
         assert not waiting.done()
         await asyncio.to_thread(grant, dsn, role)
         return await asyncio.wait_for(waiting, 15)
 
-    with pytest.raises(StartupError, match=r"permission denied .* \(grant it with `dispatcher grants`\)"):
-        run_async(wait_until_ready(role_dsn, limits, wait_for_schema=False, stopping=asyncio.Event()))
+    with pytest.raises(
+        StartupError, match=r"permission denied .* \(grant it with `dispatcher grants`\)"
+    ):
+        run_async(
+            wait_until_ready(role_dsn, limits, wait_for_schema=False, stopping=asyncio.Event())
+        )
     with caplog.at_level(logging.WARNING, logger="dispatcher.serve.startup"):
         assert run_async(main()) is True
 
 
-def test_a_dml_only_role_takes_renews_releases_and_takes_over_the_table_sampler_lease(dsn, worker_role):
+def test_a_dml_only_role_takes_renews_releases_and_takes_over_the_table_sampler_lease(
+    dsn, worker_role
+):
     """The one-pod-at-a-time sampler role (migration 0006) needs nothing but the granted DML."""
     role, role_dsn = worker_role
     grant(dsn, role)
@@ -225,7 +296,9 @@ def test_a_dml_only_role_takes_renews_releases_and_takes_over_the_table_sampler_
         enqueue_payloads_sync(conn, "a", [{}] * 3)
 
     async def main():
-        stores = [JobStore(role_dsn, name, application_name="dispatcher-maint") for name in ("a", "b")]
+        stores = [
+            JobStore(role_dsn, name, application_name="dispatcher-maint") for name in ("a", "b")
+        ]
         a, b = (TableSampler(store, interval_s=0.2) for store in stores)  # lease: 0.6 s
         try:
             await a.tick()
@@ -239,7 +312,9 @@ def test_a_dml_only_role_takes_renews_releases_and_takes_over_the_table_sampler_
             assert (a.holding, b.holding) == (False, True)
             await a.tick()
             assert not a.holding
-            # b stops renewing (a dead pod): a takes over once the lease, on the database's clock, ran out.
+
+            # b stops renewing (a dead pod): a takes over once the lease, on the database's clock,
+            # ran out.
             async def a_holds():
                 await a.tick()
                 return a.holding

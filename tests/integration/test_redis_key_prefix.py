@@ -1,7 +1,8 @@
 """Two deployments on ONE Redis database, each with its own PostgreSQL database and the same
 queue name, kept apart by DISPATCHER_REDIS_KEY_PREFIX (issue 28): real `dispatcher run`
 processes, each fleet's group seen through its own keys. Without different prefixes they merge
-into one group, which the last step shows. Key names, validation: tests/unit/test_redis_key_prefix.py."""
+into one group, which the last step shows. Key names, validation:
+tests/unit/test_redis_key_prefix.py."""
 
 import uuid
 
@@ -40,8 +41,16 @@ def tag(redis_url):
 
 
 def options(redis_url, prefix):
-    return dict(coordinator="redis", redis_url=redis_url, redis_key_prefix=prefix, coordinator_lease_s=3,
-                coordinator_poll_s=0.5, poll_interval_s=0.2, flush_interval_s=0.02, steal="false")
+    return dict(
+        coordinator="redis",
+        redis_url=redis_url,
+        redis_key_prefix=prefix,
+        coordinator_lease_s=3,
+        coordinator_poll_s=0.5,
+        poll_interval_s=0.2,
+        flush_interval_s=0.02,
+        steal="false",
+    )
 
 
 def sampler(redis_url, prefix):
@@ -51,18 +60,36 @@ def sampler(redis_url, prefix):
 
 def test_two_fleets_on_one_redis_database_never_meet(dsn, other_dsn, redis_url, tag, tmp_path):
     a, b = f"fleet-a-{tag}", f"fleet-b-{tag}"
-    fleets = {a: (dsn, {f"a{i}-{tag}" for i in range(2)}), b: (other_dsn, {f"b{i}-{tag}" for i in range(3)})}
+    fleets = {
+        a: (dsn, {f"a{i}-{tag}" for i in range(2)}),
+        b: (other_dsn, {f"b{i}-{tag}" for i in range(3)}),
+    }
     workers = []
     with sampler(redis_url, a) as view_a, sampler(redis_url, b) as view_b:
         views = {a: view_a, b: view_b}
         try:
             for prefix, (db, ids) in fleets.items():
-                workers += [start_worker(db, tmp_path, log_path=tmp_path / f"{w}.out", worker_id=w, **options(redis_url, prefix))
-                            for w in sorted(ids)]
-            owners = {p: wait_until(lambda p=p: views[p].settled(fleets[p][1]), 60, f"{p}: its workers own all buckets")
-                      for p in fleets}
+                workers += [
+                    start_worker(
+                        db,
+                        tmp_path,
+                        log_path=tmp_path / f"{w}.out",
+                        worker_id=w,
+                        **options(redis_url, prefix),
+                    )
+                    for w in sorted(ids)
+                ]
+            owners = {
+                p: wait_until(
+                    lambda p=p: views[p].settled(fleets[p][1]),
+                    60,
+                    f"{p}: its workers own all buckets",
+                )
+                for p in fleets
+            }
             for p, (_, ids) in fleets.items():
-                assert len(owners[p]) == 64 and set(owners[p].values()) == ids  # 2 and 3 members: 32/32, 22/21/21
+                # 2 and 3 members: 32/32, 22/21/21
+                assert len(owners[p]) == 64 and set(owners[p].values()) == ids
 
             # Each fleet's keys hold its own workers only, and nothing of theirs is anywhere else.
             with redis.Redis.from_url(redis_url, decode_responses=True) as r:
@@ -71,28 +98,54 @@ def test_two_fleets_on_one_redis_database_never_meet(dsn, other_dsn, redis_url, 
                     assert set(r.zrange(f"{group}:members", 0, -1)) == ids
                     assert r.get(f"{group}:leader") in ids
                     assert set(r.scan_iter(match=f"{p}:*")) == {
-                        f"{group}:members", f"{group}:leader", f"{group}:buckets", *(f"{group}:member:{w}" for w in ids)}
+                        f"{group}:members",
+                        f"{group}:leader",
+                        f"{group}:buckets",
+                        *(f"{group}:member:{w}" for w in ids),
+                    }
                 ours = set(r.scan_iter(match=f"*{tag}*"))
-                assert all(k.startswith((f"{a}:", f"{b}:")) for k in ours), ours  # e.g. no dispatcher:default:...
+                # e.g. no dispatcher:default:...
+                assert all(k.startswith((f"{a}:", f"{b}:")) for k in ours), ours
 
             # Without stealing, each fleet completes a job in every bucket of its own database: its
             # group covers all 64 buckets there.
             for db in (dsn, other_dsn):
                 with psycopg.connect(db, autocommit=True) as conn:
-                    enqueue_many_sync(conn, [JobSpec("record", {}, bucket=bucket) for bucket in range(64)])
+                    enqueue_many_sync(
+                        conn, [JobSpec("record", {}, bucket=bucket) for bucket in range(64)]
+                    )
             for db in (dsn, other_dsn):
-                wait_until(lambda db=db: status_counts(db).get("completed", 0) == 64, 30, "every bucket's job done")
+                wait_until(
+                    lambda db=db: status_counts(db).get("completed", 0) == 64,
+                    30,
+                    "every bucket's job done",
+                )
 
             # Never, in any view read meanwhile, did a fleet see a member or leader of the other.
             for p, (_, ids) in fleets.items():
-                seen = {m for _, v in views[p].samples for m in (*v.members, v.leader) if m is not None}
+                seen = {
+                    m for _, v in views[p].samples for m in (*v.members, v.leader) if m is not None
+                }
                 assert seen <= ids, seen - ids
 
-            # The same prefix merges: a worker of fleet B's database given fleet A's prefix joins A's group.
+            # The same prefix merges: a worker of fleet B's database given fleet A's prefix joins
+            # A's group.
             stray = f"stray-{tag}"
-            workers.append(start_worker(other_dsn, tmp_path, log_path=tmp_path / "stray.out", worker_id=stray, **options(redis_url, a)))
-            wait_until(lambda: views[a].settled(fleets[a][1] | {stray}), 30, "the stray in fleet A's group")
+            workers.append(
+                start_worker(
+                    other_dsn,
+                    tmp_path,
+                    log_path=tmp_path / "stray.out",
+                    worker_id=stray,
+                    **options(redis_url, a),
+                )
+            )
+            wait_until(
+                lambda: views[a].settled(fleets[a][1] | {stray}), 30, "the stray in fleet A's group"
+            )
             assert views[b].settled(fleets[b][1]), "fleet B's group is unchanged"
         finally:
             codes = stop_workers(workers)
-    assert codes == [0] * len(workers), [log.read_text()[-2000:] for log in sorted(tmp_path.glob("*.out"))]
+    assert codes == [0] * len(workers), [
+        log.read_text()[-2000:] for log in sorted(tmp_path.glob("*.out"))
+    ]

@@ -32,14 +32,20 @@ RETENTIONS = {"completed": HOUR, "failed": 7 * DAY, "history": 7 * DAY}
 
 def add_history(dsn: str, n: int, age_s: float) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("""INSERT INTO dispatcher_job_attempts
+        conn.execute(
+            """INSERT INTO dispatcher_job_attempts
                         SELECT i, 1, 'w', now() - %(age)s * interval '1 s', now() - %(age)s * interval '1 s', 1.0,
                                'completed', NULL
-                          FROM generate_series(1, %(n)s) AS i""", {"age": age_s, "n": n})
+                          FROM generate_series(1, %(n)s) AS i""",
+            {"age": age_s, "n": n},
+        )
 
 
 def counts(dsn: str) -> dict[str, int]:
-    return {**status_counts(dsn), "history": fetchval(dsn, "SELECT count(*) FROM dispatcher_job_attempts")}
+    return {
+        **status_counts(dsn),
+        "history": fetchval(dsn, "SELECT count(*) FROM dispatcher_job_attempts"),
+    }
 
 
 def sample(name: str, kind: str) -> float | None:
@@ -57,17 +63,23 @@ def metrics_page(port: int) -> str:
         return ""  # not serving yet
 
 
-def pruner_on(dsn: str, retentions=RETENTIONS, batch: int = 1000, pod: str = "pruner-test") -> tuple[Pruner, JobStore]:
+def pruner_on(
+    dsn: str, retentions=RETENTIONS, batch: int = 1000, pod: str = "pruner-test"
+) -> tuple[Pruner, JobStore]:
     store = JobStore(dsn, pod)
-    return Pruner(store, RetentionSettings(interval_s=60, retentions_s=retentions, batch=batch)), store
+    return Pruner(
+        store, RetentionSettings(interval_s=60, retentions_s=retentions, batch=batch)
+    ), store
 
 
 def tick(pruner: Pruner, store: JobStore) -> float | None:
     async def once():
         try:
-            return await asyncio.wait_for(pruner.tick(), 30)  # never waits for a lock: would time out here
+            # never waits for a lock: would time out here
+            return await asyncio.wait_for(pruner.tick(), 30)
         finally:
             await store.close()
+
     return run_async(once())
 
 
@@ -84,12 +96,26 @@ def test_each_kind_is_pruned_past_its_retention_and_not_before_and_live_jobs_nev
     pruner, store = pruner_on(dsn)
     assert tick(pruner, store) is None  # caught up: the next round an interval later
     assert pruner.last_round.deleted == {"completed": 3, "failed": 6, "history": 4}
-    assert counts(dsn) == {"completed": 2, "failed": 1, "discarded": 1, "cancelled": 1, "queued": 2, "running": 1,
-                           "history": 1}
-    assert {kind: pruned(kind) - before[kind] for kind in RETENTIONS} == {"completed": 3, "failed": 6, "history": 4}
+    assert counts(dsn) == {
+        "completed": 2,
+        "failed": 1,
+        "discarded": 1,
+        "cancelled": 1,
+        "queued": 2,
+        "running": 1,
+        "history": 1,
+    }
+    assert {kind: pruned(kind) - before[kind] for kind in RETENTIONS} == {
+        "completed": 3,
+        "failed": 6,
+        "history": 4,
+    }
     assert all(sample("dispatcher_janitor_lag_seconds", kind) == 0.0 for kind in RETENTIONS)
-    still = fetchall(dsn, "SELECT id FROM dispatcher_jobs WHERE status IN ('completed', 'queued', 'running') "
-                          "ORDER BY id")
+    still = fetchall(
+        dsn,
+        "SELECT id FROM dispatcher_jobs WHERE status IN ('completed', 'queued', 'running') "
+        "ORDER BY id",
+    )
     assert [r[0] for r in still] == sorted(young_completed + live)
 
 
@@ -101,7 +127,8 @@ def test_a_backlog_goes_in_batches_and_the_lag_shows_until_it_is_caught_up(dsn):
     assert pruner.last_round.deleted["completed"] == 2000 and pruner.last_round.more
     assert again_s is not None and again_s < 1.0, "more is waiting: the next round comes soon"
     lag = sample("dispatcher_janitor_lag_seconds", "completed")
-    assert 2 * HOUR - 60 < lag < 2 * HOUR + 60, lag  # the oldest row left is 3 h old, kept 1 h: 2 h late
+    # the oldest row left is 3 h old, kept 1 h: 2 h late
+    assert 2 * HOUR - 60 < lag < 2 * HOUR + 60, lag
     assert tick(pruner, store) is None
     assert pruner.last_round.deleted["completed"] == 500 and not pruner.last_round.more
     assert sample("dispatcher_janitor_lag_seconds", "completed") == 0.0
@@ -114,10 +141,13 @@ def test_a_round_is_skipped_while_another_pod_holds_the_pruners_lock(dsn):
     add(dsn, 3, status="completed", age_s=2 * HOUR)
     pruner, store = pruner_on(dsn)
     with psycopg.connect(dsn) as other_pod:
-        assert other_pod.execute(query("prune_try_lock")).fetchone() == (True,)  # its round is running
+        # its round is running
+        assert other_pod.execute(query("prune_try_lock")).fetchone() == (True,)
         assert tick(pruner, store) is None
         assert (pruner.skipped, pruner.rounds) == (1, 0) and status_counts(dsn) == {"completed": 3}
-        assert sample("dispatcher_janitor_lag_seconds", "completed") is None, "the pruning pod exports the lag"
+        assert sample("dispatcher_janitor_lag_seconds", "completed") is None, (
+            "the pruning pod exports the lag"
+        )
         other_pod.rollback()  # its round is over
     tick(pruner, store)
     assert (pruner.skipped, pruner.rounds) == (1, 1) and status_counts(dsn) == {}
@@ -146,6 +176,7 @@ def test_only_the_pod_holding_the_janitor_lease_prunes_until_it_gives_the_lease_
             await first.release()
         finally:
             await first_store.close()
+
     run_async(release())
     add(dsn, 1, status="completed", age_s=2 * HOUR)
     tick(second, second_store)
@@ -171,17 +202,33 @@ def test_a_worker_prunes_completed_jobs_and_exports_what_it_pruned(dsn, tmp_path
     port = free_port()
     add(dsn, 20, status="failed", age_s=8 * DAY)  # past the default 7 days
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'record', i % 64 "
-                     "FROM generate_series(1, 30) AS i")
-    worker = start_worker(dsn, tmp_path, log_path=tmp_path / "w.out", metrics_port=port, poll_interval_s=0.2,
-                          completed_retention_s=1, prune_interval_s=0.5, history=True)
+        conn.execute(
+            "INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'record', i % 64 "
+            "FROM generate_series(1, 30) AS i"
+        )
+    worker = start_worker(
+        dsn,
+        tmp_path,
+        log_path=tmp_path / "w.out",
+        metrics_port=port,
+        poll_interval_s=0.2,
+        completed_retention_s=1,
+        prune_interval_s=0.5,
+        history=True,
+    )
     try:
-        wait_until(lambda: fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 0, 60,
-                   "the 30 jobs ran and were pruned a second later, and the 20 old failures too")
+        wait_until(
+            lambda: fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 0,
+            60,
+            "the 30 jobs ran and were pruned a second later, and the 20 old failures too",
+        )
 
         pruned_30 = 'dispatcher_jobs_pruned_total{kind="completed"} 30.0'
-        text = wait_until(lambda: (t := metrics_page(port)) and pruned_30 in t and t, 10,
-                          "the metrics show 30 completed jobs pruned")
+        text = wait_until(
+            lambda: (t := metrics_page(port)) and pruned_30 in t and t,
+            10,
+            "the metrics show 30 completed jobs pruned",
+        )
         assert 'dispatcher_jobs_pruned_total{kind="failed"} 20.0' in text
         assert 'dispatcher_janitor_lag_seconds{kind="history"}' in text
     finally:

@@ -28,20 +28,38 @@ LOOKAHEAD_S = Scheduler.LOOKAHEAD_S
 
 def round_once(dsn: str, declared, *, queue: str = "default", gone: str = "gone", stores: int = 1):
     """`stores` rounds of the queue at once, each on its own connection; their results."""
+
     async def go():
         opened = [JobStore(dsn, f"w{i}") for i in range(stores)]
         try:
-            return await asyncio.gather(*(schedule_round(s, queue, declared, gone=gone, lookahead_s=LOOKAHEAD_S,
-                                                         late_s=Scheduler.LATE_S, keep_runs=1000) for s in opened))
+            return await asyncio.gather(
+                *(
+                    schedule_round(
+                        s,
+                        queue,
+                        declared,
+                        gone=gone,
+                        lookahead_s=LOOKAHEAD_S,
+                        late_s=Scheduler.LATE_S,
+                        keep_runs=1000,
+                    )
+                    for s in opened
+                )
+            )
         finally:
             for s in opened:
                 await s.close()
+
     return run_async(go())
 
 
 def slots(dsn: str, name: str) -> list[datetime]:
-    rows = fetchall(dsn, "SELECT r.slot_at, j.scheduled_for, j.run_at FROM dispatcher_schedule_runs r "
-                         "JOIN dispatcher_jobs j ON j.id = r.job_id WHERE r.schedule_name = %s ORDER BY 1", (name,))
+    rows = fetchall(
+        dsn,
+        "SELECT r.slot_at, j.scheduled_for, j.run_at FROM dispatcher_schedule_runs r "
+        "JOIN dispatcher_jobs j ON j.id = r.job_id WHERE r.schedule_name = %s ORDER BY 1",
+        (name,),
+    )
     assert all(slot == scheduled == run_at for slot, scheduled, run_at in rows), rows
     return [r[0] for r in rows]
 
@@ -57,13 +75,25 @@ def test_rounds_enqueue_ahead_and_each_slot_gets_one_job_however_many_race(dsn):
         round_once(dsn, [beat], stores=3)
     enqueued = slots(dsn, "beat")
     horizon = db_now(dsn) + timedelta(seconds=LOOKAHEAD_S)
-    assert enqueued and all(s.timestamp() % 2 == 0 and before < s <= horizon for s in enqueued), enqueued
+    assert enqueued and all(s.timestamp() % 2 == 0 and before < s <= horizon for s in enqueued), (
+        enqueued
+    )
     assert enqueued == sorted(set(enqueued)) and len(enqueued) >= LOOKAHEAD_S / 2 - 1
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == len(enqueued)
     assert fetchval(dsn, "SELECT payload FROM dispatcher_jobs LIMIT 1") == {"n": 1}
     # The database refuses a second job for a slot, whoever asks: no row back, nothing inserted.
-    params = {"name": "beat", "slot_at": enqueued[0], "queue": "default", "job_type": "tick", "payload": "{}",
-              "priority": 0, "bucket": 0, "max_attempts": None, "channel": NOTIFY_CHANNEL, "notify": "default"}
+    params = {
+        "name": "beat",
+        "slot_at": enqueued[0],
+        "queue": "default",
+        "job_type": "tick",
+        "payload": "{}",
+        "priority": 0,
+        "bucket": 0,
+        "max_attempts": None,
+        "channel": NOTIFY_CHANNEL,
+        "notify": "default",
+    }
     assert fetchall(dsn, query("schedule_enqueue_slot"), params) == []
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == len(enqueued)
 
@@ -96,28 +126,49 @@ def test_runs_record_how_their_jobs_ended_and_the_last_success(dsn):
     beat = declare_schedule("beat", every_s=1, job_type="tick")
     round_once(dsn, [beat])
     first, second, third = slots(dsn, "beat")[:3]
-    ids = {s: fetchval(dsn, "SELECT id FROM dispatcher_jobs WHERE scheduled_for = %s", (s,))
-           for s in (first, second, third)}
-    fetchall(dsn, "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() WHERE id = %s RETURNING id",
-             (ids[first],))
-    fetchall(dsn, "UPDATE dispatcher_jobs SET status = 'failed', updated_at = now() WHERE id = %s RETURNING id",
-             (ids[second],))
+    ids = {
+        s: fetchval(dsn, "SELECT id FROM dispatcher_jobs WHERE scheduled_for = %s", (s,))
+        for s in (first, second, third)
+    }
+    fetchall(
+        dsn,
+        "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() WHERE id = %s RETURNING id",
+        (ids[first],),
+    )
+    fetchall(
+        dsn,
+        "UPDATE dispatcher_jobs SET status = 'failed', updated_at = now() WHERE id = %s RETURNING id",
+        (ids[second],),
+    )
     fetchall(dsn, "DELETE FROM dispatcher_jobs WHERE id = %s RETURNING id", (ids[third],))
     (done,) = round_once(dsn, [beat])
-    outcomes = dict(fetchall(dsn, "SELECT slot_at, outcome FROM dispatcher_schedule_runs WHERE outcome IS NOT NULL"))
+    outcomes = dict(
+        fetchall(
+            dsn, "SELECT slot_at, outcome FROM dispatcher_schedule_runs WHERE outcome IS NOT NULL"
+        )
+    )
     assert outcomes == {first: "completed", second: "failed", third: "gone"}
     success = fetchval(dsn, "SELECT last_success_at FROM dispatcher_schedules WHERE name = 'beat'")
     assert success is not None and done.last_success["beat"] == success.timestamp()
-    # Under DISPATCHER_COMPLETED_JOBS=delete a success deletes its row: a run whose job is gone completed.
+    # Under DISPATCHER_COMPLETED_JOBS=delete a success deletes its row: a run whose job is gone
+    # completed.
     later = slots(dsn, "beat")[4]
     fetchall(dsn, "DELETE FROM dispatcher_jobs WHERE scheduled_for = %s RETURNING id", (later,))
     round_once(dsn, [beat], gone="completed")
-    assert fetchval(dsn, "SELECT outcome FROM dispatcher_schedule_runs WHERE slot_at = %s", (later,)) == "completed"
+    assert (
+        fetchval(dsn, "SELECT outcome FROM dispatcher_schedule_runs WHERE slot_at = %s", (later,))
+        == "completed"
+    )
 
 
 def test_schedules_list_on_the_command_line(dsn):
-    round_once(dsn, [declare_schedule("nightly", "0 3 * * *", job_type="report", tz="Europe/Paris"),
-                     declare_schedule("beat", every_s=30, job_type="tick", catch_up="none")])
+    round_once(
+        dsn,
+        [
+            declare_schedule("nightly", "0 3 * * *", job_type="report", tz="Europe/Paris"),
+            declare_schedule("beat", every_s=30, job_type="tick", catch_up="none"),
+        ],
+    )
     table = cli("schedules", "list", "--dsn", dsn)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
@@ -126,10 +177,16 @@ def test_schedules_list_on_the_command_line(dsn):
     listed = orjson.loads(cli("schedules", "list", "--json", "--dsn", dsn).stdout)
     assert [s["name"] for s in listed] == ["beat", "nightly"]
     nightly = listed[1]
-    assert nightly["cadence"] == "0 3 * * *" and nightly["catch_up"] == "latest" and nightly["last_outcome"] is None
+    assert (
+        nightly["cadence"] == "0 3 * * *"
+        and nightly["catch_up"] == "latest"
+        and nightly["last_outcome"] is None
+    )
     next_slot = datetime.fromisoformat(nightly["next_slot_at"]).astimezone(UTC)
     assert next_slot.minute == 0 and next_slot.hour in (1, 2)  # 03:00 in Paris: CET or CEST
-    assert cli("schedules", "list", "--queue", "elsewhere", "--dsn", dsn).stdout.startswith("no schedules")
+    assert cli("schedules", "list", "--queue", "elsewhere", "--dsn", dsn).stdout.startswith(
+        "no schedules"
+    )
 
 
 @pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
@@ -145,22 +202,33 @@ def test_a_worker_runs_each_slot_with_its_slot(dsn, mode):
     config = Config(dsn=dsn, mode=mode, poll_interval_s=0.2, flush_interval_s=0.02)
     worker = Worker(config, registry)
     run_async(run_worker_until(worker, lambda: len(seen) >= 3, 30, "three slots run"))
-    assert all(at is not None and at.tzinfo is not None and at.microsecond == 0 for _, at, _ in seen), seen
+    assert all(
+        at is not None and at.tzinfo is not None and at.microsecond == 0 for _, at, _ in seen
+    ), seen
     assert len({at for _, at, _ in seen}) == len(seen)
     for job_id, at, _started in seen:
-        assert fetchval(dsn, "SELECT scheduled_for FROM dispatcher_jobs WHERE id = %s", (job_id,)) == at
+        assert (
+            fetchval(dsn, "SELECT scheduled_for FROM dispatcher_jobs WHERE id = %s", (job_id,))
+            == at
+        )
 
 
 def test_a_worker_with_a_bad_schedule_refuses_to_start_naming_it(dsn, tmp_path):
     (tmp_path / "bad_cron_app.py").write_text(
         "from dispatcher import Registry\nregistry = Registry()\n"
-        "registry.schedule('nightly', '0 25 * * *', job_type='report')\n")
+        "registry.schedule('nightly', '0 25 * * *', job_type='report')\n"
+    )
     (tmp_path / "orphan_app.py").write_text(
         "from dispatcher import Registry\nregistry = Registry()\n"
-        "registry.schedule('nightly', '0 3 * * *', job_type='report')\n")
+        "registry.schedule('nightly', '0 3 * * *', job_type='report')\n"
+    )
     env = {"PYTHONPATH": str(tmp_path)}
-    line = one_line_error(cli("run", "--app", "bad_cron_app:registry", "--dsn", dsn, env=env), 2, "--app")
+    line = one_line_error(
+        cli("run", "--app", "bad_cron_app:registry", "--dsn", dsn, env=env), 2, "--app"
+    )
     assert "schedule 'nightly': bad cron expression '0 25 * * *'" in line
-    line = one_line_error(cli("run", "--app", "orphan_app:registry", "--dsn", dsn, env=env), 2, "--app")
+    line = one_line_error(
+        cli("run", "--app", "orphan_app:registry", "--dsn", dsn, env=env), 2, "--app"
+    )
     assert "schedule 'nightly': job_type 'report' has no handler" in line
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 0

@@ -22,7 +22,9 @@ def ready(dsn: str, *, wait_for_schema: bool = False, stop_after_s: float | None
         stopping = asyncio.Event()
         if stop_after_s is not None:
             asyncio.get_running_loop().call_later(stop_after_s, stopping.set)
-        return await wait_until_ready(dsn, LIMITS, wait_for_schema=wait_for_schema, stopping=stopping)
+        return await wait_until_ready(
+            dsn, LIMITS, wait_for_schema=wait_for_schema, stopping=stopping
+        )
 
     return run_async(main())
 
@@ -34,23 +36,33 @@ def test_a_current_schema_is_ready(dsn):
 
 
 def test_no_schema_is_fatal_and_names_the_command(empty_dsn):
-    with pytest.raises(StartupError, match=r"no dispatcher schema in .*: run `dispatcher migrate` first"):
+    with pytest.raises(
+        StartupError, match=r"no dispatcher schema in .*: run `dispatcher migrate` first"
+    ):
         ready(empty_dsn)
 
 
 def test_an_older_schema_is_fatal_and_names_the_missing_migrations(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM dispatcher_schema_version WHERE version = "
-                     "(SELECT max(version) FROM dispatcher_schema_version)")
-    with pytest.raises(StartupError, match=r"schema is older than this worker \(migrations \[\d+\] not applied\)"):
+        conn.execute(
+            "DELETE FROM dispatcher_schema_version WHERE version = "
+            "(SELECT max(version) FROM dispatcher_schema_version)"
+        )
+    with pytest.raises(
+        StartupError, match=r"schema is older than this worker \(migrations \[\d+\] not applied\)"
+    ):
         ready(dsn)
 
 
 def test_wait_for_schema_waits_for_the_migration_then_starts(empty_dsn, caplog):
     async def main():
         stopping = asyncio.Event()
-        waiting = asyncio.create_task(wait_until_ready(empty_dsn, LIMITS, wait_for_schema=True, stopping=stopping))
-        await wait_until_async(lambda: "waiting for `dispatcher migrate`" in caplog.text, 10, "the wait is logged")
+        waiting = asyncio.create_task(
+            wait_until_ready(empty_dsn, LIMITS, wait_for_schema=True, stopping=stopping)
+        )
+        await wait_until_async(
+            lambda: "waiting for `dispatcher migrate`" in caplog.text, 10, "the wait is logged"
+        )
         assert not waiting.done()
         await asyncio.to_thread(migrate, empty_dsn)
         return await asyncio.wait_for(waiting, 15)
@@ -64,7 +76,10 @@ def test_a_login_the_server_refuses_is_fatal_in_one_line_without_the_password(ds
     with pytest.raises(StartupError) as info:
         ready(bad)
     message = str(info.value)
-    assert message.startswith("cannot log in to no_such_role@") and 'role "no_such_role" does not exist' in message
+    assert (
+        message.startswith("cannot log in to no_such_role@")
+        and 'role "no_such_role" does not exist' in message
+    )
     assert "\n" not in message and "s3cret" not in message
 
 
@@ -94,13 +109,17 @@ def test_an_unreachable_server_that_comes_up_is_joined(dsn):
                 client, _ = listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection((info.get("host") or "127.0.0.1", int(info.get("port") or 5432)))
+            upstream = socket.create_connection(
+                (info.get("host") or "127.0.0.1", int(info.get("port") or 5432))
+            )
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
     async def main():
         stopping = asyncio.Event()
-        waiting = asyncio.create_task(wait_until_ready(via, LIMITS, wait_for_schema=False, stopping=stopping))
+        waiting = asyncio.create_task(
+            wait_until_ready(via, LIMITS, wait_for_schema=False, stopping=stopping)
+        )
         await asyncio.sleep(1.0)  # refused meanwhile (nothing listens on the port yet)
         assert not waiting.done()
         threading.Thread(target=forward_later, daemon=True).start()
@@ -131,6 +150,8 @@ def test_a_listen_dsn_the_server_refuses_is_fatal_and_named(dsn):
     with pytest.raises(StartupError) as info:
         run_async(check_listen(bad, LIMITS))
     message = str(info.value)
-    assert "(DISPATCHER_LISTEN_DSN)" in message and 'role "no_such_listener" does not exist' in message
+    assert (
+        "(DISPATCHER_LISTEN_DSN)" in message and 'role "no_such_listener" does not exist' in message
+    )
     assert "s3cret" not in message
     run_async(check_listen(dsn, LIMITS))  # a good one passes

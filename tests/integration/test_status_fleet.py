@@ -14,8 +14,10 @@ from tests.integration.test_cli_errors import cli
 
 
 def test_status_shows_the_workers_the_leader_and_who_owns_which_bucket(dsn):
-    worker = Worker(Config(dsn=dsn, worker_id="status-w1", poll_interval_s=0.2, coordinator_poll_s=0.2),
-                    Registry())
+    worker = Worker(
+        Config(dsn=dsn, worker_id="status-w1", poll_interval_s=0.2, coordinator_poll_s=0.2),
+        Registry(),
+    )
 
     def owns_everything():
         group = read_status(dsn)["workers"].get("default")
@@ -43,8 +45,10 @@ def test_status_shows_the_workers_the_leader_and_who_owns_which_bucket(dsn):
     assert [m["id"] for m in listed["members"]] == ["status-w1"] and listed["leader"] == "status-w1"
     text = seen["text"].stdout
     assert "workers of group default: 1 live, leader status-w1" in text, text
-    assert any(line.split()[:2] == ["status-w1", "(leader)"] and line.endswith("0-63 (64)")
-               for line in text.splitlines()), text
+    assert any(
+        line.split()[:2] == ["status-w1", "(leader)"] and line.endswith("0-63 (64)")
+        for line in text.splitlines()
+    ), text
     # Once it stopped (it left its group), no live member remains.
     after = read_status(dsn)["workers"]
     assert not [m for g in after.values() for m in g["members"]], after

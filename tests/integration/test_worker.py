@@ -25,6 +25,7 @@ def finished(dsn, expected):
     def check():
         counts = status_counts(dsn)
         return sum(counts.get(s, 0) for s in ("completed", "failed", "discarded")) >= expected
+
     return check
 
 
@@ -44,7 +45,13 @@ def test_worker_drains_every_job_once(dsn, mode):
     run_async(run_worker_until(worker, finished(dsn, 3000), 60, "3000 jobs finished"))
     assert len(seen) == len(set(seen)) == 3000
     assert status_counts(dsn) == {"completed": 3000}
-    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1 OR lock_token IS NOT NULL") == 0
+    assert (
+        fetchval(
+            dsn,
+            "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1 OR lock_token IS NOT NULL",
+        )
+        == 0
+    )
 
 
 def test_a_partitioned_worker_claims_before_its_coordinator_has_joined(dsn):
@@ -62,12 +69,25 @@ def test_a_partitioned_worker_claims_before_its_coordinator_has_joined(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE dispatcher_bucket_owners RENAME TO dispatcher_bucket_owners_away")
         try:
-            worker = Worker(config(dsn, mode="partitioned", coordinator="postgres", coordinator_lease_s=60,
-                                   steal=False), registry)
-            run_async(run_worker_until(worker, finished(dsn, 500), 30, "500 jobs finished while joining"))
-            assert [a.view for a in worker.assignments.values()] == [None]  # never joined: all claimed while joining
+            worker = Worker(
+                config(
+                    dsn,
+                    mode="partitioned",
+                    coordinator="postgres",
+                    coordinator_lease_s=60,
+                    steal=False,
+                ),
+                registry,
+            )
+            run_async(
+                run_worker_until(worker, finished(dsn, 500), 30, "500 jobs finished while joining")
+            )
+            # never joined: all claimed while joining
+            assert [a.view for a in worker.assignments.values()] == [None]
         finally:
-            conn.execute("ALTER TABLE dispatcher_bucket_owners_away RENAME TO dispatcher_bucket_owners")
+            conn.execute(
+                "ALTER TABLE dispatcher_bucket_owners_away RENAME TO dispatcher_bucket_owners"
+            )
     assert status_counts(dsn) == {"completed": 500}
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE attempts <> 1") == 0
 
@@ -86,14 +106,18 @@ def test_retries_land_in_the_future_with_growing_delay_then_fail(dsn):
     worker = Worker(config(dsn, retry_base_s=base_s, retry_cap_s=10), registry)
     run_async(run_worker_until(worker, finished(dsn, jobs), 60, "every job failed for good"))
 
-    retries = fetchall(dsn, "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log")
+    retries = fetchall(
+        dsn, "SELECT attempts, extract(epoch FROM run_at - written_at)::float8 FROM retry_log"
+    )
     assert len(retries) == jobs * (max_attempts - 1)  # attempts 1..3 retried, attempt 4 is final
     assert all(delay > 0 for _, delay in retries), "a retry was not scheduled in the future"
     for attempt, delay in retries:
         assert delay <= retry_bound_s(attempt, base_s, 10) + 0.01
     means = [statistics.mean(d for a, d in retries if a == k) for k in range(1, max_attempts)]
     assert means == sorted(means) and means[-1] > 2 * means[0], means  # the delay grows
-    rows = fetchall(dsn, "SELECT status, attempts, last_error, failed_at IS NOT NULL FROM dispatcher_jobs")
+    rows = fetchall(
+        dsn, "SELECT status, attempts, last_error, failed_at IS NOT NULL FROM dispatcher_jobs"
+    )
     assert {(s, a, f) for s, a, _, f in rows} == {("failed", max_attempts, True)}
     assert all("ValueError: boom on attempt 4" in err for _, _, err, _ in rows)
     assert all(len(err) <= 2000 for _, _, err, _ in rows)
@@ -157,7 +181,9 @@ def test_heartbeats_keep_a_long_job_leased(dsn):
         await asyncio.sleep(2.5)
 
     enqueue(dsn, "long", 3)
-    worker = Worker(config(dsn, lease_s=1, heartbeat_interval_s=0.25, reaper_interval_s=0.1), registry)
+    worker = Worker(
+        config(dsn, lease_s=1, heartbeat_interval_s=0.25, reaper_interval_s=0.1), registry
+    )
     run_async(run_worker_until(worker, finished(dsn, 3), 30, "long jobs completed"))
     assert status_counts(dsn) == {"completed": 3}
     assert len(runs) == 3 and worker.stats.reaped == 0 and worker.stats.leases_lost == 0
@@ -194,17 +220,23 @@ def test_history_records_one_row_per_attempt_when_enabled(dsn):
     enqueue(dsn, "flaky_once", 10)
     worker = Worker(config(dsn, history=True, retry_base_s=0.01, retry_cap_s=0.02), registry)
     run_async(run_worker_until(worker, finished(dsn, 10), 30, "jobs completed on retry"))
-    rows = fetchall(dsn, "SELECT attempt, outcome, count(*) FROM dispatcher_job_attempts GROUP BY 1, 2 ORDER BY 1")
+    rows = fetchall(
+        dsn,
+        "SELECT attempt, outcome, count(*) FROM dispatcher_job_attempts GROUP BY 1, 2 ORDER BY 1",
+    )
     assert rows == [(1, "retried", 10), (2, "completed", 10)]
 
 
 def _hold(dsn, job_id, *, attempts, lease_s, max_attempts=3):
     """Mark a job running under a (possibly already expired) lease of a worker that is gone."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("""UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s, max_attempts_given = true,
+        conn.execute(
+            """UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s, max_attempts_given = true,
                                locked_by = 'gone-pod', locked_at = now() - interval '10 s',
                                lock_token = gen_random_uuid(), lease_expires_at = now() + %s * interval '1 s'
-                         WHERE id = %s""", (attempts, max_attempts, lease_s, job_id))
+                         WHERE id = %s""",
+            (attempts, max_attempts, lease_s, job_id),
+        )
 
 
 def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
@@ -223,22 +255,37 @@ def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
     async def main():
         store = JobStore(dsn, "reaper-test")
         try:
-            settings = MaintenanceSettings(reaper_interval_s=1, history=True, table_sample_interval_s=15)
-            reaper = Reaper(store, RetryPolicy(30.0, 60.0), settings, on_reaped=lambda: woken.append(1))
+            settings = MaintenanceSettings(
+                reaper_interval_s=1, history=True, table_sample_interval_s=15
+            )
+            reaper = Reaper(
+                store, RetryPolicy(30.0, 60.0), settings, on_reaped=lambda: woken.append(1)
+            )
             await reaper.tick()
             return reaper.reaped
         finally:
             await store.close()
 
     assert run_async(main()) == 2 and woken == [1]
-    rows = {r[0]: r[1:] for r in fetchall(dsn, """
+    rows = {
+        r[0]: r[1:]
+        for r in fetchall(
+            dsn,
+            """
         SELECT id, status, attempts, lease_expiries, run_at > now(), failed_at IS NOT NULL, lock_token IS NULL, last_error
-          FROM dispatcher_jobs""")}
+          FROM dispatcher_jobs""",
+        )
+    }
     assert rows[a][:6] == ("queued", 1, 1, True, False, True)
-    assert rows[a][6].startswith("lease expired once: its worker died or stalled (last held by gone-pod")
+    assert rows[a][6].startswith(
+        "lease expired once: its worker died or stalled (last held by gone-pod"
+    )
     assert rows[b][:6] == ("failed", 3, 1, False, True, True)
     assert rows[c][:3] == ("running", 1, 0)
-    history = fetchall(dsn, "SELECT job_id, attempt, worker, outcome, duration_ms > 9000 FROM dispatcher_job_attempts ORDER BY job_id")
+    history = fetchall(
+        dsn,
+        "SELECT job_id, attempt, worker, outcome, duration_ms > 9000 FROM dispatcher_job_attempts ORDER BY job_id",
+    )
     assert history == [(a, 1, "gone-pod", "retried", True), (b, 3, "gone-pod", "failed", True)]
 
 
@@ -262,13 +309,25 @@ def test_a_reap_loses_to_a_heartbeat_or_a_new_claim_that_landed_first(dsn):
         try:
             expired = await store.jobs_lease_expired()
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() + interval '30 s' WHERE id = %s", (extended,))
-                conn.execute("UPDATE dispatcher_jobs SET lock_token = gen_random_uuid() WHERE id = %s", (retaken,))
-            failures = [Failure(e.id, e.token, policy.decide(FailureKind.LEASE_EXPIRED, 1, 3, "x")) for e in expired]
+                conn.execute(
+                    "UPDATE dispatcher_jobs SET lease_expires_at = now() + interval '30 s' WHERE id = %s",
+                    (extended,),
+                )
+                conn.execute(
+                    "UPDATE dispatcher_jobs SET lock_token = gen_random_uuid() WHERE id = %s",
+                    (retaken,),
+                )
+            failures = [
+                Failure(e.id, e.token, policy.decide(FailureKind.LEASE_EXPIRED, 1, 3, "x"))
+                for e in expired
+            ]
             return [w.id for w in await store.jobs_fail_owned(failures, lease_expired=True)]
         finally:
             await store.close()
 
     assert run_async(main()) == [reaped]
     assert dict(fetchall(dsn, "SELECT id, status FROM dispatcher_jobs")) == {
-        extended: "running", retaken: "running", reaped: "queued"}
+        extended: "running",
+        retaken: "running",
+        reaped: "queued",
+    }

@@ -48,7 +48,9 @@ def min_moves(members: Sequence[str], current: Mapping[int, str | None], num_buc
     return num_buckets - keepable
 
 
-def check(members: Sequence[str], current: Mapping[int, str | None], new: dict[int, str], num_buckets: int) -> None:
+def check(
+    members: Sequence[str], current: Mapping[int, str | None], new: dict[int, str], num_buckets: int
+) -> None:
     """Every property a single call must have (1, 2, 6, 7 and minimal movement)."""
     live = sorted(set(members))
     if not live:
@@ -76,7 +78,9 @@ def check(members: Sequence[str], current: Mapping[int, str | None], new: dict[i
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, names: st.SearchStrategy[str] = short_names) -> tuple[list[str], dict[int, str | None], int]:
+def scenarios(
+    draw: st.DrawFn, names: st.SearchStrategy[str] = short_names
+) -> tuple[list[str], dict[int, str | None], int]:
     """(members with duplicates, any current state incl. None/dead/out-of-range, num_buckets)."""
     num_buckets = draw(bucket_counts)
     size = draw(st.integers(0, MAX_MEMBERS + 10))  # drawn first: a plain list would stay short
@@ -87,9 +91,13 @@ def scenarios(draw: st.DrawFn, names: st.SearchStrategy[str] = short_names) -> t
     pool = members[: draw(st.integers(1, max(1, len(members))))] + dead
     owners = st.sampled_from([None, *pool])
     if draw(st.booleans()):  # dense: an owner (or None) for every bucket, as a real view has
-        current = dict(enumerate(draw(st.lists(owners, min_size=num_buckets, max_size=num_buckets))))
+        current = dict(
+            enumerate(draw(st.lists(owners, min_size=num_buckets, max_size=num_buckets)))
+        )
     else:  # sparse, with keys outside [0, num_buckets) that must be ignored
-        current = draw(st.dictionaries(st.integers(-3, num_buckets + 3), owners, max_size=num_buckets + 6))
+        current = draw(
+            st.dictionaries(st.integers(-3, num_buckets + 3), owners, max_size=num_buckets + 6)
+        )
     return members, current, num_buckets
 
 
@@ -102,7 +110,9 @@ def test_single_call_properties(scenario: tuple[list[str], dict[int, str | None]
 
 @settings(max_examples=50, deadline=None)
 @given(scenarios(any_names), st.data())
-def test_deterministic_under_permutation_duplication_and_dict_order(scenario, data: st.DataObject) -> None:
+def test_deterministic_under_permutation_duplication_and_dict_order(
+    scenario, data: st.DataObject
+) -> None:
     # 5. the same input in any other shape gives the same output.
     members, current, num_buckets = scenario
     expected = assign(members, current, num_buckets)
@@ -140,7 +150,9 @@ def test_leave_or_death_moves_only_the_leavers_buckets(scenario, data: st.DataOb
     if len(live) < 2:
         return
     before = assign(members, current, num_buckets)
-    gone = set(data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live) - 1, unique=True)))
+    gone = set(
+        data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live) - 1, unique=True))
+    )
     rest = [m for m in members if m not in gone]
     after = assign(rest, before, num_buckets)  # `before` still names the departed: as after a death
     check(rest, before, after, num_buckets)
@@ -163,7 +175,9 @@ def balanced(draw: st.DrawFn) -> tuple[list[str], dict[int, str], int]:
 
 @FAST
 @given(balanced(), short_names, st.data())
-def test_any_balanced_assignment_is_a_fixed_point_and_sticky(scenario, newcomer: str, data: st.DataObject) -> None:
+def test_any_balanced_assignment_is_a_fixed_point_and_sticky(
+    scenario, newcomer: str, data: st.DataObject
+) -> None:
     # 6 for any balanced, complete input; 3 and 4 starting from it.
     members, current, num_buckets = scenario
     assert assign(members, current, num_buckets) == current
@@ -183,7 +197,9 @@ leaves = st.tuples(st.just("leave"), st.integers(0, 10_000))
 
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, MAX_MEMBERS), st.lists(st.one_of(joins, leaves), max_size=40), bucket_counts)
-def test_join_leave_sequences(start_size: int, ops: list[tuple[str, str | int]], num_buckets: int) -> None:
+def test_join_leave_sequences(
+    start_size: int, ops: list[tuple[str, str | int]], num_buckets: int
+) -> None:
     """Start with start_size members (0..100), apply joins/leaves one by one, check each step."""
     members = [f"w{i:03d}" for i in range(start_size)]
     state = assign(members, {}, num_buckets)
@@ -220,17 +236,25 @@ def test_fresh_start_gives_contiguous_equal_ranges() -> None:
 def test_three_to_four_members_moves_sixteen_buckets() -> None:
     three = assign(["a", "b", "c"], {})
     four = assign(["a", "b", "c", "d"], three)
-    assert moves(three, four) == 16 and Counter(four.values()) == {"a": 16, "b": 16, "c": 16, "d": 16}
+    assert moves(three, four) == 16 and Counter(four.values()) == {
+        "a": 16,
+        "b": 16,
+        "c": 16,
+        "d": 16,
+    }
 
 
 def test_the_bigger_quotas_go_to_the_biggest_holders() -> None:
     # 10 buckets over 3 members: quotas 4, 3, 3. "c" holds 4 now, so "c" keeps the 4 (not "a").
-    current = {b: "c" for b in range(4)} | {b: "a" for b in range(4, 7)} | {b: "b" for b in range(7, 10)}
+    current = (
+        {b: "c" for b in range(4)} | {b: "a" for b in range(4, 7)} | {b: "b" for b in range(7, 10)}
+    )
     assert assign(["a", "b", "c"], current, 10) == current
 
 
 def test_dead_and_unowned_buckets_go_to_the_live_members() -> None:
-    current = {0: "dead", 1: None, 2: "a", 3: "a", 4: "a", -1: "b"}  # 4 and -1 are out of range: ignored
+    # 4 and -1 are out of range: ignored
+    current = {0: "dead", 1: None, 2: "a", 3: "a", 4: "a", -1: "b"}
     assert assign(["a", "b"], current, 4) == {0: "b", 1: "b", 2: "a", 3: "a"}
 
 
@@ -258,33 +282,44 @@ def test_bad_arguments_are_refused() -> None:
 
 
 def test_moves_counts_changed_gained_and_lost_owners() -> None:
-    assert moves({0: "a", 1: "a", 2: None}, {0: "a", 1: "b", 2: "a", 3: "b"}) == 3  # 1 changed, 2 and 3 gained
+    # 1 changed, 2 and 3 gained
+    assert moves({0: "a", 1: "a", 2: None}, {0: "a", 1: "b", 2: "a", 3: "b"}) == 3
     assert moves({0: "a", 1: None}, {}) == 1  # 0 lost its owner; 1 was and stays unowned
     assert moves({}, {}) == 0
 
 
-# -- several queues: one group per queue (dispatcher/serve/coordination.py) ----------------------------
+# -- several queues: one group per queue (dispatcher/serve/coordination.py) ------------------------
 
 QUEUES = ["qa", "qb", "qc"]
-serving_sets = st.dictionaries(short_names, st.sets(st.sampled_from(QUEUES), min_size=1), max_size=12)
+serving_sets = st.dictionaries(
+    short_names, st.sets(st.sampled_from(QUEUES), min_size=1), max_size=12
+)
 
 
-def assign_per_queue(serving: Mapping[str, set[str]],
-                     current: Mapping[str, Mapping[int, str | None]]) -> dict[str, dict[int, str]]:
+def assign_per_queue(
+    serving: Mapping[str, set[str]], current: Mapping[str, Mapping[int, str | None]]
+) -> dict[str, dict[int, str]]:
     """What the fleet's group leaders compute together: each queue's buckets among its servers."""
-    return {q: assign(sorted(m for m, qs in serving.items() if q in qs), current.get(q, {})) for q in QUEUES}
+    return {
+        q: assign(sorted(m for m, qs in serving.items() if q in qs), current.get(q, {}))
+        for q in QUEUES
+    }
 
 
 @FAST
 @given(serving=serving_sets, change=serving_sets)
-def test_per_queue_assignment_is_balanced_per_queue_minimal_and_only_to_servers(serving, change) -> None:
+def test_per_queue_assignment_is_balanced_per_queue_minimal_and_only_to_servers(
+    serving, change
+) -> None:
     first = assign_per_queue(serving, {})
     for q in QUEUES:
         servers = {m for m, qs in serving.items() if q in qs}
         owners = Counter(first[q].values())
         assert set(owners) <= servers, "nobody owns a bucket of a queue it does not serve"
         if servers:
-            assert sum(owners.values()) == NUM_BUCKETS, "every bucket of a served queue has an owner"
+            assert sum(owners.values()) == NUM_BUCKETS, (
+                "every bucket of a served queue has an owner"
+            )
             counts = [owners.get(m, 0) for m in servers]
             assert max(counts) - min(counts) <= 1, "balanced within each queue"
         else:
@@ -294,7 +329,10 @@ def test_per_queue_assignment_is_balanced_per_queue_minimal_and_only_to_servers(
     for q in QUEUES:
         before = {m for m, qs in serving.items() if q in qs}
         after = {m for m, qs in change.items() if q in qs}
-        if before == after:  # other queues' changes (members joining or leaving them) move nothing here
+        # other queues' changes (members joining or leaving them) move nothing here
+        if before == after:
             assert second[q] == first[q], f"{q}'s servers did not change, nor may its assignment"
         elif after < before and after:  # only leavers: only their buckets move
-            assert moves(first[q], second[q]) == sum(1 for owner in first[q].values() if owner not in after)
+            assert moves(first[q], second[q]) == sum(
+                1 for owner in first[q].values() if owner not in after
+            )

@@ -1,4 +1,5 @@
-"""The bench suite is run from a checkout (`python -m bench`, `make bench`), never by the installed CLI.
+"""The bench suite is run from a checkout (`python -m bench`, `make bench`), never by the
+installed CLI.
 
 It needs what a wheel does not carry (bench/ with its scenarios and results, matplotlib), so
 `dispatcher` offers no `bench` command, and no entry point of the repository spells one.
@@ -20,8 +21,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCHER_", "PYTHON"))}
-    return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_dispatcher_help_offers_no_bench() -> None:
@@ -42,9 +50,17 @@ def test_python_m_bench_runs_from_the_checkout() -> None:
     assert done.stdout.startswith("usage: python -m bench") and "--quick" in done.stdout
 
 
-ENTRY_POINTS = [".ci/run", "Makefile", "README.md", "Dockerfile", "k8s/bench/bench-job.yaml",
-                "k8s/bench/kustomization.yaml", "bench/__main__.py", "bench/RESULTS.md",
-                *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))]
+ENTRY_POINTS = [
+    ".ci/run",
+    "Makefile",
+    "README.md",
+    "Dockerfile",
+    "k8s/bench/bench-job.yaml",
+    "k8s/bench/kustomization.yaml",
+    "bench/__main__.py",
+    "bench/RESULTS.md",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md")),
+]
 
 
 @pytest.mark.parametrize("path", ENTRY_POINTS)

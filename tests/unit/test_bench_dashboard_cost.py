@@ -23,8 +23,17 @@ def test_the_mix_adds_up_and_has_the_issues_shape_at_1m() -> None:
     total = {}
     for kind, _, n in rows:
         total[kind] = total.get(kind, 0) + n
-    assert total == {"completed": 904_900, "queued": 40_000, "scheduled": 20_000, "running": 2_000, "failed": 20_000,
-                     "halted": 100, "discarded": 5_000, "cancelled": 5_000, "waiting": 3_000}
+    assert total == {
+        "completed": 904_900,
+        "queued": 40_000,
+        "scheduled": 20_000,
+        "running": 2_000,
+        "failed": 20_000,
+        "halted": 100,
+        "discarded": 5_000,
+        "cancelled": 5_000,
+        "waiting": 3_000,
+    }
     recent = {kind: n for kind, is_recent, n in rows if is_recent}
     assert set(recent) == set(FINISHED)
     assert recent["completed"] == 15_081  # a steady ~15,000 completions a minute
@@ -45,8 +54,10 @@ def test_each_kind_gets_one_insert_over_its_own_range_of_the_series() -> None:
     segments = [(kind, 10) for kind in KINDS]
     statements = insert_statements(segments, first=1, ago_s=3600, span_s=3540, keys=7)
     assert len(statements) == len(KINDS)
-    ranges = [tuple(map(int, re.search(r"generate_series\((\d+)::bigint, (\d+)\)", s).groups()))  # type: ignore[union-attr]
-              for s in statements]
+    ranges = [
+        tuple(map(int, re.search(r"generate_series\((\d+)::bigint, (\d+)\)", s).groups()))  # type: ignore[union-attr]
+        for s in statements
+    ]
     assert ranges == [(10 * i, 10 * i + 9) for i in range(len(KINDS))]
     assert all("{" not in s for s in statements), "a placeholder left unfilled"
     assert "% 7" in statements[list(KINDS).index("waiting")]
@@ -66,15 +77,27 @@ def test_p95_is_the_nearest_rank() -> None:
 
 def test_admin_statements_are_named_as_admin_sends_them() -> None:
     """With admin_filters filled in for {filters}: the text the refresh recorded matches it."""
-    filled = [text for text, name in statement_names().items() if name == "admin_jobs_list" and "{" not in text]
+    filled = [
+        text
+        for text, name in statement_names().items()
+        if name == "admin_jobs_list" and "{" not in text
+    ]
     assert len(filled) == 1 and "j.status = ANY" in filled[0]
 
 
 def test_the_table_has_a_line_per_statement() -> None:
-    rows = [{"page": "overview", "median_ms": 12.5, "p95_ms": 20.0,
-             "statements": [{"statement": "queue_depth", "exec_ms": 10.0, "buffers": 3890},
-                            {"statement": "status_members", "exec_ms": 0.1, "buffers": 2}]},
-            {"page": "flow", "median_ms": 1.0, "p95_ms": 2.0, "statements": []}]
+    rows = [
+        {
+            "page": "overview",
+            "median_ms": 12.5,
+            "p95_ms": 20.0,
+            "statements": [
+                {"statement": "queue_depth", "exec_ms": 10.0, "buffers": 3890},
+                {"statement": "status_members", "exec_ms": 0.1, "buffers": 2},
+            ],
+        },
+        {"page": "flow", "median_ms": 1.0, "p95_ms": 2.0, "statements": []},
+    ]
     lines = table(rows).splitlines()
     assert len(lines) == 4
     assert lines[1].split() == ["overview", "12.50", "20.00", "queue_depth", "10.00", "3890"]

@@ -35,17 +35,23 @@ def test_runtime_and_plain_sql_rows_state_their_ratio_to_both_minimal_kinds() ->
     ]
 
 
-def test_deleting_runtime_rows_are_measured_against_the_deleting_ceiling_and_both_minimal_kinds() -> None:
-    got = [*rows(),
-           {"kind": "runtime_delete", "mode": "partitioned", "workers": 4, "jobs_per_s": 72_000},
-           {"kind": "plain_sql_delete", "mode": "partitioned", "workers": 4, "jobs_per_s": 75_000}]
+def test_deleting_runtime_rows_are_measured_against_the_deleting_ceiling_and_both_minimal_kinds() -> (
+    None
+):
+    got = [
+        *rows(),
+        {"kind": "runtime_delete", "mode": "partitioned", "workers": 4, "jobs_per_s": 72_000},
+        {"kind": "plain_sql_delete", "mode": "partitioned", "workers": 4, "jobs_per_s": 75_000},
+    ]
     add_ratios(got)
     deleting = [{k: v for k, v in r.items() if k.startswith("ratio_")} for r in got[-2:]]
     assert deleting == [
         {"ratio_to_ceiling": 0.96, "ratio_to_minimal": 1.2, "ratio_to_minimal_delete": 0.9},
         {"ratio_to_minimal": 1.25, "ratio_to_minimal_delete": 0.94},
     ]
-    assert got[0]["ratio_to_ceiling"] == 0.9, "a keeping runtime row still goes with the keeping ceiling"
+    assert got[0]["ratio_to_ceiling"] == 0.9, (
+        "a keeping runtime row still goes with the keeping ceiling"
+    )
 
 
 def test_the_minimal_table_has_three_columns_and_one_partial_index() -> None:
@@ -58,7 +64,13 @@ def test_the_minimal_table_has_three_columns_and_one_partial_index() -> None:
 def test_the_minimal_claim_and_completions_have_the_ceilings_shape() -> None:
     claim = " ".join(minimal.minimal_query("minimal_claim").split())
     assert "ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED" in claim
-    assert claim.startswith("UPDATE bench_minimal_jobs SET status = 'running'") and claim.endswith("RETURNING id, payload")
-    assert minimal.minimal_query(minimal.KINDS["minimal"]).startswith("UPDATE bench_minimal_jobs SET status = 'done'")
-    assert minimal.minimal_query(minimal.KINDS["minimal_delete"]).startswith("DELETE FROM bench_minimal_jobs")
+    assert claim.startswith("UPDATE bench_minimal_jobs SET status = 'running'") and claim.endswith(
+        "RETURNING id, payload"
+    )
+    assert minimal.minimal_query(minimal.KINDS["minimal"]).startswith(
+        "UPDATE bench_minimal_jobs SET status = 'done'"
+    )
+    assert minimal.minimal_query(minimal.KINDS["minimal_delete"]).startswith(
+        "DELETE FROM bench_minimal_jobs"
+    )
     assert minimal.BATCH == 500

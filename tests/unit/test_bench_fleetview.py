@@ -18,7 +18,10 @@ CLAIMS = {
 
 
 def test_server_text_numbers_placeholders_in_order_of_first_use() -> None:
-    assert server_text("a = %(x)s AND b = %(y)s OR c = %(x)s LIKE 'p%%'") == "a = $1 AND b = $2 OR c = $1 LIKE 'p%'"
+    assert (
+        server_text("a = %(x)s AND b = %(y)s OR c = %(x)s LIKE 'p%%'")
+        == "a = $1 AND b = $2 OR c = $1 LIKE 'p%'"
+    )
 
 
 @pytest.mark.parametrize("name", CLAIMS)

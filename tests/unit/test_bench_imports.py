@@ -1,12 +1,13 @@
-"""bench/ uses the project through its public faces only, so the runtime's modules can change freely.
+"""bench/ uses the project through its public faces only, so the runtime's modules can change
+freely.
 
 Allowed: `dispatcher` (the API), `dispatcher.db` (the database layer's face: named queries, the
 claim statement's text, array literals, migrate), `dispatcher.devtools` and its modules (the
 throwaway servers, the harness), `dispatcher.testing`, `dispatcher.web.reads` (the dashboard's
-reads, which bench/dashboard_cost.py times), and `coordinator.pg` with its modules (the
-shared PostgreSQL plumbing: DSN redaction, the named-query loader). Any other module of dispatcher/
-or coordinator/, and any name or module with a leading underscore, is refused. Every import
-counts, at the top of a module or inside a function.
+reads, which bench/dashboard_cost.py times), and `coordinator.pg` with its modules (the shared
+PostgreSQL plumbing: DSN redaction, the named-query loader). Any other module of dispatcher/ or
+coordinator/, and any name or module with a leading underscore, is refused. Every import counts,
+at the top of a module or inside a function.
 """
 
 from __future__ import annotations
@@ -17,14 +18,28 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-PUBLIC_FACES = ("dispatcher", "dispatcher.db", "dispatcher.devtools", "dispatcher.devtools.*",
-                "dispatcher.testing", "dispatcher.web.reads", "coordinator.pg", "coordinator.pg.*")
+PUBLIC_FACES = (
+    "dispatcher",
+    "dispatcher.db",
+    "dispatcher.devtools",
+    "dispatcher.devtools.*",
+    "dispatcher.testing",
+    "dispatcher.web.reads",
+    "coordinator.pg",
+    "coordinator.pg.*",
+)
 
 
 def is_public_face(module: str) -> bool:
-    return any(module == face or (face.endswith(".*") and module.startswith(face[:-1])
-                                  and "." not in module[len(face) - 1:])
-               for face in PUBLIC_FACES)
+    return any(
+        module == face
+        or (
+            face.endswith(".*")
+            and module.startswith(face[:-1])
+            and "." not in module[len(face) - 1 :]
+        )
+        for face in PUBLIC_FACES
+    )
 
 
 def violations(source: str) -> list[str]:
@@ -58,31 +73,37 @@ def test_the_bench_is_there() -> None:
     assert len(list(BENCH.glob("*.py"))) > 5
 
 
-@pytest.mark.parametrize("line", [
-    "from dispatcher.db.store import claim_sql",
-    "from dispatcher.constants import NUM_BUCKETS",
-    "from dispatcher.api.enqueue import enqueue_sync",
-    "from dispatcher.db import _private",
-    "from dispatcher.devtools.embedded import _Server",
-    "import dispatcher.db.queries",
-    "from coordinator.backend import Backend",
-    "from coordinator import backend",
-    "from dispatcher import _version",
-    "def f():\n    from dispatcher.errors import DispatcherError",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from dispatcher.db.store import claim_sql",
+        "from dispatcher.constants import NUM_BUCKETS",
+        "from dispatcher.api.enqueue import enqueue_sync",
+        "from dispatcher.db import _private",
+        "from dispatcher.devtools.embedded import _Server",
+        "import dispatcher.db.queries",
+        "from coordinator.backend import Backend",
+        "from coordinator import backend",
+        "from dispatcher import _version",
+        "def f():\n    from dispatcher.errors import DispatcherError",
+    ],
+)
 def test_reaching_past_a_face_is_refused(line: str) -> None:
     assert len(violations(line)) == 1, line
 
 
-@pytest.mark.parametrize("line", [
-    "from dispatcher import JobSpec, enqueue_sync",
-    "from dispatcher.db import claim_sql, query",
-    "from dispatcher.devtools import harness",
-    "from dispatcher.devtools.embedded import start_postgres",
-    "from coordinator.pg.sqlfile import load",
-    "import dispatcher",
-    "from bench.core import _fmt",
-    "import psycopg",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from dispatcher import JobSpec, enqueue_sync",
+        "from dispatcher.db import claim_sql, query",
+        "from dispatcher.devtools import harness",
+        "from dispatcher.devtools.embedded import start_postgres",
+        "from coordinator.pg.sqlfile import load",
+        "import dispatcher",
+        "from bench.core import _fmt",
+        "import psycopg",
+    ],
+)
 def test_the_public_faces_are_allowed(line: str) -> None:
     assert violations(line) == []

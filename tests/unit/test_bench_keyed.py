@@ -34,8 +34,14 @@ def test_the_skewed_mix_puts_most_jobs_on_a_few_keys() -> None:
 def test_jobs_of_a_key_one_after_the_other_in_id_order_pass() -> None:
     runs = [(1, "a", 0, 10), (2, "b", 5, 6), (3, "a", 10, 20), (4, "a", 25, 30), (5, None, 0, 1)]
     check = order_check(runs, jobs=5)
-    assert check == {"order_ok": True, "order_violations": 0, "ran_twice": 0, "not_run": 0, "keys": 2,
-                     "top_key_jobs": 3}
+    assert check == {
+        "order_ok": True,
+        "order_violations": 0,
+        "ran_twice": 0,
+        "not_run": 0,
+        "keys": 2,
+        "top_key_jobs": 3,
+    }
 
 
 def test_overlap_out_of_order_a_job_twice_or_one_missing_fail() -> None:
@@ -45,7 +51,13 @@ def test_overlap_out_of_order_a_job_twice_or_one_missing_fail() -> None:
     assert order_check(out_of_order, jobs=2)["order_ok"] is False
     twice = [(1, "a", 0, 10), (2, "a", 20, 30), (2, "a", 40, 50)]
     assert order_check(twice, jobs=2) | {"order_violations": 0} == {
-        "order_ok": False, "order_violations": 0, "ran_twice": 1, "not_run": 0, "keys": 1, "top_key_jobs": 3}
+        "order_ok": False,
+        "order_violations": 0,
+        "ran_twice": 1,
+        "not_run": 0,
+        "keys": 1,
+        "top_key_jobs": 3,
+    }
     missing = order_check([(1, "a", 0, 10)], jobs=2)
     assert missing["order_ok"] is False and missing["not_run"] == 1
 
@@ -62,13 +74,20 @@ def test_the_recording_reads_back_as_written(tmp_path: Path) -> None:
 
 
 def test_ratios_are_to_the_keyless_row_and_to_skip_locked_of_the_same_mix_and_workers() -> None:
-    rows = [{"mix": mix, "mode": mode, "workers": w, "due_jobs_per_s": rate}
-            for (mix, mode, w, rate) in [("none", "partitioned", 4, 1000), ("none", "skip_locked", 4, 800),
-                                         ("hot50", "partitioned", 4, 500), ("hot50", "skip_locked", 4, 400),
-                                         ("hot50", "partitioned", 8, 300)]]
+    rows = [
+        {"mix": mix, "mode": mode, "workers": w, "due_jobs_per_s": rate}
+        for (mix, mode, w, rate) in [
+            ("none", "partitioned", 4, 1000),
+            ("none", "skip_locked", 4, 800),
+            ("hot50", "partitioned", 4, 500),
+            ("hot50", "skip_locked", 4, 400),
+            ("hot50", "partitioned", 8, 300),
+        ]
+    ]
     add_ratios(rows)
     none_p, none_s, hot_p, hot_s, hot_p8 = rows
     assert "vs_none" not in none_p and none_p["vs_skip_locked"] == 1.25
     assert hot_p["vs_none"] == 0.5 and hot_s["vs_none"] == 0.5 and hot_p["vs_skip_locked"] == 1.25
     assert "vs_skip_locked" not in hot_s
-    assert "vs_none" not in hot_p8 and "vs_skip_locked" not in hot_p8  # no row of its workers to divide by
+    # no row of its workers to divide by
+    assert "vs_none" not in hot_p8 and "vs_skip_locked" not in hot_p8

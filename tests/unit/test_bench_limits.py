@@ -25,11 +25,19 @@ def s(seconds: float) -> int:
 
 
 def test_windows_count_starts_from_the_first_and_know_which_had_a_backlog() -> None:
-    # 12 starts in the first 10 s (a burst of 4 at once, then 8), 10 in the next, 3 in a last short one.
-    starts = [s(5)] * 4 + [s(5 + i) for i in range(8)] + [s(15 + i) for i in range(10)] + [s(25), s(26), s(27)]
+    # 12 starts in the first 10 s (a burst of 4 at once, then 8), 10 in the next, 3 in a last short
+    # one.
+    starts = (
+        [s(5)] * 4
+        + [s(5 + i) for i in range(8)]
+        + [s(15 + i) for i in range(10)]
+        + [s(25), s(26), s(27)]
+    )
     windows = rate_windows(starts, per_second=1.0, window_s=10)
-    assert [(w["window"], w["from_s"], w["starts"], w["rate_jobs"], w["ratio"], w["backlog"]) for w in windows] == [
-        (1, 0, 12, 10, 1.2, True), (2, 10, 10, 10, 1.0, True), (3, 20, 3, 10, 0.3, False)]
+    assert [
+        (w["window"], w["from_s"], w["starts"], w["rate_jobs"], w["ratio"], w["backlog"])
+        for w in windows
+    ] == [(1, 0, 12, 10, 1.2, True), (2, 10, 10, 10, 1.0, True), (3, 20, 3, 10, 0.3, False)]
     assert rate_windows([], 1.0, 10) == []
 
 
@@ -69,12 +77,26 @@ def test_a_run_is_summarized_from_its_recording() -> None:
     runs += [("capped", 100 + i, s(i * 0.1), s(i * 0.1 + 0.25)) for i in range(100)]  # 2-3 at once
     runs += [("free", 1000 + i, s(1), s(2)) for i in range(10)]
     runs += [("free", 1000, s(3), s(4))]  # a job run twice
-    row = summarize(runs, jobs={"rated": 50, "capped": 100, "free": 11}, per_second=2.0, burst_jobs=2.0,
-                    max_running=3, window_s=10)
+    row = summarize(
+        runs,
+        jobs={"rated": 50, "capped": 100, "free": 11},
+        per_second=2.0,
+        burst_jobs=2.0,
+        max_running=3,
+        window_s=10,
+    )
     assert [w["starts"] for w in row["windows"]] == [20, 20, 10]
-    assert (row["windows_with_backlog"], row["min_window_ratio"], row["max_window_starts"]) == (2, 1.0, 20)
-    assert (row["max_starts_any_window"], row["window_bound"], row["rate_within_bound"], row["rate_held"]) == \
-        (20, 22.0, True, True)
+    assert (row["windows_with_backlog"], row["min_window_ratio"], row["max_window_starts"]) == (
+        2,
+        1.0,
+        20,
+    )
+    assert (
+        row["max_starts_any_window"],
+        row["window_bound"],
+        row["rate_within_bound"],
+        row["rate_held"],
+    ) == (20, 22.0, True, True)
     assert (row["capped_max_running"], row["cap_held"]) == (3, True)
     assert (row["rated_done_s"], row["capped_done_s"], row["free_done_s"]) == (24.5, 10.15, 4.0)
     assert (row["ran_twice"], row["not_run"]) == (1, 1)  # 160 ids of 161 jobs, one of them twice
@@ -84,19 +106,33 @@ def test_a_run_is_summarized_from_its_recording() -> None:
 
 
 def test_a_limit_overrun_or_a_slow_window_is_flagged() -> None:
-    burst = [("rated", i, s(0), s(0)) for i in range(30)] + [("rated", 100 + i, s(i), s(i)) for i in range(1, 25)]
+    burst = [("rated", i, s(0), s(0)) for i in range(30)] + [
+        ("rated", 100 + i, s(i), s(i)) for i in range(1, 25)
+    ]
     capped = [("capped", 200 + i, s(1), s(2)) for i in range(4)]
-    row = summarize(burst + capped, jobs={"rated": 54, "capped": 4}, per_second=2.0, burst_jobs=2.0, max_running=3,
-                    window_s=10)
+    row = summarize(
+        burst + capped,
+        jobs={"rated": 54, "capped": 4},
+        per_second=2.0,
+        burst_jobs=2.0,
+        max_running=3,
+        window_s=10,
+    )
     assert row["rate_within_bound"] is False and row["max_starts_any_window"] == 39
     assert row["cap_held"] is False and row["capped_max_running"] == 4
     slow = [("rated", i, s(i), s(i)) for i in range(25)]  # 1/s against a rate of 2/s
-    assert summarize(slow, jobs={"rated": 25}, per_second=2.0, burst_jobs=2.0, max_running=3,
-                     window_s=10)["rate_held"] is False
+    assert (
+        summarize(
+            slow, jobs={"rated": 25}, per_second=2.0, burst_jobs=2.0, max_running=3, window_s=10
+        )["rate_held"]
+        is False
+    )
 
 
 def test_the_backlog_lasts_the_windows_asked_for() -> None:
-    jobs = job_counts(per_second=50, burst_jobs=50, max_running=5, windows=6, window_s=10, free_jobs=20_000)
+    jobs = job_counts(
+        per_second=50, burst_jobs=50, max_running=5, windows=6, window_s=10, free_jobs=20_000
+    )
     assert jobs == {"rated": 3_100, "capped": 3_000, "free": 20_000}
     assert jobs["rated"] - 50 >= 50 * 60  # after the first burst, still a full minute at the rate
 

@@ -1,4 +1,5 @@
-"""bench/results/ holds the latest result of each scenario only, and RESULTS.md links to none that is gone.
+"""bench/results/ holds the latest result of each scenario only, and RESULTS.md links to none
+that is gone.
 
 Older raw files live in git history (RESULTS.md names the commit); a dated copy beside the latest
 would be read as current.
@@ -35,6 +36,8 @@ def test_only_json_and_the_plots_of_a_kept_scenario() -> None:
 def test_every_link_of_results_md_into_results_exists() -> None:
     """Figures (`![...](results/x.png)`) and file names in code spans (`results/x.json`)."""
     text = (BENCH / "RESULTS.md").read_text()
-    targets = re.findall(r"\]\((results/[^)\s]+)\)", text) + re.findall(r"`(results/[^`\s]+)`", text)
+    targets = re.findall(r"\]\((results/[^)\s]+)\)", text) + re.findall(
+        r"`(results/[^`\s]+)`", text
+    )
     assert any(t.endswith(".png") for t in targets), "RESULTS.md shows no figure"
     assert [t for t in targets if not (BENCH / t).is_file()] == []

@@ -42,15 +42,23 @@ def job(job_id: int, key: str | None = "k") -> Job:
 
 
 def chaining(executor: FakeExecutor, claiming: bool = True, **assignments) -> Chaining:
-    return Chaining(executor, assignments or {"default": StaticAssignment((3, 7)), "mail": Degraded()},  # type: ignore[arg-type]
-                    concurrency=10, lease_s=30.0, mode="partitioned", claiming=lambda: claiming)
+    return Chaining(
+        executor,
+        assignments or {"default": StaticAssignment((3, 7)), "mail": Degraded()},  # type: ignore[arg-type]
+        concurrency=10,
+        lease_s=30.0,
+        mode="partitioned",
+        claiming=lambda: claiming,
+    )
 
 
 def test_a_chain_offers_the_owned_buckets_of_each_queue_and_holds_the_free_slots_until_settled():
     executor = FakeExecutor(in_flight=4)
     plan = chaining(executor)
     chain = plan.reserve()
-    assert chain == Chain(("default", "default"), (3, 7), 6, 30.0), "a degraded queue offers nothing"
+    assert chain == Chain(("default", "default"), (3, 7), 6, 30.0), (
+        "a degraded queue offers nothing"
+    )
     assert executor.in_flight == 10, "the producer sees no free slot while the statement runs"
     plan.settle(chain, [job(1), job(2)], sent_at=12.5)
     assert executor.in_flight == 6 and executor.started == [([1, 2], 12.5)] and executor.freed == 1
@@ -83,7 +91,9 @@ class FakeStore:
 
 def test_the_completer_chains_keyed_batches_and_gives_the_slots_back_when_the_statement_fails():
     store, executor = FakeStore(), FakeExecutor(in_flight=2)
-    completer = Completer(store, CompletionSettings(flush_interval_s=10.0, flush_max=100, history=False))  # type: ignore[arg-type]
+    completer = Completer(
+        store, CompletionSettings(flush_interval_s=10.0, flush_max=100, history=False)
+    )  # type: ignore[arg-type]
     completer.chaining = chaining(executor)
     completer.completed(job(1), 0.0)
     completer.completed(job(2), 0.0)

@@ -19,14 +19,20 @@ def test_the_default_keeps_completed_rows_and_the_setting_is_the_completers():
     assert config.completed_jobs == "keep" and config.completion.completed_jobs == "keep"
     assert not config.completion.deletes
     (s,) = [s for s in settings() if s.name == "completed_jobs"]
-    assert (s.env_var, s.section, s.default_text) == ("DISPATCHER_COMPLETED_JOBS", COMPLETION, "keep")
+    assert (s.env_var, s.section, s.default_text) == (
+        "DISPATCHER_COMPLETED_JOBS",
+        COMPLETION,
+        "keep",
+    )
     assert "keep" in s.help and "delete" in s.help
 
 
 def test_delete_from_the_environment_or_a_flag():
     assert Config.load({"DISPATCHER_COMPLETED_JOBS": "delete"}).completion.deletes
     assert Config.load({}, completed_jobs="delete").completion.deletes
-    assert not Config.load({"DISPATCHER_COMPLETED_JOBS": "delete"}, completed_jobs="keep").completion.deletes
+    assert not Config.load(
+        {"DISPATCHER_COMPLETED_JOBS": "delete"}, completed_jobs="keep"
+    ).completion.deletes
 
 
 def test_delete_changes_no_retention():
@@ -53,8 +59,12 @@ def test_a_bad_value_is_refused_naming_the_setting_and_the_allowed_values(bad):
 
 def _status(completed: int, completed_jobs: str) -> dict:
     counts = dict.fromkeys(STATUSES, 0) | {"completed": completed, "queued": 3}
-    return {"completed_jobs": completed_jobs, "queues": {"default": {"counts": counts, "oldest_runnable_age_s": 1.0}},
-            "runnable_by_bucket": {}, "db": None}
+    return {
+        "completed_jobs": completed_jobs,
+        "queues": {"default": {"counts": counts, "oldest_runnable_age_s": 1.0}},
+        "runnable_by_bucket": {},
+        "db": None,
+    }
 
 
 def test_status_under_keep_shows_the_count():
@@ -67,7 +77,8 @@ def test_status_under_delete_says_completed_rows_are_deleted_instead_of_a_mislea
     row = text.splitlines()[1].split()
     assert row[STATUSES.index("completed") + 1] == "deleted*"
     assert "DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes" in text
-    leftover = render_status(_status(7, "delete")).splitlines()[1].split()  # rows from before the switch
+    # rows from before the switch
+    leftover = render_status(_status(7, "delete")).splitlines()[1].split()
     assert leftover[STATUSES.index("completed") + 1] == "7*"
 
 
@@ -85,7 +96,10 @@ def test_the_memory_store_under_delete_removes_a_completed_job_and_keeps_a_faile
     done = enqueue_sync(store, "ok", {})
     failed = enqueue_sync(store, "bad", {}, max_attempts=1)
     attempts = Runner(store, registry).drain()
-    assert sorted((a.job_id, a.status) for a in attempts) == [(done, "completed"), (failed, "failed")]
+    assert sorted((a.job_id, a.status) for a in attempts) == [
+        (done, "completed"),
+        (failed, "failed"),
+    ]
     assert store.get(done) is None and [j.id for j in store.jobs()] == [failed]
 
 

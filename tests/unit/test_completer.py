@@ -12,8 +12,13 @@ from dispatcher.settings.sections import CompletionSettings
 from tests.helpers import run_async, wait_until_async
 
 
-def job(job_id: int, attempts: int = 1, ordering_key: str | None = None, job_type: str = "t") -> Job:
-    return Job((job_id, job_type, {}, attempts, 5, None, 0, 0, ordering_key), f"00000000-0000-0000-0000-{job_id:012d}")
+def job(
+    job_id: int, attempts: int = 1, ordering_key: str | None = None, job_type: str = "t"
+) -> Job:
+    return Job(
+        (job_id, job_type, {}, attempts, 5, None, 0, 0, ordering_key),
+        f"00000000-0000-0000-0000-{job_id:012d}",
+    )
 
 
 class FakeStore:
@@ -23,9 +28,11 @@ class FakeStore:
         self.completed: list[tuple[list[int], list[str]]] = []
         self.failed: list[list[tuple[int, str]]] = []
         self.history: list[tuple[list[int], list[str], list[str]]] = []
-        self.keyed: list[bool] = []  # per completion statement: did it promote ordering keys' next jobs
+        # per completion statement: did it promote ordering keys' next jobs
+        self.keyed: list[bool] = []
         self.fence: set[int] = set()  # ids whose token "changed": their writes are dropped
-        self.over: set[int] = set()  # ids past DISPATCHER_MAX_SNOOZES: a snooze is written as the failure
+        # ids past DISPATCHER_MAX_SNOOZES: a snooze is written as the failure
+        self.over: set[int] = set()
         self.down = False
 
     def _check(self) -> None:
@@ -41,8 +48,18 @@ class FakeStore:
     async def jobs_fail_owned(self, failures, *, lease_expired=False):
         self._check()
         self.failed.append([(f.id, f.outcome.status) for f in failures])
-        return [FailedWrite(f.id, f.outcome.status, 1, "w1", None, snoozed=f.snooze is not None and f.id not in self.over)
-                for f in failures if f.id not in self.fence]
+        return [
+            FailedWrite(
+                f.id,
+                f.outcome.status,
+                1,
+                "w1",
+                None,
+                snoozed=f.snooze is not None and f.id not in self.over,
+            )
+            for f in failures
+            if f.id not in self.fence
+        ]
 
     async def history_record(self, rows):
         self._check()
@@ -50,9 +67,15 @@ class FakeStore:
 
 
 def make(store, **kw):
-    return Completer(store, CompletionSettings(flush_interval_s=kw.pop("flush_interval_s", 10.0),
-                                               flush_max=kw.pop("flush_max", 1000), history=kw.pop("history", False)),
-                     **kw)
+    return Completer(
+        store,
+        CompletionSettings(
+            flush_interval_s=kw.pop("flush_interval_s", 10.0),
+            flush_max=kw.pop("flush_max", 1000),
+            history=kw.pop("history", False),
+        ),
+        **kw,
+    )
 
 
 def test_one_statement_per_kind_per_flush_and_fenced_rows_are_counted_not_errors():
@@ -97,7 +120,9 @@ def test_a_full_buffer_flushes_without_waiting_for_the_interval():
         try:
             for i in range(3):
                 completer.completed(job(i), 0.0)
-            await wait_until_async(lambda: store.completed, 5, "a flush of the full buffer", interval_s=0.01)
+            await wait_until_async(
+                lambda: store.completed, 5, "a flush of the full buffer", interval_s=0.01
+            )
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -122,7 +147,11 @@ def test_a_cancelled_attempt_is_counted_as_cancelled_and_recorded_as_such_in_his
     run_async(completer.flush())
     assert store.failed == [[(1, "cancelled"), (2, "discarded")]]
     assert store.history[0][2] == ["cancelled", "discarded"]
-    assert (completer.stats.cancelled, completer.stats.discarded, completer.stats.failed) == (1, 1, 0)
+    assert (completer.stats.cancelled, completer.stats.discarded, completer.stats.failed) == (
+        1,
+        1,
+        0,
+    )
 
 
 def test_a_keyed_completion_flushes_at_once_through_the_promoting_statement_and_others_do_not():
@@ -135,7 +164,9 @@ def test_a_keyed_completion_flushes_at_once_through_the_promoting_statement_and_
         try:
             completer.completed(job(1), 0.0)
             completer.completed(job(2, ordering_key="k"), 0.0)
-            await wait_until_async(lambda: store.completed, 5, "a flush without the interval", interval_s=0.01)
+            await wait_until_async(
+                lambda: store.completed, 5, "a flush without the interval", interval_s=0.01
+            )
             completer.completed(job(3), 0.0)
             await completer.flush()
         finally:
@@ -161,7 +192,9 @@ def test_an_outcome_of_a_type_under_max_running_is_written_at_once_and_reported(
         task = asyncio.create_task(completer.run())
         try:
             completer.completed(job(1, job_type="capped"), 0.0)
-            await wait_until_async(lambda: store.completed and told, 5, "a flush without the interval", interval_s=0.01)
+            await wait_until_async(
+                lambda: store.completed and told, 5, "a flush without the interval", interval_s=0.01
+            )
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -194,17 +227,25 @@ def test_only_attempts_whose_write_was_accepted_get_history_rows():
     completer.failed(job(4), Outcome("failed", 0.0, "boom"), 0.01)
     run_async(completer.flush())
     assert store.history == [([1, 3], ["w1"] * 2, ["completed", "retried"])]
-    assert (completer.stats.completed, completer.stats.retried, completer.stats.failed, completer.stats.fenced) == \
-        (1, 1, 0, 2)
+    assert (
+        completer.stats.completed,
+        completer.stats.retried,
+        completer.stats.failed,
+        completer.stats.fenced,
+    ) == (1, 1, 0, 2)
 
 
 def test_a_snooze_is_recorded_as_snoozed_within_the_cap_and_as_its_failure_past_it():
     store = FakeStore()
     store.over = {2}
     completer = make(store, history=True)
-    fallback = Outcome("queued", 3.0, "snoozed 100 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 5 s")
+    fallback = Outcome(
+        "queued", 3.0, "snoozed 100 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 5 s"
+    )
     for i in (1, 2):
-        completer.failed(job(i, attempts=4), fallback, 0.01, summary="snoozed for 5 s", snooze=(5.0, 100))
+        completer.failed(
+            job(i, attempts=4), fallback, 0.01, summary="snoozed for 5 s", snooze=(5.0, 100)
+        )
     run_async(completer.flush())
     assert store.history == [([1, 2], ["w1"] * 2, ["snoozed", "retried"])]
     assert (completer.stats.snoozed, completer.stats.retried) == (1, 1)

@@ -15,7 +15,9 @@ def test_defaults_are_valid_and_heartbeat_is_a_third_of_the_lease():
 
 
 def test_env_then_flags_win():
-    config = Config.load({"DISPATCHER_MODE": "skip_locked", "DISPATCHER_BATCH_SIZE": "50"}, batch_size="70")
+    config = Config.load(
+        {"DISPATCHER_MODE": "skip_locked", "DISPATCHER_BATCH_SIZE": "50"}, batch_size="70"
+    )
     assert config.mode == "skip_locked"
     assert config.batch_size == 70
 
@@ -27,10 +29,18 @@ def test_env_then_flags_win():
         ({"DISPATCHER_CONCURRENCY": "lots"}, {}, "DISPATCHER_CONCURRENCY"),
         ({"DISPATCHER_CONCURRENCY": "0"}, {}, "DISPATCHER_CONCURRENCY"),
         ({}, {"lease_s": "0.5"}, "--lease-s"),
-        ({"DISPATCHER_LEASE_S": "10", "DISPATCHER_HEARTBEAT_INTERVAL_S": "6"}, {}, "DISPATCHER_HEARTBEAT_INTERVAL_S"),
+        (
+            {"DISPATCHER_LEASE_S": "10", "DISPATCHER_HEARTBEAT_INTERVAL_S": "6"},
+            {},
+            "DISPATCHER_HEARTBEAT_INTERVAL_S",
+        ),
         ({"DISPATCHER_BUCKETS": "0-70"}, {}, "DISPATCHER_BUCKETS"),
         ({"DISPATCHER_BUCKETS": "9-3"}, {}, "DISPATCHER_BUCKETS"),
-        ({"DISPATCHER_WORKER_INDEX": "4", "DISPATCHER_WORKER_COUNT": "4"}, {}, "DISPATCHER_WORKER_INDEX"),
+        (
+            {"DISPATCHER_WORKER_INDEX": "4", "DISPATCHER_WORKER_COUNT": "4"},
+            {},
+            "DISPATCHER_WORKER_INDEX",
+        ),
         ({"DISPATCHER_HISTORY": "maybe"}, {}, "DISPATCHER_HISTORY"),
         ({"DISPATCHER_QUEUES": " , "}, {}, "DISPATCHER_QUEUES"),
         ({"DISPATCHER_QUEUES": "we ird"}, {}, "DISPATCHER_QUEUES"),  # enqueue refuses that name
@@ -38,8 +48,15 @@ def test_env_then_flags_win():
         ({}, {"queues": "emails," + "x" * 101}, "--queues"),  # a name over 100 characters
         # Only the static coordinator reads DISPATCHER_BUCKETS: elsewhere it was silently ignored.
         ({"DISPATCHER_BUCKETS": "0-15"}, {}, "DISPATCHER_BUCKETS"),
-        ({"DISPATCHER_BUCKETS": "0-15", "DISPATCHER_COORDINATOR": "redis", "DISPATCHER_REDIS_URL": "redis://r"}, {},
-         "DISPATCHER_BUCKETS"),
+        (
+            {
+                "DISPATCHER_BUCKETS": "0-15",
+                "DISPATCHER_COORDINATOR": "redis",
+                "DISPATCHER_REDIS_URL": "redis://r",
+            },
+            {},
+            "DISPATCHER_BUCKETS",
+        ),
         ({"DISPATCHER_COORDINATOR": "static"}, {"buckets": ","}, "--buckets"),  # no bucket at all
         ({"DISPATCHER_DSN": "postgresql://u:s3cr%t@db/jobs"}, {}, "DISPATCHER_DSN"),
         ({}, {"dsn": "not a dsn"}, "--dsn"),
@@ -54,7 +71,9 @@ def test_bad_values_name_the_setting(env, flags, named):
 def test_listen_goes_to_the_dsn_unless_told_otherwise_or_off():
     pooled = Config(dsn="postgresql://pooled")
     assert pooled.worker.listen_dsn == pooled.coordination.listen_dsn == "postgresql://pooled"
-    direct = Config.load({"DISPATCHER_DSN": "postgresql://pooled", "DISPATCHER_LISTEN_DSN": "postgresql://direct"})
+    direct = Config.load(
+        {"DISPATCHER_DSN": "postgresql://pooled", "DISPATCHER_LISTEN_DSN": "postgresql://direct"}
+    )
     assert direct.worker.listen_dsn == direct.coordination.listen_dsn == "postgresql://direct"
     for off in ("none", "NONE", " None "):
         config = Config.load({"DISPATCHER_DSN": "postgresql://pooled"}, listen_dsn=off)
@@ -66,14 +85,28 @@ def test_prepared_statements_reach_the_connection_limits():
     off = Config.load({"DISPATCHER_PREPARED_STATEMENTS": "false"})
     assert off.database.limits.prepared_statements is False
     assert off.coordination.limits.prepared_statements is False
-    assert (off.database.limits.connect_timeout_s, off.database.limits.statement_timeout_s) == (5, 5)
+    assert (off.database.limits.connect_timeout_s, off.database.limits.statement_timeout_s) == (
+        5,
+        5,
+    )
 
 
 def test_the_queue_rule_is_enqueues_rule():
     """One rule for both: a queue a worker accepts is one a job can be enqueued to, and back."""
     from dispatcher.api.enqueue_checks import check_names
 
-    for name in ["default", "a.b-c_9", "x" * 100, "x" * 101, "we ird", "q\n", "a:b", "é", "", "a\tb"]:
+    for name in [
+        "default",
+        "a.b-c_9",
+        "x" * 100,
+        "x" * 101,
+        "we ird",
+        "q\n",
+        "a:b",
+        "é",
+        "",
+        "a\tb",
+    ]:
         try:
             check_names(name, "job")
             enqueue_accepts = True
@@ -95,7 +128,10 @@ def test_a_bad_dsn_is_named_without_its_password():
 
 
 def test_static_buckets_worker_i_of_n_cover_all_buckets_once():
-    owned = [Config.load({}, worker_index=i, worker_count=3).coordination.static_buckets for i in range(3)]
+    owned = [
+        Config.load({}, worker_index=i, worker_count=3).coordination.static_buckets
+        for i in range(3)
+    ]
     flat = sorted(b for part in owned for b in part)
     assert flat == list(range(64))
     assert max(map(len, owned)) - min(map(len, owned)) <= 1
@@ -156,7 +192,11 @@ BAD_FIELD_VALUES = [
 
 def test_retention_settings_default_to_a_week_for_failures_and_history_and_0_keeps_forever():
     config = Config.load({"DISPATCHER_FAILED_RETENTION_S": "0", "DISPATCHER_PRUNE_BATCH": "250"})
-    assert (config.completed_retention_s, config.failed_retention_s, config.history_retention_s) == (3600, 0, 604800)
+    assert (
+        config.completed_retention_s,
+        config.failed_retention_s,
+        config.history_retention_s,
+    ) == (3600, 0, 604800)
     assert config.prune_batch == 250
     with pytest.raises(ConfigError) as info:
         Config.load({"DISPATCHER_HISTORY_RETENTION_S": "-1"})
@@ -182,8 +222,17 @@ def test_replace_rejects_bad_values_naming_the_field(field, values):
 def test_replace_returns_a_valid_copy():
     base = Config(dsn="postgresql://x")
     new = base.replace(lease_s=12, heartbeat_interval_s=None)
-    assert (new.lease_s, new.leases.heartbeat_s, new.dsn, new.worker_id) == (12, 4, "postgresql://x", base.worker_id)
-    assert (new.claims.lease_s, new.database.limits.statement_timeout_s, base.leases.heartbeat_s) == (12, 5, 10)
+    assert (new.lease_s, new.leases.heartbeat_s, new.dsn, new.worker_id) == (
+        12,
+        4,
+        "postgresql://x",
+        base.worker_id,
+    )
+    assert (
+        new.claims.lease_s,
+        new.database.limits.statement_timeout_s,
+        base.leases.heartbeat_s,
+    ) == (12, 5, 10)
     assert base.lease_s == 30
 
 
@@ -216,7 +265,9 @@ def test_load_names_the_env_var_or_the_flag_the_bad_value_came_from(field, env, 
         Config.load({env: str(getattr(Config(), field))}, **{field: bad})
     assert info.value.setting == flag
     # A bad env var overridden by a good flag is fine.
-    assert getattr(Config.load({env: bad}, **{field: str(getattr(Config(), field))}), field) == getattr(Config(), field)
+    assert getattr(
+        Config.load({env: bad}, **{field: str(getattr(Config(), field))}), field
+    ) == getattr(Config(), field)
 
 
 def test_load_keeps_the_rule_message_and_rejects_unknown_flags():
@@ -253,6 +304,7 @@ def test_non_finite_floats_are_rejected_for_every_float_setting(s, text):
 
 # -- field metadata: parser, help, unit, default -------------------------------------------------
 
+
 def test_every_field_is_a_setting_with_help_and_a_parser():
     names = [f.name for f in dataclasses.fields(Config) if f.init]  # the others are its sections
     assert [s.name for s in settings()] == names
@@ -288,8 +340,14 @@ def test_each_parser_reads_back_its_own_default():
 def test_documented_defaults_match_the_dataclass():
     config = Config()
     for s in settings():
-        if s.name in ("worker_id", "heartbeat_interval_s", "statement_timeout_s", "buckets", "max_payload_bytes",
-                      "listen_dsn"):
+        if s.name in (
+            "worker_id",
+            "heartbeat_interval_s",
+            "statement_timeout_s",
+            "buckets",
+            "max_payload_bytes",
+            "listen_dsn",
+        ):
             continue  # computed or described defaults
         assert s.default == getattr(config, s.name), s.name
         shown = s.default_text
@@ -297,8 +355,12 @@ def test_documented_defaults_match_the_dataclass():
         if expected is None:
             assert shown == "none", s.name
         else:
-            assert s.parse(shown.lower() if isinstance(expected, bool) else shown) == expected, s.name
-    assert settings()[[s.name for s in settings()].index("max_payload_bytes")].default_text.startswith("1048576")
+            assert s.parse(shown.lower() if isinstance(expected, bool) else shown) == expected, (
+                s.name
+            )
+    assert settings()[
+        [s.name for s in settings()].index("max_payload_bytes")
+    ].default_text.startswith("1048576")
 
 
 def WORKER_SETTINGS():  # noqa: N802 - every setting but the dashboard's, which `dispatcher web` shows
@@ -328,11 +390,30 @@ def _help(*command: str, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
-WORKER_ONLY = ("--steal", "--flush-max", "--coordinator-lease-s", "--queues", "--lease-s", "--app", "--metrics-port")
+WORKER_ONLY = (
+    "--steal",
+    "--flush-max",
+    "--coordinator-lease-s",
+    "--queues",
+    "--lease-s",
+    "--app",
+    "--metrics-port",
+)
 
 
-@pytest.mark.parametrize("command", [["enqueue"], ["status"], ["migrate"], ["grants"], ["jobs", "list"],
-                                     ["jobs", "retry"], ["demo"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["enqueue"],
+        ["status"],
+        ["migrate"],
+        ["grants"],
+        ["jobs", "list"],
+        ["jobs", "retry"],
+        ["demo"],
+    ],
+    ids=" ".join,
+)
 def test_a_one_shot_commands_help_lists_only_the_settings_it_reads(command, capsys):
     text = _help(*command, capsys=capsys)
     assert "--dsn" in text and "--log-level" in text and "--log-format" in text
@@ -346,10 +427,17 @@ def test_run_help_lists_every_setting_and_a_one_shot_command_parses_no_worker_fl
 
     text = _help("run", capsys=capsys)
     assert all(s.flag in text.split() for s in WORKER_SETTINGS())
-    assert not any(s.flag in text.split() for s in settings("web")), "the dashboard's settings are `web`'s own"
+    assert not any(s.flag in text.split() for s in settings("web")), (
+        "the dashboard's settings are `web`'s own"
+    )
     web = _help("web", capsys=capsys)
-    assert all(flag in web.split() for flag in ("--host", "--port", "--allow-actions", "--insecure", "--dsn"))
-    assert "--web-token" not in web and "--app" not in web.split(), "the token comes from the environment only"
+    assert all(
+        flag in web.split()
+        for flag in ("--host", "--port", "--allow-actions", "--insecure", "--dsn")
+    )
+    assert "--web-token" not in web and "--app" not in web.split(), (
+        "the token comes from the environment only"
+    )
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["enqueue", "hello", "--steal", "false"])
     assert info.value.code == 2 and "unrecognized arguments: --steal" in capsys.readouterr().err
@@ -361,7 +449,13 @@ def test_every_setting_names_its_section_and_each_section_has_settings():
     assert {s.section for s in settings()} == set(SECTIONS)
     assert [s.name for s in settings("leases")] == ["lease_s", "heartbeat_interval_s"]
     assert [s.name for s in settings("database", "logging")] == [
-        "dsn", "connect_timeout_s", "statement_timeout_s", "prepared_statements", "log_level", "log_format"]
+        "dsn",
+        "connect_timeout_s",
+        "statement_timeout_s",
+        "prepared_statements",
+        "log_level",
+        "log_format",
+    ]
     with pytest.raises(TypeError, match="unknown section"):
         from dispatcher.settings.meta import setting
 
@@ -369,39 +463,60 @@ def test_every_setting_names_its_section_and_each_section_has_settings():
 
 
 def test_each_section_holds_its_settings_with_the_derived_values_resolved():
-    config = Config.load({"DISPATCHER_LEASE_S": "12", "DISPATCHER_COORDINATOR_LEASE_S": "6",
-                          "DISPATCHER_FAILED_RETENTION_S": "0", "DISPATCHER_LOG_LEVEL": "debug",
-                          "DISPATCHER_DSN": "postgresql://db/app", "DISPATCHER_APP": "myapp.jobs:registry"})
+    config = Config.load(
+        {
+            "DISPATCHER_LEASE_S": "12",
+            "DISPATCHER_COORDINATOR_LEASE_S": "6",
+            "DISPATCHER_FAILED_RETENTION_S": "0",
+            "DISPATCHER_LOG_LEVEL": "debug",
+            "DISPATCHER_DSN": "postgresql://db/app",
+            "DISPATCHER_APP": "myapp.jobs:registry",
+        }
+    )
     assert (config.leases.lease_s, config.leases.heartbeat_s) == (12, 4)
     assert (config.leases.start_margin_s, config.leases.lose_early_s) == (2, 0.5)
     assert config.database.limits.statement_timeout_s == 5  # min(5, lease / 2)
     assert config.coordination.limits.statement_timeout_s == 2  # a third of the membership lease
     assert config.claims.lease_s == 12 and config.claims.partitioned
-    assert dict(config.retention.retentions_s) == {"completed": 3600, "failed": 0, "history": 604800}
-    assert config.worker.app == "myapp.jobs:registry" and config.worker.listen_dsn == "postgresql://db/app"
+    assert dict(config.retention.retentions_s) == {
+        "completed": 3600,
+        "failed": 0,
+        "history": 604800,
+    }
+    assert (
+        config.worker.app == "myapp.jobs:registry"
+        and config.worker.listen_dsn == "postgresql://db/app"
+    )
     assert config.logging.level == "DEBUG" and config.coordination.used
-    assert not Config(mode="skip_locked").coordination.used and not Config(coordinator="static").coordination.used
+    assert (
+        not Config(mode="skip_locked").coordination.used
+        and not Config(coordinator="static").coordination.used
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.claims.batch_size = 1  # type: ignore[misc]
 
 
 # -- README ---------------------------------------------------------------------------------------
 
-README = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"  # generated; was README.md
+# generated; was README.md
+README = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
 
 
 def settings_table(text: str) -> list[list[str]]:
-    """The rows (cells, backticks stripped) of the `| setting | default | meaning |` tables (one per section)."""
+    """The rows (cells, backticks stripped) of the `| setting | default | meaning |` tables (one
+    per section)."""
     lines = text.splitlines()
     header = re.compile(r"\|\s*setting\s*\|\s*default\s*\|\s*meaning\s*\|")
     starts = [i for i, line in enumerate(lines) if header.fullmatch(line.strip())]
     assert starts, "no settings table"
     rows = []
     for start in starts:
-        for line in lines[start + 2:]:
+        for line in lines[start + 2 :]:
             if not line.strip().startswith("|"):
                 break
-            rows.append([cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")])
+            rows.append(
+                [cell.strip().replace("`", "") for cell in line.strip().strip("|").split("|")]
+            )
     return rows
 
 
@@ -411,9 +526,12 @@ def check_readme_table(text: str) -> None:
     listed = [row[0] for row in rows]
     assert sorted(listed) == sorted(by_var), (
         f"missing from README: {sorted(set(by_var) - set(listed))}; "
-        f"unknown or repeated there: {sorted(v for v in listed if v not in by_var or listed.count(v) > 1)}")
+        f"unknown or repeated there: {sorted(v for v in listed if v not in by_var or listed.count(v) > 1)}"
+    )
     mentioned = set(re.findall(r"DISPATCHER_[A-Z0-9_]+", "\n".join("|".join(row) for row in rows)))
-    assert mentioned <= set(by_var), f"unknown settings in the README table: {sorted(mentioned - set(by_var))}"
+    assert mentioned <= set(by_var), (
+        f"unknown settings in the README table: {sorted(mentioned - set(by_var))}"
+    )
     for var, default, meaning in rows:
         documented = by_var[var].default_text
         assert default == documented, f"{var}: README default {default!r}, code {documented!r}"

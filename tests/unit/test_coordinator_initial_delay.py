@@ -9,7 +9,9 @@ from coordinator.coordinator import Coordinator
 
 
 def view(members: tuple[str, ...], owner: str | None = None) -> ClusterView:
-    buckets = tuple(BucketState(b, owner, None, 0 if owner is None else 1, False) for b in range(64))
+    buckets = tuple(
+        BucketState(b, owner, None, 0 if owner is None else 1, False) for b in range(64)
+    )
     return ClusterView(members, buckets, members[0] if members else None, None)
 
 

@@ -98,7 +98,8 @@ def test_a_past_run_at_fires_at_once_and_cancel_disarms():
 
 
 def _old_parse_payload(payload: str) -> tuple[str, int | None]:
-    """The parser of releases before the due timer, verbatim: what an old pod does in a rolling upgrade."""
+    """The parser of releases before the due timer, verbatim: what an old pod does in a rolling
+    upgrade."""
     queue, sep, tail = payload.rpartition(":")
     if sep and tail.isdigit():
         return queue, int(tail)
@@ -117,4 +118,5 @@ def test_payloads_parse_and_old_workers_ignore_the_delay():
     old_queue, _ = _old_parse_payload("emails:17:1500")
     assert old_queue == "emails:17"
     from dispatcher.constants import is_valid_name
+
     assert not is_valid_name(old_queue)

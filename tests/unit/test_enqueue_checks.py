@@ -34,28 +34,36 @@ class Reading:
     value: object
 
 
-@pytest.mark.parametrize("payload", [
-    NAN, INF, -INF,
-    {"ratio": NAN},
-    {"a": None, "b": [1, 2, {"c": -INF}]},  # the None makes the JSON hold a null either way
-    [None, (1.5, INF)],
-    {"level": Level.HIGH},
-    Reading(NAN),
-    {"readings": [Reading([0.5, NAN])]},
-    type("Sub", (dict,), {})(x=NAN),  # a dict subclass: orjson writes it like a dict
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        NAN,
+        INF,
+        -INF,
+        {"ratio": NAN},
+        {"a": None, "b": [1, 2, {"c": -INF}]},  # the None makes the JSON hold a null either way
+        [None, (1.5, INF)],
+        {"level": Level.HIGH},
+        Reading(NAN),
+        {"readings": [Reading([0.5, NAN])]},
+        type("Sub", (dict,), {})(x=NAN),  # a dict subclass: orjson writes it like a dict
+    ],
+)
 def test_nan_and_infinity_anywhere_in_a_payload_are_refused(payload):
     with pytest.raises(PayloadError, match="NaN or Infinity"):
         serialize_payload(payload, 1 << 20)
 
 
-@pytest.mark.parametrize("payload, expected", [
-    ({"a": None, "b": 1.5, "c": "null"}, b'{"a":null,"b":1.5,"c":"null"}'),
-    ([None, [None, [1e308, -0.0]]], b"[null,[null,[1e+308,-0.0]]]"),
-    (Reading([1.0, None]), b'{"value":[1.0,null]}'),
-    ({"s": "a literal \\u0000, not a NUL"}, b'{"s":"a literal \\\\u0000, not a NUL"}'),
-    (None, b"{}"),
-])
+@pytest.mark.parametrize(
+    "payload, expected",
+    [
+        ({"a": None, "b": 1.5, "c": "null"}, b'{"a":null,"b":1.5,"c":"null"}'),
+        ([None, [None, [1e308, -0.0]]], b"[null,[null,[1e+308,-0.0]]]"),
+        (Reading([1.0, None]), b'{"value":[1.0,null]}'),
+        ({"s": "a literal \\u0000, not a NUL"}, b'{"s":"a literal \\\\u0000, not a NUL"}'),
+        (None, b"{}"),
+    ],
+)
 def test_payloads_with_null_or_escapes_that_store_as_given_pass(payload, expected):
     assert serialize_payload(payload, 1 << 20) == expected
 
@@ -82,14 +90,32 @@ def test_the_size_limit_counts_json_bytes():
 GOOD = {"priority": 0, "max_attempts": 20, "delay_s": 0.0, "jitter_s": 0.0, "run_at": None}
 
 
-@pytest.mark.parametrize("option, value", [
-    ("max_attempts", 1.5), ("max_attempts", 2.0), ("max_attempts", True), ("max_attempts", "3"),
-    ("max_attempts", 0), ("priority", 1.5), ("priority", False), ("priority", 40_000),
-    ("delay_s", NAN), ("delay_s", INF), ("delay_s", -INF), ("delay_s", -1), ("delay_s", MAX_DELAY_S * 2),
-    ("delay_s", "5"), ("delay_s", True),
-    ("jitter_s", NAN), ("jitter_s", INF), ("jitter_s", -0.5), ("jitter_s", None),
-    ("run_at", "2030-01-01"), ("run_at", dt.datetime(2030, 1, 1)),
-])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("max_attempts", 1.5),
+        ("max_attempts", 2.0),
+        ("max_attempts", True),
+        ("max_attempts", "3"),
+        ("max_attempts", 0),
+        ("priority", 1.5),
+        ("priority", False),
+        ("priority", 40_000),
+        ("delay_s", NAN),
+        ("delay_s", INF),
+        ("delay_s", -INF),
+        ("delay_s", -1),
+        ("delay_s", MAX_DELAY_S * 2),
+        ("delay_s", "5"),
+        ("delay_s", True),
+        ("jitter_s", NAN),
+        ("jitter_s", INF),
+        ("jitter_s", -0.5),
+        ("jitter_s", None),
+        ("run_at", "2030-01-01"),
+        ("run_at", dt.datetime(2030, 1, 1)),
+    ],
+)
 def test_bad_options_raise_enqueue_error_naming_the_option(option, value):
     with pytest.raises(EnqueueError) as info:
         check_options(**{**GOOD, option: value})
@@ -99,24 +125,41 @@ def test_bad_options_raise_enqueue_error_naming_the_option(option, value):
 
 def test_good_options_pass():
     check_options(priority=-32768, max_attempts=1, delay_s=MAX_DELAY_S, jitter_s=0, run_at=None)
-    check_options(priority=32767, max_attempts=1_000_000, delay_s=0, jitter_s=2.5,
-                  run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC))
+    check_options(
+        priority=32767,
+        max_attempts=1_000_000,
+        delay_s=0,
+        jitter_s=2.5,
+        run_at=dt.datetime(2030, 1, 1, tzinfo=dt.UTC),
+    )
 
 
-@pytest.mark.parametrize("bucket, partition_key, dedupe_key, option", [
-    (64, None, None, "bucket"), (1.5, None, None, "bucket"), (True, None, None, "bucket"),
-    (3, "customer-1", None, "bucket"), (None, 42, None, "partition_key"), (None, None, 7, "dedupe_key"),
-])
+@pytest.mark.parametrize(
+    "bucket, partition_key, dedupe_key, option",
+    [
+        (64, None, None, "bucket"),
+        (1.5, None, None, "bucket"),
+        (True, None, None, "bucket"),
+        (3, "customer-1", None, "bucket"),
+        (None, 42, None, "partition_key"),
+        (None, None, 7, "dedupe_key"),
+    ],
+)
 def test_bad_keys_name_the_option(bucket, partition_key, dedupe_key, option):
     with pytest.raises(EnqueueError) as info:
         check_keys(bucket, partition_key, dedupe_key)
     assert info.value.option == option
 
 
-@pytest.mark.parametrize("queue, job_type, option", [
-    ("q\n", "a", "queue"),  # `$` matched before a trailing newline; COPY rows would break
-    ("we ird", "a", "queue"), ("default", ["a"], "job_type"), ("default", "a\tb", "job_type"),
-])
+@pytest.mark.parametrize(
+    "queue, job_type, option",
+    [
+        ("q\n", "a", "queue"),  # `$` matched before a trailing newline; COPY rows would break
+        ("we ird", "a", "queue"),
+        ("default", ["a"], "job_type"),
+        ("default", "a\tb", "job_type"),
+    ],
+)
 def test_bad_names_are_refused(queue, job_type, option):
     with pytest.raises(EnqueueError) as info:
         check_names(queue, job_type)
@@ -133,10 +176,19 @@ def test_a_bad_ordering_key_is_refused_before_anything_is_sent(key):
     assert err.value.option == "ordering_key"
 
 
-@pytest.mark.parametrize("window_s, dedupe_key, says", [
-    (60.0, None, "needs a dedupe_key"), (0, "k", "> 0"), (-1.0, "k", "> 0"), (float("nan"), "k", "> 0"),
-    (float("inf"), "k", "> 0"), (True, "k", "> 0"), ("60", "k", "> 0"), (MAX_DEDUPE_WINDOW_S + 1, "k", "at most"),
-])
+@pytest.mark.parametrize(
+    "window_s, dedupe_key, says",
+    [
+        (60.0, None, "needs a dedupe_key"),
+        (0, "k", "> 0"),
+        (-1.0, "k", "> 0"),
+        (float("nan"), "k", "> 0"),
+        (float("inf"), "k", "> 0"),
+        (True, "k", "> 0"),
+        ("60", "k", "> 0"),
+        (MAX_DEDUPE_WINDOW_S + 1, "k", "at most"),
+    ],
+)
 def test_a_bad_dedupe_window_names_the_option(window_s, dedupe_key, says):
     with pytest.raises(EnqueueError, match=says) as caught:
         check_dedupe_window(window_s, dedupe_key)
@@ -158,6 +210,12 @@ def test_a_bad_dedupe_window_is_refused_before_anything_is_sent():
     assert caught.value.option == "dedupe_window_s"
     store = MemoryStore()  # bulk: the batch is judged whole before its first row is stored
     with pytest.raises(EnqueueError) as caught:
-        enqueue_many_sync(store, [JobSpec("send", dedupe_key="k", dedupe_window_s=1), JobSpec("send", dedupe_window_s=1)])
+        enqueue_many_sync(
+            store,
+            [
+                JobSpec("send", dedupe_key="k", dedupe_window_s=1),
+                JobSpec("send", dedupe_window_s=1),
+            ],
+        )
     assert caught.value.option == "dedupe_window_s" and "job #1" in str(caught.value)
     assert store.jobs() == []

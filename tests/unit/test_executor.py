@@ -17,7 +17,10 @@ from tests.helpers import run_async, wait_until_async
 
 
 def job(job_id: int, job_type: str, attempts: int = 1, max_attempts: int = 5) -> Job:
-    return Job((job_id, job_type, {}, attempts, max_attempts, None, 0, 0), "00000000-0000-0000-0000-000000000001")
+    return Job(
+        (job_id, job_type, {}, attempts, max_attempts, None, 0, 0),
+        "00000000-0000-0000-0000-000000000001",
+    )
 
 
 class Recorder:
@@ -44,9 +47,12 @@ class Recorder:
 
 def run_to_the_end(executor: Executor, jobs: list[Job]) -> None:
     """Start a batch on a fresh loop and wait until every attempt has ended."""
+
     async def main():
         executor.start(jobs)
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005
+        )
 
     run_async(main())
 
@@ -55,20 +61,28 @@ def execution(*, job_timeout_s: float = 0, sync_threads: int = 2) -> ExecutionSe
     return ExecutionSettings("w1", job_timeout_s, sync_threads, retry_base_s=1.0, retry_cap_s=60.0)
 
 
-def leases(lease_s: float = 30.0, *, start_margin_s: float = 0.0, lose_early_s: float = 0.0) -> LeaseSettings:
+def leases(
+    lease_s: float = 30.0, *, start_margin_s: float = 0.0, lose_early_s: float = 0.0
+) -> LeaseSettings:
     """The executor's lease margins (the worker derives them from the heartbeat interval)."""
     return LeaseSettings(lease_s, lease_s / 3, start_margin_s, lose_early_s)
 
 
 def make(registry, **kw):
     recorder = Recorder()
-    executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder,
-                        execution(job_timeout_s=kw.pop("job_timeout_s", 0), sync_threads=kw.pop("sync_threads", 2)),
-                        leases())
+    executor = Executor(
+        registry,
+        RetryPolicy(1.0, 60.0, rand=lambda: 0.5),
+        recorder,
+        execution(job_timeout_s=kw.pop("job_timeout_s", 0), sync_threads=kw.pop("sync_threads", 2)),
+        leases(),
+    )
     return executor, recorder
 
 
-@pytest.mark.parametrize("exc", [ValueError("boom"), SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+@pytest.mark.parametrize(
+    "exc", [ValueError("boom"), SystemExit(3), KeyboardInterrupt(), GeneratorExit()]
+)
 def test_anything_an_async_handler_raises_is_its_jobs_failure(exc):
     registry = Registry()
 
@@ -114,7 +128,9 @@ def test_anything_a_sync_handler_raises_is_its_jobs_failure():
 
     run_to_the_end(executor, [job(1, "bad")])
     executor.close()
-    assert rec.outcomes[1].status == "queued" and "SystemExit: from a thread" in rec.outcomes[1].error
+    assert (
+        rec.outcomes[1].status == "queued" and "SystemExit: from a thread" in rec.outcomes[1].error
+    )
 
 
 def test_permanent_error_unknown_type_and_last_attempt():
@@ -130,13 +146,22 @@ def test_permanent_error_unknown_type_and_last_attempt():
 
     executor, rec = make(registry)
 
-    run_to_the_end(executor, [job(1, "perm"), job(2, "nobody"), job(3, "boom", attempts=5, max_attempts=5)])
+    run_to_the_end(
+        executor, [job(1, "perm"), job(2, "nobody"), job(3, "boom", attempts=5, max_attempts=5)]
+    )
     assert rec.outcomes[1].status == "discarded"
-    assert rec.outcomes[2].status == "failed" and "no handler registered for job_type 'nobody'" in rec.outcomes[2].error
+    assert (
+        rec.outcomes[2].status == "failed"
+        and "no handler registered for job_type 'nobody'" in rec.outcomes[2].error
+    )
     assert "known: boom, perm" in rec.outcomes[2].error
     assert rec.outcomes[3].status == "failed"
     # What the outcome lines say: why each attempt failed, and the exception in one line.
-    assert rec.kinds == {1: FailureKind.PERMANENT, 2: FailureKind.UNKNOWN_TYPE, 3: FailureKind.ERROR}
+    assert rec.kinds == {
+        1: FailureKind.PERMANENT,
+        2: FailureKind.UNKNOWN_TYPE,
+        3: FailureKind.ERROR,
+    }
     assert rec.summaries[1] == "dispatcher.errors.PermanentJobError: no such customer"
     assert rec.summaries[3] == "RuntimeError: boom"
 
@@ -180,7 +205,9 @@ def test_the_sync_backlog_is_handed_back_unstarted_and_running_jobs_are_held():
         unstarted = [j.id for j in executor.take_unstarted()]
         in_flight = executor.in_flight
         release.set()
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005
+        )
         return held, unstarted, in_flight
 
     held, unstarted, in_flight = run_async(main())
@@ -245,8 +272,10 @@ def test_a_keyed_jobs_failure_carries_its_handlers_on_ordered_failure():
         raise ValueError("boom")
 
     executor, rec = make(registry)
-    keyed = [Job((n, t, {}, 1, 1, None, 0, 0, "k"), "00000000-0000-0000-0000-000000000001")
-             for n, t in ((1, "halts"), (2, "goes_on"), (4, "missing"))]
+    keyed = [
+        Job((n, t, {}, 1, 1, None, 0, 0, "k"), "00000000-0000-0000-0000-000000000001")
+        for n, t in ((1, "halts"), (2, "goes_on"), (4, "missing"))
+    ]
     run_to_the_end(executor, [*keyed, job(3, "goes_on")])
     assert rec.halts == {1: True, 2: False, 3: True, 4: True}, "unkeyed: moot, sent as the default"
     assert [rec.outcomes[n].status for n in (1, 2, 4)] == ["failed"] * 3

@@ -42,7 +42,11 @@ def registry_with_waits() -> tuple[Registry, list[str], threading.Event]:
 
 def cancelled(rec, job_id):
     outcome = rec.outcomes.get(job_id)
-    return outcome is not None and outcome.status == "cancelled" and rec.kinds[job_id] is FailureKind.CANCELLED
+    return (
+        outcome is not None
+        and outcome.status == "cancelled"
+        and rec.kinds[job_id] is FailureKind.CANCELLED
+    )
 
 
 def test_an_async_handler_is_cancelled_and_its_job_ends_cancelled_even_on_its_last_attempt():
@@ -61,7 +65,8 @@ def test_an_async_handler_is_cancelled_and_its_job_ends_cancelled_even_on_its_la
     run_async(main())
     executor.close()
     assert sorted(seen) == ["1 cancelled", "2 cancelled"]
-    assert cancelled(rec, 1) and cancelled(rec, 2), rec.outcomes  # not 'failed' (attempts used up), not retried
+    # not 'failed' (attempts used up), not retried
+    assert cancelled(rec, 1) and cancelled(rec, 2), rec.outcomes
     assert "the handler was interrupted" in rec.outcomes[1].error
     assert rec.completed_ids == []
 
@@ -87,22 +92,29 @@ def test_a_running_sync_handler_is_recorded_cancelled_when_it_returns_and_a_wait
     executor, rec = make(registry, sync_threads=1)
 
     async def main():
-        executor.start([job(1, "block"), job(2, "block")])  # one thread: job 2 waits for it, unstarted
+        # one thread: job 2 waits for it, unstarted
+        executor.start([job(1, "block"), job(2, "block")])
         await wait_until_async(lambda: seen == ["1 started"], 5, "job 1 started", interval_s=0.005)
         assert executor.cancel([1, 2]) == 2
         # Job 2 had not started: cancelled now, its slot freed. Job 1's thread cannot be stopped: it
         # keeps running (and its lease: still due for heartbeats), with no outcome yet.
-        await wait_until_async(lambda: executor.in_flight == 1, 5, "job 2 was dropped", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 1, 5, "job 2 was dropped", interval_s=0.005
+        )
         assert cancelled(rec, 2) and "it had not started" in rec.outcomes[2].error
         assert 1 not in rec.outcomes and [j.id for j in executor.running_since(1e18)] == [1]
         release.set()
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "job 1 returned", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "job 1 returned", interval_s=0.005
+        )
 
     run_async(main())
     executor.close()
     assert seen == ["1 started", "1 returned"], "job 2 must never start"
     assert cancelled(rec, 1) and "a thread cannot be interrupted" in rec.outcomes[1].error
-    assert rec.completed_ids == [], "the sync handler returned normally, after the cancel was seen: cancelled"
+    assert rec.completed_ids == [], (
+        "the sync handler returned normally, after the cancel was seen: cancelled"
+    )
 
 
 def test_a_job_whose_lease_is_lost_is_not_cancelled_by_us():

@@ -21,8 +21,14 @@ from tests.unit.test_executor import Recorder, execution, job, leases
 
 def make(registry: Registry, clock=time.monotonic, **kw) -> tuple[Executor, Recorder]:
     recorder = Recorder()
-    executor = Executor(registry, RetryPolicy(1.0, 60.0, rand=lambda: 0.5), recorder,
-                        execution(sync_threads=kw.pop("sync_threads", 1)), leases(**kw), clock=clock)
+    executor = Executor(
+        registry,
+        RetryPolicy(1.0, 60.0, rand=lambda: 0.5),
+        recorder,
+        execution(sync_threads=kw.pop("sync_threads", 1)),
+        leases(**kw),
+        clock=clock,
+    )
     return executor, recorder
 
 
@@ -50,20 +56,29 @@ def test_a_lost_lease_drops_unstarted_jobs_cancels_async_ones_and_fences_running
 
     async def main():
         executor.start([job(1, "block"), job(2, "block"), job(3, "block"), job(4, "wait")])
-        await wait_until_async(lambda: started == [4, 1] or started == [1, 4], 5, "jobs 1 and 4 started",
-                               interval_s=0.005)
+        await wait_until_async(
+            lambda: started == [4, 1] or started == [1, 4],
+            5,
+            "jobs 1 and 4 started",
+            interval_s=0.005,
+        )
         assert executor.lose([1, 2, 4], "taken over") == 3
         assert executor.lose([1, 2, 4], "taken over") == 0  # already lost: counted once
         # Job 1's thread still holds its slot, job 3 waits in the backlog; 2 and 4 freed theirs.
-        await wait_until_async(lambda: executor.in_flight == 2, 5, "the lost jobs freed their slots",
-                               interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 2, 5, "the lost jobs freed their slots", interval_s=0.005
+        )
         release.set()
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005
+        )
 
     run_async(main())
     executor.close()
     assert sorted(started) == [1, 3, 4], "job 2 was lost before it started: it must never start"
-    assert rec.completed_ids == [3], "job 1's thread finished after its lease was lost: no outcome of ours"
+    assert rec.completed_ids == [3], (
+        "job 1's thread finished after its lease was lost: no outcome of ours"
+    )
     assert rec.outcomes == {}, "a cancelled lost job is not a failed attempt either"
     stats = executor.stats
     assert (stats.lost_dropped, stats.lost_cancelled, stats.lost_running) == (1, 1, 1)
@@ -98,17 +113,29 @@ def test_leases_about_to_run_out_without_a_heartbeat_are_lost_before_they_end():
         await wait_until_async(lambda: checks, 5, "the watch fired at 0.9 s", interval_s=0.005)
         assert checks[0] == (0.9, 0), "1.1 s of lease left: kept"
         clock.advance(0.1)
-        await wait_until_async(lambda: executor.stats.lost_running == 1, 5, "the leases were given up",
-                               interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.stats.lost_running == 1,
+            5,
+            "the leases were given up",
+            interval_s=0.005,
+        )
         release.set()
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005
+        )
         return claimed_at
 
     claimed_at = run_async(main())
     executor.close()
     lost = [(at, n) for at, n in checks if n]
-    assert lost == [(claimed_at + 1.0, 3)], "all three at once, by one timer, 1 s before the lease's end (2 s)"
-    assert (executor.stats.lost_dropped, executor.stats.lost_cancelled, executor.stats.lost_running) == (1, 1, 1)
+    assert lost == [(claimed_at + 1.0, 3)], (
+        "all three at once, by one timer, 1 s before the lease's end (2 s)"
+    )
+    assert (
+        executor.stats.lost_dropped,
+        executor.stats.lost_cancelled,
+        executor.stats.lost_running,
+    ) == (1, 1, 1)
     assert started == [1] and rec.completed_ids == [] and rec.outcomes == {}
 
 
@@ -126,7 +153,9 @@ def test_a_backlogged_job_whose_lease_is_about_to_lapse_is_not_started():
         await wait_until_async(lambda: started == [1], 5, "job 1 started", interval_s=0.005)
         clock.advance(0.6)  # job 2 waited for a thread with no heartbeat: 0.4 s of lease left
         release.set()
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005
+        )
 
     run_async(main())
     executor.close()
@@ -145,7 +174,9 @@ def test_an_extended_lease_keeps_a_backlogged_job_startable():
         clock.advance(0.6)
         executor.extended([1, 2], clock() + 10.0)  # a heartbeat landed
         release.set()
-        await wait_until_async(lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005)
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005
+        )
 
     run_async(main())
     release.set()
@@ -169,7 +200,9 @@ def test_after_the_grace_a_running_thread_is_never_given_back_and_is_abandoned_i
     release.set()
     executor.close()
     assert left == 1
-    assert rec.outcomes == {} and rec.completed_ids == [], "requeueing it would let another worker run it beside us"
+    assert rec.outcomes == {} and rec.completed_ids == [], (
+        "requeueing it would let another worker run it beside us"
+    )
     assert held == [], "abandoned: no more heartbeats, its lease lapses when the process ends"
 
 
@@ -228,7 +261,9 @@ def test_the_lease_keeper_keeps_leases_on_the_fake_clock_and_brings_a_cancel_req
     store = MemoryStore(clock, worker_id="w1")
     registry, started, _ = blocking_registry()
     executor, rec = make(registry, lease_s=2.0, clock=clock)
-    lease_settings = LeaseSettings(lease_s=2.0, heartbeat_s=0.5, start_margin_s=0.25, lose_early_s=0.125)
+    lease_settings = LeaseSettings(
+        lease_s=2.0, heartbeat_s=0.5, start_margin_s=0.25, lose_early_s=0.125
+    )
     keeper = LeaseKeeper(store, executor, lease_settings, clock=clock)  # type: ignore[arg-type]
     dispatcher.enqueue_sync(store, "wait")
     dispatcher.enqueue_sync(store, "wait")
@@ -246,10 +281,13 @@ def test_the_lease_keeper_keeps_leases_on_the_fake_clock_and_brings_a_cancel_req
         assert store.cancel([first.id]) == {first.id: "running"}
         clock.advance(0.6)
         await keeper.tick()
-        await wait_until_async(lambda: first.id in rec.outcomes, 5, "the handler was cancelled", interval_s=0.005)
+        await wait_until_async(
+            lambda: first.id in rec.outcomes, 5, "the handler was cancelled", interval_s=0.005
+        )
         assert rec.outcomes[first.id].status == "cancelled" and second.id not in rec.outcomes
         assert [j.id for j in executor.running_since(clock())] == [second.id]
-        # The executor counts the lease from the keeper's last send, on the same clock: 2 s from now.
+        # The executor counts the lease from the keeper's last send, on the same clock: 2 s from
+        # now.
         assert executor.lose_expired(clock() + 1.99) == 0
         assert executor.lose_expired(clock() + 2.0) == 1
 

@@ -15,14 +15,33 @@ def test_bucket_ranges():
 
 
 def test_a_group_shows_each_member_with_its_buckets_the_leader_and_what_moves():
-    groups = {"default": {
-        "leader": "w1", "term": 3,
-        "members": [{"id": "w1", "heartbeat_age_s": 0.4, "up_s": 3725.0, "leaving": False, "leader": True,
-                     "buckets": list(range(32))},
-                    {"id": "w2", "heartbeat_age_s": 1.25, "up_s": 42.0, "leaving": True, "leader": False,
-                     "buckets": list(range(32, 62))}],
-        "unowned": [63], "handoffs": [{"bucket": 40, "from": "w2", "to": "w1"}],
-        "orphaned": [{"bucket": 62, "owner": "w9"}]}}
+    groups = {
+        "default": {
+            "leader": "w1",
+            "term": 3,
+            "members": [
+                {
+                    "id": "w1",
+                    "heartbeat_age_s": 0.4,
+                    "up_s": 3725.0,
+                    "leaving": False,
+                    "leader": True,
+                    "buckets": list(range(32)),
+                },
+                {
+                    "id": "w2",
+                    "heartbeat_age_s": 1.25,
+                    "up_s": 42.0,
+                    "leaving": True,
+                    "leader": False,
+                    "buckets": list(range(32, 62)),
+                },
+            ],
+            "unowned": [63],
+            "handoffs": [{"bucket": 40, "from": "w2", "to": "w1"}],
+            "orphaned": [{"bucket": 62, "owner": "w9"}],
+        }
+    }
     lines = render_fleet(groups)
     assert lines[0] == "workers of group default: 2 live, leader w1 (term 3)"
     assert lines[2].split() == ["w1", "(leader)", "0.4s", "1h02m", "0-31", "(32)"]

@@ -30,10 +30,15 @@ def test_the_next_token_comes_when_the_fraction_left_grows_to_one():
 
 
 @settings(max_examples=200, deadline=None)
-@given(rate=st.floats(0.5, 200.0), burst_extra=st.floats(0.0, 50.0),
-       gaps=st.lists(st.floats(0.0, 0.5), min_size=1, max_size=200), asks=st.integers(1, 50))
-def test_a_token_bucket_driven_by_allowance_never_exceeds_rate_times_window_plus_burst(rate, burst_extra, gaps,
-                                                                                        asks):
+@given(
+    rate=st.floats(0.5, 200.0),
+    burst_extra=st.floats(0.0, 50.0),
+    gaps=st.lists(st.floats(0.0, 0.5), min_size=1, max_size=200),
+    asks=st.integers(1, 50),
+)
+def test_a_token_bucket_driven_by_allowance_never_exceeds_rate_times_window_plus_burst(
+    rate, burst_extra, gaps, asks
+):
     """Claims at arbitrary times, each asking for `asks`: over any window [a, b] between two
     starts, at most rate x (b - a) + burst start (the bound the concept page documents)."""
     burst = max(1.0, rate) + burst_extra
@@ -72,7 +77,11 @@ def test_with_a_backlog_a_claimer_that_wakes_at_next_token_keeps_up_with_the_rat
 
 
 def test_the_plan_gates_each_limited_type_and_keeps_the_rest_off_them():
-    limits = (Limit("sms", "*", 5, None), Limit("push", "default", None, 10.0), Limit("*", "bulk", 2, None))
+    limits = (
+        Limit("sms", "*", 5, None),
+        Limit("push", "default", None, 10.0),
+        Limit("*", "bulk", 2, None),
+    )
     assert plan_for(limits, "other") is not None  # sms's limit is in every queue
     default = plan_for(limits, "default")
     assert default.ungated and default.rest == TypeFilter(("push", "sms"), False)

@@ -17,7 +17,8 @@ def _cached(module: object) -> Path:
 def test_precompile_writes_the_bytecode_of_both_packages_once(monkeypatch):
     targets = [_cached(dispatcher.serve.worker), _cached(coordinator.coordinator)]
     for pyc in targets:
-        pyc.unlink(missing_ok=True)  # gitignored; an import meanwhile would just compile from source
+        # gitignored; an import meanwhile would just compile from source
+        pyc.unlink(missing_ok=True)
     monkeypatch.setattr(harness, "_precompiled", False)
     harness.precompile()
     assert all(pyc.is_file() for pyc in targets)

@@ -1,5 +1,6 @@
-"""The worker's HTTP server in this process (no database): routes, and bounds on what clients
-can hold (dispatcher/serve/http_server.py). The real workers' answers: tests/integration/test_health_http.py."""
+"""The worker's HTTP server in this process (no database): routes, and bounds on what clients can
+hold (dispatcher/serve/http_server.py). The real workers' answers:
+tests/integration/test_health_http.py."""
 
 import socket
 import time
@@ -27,18 +28,27 @@ def server():
 
 def test_routes_answer_json_or_the_metrics_page_and_unknown_paths_404(server):
     srv, health = server
-    assert http_get(srv.port, "/livez") == (200, orjson.dumps({"status": "ok", "loop_heartbeat_age_s": None}))
+    assert http_get(srv.port, "/livez") == (
+        200,
+        orjson.dumps({"status": "ok", "loop_heartbeat_age_s": None}),
+    )
     code, body = http_get(srv.port, "/readyz")
     assert code == 503 and orjson.loads(body)["checks"]["worker"] == "starting"
     code, body = http_get(srv.port, "/metrics?x=1")  # a query string does not change the route
     assert code == 200 and b"# TYPE dispatcher_ready gauge" in body
     code, body = http_get(srv.port, "/healthz")
-    assert code == 404 and orjson.loads(body) == {"status": "not found", "path": "/healthz",
-                                                 "endpoints": ["/metrics", "/livez", "/readyz"]}
+    assert code == 404 and orjson.loads(body) == {
+        "status": "not found",
+        "path": "/healthz",
+        "endpoints": ["/metrics", "/livez", "/readyz"],
+    }
     request = urllib.request.Request(f"http://127.0.0.1:{srv.port}/livez", method="HEAD")
     with urllib.request.urlopen(request, timeout=2) as response:
-        assert response.status == 200 and response.read() == b"" and response.headers["Content-Type"] == \
-            "application/json"
+        assert (
+            response.status == 200
+            and response.read() == b""
+            and response.headers["Content-Type"] == "application/json"
+        )
     health._beat = time.monotonic() - 11
     assert http_get(srv.port, "/livez")[0] == 503
 
@@ -59,7 +69,10 @@ def test_ipv6_and_ipv4_clients_are_served(server):
 def test_idle_clients_hold_a_bounded_number_of_threads_for_a_bounded_time(server, monkeypatch):
     monkeypatch.setattr(http_server._Handler, "timeout", 1.0)
     srv, _ = server
-    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(http_server.MAX_CONCURRENT)]
+    idle = [
+        socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+        for _ in range(http_server.MAX_CONCURRENT)
+    ]
     try:
         # Every slot is held by a client that sends nothing: the next one is closed at once.
         def refused():
@@ -77,5 +90,7 @@ def test_idle_clients_hold_a_bounded_number_of_threads_for_a_bounded_time(server
 
 def test_a_taken_port_is_one_clear_error_naming_the_setting(server):
     srv, health = server
-    with pytest.raises(DispatcherError, match=rf"port {srv.port} \(DISPATCHER_METRICS_PORT\): .*in use"):
+    with pytest.raises(
+        DispatcherError, match=rf"port {srv.port} \(DISPATCHER_METRICS_PORT\): .*in use"
+    ):
         http_server.HealthServer(srv.port, health).start()

@@ -40,7 +40,9 @@ def test_every_example_file_is_in_the_guide_as_it_is() -> None:
     for header, text in files.items():
         shown = [b for b in blocks if b.startswith(header + "\n")]
         assert len(shown) == 1, f"one block of {GUIDE.name} shows {header[2:]}"
-        assert shown[0] == text, f"edit both: {GUIDE.name}'s block and docs/examples/.../{header[2:]}"
+        assert shown[0] == text, (
+            f"edit both: {GUIDE.name}'s block and docs/examples/.../{header[2:]}"
+        )
 
 
 def test_every_file_the_guide_names_exists() -> None:
@@ -48,4 +50,6 @@ def test_every_file_the_guide_names_exists() -> None:
     for block in python_blocks(GUIDE.read_text(encoding="utf-8")):
         first = block.split("\n", 1)[0]
         if re.fullmatch(r"# [\w/]+\.py", first):
-            assert first in files, f"{GUIDE.name} shows {first[2:]}, which is not under docs/examples/"
+            assert first in files, (
+                f"{GUIDE.name} shows {first[2:]}, which is not under docs/examples/"
+            )

@@ -8,12 +8,19 @@ from tests.helpers import Execution, key_order_violations
 KEYS = {1: ("a", 0), 2: ("b", 0), 3: ("a", 1), 4: ("a", 2)}
 
 
-def run(job_id: int, start: float, end: float | None, pid: int = 10, outcome: str | None = "ok") -> Execution:
+def run(
+    job_id: int, start: float, end: float | None, pid: int = 10, outcome: str | None = "ok"
+) -> Execution:
     return Execution(job_id, 1, start, end, pid, outcome if end is not None else None)
 
 
 def in_order() -> dict[int, list[Execution]]:
-    return {1: [run(1, 0.0, 1.0)], 2: [run(2, 0.0, 5.0)], 3: [run(3, 1.1, 2.0)], 4: [run(4, 2.5, 3.0)]}
+    return {
+        1: [run(1, 0.0, 1.0)],
+        2: [run(2, 0.0, 5.0)],
+        3: [run(3, 1.1, 2.0)],
+        4: [run(4, 2.5, 3.0)],
+    }
 
 
 def test_a_recording_that_kept_every_keys_order_passes():
@@ -35,10 +42,12 @@ def test_a_job_run_out_of_order_is_caught():
 
 def test_the_earlier_jobs_last_run_counts_and_a_stale_run_against_its_own_rerun_does_not():
     executions = in_order()
-    # Job 1's stale run (a paused owner) ends at 1.05, beside its own re-run; job 3 starts after both.
+    # Job 1's stale run (a paused owner) ends at 1.05, beside its own re-run; job 3 starts after
+    # both.
     executions[1] = [run(1, 0.0, 1.05, pid=11), run(1, 0.5, 1.0)]
     assert key_order_violations(executions, KEYS) == []
-    executions[1] = [run(1, 0.0, 1.5, pid=11), run(1, 0.5, 1.0)]  # but ending after job 3 started: caught
+    # but ending after job 3 started: caught
+    executions[1] = [run(1, 0.0, 1.5, pid=11), run(1, 0.5, 1.0)]
     assert key_order_violations(executions, KEYS)
 
 
@@ -54,4 +63,6 @@ def test_a_job_that_never_ran_to_its_end_and_ids_out_of_enqueue_order_are_caught
     executions = in_order()
     executions[3] = [run(3, 1.1, 2.0, outcome="RuntimeError")]
     assert any("job 3 never ran to its end" in p for p in key_order_violations(executions, KEYS))
-    assert any("not in enqueue order" in p for p in key_order_violations(in_order(), {**KEYS, 3: ("a", 5)}))
+    assert any(
+        "not in enqueue order" in p for p in key_order_violations(in_order(), {**KEYS, 3: ("a", 5)})
+    )

@@ -27,19 +27,26 @@ DROP INDEX CONCURRENTLY IF EXISTS i0;
     steps = Migration(7, "x", sql).steps
     assert [s.autocommit for s in steps] == [False, False, True]
     assert "lock_timeout" in steps[0].sql and "VALIDATE" not in steps[0].sql
-    assert steps[2].statements == ["CREATE INDEX CONCURRENTLY IF NOT EXISTS i1 ON t (c)",
-                                   "DROP INDEX CONCURRENTLY IF EXISTS i0"]
+    assert steps[2].statements == [
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS i1 ON t (c)",
+        "DROP INDEX CONCURRENTLY IF EXISTS i0",
+    ]
 
 
 def test_an_empty_step_is_dropped():
-    steps = Migration(7, "x", "-- step: autocommit\n-- nothing here\n-- step: transaction\nSELECT 1;\n").steps
+    steps = Migration(
+        7, "x", "-- step: autocommit\n-- nothing here\n-- step: transaction\nSELECT 1;\n"
+    ).steps
     assert [s.autocommit for s in steps] == [False]
 
 
-@pytest.mark.parametrize("sql, message", [
-    ("-- step: sometimes\nSELECT 1;", "unknown step kind"),
-    ("-- step: autocommit\nDO $$ BEGIN PERFORM 1; END $$;", r"\$\$ body"),
-])
+@pytest.mark.parametrize(
+    "sql, message",
+    [
+        ("-- step: sometimes\nSELECT 1;", "unknown step kind"),
+        ("-- step: autocommit\nDO $$ BEGIN PERFORM 1; END $$;", r"\$\$ body"),
+    ],
+)
 def test_what_cannot_run_as_written_is_refused(sql, message):
     with pytest.raises(MigrationError, match=message):
         Migration(9, "bad", sql).steps
@@ -51,7 +58,10 @@ def test_the_cancel_migration_changes_the_catalog_first_then_scans_then_builds_i
     code = re.sub(r"--[^\n]*", "", catalog.sql)
     assert not catalog.autocommit and "lock_timeout" in code and "NOT VALID" in code
     assert "VALIDATE" not in code and "CREATE INDEX" not in code
-    assert not validate.autocommit and re.sub(r"--[^\n]*", "", validate.sql).count("VALIDATE CONSTRAINT") == 2
+    assert (
+        not validate.autocommit
+        and re.sub(r"--[^\n]*", "", validate.sql).count("VALIDATE CONSTRAINT") == 2
+    )
     assert indexes.autocommit and all("CONCURRENTLY" in s for s in indexes.statements)
     every_step = [s for m in available_migrations() for s in m.steps]  # none is refused
     assert every_step

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MAX_LINES = 400
-MODULES = sorted(p for tree in ("dispatcher", "coordinator", "bench") for p in (REPO / tree).rglob("*.py"))
+MAX_LINES = 600
+MODULES = sorted(
+    p for tree in ("dispatcher", "coordinator", "bench") for p in (REPO / tree).rglob("*.py")
+)
 
 
 def test_the_trees_are_there() -> None:
@@ -19,6 +21,6 @@ def test_the_trees_are_there() -> None:
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(REPO)))
-def test_module_has_at_most_400_lines(path: Path) -> None:
+def test_module_stays_under_the_runaway_bound(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(REPO)}: {lines} lines"

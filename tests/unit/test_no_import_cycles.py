@@ -26,7 +26,9 @@ def _module_name(path: Path) -> str:
 
 
 def modules() -> dict[str, Path]:
-    return {_module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+    return {
+        _module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))
+    }
 
 
 def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
@@ -43,7 +45,8 @@ def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> s
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            for alias in node.names:  # `from pkg import mod` names a module; `from mod import x` does not
+            # `from pkg import mod` names a module; `from mod import x` does not
+            for alias in node.names:
                 found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
     return {name for name in found if name in known and name != module}
 
@@ -51,8 +54,10 @@ def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> s
 def import_graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
-    return {name: imports_of(path.read_text(encoding="utf-8"), name, path.name == "__init__.py", known)
-            for name, path in found.items()}
+    return {
+        name: imports_of(path.read_text(encoding="utf-8"), name, path.name == "__init__.py", known)
+        for name, path in found.items()
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -105,18 +110,23 @@ def test_the_packages_have_no_import_cycle() -> None:
     assert not cycles(graph), f"import cycles: {cycles(graph)}"
 
 
-@pytest.mark.parametrize("graph, expected", [
-    ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
-    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
-    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
-    ({"a": {"a"}}, [["a"]]),
-])
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+        ({"a": {"a"}}, [["a"]]),
+    ],
+)
 def test_the_cycle_finder(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
     assert cycles(graph) == expected
 
 
 def test_imports_are_resolved_wherever_they_stand() -> None:
     known = {"p", "p.a", "p.b", "p.c", "p.sub", "p.sub.d"}
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.a import Thing\n"
-              "def f():\n    from . import b\n    import p.c\nfrom .sub import d\nfrom ..x import y\n")
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.a import Thing\n"
+        "def f():\n    from . import b\n    import p.c\nfrom .sub import d\nfrom ..x import y\n"
+    )
     assert imports_of(source, "p.m", False, known) == {"p.a", "p.b", "p.c", "p.sub.d"}

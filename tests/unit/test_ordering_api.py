@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher import EnqueueError, JobSpec, Registry, enqueue_many_sync, enqueue_payloads_sync, enqueue_sync
+from dispatcher import (
+    EnqueueError,
+    JobSpec,
+    Registry,
+    enqueue_many_sync,
+    enqueue_payloads_sync,
+    enqueue_sync,
+)
 from dispatcher.api.enqueue import bucket_for
 from dispatcher.model import STATUS_QUEUED, STATUS_WAITING
 from dispatcher.testing import MemoryStore
@@ -41,8 +48,11 @@ def test_a_partition_key_or_bucket_beside_an_ordering_key_must_agree():
 def test_enqueue_payloads_takes_one_ordering_key_per_payload_or_none():
     store = MemoryStore()
     assert enqueue_payloads_sync(store, "t", [{}, {}, {}], ordering_keys=["a", None, "a"]) == 3
-    assert [(j.ordering_key, j.status) for j in store.jobs()] == \
-        [("a", STATUS_QUEUED), (None, STATUS_QUEUED), ("a", STATUS_WAITING)]
+    assert [(j.ordering_key, j.status) for j in store.jobs()] == [
+        ("a", STATUS_QUEUED),
+        (None, STATUS_QUEUED),
+        ("a", STATUS_WAITING),
+    ]
     with pytest.raises(EnqueueError, match="2 ordering_keys for 3 payloads"):
         enqueue_payloads_sync(store, "t", [{}, {}, {}], ordering_keys=["a", "b"])
     with pytest.raises(EnqueueError, match="not both"):
@@ -63,6 +73,10 @@ def test_on_ordered_failure_is_halt_by_default_continue_on_request_and_checked()
     def goes_on(job):
         pass
 
-    assert (registry.halts("halts"), registry.halts("goes_on"), registry.halts("unknown")) == (True, False, True)
+    assert (registry.halts("halts"), registry.halts("goes_on"), registry.halts("unknown")) == (
+        True,
+        False,
+        True,
+    )
     with pytest.raises(ValueError, match="on_ordered_failure must be one of halt, continue"):
         registry.handler("bad", on_ordered_failure="skip")

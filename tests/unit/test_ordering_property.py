@@ -25,13 +25,19 @@ class MemoryTarget:
 
     async def enqueue(self, keys: list[str | None], priority: int) -> None:
         if len(keys) == 1:
-            await enqueue(self.memory, "t", {}, queue=QUEUE, ordering_key=keys[0], priority=priority)
+            await enqueue(
+                self.memory, "t", {}, queue=QUEUE, ordering_key=keys[0], priority=priority
+            )
         else:
-            await enqueue_many(self.memory, [JobSpec("t", {}, queue=QUEUE, ordering_key=k) for k in keys])
+            await enqueue_many(
+                self.memory, [JobSpec("t", {}, queue=QUEUE, ordering_key=k) for k in keys]
+            )
 
     async def rows(self) -> list[Row]:
-        return [Row(j.id, j.ordering_key, j.status, j.ordering_halted, j.priority, j.run_at)
-                for j in sorted(self.memory.jobs(queue=QUEUE), key=lambda j: j.id)]
+        return [
+            Row(j.id, j.ordering_key, j.status, j.ordering_halted, j.priority, j.run_at)
+            for j in sorted(self.memory.jobs(queue=QUEUE), key=lambda j: j.id)
+        ]
 
     async def retry(self, job_id: int) -> None:
         assert self.memory.retry([job_id]) == [job_id]
@@ -55,7 +61,11 @@ def test_a_halted_key_claims_nothing_until_its_failed_job_is_retried_then_runs_i
         await replay(target, [("claim", 4, False), ("fail", 0, "failed")])
         rows = await target.rows()
         k0 = [r for r in rows if r.key == "k0"]
-        assert [(r.status, r.halted) for r in k0] == [("failed", True), ("waiting", False), ("waiting", False)]
+        assert [(r.status, r.halted) for r in k0] == [
+            ("failed", True),
+            ("waiting", False),
+            ("waiting", False),
+        ]
         assert [r.status for r in rows if r.key == "k1"] == ["completed"]
         assert store.claim(QUEUE, 10, 30) == []
         await target.retry(k0[0].id)

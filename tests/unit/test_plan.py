@@ -25,8 +25,13 @@ from coordinator.backend import (
 N = 8  # a small bucket space keeps the cases readable; nothing in the planning depends on 64
 
 
-def state(bucket: int, owner: str | None = None, next_owner: str | None = None, epoch: int = 1,
-          overdue: bool = False) -> BucketState:
+def state(
+    bucket: int,
+    owner: str | None = None,
+    next_owner: str | None = None,
+    epoch: int = 1,
+    overdue: bool = False,
+) -> BucketState:
     return BucketState(bucket, owner, next_owner, epoch, overdue)
 
 
@@ -34,8 +39,12 @@ def view(members: tuple[str, ...], *states: BucketState, n: int = N) -> ClusterV
     """A view of `n` buckets: the given states, every other bucket unowned at epoch 0."""
     given_ = {s.bucket: s for s in states}
     buckets = tuple(given_.get(b, BucketState(b, None, None, 0, False)) for b in range(n))
-    return ClusterView(members=tuple(sorted(members)), buckets=buckets, leader=members[0] if members else None,
-                       next_expiry_s=None)
+    return ClusterView(
+        members=tuple(sorted(members)),
+        buckets=buckets,
+        leader=members[0] if members else None,
+        next_expiry_s=None,
+    )
 
 
 # --------------------------------------------------------------------------- plan_changes
@@ -73,7 +82,8 @@ def test_overdue_revoke_to_the_same_target_is_forced() -> None:
 
 
 def test_pending_revoke_to_another_target_is_redirected_even_when_overdue() -> None:
-    """The target moved on (b left, c joined): the owner is live, so it is asked again, not forced."""
+    """The target moved on (b left, c joined): the owner is live, so it is asked again, not
+    forced."""
     for overdue in (False, True):
         v = view(("a", "c"), state(1, owner="a", next_owner="b", epoch=2, overdue=overdue))
         assert plan_changes(v, {1: "c"}) == [BucketChange(1, 2, "revoke", "c")]
@@ -96,20 +106,30 @@ def test_buckets_outside_the_target_are_left_alone() -> None:
 
 
 def test_one_plan_mixes_kinds_and_uses_each_buckets_own_epoch() -> None:
-    v = view(("a", "b"), state(0), state(1, owner="gone", epoch=5), state(2, owner="a", epoch=7),
-             state(3, owner="a", next_owner="b", epoch=9))
+    v = view(
+        ("a", "b"),
+        state(0),
+        state(1, owner="gone", epoch=5),
+        state(2, owner="a", epoch=7),
+        state(3, owner="a", next_owner="b", epoch=9),
+    )
     target = {0: "a", 1: "b", 2: "b", 3: "a"}
     assert plan_changes(v, target) == [
-        BucketChange(0, 1, "assign", "a"), BucketChange(1, 5, "assign", "b"),
-        BucketChange(2, 7, "revoke", "b"), BucketChange(3, 9, "cancel", None),
+        BucketChange(0, 1, "assign", "a"),
+        BucketChange(1, 5, "assign", "b"),
+        BucketChange(2, 7, "revoke", "b"),
+        BucketChange(3, 9, "cancel", None),
     ]
 
 
-# --------------------------------------------------------------------------- current_owners, owned_by
+# --------------------------------------------------------------------------- current_owners,
+# owned_by
 
 
 def test_current_owners_counts_a_pending_next_owner_as_the_owner() -> None:
-    v = view(("a", "b"), state(0, owner="a"), state(1, owner="a", next_owner="b"), state(2, owner="gone"))
+    v = view(
+        ("a", "b"), state(0, owner="a"), state(1, owner="a", next_owner="b"), state(2, owner="gone")
+    )
     owners = current_owners(v)
     assert owners[0] == "a" and owners[1] == "b" and owners[2] == "gone"
     assert all(owners[b] is None for b in range(3, N))
@@ -117,8 +137,14 @@ def test_current_owners_counts_a_pending_next_owner_as_the_owner() -> None:
 
 
 def test_owned_by_splits_poll_and_give() -> None:
-    v = view(("a", "b"), state(0, owner="a"), state(1, owner="a", next_owner="b"), state(2, owner="b"),
-             state(3, owner="b", next_owner="a"), state(4, owner="a", next_owner="a"))
+    v = view(
+        ("a", "b"),
+        state(0, owner="a"),
+        state(1, owner="a", next_owner="b"),
+        state(2, owner="b"),
+        state(3, owner="b", next_owner="a"),
+        state(4, owner="a", next_owner="a"),
+    )
     assert owned_by(v, "a") == ((0, 4), (1,))  # 4: a revoke to itself is nothing to give
     assert owned_by(v, "b") == ((2,), (3,))  # 3: b must hand it to a, so it stops polling it
     assert owned_by(v, "c") == ((), ())
@@ -161,17 +187,26 @@ def _hand_over_all(v: ClusterView) -> ClusterView:
 
 
 names = st.sampled_from(["a", "b", "c", "d", "gone1", "gone2"])
-bucket_states = st.builds(lambda o, n, e: (o, n, e), st.one_of(st.none(), names), st.one_of(st.none(), names),
-                          st.integers(0, 5))
+bucket_states = st.builds(
+    lambda o, n, e: (o, n, e),
+    st.one_of(st.none(), names),
+    st.one_of(st.none(), names),
+    st.integers(0, 5),
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(members=st.sets(st.sampled_from(["a", "b", "c", "d"]), min_size=1), states=st.lists(bucket_states, min_size=N,
-                                                                                                max_size=N))
-def test_following_the_plan_reaches_the_assignors_target(members: set[str], states: list[tuple]) -> None:
+@given(
+    members=st.sets(st.sampled_from(["a", "b", "c", "d"]), min_size=1),
+    states=st.lists(bucket_states, min_size=N, max_size=N),
+)
+def test_following_the_plan_reaches_the_assignors_target(
+    members: set[str], states: list[tuple]
+) -> None:
     v = view(tuple(members), *(state(b, o, n, e) for b, (o, n, e) in enumerate(states)))
     target: Mapping[int, str] = assign(v.members, current_owners(v), N)
-    for _ in range(3):  # plan; the owners hand over; plan again (at most: assign, revoke, hand over)
+    # plan; the owners hand over; plan again (at most: assign, revoke, hand over)
+    for _ in range(3):
         changes = plan_changes(v, target)
         check_changes(changes, N)  # every plan is one the backends accept
         v = _hand_over_all(_apply(v, changes))

@@ -45,7 +45,9 @@ class FakeStore:
         steal_from = steal.buckets if steal is not None else None
         self.claims.append((steal_from if steal is not None else buckets, limit, steal is not None))
         await asyncio.sleep(0)
-        readable = steal_from if steal_from is not None else (buckets if buckets is not None else ALL)
+        readable = (
+            steal_from if steal_from is not None else (buckets if buckets is not None else ALL)
+        )
         selected = []
         for b in readable:
             while self.queued.get(b, 0) and len(selected) < limit:
@@ -54,7 +56,12 @@ class FakeStore:
         lost = 0 if steal_from is not None else min(self.stolen_by_others, len(selected))
         jobs = []
         for b in selected[lost:]:
-            jobs.append(Job((self.next_id, "noop", {}, 1, 5, None, b, 0), "00000000-0000-0000-0000-000000000001"))
+            jobs.append(
+                Job(
+                    (self.next_id, "noop", {}, 1, 5, None, b, 0),
+                    "00000000-0000-0000-0000-000000000001",
+                )
+            )
             self.next_id += 1
         return Claimed(jobs, len(selected))
 
@@ -74,11 +81,22 @@ class FakeExecutor:
         self.started += len(jobs)
 
 
-async def drive(store: FakeStore, own: tuple[int, ...], *, until, steal: bool = True, timeout_s: float = 5.0,
-                **settings) -> Producer:
+async def drive(
+    store: FakeStore,
+    own: tuple[int, ...],
+    *,
+    until,
+    steal: bool = True,
+    timeout_s: float = 5.0,
+    **settings,
+) -> Producer:
     """Run a producer over `own` until `until(store)` holds or `timeout_s` passes (a failure)."""
-    config = Config(dsn="postgresql://x", batch_size=500, steal=steal,
-                    **{"concurrency": 100, "poll_interval_s": 30.0, **settings})
+    config = Config(
+        dsn="postgresql://x",
+        batch_size=500,
+        steal=steal,
+        **{"concurrency": 100, "poll_interval_s": 30.0, **settings},
+    )
     producer = Producer(config.claims, store, {"default": StaticAssignment(own)}, FakeExecutor())
     task = asyncio.create_task(producer.run())
     try:
@@ -105,7 +123,9 @@ async def _test_a_claim_that_lost_rows_to_others_is_still_a_backlog():
 
 @pytest.mark.parametrize("concurrency, window", [(100, 2), (500, 8)])
 def test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket(concurrency, window):
-    asyncio.run(_test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket(concurrency, window))
+    asyncio.run(
+        _test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket(concurrency, window)
+    )
 
 
 async def _test_a_backlog_claims_one_window_at_a_time_and_visits_every_bucket(concurrency, window):
@@ -144,8 +164,11 @@ async def _test_no_steal_while_a_window_comes_back_short():
     own = tuple(range(32))
     store = FakeStore({**{b: 300 for b in own}, **{b: 300 for b in range(32, 64)}})
     await drive(store, own, until=lambda s: all(s.queued[b] == 0 for b in own))
-    steals_after_a_window = [i for i, c in enumerate(store.claims)
-                             if c[2] and i > 0 and store.claims[i - 1][0] not in (own,)]
+    steals_after_a_window = [
+        i
+        for i, c in enumerate(store.claims)
+        if c[2] and i > 0 and store.claims[i - 1][0] not in (own,)
+    ]
     assert not steals_after_a_window
 
 
@@ -164,7 +187,9 @@ async def _test_when_our_buckets_run_dry_the_worker_steals_without_sleeping_firs
 
 
 def test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_one_finds_jobs():
-    asyncio.run(_test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_one_finds_jobs())
+    asyncio.run(
+        _test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_one_finds_jobs()
+    )
 
 
 async def _test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_one_finds_jobs():
@@ -183,7 +208,9 @@ async def _test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_o
     store = Recording({63: 3000})
     await drive(store, own, until=lambda s: s.left() == 0)
     steals = [c for c in store.claims if c[2]]
-    assert all(len(buckets) <= MAX_VICTIMS and not set(buckets) & set(own) for buckets, _, _ in steals)
+    assert all(
+        len(buckets) <= MAX_VICTIMS and not set(buckets) & set(own) for buckets, _, _ in steals
+    )
     assert set(reserves) == {100}, "the owner's claim: min(batch_size 500, concurrency 100)"
 
 
@@ -195,7 +222,9 @@ def test_windows_only_where_more_buckets_than_a_window(owned, windowed):
     assert len(buckets) <= MAX_WINDOW_BUCKETS if windowed else buckets == tuple(range(owned))
 
 
-@pytest.mark.parametrize("claim_size, window", [(1, 2), (25, 2), (32, 2), (33, 3), (48, 3), (125, 8), (500, 8)])
+@pytest.mark.parametrize(
+    "claim_size, window", [(1, 2), (25, 2), (32, 2), (33, 3), (48, 3), (125, 8), (500, 8)]
+)
 def test_a_window_holds_about_16_jobs_worth_of_buckets_from_2_to_8(claim_size, window):
     assert window_buckets(claim_size) == window
 
@@ -218,7 +247,8 @@ def test_a_full_window_resets_the_count_of_short_ones():
     for _ in range(4):
         assert windows.pick("q", own)[1]
         windows.record("q", full=False)
-    # Four short in a row: the next claim reads every bucket (it decides the backlog), then windows again.
+    # Four short in a row: the next claim reads every bucket (it decides the backlog), then windows
+    # again.
     assert windows.pick("q", own) == (own, False)
     assert windows.pick("q", own)[1]
 
@@ -234,6 +264,7 @@ def test_poll_wake_ups_look_ahead_at_most_once_a_second():
 async def _test_poll_wake_ups_look_ahead_at_most_once_a_second():
     """Idle, polling every 20 ms: every poll claims, but only about one a second looks ahead (the
     look-ahead walks the queue-wide index from its start). Before: one look-ahead per poll."""
+
     class CountingStore(FakeStore):
         look_aheads = 0
 
@@ -243,10 +274,16 @@ async def _test_poll_wake_ups_look_ahead_at_most_once_a_second():
 
     store = CountingStore({})
     started = time.monotonic()
-    await drive(store, ALL[:8], until=lambda s: len(s.claims) >= 15, poll_interval_s=0.02, steal=False)
+    await drive(
+        store, ALL[:8], until=lambda s: len(s.claims) >= 15, poll_interval_s=0.02, steal=False
+    )
     elapsed_s = time.monotonic() - started
     # One at start-up, then at most one per started second of polling.
-    assert 1 <= store.look_aheads <= 2 + int(elapsed_s), (store.look_aheads, len(store.claims), elapsed_s)
+    assert 1 <= store.look_aheads <= 2 + int(elapsed_s), (
+        store.look_aheads,
+        len(store.claims),
+        elapsed_s,
+    )
 
 
 def test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
@@ -275,7 +312,9 @@ async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
             return claimed
 
     store = RecordingStore({b: 1000 for b in ALL[:8]})
-    config = Config(dsn="postgresql://x", concurrency=100, batch_size=500, steal=False, poll_interval_s=30.0)
+    config = Config(
+        dsn="postgresql://x", concurrency=100, batch_size=500, steal=False, poll_interval_s=30.0
+    )
     producer = Producer(config.claims, store, {"default": assignment}, FakeExecutor())
     task = asyncio.create_task(producer.run())
     try:
@@ -288,12 +327,15 @@ async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
     full = events.count("full")
     assert full >= 80  # 8000 jobs, 100 a claim: a long backlog with ~16 change signals in it
     assert events[0] == "look"  # start-up: jobs may be scheduled already
-    assert "look" not in events[1:events.index("short")]  # none during the backlog
-    assert events[events.index("short"):].count("look") == 1  # the one left, once the backlog ended
+    assert "look" not in events[1 : events.index("short")]  # none during the backlog
+    assert (
+        events[events.index("short") :].count("look") == 1
+    )  # the one left, once the backlog ended
     assert events[-2:] == ["look", "short"]  # ... taken before the claim the loop sleeps after
 
 
-# -- its section and the worker's vitals ------------------------------------------------------------
+# -- its section and the worker's vitals -----------------------------------------------------------
+
 
 class Pauses(Producer):
     """Counts the producer's pauses (a stalled check, a back-off), each 1 ms here."""
@@ -324,19 +366,31 @@ class FailsFirst(FakeStore):
 
 
 def test_the_producer_takes_its_claim_section_and_claims_nothing_while_the_vitals_say_stalled():
-    claims = ClaimSettings(mode="partitioned", queues=("default",), concurrency=10, batch_size=5,
-                           poll_interval_s=30.0, lease_s=12.0, steal=False, steal_batch=1)
+    claims = ClaimSettings(
+        mode="partitioned",
+        queues=("default",),
+        concurrency=10,
+        batch_size=5,
+        poll_interval_s=30.0,
+        lease_s=12.0,
+        steal=False,
+        steal_batch=1,
+    )
     vitals = Vitals(heartbeats_failing_since=time.monotonic())  # the lease keeper's heartbeats fail
     store = FakeStore({0: 3})
 
     async def main() -> None:
-        producer = Pauses(claims, store, {"default": StaticAssignment(ALL)}, FakeExecutor(), vitals=vitals)
+        producer = Pauses(
+            claims, store, {"default": StaticAssignment(ALL)}, FakeExecutor(), vitals=vitals
+        )
         task = asyncio.create_task(producer.run())
         try:
             await wait_until_async(lambda: producer.pauses >= 3, 5, "three stalled checks")
             assert store.claims == []  # leases it could not extend: nothing claimed
             vitals.heartbeats_failing_since = None
-            await wait_until_async(lambda: store.left() == 0, 5, "the claim once heartbeats work again")
+            await wait_until_async(
+                lambda: store.left() == 0, 5, "the claim once heartbeats work again"
+            )
         finally:
             producer.stop()
             await asyncio.wait_for(task, 5)
@@ -351,7 +405,9 @@ def test_failing_claims_are_written_to_the_vitals_until_one_works():
     store = FailsFirst({0: 3}, failures=2, vitals=vitals)
 
     async def main() -> None:
-        producer = Pauses(claims, store, {"default": StaticAssignment(ALL)}, FakeExecutor(), vitals=vitals)
+        producer = Pauses(
+            claims, store, {"default": StaticAssignment(ALL)}, FakeExecutor(), vitals=vitals
+        )
         task = asyncio.create_task(producer.run())
         try:
             await wait_until_async(lambda: store.left() == 0, 5, "the claim after two failures")
@@ -360,6 +416,7 @@ def test_failing_claims_are_written_to_the_vitals_until_one_works():
             await asyncio.wait_for(task, 5)
         first, second, third = store.failing_since_seen[:3]
         assert first is None and second is not None and third == second  # since the first failure
-        assert vitals.claims_failing_since is None and vitals.failing_since is None  # it works again
+        # it works again
+        assert vitals.claims_failing_since is None and vitals.failing_since is None
 
     run_async(main())

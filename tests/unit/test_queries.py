@@ -13,7 +13,12 @@ from dispatcher.db.store import claim_sql
 
 def test_every_query_parses_and_has_no_leftover_comment_lines():
     queries = load_all("dispatcher.db")
-    assert {"jobs_claim", "claim_select_partitioned", "claim_select_skip_locked", "jobs_complete_owned"} <= set(queries)
+    assert {
+        "jobs_claim",
+        "claim_select_partitioned",
+        "claim_select_skip_locked",
+        "jobs_complete_owned",
+    } <= set(queries)
     for name, text in queries.items():
         assert text and not text.lstrip().startswith("--"), name
 
@@ -39,7 +44,11 @@ def test_partitioned_claim_has_one_ordered_branch_per_bucket():
 
 def test_owning_every_bucket_claims_through_one_index_walk():
     text = claim_sql(range(64))
-    assert "UNION ALL" not in text and "SKIP LOCKED" not in text and "bucket" not in text.split("RETURNING")[0]
+    assert (
+        "UNION ALL" not in text
+        and "SKIP LOCKED" not in text
+        and "bucket" not in text.split("RETURNING")[0]
+    )
 
 
 @pytest.mark.parametrize("bad", [(), (64,), (-1,), ("1; DROP TABLE x",)])
@@ -49,7 +58,9 @@ def test_partitioned_claim_refuses_bad_buckets(bad):
 
 
 def test_migrations_ship_with_the_package():
-    names = [p.name for p in resources.files("dispatcher.db").joinpath("sql", "migrations").iterdir()]
+    names = [
+        p.name for p in resources.files("dispatcher.db").joinpath("sql", "migrations").iterdir()
+    ]
     assert "0001_jobs.sql" in names
 
 
@@ -69,37 +80,63 @@ def test_every_query_file_is_loaded_and_a_name_in_two_files_is_refused(tmp_path,
 
 
 def test_the_named_queries_are_split_by_concern():
-    files = {p.name for p in resources.files("dispatcher.db").joinpath("sql").iterdir() if p.name.endswith(".sql")}
-    assert {"claim.sql", "finish.sql", "maintenance.sql", "admin.sql", "enqueue.sql", "observe.sql"} <= files
+    files = {
+        p.name
+        for p in resources.files("dispatcher.db").joinpath("sql").iterdir()
+        if p.name.endswith(".sql")
+    }
+    assert {
+        "claim.sql",
+        "finish.sql",
+        "maintenance.sql",
+        "admin.sql",
+        "enqueue.sql",
+        "observe.sql",
+    } <= files
     assert "queries.sql" not in files
 
 
-_STATEMENT = re.compile(r"^\s*(?:(?:SELECT|INSERT|UPDATE|DELETE|WITH|TRUNCATE|LOCK|CREATE|ALTER|DROP|GRANT|REVOKE|"
-                        r"SET|ANALYZE|VACUUM|BEGIN|COMMIT)\s|(?:UN)?LISTEN\s+\S+\s*$|NOTIFY\s+\S+\s*(?:,|$))")
+_STATEMENT = re.compile(
+    r"^\s*(?:(?:SELECT|INSERT|UPDATE|DELETE|WITH|TRUNCATE|LOCK|CREATE|ALTER|DROP|GRANT|REVOKE|"
+    r"SET|ANALYZE|VACUUM|BEGIN|COMMIT)\s|(?:UN)?LISTEN\s+\S+\s*$|NOTIFY\s+\S+\s*(?:,|$))"
+)
 
 
 def sql_literals(source: str) -> list[tuple[int, str]]:
     """(line, start) of every string literal in `source` that begins like a SQL statement;
     docstrings are prose and left out."""
     tree = ast.parse(source)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [(node.lineno, node.value[:40]) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-            and _STATEMENT.match(node.value)]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value[:40])
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and _STATEMENT.match(node.value)
+    ]
 
 
-@pytest.mark.parametrize("source, found", [
-    ('conn.execute("SELECT 1")', True),
-    ('q = """\n    UPDATE dispatcher_jobs SET x = 1"""', True),
-    ('conn.execute(f"LOCK TABLE {name}")', True),
-    ('def f():\n    """SELECT the jobs: prose."""', False),
-    ('TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"', False),
-    ('help = "most rows one DELETE of the pruner takes"', False),
-    ('conn.execute("LISTEN dispatcher_jobs")', True),
-    ('log.info("LISTEN is off (listen_dsn=none): idle workers poll")', False),
-])
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ('conn.execute("SELECT 1")', True),
+        ('q = """\n    UPDATE dispatcher_jobs SET x = 1"""', True),
+        ('conn.execute(f"LOCK TABLE {name}")', True),
+        ('def f():\n    """SELECT the jobs: prose."""', False),
+        ('TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"', False),
+        ('help = "most rows one DELETE of the pruner takes"', False),
+        ('conn.execute("LISTEN dispatcher_jobs")', True),
+        ('log.info("LISTEN is off (listen_dsn=none): idle workers poll")', False),
+    ],
+)
 def test_the_inline_sql_check_tells_statements_from_prose(source, found):
     assert bool(sql_literals(source)) is found
 
@@ -108,6 +145,10 @@ def test_no_python_module_of_the_package_holds_a_sql_statement():
     """Every statement lives in a named-query file (dispatcher/db/sql, coordinator/sql,
     dispatcher/devtools/sql), where pg_stat_statements tooling and reviewers find it."""
     root = Path(__file__).resolve().parents[2]
-    found = {str(p.relative_to(root)): hits for top in ("dispatcher", "coordinator") for p in (root / top).rglob("*.py")
-             if (hits := sql_literals(p.read_text(encoding="utf-8")))}
+    found = {
+        str(p.relative_to(root)): hits
+        for top in ("dispatcher", "coordinator")
+        for p in (root / top).rglob("*.py")
+        if (hits := sql_literals(p.read_text(encoding="utf-8")))
+    }
     assert found == {}

@@ -17,8 +17,12 @@ class Clock:
         return self.now
 
 
-def record(msg: str = "job %d failed", *args: object, name: str = "dispatcher.jobs",
-           level: int = logging.WARNING) -> logging.LogRecord:
+def record(
+    msg: str = "job %d failed",
+    *args: object,
+    name: str = "dispatcher.jobs",
+    level: int = logging.WARNING,
+) -> logging.LogRecord:
     return logging.LogRecord(name, level, __file__, 1, msg, args or (1,), None)
 
 
@@ -29,8 +33,12 @@ def clock() -> Clock:
 
 def make(clock: Clock, **kw) -> tuple[StormFilter, list[logging.LogRecord]]:
     summaries: list[logging.LogRecord] = []
-    storm = StormFilter(burst=kw.pop("burst", 3), window_s=kw.pop("window_s", 10.0), clock=clock,
-                        emit=summaries.append)
+    storm = StormFilter(
+        burst=kw.pop("burst", 3),
+        window_s=kw.pop("window_s", 10.0),
+        clock=clock,
+        emit=summaries.append,
+    )
     return storm, summaries
 
 
@@ -82,8 +90,12 @@ def test_a_key_that_went_quiet_gets_a_summary_on_the_next_line_of_any_key(clock)
     [summary] = summaries
     assert getattr(summary, SUPPRESSED) == 5
     assert (summary.name, summary.levelno) == ("dispatcher.jobs", logging.WARNING)
-    assert summary.getMessage() == "5 similar lines suppressed in the last 10.5 s; the last one: job 7 failed"
-    assert storm.filter(summary)  # the handler passes it back through the filters: never counted or dropped
+    assert (
+        summary.getMessage()
+        == "5 similar lines suppressed in the last 10.5 s; the last one: job 7 failed"
+    )
+    # the handler passes it back through the filters: never counted or dropped
+    assert storm.filter(summary)
     # Reported once: the key's next line carries no count.
     line = record("job %d failed", 9)
     assert storm.filter(line) and not hasattr(line, SUPPRESSED)

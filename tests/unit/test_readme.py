@@ -17,7 +17,8 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 def test_readme_is_at_most_12_kib() -> None:
     size = len(README.read_bytes())
     assert size <= MAX_README_BYTES, (
-        f"README.md is {size} bytes, over {MAX_README_BYTES}: move detail into docs/ (docs/README.md says where)")
+        f"README.md is {size} bytes, over {MAX_README_BYTES}: move detail into docs/ (docs/README.md says where)"
+    )
 
 
 def test_readme_keeps_the_test_command_ci_runs() -> None:
@@ -40,21 +41,31 @@ def broken_links(path: Path) -> list[str]:
 def test_links_of_the_readme_and_docs_resolve() -> None:
     pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
     assert len(pages) > 10
-    broken = {page.relative_to(ROOT).as_posix(): links for page in pages if (links := broken_links(page))}
+    broken = {
+        page.relative_to(ROOT).as_posix(): links for page in pages if (links := broken_links(page))
+    }
     assert not broken, f"links to nothing: {broken}"
 
 
 def test_broken_links_finds_a_missing_file(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("[a](page.md) [b](missing.md#x) [c](https://example.com) [d](#top)\n"
-                    "```sh\n[e](not-a-link.md)\n```\n", encoding="utf-8")
+    page.write_text(
+        "[a](page.md) [b](missing.md#x) [c](https://example.com) [d](#top)\n"
+        "```sh\n[e](not-a-link.md)\n```\n",
+        encoding="utf-8",
+    )
     assert broken_links(page) == ["missing.md#x"]
 
 
 def test_the_readme_handlers_register() -> None:
-    block = re.search(r"```python\n(# myapp/jobs.py\n.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+    block = re.search(
+        r"```python\n(# myapp/jobs.py\n.*?)```", README.read_text(encoding="utf-8"), re.DOTALL
+    )
     assert block, "no myapp/jobs.py sample in the README"
     module = types.ModuleType("myapp_jobs")
     exec(compile(block[1], "README.md", "exec"), module.__dict__)  # noqa: S102 - our own README
     assert module.registry.job_types() == ["resize_image", "send_email"]
-    assert module.registry.get("send_email").is_async and not module.registry.get("resize_image").is_async
+    assert (
+        module.registry.get("send_email").is_async
+        and not module.registry.get("resize_image").is_async
+    )

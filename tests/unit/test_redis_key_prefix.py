@@ -19,22 +19,40 @@ def names(keys: RedisKeys) -> tuple[str, ...]:
 def test_the_default_keeps_todays_key_names():
     config = Config(**REDIS)
     assert config.redis_key_prefix == config.coordination.redis_key_prefix == "dispatcher"
-    assert redis_prefix("emails") == redis_prefix("emails", config.redis_key_prefix) == "dispatcher:emails"
+    assert (
+        redis_prefix("emails")
+        == redis_prefix("emails", config.redis_key_prefix)
+        == "dispatcher:emails"
+    )
     assert names(RedisKeys(redis_prefix("default"))) == (
-        "dispatcher:default:members", "dispatcher:default:leader", "dispatcher:default:buckets",
-        "dispatcher:default:changes", "dispatcher:default:member:w1")
+        "dispatcher:default:members",
+        "dispatcher:default:leader",
+        "dispatcher:default:buckets",
+        "dispatcher:default:changes",
+        "dispatcher:default:member:w1",
+    )
 
 
 def test_a_custom_prefix_starts_every_key_and_the_channel():
-    config = Config.load({**{f"DISPATCHER_{k.upper()}": v for k, v in REDIS.items()},
-                          "DISPATCHER_REDIS_KEY_PREFIX": " team-a:jobs "}, queues="default,emails")
-    assert config.coordination.redis_key_prefix == "team-a:jobs"  # env text is stripped, as for every setting
+    config = Config.load(
+        {
+            **{f"DISPATCHER_{k.upper()}": v for k, v in REDIS.items()},
+            "DISPATCHER_REDIS_KEY_PREFIX": " team-a:jobs ",
+        },
+        queues="default,emails",
+    )
+    # env text is stripped, as for every setting
+    assert config.coordination.redis_key_prefix == "team-a:jobs"
     groups = build_assignments(config.coordination)
     backends = {queue: group.backend for queue, group in groups.items()}  # type: ignore[attr-defined]
     assert all(isinstance(b, RedisBackend) for b in backends.values())
     assert names(backends["emails"].keys) == (
-        "team-a:jobs:emails:members", "team-a:jobs:emails:leader", "team-a:jobs:emails:buckets",
-        "team-a:jobs:emails:changes", "team-a:jobs:emails:member:w1")
+        "team-a:jobs:emails:members",
+        "team-a:jobs:emails:leader",
+        "team-a:jobs:emails:buckets",
+        "team-a:jobs:emails:changes",
+        "team-a:jobs:emails:member:w1",
+    )
     assert backends["default"].keys.prefix == "team-a:jobs:default"
 
 
@@ -78,5 +96,9 @@ def test_the_prefix_is_checked_whatever_the_coordinator():
 
 def test_its_help_says_what_it_is_for():
     [s] = [s for s in settings("coordination") if s.name == "redis_key_prefix"]
-    assert (s.env_var, s.flag, s.default_text) == ("DISPATCHER_REDIS_KEY_PREFIX", "--redis-key-prefix", "dispatcher")
+    assert (s.env_var, s.flag, s.default_text) == (
+        "DISPATCHER_REDIS_KEY_PREFIX",
+        "--redis-key-prefix",
+        "dispatcher",
+    )
     assert "share one Redis database" in s.help and "<prefix>:<queue>:" in s.help

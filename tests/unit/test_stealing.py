@@ -44,7 +44,9 @@ def test_a_foreign_notify_ends_the_backoff_at_the_next_timer_wakeup():
     timer_wakeups_that_steal(policy, 30)
     assert not policy.due(woke_by_timer=True)
     policy.note_foreign_notify()
-    assert not policy.due(woke_by_timer=False), "the notify itself does not steal: its owner answers it"
+    assert not policy.due(woke_by_timer=False), (
+        "the notify itself does not steal: its owner answers it"
+    )
     assert policy.due(woke_by_timer=True)
 
 
@@ -55,7 +57,9 @@ def test_a_sweep_visits_every_other_bucket_once_in_random_statements_within_the_
     for sweep in sweeps:
         assert all(1 <= len(chunk) <= MAX_VICTIMS for chunk in sweep)
         visited = [b for chunk in sweep for b in chunk]
-        assert sorted(visited) == sorted(set(range(NUM_BUCKETS)) - own), "each other bucket exactly once"
+        assert sorted(visited) == sorted(set(range(NUM_BUCKETS)) - own), (
+            "each other bucket exactly once"
+        )
     assert len({tuple(s[0]) for s in sweeps}) > 1, "in random order"
     assert policy.sweep(set(range(NUM_BUCKETS))) == [], "nothing to steal from"
 

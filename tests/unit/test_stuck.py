@@ -35,30 +35,39 @@ def running(job_id: int, timeout_at: float | None, *, sync: bool = False) -> Run
 
 
 def execution(grace_s: float = GRACE_S, exit_after_s: float = 300.0) -> ExecutionSettings:
-    return ExecutionSettings("w1", 10.0, 2, 1.0, 60.0, stuck_grace_s=grace_s, stuck_exit_after_s=exit_after_s)
+    return ExecutionSettings(
+        "w1", 10.0, 2, 1.0, 60.0, stuck_grace_s=grace_s, stuck_exit_after_s=exit_after_s
+    )
 
 
 def test_a_handler_is_stuck_from_its_timeout_plus_the_grace_on():
     held = [running(1, 10.0), running(2, 20.0, sync=True), running(3, None)]  # 3: no timeout at all
     assert stuck_jobs(held, 39.9, GRACE_S) == []
     assert stuck_jobs(held, 40.0, GRACE_S) == [StuckJob(held[0].job, 40.0, sync=False)]
-    assert [(s.job.id, s.stuck_since, s.sync) for s in stuck_jobs(held, 1e6, GRACE_S)] == [(1, 40.0, False),
-                                                                                          (2, 50.0, True)]
+    assert [(s.job.id, s.stuck_since, s.sync) for s in stuck_jobs(held, 1e6, GRACE_S)] == [
+        (1, 40.0, False),
+        (2, 50.0, True),
+    ]
 
 
 def stuck(*since: float) -> list[StuckJob]:
     return [StuckJob(job(i), s, sync=False) for i, s in enumerate(since, 1)]
 
 
-@pytest.mark.parametrize(("stuck_since", "concurrency", "gives_up"), [
-    ((), 1, False),
-    ((100.0,), 1, True),  # one slot: the only one is stuck
-    ((100.0,), 2, False),  # half is not over half
-    ((100.0, 100.0), 3, True),
-    ((100.0, 100.0), 4, False),
-    ((100.0, 100.0, 100.0), 4, True),
-])
-def test_the_worker_gives_up_when_stuck_handlers_hold_over_half_its_slots(stuck_since, concurrency, gives_up):
+@pytest.mark.parametrize(
+    ("stuck_since", "concurrency", "gives_up"),
+    [
+        ((), 1, False),
+        ((100.0,), 1, True),  # one slot: the only one is stuck
+        ((100.0,), 2, False),  # half is not over half
+        ((100.0, 100.0), 3, True),
+        ((100.0, 100.0), 4, False),
+        ((100.0, 100.0, 100.0), 4, True),
+    ],
+)
+def test_the_worker_gives_up_when_stuck_handlers_hold_over_half_its_slots(
+    stuck_since, concurrency, gives_up
+):
     reason = give_up_reason(stuck(*stuck_since), 100.0, concurrency, exit_after_s=0, sync_threads=8)
     assert (reason is not None) == gives_up
     if gives_up:
@@ -86,9 +95,16 @@ def test_the_watch_logs_each_stuck_job_once_keeps_the_gauge_and_gives_up_once(ca
     clock = FakeClock()
     held = [running(1, 10.0), running(2, 10.0, sync=True), running(3, 50.0)]
     reasons: list[str] = []
-    watch = StuckWatch(lambda: held, execution(exit_after_s=100.0), concurrency=10, on_give_up=reasons.append,
-                       clock=clock)
-    found_before = collected(metrics.STUCK_JOBS_FOUND).get(("dispatcher_stuck_jobs_found_total", ()), 0)
+    watch = StuckWatch(
+        lambda: held,
+        execution(exit_after_s=100.0),
+        concurrency=10,
+        on_give_up=reasons.append,
+        clock=clock,
+    )
+    found_before = collected(metrics.STUCK_JOBS_FOUND).get(
+        ("dispatcher_stuck_jobs_found_total", ()), 0
+    )
     with caplog.at_level(logging.ERROR, logger="dispatcher.runtime.stuck"):
         clock.advance(39.0)
         assert watch.check() == [] and not caplog.records
@@ -102,7 +118,10 @@ def test_the_watch_logs_each_stuck_job_once_keeps_the_gauge_and_gives_up_once(ca
     lines = [r.getMessage() for r in caplog.records]
     assert [line.split(" is stuck")[0] for line in lines] == ["job 1 (t)", "job 2 (t)", "job 3 (t)"]
     assert "ignored its cancellation" in lines[0] and "thread has not returned" in lines[1]
-    assert collected(metrics.STUCK_JOBS_FOUND)[("dispatcher_stuck_jobs_found_total", ())] == found_before + 3
+    assert (
+        collected(metrics.STUCK_JOBS_FOUND)[("dispatcher_stuck_jobs_found_total", ())]
+        == found_before + 3
+    )
     assert reasons == []
     clock.advance(50.0)  # job 2 stuck since 40: 100 s
     watch.check()
@@ -131,9 +150,13 @@ def test_a_stuck_handler_keeps_its_slot_async_swallowing_cancellation_or_sync_ne
         release.wait(30)
 
     clock = FakeClock()
-    executor = Executor(registry, RetryPolicy(1.0, 60.0), Recorder(), execution(), leases(), clock=clock)
+    executor = Executor(
+        registry, RetryPolicy(1.0, 60.0), Recorder(), execution(), leases(), clock=clock
+    )
     reasons: list[str] = []
-    watch = StuckWatch(executor.held, execution(grace_s=5.0), concurrency=3, on_give_up=reasons.append, clock=clock)
+    watch = StuckWatch(
+        executor.held, execution(grace_s=5.0), concurrency=3, on_give_up=reasons.append, clock=clock
+    )
 
     async def main():
         executor.start([job(1, "deaf"), job(2, "blocked")])

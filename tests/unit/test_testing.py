@@ -13,7 +13,14 @@ import pytest
 import dispatcher
 from dispatcher import EnqueueError, JobSpec, PayloadError, PermanentJobError, Registry
 from dispatcher.model import FailureKind
-from dispatcher.testing import FakeClock, MemoryStore, Runner, assert_enqueued, enqueued, refute_enqueued
+from dispatcher.testing import (
+    FakeClock,
+    MemoryStore,
+    Runner,
+    assert_enqueued,
+    enqueued,
+    refute_enqueued,
+)
 from tests.unit.test_runtime_imports import run_python
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -26,29 +33,49 @@ def make(**runner_options) -> tuple[MemoryStore, Registry, Runner]:
 
 def test_the_production_enqueue_calls_write_into_the_store_with_their_options() -> None:
     store, _, _ = make()
-    assert dispatcher.enqueue_sync(store, "send", {"to": "a"}, priority=2, delay_s=30, max_attempts=3) == 1
+    assert (
+        dispatcher.enqueue_sync(store, "send", {"to": "a"}, priority=2, delay_s=30, max_attempts=3)
+        == 1
+    )
     assert asyncio.run(dispatcher.enqueue(store, "send", {"to": "b"}, queue="mail", bucket=7)) == 2
     assert dispatcher.enqueue_many_sync(store, [JobSpec("bulk", {"i": i}) for i in range(3)]) == 3
-    assert asyncio.run(dispatcher.enqueue_payloads(store, "bulk", [{"i": 3}, {"i": 4}], run_at=T0)) == 2
+    assert (
+        asyncio.run(dispatcher.enqueue_payloads(store, "bulk", [{"i": 3}, {"i": 4}], run_at=T0))
+        == 2
+    )
     assert dispatcher.enqueue_payloads_sync(store, "bulk", [{"i": 5}], partition_keys=["k"]) == 1
     first = store.get(1)
     assert first is not None
     assert (first.priority, first.max_attempts, first.run_at) == (2, 3, T0 + timedelta(seconds=30))
     second = store.get(2)
-    assert second is not None and (second.queue, second.bucket, second.payload) == ("mail", 7, {"to": "b"})
+    assert second is not None and (second.queue, second.bucket, second.payload) == (
+        "mail",
+        7,
+        {"to": "b"},
+    )
     assert [j.payload["i"] for j in enqueued(store, "bulk")] == [0, 1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize(("call", "error", "option"), [
-    (lambda s: dispatcher.enqueue_sync(s, "bad type!"), EnqueueError, "job_type"),
-    (lambda s: dispatcher.enqueue_sync(s, "a", delay_s=float("inf")), EnqueueError, "delay_s"),
-    (lambda s: dispatcher.enqueue_sync(s, "a", max_attempts=1.5), EnqueueError, "max_attempts"),
-    (lambda s: dispatcher.enqueue_sync(s, "a", {"x": float("nan")}), PayloadError, None),
-    (lambda s: dispatcher.enqueue_sync(s, "a", {"x": object()}), PayloadError, None),
-    (lambda s: dispatcher.enqueue_many_sync(s, [JobSpec("a"), JobSpec("a", priority=10**6)]), EnqueueError,
-     "priority"),
-    (lambda s: dispatcher.enqueue_payloads_sync(s, "a", [{}, {"x": "\x00"}]), PayloadError, None),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "option"),
+    [
+        (lambda s: dispatcher.enqueue_sync(s, "bad type!"), EnqueueError, "job_type"),
+        (lambda s: dispatcher.enqueue_sync(s, "a", delay_s=float("inf")), EnqueueError, "delay_s"),
+        (lambda s: dispatcher.enqueue_sync(s, "a", max_attempts=1.5), EnqueueError, "max_attempts"),
+        (lambda s: dispatcher.enqueue_sync(s, "a", {"x": float("nan")}), PayloadError, None),
+        (lambda s: dispatcher.enqueue_sync(s, "a", {"x": object()}), PayloadError, None),
+        (
+            lambda s: dispatcher.enqueue_many_sync(s, [JobSpec("a"), JobSpec("a", priority=10**6)]),
+            EnqueueError,
+            "priority",
+        ),
+        (
+            lambda s: dispatcher.enqueue_payloads_sync(s, "a", [{}, {"x": "\x00"}]),
+            PayloadError,
+            None,
+        ),
+    ],
+)
 def test_bad_input_raises_the_production_errors_and_writes_nothing(call, error, option) -> None:
     store, _, _ = make()
     with pytest.raises(error) as raised:
@@ -61,7 +88,12 @@ def test_a_dedupe_key_held_by_a_live_job_makes_enqueue_a_no_op() -> None:
     store, _, _ = make()
     assert dispatcher.enqueue_sync(store, "a", dedupe_key="k") == 1
     assert dispatcher.enqueue_sync(store, "a", dedupe_key="k") is None
-    assert dispatcher.enqueue_many_sync(store, [JobSpec("a", dedupe_key="j"), JobSpec("a", dedupe_key="j")]) == 1
+    assert (
+        dispatcher.enqueue_many_sync(
+            store, [JobSpec("a", dedupe_key="j"), JobSpec("a", dedupe_key="j")]
+        )
+        == 1
+    )
 
 
 def test_run_due_runs_async_and_sync_handlers_and_what_they_enqueue() -> None:
@@ -81,7 +113,10 @@ def test_run_due_runs_async_and_sync_handlers_and_what_they_enqueue() -> None:
     dispatcher.enqueue_sync(store, "signup", {"user": 7})
     dispatcher.enqueue_sync(store, "signup", {"user": 8}, delay_s=60)
     ran = runner.run_due()
-    assert [(a.job_type, a.status) for a in ran] == [("signup", "completed"), ("welcome", "completed")]
+    assert [(a.job_type, a.status) for a in ran] == [
+        ("signup", "completed"),
+        ("welcome", "completed"),
+    ]
     assert seen == [("signup", 7, 1), ("welcome", 7, 1)]
     assert threads == [True], "a sync handler runs in a thread, as in a worker"
     assert_enqueued(store, "signup", {"user": 8}), "not due yet: still queued"
@@ -90,7 +125,9 @@ def test_run_due_runs_async_and_sync_handlers_and_what_they_enqueue() -> None:
     assert enqueued(store, status=None) == enqueued(store, status="completed")
 
 
-def test_a_failing_handler_is_retried_in_the_future_of_the_clock_and_fails_after_max_attempts() -> None:
+def test_a_failing_handler_is_retried_in_the_future_of_the_clock_and_fails_after_max_attempts() -> (
+    None
+):
     store, registry, runner = make(retry_base_s=10.0, rand=lambda: 1.0)
     calls = []
 
@@ -103,7 +140,9 @@ def test_a_failing_handler_is_retried_in_the_future_of_the_clock_and_fails_after
     [first] = runner.run_due()
     assert (first.status, first.kind, first.attempt) == ("queued", FailureKind.ERROR, 1)
     state = store.get(job_id)
-    assert state is not None and state.run_at == T0 + timedelta(seconds=10), "backoff bound 10 s x rand 1.0"
+    assert state is not None and state.run_at == T0 + timedelta(seconds=10), (
+        "backoff bound 10 s x rand 1.0"
+    )
     assert "ValueError: down, attempt 1" in (state.last_error or "")
     assert runner.run_due() == [], "a retry is never due at once"
     runner.advance(9.999)
@@ -152,8 +191,11 @@ def test_permanent_errors_unknown_types_and_timeouts_end_as_in_a_worker() -> Non
     assert (ran["permanent"].status, ran["permanent"].kind) == ("discarded", FailureKind.PERMANENT)
     assert (ran["unknown"].status, ran["unknown"].kind) == ("failed", FailureKind.UNKNOWN_TYPE)
     assert "no handler registered for job_type 'unknown'" in (ran["unknown"].error or "")
-    assert (ran["stuck"].status, ran["stuck"].kind, ran["stuck"].error) == \
-        ("failed", FailureKind.TIMEOUT, "timed out after 0.05 s")
+    assert (ran["stuck"].status, ran["stuck"].kind, ran["stuck"].error) == (
+        "failed",
+        FailureKind.TIMEOUT,
+        "timed out after 0.05 s",
+    )
 
 
 def test_drain_refuses_to_run_forever() -> None:
@@ -250,13 +292,17 @@ def test_both_stores_have_the_ports_operations_with_its_signatures() -> None:
     from dispatcher.db.port import JobStorePort
     from dispatcher.db.store import JobStore
 
-    operations = [name for name, member in vars(JobStorePort).items()
-                  if inspect.iscoroutinefunction(member)]
+    operations = [
+        name for name, member in vars(JobStorePort).items() if inspect.iscoroutinefunction(member)
+    ]
     assert len(operations) == 10
     for store_class in (JobStore, MemoryStore):
         for name in operations:
             method = getattr(store_class, name)
             assert inspect.iscoroutinefunction(method), f"{store_class.__name__}.{name} is async"
-            assert list(inspect.signature(method).parameters) == \
-                list(inspect.signature(getattr(JobStorePort, name)).parameters), f"{store_class.__name__}.{name}"
-    assert isinstance(MemoryStore(), JobStorePort) and isinstance(JobStore("postgresql:///x", "w"), JobStorePort)
+            assert list(inspect.signature(method).parameters) == list(
+                inspect.signature(getattr(JobStorePort, name)).parameters
+            ), f"{store_class.__name__}.{name}"
+    assert isinstance(MemoryStore(), JobStorePort) and isinstance(
+        JobStore("postgresql:///x", "w"), JobStorePort
+    )

@@ -1,4 +1,5 @@
-"""docs/guides/testing.md shows tests/examples/test_handlers_example.py whole: the two stay equal."""
+"""docs/guides/testing.md shows tests/examples/test_handlers_example.py whole: the two stay
+equal."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def test_the_guide_shows_the_example_file_as_it_is() -> None:
     blocks = python_blocks(GUIDE.read_text(encoding="utf-8"))
     named = [b for b in blocks if "tests/unit/test_testing_guide.py" in b]
     assert len(named) == 1, "one block of the guide is the example file"
-    assert named[0] == example, "edit both: docs/guides/testing.md's example and tests/examples/test_handlers_example.py"
+    assert named[0] == example, (
+        "edit both: docs/guides/testing.md's example and tests/examples/test_handlers_example.py"
+    )
 
 
 def test_the_guides_snippets_name_only_what_dispatcher_testing_exports() -> None:

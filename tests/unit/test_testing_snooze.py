@@ -17,13 +17,28 @@ def test_a_snooze_is_due_later_spends_no_attempt_and_past_max_snoozes_fails_like
 
     job_id = dispatcher.enqueue_sync(store, "wait", max_attempts=2)
     [first] = runner.run_due()
-    assert (first.status, first.snoozed, first.attempt, first.error) == ("queued", True, 1, "snoozed for 60 s: not yet")
+    assert (first.status, first.snoozed, first.attempt, first.error) == (
+        "queued",
+        True,
+        1,
+        "snoozed for 60 s: not yet",
+    )
     state = store.get(job_id)
-    assert state is not None and (state.attempts, state.snoozes, state.run_at) == (0, 1, T0 + timedelta(seconds=60))
+    assert state is not None and (state.attempts, state.snoozes, state.run_at) == (
+        0,
+        1,
+        T0 + timedelta(seconds=60),
+    )
     ran = runner.drain()
-    assert [(a.attempt, a.status, a.snoozed) for a in ran] == [(1, "queued", True), (1, "queued", False),
-                                                               (2, "failed", False)]
-    assert ran[-1].error == "snoozed 2 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 60 s: not yet"
+    assert [(a.attempt, a.status, a.snoozed) for a in ran] == [
+        (1, "queued", True),
+        (1, "queued", False),
+        (2, "failed", False),
+    ]
+    assert (
+        ran[-1].error
+        == "snoozed 2 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 60 s: not yet"
+    )
 
 
 def test_a_handlers_max_attempts_and_retry_callable_apply_to_jobs_enqueued_without_one() -> None:

@@ -21,7 +21,9 @@ def test_the_carrier_is_the_active_spans_context_and_none_outside_one():
     with TracerProvider().get_tracer("t").start_as_current_span("request") as span:
         found = tracing.carrier()
     ids = span.get_span_context()
-    assert found is not None and found["traceparent"].startswith(f"00-{ids.trace_id:032x}-{ids.span_id:016x}-")
+    assert found is not None and found["traceparent"].startswith(
+        f"00-{ids.trace_id:032x}-{ids.span_id:016x}-"
+    )
 
 
 def test_without_a_tracer_provider_a_handler_runs_in_no_span_of_ours():
@@ -35,7 +37,9 @@ def test_without_a_tracer_provider_a_handler_runs_in_no_span_of_ours():
         seen.append(trace.get_current_span().get_span_context().is_valid)
         return "done"
 
-    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider), "no test set a global provider"
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider), (
+        "no test set a global provider"
+    )
     assert tracing.traced(sync, False)(_Job()) == "done"
     assert asyncio.run(tracing.traced(run_async, True)(_Job())) == "done"
     assert seen == [False, False]
@@ -43,9 +47,14 @@ def test_without_a_tracer_provider_a_handler_runs_in_no_span_of_ours():
 
 def test_the_spans_attributes_follow_the_messaging_conventions():
     assert tracing.attributes(_Job()) == {
-        "messaging.system": "bucket-dispatcher", "messaging.operation.type": "process",
-        "messaging.destination.name": "mail", "messaging.message.id": "7", "dispatcher.job.type": "send",
-        "dispatcher.job.attempt": 2, "dispatcher.job.bucket": 40}
+        "messaging.system": "bucket-dispatcher",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": "mail",
+        "messaging.message.id": "7",
+        "dispatcher.job.type": "send",
+        "dispatcher.job.attempt": 2,
+        "dispatcher.job.bucket": 40,
+    }
 
 
 def test_a_registered_handler_keeps_its_function_and_the_worker_calls_the_wrapped_one():
@@ -58,6 +67,7 @@ def test_a_registered_handler_keeps_its_function_and_the_worker_calls_the_wrappe
     registry.handler("h")(handler)
     got = registry.get("h")
     assert got.fn is handler and got.is_async and got.run is not handler
-    again = Registry()  # an app that builds a registry from another's handlers (tests/apps/faulty.py)
+    # an app that builds a registry from another's handlers (tests/apps/faulty.py)
+    again = Registry()
     again.handler("h")(got.fn)
     assert again.get("h").is_async and again.get("h").fn is handler

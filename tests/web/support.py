@@ -25,8 +25,10 @@ from tests.helpers import wait_until
 # The queue the seeded jobs live in: no worker serves it, so their statuses stay as set.
 SEEDED = "reports"
 MARK = "__xss"  # what the hostile payload would set on window if any of it ran
-HOSTILE = (f'<script>window.{MARK}=1;document.title="pwned"</script>'
-           f'<img src=x onerror="window.{MARK}=2;document.title=\'pwned\'">')
+HOSTILE = (
+    f'<script>window.{MARK}=1;document.title="pwned"</script>'
+    f"<img src=x onerror=\"window.{MARK}=2;document.title='pwned'\">"
+)
 CSRF_META = re.compile(r'<meta name="csrf-token" content="([0-9a-f]+)">')
 
 
@@ -40,9 +42,15 @@ def seed(dsn: str, per_status: int = 3) -> Seeded:
     """Jobs of SEEDED in every status, put there by SQL as a worker would leave them."""
     seeded = Seeded()
     with psycopg.connect(dsn, autocommit=True) as conn:
+
         def add(status: str, sql: str = "", params: tuple[Any, ...] = (), **options: Any) -> int:
-            job_id = enqueue_sync(conn, options.pop("job_type", "report.build"), options.pop("payload", {"n": 1}),
-                                  queue=SEEDED, **options)
+            job_id = enqueue_sync(
+                conn,
+                options.pop("job_type", "report.build"),
+                options.pop("payload", {"n": 1}),
+                queue=SEEDED,
+                **options,
+            )
             assert job_id is not None
             if sql:
                 conn.execute(f"UPDATE dispatcher_jobs SET {sql} WHERE id = %s", (*params, job_id))
@@ -52,21 +60,34 @@ def seed(dsn: str, per_status: int = 3) -> Seeded:
         for i in range(per_status):
             add("queued", payload={"n": i})
             add("scheduled", delay_s=3600)
-            add("running", "status = 'running', attempts = 1, locked_by = 'seed-worker', "
-                           "lease_expires_at = now() + interval '1 hour'")
-            add("failed", "status = 'failed', attempts = 3, failed_at = now(), "
-                          "last_error = 'Traceback (most recent call last):\n  File \"app.py\", line 9\n"
-                          "RuntimeError: smtp timeout'")
-            add("discarded", "status = 'discarded', attempts = 1, last_error = 'ValueError: bad address'")
+            add(
+                "running",
+                "status = 'running', attempts = 1, locked_by = 'seed-worker', "
+                "lease_expires_at = now() + interval '1 hour'",
+            )
+            add(
+                "failed",
+                "status = 'failed', attempts = 3, failed_at = now(), "
+                'last_error = \'Traceback (most recent call last):\n  File "app.py", line 9\n'
+                "RuntimeError: smtp timeout'",
+            )
+            add(
+                "discarded",
+                "status = 'discarded', attempts = 1, last_error = 'ValueError: bad address'",
+            )
             add("cancelled", "status = 'cancelled'")
             add("completed", "status = 'completed', attempts = 1")
         holder = add("queued", ordering_key="customer-7")
         seeded.ids["queued"].remove(holder)
         seeded.ids.setdefault("holder", []).append(holder)
         add("waiting", ordering_key="customer-7")
-        seeded.hostile = add("failed", "status = 'failed', attempts = 2, failed_at = now(), last_error = %s",
-                             ("Traceback (most recent call last):\nValueError: " + HOSTILE,),
-                             job_type="evil", payload={"html": HOSTILE, "note": "</pre><b>bold?</b>"})
+        seeded.hostile = add(
+            "failed",
+            "status = 'failed', attempts = 2, failed_at = now(), last_error = %s",
+            ("Traceback (most recent call last):\nValueError: " + HOSTILE,),
+            job_type="evil",
+            payload={"html": HOSTILE, "note": "</pre><b>bold?</b>"},
+        )
         seeded.ids["failed"].remove(seeded.hostile)
         conn.execute("ANALYZE dispatcher_jobs")
     return seeded
@@ -74,7 +95,11 @@ def seed(dsn: str, per_status: int = 3) -> Seeded:
 
 def statuses(dsn: str, ids: list[int]) -> dict[int, str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return dict(conn.execute("SELECT id, status FROM dispatcher_jobs WHERE id = ANY(%s)", (ids,)).fetchall())
+        return dict(
+            conn.execute(
+                "SELECT id, status FROM dispatcher_jobs WHERE id = ANY(%s)", (ids,)
+            ).fetchall()
+        )
 
 
 class Served:
@@ -89,9 +114,18 @@ class Served:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config), log_config=None, access_log=False,
-                                                    lifespan="on", timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(config),
+                log_config=None,
+                access_log=False,
+                lifespan="on",
+                timeout_graceful_shutdown=2,
+            )
+        )
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
         self.thread.start()
         wait_until(lambda: self.server.started, 20, "the dashboard serving")
 
@@ -123,22 +157,34 @@ class Client:
             def redirect_request(self, *args: Any, **kwargs: Any) -> None:
                 return None
 
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar), NoRedirect)
+        self.opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(self.jar), NoRedirect
+        )
 
-    def request(self, path: str, data: dict[str, str] | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    def request(
+        self, path: str, data: dict[str, str] | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], str]:
         body = urllib.parse.urlencode(data).encode() if data is not None else None
-        req = urllib.request.Request(self.base + path, data=body, headers=headers or {},
-                                     method="POST" if data is not None else "GET")
+        req = urllib.request.Request(
+            self.base + path,
+            data=body,
+            headers=headers or {},
+            method="POST" if data is not None else "GET",
+        )
         try:
             with self.opener.open(req, timeout=30) as response:
-                return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read().decode()
+                return (
+                    response.status,
+                    {k.lower(): v for k, v in response.headers.items()},
+                    response.read().decode(),
+                )
         except urllib.error.HTTPError as exc:
             with exc:
                 return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read().decode()
 
     def csrf(self, path: str = "/flow") -> str:
-        """The form token a page of the dashboard carries (this client's CSRF cookie set with it)."""
+        """The form token a page of the dashboard carries (this client's CSRF cookie set with
+        it)."""
         status, _, html = self.request(path)
         assert status == 200, (status, html[:300])
         match = CSRF_META.search(html)

@@ -31,14 +31,17 @@ SHOTS = os.environ.get("DISPATCHER_SCREENSHOTS")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
-                       reason="needs Debian's chromium and chromium-driver (.ci/run installs them)"),
+    pytest.mark.skipif(
+        not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)),
+        reason="needs Debian's chromium and chromium-driver (.ci/run installs them)",
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
-def world(pg_admin_dsn: str, template_db: str,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Seeded]]:
+def world(
+    pg_admin_dsn: str, template_db: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Seeded]]:
     """A database with the seeded jobs, and two live workers serving `default` with three jobs
     that run until they stop (the workers page and the bucket map have owners to show)."""
     tmp = tmp_path_factory.mktemp("web")
@@ -47,14 +50,42 @@ def world(pg_admin_dsn: str, template_db: str,
         with psycopg.connect(dsn, autocommit=True) as conn:
             for i in range(3):
                 enqueue_sync(conn, "hold", {"s": 3600}, partition_key=f"p{i}")
-        workers = [start_worker(dsn, app="tests.apps.probes:registry", log_path=tmp / f"w{i}.log",
-                                worker_id=f"web-worker-{i}", lease_s=30, shutdown_grace_s=1) for i in range(2)]
+        workers = [
+            start_worker(
+                dsn,
+                app="tests.apps.probes:registry",
+                log_path=tmp / f"w{i}.log",
+                worker_id=f"web-worker-{i}",
+                lease_s=30,
+                shutdown_grace_s=1,
+            )
+            for i in range(2)
+        ]
         try:
-            wait_until(lambda: fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE status = 'running' "
-                                             "AND queue_name = 'default'") == 3, 60, "the hold jobs running")
-            wait_until(lambda: fetchval(dsn, "SELECT count(DISTINCT owner) FROM dispatcher_bucket_owners "
-                                             "WHERE queue = 'default' AND owner IS NOT NULL") == 2, 60,
-                       "both workers owning buckets")
+            wait_until(
+                lambda: (
+                    fetchval(
+                        dsn,
+                        "SELECT count(*) FROM dispatcher_jobs WHERE status = 'running' "
+                        "AND queue_name = 'default'",
+                    )
+                    == 3
+                ),
+                60,
+                "the hold jobs running",
+            )
+            wait_until(
+                lambda: (
+                    fetchval(
+                        dsn,
+                        "SELECT count(DISTINCT owner) FROM dispatcher_bucket_owners "
+                        "WHERE queue = 'default' AND owner IS NOT NULL",
+                    )
+                    == 2
+                ),
+                60,
+                "both workers owning buckets",
+            )
             yield dsn, seeded
         finally:
             stop_workers(workers, timeout_s=30)
@@ -69,8 +100,15 @@ def browser() -> Iterator[Any]:
 
     options = Options()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1360,900", "--disable-extensions", "--no-first-run"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1360,900",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
@@ -94,7 +132,11 @@ def visit(browser: Any, url: str, heading: str, shot: str | None = None) -> None
 
     browser.get_log("browser")  # drop what earlier pages logged
     browser.get(url)
-    wait_until(lambda: browser.execute_script("return document.readyState") == "complete", 30, f"{url} loaded")
+    wait_until(
+        lambda: browser.execute_script("return document.readyState") == "complete",
+        30,
+        f"{url} loaded",
+    )
     assert heading in browser.find_element(By.TAG_NAME, "h1").text, (url, browser.page_source[:500])
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, f"{url}: console errors {errors}"
@@ -108,18 +150,29 @@ def test_every_page_loads_without_a_console_error(browser, web, world):
 
     _, s = world
     visit(browser, web + "/", "Queues", "overview")
-    queues = [r.get_attribute("data-queue") for r in browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr")]
+    queues = [
+        r.get_attribute("data-queue")
+        for r in browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+    ]
     assert {"default", SEEDED} <= set(queues)
     visit(browser, f"{web}/jobs?queue={SEEDED}", "Jobs", "jobs")
     visit(browser, f"{web}/jobs/{s.ids['failed'][0]}", f"Job {s.ids['failed'][0]}", "job")
     assert "RuntimeError: smtp timeout" in browser.find_element(By.ID, "last-error").text
     visit(browser, web + "/workers", "Workers", "workers")
-    members = [r.get_attribute("data-member") for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-member]")]
+    members = [
+        r.get_attribute("data-member")
+        for r in browser.find_elements(By.CSS_SELECTOR, "tr[data-member]")
+    ]
     assert sorted(members) == ["web-worker-0", "web-worker-1"]
     visit(browser, web + "/buckets?queue=default", "Bucket map", "buckets")
     cells = browser.find_elements(By.CSS_SELECTOR, "#bucket-grid .cell")
     assert len(cells) == 64
-    colours = {c for cell in cells for c in cell.get_attribute("class").split() if c[:1] == "o" and c[1:].isdigit()}
+    colours = {
+        c
+        for cell in cells
+        for c in cell.get_attribute("class").split()
+        if c[:1] == "o" and c[1:].isdigit()
+    }
     assert len(colours) == 2, "each bucket coloured by one of the two owners"
     visit(browser, web + "/flow", "Limits", "flow")
 
@@ -129,11 +182,18 @@ def test_the_bucket_map_shows_each_buckets_backlog(browser, web, world):
 
     dsn, _ = world
     with psycopg.connect(dsn, autocommit=True) as conn:
-        due = dict(conn.execute("SELECT bucket, count(*) FROM dispatcher_jobs WHERE queue_name = %s "
-                                "AND status = 'queued' AND run_at <= now() GROUP BY bucket", (SEEDED,)).fetchall())
+        due = dict(
+            conn.execute(
+                "SELECT bucket, count(*) FROM dispatcher_jobs WHERE queue_name = %s "
+                "AND status = 'queued' AND run_at <= now() GROUP BY bucket",
+                (SEEDED,),
+            ).fetchall()
+        )
     visit(browser, f"{web}/buckets?queue={SEEDED}", "Bucket map")
-    shown = {int(c.get_attribute("data-bucket")): int(c.get_attribute("data-due"))
-             for c in browser.find_elements(By.CSS_SELECTOR, "#bucket-grid .cell")}
+    shown = {
+        int(c.get_attribute("data-bucket")): int(c.get_attribute("data-due"))
+        for c in browser.find_elements(By.CSS_SELECTOR, "#bucket-grid .cell")
+    }
     assert shown == {b: due.get(b, 0) for b in range(64)}
 
 
@@ -145,9 +205,13 @@ def test_a_job_whose_payload_and_error_hold_script_runs_none_of_it(browser, web,
         visit(browser, url, "Job" if "/jobs/" in url else "Jobs")
         assert browser.execute_script(f"return window.{MARK}") is None, url
         assert browser.title != "pwned"
-        assert not browser.find_elements(By.CSS_SELECTOR, "main img, main script"), "no element made from data"
+        assert not browser.find_elements(By.CSS_SELECTOR, "main img, main script"), (
+            "no element made from data"
+        )
     visit(browser, f"{web}/jobs/{s.hostile}", "Job")
-    assert "<script>window" in browser.find_element(By.ID, "payload").text, "the payload is shown as text"
+    assert "<script>window" in browser.find_element(By.ID, "payload").text, (
+        "the payload is shown as text"
+    )
 
 
 def test_retry_and_cancel_buttons_change_the_rows(browser, web, world):
@@ -172,13 +236,20 @@ def test_a_bulk_retry_shows_the_count_then_retries_exactly_those(browser, web, w
 
     dsn, s = world
     with psycopg.connect(dsn, autocommit=True) as conn:
-        discarded = [r[0] for r in conn.execute("SELECT id FROM dispatcher_jobs WHERE queue_name = %s "
-                                                "AND status = 'discarded'", (SEEDED,))]
+        discarded = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM dispatcher_jobs WHERE queue_name = %s AND status = 'discarded'",
+                (SEEDED,),
+            )
+        ]
     visit(browser, f"{web}/jobs?queue={SEEDED}&status=discarded", "Jobs")
     browser.find_element(By.ID, "bulk-retry").click()
     wait_until(lambda: browser.find_elements(By.ID, "matching"), 30, "the confirmation page")
     assert browser.find_element(By.CSS_SELECTOR, "#matching strong").text == str(len(discarded))
-    assert set(statuses(dsn, discarded).values()) == {"discarded"}, "nothing changed before the confirmation"
+    assert set(statuses(dsn, discarded).values()) == {"discarded"}, (
+        "nothing changed before the confirmation"
+    )
     if SHOTS:
         browser.save_screenshot(str(Path(SHOTS) / "dashboard-confirm.png"))
     browser.find_element(By.ID, "confirm").click()
@@ -195,7 +266,13 @@ def test_a_page_shows_a_new_job_by_itself_without_reloading(browser, web, world)
     browser.execute_script("window.__sameDocument = 'yes'")
     with psycopg.connect(dsn, autocommit=True) as conn:
         new_id = enqueue_sync(conn, "report.build", {"late": True}, queue=SEEDED)
-    wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{new_id}"]'), 30,
-               "the new job on the page", interval_s=0.5)
-    assert browser.execute_script("return window.__sameDocument") == "yes", "refreshed in place, not reloaded"
+    wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{new_id}"]'),
+        30,
+        "the new job on the page",
+        interval_s=0.5,
+    )
+    assert browser.execute_script("return window.__sameDocument") == "yes", (
+        "refreshed in place, not reloaded"
+    )
     assert "updated" in browser.find_element(By.ID, "updated").text

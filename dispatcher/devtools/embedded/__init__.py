@@ -9,7 +9,12 @@ postgres_server.py and redis_server.py: the two servers.
 """
 
 from dispatcher.devtools.embedded.lifecycle import ServerProcess
-from dispatcher.devtools.embedded.postgres_server import PG_SYSTEM_USER, EmbeddedPostgres, pg_user, start_postgres
+from dispatcher.devtools.embedded.postgres_server import (
+    PG_SYSTEM_USER,
+    EmbeddedPostgres,
+    pg_user,
+    start_postgres,
+)
 from dispatcher.devtools.embedded.processes import EmbeddedServerError
 from dispatcher.devtools.embedded.redis_server import EmbeddedRedis, start_redis
 
@@ -18,6 +23,12 @@ _Server = ServerProcess
 _pg_user = pg_user
 
 __all__ = [
-    "PG_SYSTEM_USER", "EmbeddedPostgres", "EmbeddedRedis", "EmbeddedServerError", "ServerProcess", "pg_user",
-    "start_postgres", "start_redis",
+    "PG_SYSTEM_USER",
+    "EmbeddedPostgres",
+    "EmbeddedRedis",
+    "EmbeddedServerError",
+    "ServerProcess",
+    "pg_user",
+    "start_postgres",
+    "start_redis",
 ]

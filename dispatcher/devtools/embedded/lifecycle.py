@@ -66,8 +66,15 @@ class ServerProcess:
     def _spawn(self, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         with self.logfile.open("ab") as out:  # the child keeps its own copy of the fd
             return popen_long_lived(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=child_env(),
-                cwd=self.tmpdir, start_new_session=True, preexec_fn=preexec(self._death_signal), **kw,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env(),
+                cwd=self.tmpdir,
+                start_new_session=True,
+                preexec_fn=preexec(self._death_signal),
+                **kw,
             )
 
     def _probe(self) -> bool:
@@ -82,13 +89,17 @@ class ServerProcess:
                 last = tail(self.logfile, log_offset)
                 if "Address already in use" in last:
                     raise PortTaken(last)
-                raise EmbeddedServerError(f"{self._exe} exited with {self._proc.returncode}; log:\n{last}")
+                raise EmbeddedServerError(
+                    f"{self._exe} exited with {self._proc.returncode}; log:\n{last}"
+                )
             if self._probe():
                 return
             if time.monotonic() > deadline:
                 self._terminate()
                 last = tail(self.logfile, log_offset)
-                raise EmbeddedServerError(f"{self._exe} not ready within {self.startup_timeout:.0f}s; log:\n{last}")
+                raise EmbeddedServerError(
+                    f"{self._exe} not ready within {self.startup_timeout:.0f}s; log:\n{last}"
+                )
             time.sleep(0.05)
 
     def _start_on(self, port: int) -> None:
@@ -104,7 +115,9 @@ class ServerProcess:
                     self._start_on(port)
                     return
                 except PortTaken:
-                    log.info("%s lost its port to another process, retry %d", self._exe, attempt + 1)
+                    log.info(
+                        "%s lost its port to another process, retry %d", self._exe, attempt + 1
+                    )
             raise EmbeddedServerError(f"{self._exe}: no free port after {_PORT_ATTEMPTS} attempts")
         except BaseException:
             self.stop()
@@ -115,7 +128,11 @@ class ServerProcess:
         if proc is None or proc.poll() is not None:
             return
         # Graceful first (10 s), then the death signal (PG: immediate shutdown), then SIGKILL.
-        for sig, timeout in ((self._stop_signal, 10.0), (self._death_signal, 5.0), (signal.SIGKILL, None)):
+        for sig, timeout in (
+            (self._stop_signal, 10.0),
+            (self._death_signal, 5.0),
+            (signal.SIGKILL, None),
+        ):
             proc.send_signal(sig)
             try:
                 proc.wait(timeout)
@@ -132,7 +149,9 @@ class ServerProcess:
         if self._proc is not None and self._proc.poll() is None:
             raise EmbeddedServerError(f"{self._exe} pid {self.pid} is still running")
         if bind_port(self.port) is None:
-            raise EmbeddedServerError(f"port {self.port} is taken; cannot restart {self._exe} on it")
+            raise EmbeddedServerError(
+                f"port {self.port} is taken; cannot restart {self._exe} on it"
+            )
         try:
             self._start_on(self.port)
         except PortTaken as e:
@@ -157,5 +176,7 @@ class ServerProcess:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

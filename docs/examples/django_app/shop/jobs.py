@@ -1,7 +1,7 @@
 # shop/jobs.py
 """The project's job handlers. Workers run them beside the web processes, with the same settings:
 
-    DISPATCHER_DSN=$DATABASE_URL dispatcher run --app shop.jobs:registry
+DISPATCHER_DSN=$DATABASE_URL dispatcher run --app shop.jobs:registry
 """
 
 import os
@@ -21,8 +21,10 @@ registry = Registry()
 
 
 @registry.handler("send_receipt")
-def send_receipt(job: Job) -> None:  # a plain def: the ORM is synchronous, and this runs in a thread
-    close_old_connections()  # what Django does at each request: drop a connection that expired or broke
+# a plain def: the ORM is synchronous, and this runs in a thread
+def send_receipt(job: Job) -> None:
+    # what Django does at each request: drop a connection that expired or broke
+    close_old_connections()
     order = Order.objects.get(pk=job.payload["order_id"])
     if order.receipt_sent_at is not None:
         return  # sent by an earlier attempt: handlers must be idempotent

@@ -8,7 +8,8 @@ from psycopg.conninfo import conninfo_to_dict
 db = conninfo_to_dict(os.environ["DATABASE_URL"])
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.postgresql",  # psycopg 3 when installed (the dispatcher needs it)
+        # psycopg 3 when installed (the dispatcher needs it)
+        "ENGINE": "django.db.backends.postgresql",
         "NAME": db.pop("dbname"),
         "USER": db.pop("user", ""),
         "PASSWORD": db.pop("password", ""),

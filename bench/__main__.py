@@ -31,8 +31,8 @@ from bench.plots import (
     scaling_plots,
     schedules_plot,
 )
-from bench.schedules import schedules_suite
 from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
+from bench.schedules import schedules_suite
 
 SCENARIOS = [
     "drain",

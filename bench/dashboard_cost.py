@@ -35,7 +35,6 @@ from dispatcher import admin
 from dispatcher.db import migrate, query
 from dispatcher.web import reads
 
-
 QUEUES = ("default", "emails", "reports")
 SHARES = {
     "queued": 0.04,

@@ -197,4 +197,4 @@ def _ratio(result: Result, column: str) -> None:
         )
 
 
-__all__: list[Any] = ["burst_suite", "scaling_suite", "skew_suite", "jitter_suite", "latency_suite"]
+__all__: list[Any] = ["burst_suite", "jitter_suite", "latency_suite", "scaling_suite", "skew_suite"]

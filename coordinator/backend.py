@@ -148,7 +148,7 @@ def plan_changes(view: ClusterView, target: Mapping[int, str]) -> list[BucketCha
         if state.owner == want:
             if state.next_owner is not None:  # a pending move is no longer wanted
                 changes.append(BucketChange(state.bucket, state.epoch, "cancel", None))
-        elif not owner_alive or state.revoke_overdue and state.next_owner == want:
+        elif not owner_alive or (state.revoke_overdue and state.next_owner == want):
             changes.append(BucketChange(state.bucket, state.epoch, "assign", want))
         elif state.next_owner != want:
             changes.append(BucketChange(state.bucket, state.epoch, "revoke", want))

@@ -180,7 +180,7 @@ class Coordinator:
             except NotLeader:
                 self.leading = False
                 wait = 0.0
-            except Exception as exc:  # noqa: BLE001 - the loop must outlive any failure
+            except Exception as exc:
                 self._unreachable(exc)
                 wait = _jittered(min(1.0, self.poll_s), 0.3)
             try:
@@ -191,7 +191,7 @@ class Coordinator:
                 await self.backend.wait_for_change(
                     wait, joins=self.view is None or self._may_lead(self.view)
                 )
-            except Exception as exc:  # noqa: BLE001 - the same
+            except Exception as exc:
                 self._unreachable(exc)
                 await asyncio.sleep(_jittered(min(1.0, self.poll_s), 0.3))
 

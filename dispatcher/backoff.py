@@ -94,4 +94,4 @@ def is_delay_s(value: object, *, allow_zero: bool = True) -> bool:
     allow_zero)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
-    return (0 <= value if allow_zero else 0 < value) and value <= MAX_RETRY_DELAY_S
+    return (value >= 0 if allow_zero else value > 0) and value <= MAX_RETRY_DELAY_S

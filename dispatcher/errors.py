@@ -87,7 +87,7 @@ class PermanentJobError(DispatcherError):
 MAX_SNOOZE_S = 7 * 86_400.0
 
 
-class Snooze(DispatcherError):  # noqa: N818 - raised to ask for something, not to report an error
+class Snooze(DispatcherError):
     """Raise from a handler to run the job again `seconds` from now (database clock) without
     spending an attempt: "not yet" (a resource is busy, a rate limit says wait), not a failure.
     Each job may snooze DISPATCHER_MAX_SNOOZES times; beyond that a snooze is a failed attempt.

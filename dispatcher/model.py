@@ -51,18 +51,18 @@ class Job:
     (dispatcher/observe/tracing.py)."""
 
     __slots__ = (
+        "_locked_at",
+        "_scheduled_for",
+        "attempts",
+        "bucket",
         "id",
         "job_type",
-        "payload",
-        "attempts",
         "max_attempts",
-        "_locked_at",
-        "bucket",
-        "priority",
         "ordering_key",
-        "token",
+        "payload",
+        "priority",
         "queue",
-        "_scheduled_for",
+        "token",
         "trace_context",
     )
 

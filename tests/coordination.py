@@ -61,7 +61,7 @@ class ViewSampler:
         finally:
             try:
                 await backend.close()
-            except Exception:  # noqa: BLE001 - the backend may be gone (a killed Redis)
+            except Exception:
                 pass
 
     @property

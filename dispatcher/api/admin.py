@@ -23,10 +23,6 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
-from dispatcher.db.oneshot import bounded_transaction, session
-from dispatcher.db.queries import query
-from dispatcher.errors import DispatcherError, StoreError, StoreTimeout
-from dispatcher.constants import NOTIFY_CHANNEL
 from dispatcher.api.admin_results import (  # re-exported: the admin's public results
     AdminResult,
     Attempt,
@@ -36,6 +32,10 @@ from dispatcher.api.admin_results import (  # re-exported: the admin's public re
     Match,
     Skipped,
 )
+from dispatcher.constants import NOTIFY_CHANNEL
+from dispatcher.db.oneshot import bounded_transaction, session
+from dispatcher.db.queries import query
+from dispatcher.errors import DispatcherError, StoreError, StoreTimeout
 from dispatcher.model import (
     FINISHED_STATUSES,
     STATUS_CANCELLED,

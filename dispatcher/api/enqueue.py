@@ -21,10 +21,10 @@ import psycopg_pool
 from dispatcher.api.enqueue_checks import (
     check_dedupe_window,
     check_keys,
-    check_ordering_key,
     check_max_payload_bytes,
     check_names,
     check_options,
+    check_ordering_key,
     serialize_payload,
 )
 from dispatcher.api.enqueue_copy import (
@@ -45,9 +45,9 @@ from dispatcher.api.enqueue_windows import (
     refuse_staged_sync,
 )
 from dispatcher.constants import DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
-from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.translate import translate_errors
 from dispatcher.errors import EnqueueError, PayloadError
 from dispatcher.settings.config import DEFAULT_MAX_PAYLOAD_BYTES

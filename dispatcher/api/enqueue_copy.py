@@ -21,7 +21,6 @@ from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
 from dispatcher.observe import tracing
 
-
 COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r"): "\\r"}
 COPY_CHUNK_ROWS = 5000  # stream in chunks: the server parses one while we build the next
 # max_attempts, max_attempts_given of a job not given one

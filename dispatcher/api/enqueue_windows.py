@@ -14,9 +14,9 @@ from typing import Any
 
 import psycopg
 
+from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
-from dispatcher.db.inserts import insert_one_params, insert_one_sql
 
 
 def _key(job: NewJob) -> dict[str, Any]:

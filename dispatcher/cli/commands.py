@@ -18,8 +18,8 @@ import orjson
 
 from dispatcher._version import __version__
 from dispatcher.cli.flow import add_flow_parsers
-from dispatcher.cli.schedules import add_schedules_parser
 from dispatcher.cli.jobs import add_jobs_parser
+from dispatcher.cli.schedules import add_schedules_parser
 from dispatcher.cli.web import add_web_parser
 from dispatcher.errors import (
     ConfigError,

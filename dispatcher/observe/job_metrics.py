@@ -81,7 +81,7 @@ WAIT_BUCKETS_S = (
 
 
 class _PerType:
-    __slots__ = ("buckets", "sum_s", "outcomes", "timeouts")
+    __slots__ = ("buckets", "outcomes", "sum_s", "timeouts")
 
     def __init__(self, n_buckets: int) -> None:
         # not cumulative: bucket i counts bounds[i-1] < d <= bounds[i]

@@ -26,7 +26,7 @@ Key = tuple[str, int, Any]
 
 
 class _Window:
-    __slots__ = ("start", "passed", "dropped", "last")
+    __slots__ = ("dropped", "last", "passed", "start")
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -119,7 +119,7 @@ def _summary(window: _Window, now: float) -> logging.LogRecord:
     assert last is not None  # set with every drop
     try:
         text = last.getMessage()
-    except Exception:  # noqa: BLE001 - a bad format string: its handler reports that; quote the template
+    except Exception:
         text = str(last.msg)
     record = logging.LogRecord(
         last.name,

@@ -148,7 +148,7 @@ class Executor:
                 self._timed_out_failure(handler, job, started)
             else:
                 self._fail(job, FailureKind.INTERRUPTED, "interrupted: worker shut down", started)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit from a handler is its job's failure
+        except BaseException as exc:
             if self._cancelling(job):  # e.g. it turned the cancellation into an error of its own
                 self._cancelled(job, f"the handler then raised {type(exc).__name__}", started)
             else:

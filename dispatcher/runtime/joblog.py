@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure
@@ -62,7 +62,7 @@ def utc(at: datetime | None) -> str | None:
     """A database timestamp as ISO-8601 UTC with milliseconds (like every line's ts)."""
     if at is None:
         return None
-    return at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def failures_written(failures: Sequence[Failure], written: Sequence[FailedWrite]) -> None:

@@ -23,8 +23,8 @@ from dispatcher.errors import StoreError
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 from dispatcher.runtime.claim_windows import ClaimWindows, window_buckets
-from dispatcher.runtime.due_timer import DueTimer
 from dispatcher.runtime.completer import Completer
+from dispatcher.runtime.due_timer import DueTimer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.flow_control import FlowControl
 from dispatcher.runtime.stealing import StealPolicy

@@ -84,7 +84,7 @@ class RetryPolicy:
         if retry.delay is not None:
             try:
                 chosen = retry.delay(attempts, exc)
-            except Exception as raised:  # noqa: BLE001 - the user's callable: its fault is reported, not fatal
+            except Exception as raised:
                 chosen, note = None, f"retry= raised {type(raised).__name__}: {raised}"
             else:
                 note = (

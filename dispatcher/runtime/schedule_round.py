@@ -18,9 +18,9 @@ from psycopg.types.json import Jsonb
 
 from dispatcher.api.schedules import CATCH_UP_ALL, CATCH_UP_ALL_MAX, CATCH_UP_LATEST, Schedule
 from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.db.inserts import raw_json
 from dispatcher.db.listener import format_payload
 from dispatcher.db.queries import query
-from dispatcher.db.inserts import raw_json
 from dispatcher.db.store import SLOW_STATEMENT, JobStore
 from dispatcher.slots import Cadence
 
@@ -197,7 +197,7 @@ async def _enqueue(conn: psycopg.AsyncConnection[Any], s: Schedule, slots: list[
     """One job per slot, each in one statement with its slot's row; returns how many were new."""
     enqueued = 0
     for slot in slots:
-        bucket = random.randrange(NUM_BUCKETS)  # noqa: S311 - spreads jobs over buckets, not a secret
+        bucket = random.randrange(NUM_BUCKETS)
         params = {
             "name": s.name,
             "slot_at": slot,

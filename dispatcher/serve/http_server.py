@@ -98,10 +98,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "dispatcher"
     timeout = REQUEST_TIMEOUT_S  # socket timeout while the request is read and the answer written
 
-    def do_GET(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's naming
+    def do_GET(self) -> None:
         self._answer(head=False)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(head=True)
 
     def _answer(self, *, head: bool) -> None:
@@ -126,7 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
                     404,
                     orjson.dumps({"status": "not found", "path": path, "endpoints": ENDPOINTS}),
                 )
-        except Exception as exc:  # noqa: BLE001 - a collector's bug must not kill the server thread
+        except Exception as exc:
             log.exception("serving %s failed", path)
             code, body, content_type, encoding = (
                 500,
@@ -144,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
 
@@ -164,7 +164,7 @@ class HealthServer:
 
     def start(self) -> None:
         errors = []
-        for host, family in (("::", socket.AF_INET6), ("0.0.0.0", socket.AF_INET)):  # noqa: S104 - see docstring
+        for host, family in (("::", socket.AF_INET6), ("0.0.0.0", socket.AF_INET)):
             try:
                 self._server = _Server((host, self._port), family, self._health)
                 break

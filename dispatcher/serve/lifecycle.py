@@ -46,7 +46,7 @@ def hard_exit(reason: str, code: int = EXIT_FORCED) -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a broken stream must not stop the exit
+    except Exception:
         pass
     try:
         # In the configured format (a JSON line in the json format), with the worker id, redacted.

@@ -29,6 +29,7 @@ from dispatcher.constants import (
     is_valid_name,
 )
 from dispatcher.errors import ConfigError
+from dispatcher.settings import sections as sec
 from dispatcher.settings.defaults import (
     COORDINATORS,
     DEFAULT_BATCH_SIZE,
@@ -44,8 +45,8 @@ from dispatcher.settings.defaults import (
     DEFAULT_JOB_TIMEOUT_S,
     DEFAULT_LEASE_S,
     DEFAULT_LOOP_STALL_S,
-    DEFAULT_MAX_SNOOZES,
     DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_SNOOZES,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_PRUNE_BATCH,
     DEFAULT_PRUNE_INTERVAL_S,
@@ -66,14 +67,16 @@ from dispatcher.settings.defaults import (
 )
 from dispatcher.settings.meta import (
     KINDS as _KINDS,
+)
+from dispatcher.settings.meta import (
     Setting,
     parse_buckets,
     parse_text,
     setting,
     setting_of,
 )
-from dispatcher.settings.meta import parse_bool as _parse_bool, parse_queues as _parse_queues
-from dispatcher.settings import sections as sec
+from dispatcher.settings.meta import parse_bool as _parse_bool
+from dispatcher.settings.meta import parse_queues as _parse_queues
 
 ENV_PREFIX = "DISPATCHER_"
 

@@ -151,7 +151,7 @@ class Runner:
             await self._call(handler, job)
         except _TimedOut as exc:
             return self._failed(job, FailureKind.TIMEOUT, str(exc))
-        except BaseException as exc:  # noqa: BLE001 - as in the worker: every exception is the job's failure
+        except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
                 raise  # the test run itself is being stopped
             return self._raised(job, exc)

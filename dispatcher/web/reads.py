@@ -13,9 +13,9 @@ import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.fleet_status import read_fleet
+from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db.oneshot import bounded_transaction
 from dispatcher.db.queries import query
-from dispatcher.constants import NUM_BUCKETS
 
 READ_BUDGET = 2.0  # a page's statements may take statement_timeout_s x this (10 s at the defaults)
 OUTCOME_WINDOW_S = 60  # throughput: jobs finished in the last minute

@@ -28,7 +28,7 @@ def flaky(job: Job) -> None:
 
 @registry.handler("block_loop")
 async def block_loop(job: Job) -> None:
-    time.sleep(job.payload["s"])  # noqa: ASYNC251 - blocking the loop is the point
+    time.sleep(job.payload["s"])
 
 
 @registry.handler("hold")

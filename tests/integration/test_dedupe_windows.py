@@ -256,7 +256,7 @@ def _race(dsn: str, n: int, attempt: Callable[[psycopg.Connection[Any], int], An
             with psycopg.connect(dsn, autocommit=True) as conn:
                 barrier.wait(timeout=60)
                 results[i] = attempt(conn, i)
-        except BaseException as exc:  # noqa: BLE001  (reported below)
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
@@ -515,10 +515,9 @@ def test_async_enqueue_through_a_pool_and_in_the_callers_transaction_honours_win
                 pool, [JobSpec("send", dedupe_key=k, dedupe_window_s=HOUR_S) for k in "pqq"]
             )
         # the outbox: commits with the caller
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            async with conn.transaction():
-                outbox = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
-                again = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
+        async with await psycopg.AsyncConnection.connect(dsn) as conn, conn.transaction():
+            outbox = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
+            again = await enqueue(conn, "send", {}, dedupe_key="r", dedupe_window_s=HOUR_S)
         return first, dup, bulk, outbox, again
 
     first, dup, bulk, outbox, again = run_async(main())

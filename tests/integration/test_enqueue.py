@@ -184,7 +184,7 @@ def test_a_bad_payload_deep_in_a_bulk_enqueue_rolls_back_rows_already_streamed(d
         ({"max_attempts": 0}, "max_attempts"),
         ({"priority": 40000}, r"priority must be in -32768\.\.32767"),
         ({"run_at": dt.datetime(2030, 1, 1)}, "timezone-aware"),
-        ({"run_at": dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc), "delay_s": 5}, "not both"),
+        ({"run_at": dt.datetime(2030, 1, 1, tzinfo=dt.UTC), "delay_s": 5}, "not both"),
     ],
 )
 def test_bad_options_are_clear_errors(dsn, options, error):

@@ -25,8 +25,8 @@ from dispatcher.admin import (
     resume_queue,
     set_limit,
 )
-from dispatcher.db.rows import Chain, Gate, TypeFilter
 from dispatcher.db.claims import claim_sql
+from dispatcher.db.rows import Chain, Gate, TypeFilter
 from dispatcher.db.store import JobStore
 from dispatcher.observe import metrics
 from tests.helpers import fetchall, fetchval, plan_nodes, run_async, status_counts, wait_until_async

@@ -170,5 +170,5 @@ def test_a_migration_that_cannot_get_its_exclusive_lock_gives_up_instead_of_queu
 def _capture(errors: list[BaseException], work) -> None:
     try:
         work()
-    except BaseException as exc:  # noqa: BLE001 - reported by the test
+    except BaseException as exc:
         errors.append(exc)

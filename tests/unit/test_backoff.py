@@ -20,7 +20,7 @@ def test_bound_doubles_then_caps():
 def test_delay_is_positive_and_within_bound(attempt, base, cap_factor, draw):
     cap = base * cap_factor
     delay = retry_delay_s(attempt, base, cap, rand=lambda: draw)
-    assert MIN_RETRY_DELAY_S <= delay
+    assert delay >= MIN_RETRY_DELAY_S
     assert delay <= max(MIN_RETRY_DELAY_S, retry_bound_s(attempt, base, cap))
 
 

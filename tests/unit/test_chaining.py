@@ -22,7 +22,7 @@ class FakeExecutor:
         self.freed = 0
 
         class Freed:
-            def set(inner) -> None:  # noqa: N805
+            def set(inner) -> None:
                 self.freed += 1
 
         self.slot_freed = Freed()

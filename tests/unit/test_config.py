@@ -363,7 +363,7 @@ def test_documented_defaults_match_the_dataclass():
     ].default_text.startswith("1048576")
 
 
-def WORKER_SETTINGS():  # noqa: N802 - every setting but the dashboard's, which `dispatcher web` shows
+def WORKER_SETTINGS():
     return tuple(s for s in settings() if s.section != "web")
 
 

@@ -10,7 +10,6 @@ import pytest
 
 from coordinator.metrics import _HeartbeatAge
 from dispatcher.db.rows import DbPressure, QueueDepth
-from dispatcher.runtime.vitals import Vitals
 from dispatcher.runtime.table_sampler import (
     DEPTH_STATUSES,
     STALE_TICKS,
@@ -18,6 +17,7 @@ from dispatcher.runtime.table_sampler import (
     TableSample,
     TableSampler,
 )
+from dispatcher.runtime.vitals import Vitals
 from dispatcher.serve.health import Health, HealthCollector, assignment_state, judge
 from tests.helpers import collected
 

@@ -63,7 +63,7 @@ def test_the_readme_handlers_register() -> None:
     )
     assert block, "no myapp/jobs.py sample in the README"
     module = types.ModuleType("myapp_jobs")
-    exec(compile(block[1], "README.md", "exec"), module.__dict__)  # noqa: S102 - our own README
+    exec(compile(block[1], "README.md", "exec"), module.__dict__)
     assert module.registry.job_types() == ["resize_image", "send_email"]
     assert (
         module.registry.get("send_email").is_async

@@ -94,12 +94,13 @@ def test_metrics_found_in_the_source_include_counters_families_and_labels(tmp_pa
 def test_every_metric_of_the_live_registry_is_in_the_reference() -> None:
     # Importing the modules registers their metrics; whatever dispatcher_* family the registry
     # describes must be on the page (a metric defined in a way the generator misses fails here).
-    import coordinator.metrics  # noqa: F401
-    import dispatcher.observe.job_metrics  # noqa: F401
-    import dispatcher.observe.metrics  # noqa: F401
-    import dispatcher.runtime.table_sampler  # noqa: F401
-    import dispatcher.serve.health  # noqa: F401
     from prometheus_client import REGISTRY
+
+    import coordinator.metrics  # noqa: F401
+    import dispatcher.observe.job_metrics
+    import dispatcher.observe.metrics
+    import dispatcher.runtime.table_sampler
+    import dispatcher.serve.health  # noqa: F401
 
     page = reference.metrics()
     names = {

@@ -8,13 +8,13 @@ import threading
 import pytest
 
 from dispatcher.api.registry import Registry
+from dispatcher.errors import ConfigError
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.held_jobs import Running
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.stuck import StuckJob, StuckWatch, give_up_reason, stuck_jobs
-from dispatcher.errors import ConfigError
 from dispatcher.serve.health import Health
 from dispatcher.settings.config import Config
 from dispatcher.settings.sections import ExecutionSettings

@@ -20,7 +20,6 @@ from tests.helpers import fetchval
 from tests.integration.test_privileges import dml_role, grant
 from tests.web.support import HOSTILE, SEEDED, Client, seed, served, statuses
 
-
 PAGES = (
     "/",
     "/jobs",

@@ -106,7 +106,10 @@ class Job:
         return None if at is None else at.astimezone(UTC)
 
     def __repr__(self) -> str:
-        return f"Job(id={self.id}, job_type={self.job_type!r}, attempt={self.attempts}/{self.max_attempts})"
+        return (
+            f"Job(id={self.id}, job_type={self.job_type!r}, "
+            f"attempt={self.attempts}/{self.max_attempts})"
+        )
 
 
 class FailureKind(enum.Enum):

@@ -193,7 +193,7 @@ def _canonical(expression: str) -> str:
             # cronsim rejects "30 2" at construction: a valid day that no chosen month has.
             raise ScheduleError(
                 f"cron expression {expression!r} never fires (no month in it has that day)"
-            )
+            ) from None
         raise ScheduleError(f"bad cron expression {expression!r}: {exc}") from None
     except StopIteration:
         raise ScheduleError(f"cron expression {expression!r} never fires") from None

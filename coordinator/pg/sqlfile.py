@@ -19,7 +19,7 @@ def parse_named_queries(text: str) -> dict[str, str]:
     """Split a file into {name: statement}. Comment lines inside a query are dropped."""
     parts = _HEADER.split(text)
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
         lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]

@@ -65,7 +65,8 @@ def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 def render_fleet(groups: dict[str, Any]) -> list[str]:
     if not groups:
         return [
-            "workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by Redis or "
+            "workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by "
+            "Redis or "
             "static buckets: their members are not kept in the database)"
         ]
     lines = []

@@ -326,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--apply",
         action="store_true",
-        help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher migrate`)",
+        help="run them on DISPATCHER_DSN (as the tables' owner, e.g. right after `dispatcher "
+        "migrate`)",
     )
     _add_config_flags(p, one_shot)
     p.set_defaults(func=cmd_grants)
@@ -359,13 +360,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--jitter-s",
         type=float,
         default=0.0,
-        help="up to this many seconds more, at random, so a burst spreads out (default %(default)g)",
+        help=(
+            "up to this many seconds more, at random, so a burst spreads out (default %(default)g)"
+        ),
     )
     p.add_argument(
         "--max-attempts",
         type=int,
         default=None,
-        help="attempts before the job fails for good (default: its handler's max_attempts, else 20)",
+        help=(
+            "attempts before the job fails for good (default: its handler's max_attempts, else 20)"
+        ),
     )
     p.add_argument(
         "--dedupe-key",
@@ -387,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ordering-key",
         default=None,
-        help="jobs of the queue with the same key run one at a time, in the order they were enqueued "
+        help="jobs of the queue with the same key run one at a time, in the order they were "
+        "enqueued "
         "(default: none)",
     )
     p.add_argument(

@@ -61,7 +61,8 @@ def add_flow_parsers(
         "--burst",
         type=float,
         default=None,
-        help="with --per-second: how many may start at once after a quiet spell (default: one second's "
+        help="with --per-second: how many may start at once after a quiet spell (default: one "
+        "second's "
         "worth, at least 1)",
     )
     add_config_flags(p)
@@ -152,7 +153,8 @@ def _pause(args: argparse.Namespace, config: Any, action: str) -> int:
     print(
         f"queue {args.queue!r} {past}"
         if changed
-        else f"queue {args.queue!r} was {'paused already' if action == 'pause' else 'not paused'}: nothing changed"
+        else f"queue {args.queue!r} was {'paused already' if action == 'pause' else 'not paused'}: "
+        "nothing changed"
     )
     return 0 if changed else 1
 
@@ -177,8 +179,8 @@ def _guarded(work: Callable[[], Any]) -> Any:
 
 def render_limits(rows: list[LimitRow]) -> str:
     lines = [
-        f"{'job type':<24}{'queue':<16}{'max running':>12}{'running':>9}{'per second':>12}{'burst':>8}"
-        f"{'tokens':>8}"
+        f"{'job type':<24}{'queue':<16}{'max running':>12}{'running':>9}"
+        f"{'per second':>12}{'burst':>8}{'tokens':>8}"
     ]
     for r in rows:
         lines.append(

@@ -172,7 +172,8 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--halted",
         action="store_true",
-        help="only failed or discarded jobs that halt their ordering key (list: one row per halted key)",
+        help="only failed or discarded jobs that halt their ordering key (list: one row per halted "
+        "key)",
     )
 
 
@@ -249,11 +250,15 @@ def _show(args: argparse.Namespace, config: Any) -> int:
     why = ""
     if config.completion.deletes:
         why = (
-            ": DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so it may have completed"
+            ": DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so it may "
+            "have completed"
             + ("" if attempts else " (its attempts are kept only with DISPATCHER_HISTORY=true)")
         )
     elif attempts:
-        why = ": its row was deleted (completed and deleted, pruned or purged); its attempts are above"
+        why = (
+            ": its row was deleted (completed and deleted, pruned or purged); its attempts are "
+            "above"
+        )
     raise DispatcherError(f"no job {job_id}{why}")  # one line on stderr, exit 1
 
 
@@ -369,7 +374,8 @@ def render_list(rows: list[JobRow]) -> str:
     if not rows:
         return "(no jobs match)"
     lines = [
-        f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last error"
+        f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last "
+        "error"
     ]
     for r in rows:
         status = r.status + ("*" if r.cancel_requested_at and r.status == "running" else "")
@@ -388,7 +394,8 @@ def render_halted(keys: list[HaltedKey]) -> str:
     if not keys:
         return "(no halted ordering keys)"
     lines = [
-        f"{'queue':<14} {'ordering key':<20} {'job':>10}  {'type':<20} {'status':<10} {'failed at':<19} "
+        f"{'queue':<14} {'ordering key':<20} {'job':>10}  {'type':<20} {'status':<10} "
+        f"{'failed at':<19} "
         f"{'waiting':>8}  last error"
     ]
     for k in keys:
@@ -410,7 +417,8 @@ def render_show(detail: JobDetail) -> str:
         lines.append(
             f"  ordering key {job['ordering_key']!r}: "
             + (
-                "HALTED by this job: the key's later jobs wait until it is retried, cancelled or purged"
+                "HALTED by this job: the key's later jobs wait until it is retried, cancelled or "
+                "purged"
                 if job.get("ordering_halted")
                 else "this job does not halt it"
             )
@@ -453,7 +461,8 @@ def render_result(result: AdminResult, done: str, meaning: str) -> str:
     ]
     if result.requested_count:
         lines.append(
-            f"cancel requested for {result.requested_count} running jobs (cancelled at their owner's next "
+            f"cancel requested for {result.requested_count} running jobs (cancelled at their "
+            "owner's next "
             f"heartbeat): {_ids(result.requested)}"
         )
     if result.skipped:

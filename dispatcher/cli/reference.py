@@ -38,8 +38,10 @@ def configuration() -> str:
     out = [
         _GENERATED,
         "# Configuration reference\n\n",
-        "Every setting is an environment variable `DISPATCHER_<NAME>` or a flag `--<name>` of the worker "
-        "commands (a flag wins): `DISPATCHER_BATCH_SIZE=200` or `--batch-size 200`. Values are checked at "
+        "Every setting is an environment variable `DISPATCHER_<NAME>` or a flag `--<name>` of the "
+        "worker "
+        "commands (a flag wins): `DISPATCHER_BATCH_SIZE=200` or `--batch-size 200`. Values are "
+        "checked at "
         "start-up: a bad one exits with code 2 and names the setting. Times are in seconds. "
         "`dispatcher run --help` prints the same list.\n",
     ]
@@ -99,8 +101,10 @@ def cli() -> str:
     out = [
         _GENERATED,
         "# Command-line reference\n\n",
-        "Every command also takes `--help`. The commands that talk to the database take the settings they "
-        "read as flags too (`--dsn ...`, or `DISPATCHER_DSN=...` in the environment; `dispatcher run` takes "
+        "Every command also takes `--help`. The commands that talk to the database take the "
+        "settings they "
+        "read as flags too (`--dsn ...`, or `DISPATCHER_DSN=...` in the environment; `dispatcher "
+        "run` takes "
         "every one): see [configuration.md](configuration.md).\n",
     ]
     every = len(settings())
@@ -189,9 +193,12 @@ def metrics() -> str:
     out = [
         _GENERATED,
         "# Metrics reference\n\n",
-        "What `/metrics` exports (with `DISPATCHER_METRICS_PORT` set), by the module that defines it. Every pod "
-        "exports its own figures, except the table-wide ones of `dispatcher/runtime/table_sampler.py` "
-        "(`dispatcher_queue_*`, `dispatcher_db_*`), which only the pod holding the sampler lease exports: "
+        "What `/metrics` exports (with `DISPATCHER_METRICS_PORT` set), by the module that defines "
+        "it. Every pod "
+        "exports its own figures, except the table-wide ones of "
+        "`dispatcher/runtime/table_sampler.py` "
+        "(`dispatcher_queue_*`, `dispatcher_db_*`), which only the pod holding the sampler lease "
+        "exports: "
         "aggregate those with `max by (...)`, never `sum`. How to read them: "
         "[operations/health-and-metrics.md](../operations/health-and-metrics.md).\n",
     ]

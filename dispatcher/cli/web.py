@@ -23,7 +23,8 @@ def add_web_parser(
         "--host",
         dest="web_host",
         default=None,
-        help="address to listen on (default 127.0.0.1; DISPATCHER_WEB_HOST); one that is not loopback "
+        help="address to listen on (default 127.0.0.1; DISPATCHER_WEB_HOST); one that is not "
+        "loopback "
         "needs DISPATCHER_WEB_TOKEN, or --insecure",
     )
     p.add_argument(
@@ -41,7 +42,8 @@ def add_web_parser(
     p.add_argument(
         "--insecure",
         action="store_true",
-        help="serve on a non-loopback address without DISPATCHER_WEB_TOKEN (only behind a proxy that "
+        help="serve on a non-loopback address without DISPATCHER_WEB_TOKEN (only behind a proxy "
+        "that "
         "checks who comes in)",
     )
     add_config_flags(p)

@@ -83,7 +83,8 @@ class Migration:
         steps = [s for s in steps if _COMMENT.sub("", s.sql).strip()]
         if any(s.autocommit and "$$" in s.sql for s in steps):
             raise MigrationError(
-                f"{where}: an autocommit step cannot hold a $$ body (its statements are split at ';')"
+                f"{where}: an autocommit step cannot hold a $$ body (its statements are split at "
+                "';')"
             )
         return steps
 
@@ -107,7 +108,8 @@ def available_migrations(packages: Iterable[str] = MIGRATION_PACKAGES) -> list[M
         if a.version == b.version:
             raise MigrationError(
                 f"two migrations share version {a.version}: "
-                f"{a.package}/{a.version:04d}_{a.name}.sql and {b.package}/{b.version:04d}_{b.name}.sql"
+                f"{a.package}/{a.version:04d}_{a.name}.sql and "
+                f"{b.package}/{b.version:04d}_{b.name}.sql"
             )
     return found
 

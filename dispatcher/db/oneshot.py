@@ -51,7 +51,8 @@ def bounded_transaction(
     except StoreTimeout as exc:
         if exc.lock:
             raise StoreTimeout(
-                f"{what}: gave up after {lock_s:g} s waiting for a lock{_held(conn)} (lock_timeout); "
+                f"{what}: gave up after {lock_s:g} s waiting for a lock{_held(conn)} "
+                "(lock_timeout); "
                 "is a migration or a long transaction holding it?",
                 lock=True,
             ) from None

@@ -112,9 +112,12 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
         return f"{where}.{sql.Identifier(name).as_string()}"
 
     lines = [
-        f"-- The workers' role {who}: rows of the dispatcher tables only, no DDL. Run as the owner of",
-        "-- the tables (the role that runs `dispatcher migrate`), in the application's database; again",
-        "-- after each upgrade. CONNECT and TEMPORARY on the database (PUBLIC has both by default) are",
+        f"-- The workers' role {who}: rows of the dispatcher tables only, no DDL. Run as the owner "
+        "of",
+        "-- the tables (the role that runs `dispatcher migrate`), in the application's database; "
+        "again",
+        "-- after each upgrade. CONNECT and TEMPORARY on the database (PUBLIC has both by default) "
+        "are",
         "-- needed too: enqueue_many with dedupe keys stages rows in a temporary table.",
         _grant("grant_schema_usage", schema=where, role=who),
     ]
@@ -126,10 +129,13 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
         for s in objects.sequences
     ]
     lines += [
-        "-- Optional (PostgreSQL 17+): let workers refresh planner statistics right after a bulk load;",
-        "-- without it autovacuum does, within about a minute, and each worker logs once that it cannot.",
+        "-- Optional (PostgreSQL 17+): let workers refresh planner statistics right after a bulk "
+        "load;",
+        "-- without it autovacuum does, within about a minute, and each worker logs once that it "
+        "cannot.",
         f"-- GRANT MAINTAIN ON TABLE {qualified(ANALYZED_TABLE)} TO {who};",
-        "-- Optional: let the table sampler's dispatcher_db_active_sessions count the sessions of other",
+        "-- Optional: let the table sampler's dispatcher_db_active_sessions count the sessions of "
+        "other",
         "-- roles too (PostgreSQL shows a role the state of its own sessions only).",
         f"-- GRANT pg_read_all_stats TO {who};",
     ]

@@ -8,6 +8,7 @@ broken connection is reopened on the next call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -470,12 +471,10 @@ class JobStore:
                 "keys": [k for _, k in released],
                 "channel": NOTIFY_CHANNEL,
             }
-            try:
+            # StoreConflict: another promotion of the key raced this one: it has its next job, or
+            # the sweeper gives it one
+            with contextlib.suppress(StoreConflict):
                 await self._execute("cancel", query("ordering_promote_keys"), params)
-            except StoreConflict:
-                # another promotion of the key raced this one: it has its next job, or the sweeper
-                # gives it one
-                pass
         return {row[0]: row[3] for row in rows if row[3] is not None}
 
     async def job_get(self, job_id: int) -> JobState | None:

@@ -153,7 +153,8 @@ def run_demo(config: Config, *, jobs: int, workers: int) -> int:
             print(f"schema: applied {len(applied)} migrations", flush=True)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dispatcher-demo-")))
         print(
-            f"{jobs} no-op jobs per run, {workers} worker processes per mode (concurrency {config.concurrency}, "
+            f"{jobs} no-op jobs per run, {workers} worker processes per mode (concurrency "
+            f"{config.concurrency}, "
             f"batch {config.batch_size}); worker logs in {log_dir} while the demo runs",
             flush=True,
         )

@@ -19,15 +19,15 @@ When each mode wins (bench/RESULTS.md in the repository has the full runs and th
   concurrency 500 the two tie (0.99-1.00x): large claims cost both modes the same CPU on 2 cores,
   and a partitioned fleet also runs its coordinator (bench/RESULTS.md, coldstart).
 - On 2 cores both modes cost the same CPU per job, so neither pulls far ahead. What grows with the
-  workers is SKIP LOCKED's claim: the pages it touches per job doubled from 1 to 16 workers (it walks
-  past rows other workers hold), while a partitioned claim's stayed flat. That pays off where
+  workers is SKIP LOCKED's claim: the pages it touches per job doubled from 1 to 16 workers (it
+  walks past rows other workers hold), while a partitioned claim's stayed flat. That pays off where
   PostgreSQL has cores to spare.
 - With most jobs in a few buckets, SKIP LOCKED is still a little faster: partitioned workers then
   depend on stealing from the owners of the busy buckets.
 - The burst measures the queue; the cold start adds process start-up and, in partitioned mode, the
   switch to buckets: a fleet that starts together claims with SKIP LOCKED until its one assignment.
-- Single runs vary by 20% or more on a shared machine: compare the modes within one run, and repeated
-  runs (`python -m bench`, from the repository) before drawing conclusions."""
+- Single runs vary by 20% or more on a shared machine: compare the modes within one run, and
+  repeated runs (`python -m bench`, from the repository) before drawing conclusions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +79,14 @@ def column_notes(jobs: int, workers: int) -> list[tuple[str, str]]:
     return [
         (
             "burst s",
-            f"first claim to last completion of {jobs} jobs committed at once, the {workers} workers "
+            f"first claim to last completion of {jobs} jobs committed at once, the {workers} "
+            "workers "
             "already running and ready",
         ),
         (
             "ready",
-            f"each worker's /readyz answered 200 and, in partitioned mode, all {NUM_BUCKETS} buckets "
+            f"each worker's /readyz answered 200 and, in partitioned mode, all {NUM_BUCKETS} "
+            "buckets "
             "were owned",
         ),
         (
@@ -94,12 +96,14 @@ def column_notes(jobs: int, workers: int) -> list[tuple[str, str]]:
         ),
         (
             "cold s",
-            "cold start: from spawning the workers to the last completion (start-up and assignment count)",
+            "cold start: from spawning the workers to the last completion (start-up and assignment "
+            "count)",
         ),
         ("jobs/s", f"{jobs} / burst s, and {jobs} / cold s"),
         (
             "reads/job",
-            "claim-index entries read per job (pg_stat_user_indexes): contention, without machine noise",
+            "claim-index entries read per job (pg_stat_user_indexes): contention, without machine "
+            "noise",
         ),
         ("waiters", "most database sessions seen waiting on a lock at once, sampled every 0.25 s"),
         ("times", "all on the database clock"),
@@ -119,7 +123,7 @@ def _table(results: list[ModeResult]) -> list[str]:
         widths = [w for _, w, _ in _COLUMNS]
         parts = [
             cell.ljust(w) if i == 0 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(cells, widths))
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=False))
         ]
         return "".join(parts[:split]) + GAP + "".join(parts[split:])
 
@@ -139,7 +143,10 @@ def reading(results: list[ModeResult], workers: int, cores: int | None) -> str:
     a, b = results
     first_claims = ""
     if a.cold.first_claim_s is not None and b.cold.first_claim_s is not None:
-        first_claims = f"; first claim {a.cold.first_claim_s:.2f} s vs {b.cold.first_claim_s:.2f} s after the spawn"
+        first_claims = (
+            f"; first claim {a.cold.first_claim_s:.2f} s vs {b.cold.first_claim_s:.2f} "
+            "s after the spawn"
+        )
     return (
         f"This run ({workers} worker process{'es' if workers != 1 else ''} per mode, "
         f"{cores or 'an unknown number of'} cores), {a.mode} / {b.mode} jobs/s:\n"

@@ -35,7 +35,11 @@ def progress(
     width = 28
     filled = int(width * done / total) if total else width
     rate = done / elapsed_s if elapsed_s > 0 else 0.0
-    line = f"  {label:<28} [{'#' * filled}{'.' * (width - filled)}] {done:>7}/{total} {rate:>8.0f} jobs/s"
+    line = (
+        f"  {label:<28} [{'#' * filled}{'.' * (width - filled)}] {done:>7}/{total} "
+        f"{rate:>8.0f} "
+        "jobs/s"
+    )
     if stream.isatty():
         print("\r" + line, end="" if done < total else "\n", file=stream, flush=True)
     elif done >= total:
@@ -91,18 +95,14 @@ def start_worker(
     precompile()
     env = worker_env(dsn, **settings)
     env.update(extra_env or {})
-    out: IO[bytes] | int = open(log, "ab") if log else subprocess.DEVNULL
-    try:
+    command = [sys.executable, "-m", "dispatcher", "run", "--app", app]
+    if log is None:
         return subprocess.Popen(
-            [sys.executable, "-m", "dispatcher", "run", "--app", app],
-            env=env,
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
-    finally:
-        if not isinstance(out, int):
-            out.close()
+    # The child keeps its own copy of the descriptor: ours is closed once it has started.
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
 
 
 def stop_workers(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30) -> list[int]:

@@ -94,7 +94,10 @@ def message(record: logging.LogRecord) -> str:
     text = record.getMessage()
     suppressed_s = getattr(record, SUPPRESSED_S, None)
     if suppressed_s is not None:
-        text += f" ({getattr(record, SUPPRESSED)} similar lines suppressed in the last {suppressed_s:.3g} s)"
+        text += (
+            f" ({getattr(record, SUPPRESSED)} similar lines suppressed in the last "
+            f"{suppressed_s:.3g} s)"
+        )
     return text
 
 

@@ -65,15 +65,18 @@ JOBS_REAPED = Counter(
 )
 ORDERING_KEYS_PROMOTED = Counter(
     "dispatcher_ordering_keys_promoted_total",
-    "Ordering keys found with waiting jobs and no holder by the sweeper, whose next job it promoted",
+    "Ordering keys found with waiting jobs and no holder by the sweeper, "
+    "whose next job it promoted",
 )
 LEASES_LOST = Counter(
     "dispatcher_leases_lost_total", "Heartbeats that found the job no longer ours"
 )
 LOST_LEASE_JOBS = Counter(
     "dispatcher_lost_lease_jobs_total",
-    "Jobs whose lease this worker lost (taken over, or run out while the database was unreachable), by what "
-    "became of them here: dropped before they started, cancelled (async), or left to finish in a thread (sync; "
+    "Jobs whose lease this worker lost (taken over, or run out while the database was "
+    "unreachable), by what "
+    "became of them here: dropped before they started, cancelled (async), or left to finish in a "
+    "thread (sync; "
     "its outcome is fenced)",
     ["action"],
 )
@@ -94,19 +97,22 @@ STUCK_JOBS_FOUND = Counter(
 )
 JOBS_PRUNED = Counter(
     "dispatcher_jobs_pruned_total",
-    "Rows deleted by this pod's pruner past their retention, by kind: completed jobs, failed ones (failed, "
+    "Rows deleted by this pod's pruner past their retention, by kind: completed jobs, failed ones "
+    "(failed, "
     "discarded, cancelled) and history rows",
     ["kind"],
 )
 JANITOR_LAG = Gauge(
     "dispatcher_janitor_lag_seconds",
-    "How far past its retention the oldest row of each kind still there is (0: caught up); from the pods "
+    "How far past its retention the oldest row of each kind still there is (0: caught up); from "
+    "the pods "
     "whose last prune round ran, none from a pod that found another pruning",
     ["kind"],
 )
 SCHEDULE_LAST_SUCCESS = Gauge(
     "dispatcher_schedule_last_success_timestamp_seconds",
-    "When the schedule's latest job completed (Unix time), or, before its first success, when it was declared; "
+    "When the schedule's latest job completed (Unix time), or, before its first success, when it "
+    "was declared; "
     "from the pod enqueuing the schedule's queue (its schedules lease), none from the others",
     ["schedule"],
 )
@@ -123,7 +129,8 @@ STOLEN_JOBS = Counter(
 )
 FLOW_HELD_BACK = Counter(
     "dispatcher_flow_limited_claims_total",
-    "Claims of flow-controlled jobs that a fleet-wide limit cut short (dispatcher limits), by queue and by the "
+    "Claims of flow-controlled jobs that a fleet-wide limit cut short (dispatcher limits), by "
+    "queue and by the "
     "kind of limit that bound: max_running or per_second",
     ["queue", "limit"],
 )
@@ -140,7 +147,8 @@ CLAIM_SECONDS = Histogram(
 )
 POLL_CYCLE_SECONDS = Histogram(
     "dispatcher_poll_cycle_seconds",
-    "One claim-loop cycle: claims over all queues plus dispatch (the first signal of a degrading queue)",
+    "One claim-loop cycle: claims over all queues plus dispatch (the first signal of a degrading "
+    "queue)",
     ["mode"],
     buckets=_LATENCY_BUCKETS,
 )

@@ -9,6 +9,7 @@ were refused. A failed write keeps its outcomes and retries. Why batches: docs/d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -152,10 +153,8 @@ class Completer:
     async def run(self) -> None:
         """Flush forever; cancelled by the worker, which then calls `flush()` itself, shielded."""
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._full.wait(), timeout=self._interval_s)
-            except TimeoutError:
-                pass
             self._full.clear()
             flush = asyncio.ensure_future(self.flush())
             try:
@@ -244,7 +243,7 @@ class Completer:
             self._history_on,
             self.store.worker_id,
         )
-        for job, duration_s in zip(jobs, durations_s):
+        for job, duration_s in zip(jobs, durations_s, strict=True):
             if refused and job.id in refused:
                 continue
             finished(job.queue, job.job_type, "completed", duration_s)

@@ -250,7 +250,10 @@ class Executor:
 
     def _unknown_job_type(self, job: Job) -> None:
         known = ", ".join(self._registry.job_types()) or "none"
-        message = f"no handler registered for job_type {job.job_type!r} in worker {self._worker_id} (known: {known})"
+        message = (
+            f"no handler registered for job_type {job.job_type!r} in worker "
+            f"{self._worker_id} (known: {known})"
+        )
         self._fail(job, FailureKind.UNKNOWN_TYPE, message, self._clock())
         self._finish_slot()
 

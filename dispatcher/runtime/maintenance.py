@@ -333,8 +333,10 @@ class PlannerStats(PeriodicService):
         except StorePermissionDenied as exc:
             self.retired = True
             log.warning(
-                "planner statistics: %s, so this worker will not refresh them (not retried). That is the "
-                "table owner's job, and autovacuum does it; to let workers refresh them right after a bulk "
+                "planner statistics: %s, so this worker will not refresh them (not retried). That "
+                "is the "
+                "table owner's job, and autovacuum does it; to let workers refresh them right "
+                "after a bulk "
                 "load too: %s",
                 exc.reason,
                 exc.hint or "see docs/operations/roles.md",

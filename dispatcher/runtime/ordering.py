@@ -58,7 +58,8 @@ class KeySweeper(PeriodicService):
                     self.promoted += scan.promoted
                     metrics.ORDERING_KEYS_PROMOTED.inc(scan.promoted)
                     log.info(
-                        "promoted the next job of %d ordering keys of queue %s that had waiting jobs and "
+                        "promoted the next job of %d ordering keys of queue %s that had waiting "
+                        "jobs and "
                         "no holder",
                         scan.promoted,
                         queue,

@@ -10,6 +10,7 @@ lease's take-over, so a holder's death delays no slot: the next holder finds the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -57,7 +58,8 @@ class Scheduler(PeriodicService):
         elsewhere = sorted(s.name for s in schedules if s.queue not in queues)
         if elsewhere:
             log.info(
-                "schedules %s are for queues this worker does not serve: their queues' workers enqueue them",
+                "schedules %s are for queues this worker does not serve: their queues' workers "
+                "enqueue them",
                 ", ".join(elsewhere),
             )
         self._gone = "completed" if completed_jobs == COMPLETED_DELETE else "gone"
@@ -135,10 +137,8 @@ class Scheduler(PeriodicService):
             )
         for s in self._declared[queue]:
             for gauge in (metrics.SCHEDULE_LAST_SUCCESS, metrics.SCHEDULE_PERIOD):
-                try:
+                with contextlib.suppress(KeyError):
                     gauge.remove(s.name)
-                except KeyError:
-                    pass
 
     async def release(self) -> None:
         """Give the leases up (shutdown): another pod enqueues at its next tick."""

@@ -59,7 +59,8 @@ def give_up_reason(
     oldest = min(stuck, key=lambda s: s.stuck_since)
     if exit_after_s > 0 and now - oldest.stuck_since >= exit_after_s:
         return (
-            f"job {oldest.job.id} ({oldest.job.job_type}) has been stuck for {now - oldest.stuck_since:.0f} s "
+            f"job {oldest.job.id} ({oldest.job.job_type}) has been stuck for "
+            f"{now - oldest.stuck_since:.0f} s "
             f"(stuck_exit_after_s {exit_after_s:g})"
         )
     return None
@@ -106,7 +107,8 @@ class StuckWatch:
                     else "it ignored its cancellation"
                 )
                 log.error(
-                    "job %d (%s) is stuck: its handler still runs %g s after its timeout fired; %s. Its "
+                    "job %d (%s) is stuck: its handler still runs %g s after its timeout fired; "
+                    "%s. Its "
                     "slot stays taken and its lease is kept while this process lives",
                     s.job.id,
                     s.job.job_type,

@@ -158,7 +158,8 @@ def _role_families(holding: int, age_s: float) -> list[Metric]:
 def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metric]:
     jobs = GaugeMetricFamily(
         "dispatcher_queue_jobs",
-        "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, discarded, "
+        "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, "
+        "discarded, "
         "cancelled, waiting (behind an earlier job of its ordering key)",
         labels=["queue", "status"],
     )

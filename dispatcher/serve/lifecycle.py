@@ -42,7 +42,10 @@ def _early_handler(signum: int, frame: FrameType | None) -> None:
 
 def hard_exit(reason: str, code: int = EXIT_FORCED) -> None:
     """End the process now, after one line on stderr; never returns."""
-    text = f"{reason}; exiting now with code {code}; unfinished jobs come back when their leases run out"
+    text = (
+        f"{reason}; exiting now with code {code}; unfinished jobs come back when their leases "
+        "run out"
+    )
     try:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -9,6 +9,7 @@ which: the one classification of coordinator/pg/errors.py, never a message's tex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,7 +140,8 @@ async def wait_until_ready(
             if not state.missing:
                 if state.newer:
                     log.warning(
-                        "schema has migrations this worker does not know (%s): a newer release migrated "
+                        "schema has migrations this worker does not know (%s): a newer release "
+                        "migrated "
                         "it; running, as migrations stay compatible with the release before",
                         state.newer,
                     )
@@ -182,7 +184,8 @@ async def check_listen(dsn: str, limits: ConnectionLimits) -> None:
         if not exc.failure.problem.transient:
             raise StartupError(_fatal(f"{where} (DISPATCHER_LISTEN_DSN)", exc.failure)) from None
         log.warning(
-            "LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll until it "
+            "LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll "
+            "until it "
             "answers",
             where,
             exc.failure.reason,
@@ -199,7 +202,5 @@ def _fatal(where: str, failure: Failure) -> str:
 
 
 async def _sleep_unless(stopping: asyncio.Event, seconds: float) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stopping.wait(), seconds)
-    except TimeoutError:
-        pass

@@ -341,8 +341,10 @@ class Worker:
             return
         self.gave_up, self.vitals.gave_up = reason, True
         log.error(
-            "giving up on stuck handlers: %s. This worker stops claiming, lets its other jobs finish within "
-            "%g s and exits with code %d; the stuck handlers end with the process and their jobs come back "
+            "giving up on stuck handlers: %s. This worker stops claiming, lets its other jobs "
+            "finish within "
+            "%g s and exits with code %d; the stuck handlers end with the process and their jobs "
+            "come back "
             "when their leases run out",
             reason,
             self.config.worker.shutdown_grace_s,
@@ -445,7 +447,8 @@ class Worker:
                 )
         self.unflushed = self.completer.pending
         log.error(
-            "could not write %d outcomes before the shutdown deadline; their leases will bring the jobs "
+            "could not write %d outcomes before the shutdown deadline; their leases will bring the "
+            "jobs "
             "back (fenced if they were written after all)",
             self.unflushed,
         )

@@ -85,32 +85,32 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def _section() -> Any:
-    return dataclasses.field(init=False, repr=False, compare=False)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     dsn: str | None = setting(
         None,
         section="database",
         parse=str,
-        help="PostgreSQL connection string (postgresql://user:pass@host/db); required except by `dispatcher demo`",
+        help="PostgreSQL connection string (postgresql://user:pass@host/db); required except by "
+        "`dispatcher demo`",
     )
     listen_dsn: str | None = setting(
         None,
         section="worker",
         parse=str,
         shown="dsn",
-        help="connection string used only for LISTEN (wake-ups of idle workers and of the PostgreSQL "
-        "coordinator): a direct one to PostgreSQL when dsn goes through PgBouncer in transaction pooling, "
+        help="connection string used only for LISTEN (wake-ups of idle workers and of the "
+        "PostgreSQL "
+        "coordinator): a direct one to PostgreSQL when dsn goes through PgBouncer in transaction "
+        "pooling, "
         f"where LISTEN hears nothing; {LISTEN_OFF}: no LISTEN, wake-ups by polling only",
     )
     mode: str = setting(
         MODE_PARTITIONED,
         section="claims",
         parse=str,
-        help="claim strategy: partitioned (each worker claims from the buckets it owns) or skip_locked "
+        help="claim strategy: partitioned (each worker claims from the buckets it owns) or "
+        "skip_locked "
         "(all workers claim from one queue with FOR UPDATE SKIP LOCKED)",
     )
     queues: tuple[str, ...] = setting(
@@ -123,7 +123,8 @@ class Config:
         None,
         section="worker",
         parse=str,
-        help="module:attribute of your dispatcher.Registry (the handlers); required by `dispatcher run`",
+        help="module:attribute of your dispatcher.Registry (the handlers); required by `dispatcher "
+        "run`",
     )
     worker_id: str = setting(
         section="worker",
@@ -173,7 +174,8 @@ class Config:
         section="database",
         parse=float,
         unit="seconds",
-        help="seconds a new database connection may take (TCP, TLS and login) before it counts as unreachable",
+        help="seconds a new database connection may take (TCP, TLS and login) before it counts as "
+        "unreachable",
     )
     statement_timeout_s: float | None = setting(
         None,
@@ -181,14 +183,16 @@ class Config:
         parse=float,
         unit="seconds",
         shown=f"min({DEFAULT_STATEMENT_TIMEOUT_S:g}, lease_s / 2)",
-        help="seconds one of the worker's own statements may take before its connection counts as stalled "
+        help="seconds one of the worker's own statements may take before its connection counts as "
+        "stalled "
         "and is replaced (maintenance statements get 6x); at most lease_s / 2",
     )
     wait_for_schema: bool = setting(
         False,
         section="worker",
         parse=_parse_bool,
-        help="at start, wait (logging every few seconds) for a missing or older schema to be migrated instead "
+        help="at start, wait (logging every few seconds) for a missing or older schema to be "
+        "migrated instead "
         "of exiting; for a migration Job that runs beside the workers",
     )
     job_timeout_s: float = setting(
@@ -196,7 +200,9 @@ class Config:
         section="execution",
         parse=float,
         unit="seconds",
-        help="wall-clock limit of one job in seconds, 0: none; @handler(timeout_s=...) overrides it",
+        help=(
+            "wall-clock limit of one job in seconds, 0: none; @handler(timeout_s=...) overrides it"
+        ),
     )
     retry_base_s: float = setting(
         DEFAULT_RETRY_BASE_S,
@@ -217,7 +223,8 @@ class Config:
         section="execution",
         parse=int,
         unit="snoozes",
-        help="snoozes (`raise Snooze(s)`) one job may take without spending attempts; past them each is a failed attempt",
+        help="snoozes (`raise Snooze(s)`) one job may take without spending attempts; past them "
+        "each is a failed attempt",
     )
     flush_interval_s: float = setting(
         DEFAULT_FLUSH_INTERVAL_S,
@@ -237,8 +244,10 @@ class Config:
         COMPLETED_KEEP,
         section="completion",
         parse=str,
-        help="a successful job's row: keep (marked completed, deleted after completed_retention_s) or delete (deleted "
-        "by the completion itself: no prune or vacuum later; `jobs list/show` and status see no completed job)",
+        help="a successful job's row: keep (marked completed, deleted after completed_retention_s) "
+        "or delete (deleted "
+        "by the completion itself: no prune or vacuum later; `jobs list/show` and status see no "
+        "completed job)",
     )
     shutdown_grace_s: float = setting(
         DEFAULT_SHUTDOWN_GRACE_S,
@@ -259,7 +268,8 @@ class Config:
         section="retention",
         parse=float,
         unit="seconds",
-        help="seconds between rounds of the pruner, which deletes rows past their retention (one pod at a time)",
+        help="seconds between rounds of the pruner, which deletes rows past their retention (one "
+        "pod at a time)",
     )
     completed_retention_s: float = setting(
         DEFAULT_COMPLETED_RETENTION_S,
@@ -273,14 +283,16 @@ class Config:
         section="retention",
         parse=float,
         unit="seconds",
-        help="seconds failed, discarded and cancelled jobs are kept before they are deleted; 0: kept forever",
+        help="seconds failed, discarded and cancelled jobs are kept before they are deleted; 0: "
+        "kept forever",
     )
     history_retention_s: float = setting(
         DEFAULT_HISTORY_RETENTION_S,
         section="retention",
         parse=float,
         unit="seconds",
-        help="seconds rows of the attempt history (dispatcher_job_attempts) are kept; 0: kept forever",
+        help="seconds rows of the attempt history (dispatcher_job_attempts) are kept; 0: kept "
+        "forever",
     )
     prune_batch: int = setting(
         DEFAULT_PRUNE_BATCH,
@@ -309,7 +321,8 @@ class Config:
         section="execution",
         parse=float,
         unit="seconds",
-        help="a handler still running this many seconds after its timeout fired is stuck: logged, counted, its slot "
+        help="a handler still running this many seconds after its timeout fired is stuck: logged, "
+        "counted, its slot "
         "kept (docs/operations/running-workers.md#stuck-handlers)",
     )
     stuck_exit_after_s: float = setting(
@@ -317,7 +330,8 @@ class Config:
         section="execution",
         parse=float,
         unit="seconds",
-        help="the worker stops claiming and exits (code 3) once a handler was stuck this many seconds, or stuck "
+        help="the worker stops claiming and exits (code 3) once a handler was stuck this many "
+        "seconds, or stuck "
         "ones hold over half its slots or sync threads; 0: only the latter",
     )
     history: bool = setting(
@@ -343,8 +357,10 @@ class Config:
         section="coordination",
         parse=str,
         help=(
-            "Redis coordinator: the start of every key and channel name (`<prefix>:<queue>:members`, ...); deployments that "
-            "share one Redis database need different ones, or same-named queues merge their groups. No whitespace or {}"
+            "Redis coordinator: the start of every key and channel name "
+            "(`<prefix>:<queue>:members`, ...); deployments that "
+            "share one Redis database need different ones, or same-named queues merge their "
+            "groups. No whitespace or {}"
         ),
     )
     coordinator_lease_s: float = setting(
@@ -359,20 +375,24 @@ class Config:
         section="coordination",
         parse=float,
         unit="seconds",
-        help="seconds between membership re-reads, at most coordinator_lease_s / 3; NOTIFY/pub-sub is sooner",
+        help="seconds between membership re-reads, at most coordinator_lease_s / 3; NOTIFY/pub-sub "
+        "is sooner",
     )
     session_locks: bool = setting(
         True,
         section="coordination",
         parse=_parse_bool,
-        help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction pooling (leases only)",
+        help="PostgreSQL coordinator: advisory-lock liveness; false behind PgBouncer transaction "
+        "pooling (leases only)",
     )
     prepared_statements: bool = setting(
         True,
         section="database",
         parse=_parse_bool,
-        help="let psycopg prepare statements it runs often; false behind PgBouncer in transaction pooling "
-        "older than 1.21 (or with max_prepared_statements = 0), where they fail on the next server connection",
+        help="let psycopg prepare statements it runs often; false behind PgBouncer in transaction "
+        "pooling "
+        "older than 1.21 (or with max_prepared_statements = 0), where they fail on the next server "
+        "connection",
     )
     steal: bool = setting(
         True,
@@ -385,7 +405,8 @@ class Config:
         section="claims",
         parse=int,
         unit="jobs",
-        help="jobs in a steal's first batch (1 to 10000); it doubles, up to batch_size, while steals come back full",
+        help="jobs in a steal's first batch (1 to 10000); it doubles, up to batch_size, while "
+        "steals come back full",
     )
     buckets: tuple[int, ...] | None = setting(
         None,
@@ -443,7 +464,8 @@ class Config:
         parse=str,
         secret=True,
         help=(
-            "`dispatcher web`: the token to log in with, or to send as `Authorization: Bearer <token>`; at least 16 "
+            "`dispatcher web`: the token to log in with, or to send as `Authorization: Bearer "
+            "<token>`; at least 16 "
             "characters, from the environment only (none: no login)"
         ),
     )
@@ -452,7 +474,8 @@ class Config:
         section="web",
         parse=_parse_bool,
         help=(
-            "`dispatcher web --allow-actions`: show and accept retry, cancel, purge, pause and resume (else read-only)"
+            "`dispatcher web --allow-actions`: show and accept retry, cancel, purge, pause and "
+            "resume (else read-only)"
         ),
     )
     log_level: str = setting(
@@ -466,18 +489,22 @@ class Config:
     )
 
     # The sections each service receives (sections.py): resolved in __post_init__, not settings.
-    database: sec.DatabaseSettings = _section()
-    logging: sec.LoggingSettings = _section()
-    worker: sec.WorkerSettings = _section()
-    claims: sec.ClaimSettings = _section()
-    leases: sec.LeaseSettings = _section()
-    execution: sec.ExecutionSettings = _section()
-    completion: sec.CompletionSettings = _section()
-    maintenance: sec.MaintenanceSettings = _section()
-    retention: sec.RetentionSettings = _section()
-    coordination: sec.CoordinationSettings = _section()
-    observability: sec.ObservabilitySettings = _section()
-    web: sec.WebSettings = _section()
+    database: sec.DatabaseSettings = dataclasses.field(init=False, repr=False, compare=False)
+    logging: sec.LoggingSettings = dataclasses.field(init=False, repr=False, compare=False)
+    worker: sec.WorkerSettings = dataclasses.field(init=False, repr=False, compare=False)
+    claims: sec.ClaimSettings = dataclasses.field(init=False, repr=False, compare=False)
+    leases: sec.LeaseSettings = dataclasses.field(init=False, repr=False, compare=False)
+    execution: sec.ExecutionSettings = dataclasses.field(init=False, repr=False, compare=False)
+    completion: sec.CompletionSettings = dataclasses.field(init=False, repr=False, compare=False)
+    maintenance: sec.MaintenanceSettings = dataclasses.field(init=False, repr=False, compare=False)
+    retention: sec.RetentionSettings = dataclasses.field(init=False, repr=False, compare=False)
+    coordination: sec.CoordinationSettings = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    observability: sec.ObservabilitySettings = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    web: sec.WebSettings = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Every rule, at construction: a Config that exists is valid. Raises ConfigError(field
@@ -489,7 +516,8 @@ class Config:
             _check(
                 isinstance(value, _KINDS[s.parse]),
                 s.name,
-                f"must be {' or '.join(k.__name__ for k in _KINDS[s.parse])}, got {type(value).__name__}",
+                f"must be {' or '.join(k.__name__ for k in _KINDS[s.parse])}, got "
+                f"{type(value).__name__}",
             )
             if s.parse is float:
                 _check(math.isfinite(value), s.name, f"must be a finite number, got {value!r}")
@@ -531,13 +559,15 @@ class Config:
         _check(
             0 < beat_s <= self.lease_s / 2,
             "heartbeat_interval_s",
-            f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}) so one lost beat never expires a lease",
+            f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}) so one lost beat "
+            "never expires a lease",
         )
         _check(self.connect_timeout_s >= 1, "connect_timeout_s", "must be >= 1 second")
         _check(
             0 < statement_s <= self.lease_s / 2,
             "statement_timeout_s",
-            f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}): a stalled statement must "
+            f"must be > 0 and at most half of lease_s ({self.lease_s / 2:g}): a stalled statement "
+            "must "
             "be noticed while the leases it protects still run",
         )
         _check(self.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
@@ -593,7 +623,8 @@ class Config:
         _check(
             self.web_token is None or len(self.web_token.strip()) >= 16,
             "web_token",
-            "must be at least 16 characters (python -c 'import secrets; print(secrets.token_urlsafe(32))')",
+            "must be at least 16 characters (python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))')",
         )
         _check(
             self.loop_stall_s >= 2,

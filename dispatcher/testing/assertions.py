@@ -40,7 +40,8 @@ def enqueued(
 
 def _describe(store: MemoryStore) -> str:
     held = [
-        f"#{j.id} {j.job_type} {j.status} in {j.queue!r} run_at={j.run_at.isoformat()} payload={j.payload!r}"
+        f"#{j.id} {j.job_type} {j.status} in {j.queue!r} run_at={j.run_at.isoformat()} "
+        f"payload={j.payload!r}"
         for j in store.jobs()
     ]
     return "\n  ".join(["the store holds:", *held]) if held else "the store holds no job"

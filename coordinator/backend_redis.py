@@ -281,7 +281,7 @@ class RedisBackend:
                     break
         except BaseException:
             with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: unannotated
             raise
         self._pubsub = pubsub
 
@@ -289,7 +289,7 @@ class RedisBackend:
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
     def _wakes_us(self, msg: dict[str, Any] | None, joins: bool) -> bool:
         if msg is None or msg["type"] != "message":

@@ -136,7 +136,8 @@ def connect_sync(
 def _timed_out(limits: ConnectionLimits, began: float) -> bool:
     """Whether libpq gave up at its connect_timeout: the server did not answer in time, which
     needs no probe (and another wait) to classify."""
-    return time.monotonic() - began >= limits.connect_kwargs()["connect_timeout"] - 0.25
+    timeout_s = float(limits.connect_kwargs()["connect_timeout"])
+    return time.monotonic() - began >= timeout_s - 0.25
 
 
 def _stalled(limits: ConnectionLimits) -> Failure:

@@ -109,7 +109,7 @@ def redis_url_problem(url: str) -> str | None:
     from redis.connection import parse_url  # only where a Redis URL is set: ~0.1 s of imports
 
     try:
-        parse_url(url)
+        parse_url(url)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
     except ValueError as exc:
         text = scrub(str(exc))
         password = urlsplit_password(url)

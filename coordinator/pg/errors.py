@@ -221,7 +221,7 @@ def _offers_ssl(address: tuple[int, Any], deadline: float) -> bool:
     try:
         with _socket(address, deadline) as sock:
             sock.sendall(_SSL_REQUEST)
-            return sock.recv(1) == b"S"
+            return bool(sock.recv(1) == b"S")
     except OSError:
         return True  # no answer: not a "no"; the caller goes on
 

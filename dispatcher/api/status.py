@@ -45,9 +45,9 @@ def read_status(
         backlog = dict(conn.execute(query("status_backlog_by_bucket")).fetchall())
         row = conn.execute(query("db_pressure")).fetchone()
         paused = [queue for queue, _ in conn.execute(query("flow_paused_list"))]
-        limits = conn.execute(query("flow_limits_list"))
-        limit_columns = [c.name for c in limits.description or ()]
-        limit_rows = [dict(zip(limit_columns, r, strict=True)) for r in limits.fetchall()]
+        limits_read = conn.execute(query("flow_limits_list"))
+        limit_columns = [c.name for c in limits_read.description or ()]
+        limit_rows = [dict(zip(limit_columns, r, strict=True)) for r in limits_read.fetchall()]
         fleet = read_fleet(conn)
     for queue in paused:
         # a paused queue shows, even with no jobs

@@ -59,15 +59,19 @@ def _add_config_flags(
         # default=None: an absent flag leaves the env var (or the Config default) in charge,
         # so the default shown is the dataclass's, written into the text. argparse %-formats help.
         # A bare boolean flag means true (`--wait-for-schema`); `--steal false` still works.
-        boolean = isinstance(s.default, bool)
-        group.add_argument(
-            s.flag,
-            dest=s.name,
-            default=None,
-            metavar="V",
-            help=s.description.replace("%", "%%"),
-            **({"nargs": "?", "const": "true"} if boolean else {}),
-        )
+        help_text = s.description.replace("%", "%%")
+        if isinstance(s.default, bool):
+            group.add_argument(
+                s.flag,
+                dest=s.name,
+                default=None,
+                metavar="V",
+                help=help_text,
+                nargs="?",
+                const="true",
+            )
+        else:
+            group.add_argument(s.flag, dest=s.name, default=None, metavar="V", help=help_text)
 
 
 def _config_from(args: argparse.Namespace) -> Config:

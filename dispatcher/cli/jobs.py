@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -44,6 +44,8 @@ from dispatcher.api.text import age_text, parse_duration_s
 from dispatcher.constants import is_valid_name
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.model import STATUS_COMPLETED, STATUSES
+
+_T = TypeVar("_T")
 
 _FLAGS = {
     "statuses": "--status",
@@ -351,7 +353,7 @@ def config_dsn(config: Any) -> str:
     return str(config.dsn)
 
 
-def guarded(work: Callable[[], Any], flags: dict[str, str] | None = None) -> Any:
+def guarded(work: Callable[[], _T], flags: dict[str, str] | None = None) -> _T:
     """The admin API's own input errors -> ConfigError naming the flag (`flags`: option -> flag;
     the jobs commands' by default), exit 2."""
     try:

@@ -81,12 +81,13 @@ def _argument_rows(parser: argparse.ArgumentParser) -> tuple[list[str], list[str
         for action in group._group_actions:
             if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
                 continue
+            metavar = action.metavar if isinstance(action.metavar, str) else None
             if action.option_strings:
                 name = ", ".join(action.option_strings)
                 if action.nargs != 0:
-                    name += f" {action.metavar or action.dest.upper()}"
+                    name += f" {metavar or action.dest.upper()}"
             else:
-                name = action.metavar or action.dest
+                name = metavar or action.dest
             required = " (required)" if action.required and action.option_strings else ""
             text = formatter._expand_help(action) if action.help else ""
             rows.append(f"| `{_cell(name)}` | {_cell(text)}{required} |\n")

@@ -334,5 +334,5 @@ def _uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
         "uncaught %s in thread %s",
         args.exc_type.__name__,
         name,
-        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        exc_info=args.exc_value,  # its __traceback__ is the thread's
     )

@@ -14,7 +14,7 @@ from dispatcher._version import __version__
 # No `<name>_created` series: a process start time per labelled counter and histogram, which doubled
 # the families a scrape lists and that no rule or panel of ours reads (process_start_time_seconds
 # says when a worker started). Process-wide: it also applies to an app's own metrics in a worker.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated
 
 # Fine enough to read p50/p99 of a claim (0.5-20 ms here) from the buckets, as the bench suite does.
 _LATENCY_BUCKETS = (

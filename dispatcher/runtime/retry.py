@@ -82,6 +82,7 @@ class RetryPolicy:
         backoff. An answer that is not a delay (or a callable that raises) is noted at the head
         of the error."""
         if retry.delay is not None:
+            note: str | None
             try:
                 chosen = retry.delay(attempts, exc)
             except Exception as raised:

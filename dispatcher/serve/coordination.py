@@ -42,13 +42,15 @@ def redis_prefix(queue: str, key_prefix: str = "dispatcher") -> str:
 def _coordinated(
     settings: CoordinationSettings, queue: str, liveness: Liveness | None
 ) -> BucketAssignment:
+    from coordinator.backend import CoordinatorBackend
     from coordinator.coordinator import Coordinator
 
+    backend: CoordinatorBackend
     if settings.coordinator == "redis":
         from coordinator.backend_redis import RedisBackend
 
         backend = RedisBackend(
-            settings.redis_url,  # type: ignore[arg-type]  # validated: set
+            settings.redis_url,  # type: ignore[arg-type]  # validated: set in redis mode
             prefix=redis_prefix(queue, settings.redis_key_prefix),
         )
     else:
@@ -57,8 +59,8 @@ def _coordinated(
         # settings.limits: a coordination round fails (and counts towards degraded mode) well
         # inside a membership lease, a third of it (3.3 s at the defaults).
         backend = PostgresBackend(
-            settings.dsn,
-            group=queue,  # type: ignore[arg-type]  # validated: set
+            settings.dsn,  # type: ignore[arg-type]  # validated: set in postgres mode
+            group=queue,
             session_locks=settings.session_locks,
             limits=settings.limits,
             listen_dsn=settings.listen_dsn,

@@ -126,6 +126,7 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
         cookie = request.cookies.get(security.CSRF_COOKIE)
         fresh = None if cookie else security.Csrf.new_cookie()
         request.state.csrf_token = dash.csrf.token_for(cookie or fresh)  # type: ignore[arg-type]
+        response: Response
         try:
             if dash.check_host and not security.host_allowed(
                 request.headers.get("host"), dash.config.web.host
@@ -139,7 +140,7 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
                 )
             elif not public and not dash.gate.allows(request.headers, request.cookies):
                 if request.method == "GET" and not request.headers.get(FRAGMENT_HEADER):
-                    response: Response = RedirectResponse("/login", status_code=303)
+                    response = RedirectResponse("/login", status_code=303)
                 else:
                     response = PlainTextResponse(
                         "log in first: DISPATCHER_WEB_TOKEN is set", status_code=401

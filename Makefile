@@ -1,4 +1,4 @@
-# Two entry points for a fresh machine: `make demo` and `make test`.
+# Entry points for a fresh machine: `make demo`, `make test` and `make check`.
 # Each creates .venv on first use and installs what it needs; nothing is assumed installed.
 # `make bench ARGS="burst --quick"` runs the benchmark suite (`python -m bench`): it lives in this
 # checkout's bench/, not in the installed package.
@@ -11,13 +11,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test check bench clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench,embedded,web,otel]'
+	$(BIN)/pip install --quiet -e '.[test,dev,bench,embedded,web,otel]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -25,6 +25,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Lint, format, types, then the tests that need no server: the unit tests and the store contract
+# on the in-memory store. Seconds, not minutes: run it before every commit.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/contract -k memory
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(or $(ARGS),all)

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import psycopg
 import psycopg_pool
@@ -50,7 +50,7 @@ from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
 from dispatcher.db.translate import translate_errors
 from dispatcher.errors import EnqueueError, PayloadError
-from dispatcher.settings.config import DEFAULT_MAX_PAYLOAD_BYTES
+from dispatcher.settings.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +78,37 @@ class JobSpec:
     bucket: int | None = None
     ordering_key: str | None = None
     dedupe_window_s: float | None = None
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The keyword options of `enqueue` and `enqueue_sync`: JobSpec's fields but the type and
+    payload, each as JobSpec describes it."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay_s: float
+    max_attempts: int | None
+    dedupe_key: str | None
+    jitter_s: float
+    partition_key: str | None
+    bucket: int | None
+    ordering_key: str | None
+    dedupe_window_s: float | None
+
+
+class PayloadsOptions(TypedDict, total=False):
+    """The keyword options of `enqueue_payloads` and `enqueue_payloads_sync`: shared by every job,
+    but `partition_keys` or `ordering_keys`, one per payload (None: that job has no key)."""
+
+    queue: str
+    priority: int
+    run_at: datetime | None
+    delay_s: float
+    max_attempts: int | None
+    jitter_s: float
+    partition_keys: Sequence[str] | None
+    ordering_keys: Sequence[str | None] | None
 
 
 def bucket_for(partition_key: str) -> int:
@@ -147,7 +178,7 @@ def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
 
 
 def _prepare_one(
-    job_type: str, payload: Any, max_payload_bytes: int, options: dict[str, Any]
+    job_type: str, payload: Any, max_payload_bytes: int, options: EnqueueOptions
 ) -> _Prepared:
     check_max_payload_bytes(max_payload_bytes)
     return _prepare(JobSpec(job_type, payload, **options), max_payload_bytes)
@@ -290,7 +321,7 @@ async def enqueue(
     payload: Any = None,
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    **options: Any,
+    **options: Unpack[EnqueueOptions],
 ) -> int | None:
     """Enqueue one job; returns its id, or None if a live job has the same (queue, dedupe_key), or
     (with `dedupe_window_s`) a job with it finished within its window."""
@@ -332,7 +363,7 @@ async def enqueue_payloads(
     payloads: Iterable[Any],
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    **options: Any,
+    **options: Unpack[PayloadsOptions],
 ) -> int:
     """Bulk-enqueue many jobs of one type that share their options (queue, priority, run_at,
     delay_s, jitter_s, max_attempts; optional per-job `partition_keys` or `ordering_keys`): the
@@ -396,7 +427,7 @@ def enqueue_sync(
     payload: Any = None,
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    **options: Any,
+    **options: Unpack[EnqueueOptions],
 ) -> int | None:
     prepared = _prepare_one(job_type, payload, max_payload_bytes, options)
     if isinstance(target, InProcessStore):
@@ -433,7 +464,7 @@ def enqueue_payloads_sync(
     payloads: Iterable[Any],
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    **options: Any,
+    **options: Unpack[PayloadsOptions],
 ) -> int:
     prepared = _prepare_payloads(job_type, payloads, max_payload_bytes=max_payload_bytes, **options)
     return _copy_sync(target, prepared, staged=options.get("ordering_keys") is not None)

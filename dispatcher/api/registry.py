@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal, ParamSpec, TypeVar
 
 from dispatcher.api.schedules import CATCH_UP_LATEST, Schedule, declare_schedule
 from dispatcher.backoff import HandlerRetry, RetryFn, handler_retry
@@ -14,10 +14,15 @@ from dispatcher.observe import tracing
 from dispatcher.slots import ScheduleError
 
 # What a handler's final failure does to its job's ordering key (jobs without a key: nothing).
+OnOrderedFailure = Literal["halt", "continue"]
 # the key's later jobs wait until an operator retries or cancels this one
-ON_ORDERED_FAILURE_HALT = "halt"
-ON_ORDERED_FAILURE_CONTINUE = "continue"  # the key's next job runs, as after a success
+ON_ORDERED_FAILURE_HALT: Final = "halt"
+ON_ORDERED_FAILURE_CONTINUE: Final = "continue"  # the key's next job runs, as after a success
 ON_ORDERED_FAILURE = (ON_ORDERED_FAILURE_HALT, ON_ORDERED_FAILURE_CONTINUE)
+
+# A decorated handler keeps its own signature: type checkers see the function as it was written.
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +64,13 @@ class Registry:
         job_type: str | None = None,
         *,
         timeout_s: float | None = None,
-        on_ordered_failure: str = ON_ORDERED_FAILURE_HALT,
+        on_ordered_failure: OnOrderedFailure = ON_ORDERED_FAILURE_HALT,
         max_attempts: int | None = None,
         retry_base_s: float | None = None,
         retry_cap_s: float | None = None,
         retry: RetryFn | None = None,
         schedule: str | None = None,
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
         """`on_ordered_failure`: when a job with an ordering key fails for good (out of attempts, or
         discarded), "halt" (the default) keeps the key's later jobs waiting until an operator
         retries or cancels it; "continue" lets the next one run.
@@ -86,7 +91,7 @@ class Registry:
                 f"got {on_ordered_failure!r}"
             )
 
-        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def register(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             name = job_type or fn.__name__
             if name in self._handlers:
                 raise ValueError(

@@ -7,7 +7,7 @@ import asyncio
 import random
 
 from dispatcher.api.registry import Registry
-from dispatcher.db.store import Job
+from dispatcher.model import Job
 
 registry = Registry()
 

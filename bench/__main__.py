@@ -81,7 +81,10 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
     jobs = args.jobs or (3_000 if quick else 200_000)
     modes = [m for m in args.modes.split(",") if m]
     result = Result(scenario, machine=machine(dsn))
-    label = f"{result.machine['cores']} cores, PostgreSQL {result.machine['postgres']}, Python {result.machine['python']}"
+    label = (
+        f"{result.machine['cores']} cores, PostgreSQL {result.machine['postgres']}, "
+        f"Python {result.machine['python']}"
+    )
     print(f"\n== {scenario}: {label} (PostgreSQL and workers share the cores)", flush=True)
     columns = RUN_COLUMNS
     if scenario == "drain":

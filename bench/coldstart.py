@@ -41,7 +41,9 @@ def coldstart_suite(
             runs = interleaved_rounds(
                 modes,
                 repeat,
-                lambda mode: coldstart_run(dsn, mode, w, jobs, postmaster, profile=profile),
+                lambda mode, w=w, profile=profile: coldstart_run(
+                    dsn, mode, w, jobs, postmaster, profile=profile
+                ),
             )
             add_medians(result, runs, lambda p, s: s["spawn_to_done_s"] / p["spawn_to_done_s"])
     _ratios(result, ("profile", "workers"), "spawn_to_done_s")

@@ -5,6 +5,7 @@ where PostgreSQL's time went (pg_stat_statements), over the same window as the p
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +33,10 @@ class CostMeter:
         self._bench_backend = conn.info.backend_pid
         self._started: tuple[float, float, float, dict[str, statements.Usage] | None] | None = None
         if statements.RECORDING["on"]:
-            try:
-                conn.execute("SET pg_stat_statements.track = 'none'")  # superusers only
-            except psycopg.errors.InsufficientPrivilege:
-                pass  # then the bench's own statements appear in the table, under their own names
+            # superusers only: else the bench's own statements appear in the table, under their
+            # own names
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SET pg_stat_statements.track = 'none'")
 
     def _reading(self) -> tuple[float, float, float]:
         return (

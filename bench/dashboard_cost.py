@@ -114,34 +114,44 @@ DEFAULTS = {
     "ordering_key": "NULL",
     "ordering_halted": "false",
 }
-_INSERT = """INSERT INTO dispatcher_jobs (id, job_type, payload, bucket, {columns}) OVERRIDING SYSTEM VALUE
+_INSERT = """INSERT INTO dispatcher_jobs (id, job_type, payload, bucket, {columns})
+OVERRIDING SYSTEM VALUE
 SELECT id, (ARRAY['send_email', 'resize_image', 'sync_account', 'build_report'])[1 + id % 4],
        jsonb_build_object('user_id', id, 'locale', 'en'), (id / 3) % 64, {values}
-  FROM (SELECT {first} + (k * {step}) % {space} AS id, k - {lo} AS i FROM generate_series({lo}::bigint, {hi}) AS k) AS s
- CROSS JOIN LATERAL (SELECT now() - {ago} * interval '1 s' + (id - {first}) * ({span}::float8 / {space})
-                            * interval '1 s' AS t0) AS t"""
+  FROM (SELECT {first} + (k * {step}) % {space} AS id, k - {lo} AS i
+          FROM generate_series({lo}::bigint, {hi}) AS k) AS s
+ CROSS JOIN LATERAL (SELECT now() - {ago} * interval '1 s'
+                            + (id - {first}) * ({span}::float8 / {space}) * interval '1 s'
+                            AS t0) AS t"""
 _FLEET = f"""
 INSERT INTO dispatcher_members (queue, member_id, lock_key, expires_at)
-SELECT q, 'worker-' || m, m, now() + interval '30 s' FROM unnest(ARRAY{list(QUEUES)}) q, generate_series(0, 3) m;
+SELECT q, 'worker-' || m, m, now() + interval '30 s'
+  FROM unnest(ARRAY{list(QUEUES)}) q, generate_series(0, 3) m;
 INSERT INTO dispatcher_leader (queue, leader_id, lock_key, expires_at)
 SELECT q, 'worker-0', 0, now() + interval '30 s' FROM unnest(ARRAY{list(QUEUES)}) q;
 INSERT INTO dispatcher_bucket_owners (queue, bucket, owner)
 SELECT q, b, 'worker-' || b % 4 FROM unnest(ARRAY{list(QUEUES)}) q, generate_series(0, 63) b
     ON CONFLICT (queue, bucket) DO UPDATE SET owner = excluded.owner;
 INSERT INTO dispatcher_limits (job_type, queue_name, max_running, per_second, burst_jobs) VALUES
-  ('resize_image', '*', 20, NULL, 1), ('send_email', 'emails', NULL, 50, 10), ('*', 'reports', 4, NULL, 1);
+  ('resize_image', '*', 20, NULL, 1), ('send_email', 'emails', NULL, 50, 10),
+  ('*', 'reports', 4, NULL, 1);
 INSERT INTO dispatcher_paused_queues (queue_name) VALUES ('reports');
-INSERT INTO dispatcher_schedules (name, queue_name, job_type, cadence, time_zone, catch_up, fingerprint, next_slot_at)
-SELECT 'nightly-' || s, 'default', 'build_report', 'every 1h', 'UTC', 'latest', 'f', date_trunc('hour', now()) + interval '1 h'
+INSERT INTO dispatcher_schedules
+       (name, queue_name, job_type, cadence, time_zone, catch_up, fingerprint, next_slot_at)
+SELECT 'nightly-' || s, 'default', 'build_report', 'every 1h', 'UTC', 'latest', 'f',
+       date_trunc('hour', now()) + interval '1 h'
   FROM generate_series(1, 20) s;
 INSERT INTO dispatcher_schedule_runs (schedule_name, slot_at, job_id, outcome)
 SELECT 'nightly-' || s, date_trunc('hour', now()) - h * interval '1 h', s * 1000 + h, 'completed'
   FROM generate_series(1, 20) s, generate_series(0, 47) h;
-INSERT INTO dispatcher_job_attempts (job_id, attempt, worker, started_at, finished_at, duration_ms, outcome, error)
-SELECT id, a, 'worker-' || a, updated_at - (4 - a) * interval '1 min', updated_at - (4 - a) * interval '1 min'
-       + interval '30 s', 30000, CASE WHEN a = 3 THEN 'failed' ELSE 'retried' END, last_error
+INSERT INTO dispatcher_job_attempts
+       (job_id, attempt, worker, started_at, finished_at, duration_ms, outcome, error)
+SELECT id, a, 'worker-' || a, updated_at - (4 - a) * interval '1 min',
+       updated_at - (4 - a) * interval '1 min' + interval '30 s', 30000,
+       CASE WHEN a = 3 THEN 'failed' ELSE 'retried' END, last_error
   FROM dispatcher_jobs, generate_series(1, 3) a WHERE status = 'failed';
-SELECT setval(pg_get_serial_sequence('dispatcher_jobs', 'id'), (SELECT max(id) FROM dispatcher_jobs))"""
+SELECT setval(pg_get_serial_sequence('dispatcher_jobs', 'id'),
+              (SELECT max(id) FROM dispatcher_jobs))"""
 
 
 def mix(jobs: int) -> list[tuple[str, bool, int]]:
@@ -345,7 +355,8 @@ def measure(
 def table(rows: list[dict[str, Any]]) -> str:
     """A line per page (its refresh's wall time), then one per statement it sent."""
     lines = [
-        f"  {'page':<22}{'median ms':>10}{'p95 ms':>9}  {'statement':<22}{'exec ms':>9}{'buffers':>9}"
+        f"  {'page':<22}{'median ms':>10}{'p95 ms':>9}  "
+        f"{'statement':<22}{'exec ms':>9}{'buffers':>9}"
     ]
     for r in rows:
         head = f"  {r['page']:<22}{r['median_ms']:>10.2f}{r['p95_ms']:>9.2f}"
@@ -416,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         m = result.machine
         m.update(jobs=args.jobs, mix=mix(args.jobs), loadavg_before=os.getloadavg())
         print(
-            f"\n== dashboard_cost: {args.jobs:,} jobs; {m['cores']} cores, PostgreSQL {m['postgres']}",
+            f"\n== dashboard_cost: {args.jobs:,} jobs; {m['cores']} cores, "
+            f"PostgreSQL {m['postgres']}",
             flush=True,
         )
         with psycopg.connect(

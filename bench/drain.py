@@ -242,7 +242,7 @@ def add_medians(
     for mode in compared:
         if len(runs.get(mode, ())) < 2 or "skip_locked" not in runs:
             continue
-        ratios = [ratio(p, s) for p, s in zip(runs[mode], runs["skip_locked"])]
+        ratios = [ratio(p, s) for p, s in zip(runs[mode], runs["skip_locked"], strict=True)]
         low, high, coverage = median_interval(ratios)
         rows[mode]["rounds_vs_skip_locked"] = [round(r, 2) for r in ratios]
         rows[mode]["median_round_vs_skip_locked"] = round(statistics.median(ratios), 2)

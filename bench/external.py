@@ -245,8 +245,8 @@ def burst(dsn: str, opts: Options) -> dict[str, Any]:
         ).fetchone()[0]  # type: ignore[index]
         if busy:
             raise Refused(
-                f"queue {opts.queue!r} holds {busy} unfinished jobs (another bench run, or leftovers): "
-                "wait until the workers have run them"
+                f"queue {opts.queue!r} holds {busy} unfinished jobs "
+                "(another bench run, or leftovers): wait until the workers have run them"
             )
         watch = Watch()
         watch.sampler.sample(conn)
@@ -307,7 +307,8 @@ def _probe(conn: psycopg.Connection[Any], opts: Options, run: str, sampler: Flee
                 return time.monotonic() - started
             if error or status in ("failed", "discarded", "cancelled"):
                 raise Refused(
-                    f"the probe job ({opts.job_type!r} on queue {opts.queue!r}) did not succeed: {error}"
+                    f"the probe job ({opts.job_type!r} on queue {opts.queue!r}) "
+                    f"did not succeed: {error}"
                 )
             if time.monotonic() - started > opts.probe_timeout_s:
                 raise Refused(
@@ -338,7 +339,8 @@ def _seconds_since(conn: psycopg.Connection[Any], moment: Any) -> float:
 
 
 _PROGRESS = f"""SELECT count(*), count(*) FILTER (WHERE status = 'completed'),
-                       count(*) FILTER (WHERE status IN ('failed', 'discarded', 'cancelled')), max(completed_at)
+                       count(*) FILTER (WHERE status IN ('failed', 'discarded', 'cancelled')),
+                       max(completed_at)
                   FROM dispatcher_jobs WHERE {_OURS}"""
 
 
@@ -393,8 +395,10 @@ def _figures(
         f"""SELECT count(*), count(*) FILTER (WHERE attempts > 1), count(DISTINCT locked_by),
                    extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                    extract(epoch FROM max(completed_at) - min(run_at))::float8,
-                   1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
-                   1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
+                   1000 * percentile_cont(0.5)
+                          WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
+                   1000 * percentile_cont(0.99)
+                          WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
                    1000 * extract(epoch FROM max(locked_at - run_at))::float8,
                    min(run_at)
               FROM dispatcher_jobs WHERE {_OURS}""",
@@ -405,7 +409,8 @@ def _figures(
     share = conn.execute(
         f"""SELECT sum(top)::float8 / nullif(sum(total), 0) FROM (
                 SELECT max(n) AS top, sum(n) AS total FROM (
-                    SELECT bucket, locked_by, count(*) AS n FROM dispatcher_jobs WHERE {_OURS} GROUP BY 1, 2
+                    SELECT bucket, locked_by, count(*) AS n
+                      FROM dispatcher_jobs WHERE {_OURS} GROUP BY 1, 2
                 ) AS per_worker GROUP BY bucket) AS per_bucket""",
         ours.params(),
     ).fetchone()[0]  # type: ignore[index]
@@ -472,7 +477,10 @@ def _plot(result: Result, out_dir: Path, opts: Options) -> None:
     try:
         from bench.plots import curve_plot
 
-        machine_label = f"bench driver: {result.machine['cores']} cores; PostgreSQL {result.machine['postgres']}"
+        machine_label = (
+            f"bench driver: {result.machine['cores']} cores; "
+            f"PostgreSQL {result.machine['postgres']}"
+        )
         path = curve_plot(
             result.rows,
             out_dir,

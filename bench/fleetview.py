@@ -36,7 +36,11 @@ _ALL_BUCKETS_CLAIM = server_text(claim_sql(range(NUM_BUCKETS)))
 # The longest prefix the SKIP LOCKED claim shares with a partitioned one (they differ only once the
 # SKIP LOCKED claim's `FOR UPDATE SKIP LOCKED` begins): a text cut shorter than this (a small
 # track_activity_query_size) cannot tell them apart.
-_SHARED = next(i for i, (a, b) in enumerate(zip(_SKIP_LOCKED_CLAIM, _ALL_BUCKETS_CLAIM)) if a != b)
+_SHARED = next(
+    i
+    for i, (a, b) in enumerate(zip(_SKIP_LOCKED_CLAIM, _ALL_BUCKETS_CLAIM, strict=False))
+    if a != b
+)
 
 
 def claim_mode(text: str | None) -> str | None:

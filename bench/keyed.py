@@ -144,8 +144,9 @@ def keyed_suite(
                     )
                     if (row["due_after_commit_s"] or 0) < 0:
                         print(
-                            f"  (the jobs were due {-row['due_after_commit_s']:g} s before their enqueue "
-                            "committed: this row's figures count part of it; lead_s() needs a longer lead)",
+                            f"  (the jobs were due {-row['due_after_commit_s']:g} s before "
+                            "their enqueue committed: this row's figures count part of it; "
+                            "lead_s() needs a longer lead)",
                             flush=True,
                         )
                     result.add(mix=mix, profile=profile, **row, **check)

@@ -210,8 +210,8 @@ def window_table(row: dict[str, Any]) -> str:
     """The issue's table for one run: window, starts, the rate's jobs per window, their ratio."""
     lines = [f"{'window':>6} {'from_s':>7} {'starts':>7} {'rate_jobs':>9} {'ratio':>6}  backlog"]
     lines += [
-        f"{w['window']:>6} {w['from_s']:>7g} {w['starts']:>7} {w['rate_jobs']:>9g} {w['ratio']:>6.3f}  "
-        f"{'yes' if w['backlog'] else 'no (the last jobs)'}"
+        f"{w['window']:>6} {w['from_s']:>7g} {w['starts']:>7} {w['rate_jobs']:>9g} "
+        f"{w['ratio']:>6.3f}  {'yes' if w['backlog'] else 'no (the last jobs)'}"
         for w in row["windows"]
     ]
     return "\n".join(lines)

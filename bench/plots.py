@@ -50,7 +50,7 @@ def scaling_plots(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> li
                 if r["mode"] == mode and r.get(column) is not None
             )
             if points:
-                ax.plot(*zip(*points), marker=marker, color=color, label=mode)
+                ax.plot(*zip(*points, strict=True), marker=marker, color=color, label=mode)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("worker processes")
         ax.set_title(title)
@@ -72,7 +72,7 @@ def curve_plot(
     for row in rows:
         if row.get("curve"):
             color, _ = MODES.get(row["mode"], ("black", "."))
-            xs, ys = zip(*row["curve"])
+            xs, ys = zip(*row["curve"], strict=True)
             ax.plot(
                 (0, *xs),
                 (0, *ys),
@@ -99,7 +99,7 @@ def coldstart_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> P
             )
             if points:
                 ax.plot(
-                    *zip(*points),
+                    *zip(*points, strict=True),
                     marker=marker,
                     color=color,
                     linestyle=style,

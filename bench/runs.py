@@ -12,6 +12,7 @@ Shape of every runtime run:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from typing import Any
@@ -148,8 +149,10 @@ def measured_run(
                 """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                       extract(epoch FROM max(completed_at) - min(run_at))::float8,
                       extract(epoch FROM max(run_at) - min(run_at))::float8,
-                      1000 * percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
-                      1000 * percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at))
+                      1000 * percentile_cont(0.5)
+                             WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
+                      1000 * percentile_cont(0.99)
+                             WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at))
                  FROM dispatcher_jobs"""
             ).fetchone()
         )
@@ -211,10 +214,10 @@ def _ordering_reads(conn: psycopg.Connection[Any], ordering_keys: list[str] | No
     if ordering_keys is None:
         return 0
     sql = load("bench", "keyed.sql")
-    try:
-        conn.execute(sql["keyed_flush_own_stats"])  # flushed as the session goes idle after it
-    except psycopg.errors.UndefinedFunction:
-        pass  # before PostgreSQL 15: up to a second of the enqueue's reads may land in the window
+    # Flushed as the session goes idle after it. Before PostgreSQL 15 (no such function): up to
+    # a second of the enqueue's reads may land in the window.
+    with contextlib.suppress(psycopg.errors.UndefinedFunction):
+        conn.execute(sql["keyed_flush_own_stats"])
     row = conn.execute(sql["keyed_ordering_index_reads"]).fetchone()
     return int(row[0]) if row else 0
 

@@ -94,8 +94,8 @@ def schedules_suite(
                     slots = {
                         r[0]: (r[1], r[2].timestamp(), r[3].timestamp())
                         for r in conn.execute(
-                            "SELECT job_id, schedule_name, slot_at, enqueued_at FROM dispatcher_schedule_runs "
-                            "WHERE job_id IS NOT NULL"
+                            "SELECT job_id, schedule_name, slot_at, enqueued_at "
+                            "FROM dispatcher_schedule_runs WHERE job_id IS NOT NULL"
                         ).fetchall()
                     }
                     # The first slots after start-up are enqueued by the first round: from 2 s on.

@@ -108,7 +108,8 @@ def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Usage]:
     """Cumulative usage per statement name, this database only."""
     totals: dict[str, list[float]] = {}
     for text, *figures in conn.execute(
-        """SELECT s.query, s.calls, s.total_exec_time, s.rows, s.shared_blks_hit + s.shared_blks_read
+        """SELECT s.query, s.calls, s.total_exec_time, s.rows,
+                  s.shared_blks_hit + s.shared_blks_read
                  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
                 WHERE d.datname = current_database()"""
     ).fetchall():
@@ -153,7 +154,8 @@ def per_job(delta: dict[str, Usage], jobs: int, top: int = 10) -> list[dict[str,
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"  {'statement':<28}{'calls/1k jobs':>15}{'exec us/job':>13}{'ms/call':>10}{'blocks/job':>12}"
+        f"  {'statement':<28}{'calls/1k jobs':>15}{'exec us/job':>13}"
+        f"{'ms/call':>10}{'blocks/job':>12}"
     ]
     lines += [
         f"  {r['statement'][:27]:<28}{r['calls_per_1k_jobs']:>15.2f}{r['exec_us_per_job']:>13.2f}"

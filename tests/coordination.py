@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import defaultdict
@@ -59,10 +60,8 @@ class ViewSampler:
                     self.errors += 1
                 await asyncio.sleep(self._interval_s)
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 await backend.close()
-            except Exception:
-                pass
 
     @property
     def latest(self) -> ClusterView | None:

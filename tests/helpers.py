@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import math
 import subprocess
 import time
@@ -178,9 +179,9 @@ def start_serving_worker(
             dsn, record_dir, app=app, log_path=log_path, metrics_port=port, **settings
         )
         wait_until(
-            lambda: proc.poll() is not None or http_get(port, "/livez"),
+            lambda proc=proc, port=port: proc.poll() is not None or http_get(port, "/livez"),
             60,
-            lambda: f"/livez on port {port}: {log_path.read_text()[-2000:]}",
+            lambda port=port: f"/livez on port {port}: {log_path.read_text()[-2000:]}",
         )
         if proc.poll() is None:
             return proc, port
@@ -311,7 +312,7 @@ def key_order_violations(
                 problems.append(
                     f"key {key}: job {job_id} never ran to its end: {executions.get(job_id, [])}"
                 )
-        for earlier, later in zip(ids, ids[1:], strict=False):
+        for earlier, later in itertools.pairwise(ids):
             runs, next_runs = executions.get(earlier, []), executions.get(later, [])
             if not runs or not next_runs:
                 continue
@@ -321,8 +322,9 @@ def key_order_violations(
             started = min(run.start for run in next_runs)
             if started < ended:
                 problems.append(
-                    f"key {key}: job {later} started at {started:.3f}, {ended - started:.3f} s before "
-                    f"job {earlier} (before it in the key) had ended: {runs} / {next_runs}"
+                    f"key {key}: job {later} started at {started:.3f}, "
+                    f"{ended - started:.3f} s before job {earlier} (before it in the key) "
+                    f"had ended: {runs} / {next_runs}"
                 )
     return problems
 

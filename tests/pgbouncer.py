@@ -114,7 +114,7 @@ class PgBouncer(_Server):
         with psycopg.connect(console, autocommit=True) as conn:
             cur = conn.execute("SHOW CLIENTS")
             columns = [d.name for d in cur.description or ()]
-            rows = [dict(zip(columns, row)) for row in cur.fetchall()]
+            rows = [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
         return [r["application_name"] for r in rows if r["database"] != "pgbouncer"]
 
     def _write_config(self, port: int) -> Path:

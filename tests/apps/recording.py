@@ -36,7 +36,7 @@ def _write(line: str) -> None:
     global _log
     with _log_lock:
         if _log is None:
-            _log = open(
+            _log = open(  # noqa: SIM115  (kept open for the process's life, one per pid)
                 os.path.join(os.environ["RECORD_DIR"], f"{os.getpid()}.log"), "a", buffering=1
             )
         _log.write(line)  # line-buffered: one write() per line, before the handler goes on

@@ -28,7 +28,7 @@ async def tick(job: Job) -> None:
     slot = "-" if job.scheduled_for is None else f"{job.scheduled_for.timestamp():.6f}"
     with _log_lock:
         if _log is None:
-            _log = open(
+            _log = open(  # noqa: SIM115  (kept open for the process's life, one per pid)
                 os.path.join(os.environ["RECORD_DIR"], f"slots-{os.getpid()}.log"), "a", buffering=1
             )
         _log.write(f"{job.id} {slot} {time.time():.6f} {os.getpid()}\n")

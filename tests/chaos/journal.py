@@ -38,8 +38,9 @@ CREATE TABLE chaos_journal (
 );
 CREATE FUNCTION chaos_journal_write() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO chaos_journal (job_id, old_status, new_status, attempts, old_locked_by, new_locked_by,
-                               old_token, new_token, locked_at, old_lease_expires_at, lease_expired, at)
+    INSERT INTO chaos_journal (job_id, old_status, new_status, attempts,
+                               old_locked_by, new_locked_by, old_token, new_token, locked_at,
+                               old_lease_expires_at, lease_expired, at)
     VALUES (NEW.id, OLD.status, NEW.status, NEW.attempts, OLD.locked_by, NEW.locked_by,
             OLD.lock_token, NEW.lock_token, NEW.locked_at, OLD.lease_expires_at,
             NEW.lease_expiries > OLD.lease_expiries, now());
@@ -78,8 +79,8 @@ class Entry:
 def entries(dsn: str) -> list[Entry]:
     rows: list[tuple[Any, ...]] = fetchall(
         dsn,
-        "SELECT seq, job_id, old_status, new_status, attempts, old_locked_by, new_locked_by, locked_at, "
-        "old_lease_expires_at, lease_expired, at FROM chaos_journal ORDER BY seq",
+        "SELECT seq, job_id, old_status, new_status, attempts, old_locked_by, new_locked_by, "
+        "locked_at, old_lease_expires_at, lease_expired, at FROM chaos_journal ORDER BY seq",
     )
     return [Entry(*row) for row in rows]
 

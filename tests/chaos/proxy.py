@@ -20,6 +20,7 @@ is forwarded; after `reset()` returns, every RST has been sent.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import queue
 import selectors
@@ -142,10 +143,9 @@ class Proxy:
     def _send(self, name: str) -> None:
         done = threading.Event()
         self._commands.put((name, done))
-        try:
+        # A full wake-up pipe: the loop has wake-ups pending anyway.
+        with contextlib.suppress(BlockingIOError):
             self._wake_w.send(b"\0")
-        except BlockingIOError:
-            pass  # the wake-up pipe is full: the loop has wake-ups pending anyway
         if not done.wait(_COMMAND_TIMEOUT_S):
             raise ProxyError(
                 f"proxy loop did not apply {name!r} within {_COMMAND_TIMEOUT_S} s "
@@ -305,8 +305,6 @@ class Proxy:
                 self._selector.unregister(sock)
                 del self._interest[sock]
             if rst:
-                try:
+                with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST_ON_CLOSE)
-                except OSError:
-                    pass
             sock.close()

@@ -184,7 +184,8 @@ def test_postgres_restart_mid_drain_keeps_each_keys_order(restartable_pg, worker
         lambda: all_completed(dsn, jobs),
         90,
         lambda: (
-            f"all {jobs} jobs completed after the restart: {status_counts(dsn)}\n{workers.log_tails()}"
+            f"all {jobs} jobs completed after the restart: {status_counts(dsn)}\n"
+            f"{workers.log_tails()}"
         ),
     )
     for worker in procs:  # each saw the server go
@@ -212,7 +213,8 @@ def test_coordinator_unreachable_degraded_skip_locked_claims_keep_each_keys_orde
         lambda: all_completed(chaos_dsn, jobs),
         60,
         lambda: (
-            f"{jobs} jobs completed while Redis is down: {status_counts(chaos_dsn)}\n{workers.log_tails()}"
+            f"{jobs} jobs completed while Redis is down: {status_counts(chaos_dsn)}\n"
+            f"{workers.log_tails()}"
         ),
     )
     chaos_redis.start_again()

@@ -115,7 +115,8 @@ def test_a_job_that_kills_its_worker_backs_off_then_fails_for_good(chaos_dsn, tm
     assert codes == [0, 0]
     status, attempts, expiries, error = fetchall(
         chaos_dsn,
-        "SELECT status, attempts, lease_expiries, last_error FROM dispatcher_jobs WHERE job_type = 'exit_process'",
+        "SELECT status, attempts, lease_expiries, last_error FROM dispatcher_jobs "
+        "WHERE job_type = 'exit_process'",
     )[0]
     assert (status, attempts, expiries) == ("failed", 3, 3)
     assert error.startswith("lease expired 3 times: its worker died or stalled"), error

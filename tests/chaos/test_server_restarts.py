@@ -56,7 +56,8 @@ def test_postgres_restart_mid_drain(restartable_pg, workers, mode):
         lambda: status_counts(dsn).get("completed") == jobs,
         60,
         lambda: (
-            f"all {jobs} jobs completed after the restart: {status_counts(dsn)}\n{workers.log_tails()}"
+            f"all {jobs} jobs completed after the restart: {status_counts(dsn)}\n"
+            f"{workers.log_tails()}"
         ),
     )
     for worker in procs:  # each saw the server go, and is still up

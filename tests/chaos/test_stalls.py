@@ -85,7 +85,8 @@ def test_a_stalled_connection_is_noticed_and_its_jobs_given_up_before_anyone_can
     assert not unfinished(executions)
     s_runs = started_by(executions, stalled.pid)
     assert all(r.outcome == "cancelled" for job, r in s_runs.items() if job in held), (
-        "s gave its stalled jobs up (cancelled them) rather than finishing them beside their re-runs"
+        "s gave its stalled jobs up (cancelled them) rather than finishing them beside their "
+        "re-runs"
     )
     assert not overlapping(executions), "a job ran twice at once"
     print(f"\nstall noticed after {noticed_s:.2f} s (lease {LEASE_S:g} s)")
@@ -184,7 +185,8 @@ def test_a_worker_that_cannot_reach_its_database_gives_its_buckets_up(
         lambda: status_counts(chaos_dsn).get("completed") == 704,
         60,
         lambda: (
-            f"h runs every job while s is stalled: {status_counts(chaos_dsn)}\n{workers.log_tails()}"
+            f"h runs every job while s is stalled: {status_counts(chaos_dsn)}\n"
+            f"{workers.log_tails()}"
         ),
     )
     drained_s = time.monotonic() - holed_at
@@ -198,5 +200,6 @@ def test_a_worker_that_cannot_reach_its_database_gives_its_buckets_up(
         stalled.wait_for_log(r"can work again: rejoining the group", 30)
     assert workers.stop_all() == {"s": 0, "h": 0}, workers.log_tails()
     print(
-        f"\n{coordinator}: jobs of the stalled worker's buckets all done {drained_s:.1f} s into the stall"
+        f"\n{coordinator}: jobs of the stalled worker's buckets all done {drained_s:.1f} s "
+        "into the stall"
     )

@@ -89,9 +89,10 @@ def test_a_worker_with_a_stuck_handler_exits_and_the_job_runs_again_elsewhere_on
     executions = workers.executions(include_unfinished=True)
     assert job_id in started_by(executions, second.pid)
     assert not overlapping(executions, cut_at={first.pid: exited_wall}), "the job ran twice at once"
-    assert [run for run in executions[job_id] if run.pid == first.pid][0].end is None, (
+    assert next(run for run in executions[job_id] if run.pid == first.pid).end is None, (
         "a's run died with a"
     )
     print(
-        f"\n{job_type}: a exited {exited_s:.1f} s after the handler started (bound {EXIT_BOUND_S:g} s)"
+        f"\n{job_type}: a exited {exited_s:.1f} s after the handler started "
+        f"(bound {EXIT_BOUND_S:g} s)"
     )

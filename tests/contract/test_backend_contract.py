@@ -61,7 +61,7 @@ def test_heartbeat_makes_a_member_live_and_the_view_shows_it(
     async def main() -> None:
         async with backend_factory.connected(3) as backends:
             # Mixed case: members sort by code point (as Python sorts), whatever the backend.
-            for backend, member in zip(backends, ("beta", "alpha", "Zulu")):
+            for backend, member in zip(backends, ("beta", "alpha", "Zulu"), strict=True):
                 await backend.heartbeat(member, 10)
             view = await backends[0].view()
             assert view.members == ("Zulu", "alpha", "beta")

@@ -19,7 +19,9 @@ from dispatcher.runtime.maintenance import Reaper
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.settings.sections import MaintenanceSettings
 from tests.contract.store_support import Harness
-from tests.contract.test_store_contract import Run, on_store, on_store_completing, retry  # noqa: F401  (fixtures)
+from tests.contract.test_store_contract import Run, on_store, on_store_completing, retry
+
+__all__ = ["on_store", "on_store_completing"]  # fixtures, used by name
 
 FAIL_FOR_GOOD = Outcome(STATUS_FAILED, 0.0, "boom")
 

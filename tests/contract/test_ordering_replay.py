@@ -76,7 +76,8 @@ def test_postgres_keeps_the_ordering_rules_step_by_step_as_the_memory_store_does
         on_memory = await replay(MemoryTarget(), sequence)
         for step, (pg, memory) in enumerate(zip(on_postgres, on_memory, strict=True)):
             assert pg == memory, (
-                f"step {step} {sequence[step] if step < len(sequence) else 'drain'}: {pg} != {memory}"
+                f"step {step} {sequence[step] if step < len(sequence) else 'drain'}: "
+                f"{pg} != {memory}"
             )
 
     run_async(both())

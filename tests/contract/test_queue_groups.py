@@ -78,7 +78,7 @@ def test_each_queues_buckets_go_only_to_the_members_serving_it(
                 CONVERGE_S,
                 lambda: f"balanced per queue: qa {split(made, 'qa')}, qb {split(made, 'qb')}",
             )
-            for (m, q), c in made.items():  # each group sees only its own members
+            for (_m, q), c in made.items():  # each group sees only its own members
                 assert c.view is not None and set(c.view.members) == {
                     x for x, qs in serving.items() if q in qs
                 }

@@ -310,7 +310,7 @@ def test_metrics_service_and_disruption_budget_select_the_workers(overlay: str) 
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert pdb["spec"]["maxUnavailable"] == 1
     # Nothing else carries the worker labels: the Service and the budget count workers only.
-    for name, spec in pod_specs(docs):
+    for name, _spec in pod_specs(docs):
         if name != f"{workers(docs)['kind']}/dispatcher":
             assert not service["spec"]["selector"].items() <= find_labels(docs, name).items(), name
 

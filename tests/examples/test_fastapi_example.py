@@ -25,7 +25,10 @@ pytest.importorskip("fastapi", reason="FastAPI is in the `test` extra")
 pytest.importorskip("uvicorn", reason="uvicorn is in the `web` extra")
 
 EXAMPLES = ROOT / "docs" / "examples"
-USERS = "CREATE TABLE users (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, email text NOT NULL UNIQUE)"
+USERS = (
+    "CREATE TABLE users (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+    "email text NOT NULL UNIQUE)"
+)
 
 
 class Server:

@@ -3,6 +3,7 @@ filters, bulk changes in batches, and the status re-check of every write. Retrie
 run by a real worker. (The CLI: test_admin_cli.py; cancels reaching running jobs:
 test_cancel.py.)"""
 
+import re
 import threading
 from dataclasses import replace
 from datetime import timedelta
@@ -44,13 +45,17 @@ def add(
     """`n` jobs already in `status` for `age_s` seconds (test set-up, in one statement)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            """INSERT INTO dispatcher_jobs (queue_name, job_type, status, bucket, attempts, max_attempts, dedupe_key,
-                                            last_error, run_at, updated_at, created_at, failed_at, completed_at,
-                                            lock_token, locked_by, locked_at, lease_expires_at, payload)
-               SELECT %(queue)s, %(type)s, %(status)s, i %% 64, %(attempts)s, %(max)s, %(key)s, %(error)s,
+            """INSERT INTO dispatcher_jobs (queue_name, job_type, status, bucket, attempts,
+                                            max_attempts, dedupe_key, last_error, run_at,
+                                            updated_at, created_at, failed_at, completed_at,
+                                            lock_token, locked_by, locked_at, lease_expires_at,
+                                            payload)
+               SELECT %(queue)s, %(type)s, %(status)s, i %% 64, %(attempts)s, %(max)s, %(key)s,
+                      %(error)s,
                       now() + %(delay)s * interval '1 s', now() - %(age)s * interval '1 s',
                       now() - %(age)s * interval '1 s',
-                      CASE WHEN %(status)s IN ('failed', 'discarded') THEN now() - %(age)s * interval '1 s' END,
+                      CASE WHEN %(status)s IN ('failed', 'discarded')
+                           THEN now() - %(age)s * interval '1 s' END,
                       CASE WHEN %(status)s = 'completed' THEN now() - %(age)s * interval '1 s' END,
                       CASE WHEN %(status)s = 'running' THEN gen_random_uuid() END,
                       CASE WHEN %(status)s = 'running' THEN 'elsewhere' END,
@@ -128,7 +133,8 @@ def test_show_gives_the_row_its_last_error_and_its_attempt_history(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         for attempt, outcome in ((1, "retried"), (2, "failed")):
             conn.execute(
-                "INSERT INTO dispatcher_job_attempts VALUES (%s, %s, 'w1', now(), now(), 12.5, %s, 'no')",
+                "INSERT INTO dispatcher_job_attempts "
+                "VALUES (%s, %s, 'w1', now(), now(), 12.5, %s, 'no')",
                 (job_id, attempt, outcome),
             )
     detail = show_job(dsn, job_id)
@@ -309,8 +315,8 @@ def test_cancel_ends_queued_and_scheduled_jobs_at_once_and_asks_running_ones(dsn
     assert [(s.id, s.reason) for s in result.skipped] == [
         (
             completed,
-            "it is completed: cancel applies to queued, running, waiting jobs and to jobs that halt "
-            "their ordering key",
+            "it is completed: cancel applies to queued, running, waiting jobs and to jobs that "
+            "halt their ordering key",
         )
     ]
     assert statuses(dsn, [due, scheduled, running, completed]) == [
@@ -401,7 +407,8 @@ def test_every_statement_is_bounded_by_the_statement_timeout(dsn):
     with psycopg.connect(dsn) as locker:
         locker.execute("LOCK TABLE dispatcher_jobs IN ACCESS EXCLUSIVE MODE")  # every read waits
         with pytest.raises(
-            StoreError, match="gave up after 0.01 s waiting for a lock on dispatcher_jobs"
+            StoreError,
+            match=re.escape("gave up after 0.01 s waiting for a lock on dispatcher_jobs"),
         ):
             list_jobs(dsn, Filters(), limits=ConnectionLimits(statement_timeout_s=0.01))
     assert len(list_jobs(dsn, Filters())) == 1  # nothing left over: the next call works

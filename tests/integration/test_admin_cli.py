@@ -88,7 +88,10 @@ def test_cancel_all_needs_all_and_yes_and_leaves_finished_jobs_alone(dsn):
     assert done.stdout.splitlines()[0] == "cancelled 2 of 3 jobs (cancelled): " + ", ".join(
         map(str, queued)
     )
-    requested = f"cancel requested for 1 running jobs (cancelled at their owner's next heartbeat): {running[0]}"
+    requested = (
+        "cancel requested for 1 running jobs (cancelled at their owner's next heartbeat): "
+        f"{running[0]}"
+    )
     assert requested in done.stdout
     assert statuses(dsn, queued + running + failed) == [
         "cancelled",

@@ -12,6 +12,7 @@ Tests that kill or freeze Redis start their own embedded server instead of the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -51,10 +52,8 @@ def own_redis() -> Iterator[EmbeddedRedis]:
         yield server
     finally:
         if server.pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(server.pid, signal.SIGCONT)  # in case a test left it frozen
-            except ProcessLookupError:
-                pass
         server.stop()
 
 

@@ -26,8 +26,11 @@ def _add_foreign_rows(dsn: str) -> None:
     queue."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         enqueue_sync(conn, "noop", {"owner": "the app"}, queue="default", delay_s=3600)
-        conn.execute("""INSERT INTO dispatcher_jobs (queue_name, job_type, payload, status, bucket, completed_at)
-                        VALUES ('bench', 'noop', '{"bench_run": "an-earlier-run"}', 'completed', 7, now())""")
+        conn.execute(
+            """INSERT INTO dispatcher_jobs
+                      (queue_name, job_type, payload, status, bucket, completed_at)
+               VALUES ('bench', 'noop', '{"bench_run": "an-earlier-run"}', 'completed', 7, now())"""
+        )
 
 
 def _table(dsn: str) -> list[tuple[Any, ...]]:

@@ -31,7 +31,8 @@ def _fill_by_plain_insert_then_worker_maintenance(dsn):
     """Rows that arrived without enqueue_many's ANALYZE: the worker's maintenance must fix stats."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 50000) g"
+            "INSERT INTO dispatcher_jobs (job_type, bucket) "
+            "SELECT 'a', g % 64 FROM generate_series(1, 50000) g"
         )
     analyze_if_stale(dsn)
 
@@ -108,7 +109,8 @@ def test_planner_stats_follow_the_tables_growth_not_its_churn(dsn):
     def insert(n):
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
-                "INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g %% 64 FROM generate_series(1, %s) g",
+                "INSERT INTO dispatcher_jobs (job_type, bucket) "
+                "SELECT 'a', g %% 64 FROM generate_series(1, %s) g",
                 (n,),
             )
 
@@ -123,7 +125,8 @@ def test_planner_stats_follow_the_tables_growth_not_its_churn(dsn):
     # A drain of those rows: 40k updates, twice the old trigger's 10k modifications; no growth.
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "UPDATE dispatcher_jobs SET status = 'running', locked_at = now(), lease_expires_at = now()"
+            "UPDATE dispatcher_jobs "
+            "SET status = 'running', locked_at = now(), lease_expires_at = now()"
         )
         conn.execute("UPDATE dispatcher_jobs SET status = 'completed', completed_at = now()")
     wait_until(lambda: _table_stats(dsn)[1] == 40_000, 15, "the updates in the table statistics")
@@ -148,7 +151,8 @@ def test_priority_then_fifo_and_delayed_jobs_wait(dsn):
         enqueue_many_sync(conn, specs)
         # FIFO within a priority follows run_at then id: stagger run_at in insertion order
         conn.execute(
-            "UPDATE dispatcher_jobs SET run_at = run_at - (1000 - id) * interval '1 ms' WHERE payload->>'n' <> 'later'"
+            "UPDATE dispatcher_jobs SET run_at = run_at - (1000 - id) * interval '1 ms' "
+            "WHERE payload->>'n' <> 'later'"
         )
 
     async def main(buckets):
@@ -184,7 +188,8 @@ def test_partitioned_claim_takes_only_owned_buckets(dsn):
     assert all(j.attempts == 1 for j in jobs)
     rows = fetchall(
         dsn,
-        "SELECT locked_by, lease_expires_at > now() + interval '29 s' FROM dispatcher_jobs WHERE status = 'running'",
+        "SELECT locked_by, lease_expires_at > now() + interval '29 s' FROM dispatcher_jobs "
+        "WHERE status = 'running'",
     )
     assert rows and all(r == ("w", True) for r in rows)
 

@@ -183,9 +183,7 @@ def test_under_keep_a_worker_leaves_completed_rows_as_before(dsn):
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs WHERE completed_at IS NULL") == 0
 
 
-def test_a_deleting_completion_by_an_owner_whose_job_was_taken_over_deletes_nothing_and_counts_fenced(
-    dsn,
-):
+def test_a_deleting_completion_by_an_owner_taken_over_deletes_nothing_and_counts_fenced(dsn):
     """Lease expired, reaped, claimed again by another worker: the stale owner's completion
     deletes nothing (counted fenced), and the job runs and completes under its new claim."""
     _enqueue(dsn, "a", 3)

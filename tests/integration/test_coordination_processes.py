@@ -335,7 +335,8 @@ def test_skewed_burst_keeps_every_worker_busy(dsn, tmp_path):
         )
     print(
         f"\nskew: drain {durations['skewed']:.2f} s skewed vs {durations['uniform']:.2f} s uniform "
-        f"({durations['skewed'] / durations['uniform']:.2f}x); jobs per worker when skewed {shares['skewed']}"
+        f"({durations['skewed'] / durations['uniform']:.2f}x); "
+        f"jobs per worker when skewed {shares['skewed']}"
     )
     per_worker = shares["skewed"]
     # 1,200 is twice the most a worker owning no hot bucket can do without stealing (~520), and

@@ -52,21 +52,21 @@ def test_members_split_the_buckets_and_rebalance_on_join_and_leave(dsn):
         joiner = Coordinator(PostgresBackend(dsn), "m3", lease_s=3, poll_s=0.5)
         await joiner.start()
         await wait_until_async(
-            lambda: assignment_settled(members + [joiner]), 5, "4 members settled after a join"
+            lambda: assignment_settled([*members, joiner]), 5, "4 members settled after a join"
         )
-        after = {b: m.member for m in members + [joiner] for b in m.owned()}
+        after = {b: m.member for m in [*members, joiner] for b in m.owned()}
         moved = sum(before[b] != after[b] for b in range(64))
         assert moved == 16  # exactly the joiner's share: ceil(64/4)
         leaver = members.pop(0)
         their = set(leaver.owned())
         await leaver.stop()
         await wait_until_async(
-            lambda: assignment_settled(members + [joiner]), 5, "3 members settled after a leave"
+            lambda: assignment_settled([*members, joiner]), 5, "3 members settled after a leave"
         )
-        final = {b: m.member for m in members + [joiner] for b in m.owned()}
+        final = {b: m.member for m in [*members, joiner] for b in m.owned()}
         # only the leaver's buckets moved
         assert {b for b in range(64) if final[b] != after[b]} == their
-        for m in members + [joiner]:
+        for m in [*members, joiner]:
             await m.stop()
 
     run_async(main())
@@ -99,9 +99,9 @@ def test_members_starting_together_get_one_assignment_once_they_settle(dsn):
         joiner = Coordinator(PostgresBackend(dsn), "m3", lease_s=6, poll_s=0.5)
         await joiner.start()  # a group with live owners: the join moves buckets without delay
         await wait_until_async(
-            lambda: assignment_settled(members + [joiner]), 5, "4 members settled after a join"
+            lambda: assignment_settled([*members, joiner]), 5, "4 members settled after a join"
         )
-        for m in members + [joiner]:
+        for m in [*members, joiner]:
             await m.stop()
 
     run_async(main())

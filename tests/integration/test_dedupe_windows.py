@@ -146,7 +146,8 @@ def test_a_window_counts_from_the_end_not_from_the_enqueue(dsn):
     )
     assert _enqueue(dsn, "long-run", 1.0) is None or fetchval(
         dsn,
-        "SELECT clock_timestamp() >= finished_at + interval '1 second' FROM dispatcher_dedupe_windows",
+        "SELECT clock_timestamp() >= finished_at + interval '1 second' "
+        "FROM dispatcher_dedupe_windows",
     )
 
 
@@ -226,7 +227,8 @@ def test_the_pruner_deletes_ended_windows_and_keeps_the_others(dsn):
         assert _enqueue(dsn, key, 1.0 if key == "ended" else HOUR_S) is not None
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 minute' "
+            "UPDATE dispatcher_jobs "
+            "SET status = 'completed', updated_at = now() - interval '1 minute' "
             "WHERE dedupe_key IN ('ended', 'recent')"
         )
         conn.execute(
@@ -274,35 +276,21 @@ def test_exactly_one_of_many_concurrent_enqueuers_wins_a_free_key_and_an_ended_w
 ):
     for round_ in range(3):
         key = f"race-{round_}"
-        won = [
-            r
-            for r in _race(
-                dsn,
-                8,
-                lambda conn, i: enqueue_sync(
-                    conn, "send", {}, dedupe_key=key, dedupe_window_s=0.5, ordering_key=ordering_key
-                ),
+
+        def attempt(conn: psycopg.Connection[Any], i: int, key: str = key) -> int | None:
+            return enqueue_sync(
+                conn, "send", {}, dedupe_key=key, dedupe_window_s=0.5, ordering_key=ordering_key
             )
-            if r is not None
-        ]
+
+        won = [r for r in _race(dsn, 8, attempt) if r is not None]
         assert len(won) == 1, won
         with psycopg.connect(dsn, autocommit=True) as conn:  # its job ends; its window passes
             conn.execute(
-                "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 s' "
-                "WHERE id = %s",
+                "UPDATE dispatcher_jobs SET status = 'completed', "
+                "updated_at = now() - interval '1 s' WHERE id = %s",
                 (won[0],),
             )
-        won = [
-            r
-            for r in _race(
-                dsn,
-                8,
-                lambda conn, i: enqueue_sync(
-                    conn, "send", {}, dedupe_key=key, dedupe_window_s=0.5, ordering_key=ordering_key
-                ),
-            )
-            if r is not None
-        ]
+        won = [r for r in _race(dsn, 8, attempt) if r is not None]
         assert len(won) == 1, f"round {round_}: {won} won an ended window"
         assert len(_jobs_with(dsn, key)) == 2
 
@@ -312,35 +300,39 @@ def test_enqueuers_racing_the_jobs_completion_never_get_in_within_the_window(dsn
     """The previous job finishes while 8 threads keep trying: none of them gets in, whether it saw
     the job live or finished (its row deleted or not)."""
     for round_ in range(3):
-        key = f"busy-{round_}"
-        first = _enqueue(dsn, key)
-        assert first is not None
-        stop, tries = threading.Event(), [0] * 8
+        _race_the_completion(dsn, f"busy-{round_}", completed_jobs, f"round {round_}")
 
-        def hammer(conn: psycopg.Connection[Any], i: int) -> list[int]:
-            got = []
-            while not stop.is_set():
-                tries[i] += 1
-                if (
-                    job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)
-                ) is not None:
-                    got.append(job_id)
-            for _ in range(3):  # and some after the end
-                if (
-                    job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)
-                ) is not None:
-                    got.append(job_id)
-            return got
 
-        racing: list[Any] = []
-        runner = threading.Thread(target=lambda: racing.extend(_race(dsn, 8, hammer)))
-        runner.start()
-        wait_until(lambda: min(tries) >= 2, 60.0, "every enqueuer tried a few times")
-        _run_to_end(dsn, "completed", completed_jobs)
-        stop.set()
-        runner.join(timeout=120)
-        assert [r for r in racing if r] == [], f"round {round_}: got in while the window held"
-        assert _jobs_with(dsn, key) == ([first] if completed_jobs == COMPLETED_KEEP else [])
+def _race_the_completion(dsn: str, key: str, completed_jobs: str, label: str) -> None:
+    """One round of the test above: 8 threads enqueue `key` while its job runs to its end."""
+    first = _enqueue(dsn, key)
+    assert first is not None
+    stop, tries = threading.Event(), [0] * 8
+
+    def hammer(conn: psycopg.Connection[Any], i: int) -> list[int]:
+        got = []
+        while not stop.is_set():
+            tries[i] += 1
+            if (
+                job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)
+            ) is not None:
+                got.append(job_id)
+        for _ in range(3):  # and some after the end
+            if (
+                job_id := enqueue_sync(conn, "send", {}, dedupe_key=key, dedupe_window_s=HOUR_S)
+            ) is not None:
+                got.append(job_id)
+        return got
+
+    racing: list[Any] = []
+    runner = threading.Thread(target=lambda: racing.extend(_race(dsn, 8, hammer)))
+    runner.start()
+    wait_until(lambda: min(tries) >= 2, 60.0, "every enqueuer tried a few times")
+    _run_to_end(dsn, "completed", completed_jobs)
+    stop.set()
+    runner.join(timeout=120)
+    assert [r for r in racing if r] == [], f"{label}: got in while the window held"
+    assert _jobs_with(dsn, key) == ([first] if completed_jobs == COMPLETED_KEEP else [])
 
 
 def test_concurrent_bulk_enqueues_of_the_same_keys_insert_each_key_once_and_never_deadlock(dsn):
@@ -419,9 +411,7 @@ def test_the_cli_enqueues_with_a_window_and_names_its_flag_when_refused(dsn):
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 1
 
 
-def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed_one_closes_its_window(
-    dsn,
-):
+def test_a_deleting_completion_without_windows_reads_none_and_a_keyed_one_closes_its_window(dsn):
     """DISPATCHER_COMPLETED_JOBS=delete: the completion of jobs without a window reads nothing of
     the windows table however big it is; a keyed job's completion closes its window too."""
     from dispatcher import enqueue_payloads_sync
@@ -430,8 +420,10 @@ def test_a_deleting_completion_without_windowed_jobs_reads_no_window_and_a_keyed
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO dispatcher_dedupe_windows (queue_name, dedupe_key, job_id, window_s, prune_after) "
-            "SELECT 'default', 'w' || n, n + 10000000, 60, now() FROM generate_series(1, 20000) AS n"
+            "INSERT INTO dispatcher_dedupe_windows "
+            "(queue_name, dedupe_key, job_id, window_s, prune_after) "
+            "SELECT 'default', 'w' || n, n + 10000000, 60, now() "
+            "FROM generate_series(1, 20000) AS n"
         )
         conn.execute("ANALYZE dispatcher_dedupe_windows")
         enqueue_payloads_sync(conn, "plain", [{"n": n} for n in range(300)])

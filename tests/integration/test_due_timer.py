@@ -113,7 +113,8 @@ def test_delayed_jobs_enqueued_before_the_worker_started_start_at_their_run_at(d
     )
     lateness = _lateness_s(dsn)
     print(
-        f"{mode}: started {1000 * lateness[early]:.1f} and {1000 * lateness[later]:.1f} ms after run_at (query path)"
+        f"{mode}: started {1000 * lateness[early]:.1f} and {1000 * lateness[later]:.1f} ms "
+        "after run_at (query path)"
     )
     assert 0 <= lateness[early] < LATE_BOUND_S, lateness
     assert 0 <= lateness[later] < LATE_BOUND_S, lateness
@@ -148,7 +149,8 @@ def test_delayed_jobs_due_a_few_ms_apart_each_start_at_their_run_at(dsn, mode):
     run_async(main())
     lateness = sorted(_lateness_s(dsn).values())
     print(
-        f"{mode}: lateness p50 {1000 * lateness[len(lateness) // 2]:.1f} ms, max {1000 * lateness[-1]:.1f} ms"
+        f"{mode}: lateness p50 {1000 * lateness[len(lateness) // 2]:.1f} ms, "
+        f"max {1000 * lateness[-1]:.1f} ms"
     )
     assert len(lateness) == 2 * pairs and lateness[0] >= 0, lateness
     assert lateness[-1] < LATE_BOUND_S, lateness

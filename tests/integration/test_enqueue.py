@@ -90,15 +90,20 @@ def test_a_bulk_load_inside_the_callers_block_on_an_autocommit_connection_stays_
         return fetchval(dsn, "SELECT reltuples FROM pg_class WHERE relname = 'dispatcher_jobs'")
 
     async def abandoned_async():
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            async with conn.transaction():
-                assert await enqueue_payloads(conn, "b", [{}] * 6000) == 6000
-                raise Abandon
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        with pytest.raises(Abandon), conn.transaction():
-            assert enqueue_payloads_sync(conn, "a", [{}] * 6000) == 6000
+        async with (
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
+            conn.transaction(),
+        ):
+            assert await enqueue_payloads(conn, "b", [{}] * 6000) == 6000
             raise Abandon
+
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        pytest.raises(Abandon),
+        conn.transaction(),
+    ):
+        assert enqueue_payloads_sync(conn, "a", [{}] * 6000) == 6000
+        raise Abandon
     with pytest.raises(Abandon):
         run_async(abandoned_async())
     assert count(dsn) == 0 and reltuples() < 6000, "no ANALYZE inside the caller's block"
@@ -188,9 +193,11 @@ def test_a_bad_payload_deep_in_a_bulk_enqueue_rolls_back_rows_already_streamed(d
     ],
 )
 def test_bad_options_are_clear_errors(dsn, options, error):
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        with pytest.raises(EnqueueError, match=error):
-            enqueue_sync(conn, "a", **options)
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        pytest.raises(EnqueueError, match=error),
+    ):
+        enqueue_sync(conn, "a", **options)
     assert count(dsn) == 0
 
 
@@ -204,7 +211,8 @@ def test_partition_key_maps_to_a_stable_bucket_and_options_land(dsn):
     assert buckets == {bucket_for("customer-42")}
     priority, max_attempts, delay = fetchall(
         dsn,
-        "SELECT priority, max_attempts, extract(epoch FROM run_at - created_at) FROM dispatcher_jobs WHERE id = %s",
+        "SELECT priority, max_attempts, extract(epoch FROM run_at - created_at) "
+        "FROM dispatcher_jobs WHERE id = %s",
         (a,),
     )[0]
     assert (priority, max_attempts) == (-3, 7)

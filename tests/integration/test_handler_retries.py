@@ -129,8 +129,10 @@ def test_a_snooze_spends_no_attempt_and_is_recorded_as_snoozed(dsn, is_async):
     assert set(rows) == {("completed", 1, 2, None)}
     history = fetchall(
         dsn,
-        "SELECT job_id, array_agg(outcome ORDER BY finished_at, started_at), array_agg(attempt ORDER BY finished_at, started_at), "
-        "array_agg(error ORDER BY finished_at, started_at) FROM dispatcher_job_attempts GROUP BY job_id",
+        "SELECT job_id, array_agg(outcome ORDER BY finished_at, started_at), "
+        "array_agg(attempt ORDER BY finished_at, started_at), "
+        "array_agg(error ORDER BY finished_at, started_at) "
+        "FROM dispatcher_job_attempts GROUP BY job_id",
     )
     assert {i for i, *_ in history} == set(ids)
     assert {(tuple(o), tuple(a), tuple(e)) for _, o, a, e in history} == {
@@ -150,7 +152,7 @@ def test_a_snooze_is_due_after_its_seconds_by_the_database_clock(dsn):
     async def wait_a_minute(job: Job) -> None:
         raise Snooze(60)
 
-    [job_id] = enqueue(dsn, "wait_a_minute", 1)
+    [_job_id] = enqueue(dsn, "wait_a_minute", 1)
     worker = Worker(config(dsn), registry)
     run_async(
         run_worker_until(
@@ -162,7 +164,8 @@ def test_a_snooze_is_due_after_its_seconds_by_the_database_clock(dsn):
     )
     status, attempts, due_in_s = fetchall(
         dsn,
-        "SELECT status, attempts, extract(epoch FROM run_at - updated_at)::float8 FROM dispatcher_jobs",
+        "SELECT status, attempts, extract(epoch FROM run_at - updated_at)::float8 "
+        "FROM dispatcher_jobs",
     )[0]
     assert (status, attempts) == ("queued", 0)
     assert due_in_s == pytest.approx(60.0, abs=1e-3)
@@ -175,7 +178,7 @@ def test_past_max_snoozes_a_snooze_is_a_failed_attempt_that_goes_through_the_ret
     async def forever(job: Job) -> None:
         raise Snooze(0, "still waiting")
 
-    [job_id] = enqueue(dsn, "forever", 1, max_attempts=2)
+    [_job_id] = enqueue(dsn, "forever", 1, max_attempts=2)
     worker = Worker(
         config(dsn, history=True, max_snoozes=2, retry_base_s=0.01, retry_cap_s=0.02), registry
     )

@@ -395,7 +395,7 @@ def test_one_worker_exports_the_table_wide_series_and_another_takes_over_when_it
             exporting = [name for name, t in texts.items() if "dispatcher_queue_jobs" in names(t)]
             return (holders, exporting, texts) if holders and holders == exporting else None
 
-        holders, exporting, texts = wait_until(
+        holders, _exporting, texts = wait_until(
             roles, 30, "one worker holding the sampler role and exporting"
         )
         assert len(holders) == 1, holders
@@ -437,7 +437,8 @@ def test_one_worker_exports_the_table_wide_series_and_another_takes_over_when_it
         )
         took_over_s = time.monotonic() - stopped_at
         print(
-            f"table sampler taken over {took_over_s:.2f} s after the holder exited (lease {3 * interval_s:g} s)"
+            f"table sampler taken over {took_over_s:.2f} s after the holder exited "
+            f"(lease {3 * interval_s:g} s)"
         )
         assert took_over_s < 3 * interval_s, "the released role was not taken within the lease"
         assert fetchall(dsn, SAMPLER_HOLDER) == [(f"w-{other}",)]

@@ -110,8 +110,8 @@ def test_it_counts_the_due_jobs_of_the_fleets_queues_only(dsn: str, query: str) 
     # A delayed job counts once it is due (+1), and a due one no more once finished (-1).
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "UPDATE dispatcher_jobs SET run_at = now() WHERE queue_name = 'emails' AND status = 'queued'"
-            " AND run_at > now()"
+            "UPDATE dispatcher_jobs SET run_at = now() "
+            "WHERE queue_name = 'emails' AND status = 'queued' AND run_at > now()"
         )
         conn.execute(
             "UPDATE dispatcher_jobs SET status = 'completed', completed_at = now()"
@@ -154,7 +154,8 @@ def test_it_stops_at_its_cap_and_reads_only_the_claim_index(dsn: str, query: str
         # A table shaped as in production: the due backlog a few percent of it, the rest finished
         # (with the due jobs half the table, a sequential scan is the cheaper plan, and is chosen).
         conn.execute(
-            "INSERT INTO dispatcher_jobs (queue_name, job_type, payload, bucket, status, run_at, completed_at)"
+            "INSERT INTO dispatcher_jobs "
+            "(queue_name, job_type, payload, bucket, status, run_at, completed_at)"
             " SELECT %s, 'report.build', '{}', g %% 64, 'completed', now(), now()"
             " FROM generate_series(1, 300000) AS g",
             (OTHER,),

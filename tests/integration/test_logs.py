@@ -187,7 +187,8 @@ def test_the_text_format_keeps_its_shape_with_the_worker_and_the_fields(dsn, tmp
     [retry] = [line for line in lines if " WARNING dispatcher.jobs: " in line]
     bucket = fetchall(dsn, "SELECT bucket FROM dispatcher_jobs")[0][0]
     assert re.search(
-        rf"job {job_id} failed \(attempt 1/2\); retrying in [0-9.e-]+ s worker=text-w1 job_id={job_id} "
+        rf"job {job_id} failed \(attempt 1/2\); retrying in [0-9.e-]+ s "
+        rf"worker=text-w1 job_id={job_id} "
         rf"job_type=fail queue=default bucket={bucket} attempt=1 max_attempts=2 outcome=queued "
         rf'reason=error error="ValueError: boom {job_id}" retry_in_s=[0-9.]+ next_run_at=\S+Z$',
         retry,

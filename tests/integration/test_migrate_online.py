@@ -27,7 +27,9 @@ def fill(dsn: str, n: int = 2000) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             """INSERT INTO dispatcher_jobs (job_type, bucket, status, updated_at)
-                        SELECT 't', i %% 64, (ARRAY['queued', 'completed', 'failed', 'discarded'])[i %% 4 + 1], now()
+                        SELECT 't', i %% 64,
+                               (ARRAY['queued', 'completed', 'failed', 'discarded'])[i %% 4 + 1],
+                               now()
                           FROM generate_series(1, %s) AS i""",
             (n,),
         )
@@ -75,8 +77,8 @@ def test_upgrading_a_table_with_rows_gives_the_cancelled_status_and_the_new_inde
         fetchall(empty_dsn, "UPDATE dispatcher_jobs SET status = 'canceled' WHERE id = 2")
     fetchall(
         empty_dsn,
-        "INSERT INTO dispatcher_job_attempts VALUES (1, 2, 'w', now(), now(), 1, 'cancelled', NULL) "
-        "RETURNING job_id",
+        "INSERT INTO dispatcher_job_attempts "
+        "VALUES (1, 2, 'w', now(), now(), 1, 'cancelled', NULL) RETURNING job_id",
     )
     with pytest.raises(psycopg.errors.CheckViolation):
         fetchall(

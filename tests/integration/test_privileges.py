@@ -94,7 +94,7 @@ def test_the_derived_objects_are_exactly_what_a_migrated_database_holds(dsn):
     rows = fetchall(
         dsn,
         """SELECT c.relkind::text, c.relname FROM pg_class c
-                             WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S')""",
+            WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p', 'S')""",
     )
     assert sorted(name for kind, name in rows if kind != "S") == sorted(objects.tables)
     assert sorted(name for kind, name in rows if kind == "S") == sorted(objects.sequences)
@@ -148,7 +148,8 @@ def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_d
                 == 64
             ),
             10,
-            "the PostgreSQL coordinator works for the DML-only role: the worker owns the 64 buckets",
+            "the PostgreSQL coordinator works for the DML-only role: "
+            "the worker owns the 64 buckets",
         )
     finally:
         codes = stop_workers([worker])
@@ -170,7 +171,7 @@ def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_d
 def test_migrating_as_the_workers_role_names_the_owner_when_there_is_something_to_apply(
     empty_dsn, empty_db_role
 ):
-    role, role_dsn = empty_db_role
+    _role, role_dsn = empty_db_role
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         # the default since PostgreSQL 15
         conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
@@ -189,10 +190,11 @@ def test_grants_apply_gives_exactly_the_printed_privileges(dsn, worker_role):
     held = dict(
         fetchall(
             dsn,
-            """SELECT c.relname, array_agg(p ORDER BY p) FILTER (WHERE has_table_privilege(%s, c.oid, p))
-                                   FROM pg_class c, unnest(%s::text[]) p
-                                  WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
-                                  GROUP BY c.relname""",
+            """SELECT c.relname,
+                      array_agg(p ORDER BY p) FILTER (WHERE has_table_privilege(%s, c.oid, p))
+                 FROM pg_class c, unnest(%s::text[]) p
+                WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
+                GROUP BY c.relname""",
             (role, list(privileges)),
         )
     )
@@ -250,7 +252,8 @@ def test_planner_stats_work_for_a_role_granted_maintain(dsn, worker_role):
             sql.SQL("GRANT MAINTAIN ON dispatcher_jobs TO {}").format(sql.Identifier(role))
         )
         conn.execute(
-            "INSERT INTO dispatcher_jobs (job_type, bucket) SELECT 'a', g % 64 FROM generate_series(1, 20000) g"
+            "INSERT INTO dispatcher_jobs (job_type, bucket) "
+            "SELECT 'a', g % 64 FROM generate_series(1, 20000) g"
         )
     analyze_if_stale(role_dsn)
     assert (

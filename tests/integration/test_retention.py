@@ -34,8 +34,8 @@ def add_history(dsn: str, n: int, age_s: float) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             """INSERT INTO dispatcher_job_attempts
-                        SELECT i, 1, 'w', now() - %(age)s * interval '1 s', now() - %(age)s * interval '1 s', 1.0,
-                               'completed', NULL
+                        SELECT i, 1, 'w', now() - %(age)s * interval '1 s',
+                               now() - %(age)s * interval '1 s', 1.0, 'completed', NULL
                           FROM generate_series(1, %(n)s) AS i""",
             {"age": age_s, "n": n},
         )

@@ -132,12 +132,14 @@ def test_runs_record_how_their_jobs_ended_and_the_last_success(dsn):
     }
     fetchall(
         dsn,
-        "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() WHERE id = %s RETURNING id",
+        "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() "
+        "WHERE id = %s RETURNING id",
         (ids[first],),
     )
     fetchall(
         dsn,
-        "UPDATE dispatcher_jobs SET status = 'failed', updated_at = now() WHERE id = %s RETURNING id",
+        "UPDATE dispatcher_jobs SET status = 'failed', updated_at = now() "
+        "WHERE id = %s RETURNING id",
         (ids[second],),
     )
     fetchall(dsn, "DELETE FROM dispatcher_jobs WHERE id = %s RETURNING id", (ids[third],))

@@ -2,6 +2,7 @@
 line; an unreachable server and (opt-in) a missing schema are waited out."""
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -139,10 +140,8 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 def test_a_listen_dsn_the_server_refuses_is_fatal_and_named(dsn):

@@ -4,6 +4,7 @@ back, never reaped while held) and ends with the stuck exit code. The re-run aft
 is gone: tests/chaos/test_stuck_handlers.py."""
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -23,10 +24,9 @@ def registry_with_stuck_handlers(release: threading.Event) -> Registry:
     @registry.handler("deaf", timeout_s=0.2)
     async def deaf(job: Job) -> None:
         while not release.is_set():
-            try:
+            # ignores its timeout and the shutdown's interrupt alike
+            with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(0.05)
-            except asyncio.CancelledError:
-                pass  # ignores its timeout and the shutdown's interrupt alike
 
     @registry.handler("blocked", timeout_s=0.2)
     def blocked(job: Job) -> None:
@@ -93,7 +93,8 @@ def test_a_worker_gives_up_on_a_stuck_handler_keeps_its_lease_and_exits_with_the
     # Held to the end, past several lease lengths: never given back, never reaped.
     [(status, attempts, expiries, locked_by)] = fetchall(
         dsn,
-        "SELECT status, attempts, lease_expiries, locked_by FROM dispatcher_jobs WHERE job_type = %s",
+        "SELECT status, attempts, lease_expiries, locked_by FROM dispatcher_jobs "
+        "WHERE job_type = %s",
         (job_type,),
     )
     assert (status, attempts, expiries, locked_by) == ("running", 1, 0, config.worker_id)

@@ -265,7 +265,8 @@ def test_one_worker_serves_several_queues(dsn):
     assert (
         fetchval(
             dsn,
-            "SELECT count(*) FROM dispatcher_jobs WHERE queue_name = 'ignored' AND status = 'queued'",
+            "SELECT count(*) FROM dispatcher_jobs "
+            "WHERE queue_name = 'ignored' AND status = 'queued'",
         )
         == 30
     )

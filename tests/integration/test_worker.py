@@ -231,9 +231,11 @@ def _hold(dsn, job_id, *, attempts, lease_s, max_attempts=3):
     """Mark a job running under a (possibly already expired) lease of a worker that is gone."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            """UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s, max_attempts_given = true,
+            """UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s,
+                               max_attempts_given = true,
                                locked_by = 'gone-pod', locked_at = now() - interval '10 s',
-                               lock_token = gen_random_uuid(), lease_expires_at = now() + %s * interval '1 s'
+                               lock_token = gen_random_uuid(),
+                               lease_expires_at = now() + %s * interval '1 s'
                          WHERE id = %s""",
             (attempts, max_attempts, lease_s, job_id),
         )
@@ -272,7 +274,8 @@ def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
         for r in fetchall(
             dsn,
             """
-        SELECT id, status, attempts, lease_expiries, run_at > now(), failed_at IS NOT NULL, lock_token IS NULL, last_error
+        SELECT id, status, attempts, lease_expiries, run_at > now(), failed_at IS NOT NULL,
+               lock_token IS NULL, last_error
           FROM dispatcher_jobs""",
         )
     }
@@ -284,7 +287,8 @@ def test_the_reaper_puts_expired_leases_through_the_retry_policy(dsn):
     assert rows[c][:3] == ("running", 1, 0)
     history = fetchall(
         dsn,
-        "SELECT job_id, attempt, worker, outcome, duration_ms > 9000 FROM dispatcher_job_attempts ORDER BY job_id",
+        "SELECT job_id, attempt, worker, outcome, duration_ms > 9000 "
+        "FROM dispatcher_job_attempts ORDER BY job_id",
     )
     assert history == [(a, 1, "gone-pod", "retried", True), (b, 3, "gone-pod", "failed", True)]
 
@@ -310,7 +314,8 @@ def test_a_reap_loses_to_a_heartbeat_or_a_new_claim_that_landed_first(dsn):
             expired = await store.jobs_lease_expired()
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(
-                    "UPDATE dispatcher_jobs SET lease_expires_at = now() + interval '30 s' WHERE id = %s",
+                    "UPDATE dispatcher_jobs SET lease_expires_at = now() + interval '30 s' "
+                    "WHERE id = %s",
                     (extended,),
                 )
                 conn.execute(

@@ -1,3 +1,5 @@
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -8,7 +10,7 @@ def test_bound_doubles_then_caps():
     bounds = [retry_bound_s(n, 1.0, 900.0) for n in range(1, 14)]
     assert bounds[:5] == [1, 2, 4, 8, 16]
     assert bounds[-1] == 900.0
-    assert all(a <= b for a, b in zip(bounds, bounds[1:]))
+    assert all(a <= b for a, b in itertools.pairwise(bounds))
 
 
 @given(

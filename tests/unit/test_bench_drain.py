@@ -35,9 +35,7 @@ def test_runtime_and_plain_sql_rows_state_their_ratio_to_both_minimal_kinds() ->
     ]
 
 
-def test_deleting_runtime_rows_are_measured_against_the_deleting_ceiling_and_both_minimal_kinds() -> (
-    None
-):
+def test_deleting_runtime_rows_against_the_deleting_ceiling_and_both_minimal_kinds() -> None:
     got = [
         *rows(),
         {"kind": "runtime_delete", "mode": "partitioned", "workers": 4, "jobs_per_s": 72_000},

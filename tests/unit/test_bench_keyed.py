@@ -85,7 +85,7 @@ def test_ratios_are_to_the_keyless_row_and_to_skip_locked_of_the_same_mix_and_wo
         ]
     ]
     add_ratios(rows)
-    none_p, none_s, hot_p, hot_s, hot_p8 = rows
+    none_p, _none_s, hot_p, hot_s, hot_p8 = rows
     assert "vs_none" not in none_p and none_p["vs_skip_locked"] == 1.25
     assert hot_p["vs_none"] == 0.5 and hot_s["vs_none"] == 0.5 and hot_p["vs_skip_locked"] == 1.25
     assert "vs_skip_locked" not in hot_s

@@ -2,13 +2,15 @@
 
 from bench.pyspy import own_time, top
 
-RAW = """\
-<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118);Producer._claim (dispatcher/runtime/producer.py:256) 30
-<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118);Producer._claim (dispatcher/runtime/producer.py:260) 10
-<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118) 50
-<module> (dispatcher/__main__.py:5);Completer.flush (dispatcher/runtime/completer.py:130) 10
-not a sample line
-"""
+RAW = (
+    "<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118);"
+    "Producer._claim (dispatcher/runtime/producer.py:256) 30\n"
+    "<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118);"
+    "Producer._claim (dispatcher/runtime/producer.py:260) 10\n"
+    "<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118) 50\n"
+    "<module> (dispatcher/__main__.py:5);Completer.flush (dispatcher/runtime/completer.py:130) 10\n"
+    "not a sample line\n"
+)
 
 
 def test_samples_count_for_the_innermost_function_whatever_its_line():

@@ -526,7 +526,8 @@ def check_readme_table(text: str) -> None:
     listed = [row[0] for row in rows]
     assert sorted(listed) == sorted(by_var), (
         f"missing from README: {sorted(set(by_var) - set(listed))}; "
-        f"unknown or repeated there: {sorted(v for v in listed if v not in by_var or listed.count(v) > 1)}"
+        "unknown or repeated there: "
+        f"{sorted(v for v in listed if v not in by_var or listed.count(v) > 1)}"
     )
     mentioned = set(re.findall(r"DISPATCHER_[A-Z0-9_]+", "\n".join("|".join(row) for row in rows)))
     assert mentioned <= set(by_var), (

@@ -87,7 +87,7 @@ def test_a_handler_that_swallows_the_cancellation_ends_cancelled_all_the_same():
     assert cancelled(rec, 1) and rec.completed_ids == []
 
 
-def test_a_running_sync_handler_is_recorded_cancelled_when_it_returns_and_a_waiting_one_never_starts():
+def test_a_running_sync_handler_is_recorded_cancelled_on_return_and_a_waiting_one_never_starts():
     registry, seen, release = registry_with_waits()
     executor, rec = make(registry, sync_threads=1)
 
@@ -119,7 +119,7 @@ def test_a_running_sync_handler_is_recorded_cancelled_when_it_returns_and_a_wait
 
 def test_a_job_whose_lease_is_lost_is_not_cancelled_by_us():
     """The lease is gone: the new owner decides, nothing of ours is written (a cancel included)."""
-    registry, seen, _ = registry_with_waits()
+    registry, _seen, _ = registry_with_waits()
     executor, rec = make(registry)
 
     async def main():

@@ -184,7 +184,7 @@ def test_an_extended_lease_keeps_a_backlogged_job_startable():
     assert started == [1, 2] and sorted(rec.completed_ids) == [1, 2]
 
 
-def test_after_the_grace_a_running_thread_is_never_given_back_and_is_abandoned_if_it_outlives_the_wait():
+def test_after_the_grace_a_running_thread_is_never_given_back_and_abandoned_if_it_outlives_wait():
     registry, started, release = blocking_registry()
     executor, rec = make(registry)
 

@@ -39,8 +39,8 @@ def test_a_snooze_reaches_the_completer_with_its_seconds_and_the_cap(is_async):
     outcome = rec.outcomes[1]
     assert outcome.status == "queued" and outcome.delay_s == 1.0
     assert (
-        outcome.error
-        == "snoozed 100 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 30 s: the API says 429"
+        outcome.error == "snoozed 100 times (DISPATCHER_MAX_SNOOZES), and again: snoozed for 30 s: "
+        "the API says 429"
     )
 
 

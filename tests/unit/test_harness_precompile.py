@@ -23,7 +23,9 @@ def test_precompile_writes_the_bytecode_of_both_packages_once(monkeypatch):
     harness.precompile()
     assert all(pyc.is_file() for pyc in targets)
     # Valid for the source as it is now: the loader would use it rather than compile again.
-    for module, pyc in zip((dispatcher.serve.worker, coordinator.coordinator), targets):
+    for module, pyc in zip(
+        (dispatcher.serve.worker, coordinator.coordinator), targets, strict=True
+    ):
         header = pyc.read_bytes()[:16]
         assert header[:4] == importlib.util.MAGIC_NUMBER
         assert int.from_bytes(header[8:12], "little") == int(Path(module.__file__).stat().st_mtime)

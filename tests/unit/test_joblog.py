@@ -92,7 +92,8 @@ def test_a_retried_attempt_is_a_warning_with_the_databases_next_run_time(log):
             FailureKind.INTERRUPTED,
             "queued",
             logging.WARNING,
-            "job 1 was interrupted by this worker's shutdown (attempt 2/5); queued again, due in 3 s",
+            "job 1 was interrupted by this worker's shutdown (attempt 2/5); "
+            "queued again, due in 3 s",
         ),
         (
             FailureKind.ERROR,

@@ -84,7 +84,9 @@ def test_coordinator_imports_nothing_from_dispatcher(path: Path) -> None:
         ("import dispatcher", "coordinator.assignment"),
         ("from dispatcher import queries", "coordinator.backend_pg"),
         (
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dispatcher.settings.config import Config",
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from dispatcher.settings.config import Config",
             "coordinator.factory",
         ),
         ("def f():\n    from dispatcher.backoff import jittered", "coordinator.coordinator"),
@@ -160,7 +162,8 @@ def test_no_dispatcher_import_runs_up_a_layer(path: Path) -> None:
     source = path.read_text(encoding="utf-8")
     bad = upward_imports(source, _module_name(path, ROOT), path.name == "__init__.py")
     assert not bad, (
-        f"{path.relative_to(ROOT)} ({layer_of(_module_name(path, ROOT))}) imports a higher layer: {bad}"
+        f"{path.relative_to(ROOT)} ({layer_of(_module_name(path, ROOT))}) "
+        f"imports a higher layer: {bad}"
     )
 
 
@@ -179,7 +182,9 @@ def test_every_subpackage_of_dispatcher_is_a_known_layer() -> None:
         ("from ..runtime import metrics", "dispatcher.db.store"),
         ("from dispatcher.cli.commands import main", "dispatcher.devtools.demo"),
         (
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dispatcher.api.admin import x",
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from dispatcher.api.admin import x",
             "dispatcher.model",
         ),
         ("def f():\n    from dispatcher.settings.config import Config", "dispatcher.observe.logs"),

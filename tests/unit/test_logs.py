@@ -293,7 +293,7 @@ def test_reinstall_undoes_an_apps_dictconfig_and_says_what_it_did(stream):
         logs.reinstall()
         assert lines(stream) == [], "said once: nothing left to undo"
     finally:
-        for name, logger in logging.Logger.manager.loggerDict.items():
+        for logger in logging.Logger.manager.loggerDict.values():
             if isinstance(logger, logging.Logger):
                 logger.disabled = False
 

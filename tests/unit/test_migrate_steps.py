@@ -49,10 +49,10 @@ def test_an_empty_step_is_dropped():
 )
 def test_what_cannot_run_as_written_is_refused(sql, message):
     with pytest.raises(MigrationError, match=message):
-        Migration(9, "bad", sql).steps
+        Migration(9, "bad", sql).steps  # noqa: B018  (the property raises: that is the test)
 
 
-def test_the_cancel_migration_changes_the_catalog_first_then_scans_then_builds_indexes_concurrently():
+def test_the_cancel_migration_changes_the_catalog_then_scans_then_builds_indexes_concurrently():
     (migration,) = [m for m in available_migrations() if m.name == "cancel_and_retention"]
     catalog, validate, indexes = migration.steps
     code = re.sub(r"--[^\n]*", "", catalog.sql)

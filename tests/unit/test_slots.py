@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -207,7 +208,7 @@ def test_every_15_minutes_has_no_gap_and_no_duplicate(zone, day, hours):
     assert got == [start + timedelta(minutes=15 * i) for i in range(1, 4 * hours + 1)]
     # latest_at_or_before agrees, one at a time and all at once.
     assert cadence.latest_at_or_before(got[-1], len(got)) == got
-    for previous, slot in zip(got, got[1:]):
+    for previous, slot in itertools.pairwise(got):
         assert cadence.latest_at_or_before(slot) == [slot]
         assert cadence.latest_at_or_before(slot - timedelta(microseconds=1)) == [previous]
 
@@ -356,6 +357,6 @@ def test_next_and_latest_agree(at, zone, expression):
 def test_slots_strictly_increase(at, zone, expression):
     cadence = Cadence.parse(expression, tz=zone)
     got = slots(cadence, at, 6)
-    assert all(a < b for a, b in zip(got, got[1:]))
+    assert all(a < b for a, b in itertools.pairwise(got))
     assert cadence.latest_at_or_before(got[-1], 6) == got
     assert cadence.period_s(got[0] - timedelta(microseconds=1)) == (got[1] - got[0]).total_seconds()

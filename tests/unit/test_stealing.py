@@ -1,5 +1,7 @@
 """StealPolicy: when an idle partitioned worker looks in other workers' buckets."""
 
+import itertools
+
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.runtime.stealing import MAX_SKIPPED_WAKEUPS, MAX_VICTIMS, StealPolicy
 
@@ -16,7 +18,7 @@ def timer_wakeups_that_steal(policy: StealPolicy, wakeups: int, found: int = 0) 
 
 def test_first_timer_wakeup_steals_then_empty_steals_back_off_to_every_eighth():
     stole = timer_wakeups_that_steal(StealPolicy(100, 500), 40)
-    gaps = [b - a for a, b in zip(stole, stole[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(stole)]
     assert stole[0] == 0
     assert gaps[:4] == [2, 3, 5, 9]  # skip 1, 2, 4, 8 wake-ups
     assert set(gaps[3:]) == {MAX_SKIPPED_WAKEUPS + 1}

@@ -5,6 +5,7 @@ would use them (no PostgreSQL). The store's own rules are the contract suite's
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -216,7 +217,7 @@ def test_the_async_forms_run_inside_a_test_event_loop_and_the_sync_ones_say_so()
     dispatcher.enqueue_sync(store, "a", delay_s=5)
 
     async def main():
-        with pytest.raises(RuntimeError, match="await runner.arun_due"):
+        with pytest.raises(RuntimeError, match=re.escape("await runner.arun_due")):
             runner.run_due()
         assert await runner.arun_due() == []
         return [a.status for a in await runner.adrain()]

@@ -234,7 +234,7 @@ def test_retry_and_cancel_buttons_change_the_rows(browser, web, world):
 def test_a_bulk_retry_shows_the_count_then_retries_exactly_those(browser, web, world):
     from selenium.webdriver.common.by import By
 
-    dsn, s = world
+    dsn, _s = world
     with psycopg.connect(dsn, autocommit=True) as conn:
         discarded = [
             r[0]

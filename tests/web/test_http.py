@@ -178,8 +178,8 @@ def test_a_bulk_change_says_how_many_match_first_then_changes_exactly_those(seed
         changed = s.ids["running"][0]
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
-                "UPDATE dispatcher_jobs SET status = 'failed', failed_at = now(), updated_at = now() "
-                "WHERE id = %s",
+                "UPDATE dispatcher_jobs "
+                "SET status = 'failed', failed_at = now(), updated_at = now() WHERE id = %s",
                 (changed,),
             )
         for lost in ("up_to_id", "as_of"):  # a form that lost what was counted changes nothing

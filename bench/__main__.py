@@ -397,7 +397,9 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=" ".join(__doc__.split("\n\n")[0].split())
+    )
     parser.add_argument("scenarios", nargs="+", choices=[*SCENARIOS, "all"])
     parser.add_argument("--dsn", default=os.environ.get("DISPATCHER_DSN"))
     parser.add_argument(

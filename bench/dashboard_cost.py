@@ -397,7 +397,8 @@ def scratch_database(admin_dsn: str) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.dashboard_cost", description=__doc__.split("\n")[0]
+        prog="python -m bench.dashboard_cost",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
     )
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument(

@@ -193,9 +193,12 @@ def test_a_slow_statement_of_a_one_shot_session_ends_at_its_statement_timeout(ds
     limits = ConnectionLimits(statement_timeout_s=0.2)
     began = time.monotonic()
     with session(dsn, limits, application_name="errors-test") as conn:
-        with pytest.raises(
-            StoreTimeout, match=r"^slow: gave up after 0.4 s \(statement_timeout\)$"
-        ) as info, bounded_transaction(conn, "slow", limits, budget=2):
+        with (
+            pytest.raises(
+                StoreTimeout, match=r"^slow: gave up after 0.4 s \(statement_timeout\)$"
+            ) as info,
+            bounded_transaction(conn, "slow", limits, budget=2),
+        ):
             conn.execute("SELECT pg_sleep(30)")
         assert info.value.lock is False
         assert conn.execute("SELECT 1").fetchone() == (1,)  # the session goes on

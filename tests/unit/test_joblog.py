@@ -16,7 +16,15 @@ LOCKED_AT = datetime(2025, 1, 31, 11, 13, 0, tzinfo=CEST)
 
 def job(job_id: int, attempts: int = 2, max_attempts: int = 5) -> Job:
     return Job(
-        (job_id, "send_email", {}, attempts, max_attempts, LOCKED_AT, 17, 0),
+        job_id,
+        "send_email",
+        {},
+        attempts,
+        max_attempts,
+        LOCKED_AT,
+        17,
+        0,
+        None,
         "00000000-0000-0000-0000-000000000001",
         "mail",
     )

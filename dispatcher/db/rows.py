@@ -286,11 +286,12 @@ class WrittenJob(NamedTuple):
     a changed one once more as written (`status`, `queue`, and the `ordering_key` it lets go on)."""
 
     id: int
-    before: str | None
-    matches: bool | None
+    before: str | None  # None: no such job
+    # The three flags are NULL on a row as written (it reads `status`, `queue`, `ordering_key`).
+    matches: bool
     status: str | None
-    dedupe_held: bool | None
-    halted: bool | None
+    dedupe_held: bool
+    halted: bool
     queue: str | None
     ordering_key: str | None
 
@@ -321,6 +322,76 @@ class PruneAges(NamedTuple):
     completed: float | None
     failed: float | None
     history: float | None
+
+
+# -- the operator's reads (dispatcher status, the dashboard, the admin API) ---------------------
+
+
+class LimitKey(NamedTuple):
+    """flow_limit_clear: a limit removed."""
+
+    job_type: str
+    queue: str
+
+
+class RunSpans(NamedTuple):
+    """measure_spans (the demo's): seconds to the first claim and to the last completion."""
+
+    first_claim_s: float | None
+    last_completion_s: float | None
+
+
+class StatusCount(NamedTuple):
+    """status_counts: the jobs of one queue in one status."""
+
+    queue: str
+    status: str
+    jobs: int
+
+
+class LeaderRow(NamedTuple):
+    """status_leaders: a coordination group's leader now."""
+
+    group: str
+    leader: str
+    term: int
+
+
+class MemberRow(NamedTuple):
+    """status_members: a live member of a coordination group (ages in seconds)."""
+
+    group: str
+    member: str
+    heartbeat_age_s: float
+    up_s: float
+    leaving: bool
+    leads: bool
+
+
+class BucketOwnerRow(NamedTuple):
+    """status_bucket_owners: a bucket's owner, and the member it is being handed to."""
+
+    group: str
+    bucket: int
+    owner: str | None
+    next_owner: str | None
+
+
+class RecentOutcomes(NamedTuple):
+    """web_recent_outcomes: a queue's jobs completed, and failed (or discarded, cancelled),
+    lately."""
+
+    queue: str
+    completed: int
+    failed: int
+
+
+class JobsMatch(NamedTuple):
+    """admin_jobs_count: how many jobs match, the newest one's id, and the instant."""
+
+    matched: int
+    newest: int | None
+    as_of: datetime
 
 
 # -- builders: a statement's rows (the driver's tuples) as typed rows ----------------------------
@@ -471,3 +542,15 @@ def stored_schedules(rows: Iterable[Sequence[Any]]) -> dict[str, StoredSchedule]
         name: StoredSchedule(name, fingerprint, next_slot_at, removed, last_success_at, declared_at)
         for _now, name, fingerprint, next_slot_at, removed, last_success_at, declared_at in rows
     }
+
+
+def pairs(rows: Iterable[Sequence[Any]]) -> dict[Any, Any]:
+    """Two-column rows (a key, its value: status_halted_keys and the like) as a dict."""
+    return {key: column for key, column in rows}
+
+
+def as_dicts(cursor: Any) -> list[dict[str, Any]]:
+    """A cursor's rows as dicts by column name: for the reads that hand a row on as a mapping
+    (a job's detail, a limit in `dispatcher status --json`)."""
+    names = [column.name for column in cursor.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

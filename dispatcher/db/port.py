@@ -24,6 +24,9 @@ from dispatcher.db.rows import (
 )
 from dispatcher.model import Job
 
+# JobState lives with the other typed rows (rows.py); it is part of the port's face too.
+__all__ = ["InProcessStore", "JobState", "JobStorePort", "NewJob"]
+
 
 class NewJob(Protocol):
     """A job to insert, already validated and serialised by enqueue (dispatcher/api/enqueue.py)."""

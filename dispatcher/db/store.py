@@ -182,6 +182,8 @@ class JobStore:
         `flow_version`: the flow-control tables as the caller last read them (if they changed
         since, nothing is claimed and the result is `stale`)."""
         if gate is not None:
+            if steal is not None or types is not None:
+                raise ValueError("a gated claim takes its types from its gate, and never steals")
             return await self._claim_gated(queue, limit, lease_s, buckets, gate, flow_version)
         token = str(uuid.uuid4())
         params = claim_params(queue, limit, lease_s, self.worker_id, token, flow_version, types)

@@ -66,6 +66,22 @@ def _runner(request: pytest.FixtureRequest, completed_jobs: str, kind: str | Non
     return run
 
 
+def not_ours(job_id: int) -> Job:
+    """The job as a claimer that does not own it holds it: under another token."""
+    return Job(
+        id=job_id,
+        job_type="send",
+        payload={},
+        attempts=1,
+        max_attempts=20,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=None,
+        token=OTHER_TOKEN,
+    )
+
+
 async def claim_one(h: Harness, lease_s: float = 30.0) -> Job:
     jobs = (await h.store.jobs_claim("default", 1, lease_s, None)).jobs
     assert len(jobs) == 1, f"expected one due job, claimed {jobs}"
@@ -124,18 +140,8 @@ def test_a_write_by_a_token_that_does_not_own_the_job_changes_nothing(on_store: 
         job = await claim_one(h)
         assert (await h.store.jobs_complete([job_id], [OTHER_TOKEN])).completed == 0
         assert await h.store.jobs_fail_owned([Failure(job_id, OTHER_TOKEN, retry(1.0))]) == []
-        assert (
-            await h.store.jobs_extend_leases(
-                [Job(job_id, "send", {}, 1, 20, None, 0, 0, None, OTHER_TOKEN)], 30.0
-            )
-            == {}
-        )
-        assert (
-            await h.store.jobs_release_owned(
-                [Job(job_id, "send", {}, 1, 20, None, 0, 0, None, OTHER_TOKEN)]
-            )
-            == 0
-        )
+        assert await h.store.jobs_extend_leases([not_ours(job_id)], 30.0) == {}
+        assert await h.store.jobs_release_owned([not_ours(job_id)]) == 0
         state = await h.store.job_get(job_id)
         assert state is not None and (state.status, state.attempts, state.last_error) == (
             STATUS_RUNNING,

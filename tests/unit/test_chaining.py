@@ -38,7 +38,18 @@ class Degraded:
 
 
 def job(job_id: int, key: str | None = "k") -> Job:
-    return Job(job_id, "t", {}, 1, 5, None, 3, 0, key, f"00000000-0000-0000-0000-{job_id:012d}")
+    return Job(
+        id=job_id,
+        job_type="t",
+        payload={},
+        attempts=1,
+        max_attempts=5,
+        locked_at=None,
+        bucket=3,
+        priority=0,
+        ordering_key=key,
+        token=f"00000000-0000-0000-0000-{job_id:012d}",
+    )
 
 
 def chaining(executor: FakeExecutor, claiming: bool = True, **assignments) -> Chaining:

@@ -16,16 +16,16 @@ def job(
     job_id: int, attempts: int = 1, ordering_key: str | None = None, job_type: str = "t"
 ) -> Job:
     return Job(
-        job_id,
-        job_type,
-        {},
-        attempts,
-        5,
-        None,
-        0,
-        0,
-        ordering_key,
-        f"00000000-0000-0000-0000-{job_id:012d}",
+        id=job_id,
+        job_type=job_type,
+        payload={},
+        attempts=attempts,
+        max_attempts=5,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=ordering_key,
+        token=f"00000000-0000-0000-0000-{job_id:012d}",
     )
 
 

@@ -140,7 +140,17 @@ class AcceptingStore:
 
 def job(job_type: str, job_id: int = 1) -> Job:
     return Job(
-        job_id, job_type, {}, 1, 5, None, 0, 0, None, f"00000000-0000-0000-0000-{job_id:012d}", "q"
+        id=job_id,
+        job_type=job_type,
+        payload={},
+        attempts=1,
+        max_attempts=5,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=None,
+        token=f"00000000-0000-0000-0000-{job_id:012d}",
+        queue="q",
     )
 
 
@@ -229,17 +239,17 @@ def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type(
 
     def queued(job_id, job_type, queue):
         return Job(
-            job_id,
-            job_type,
-            {},
-            1,
-            5,
-            None,
-            0,
-            0,
-            None,
-            "00000000-0000-0000-0000-000000000001",
-            queue,
+            id=job_id,
+            job_type=job_type,
+            payload={},
+            attempts=1,
+            max_attempts=5,
+            locked_at=None,
+            bucket=0,
+            priority=0,
+            ordering_key=None,
+            token="00000000-0000-0000-0000-000000000001",
+            queue=queue,
         )
 
     async def main():

@@ -58,16 +58,16 @@ class FakeStore:
         for b in selected[lost:]:
             jobs.append(
                 Job(
-                    self.next_id,
-                    "noop",
-                    {},
-                    1,
-                    5,
-                    None,
-                    b,
-                    0,
-                    None,
-                    "00000000-0000-0000-0000-000000000001",
+                    id=self.next_id,
+                    job_type="noop",
+                    payload={},
+                    attempts=1,
+                    max_attempts=5,
+                    locked_at=None,
+                    bucket=b,
+                    priority=0,
+                    ordering_key=None,
+                    token="00000000-0000-0000-0000-000000000001",
                 )
             )
             self.next_id += 1

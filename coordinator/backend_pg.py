@@ -22,7 +22,6 @@ from .backend import (
     DRAIN_MAX_S,
     DRAIN_QUIET_S,
     BucketChange,
-    BucketState,
     ClusterView,
     check_buckets,
     check_changes,
@@ -36,6 +35,7 @@ from .pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quiet
 from .pg.errors import describe
 from .pg.notify import NotificationWait, listen_statement, probe_statement
 from .pg.sqlfile import load
+from .rows import cluster_view, first_flag
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -245,7 +245,7 @@ class PostgresBackend:
         connection): it is what makes a killed member (and a killed leader) visible at once."""
         if self._session_locks and self._locked_as != member:
             rows = await self._fetch(conn, query("member_lock"), self._params(member=member))
-            if not rows or not rows[0][0]:
+            if not first_flag(rows):
                 raise CoordinatorError(
                     f"member lock of {member!r} is held by another session "
                     "(a second process with the same worker id, or one not yet gone)"
@@ -263,7 +263,7 @@ class PostgresBackend:
                 rows = await self._fetch(
                     conn, query("member_heartbeat"), self._params(member=member, lease_s=lease_s)
                 )
-                if rows and rows[0][0]:  # (re)joined: wake the others
+                if first_flag(rows):  # (re)joined: wake the others
                     await self._notify(conn, join_reason(member))
 
         await self._run("heartbeat", work)
@@ -303,13 +303,7 @@ class PostgresBackend:
             raise CoordinatorError(
                 f"no bucket rows for group {self.group!r}: run `dispatcher migrate`"
             )
-        first = rows[0]
-        return ClusterView(
-            members=tuple(first[5]),
-            buckets=tuple(BucketState(r[0], r[1], r[2], r[3], bool(r[4])) for r in rows),
-            leader=first[6],
-            next_expiry_s=first[7],
-        )
+        return cluster_view(rows)
 
     async def apply(
         self, leader: str, changes: Sequence[BucketChange], revoke_deadline_s: float

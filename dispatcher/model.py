@@ -68,24 +68,31 @@ class Job:
 
     def __init__(
         self,
-        row: tuple[Any, ...],
+        id: int,
+        job_type: str,
+        payload: Any,
+        attempts: int,
+        max_attempts: int | None,
+        locked_at: float | datetime | None,
+        bucket: int,
+        priority: int,
+        ordering_key: str | None,
         token: str,
         queue: str = DEFAULT_QUEUE,
         scheduled_for: datetime | None = None,
         trace_context: dict[str, str] | None = None,
     ) -> None:
-        (
-            self.id,
-            self.job_type,
-            self.payload,
-            self.attempts,
-            self.max_attempts,
-            self._locked_at,
-            self.bucket,
-            self.priority,
-        ) = row[:8]
-        # A claim's rows carry the key, then `selected`; a row of 8 (a test's) has no key.
-        self.ordering_key = row[8] if len(row) > 8 else None
+        # Built by dispatcher/db/rows.py from a claim's rows (one positional call per row: the hot
+        # path), and by the in-memory store and tests with these names.
+        self.id = id
+        self.job_type = job_type
+        self.payload = payload
+        self.attempts = attempts
+        self.max_attempts = max_attempts
+        self._locked_at = locked_at
+        self.bucket = bucket
+        self.priority = priority
+        self.ordering_key = ordering_key
         self.token = token
         self.queue = queue
         self._scheduled_for = scheduled_for
@@ -97,7 +104,7 @@ class Job:
         at = self._locked_at
         if isinstance(at, float):
             at = self._locked_at = datetime.fromtimestamp(at, UTC)
-        return at  # type: ignore[no-any-return]
+        return at
 
     @property
     def scheduled_for(self) -> datetime | None:

@@ -400,7 +400,7 @@ async def reap_and_claim_again(dsn: str, old: Any, new: Any) -> tuple[list[Any],
     queue, its leases run out, `new`'s reaper requeues them and `new` claims them again.
     Returns (the stale claim's jobs, the fresh claim's)."""
     everything = tuple(range(64))
-    stale = await old.jobs_claim("default", 10_000, 30, everything)
+    stale = (await old.jobs_claim("default", 10_000, 30, everything)).jobs
     conn = await old.connection()
     await conn.execute("UPDATE dispatcher_jobs SET lease_expires_at = now() - interval '1 s'")
     settings = MaintenanceSettings(reaper_interval_s=1, history=False, table_sample_interval_s=15)
@@ -412,6 +412,6 @@ async def reap_and_claim_again(dsn: str, old: Any, new: Any) -> tuple[list[Any],
     }
     # the retry's backoff has passed
     await conn.execute("UPDATE dispatcher_jobs SET run_at = now()")
-    fresh = await new.jobs_claim("default", 10_000, 30, everything)
+    fresh = (await new.jobs_claim("default", 10_000, 30, everything)).jobs
     assert sorted(j.id for j in fresh) == sorted(j.id for j in stale)
     return stale, fresh

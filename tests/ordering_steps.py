@@ -159,9 +159,11 @@ async def replay(target: Target, sequence: list[Step]) -> list[Any]:
 
     async def claim(limit: int, partitioned: bool) -> list[Job]:
         before = await target.rows()
-        jobs = await store.jobs_claim(
-            target.queue, limit, LEASE_S, EVERY_BUCKET if partitioned else None
-        )
+        jobs = (
+            await store.jobs_claim(
+                target.queue, limit, LEASE_S, EVERY_BUCKET if partitioned else None
+            )
+        ).jobs
         problems = claim_problems(before, jobs, limit)
         assert not problems, problems
         for job in sorted(jobs, key=lambda j: j.id):
@@ -182,9 +184,11 @@ async def replay(target: Target, sequence: list[Step]) -> list[Any]:
         elif op in ("complete", "fail", "release") and (job := _nth(mine, args[0])) is not None:
             del running[job.id]
             if op == "complete":
-                return await store.jobs_complete_owned(
-                    [job.id], [job.token], keyed=job.ordering_key is not None
-                )
+                return (
+                    await store.jobs_complete(
+                        [job.id], [job.token], keyed=job.ordering_key is not None
+                    )
+                ).completed
             if op == "release":
                 return await store.jobs_release_owned([job])
             outcome, halts = FAILURES[args[1]]
@@ -213,9 +217,7 @@ async def replay(target: Target, sequence: list[Step]) -> list[Any]:
     for _ in range(len(sequence) * 4 + 10):  # the drain: each round ends at least one job, or stops
         await target.tick()
         for job in sorted(running.values(), key=lambda j: j.id):
-            await store.jobs_complete_owned(
-                [job.id], [job.token], keyed=job.ordering_key is not None
-            )
+            await store.jobs_complete([job.id], [job.token], keyed=job.ordering_key is not None)
         running.clear()
         if not await claim(100, False):
             break

@@ -33,6 +33,7 @@ from dispatcher.api.admin_results import (  # re-exported: the admin's public re
     Skipped,
 )
 from dispatcher.constants import NOTIFY_CHANNEL
+from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError, StoreError, StoreTimeout
@@ -162,8 +163,8 @@ def list_jobs(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
     with _session(target, limits) as run:
-        rows = run("list", _sql("admin_jobs_list"), {**filters.params(), "limit": limit})
-    return [JobRow(*row) for row in rows]
+        found = run("list", _sql("admin_jobs_list"), {**filters.params(), "limit": limit})
+    return rows.typed(JobRow, found)
 
 
 def list_halted_keys(
@@ -178,8 +179,8 @@ def list_halted_keys(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
     with _session(target, limits) as run:
-        rows = run("list", _sql("admin_halted_keys"), {**filters.params(), "limit": limit})
-    return [HaltedKey(*row) for row in rows]
+        found = run("list", _sql("admin_halted_keys"), {**filters.params(), "limit": limit})
+    return rows.typed(HaltedKey, found)
 
 
 def count_jobs(
@@ -205,8 +206,10 @@ def match_jobs(
     if action is not None:
         filters = filters.for_action(action)
     with _session(target, limits) as run:
-        count, newest, as_of = run("count", _sql("admin_jobs_count"), filters.params())[0]
-    return Match(int(count), newest, as_of)
+        (match,) = rows.typed(
+            rows.JobsMatch, run("count", _sql("admin_jobs_count"), filters.params())
+        )
+    return Match(int(match.matched), match.newest, match.as_of)
 
 
 def show_job(
@@ -219,13 +222,12 @@ def show_job(
     """The job's row, last error and attempt history (None: no such job)."""
     Filters(ids=(job_id,))  # validates the id
     with _session(target, limits) as run:
-        cur_rows = run("show", query("admin_job_show"), {"id": job_id}, columns=True)
-        if len(cur_rows) < 2:
+        shown = run("show", query("admin_job_show"), {"id": job_id}, as_dicts=True)
+        if not shown:
             return None
         attempts = run("show", query("admin_job_attempts"), {"id": job_id, "limit": attempts_limit})
-    names, values = cur_rows[0], cur_rows[1]
-    job = dict(zip(names, values, strict=True))
-    return JobDetail(job, job.get("last_error"), [Attempt(*row) for row in attempts])
+    (job,) = shown
+    return JobDetail(job, job.get("last_error"), rows.typed(Attempt, attempts))
 
 
 def job_attempts(
@@ -236,8 +238,8 @@ def job_attempts(
     DISPATCHER_HISTORY was on."""
     Filters(ids=(job_id,))  # validates the id
     with _session(target, limits) as run:
-        rows = run("show", query("admin_job_attempts"), {"id": job_id, "limit": limit})
-    return [Attempt(*row) for row in rows]
+        found = run("show", query("admin_job_attempts"), {"id": job_id, "limit": limit})
+    return rows.typed(Attempt, found)
 
 
 def retry_jobs(
@@ -316,21 +318,20 @@ def _change(
             )
             narrowed = replace(narrowed, before_id=bound)
         params = narrowed.params()
-        count, last, _ = run("count", _sql("admin_jobs_count"), params)[0]
-        result.matched = int(count)
+        (match,) = rows.typed(rows.JobsMatch, run("count", _sql("admin_jobs_count"), params))
+        result.matched, last = int(match.matched), match.newest
         after = 0
         while last is not None and after < last:
             if keep_going is not None and not keep_going():
                 result.finished = False
                 break
-            page = [
-                row[0]
-                for row in run(
+            page = rows.values(
+                run(
                     action,
                     _sql("admin_jobs_page"),
                     {**params, "after_id": after, "max_id": last, "limit": batch},
                 )
-            ]
+            )
             if not page:
                 break
             _write(run, action, sql, page, narrowed, result)
@@ -347,7 +348,7 @@ def _write(
     params = {**filters.params(), "ids": ids}
     for attempt in range(_UNIQUE_RETRIES):
         try:
-            rows = run(action, sql, params)
+            written = rows.typed(rows.WrittenJob, run(action, sql, params))
             break
         except _DedupeRace:
             if attempt == _UNIQUE_RETRIES - 1:
@@ -356,25 +357,27 @@ def _write(
                     "run it again"
                 ) from None
     eligible = ELIGIBLE[action]
-    after = {row[0]: row[3] for row in rows if row[3] is not None}  # the changed rows
+    after = {w.id: w.status for w in written if w.status is not None}  # the changed rows
     # Keys a changed row lets go on (the SQL returns a key only where it may: see admin.sql).
     released = {
-        (queue, key)
-        for _, _, _, status, _, _, queue, key in rows
-        if key is not None and status in (STATUS_WAITING, STATUS_CANCELLED, "purged")
+        (w.queue, w.ordering_key)
+        for w in written
+        if w.queue is not None
+        and w.ordering_key is not None
+        and w.status in (STATUS_WAITING, STATUS_CANCELLED, "purged")
     }
-    for job_id, before, matches, status, dedupe_held, halted, _, _ in rows:
-        if status is not None:
+    for w in written:
+        if w.status is not None:
             continue  # the row as written; each id comes again below, as it was before
-        if job_id not in after:
-            why = _why(action, before, matches, dedupe_held, eligible, halted)
-            result.skipped.append(Skipped(job_id, before, why))
-        elif action == "cancel" and after[job_id] == STATUS_RUNNING:
+        if w.id not in after:
+            why = _why(action, w.before, w.matches, w.dedupe_held, eligible, w.halted)
+            result.skipped.append(Skipped(w.id, w.before, why))
+        elif action == "cancel" and after[w.id] == STATUS_RUNNING:
             result.requested_count += 1
-            _keep(result.requested, job_id)
+            _keep(result.requested, w.id)
         else:
             result.changed_count += 1
-            _keep(result.changed, job_id)
+            _keep(result.changed, w.id)
     if released:
         _promote(run, sorted(released))
 
@@ -435,18 +438,17 @@ def _sql(name: str) -> str:
 @contextlib.contextmanager
 def _session(target: Target, limits: ConnectionLimits | None) -> Iterator[Any]:
     """A `run(what, sql, params)` that executes one statement in its own bounded transaction on
-    `target` (db/oneshot.py) and returns its rows (with `columns=True`: the column names first)."""
+    `target` (db/oneshot.py) and returns its rows (with `as_dicts=True`: as dicts by column)."""
     limits = limits or ConnectionLimits()
 
-    def run(what: str, sql: str, params: dict[str, Any], columns: bool = False) -> list[Any]:
+    def run(what: str, sql: str, params: dict[str, Any], as_dicts: bool = False) -> list[Any]:
         try:
             with bounded_transaction(conn, f"jobs {what}", limits, budget=ADMIN_BUDGET):
                 try:
                     cur = conn.execute(sql, params, prepare=False)
                 except psycopg.errors.UniqueViolation:
                     raise _DedupeRace() from None
-                rows = cur.fetchall()
-                return [tuple(c.name for c in cur.description or ()), *rows] if columns else rows
+                return rows.as_dicts(cur) if as_dicts else cur.fetchall()
         except StoreTimeout as exc:
             if exc.lock:
                 raise

@@ -45,6 +45,7 @@ from dispatcher.api.enqueue_windows import (
     refuse_staged_sync,
 )
 from dispatcher.constants import DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.db import rows
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
@@ -339,8 +340,8 @@ async def _insert_one_async(conn: psycopg.AsyncConnection[Any], p: _Prepared) ->
         if p.dedupe_window_s is not None:
             return await insert_windowed_async(conn, p)
         cur = await conn.execute(insert_one_sql(p), insert_one_params(p))
-        row = await cur.fetchone()
-    return row[0] if row else None
+        job_id: int | None = rows.value(await cur.fetchone())
+    return job_id
 
 
 async def enqueue_many(
@@ -389,7 +390,7 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
             await conn.execute(query("db_now"))
         async with conn.transaction():
             cur = conn.cursor()
-            db_now = (await (await cur.execute(query("db_now"))).fetchone())[0]  # type: ignore[index]
+            db_now = rows.value(await (await cur.execute(query("db_now"))).fetchone())
             if staged:
                 await cur.execute(query("jobs_stage_create"))
             statement, trace = copy_plan(staged, tally)
@@ -412,8 +413,8 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
             # Refresh statistics right after a bulk load, not within autovacuum's minute
             # (docs/design/enqueue.md). Only when we own the transaction, never in the caller's.
             async with conn.transaction():
-                reltuples = (await (await conn.execute(query("jobs_reltuples"))).fetchone())[0]  # type: ignore[index]
-                if reltuples < inserted:
+                cur = await conn.execute(query("jobs_reltuples"))
+                if rows.value(await cur.fetchone()) < inserted:
                     await conn.execute(query("jobs_analyze"))
     return inserted
 
@@ -442,8 +443,10 @@ def _insert_one_sync(conn: psycopg.Connection[Any], p: _Prepared) -> int | None:
     with translate_errors("enqueue"):
         if p.dedupe_window_s is not None:
             return insert_windowed_sync(conn, p)
-        row = conn.execute(insert_one_sql(p), insert_one_params(p)).fetchone()
-    return row[0] if row else None
+        job_id: int | None = rows.value(
+            conn.execute(insert_one_sql(p), insert_one_params(p)).fetchone()
+        )
+    return job_id
 
 
 def enqueue_many_sync(
@@ -482,7 +485,7 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
             conn.execute(query("db_now"))
         with conn.transaction():
             cur = conn.cursor()
-            db_now = cur.execute(query("db_now")).fetchone()[0]  # type: ignore[index]
+            db_now = rows.value(cur.execute(query("db_now")).fetchone())
             if staged:
                 cur.execute(query("jobs_stage_create"))
             statement, trace = copy_plan(staged, tally)
@@ -510,5 +513,5 @@ def refresh_statistics_sync(conn: psycopg.Connection[Any], inserted: int) -> Non
     it itself, as it enqueues inside a transaction of its own (bounded: db/oneshot.py)."""
     if inserted >= _ANALYZE_MIN_ROWS:
         with conn.transaction():
-            if conn.execute(query("jobs_reltuples")).fetchone()[0] < inserted:  # type: ignore[index]
+            if rows.value(conn.execute(query("jobs_reltuples")).fetchone()) < inserted:
                 conn.execute(query("jobs_analyze"))

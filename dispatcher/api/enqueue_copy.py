@@ -17,6 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS
+from dispatcher.db import rows
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
 from dispatcher.observe import tracing
@@ -124,12 +125,12 @@ def _publish_params(tally: CopyTally) -> dict[str, Any]:
 async def published_async(cur: psycopg.AsyncCursor[Any], tally: CopyTally) -> int:
     """Move the staged rows into the jobs table; how many went in (live duplicates are skipped)."""
     cur = await cur.execute(publish_statement(tally), _publish_params(tally))
-    return int((await cur.fetchone())[0]) if tally.keyed else cur.rowcount  # type: ignore[index]
+    return int(rows.value(await cur.fetchone())) if tally.keyed else cur.rowcount
 
 
 def published_sync(cur: psycopg.Cursor[Any], tally: CopyTally) -> int:
     cur = cur.execute(publish_statement(tally), _publish_params(tally))
-    return int(cur.fetchone()[0]) if tally.keyed else cur.rowcount  # type: ignore[index]
+    return int(rows.value(cur.fetchone())) if tally.keyed else cur.rowcount
 
 
 def owns_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from dispatcher.db import rows
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
@@ -40,30 +41,34 @@ def _own_transaction_sync(conn: psycopg.Connection[Any]) -> AbstractContextManag
 async def insert_windowed_async(conn: psycopg.AsyncConnection[Any], job: NewJob) -> int | None:
     """Insert one job with a window; its id, or None if its key is held (nothing written)."""
     async with _own_transaction_async(conn):
-        held = (await (await conn.execute(query("dedupe_key_lock"), _key(job))).fetchone())[0]  # type: ignore[index]
+        held = rows.value(
+            await (await conn.execute(query("dedupe_key_lock"), _key(job))).fetchone()
+        )
         if not held:  # asked again in a snapshot taken under the lock
-            held = (await (await conn.execute(query("dedupe_key_lock"), _key(job))).fetchone())[0]  # type: ignore[index]
+            cur = await conn.execute(query("dedupe_key_lock"), _key(job))
+            held = rows.value(await cur.fetchone())
         if held:
             return None
-        row = await (await conn.execute(insert_one_sql(job), insert_one_params(job))).fetchone()
-        if row is None:  # a job enqueued without a window holds the key (the live index)
+        cur = await conn.execute(insert_one_sql(job), insert_one_params(job))
+        job_id = rows.value(await cur.fetchone())
+        if job_id is None:  # a job enqueued without a window holds the key (the live index)
             return None
-        await conn.execute(query("dedupe_window_open"), _window(job, row[0]))
-        return int(row[0])
+        await conn.execute(query("dedupe_window_open"), _window(job, job_id))
+        return int(job_id)
 
 
 def insert_windowed_sync(conn: psycopg.Connection[Any], job: NewJob) -> int | None:
     with _own_transaction_sync(conn):
-        held = conn.execute(query("dedupe_key_lock"), _key(job)).fetchone()[0]  # type: ignore[index]
+        held = rows.value(conn.execute(query("dedupe_key_lock"), _key(job)).fetchone())
         if not held:
-            held = conn.execute(query("dedupe_key_lock"), _key(job)).fetchone()[0]  # type: ignore[index]
+            held = rows.value(conn.execute(query("dedupe_key_lock"), _key(job)).fetchone())
         if held:
             return None
-        row = conn.execute(insert_one_sql(job), insert_one_params(job)).fetchone()
-        if row is None:
+        job_id = rows.value(conn.execute(insert_one_sql(job), insert_one_params(job)).fetchone())
+        if job_id is None:
             return None
-        conn.execute(query("dedupe_window_open"), _window(job, row[0]))
-        return int(row[0])
+        conn.execute(query("dedupe_window_open"), _window(job, job_id))
+        return int(job_id)
 
 
 async def refuse_staged_async(cur: psycopg.AsyncCursor[Any]) -> None:

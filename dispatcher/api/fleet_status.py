@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from dispatcher.api.text import age_text, bucket_ranges
+from dispatcher.db import rows
 from dispatcher.db.queries import query
 
 
@@ -32,33 +33,33 @@ def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             },
         )
 
-    for name, leader, term in conn.execute(query("status_leaders")):
-        group(name).update(leader=leader, term=term)
+    for lead in rows.typed(rows.LeaderRow, conn.execute(query("status_leaders"))):
+        group(lead.group).update(leader=lead.leader, term=lead.term)
     members: dict[tuple[str, str], dict[str, Any]] = {}
-    for name, member, beat_s, up_s, leaving, leads in conn.execute(query("status_members")):
+    for m in rows.typed(rows.MemberRow, conn.execute(query("status_members"))):
         entry = {
-            "id": member,
-            "heartbeat_age_s": round(beat_s, 2),
-            "up_s": round(up_s, 1),
-            "leaving": leaving,
-            "leader": leads,
+            "id": m.member,
+            "heartbeat_age_s": round(m.heartbeat_age_s, 2),
+            "up_s": round(m.up_s, 1),
+            "leaving": m.leaving,
+            "leader": m.leads,
             "buckets": [],
         }
-        members[(name, member)] = entry
-        group(name)["members"].append(entry)
-    owners = conn.execute(query("status_bucket_owners")).fetchall()
-    for name, bucket, owner, next_owner in owners:
-        if name not in groups and owner is None and next_owner is None:
+        members[(m.group, m.member)] = entry
+        group(m.group)["members"].append(entry)
+    owners = rows.typed(rows.BucketOwnerRow, conn.execute(query("status_bucket_owners")))
+    for o in owners:
+        if o.group not in groups and o.owner is None and o.next_owner is None:
             continue  # a group that never ran: its 64 empty rows say nothing
-        g = group(name)
-        if owner is None:
-            g["unowned"].append(bucket)
-        elif (name, owner) in members:
-            members[(name, owner)]["buckets"].append(bucket)
+        g = group(o.group)
+        if o.owner is None:
+            g["unowned"].append(o.bucket)
+        elif (o.group, o.owner) in members:
+            members[(o.group, o.owner)]["buckets"].append(o.bucket)
         else:  # its owner's membership expired: the leader moves it at its next rebalance
-            g["orphaned"].append({"bucket": bucket, "owner": owner})
-        if next_owner is not None and next_owner != owner:
-            g["handoffs"].append({"bucket": bucket, "from": owner, "to": next_owner})
+            g["orphaned"].append({"bucket": o.bucket, "owner": o.owner})
+        if o.next_owner is not None and o.next_owner != o.owner:
+            g["handoffs"].append({"bucket": o.bucket, "from": o.owner, "to": o.next_owner})
     return groups
 
 

@@ -21,6 +21,7 @@ import psycopg
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.admin import AdminInputError
 from dispatcher.constants import LIMIT_ANY, NOTIFY_CHANNEL
+from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 
@@ -125,18 +126,13 @@ def clear_limits(
         "queue": None if queue is None else _name(queue, "queue"),
     }
     with _transaction(target, "limits clear", limits) as conn:
-        return [
-            (t, q)
-            for t, q in conn.execute(query("flow_limit_clear"), params, prepare=False).fetchall()
-        ]
+        cur = conn.execute(query("flow_limit_clear"), params, prepare=False)
+        return list(rows.typed(rows.LimitKey, cur))
 
 
 def list_limits(target: Target, *, limits: ConnectionLimits | None = None) -> list[LimitRow]:
     with _transaction(target, "limits list", limits) as conn:
-        return [
-            LimitRow(*row)
-            for row in conn.execute(query("flow_limits_list"), prepare=False).fetchall()
-        ]
+        return rows.typed(LimitRow, conn.execute(query("flow_limits_list"), prepare=False))
 
 
 def pause_queue(target: Target, queue: str, *, limits: ConnectionLimits | None = None) -> bool:
@@ -146,7 +142,7 @@ def pause_queue(target: Target, queue: str, *, limits: ConnectionLimits | None =
         row = conn.execute(
             query("flow_queue_pause"), {"queue": _name(queue, "queue")}, prepare=False
         ).fetchone()
-    return bool(row and row[0])
+    return bool(rows.value(row))
 
 
 def resume_queue(target: Target, queue: str, *, limits: ConnectionLimits | None = None) -> bool:
@@ -154,15 +150,12 @@ def resume_queue(target: Target, queue: str, *, limits: ConnectionLimits | None 
     params = {"queue": _name(queue, "queue"), "channel": NOTIFY_CHANNEL}
     with _transaction(target, "queues resume", limits) as conn:
         row = conn.execute(query("flow_queue_resume"), params, prepare=False).fetchone()
-    return bool(row and row[0])
+    return bool(rows.value(row))
 
 
 def paused_queues(target: Target, *, limits: ConnectionLimits | None = None) -> list[PausedQueue]:
     with _transaction(target, "queues list", limits) as conn:
-        return [
-            PausedQueue(*row)
-            for row in conn.execute(query("flow_paused_list"), prepare=False).fetchall()
-        ]
+        return rows.typed(PausedQueue, conn.execute(query("flow_paused_list"), prepare=False))
 
 
 def _name(value: Any, option: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 
@@ -56,5 +57,5 @@ def _read(
     conn: psycopg.Connection[Any], queue: str | None, limits: ConnectionLimits
 ) -> list[ScheduleRow]:
     with bounded_transaction(conn, "schedules list", limits):
-        rows = conn.execute(query("schedules_list"), {"queue": queue}, prepare=False).fetchall()
-    return [ScheduleRow(*row) for row in rows]
+        found = conn.execute(query("schedules_list"), {"queue": queue}, prepare=False)
+        return rows.typed(ScheduleRow, found)

@@ -10,7 +10,9 @@ from typing import Any
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.fleet_status import read_fleet, render_fleet
+from dispatcher.api.flow import PausedQueue
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
+from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.db.rows import DbPressure
@@ -38,16 +40,14 @@ def read_status(
         bounded_transaction(conn, "status", limits, budget=STATUS_BUDGET),
     ):
         counts: dict[str, dict[str, int]] = {}
-        for queue, status, jobs in conn.execute(query("status_counts")):
-            counts.setdefault(queue, dict.fromkeys(STATUSES, 0))[status] = jobs
-        halted = dict(conn.execute(query("status_halted_keys")).fetchall())
-        oldest = dict(conn.execute(query("status_oldest_runnable")).fetchall())
-        backlog = dict(conn.execute(query("status_backlog_by_bucket")).fetchall())
-        row = conn.execute(query("db_pressure")).fetchone()
-        paused = [queue for queue, _ in conn.execute(query("flow_paused_list"))]
-        limits_read = conn.execute(query("flow_limits_list"))
-        limit_columns = [c.name for c in limits_read.description or ()]
-        limit_rows = [dict(zip(limit_columns, r, strict=True)) for r in limits_read.fetchall()]
+        for count in rows.typed(rows.StatusCount, conn.execute(query("status_counts"))):
+            counts.setdefault(count.queue, dict.fromkeys(STATUSES, 0))[count.status] = count.jobs
+        halted = rows.pairs(conn.execute(query("status_halted_keys")))
+        oldest = rows.pairs(conn.execute(query("status_oldest_runnable")))
+        backlog = rows.pairs(conn.execute(query("status_backlog_by_bucket")))
+        pressure = rows.typed_one(DbPressure, conn.execute(query("db_pressure")).fetchone())
+        paused = [p.queue for p in rows.typed(PausedQueue, conn.execute(query("flow_paused_list")))]
+        limit_rows = rows.as_dicts(conn.execute(query("flow_limits_list")))
         fleet = read_fleet(conn)
     for queue in paused:
         # a paused queue shows, even with no jobs
@@ -66,7 +66,7 @@ def read_status(
         "limits": [{k: v for k, v in r.items() if k != "updated_at"} for r in limit_rows],
         "runnable_by_bucket": backlog,
         "workers": fleet,
-        "db": dataclasses.asdict(DbPressure(*row)) if row else None,
+        "db": dataclasses.asdict(pressure) if pressure else None,
     }
 
 

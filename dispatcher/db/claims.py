@@ -13,9 +13,7 @@ from typing import Any
 
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db.queries import query
-from dispatcher.db.rows import Claimed, TypeFilter
-from dispatcher.model import Job
-from dispatcher.observe.job_metrics import JOB_STATS
+from dispatcher.db.rows import TypeFilter
 
 _TYPE_FILTERS = {
     None: "",
@@ -103,24 +101,3 @@ def next_token_s(tokens: float, spent: int, per_second: float) -> float:
     """Seconds until a rate-limited row has one whole token again, after `spent` of its `tokens`."""
     left = tokens - spent
     return max(0.0, (1.0 - left) / per_second) if left < 1.0 else 0.0
-
-
-def claimed_rows(rows: list[Any], token: str, queue: str, *, committed: bool = True) -> Claimed:
-    """A claim statement's rows as a Claimed: `selected` rides on every row (one row of NULLs
-    when nothing was claimed; `selected` NULL too when the flow-control version did not match).
-    The jobs' queue waits are recorded here if the claim is `committed`, else by record_waits
-    once it is (a claim rolled back is claimed again, and would count twice)."""
-    selected = rows[0][9] if rows else 0
-    if selected is None:
-        return Claimed([], 0, stale=True)
-    if rows and rows[0][0] is None:  # the statement's one row of NULLs: nothing claimed
-        return Claimed([], selected)
-    if committed:
-        record_waits(rows, queue)
-    return Claimed([Job(row, token, queue, row[10], row[12]) for row in rows], selected)
-
-
-def record_waits(rows: list[Any], queue: str) -> None:
-    """The queue waits of a claim's rows, after its transaction committed."""
-    if rows and rows[0][0] is not None:
-        JOB_STATS.waited(queue, [row[11] for row in rows])

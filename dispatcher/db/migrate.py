@@ -25,6 +25,7 @@ from coordinator.pg.connect import ConnectionLimits, connect_sync
 from coordinator.pg.dsn import describe_dsn
 from dispatcher.backoff import jittered
 from dispatcher.constants import MIGRATE_LOCK_KEY
+from dispatcher.db import rows
 from dispatcher.db.queries import query
 from dispatcher.db.translate import store_error
 from dispatcher.errors import MigrationError, StorePermissionDenied
@@ -169,9 +170,10 @@ def _migration_lock(conn: psycopg.Connection[Any]) -> Iterator[None]:
     next_log = time.monotonic()
     while True:
         conn.execute(query("migrate_begin"))
-        if conn.execute(
+        locked = conn.execute(
             query("migrate_try_lock").replace("{key}", str(int(MIGRATE_LOCK_KEY)))
-        ).fetchone() == (True,):
+        ).fetchone()
+        if rows.value(locked) is True:
             break
         conn.execute(query("migrate_rollback"))
         if time.monotonic() >= next_log:
@@ -214,7 +216,7 @@ def _run_alone(conn: psycopg.Connection[Any], statement: str) -> None:
     if index is None:
         return
     row = conn.execute(query("index_is_valid"), {"index": index[1]}).fetchone()
-    if row is not None and not row[0]:
+    if row is not None and not rows.value(row):
         log.warning(
             "index %s was left invalid by an interrupted build: building it again", index[1]
         )
@@ -227,15 +229,15 @@ def _run_alone(conn: psycopg.Connection[Any], statement: str) -> None:
 def _applied(conn: psycopg.Connection[Any]) -> set[int]:
     """The versions recorded in the database (none without a version table). SELECTs only."""
     exists = conn.execute(query("schema_version_table_exists")).fetchone()
-    if not exists or not exists[0]:
+    if not rows.value(exists):
         return set()
-    return {row[0] for row in conn.execute(query("schema_versions_applied"))}
+    return set(rows.values(conn.execute(query("schema_versions_applied"))))
 
 
 def current_version(dsn: str) -> int | None:
     with _connect(dsn) as conn:
         exists = conn.execute(query("schema_version_table_exists")).fetchone()
-        if not exists or not exists[0]:
+        if not rows.value(exists):
             return None
-        row = conn.execute(query("schema_version_latest")).fetchone()
-        return row[0] if row else None
+        version: int | None = rows.value(conn.execute(query("schema_version_latest")).fetchone())
+        return version

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits, connect_sync, local_timeouts
+from dispatcher.db import rows
 from dispatcher.db.queries import query
 from dispatcher.db.translate import connect_errors, translate_errors
 from dispatcher.errors import StoreTimeout
@@ -67,7 +68,7 @@ def _held(conn: psycopg.Connection[Any]) -> str:
     try:
         with conn.transaction():
             local_timeouts(conn, _DIAGNOSIS_S, _DIAGNOSIS_S)
-            tables = [row[0] for row in conn.execute(query("locked_tables"), prepare=False)]
+            tables = rows.values(conn.execute(query("locked_tables"), prepare=False))
     except psycopg.Error:
         return ""
     return f" on {', '.join(tables)}" if tables else ""

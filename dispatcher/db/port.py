@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure, Steal
+from dispatcher.db.rows import (
+    Claimed,
+    Completion,
+    ExpiredLease,
+    FailedWrite,
+    Failure,
+    JobState,
+    Steal,
+)
 from dispatcher.model import Job
+
+# JobState lives with the other typed rows (rows.py); it is part of the port's face too.
+__all__ = ["InProcessStore", "JobState", "JobStorePort", "NewJob"]
 
 
 class NewJob(Protocol):
@@ -32,37 +42,6 @@ class NewJob(Protocol):
     dedupe_key: str | None
     ordering_key: str | None
     dedupe_window_s: float | None  # a uniqueness window (dispatcher/api/enqueue_windows.py)
-
-
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """A job's row as it is now (`job_get`): every column but the fencing token."""
-
-    id: int
-    queue: str
-    job_type: str
-    status: str
-    priority: int
-    bucket: int
-    attempts: int
-    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
-    lease_expiries: int
-    run_at: datetime
-    created_at: datetime
-    updated_at: datetime
-    locked_at: datetime | None
-    locked_by: str | None
-    lease_expires_at: datetime | None
-    completed_at: datetime | None
-    failed_at: datetime | None
-    cancel_requested_at: datetime | None
-    dedupe_key: str | None
-    payload: Any
-    last_error: str | None
-    ordering_key: str | None = None
-    # it ended failed or discarded and holds its key until retried or cancelled
-    ordering_halted: bool = False
-    snoozes: int = 0  # times it raised Snooze (DISPATCHER_MAX_SNOOZES)
 
 
 @runtime_checkable
@@ -84,23 +63,19 @@ class JobStorePort(Protocol):
         lease_s: float,
         buckets: Sequence[int] | None,
         steal: Steal | None = None,
-    ) -> list[Job]:
+    ) -> Claimed:
         """Up to `limit` due jobs of `queue` in (priority, run_at, id) order, now running under one
         new token, their attempt counted and leased for `lease_s`; never one job to two claimers.
-        A steal takes from the tail of each of its buckets in turn (rows.Steal)."""
+        A steal takes from the tail of each of its buckets in turn (rows.Steal). With the jobs,
+        how many the selection found (more than claimed: others took some meanwhile)."""
         ...
 
-    async def jobs_complete_owned(
+    async def jobs_complete(
         self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
-    ) -> int:
-        """Completed where the token still matches; how many were. Each completed job with an
-        ordering key releases its key: the key's next job becomes runnable (`keyed`: some may)."""
-        ...
-
-    async def jobs_complete_fenced(
-        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
-    ) -> list[int]:
-        """jobs_complete_owned, answering the ids it refused (fenced): what the completer counts."""
+    ) -> Completion:
+        """Completed where the token still matches: how many were, and the ids refused (fenced).
+        Each completed job with an ordering key releases its key: the key's next job becomes
+        runnable (`keyed`: some may)."""
         ...
 
     async def jobs_fail_owned(

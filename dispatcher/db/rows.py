@@ -1,25 +1,38 @@
-"""The typed rows the job store returns and takes: what the worker sees of the jobs table.
+"""The typed rows the job store returns and takes, and the one place that reads the driver's rows.
 
-Built at the boundary (dispatcher/db/store.py) from the driver's tuples, so nothing past the store
-handles a database row.
+Every statement's result becomes a typed row here, by the builder functions at the bottom: they
+alone know a statement's column order, so nothing past this module indexes or unpacks a database
+row (the store, the admin API, the maintenance services and the dev tools all call them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, NamedTuple, TypeVar
 
 from dispatcher.model import FailureKind, Job, Outcome
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """A claim's jobs, and how many its selection found (jobs plus those others took meanwhile).
-    `stale`: the flow-control tables changed since the worker read them, so it claimed nothing."""
+    `stale`: the flow-control tables changed since the worker read them, so it claimed nothing.
+    A gated claim (a `Gate`) also says how many it was allowed (None: no limit bound it below
+    what it asked), which limit held it back ("max_running", "per_second", or None), and for a
+    rate, how long until the next job may start. `waited_s`: each job's wait from due to claim,
+    in job order (the queue-wait metric, recorded once the claim committed)."""
 
     jobs: list[Job]
     selected: int
     stale: bool = False
+    allowed: int | None = None
+    held_by: str | None = None
+    wait_s: float | None = None
+    waited_s: list[float] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,18 +73,6 @@ class Gate:
 
 
 @dataclass(frozen=True, slots=True)
-class GatedClaim:
-    """What a gated claim did: the jobs, how many it was allowed (None: no limit bound it below
-    what it asked), which limit held it back ("max_running", "per_second", or None), and for a
-    rate, how long until the next job may start."""
-
-    claimed: Claimed
-    allowed: int | None = None
-    held_by: str | None = None
-    wait_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Steal:
     """What a stealing claim may take: jobs from the tail of `buckets`, visited in that order,
     each bucket keeping its first `reserve` due jobs for its owner (claim_select_steal)."""
@@ -93,13 +94,15 @@ class Chain:
 
 
 @dataclass(frozen=True, slots=True)
-class KeyedCompletion:
-    """A keyed completion's outcome: rows completed, the next jobs it claimed for its worker, and
-    the ids it refused (fenced)."""
+class Completion:
+    """A completion's outcome (jobs_complete): rows completed, the ids it refused (fenced: their
+    token changed), and what a keyed completion claimed for its worker (`Chain`): the jobs, and
+    each one's wait from due to claim."""
 
     completed: int
-    claimed: list[Job]
     fenced: list[int] = field(default_factory=list)
+    claimed: list[Job] = field(default_factory=list)
+    waited_s: list[float] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +182,37 @@ class QueueDepth:
 
 
 @dataclass(frozen=True, slots=True)
+class JobState:
+    """A job's row as it is now (`job_get`, admin_job_show): every column but the fencing token."""
+
+    id: int
+    queue: str
+    job_type: str
+    status: str
+    priority: int
+    bucket: int
+    attempts: int
+    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
+    lease_expiries: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    locked_at: datetime | None
+    locked_by: str | None
+    lease_expires_at: datetime | None
+    completed_at: datetime | None
+    failed_at: datetime | None
+    cancel_requested_at: datetime | None
+    dedupe_key: str | None
+    payload: Any
+    last_error: str | None
+    ordering_key: str | None = None
+    # it ended failed or discarded and holds its key until retried or cancelled
+    ordering_halted: bool = False
+    snoozes: int = 0  # times it raised Snooze (DISPATCHER_MAX_SNOOZES)
+
+
+@dataclass(frozen=True, slots=True)
 class Failure:
     """One failed attempt to record, fenced by the claim's token; its outcome is the retry
     policy's decision. `job`, `kind` and `summary` (the error in one line) are for its log line
@@ -234,3 +268,289 @@ class HistoryRows:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+class LimitLock(NamedTuple):
+    """One limit row a gated claim locked (flow_gate_lock): its caps, and its rate's tokens now."""
+
+    job_type: str
+    queue: str
+    max_running: int | None
+    per_second: float | None
+    tokens: float | None
+
+
+class WrittenJob(NamedTuple):
+    """One row of an operator's write (admin_jobs_cancel, _retry, _purge: sql/admin.sql). Each id
+    comes back as it was before (`before`, `matches` the filters, `dedupe_held`, `halted`), and
+    a changed one once more as written (`status`, `queue`, and the `ordering_key` it lets go on)."""
+
+    id: int
+    before: str | None  # None: no such job
+    # The three flags are NULL on a row as written (it reads `status`, `queue`, `ordering_key`).
+    matches: bool
+    status: str | None
+    dedupe_held: bool
+    halted: bool
+    queue: str | None
+    ordering_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSchedule:
+    """A schedules_read row: the database's copy of a schedule."""
+
+    name: str
+    fingerprint: str
+    next_slot_at: datetime
+    removed: bool
+    last_success_at: datetime | None
+    declared_at: datetime
+
+
+class SettledRuns(NamedTuple):
+    """schedule_runs_settle's row: runs settled, and each schedule's latest success (epoch s)."""
+
+    settled: int
+    succeeded: dict[str, float]
+
+
+class PruneAges(NamedTuple):
+    """janitor_ages' row: seconds since the oldest completed job, the oldest failed or discarded
+    one, and the oldest history row (None: none)."""
+
+    completed: float | None
+    failed: float | None
+    history: float | None
+
+
+# -- the operator's reads (dispatcher status, the dashboard, the admin API) ---------------------
+
+
+class LimitKey(NamedTuple):
+    """flow_limit_clear: a limit removed."""
+
+    job_type: str
+    queue: str
+
+
+class RunSpans(NamedTuple):
+    """measure_spans (the demo's): seconds to the first claim and to the last completion."""
+
+    first_claim_s: float | None
+    last_completion_s: float | None
+
+
+class StatusCount(NamedTuple):
+    """status_counts: the jobs of one queue in one status."""
+
+    queue: str
+    status: str
+    jobs: int
+
+
+class LeaderRow(NamedTuple):
+    """status_leaders: a coordination group's leader now."""
+
+    group: str
+    leader: str
+    term: int
+
+
+class MemberRow(NamedTuple):
+    """status_members: a live member of a coordination group (ages in seconds)."""
+
+    group: str
+    member: str
+    heartbeat_age_s: float
+    up_s: float
+    leaving: bool
+    leads: bool
+
+
+class BucketOwnerRow(NamedTuple):
+    """status_bucket_owners: a bucket's owner, and the member it is being handed to."""
+
+    group: str
+    bucket: int
+    owner: str | None
+    next_owner: str | None
+
+
+class RecentOutcomes(NamedTuple):
+    """web_recent_outcomes: a queue's jobs completed, and failed (or discarded, cancelled),
+    lately."""
+
+    queue: str
+    completed: int
+    failed: int
+
+
+class JobsMatch(NamedTuple):
+    """admin_jobs_count: how many jobs match, the newest one's id, and the instant."""
+
+    matched: int
+    newest: int | None
+    as_of: datetime
+
+
+# -- builders: a statement's rows (the driver's tuples) as typed rows ----------------------------
+#
+# The claim and completion builders are the hot path: one positional Job(...) per row, unpacked
+# from the row in the statement's column order, no dict and no row factory (cheaper than the
+# slicing Job did itself).
+
+
+def claimed(rows: Sequence[Any], token: str, queue: str) -> Claimed:
+    """A claim's rows (jobs_claim, sql/claim.sql): `selected` rides on every row, and the
+    statement returns one row of NULLs with it when it claimed nothing (`selected` NULL too when
+    the flow-control version did not match: stale)."""
+    if not rows:
+        return Claimed([], 0)
+    first = rows[0]
+    selected = first[9]
+    if selected is None:
+        return Claimed([], 0, stale=True)
+    if first[0] is None:
+        return Claimed([], selected)
+    jobs = [
+        Job(
+            job_id,
+            job_type,
+            payload,
+            attempts,
+            max_attempts,
+            locked_at,
+            bucket,
+            priority,
+            ordering_key,
+            token,
+            queue,
+            scheduled_for,
+            trace_context,
+        )
+        for (
+            job_id,
+            job_type,
+            payload,
+            attempts,
+            max_attempts,
+            locked_at,
+            bucket,
+            priority,
+            ordering_key,
+            _selected,
+            scheduled_for,
+            _waited_s,
+            trace_context,
+        ) in rows
+    ]
+    return Claimed(jobs, selected, waited_s=[row[11] for row in rows])
+
+
+def completion_fenced(row: Sequence[Any] | None, asked: int) -> Completion:
+    """A keyless completion's one row (jobs_complete_owned_fenced): the ids it refused."""
+    fenced: list[int] = row[0] if row else []
+    return Completion(asked - len(fenced), fenced)
+
+
+def completion_keyed(rows: Sequence[Any], token: str) -> Completion:
+    """A keyed completion's rows (jobs_complete_owned_keyed, sql/ordering.sql): one per job it
+    claimed for its worker (or one row of NULLs), each with the count completed and the ids
+    refused."""
+    if not rows:
+        return Completion(0)
+    first = rows[0]
+    jobs = [
+        Job(
+            job_id,
+            job_type,
+            payload,
+            attempts,
+            max_attempts,
+            locked_at,
+            bucket,
+            priority,
+            ordering_key,
+            token,
+            queue,
+            None,
+            trace_context,
+        )
+        for (
+            job_id,
+            job_type,
+            payload,
+            attempts,
+            max_attempts,
+            locked_at,
+            bucket,
+            priority,
+            ordering_key,
+            queue,
+            _completed,
+            _promoted,
+            _fenced,
+            _waited_s,
+            trace_context,
+        ) in rows
+        if job_id is not None
+    ]
+    waited_s = [row[13] for row in rows] if jobs else []
+    return Completion(int(first[10]), first[12], jobs, waited_s)
+
+
+def flow_state(row: Sequence[Any]) -> FlowState:
+    """The flow-control tables in one row (flow_state): the version, the paused queues, and the
+    limits column by column (one array each)."""
+    version, paused, types, queues, max_running, per_second, burst = row
+    limits = tuple(
+        Limit(*values) for values in zip(types, queues, max_running, per_second, burst, strict=True)
+    )
+    return FlowState(int(version), frozenset(paused), limits)
+
+
+def lease_extensions(rows: Iterable[Sequence[Any]]) -> dict[int, bool]:
+    """jobs_extend_leases' rows: each job still ours, with whether a cancel was requested."""
+    return {job_id: cancel_requested for job_id, cancel_requested in rows}
+
+
+def typed(row_type: Callable[..., T], rows: Iterable[Sequence[Any]]) -> list[T]:
+    """Rows whose columns are `row_type`'s fields, in order (the statement's comment names them)."""
+    return [row_type(*row) for row in rows]
+
+
+def typed_one(row_type: Callable[..., T], row: Sequence[Any] | None) -> T | None:
+    """One such row; None if the statement returned none."""
+    return None if row is None else row_type(*row)
+
+
+def value(row: Sequence[Any] | None) -> Any:
+    """A one-column row's value; None if the statement returned no row."""
+    return None if row is None else row[0]
+
+
+def values(rows: Iterable[Sequence[Any]]) -> list[Any]:
+    """The values of one-column rows."""
+    return [only for (only,) in rows]
+
+
+def stored_schedules(rows: Iterable[Sequence[Any]]) -> dict[str, StoredSchedule]:
+    """schedules_read's rows by schedule name (its first column, the database's now, is not
+    kept)."""
+    return {
+        name: StoredSchedule(name, fingerprint, next_slot_at, removed, last_success_at, declared_at)
+        for _now, name, fingerprint, next_slot_at, removed, last_success_at, declared_at in rows
+    }
+
+
+def pairs(rows: Iterable[Sequence[Any]]) -> dict[Any, Any]:
+    """Two-column rows (a key, its value: status_halted_keys and the like) as a dict."""
+    return {key: column for key, column in rows}
+
+
+def as_dicts(cursor: Any) -> list[dict[str, Any]]:
+    """A cursor's rows as dicts by column name: for the reads that hand a row on as a mapping
+    (a job's detail, a limit in `dispatcher status --json`)."""
+    names = [column.name for column in cursor.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]

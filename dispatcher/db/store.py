@@ -12,6 +12,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import orjson
@@ -21,33 +22,26 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
 from dispatcher.constants import COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
-from dispatcher.db.claims import (
-    allowance,
-    claim_params,
-    claim_sql,
-    claimed_rows,
-    next_token_s,
-    record_waits,
-    steal_sql,
-)
+from dispatcher.db import rows
+from dispatcher.db.claims import allowance, claim_params, claim_sql, next_token_s, steal_sql
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.literals import int_array, token_array
-from dispatcher.db.port import JobState, NewJob
+from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
 from dispatcher.db.rows import (
     Chain,
     Claimed,
+    Completion,
     DbPressure,
     ExpiredLease,
     FailedWrite,
     Failure,
     FlowState,
     Gate,
-    GatedClaim,
     HistoryRows,
-    KeyedCompletion,
-    Limit,
+    JobState,
+    LimitLock,
     OrderingScan,
     QueueDepth,
     Steal,
@@ -175,26 +169,22 @@ class JobStore:
         lease_s: float,
         buckets: Sequence[int] | None,
         steal: Steal | None = None,
-    ) -> list[Job]:
-        """Claim up to `limit` runnable jobs in one statement: from `buckets` (partitioned), from
-        everything with SKIP LOCKED (`buckets=None`), or stealing (`steal`: see rows.Steal)."""
-        return (await self.jobs_claim_counted(queue, limit, lease_s, buckets, steal)).jobs
-
-    async def jobs_claim_counted(
-        self,
-        queue: str,
-        limit: int,
-        lease_s: float,
-        buckets: Sequence[int] | None,
-        steal: Steal | None = None,
         *,
         types: TypeFilter | None = None,
+        gate: Gate | None = None,
         flow_version: int | None = None,
     ) -> Claimed:
-        """jobs_claim, plus how many runnable jobs its selection found: more than it claimed
-        means others took some meanwhile, not that the buckets ran dry. `types`: only those job
-        types, or all but them; `flow_version`: the flow-control tables as the caller last read
-        them (if they changed since, nothing is claimed and the result is `stale`)."""
+        """Claim up to `limit` runnable jobs in one statement: from `buckets` (partitioned), from
+        everything with SKIP LOCKED (`buckets=None`), or stealing (`steal`: see rows.Steal). With
+        how many runnable jobs its selection found: more than it claimed means others took some
+        meanwhile, not that the buckets ran dry. `types`: only those job types, or all but them;
+        `gate`: jobs of flow-controlled types, claimed under their limits (_claim_gated);
+        `flow_version`: the flow-control tables as the caller last read them (if they changed
+        since, nothing is claimed and the result is `stale`)."""
+        if gate is not None:
+            if steal is not None or types is not None:
+                raise ValueError("a gated claim takes its types from its gate, and never steals")
+            return await self._claim_gated(queue, limit, lease_s, buckets, gate, flow_version)
         token = str(uuid.uuid4())
         params = claim_params(queue, limit, lease_s, self.worker_id, token, flow_version, types)
         if steal is not None:
@@ -204,7 +194,10 @@ class JobStore:
         else:
             sql = self._claim_text(buckets, types)
         cur = await self._execute("claim", sql, params)
-        return claimed_rows(await cur.fetchall(), token, queue)
+        claimed = rows.claimed(await cur.fetchall(), token, queue)
+        if claimed.jobs:
+            JOB_STATS.waited(queue, claimed.waited_s)
+        return claimed
 
     def _claim_text(
         self, buckets: Sequence[int] | None, types: TypeFilter | None, *, steal: bool = False
@@ -223,7 +216,7 @@ class JobStore:
             )
         return sql
 
-    async def jobs_claim_gated(
+    async def _claim_gated(
         self,
         queue: str,
         limit: int,
@@ -231,7 +224,7 @@ class JobStore:
         buckets: Sequence[int] | None,
         gate: Gate,
         flow_version: int | None,
-    ) -> GatedClaim:
+    ) -> Claimed:
         """Claim jobs of flow-controlled types (`gate`) in one transaction: lock their limit rows,
         count what runs under them, claim at most what they allow (claims.allowance), spend the
         rates' tokens. Others claiming under the same rows wait for this transaction."""
@@ -239,91 +232,99 @@ class JobStore:
         token = str(uuid.uuid4())
         sql = self._claim_text(buckets, gate.types)
 
-        async def work(conn: psycopg.AsyncConnection[Any]) -> GatedClaim:
+        async def work(conn: psycopg.AsyncConnection[Any]) -> Claimed:
             async with conn.transaction():
-                locked = await (await conn.execute(query("flow_gate_lock"), keys)).fetchall()
-                counted = [row for row in locked if row[2] is not None]
+                cur = await conn.execute(query("flow_gate_lock"), keys)
+                locked = rows.typed(LimitLock, await cur.fetchall())
+                counted = [lock for lock in locked if lock.max_running is not None]
                 running: list[int] = []
                 if counted:
                     cur = await conn.execute(
                         query("flow_gate_running"),
-                        {"types": [r[0] for r in counted], "queues": [r[1] for r in counted]},
+                        {
+                            "types": [lock.job_type for lock in counted],
+                            "queues": [lock.queue for lock in counted],
+                        },
                     )
-                    running = [int(r[0]) for r in await cur.fetchall()]
+                    running = [int(n) for n in rows.values(await cur.fetchall())]
                 counts = iter(running)
                 allowed, held_by = allowance(
-                    [(r[2], next(counts) if r[2] is not None else 0, r[4]) for r in locked]
+                    [
+                        (
+                            lock.max_running,
+                            next(counts) if lock.max_running is not None else 0,
+                            lock.tokens,
+                        )
+                        for lock in locked
+                    ]
                 )
                 asked = limit if allowed is None else min(limit, allowed)
-                claimed, rows = Claimed([], 0), []
+                claimed = Claimed([], 0)
                 if asked > 0:
                     params = claim_params(
                         queue, asked, lease_s, self.worker_id, token, flow_version, gate.types
                     )
-                    rows = await (await conn.execute(sql, params)).fetchall()
-                    claimed = claimed_rows(rows, token, queue, committed=False)
+                    claimed = rows.claimed(
+                        await (await conn.execute(sql, params)).fetchall(), token, queue
+                    )
                 spent = len(claimed.jobs)
-                if spent and any(r[3] is not None for r in locked):
+                if spent and any(lock.per_second is not None for lock in locked):
                     await conn.execute(query("flow_gate_spend"), {**keys, "spent": spent})
-            record_waits(rows, queue)
+            # Recorded once committed: a claim rolled back is claimed again, and would count twice.
+            if claimed.jobs:
+                JOB_STATS.waited(queue, claimed.waited_s)
+            if claimed.stale:
+                return claimed
             # Held back only if the limit cut a claim that had more to take: not when the jobs ran
             # out.
             if allowed is None or allowed >= limit or (asked > 0 and claimed.selected < asked):
-                return GatedClaim(claimed, allowed)
-            waits = [next_token_s(r[4], spent, r[3]) for r in locked if r[3] is not None]
-            return GatedClaim(
-                claimed, allowed, held_by, max(waits) if held_by == "per_second" and waits else None
-            )
+                return replace(claimed, allowed=allowed)
+            waits = [
+                next_token_s(lock.tokens, spent, lock.per_second)
+                for lock in locked
+                if lock.per_second is not None and lock.tokens is not None
+            ]
+            wait_s = max(waits) if held_by == "per_second" and waits else None
+            return replace(claimed, allowed=allowed, held_by=held_by, wait_s=wait_s)
 
         return await self.run("claim", work)
 
     async def flow_state(self) -> FlowState:
         """The flow-control tables, in one snapshot (flow_state)."""
-        row = await (await self._execute("flow_state", query("flow_state"), {})).fetchone()
+        cur = await self._execute("flow_state", query("flow_state"), {})
+        row = await cur.fetchone()
         assert row is not None
-        version, paused, types, queues, max_running, per_second, burst = row
-        limits = tuple(
-            Limit(*values)
-            for values in zip(types, queues, max_running, per_second, burst, strict=True)
-        )
-        return FlowState(int(version), frozenset(paused), limits)
+        return rows.flow_state(row)
 
     async def jobs_next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
         """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in
         `buckets` (None: any bucket); None if there is none."""
         params = {"queue": queue, "buckets": None if buckets is None else int_array(buckets)}
         cur = await self._execute("next_due", query("jobs_next_due_in"), params)
-        row = await cur.fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+        due_in_s = rows.value(await cur.fetchone())
+        return None if due_in_s is None else float(due_in_s)
 
     # -- finishing -----------------------------------------------------------------------------
 
-    async def jobs_complete_owned(
-        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
-    ) -> int:
+    async def jobs_complete(
+        self,
+        ids: Sequence[int],
+        tokens: Sequence[str],
+        *,
+        keyed: bool = False,
+        chain: Chain | None = None,
+    ) -> Completion:
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
-        still matches; returns how many rows changed. `keyed`: some have an ordering key, whose
-        next job is promoted in the same statement."""
-        return len(ids) - len(await self.jobs_complete_fenced(ids, tokens, keyed=keyed))
-
-    async def jobs_complete_fenced(
-        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
-    ) -> list[int]:
-        """jobs_complete_owned, returning the ids it refused (fenced: the token changed)."""
-        if keyed:
-            return (await self.jobs_complete_keyed(ids, tokens, Chain())).fenced
-        params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-        row = await (await self._execute("complete", self._complete_sql[False], params)).fetchone()
-        return row[0] if row else []
-
-    async def jobs_complete_keyed(
-        self, ids: Sequence[int], tokens: Sequence[str], chain: Chain
-    ) -> KeyedCompletion:
-        """jobs_complete_owned for a batch with keyed jobs: each released key's next job is
-        promoted, or, if due and in one of `chain`'s buckets, claimed for this worker (up to
-        chain.limit)."""
+        still matches: how many rows changed, and the ids refused (fenced: the token changed).
+        `keyed`: some have an ordering key, whose next job is promoted in the same statement, or,
+        if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit)."""
+        if not keyed:
+            params = {"ids": int_array(ids), "tokens": token_array(tokens)}
+            cur = await self._execute("complete", self._complete_sql[False], params)
+            return rows.completion_fenced(await cur.fetchone(), len(ids))
+        chain = chain or Chain()
         token = str(uuid.uuid4())
-        params = {
+        keyed_params: dict[str, Any] = {
             "ids": int_array(ids),
             "tokens": token_array(tokens),
             "channel": NOTIFY_CHANNEL,
@@ -334,12 +335,11 @@ class JobStore:
             "worker": self.worker_id,
             "lease_s": chain.lease_s,
         }
-        rows = await (await self._execute("complete", self._complete_sql[True], params)).fetchall()
-        completed = int(rows[0][10]) if rows else 0
-        claimed = [Job(row, token, row[9], None, row[14]) for row in rows if row[0] is not None]
-        for job, row in zip(claimed, rows, strict=False):  # the claimed rows come first
-            JOB_STATS.waited(job.queue, (row[13],))
-        return KeyedCompletion(completed, claimed, rows[0][12] if rows else [])
+        cur = await self._execute("complete", self._complete_sql[True], keyed_params)
+        done = rows.completion_keyed(await cur.fetchall(), token)
+        for job, waited_s in zip(done.claimed, done.waited_s, strict=True):
+            JOB_STATS.waited(job.queue, (waited_s,))
+        return done
 
     async def jobs_fail_owned(
         self, failures: Sequence[Failure], *, lease_expired: bool = False
@@ -359,7 +359,7 @@ class JobStore:
             "channel": NOTIFY_CHANNEL,
         }
         cur = await self._execute("fail", query("jobs_fail_owned"), params)
-        return [FailedWrite(*row) for row in await cur.fetchall()]
+        return rows.typed(FailedWrite, await cur.fetchall())
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
         params = {
@@ -367,8 +367,8 @@ class JobStore:
             "tokens": token_array([j.token for j in jobs]),
             "channel": NOTIFY_CHANNEL,
         }
-        row = await (await self._execute("release", query("jobs_release_owned"), params)).fetchone()
-        return int(row[0]) if row else 0
+        cur = await self._execute("release", query("jobs_release_owned"), params)
+        return int(rows.value(await cur.fetchone()) or 0)
 
     async def ordering_promote_scan(self, queue: str, after: str, limit: int) -> OrderingScan:
         """Promote the next job of keys of `queue` left with waiting jobs and no holder, up to
@@ -378,18 +378,17 @@ class JobStore:
         cur = await self._execute(
             "ordering_scan", query("ordering_promote_scan"), params, budget=SLOW_STATEMENT
         )
-        row = await cur.fetchone()
-        return OrderingScan(*row) if row else OrderingScan(None, 0, 0)
+        return rows.typed_one(OrderingScan, await cur.fetchone()) or OrderingScan(None, 0, 0)
 
-    async def history_record(self, rows: HistoryRows) -> None:
+    async def history_record(self, history: HistoryRows) -> None:
         params = {
-            "ids": int_array(rows.ids),
-            "attempts": rows.attempts,
-            "workers": rows.workers,
-            "started_at": rows.started_at,
-            "durations_ms": rows.durations_ms,
-            "outcomes": rows.outcomes,
-            "errors": rows.errors,
+            "ids": int_array(history.ids),
+            "attempts": history.attempts,
+            "workers": history.workers,
+            "started_at": history.started_at,
+            "durations_ms": history.durations_ms,
+            "outcomes": history.outcomes,
+            "errors": history.errors,
         }
         await self._execute("history", query("history_record"), params)
 
@@ -404,7 +403,7 @@ class JobStore:
             "lease_s": lease_s,
         }
         cur = await self._execute("heartbeat", query("jobs_extend_leases"), params)
-        return dict(await cur.fetchall())
+        return rows.lease_extensions(await cur.fetchall())
 
     async def ping(self) -> None:
         """One round trip: does this connection answer within the statement budget?"""
@@ -412,16 +411,15 @@ class JobStore:
 
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})
-        return [ExpiredLease(*row) for row in await cur.fetchall()]
+        return rows.typed(ExpiredLease, await cur.fetchall())
 
     async def db_pressure(self) -> DbPressure | None:
         cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)
-        row = await cur.fetchone()
-        return DbPressure(*row) if row else None
+        return rows.typed_one(DbPressure, await cur.fetchone())
 
     async def queue_depth(self) -> list[QueueDepth]:
         cur = await self._execute("queue_depth", query("queue_depth"), {}, budget=SLOW_STATEMENT)
-        return [QueueDepth(*row) for row in await cur.fetchall()]
+        return rows.typed(QueueDepth, await cur.fetchall())
 
     async def maintenance_lease_take(self, name: str, ttl_s: float) -> bool:
         """Take or renew the one-pod-at-a-time role `name` for `ttl_s` (database clock); True:
@@ -451,19 +449,20 @@ class JobStore:
         ids: list[int | None] = []
         for job in jobs:
             cur = await self._execute("enqueue", insert_one_sql(job), insert_one_params(job))
-            row = await cur.fetchone()
-            ids.append(row[0] if row else None)
+            ids.append(rows.value(await cur.fetchone()))
         return ids
 
     async def jobs_cancel(self, ids: Sequence[int]) -> dict[int, str]:
         """What `dispatcher jobs cancel --id` runs (admin_jobs_cancel), with no filter."""
         sql = query("admin_jobs_cancel").replace("{filters}", "true")
         cur = await self._execute("cancel", sql, {"ids": int_array(ids)})
-        rows = await cur.fetchall()
+        written = rows.typed(rows.WrittenJob, await cur.fetchall())
         # A keyed job cancelled at once lets its key go on, as `dispatcher jobs cancel` does
         # (admin.py).
         released = {
-            (row[6], row[7]) for row in rows if row[7] is not None and row[3] == "cancelled"
+            (job.queue, job.ordering_key)
+            for job in written
+            if job.ordering_key is not None and job.status == "cancelled"
         }
         if released:
             params = {
@@ -475,9 +474,8 @@ class JobStore:
             # the sweeper gives it one
             with contextlib.suppress(StoreConflict):
                 await self._execute("cancel", query("ordering_promote_keys"), params)
-        return {row[0]: row[3] for row in rows if row[3] is not None}
+        return {job.id: job.status for job in written if job.status is not None}
 
     async def job_get(self, job_id: int) -> JobState | None:
         cur = await self._execute("show", query("admin_job_show"), {"id": job_id})
-        row = await cur.fetchone()
-        return None if row is None else JobState(*row)
+        return rows.typed_one(JobState, await cur.fetchone())

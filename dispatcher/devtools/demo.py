@@ -25,6 +25,7 @@ import psycopg
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.enqueue import enqueue_payloads_sync
 from dispatcher.constants import COMPLETED_KEEP, MODES
+from dispatcher.db import rows
 from dispatcher.db.migrate import migrate
 from dispatcher.db.oneshot import session
 from dispatcher.devtools.demo_report import Measurement, ModeResult, render
@@ -61,9 +62,11 @@ def _watch(conn: psycopg.Connection[Any], fleet: Fleet, jobs: int, label: str) -
 def _spans(conn: psycopg.Connection[Any], since: datetime | None) -> tuple[float, float]:
     """(seconds to the first claim, seconds to the last completion), both from `since` or, when
     None, from the first claim, on the database clock."""
-    row = conn.execute(measure_query("measure_spans"), {"since": since}).fetchone()
-    assert row is not None and row[1] is not None, "no completed job to time"
-    return float(row[0]), float(row[1])
+    spans = rows.typed_one(
+        rows.RunSpans, conn.execute(measure_query("measure_spans"), {"since": since}).fetchone()
+    )
+    assert spans is not None and spans.last_completion_s is not None, "no completed job to time"
+    return float(spans.first_claim_s or 0.0), float(spans.last_completion_s)
 
 
 def _enqueue(conn: psycopg.Connection[Any], jobs: int) -> None:

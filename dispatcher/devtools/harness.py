@@ -25,6 +25,7 @@ import psycopg
 
 from coordinator.pg.sqlfile import load
 from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.db import rows
 
 
 def progress(
@@ -305,34 +306,39 @@ def measure_query(name: str) -> str:
 
 def db_clock(conn: psycopg.Connection[Any]) -> Any:
     """The database's clock now (clock_timestamp(), a datetime): what runs are timed on."""
-    return conn.execute(measure_query("measure_clock")).fetchone()[0]  # type: ignore[index]
+    return rows.value(conn.execute(measure_query("measure_clock")).fetchone())
 
 
 def table_counters(conn: psycopg.Connection[Any]) -> TableCounters:
     """Read after the workers exited: a backend flushes its statistics at exit (and otherwise at
     most once a second), so a mid-run reading may lag by up to a second of work."""
-    row = conn.execute(measure_query("measure_table_counters")).fetchone()
-    assert row is not None
-    return TableCounters(int(row[0]), int(row[1] or 0), int(row[2]), int(row[3]), int(row[4]))
+    read = rows.typed_one(
+        TableCounters, conn.execute(measure_query("measure_table_counters")).fetchone()
+    )
+    assert read is not None
+    return TableCounters(
+        int(read.claim_idx_tup_read),
+        int(read.idx_tup_fetch or 0),
+        int(read.n_dead_tup),
+        int(read.completed),
+        int(read.autovacuums),
+    )
 
 
 def lock_waiters(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(measure_query("measure_lock_waiters")).fetchone()
-    return int(row[0]) if row else 0
+    return int(rows.value(conn.execute(measure_query("measure_lock_waiters")).fetchone()) or 0)
 
 
 def completed_jobs(conn: psycopg.Connection[Any]) -> int:
     """Rows with status completed: none at all under DISPATCHER_COMPLETED_JOBS=delete (use
     jobs_left)."""
-    row = conn.execute(measure_query("measure_completed_jobs")).fetchone()
-    return int(row[0]) if row else 0
+    return int(rows.value(conn.execute(measure_query("measure_completed_jobs")).fetchone()) or 0)
 
 
 def jobs_left(conn: psycopg.Connection[Any]) -> int:
     """Jobs queued, running or waiting behind an ordering key: a drain is done when none is left,
     whether completions keep their rows or delete them."""
-    row = conn.execute(measure_query("measure_jobs_left")).fetchone()
-    return int(row[0]) if row else 0
+    return int(rows.value(conn.execute(measure_query("measure_jobs_left")).fetchone()) or 0)
 
 
 # Counting the jobs (those completed, as the watch once did, or those left) scans the table: 20-40

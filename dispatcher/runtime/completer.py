@@ -189,7 +189,7 @@ class Completer:
                     if keyed and self.chaining is not None:
                         fenced = await self._complete_chained(ids, tokens, self.chaining)
                     else:
-                        fenced = await self.store.jobs_complete_fenced(ids, tokens, keyed=keyed)
+                        fenced = (await self.store.jobs_complete(ids, tokens, keyed=keyed)).fenced
                     ids = tokens = []  # written: nothing to put back
                     self._record_completed(done, durations_s, fenced, history)
                     done = durations_s = []
@@ -223,7 +223,7 @@ class Completer:
         chain = chaining.reserve()
         sent_at = time.monotonic()
         try:
-            done = await self.store.jobs_complete_keyed(ids, tokens, chain)
+            done = await self.store.jobs_complete(ids, tokens, keyed=True, chain=chain)
         except BaseException:
             chaining.settle(chain, [], sent_at)
             raise

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 
+from dispatcher.db import rows
 from dispatcher.db.queries import query
 from dispatcher.db.store import SLOW_STATEMENT, JobStore
 
@@ -50,8 +51,8 @@ async def prune_round(
 
     async def work(conn: psycopg.AsyncConnection[Any]) -> PruneRound | None:
         async with conn.transaction():
-            row = await (await conn.execute(query("prune_try_lock"))).fetchone()
-            if not row or not row[0]:
+            cur = await conn.execute(query("prune_try_lock"))
+            if not rows.value(await cur.fetchone()):
                 return None
             deleted = dict.fromkeys(retentions_s, 0)
             pending, statements = list(retentions_s), 0
@@ -60,7 +61,7 @@ async def prune_round(
                     params = {"retention_s": retentions_s[kind], "limit": limit}
                     cur = await conn.execute(query(PRUNE_QUERIES[kind]), params)
                     # The job kinds return their count (a CTE closes windows), history its rowcount.
-                    n = int((await cur.fetchone())[0]) if cur.description else cur.rowcount  # type: ignore[index]
+                    n = int(rows.value(await cur.fetchone())) if cur.description else cur.rowcount
                     deleted[kind] += n
                     statements += 1
                     if n < limit:
@@ -70,12 +71,13 @@ async def prune_round(
             while statements < max_statements:  # windows: pages until one comes back short
                 cur = await conn.execute(query("dedupe_windows_prune"), {"limit": limit})
                 statements += 1
-                if (await cur.fetchone())[0] < limit:  # type: ignore[index]
+                if rows.value(await cur.fetchone()) < limit:
                     break
-            ages = await (await conn.execute(query("janitor_ages"))).fetchone()
-        return PruneRound(
-            deleted, bool(pending), dict(zip(PRUNE_QUERIES, ages or (None,) * 3, strict=True))
-        )
+            cur = await conn.execute(query("janitor_ages"))
+            ages = rows.typed_one(rows.PruneAges, await cur.fetchone()) or rows.PruneAges(
+                None, None, None
+            )
+        return PruneRound(deleted, bool(pending), ages._asdict())
 
     # The round's statements share one budget: each takes milliseconds (EXPLAINs in
     # dispatcher/db/sql/maintenance.sql).

@@ -335,20 +335,21 @@ class Producer:
             asked = min(free, config.batch_size)
             started, sent_at = time.perf_counter(), time.monotonic()
             async with self._claim_fence:
-                gated = await self._store.jobs_claim_gated(
-                    queue, asked, config.lease_s, own, gate, self.flow.version
+                claimed = await self._store.jobs_claim(
+                    queue, asked, config.lease_s, own, gate=gate, flow_version=self.flow.version
                 )
-            claimed = gated.claimed
             if claimed.stale:
                 self._flow_stale = True
                 return True
             self._count_claim(queue, claimed.jobs, started)
             executor.start(claimed.jobs, sent_at)
-            if gated.held_by is not None:
-                self._held_by_running |= gated.held_by == "max_running"
-                metrics.FLOW_HELD_BACK.labels(queue, gated.held_by).inc()
+            if claimed.held_by is not None:
+                self._held_by_running |= claimed.held_by == "max_running"
+                metrics.FLOW_HELD_BACK.labels(queue, claimed.held_by).inc()
                 self._recheck_flow(
-                    gated.wait_s if gated.wait_s is not None else jittered(self.FLOW_RECHECK_S, 0.2)
+                    claimed.wait_s
+                    if claimed.wait_s is not None
+                    else jittered(self.FLOW_RECHECK_S, 0.2)
                 )
             elif claimed.selected >= asked:
                 backlog = True
@@ -393,7 +394,7 @@ class Producer:
         started = time.perf_counter()
         sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
-            claimed = await self._store.jobs_claim_counted(
+            claimed = await self._store.jobs_claim(
                 queue,
                 limit,
                 self._claims.lease_s,

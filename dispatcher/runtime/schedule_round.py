@@ -18,9 +18,11 @@ from psycopg.types.json import Jsonb
 
 from dispatcher.api.schedules import CATCH_UP_ALL, CATCH_UP_ALL_MAX, CATCH_UP_LATEST, Schedule
 from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
+from dispatcher.db import rows
 from dispatcher.db.inserts import raw_json
 from dispatcher.db.listener import format_payload
 from dispatcher.db.queries import query
+from dispatcher.db.rows import StoredSchedule
 from dispatcher.db.store import SLOW_STATEMENT, JobStore
 from dispatcher.slots import Cadence
 
@@ -74,18 +76,6 @@ def plan_slots(
     return SlotPlan(enqueue, cursor, missed, missed_run)
 
 
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """A schedules_read row: the database's copy of a schedule."""
-
-    name: str
-    fingerprint: str
-    next_slot_at: datetime
-    removed: bool
-    last_success_at: datetime | None
-    declared_at: datetime
-
-
 @dataclass(slots=True)
 class ScheduleRound:
     """What one round did for one queue."""
@@ -117,14 +107,12 @@ async def schedule_round(
 
     async def work(conn: psycopg.AsyncConnection[Any]) -> ScheduleRound | None:
         async with conn.transaction():
-            row = await (
-                await conn.execute(query("schedules_try_lock"), {"queue": queue})
-            ).fetchone()
-            if not row or not row[0]:
+            cur = await conn.execute(query("schedules_try_lock"), {"queue": queue})
+            if not rows.value(await cur.fetchone()):
                 return None
-            now = (await (await conn.execute(query("db_now"))).fetchone())[0]  # type: ignore[index]
+            now = rows.value(await (await conn.execute(query("db_now"))).fetchone())
             cur = await conn.execute(query("schedules_read"), {"queue": queue, "names": names})
-            stored = {r[1]: Stored(*r[1:]) for r in await cur.fetchall()}
+            stored = rows.stored_schedules(await cur.fetchall())
             done = ScheduleRound(now)
             if not declared and not stored:
                 return done  # the common case of a queue without schedules: three cheap statements
@@ -149,8 +137,10 @@ async def schedule_round(
             cur = await conn.execute(
                 query("schedule_runs_settle"), {"names": list(stored) + done.declared, "gone": gone}
             )
-            settled, succeeded = await cur.fetchone()  # type: ignore[misc]
-            done.settled = int(settled)
+            runs = rows.typed_one(rows.SettledRuns, await cur.fetchone())
+            assert runs is not None  # an aggregate: always one row
+            succeeded = runs.succeeded
+            done.settled = int(runs.settled)
             await conn.execute(query("schedule_runs_prune"), {"names": names, "keep": keep_runs})
             for s in declared:
                 st = stored.get(s.name)
@@ -165,7 +155,7 @@ async def schedule_round(
 async def _declare(
     conn: psycopg.AsyncConnection[Any],
     s: Schedule,
-    st: Stored | None,
+    st: StoredSchedule | None,
     now: datetime,
     done: ScheduleRound,
 ) -> datetime:

@@ -26,6 +26,7 @@ from coordinator.pg.connect import (
 from coordinator.pg.dsn import describe_dsn, one_line
 from coordinator.pg.errors import ConnectError, Failure, Problem, describe
 from dispatcher.backoff import jittered
+from dispatcher.db import rows
 from dispatcher.db.migrate import available_migrations
 from dispatcher.db.queries import query
 from dispatcher.errors import DispatcherError
@@ -60,12 +61,10 @@ async def read_schema(dsn: str, limits: ConnectionLimits) -> SchemaState:
 
     async def versions() -> frozenset[int] | None:
         exists = await (await conn.execute(query("schema_version_table_exists"))).fetchone()
-        if not exists or not exists[0]:
+        if not rows.value(exists):
             return None
-        return frozenset(
-            row[0]
-            for row in await (await conn.execute(query("schema_versions_applied"))).fetchall()
-        )
+        cur = await conn.execute(query("schema_versions_applied"))
+        return frozenset(rows.values(await cur.fetchall()))
 
     conn = await connect(dsn, limits, application_name="dispatcher-startup")
     try:

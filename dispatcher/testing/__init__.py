@@ -12,7 +12,7 @@ clock.
 Not imported by `dispatcher` itself: workers never load it. Guide: docs/guides/testing.md.
 """
 
-from dispatcher.db.port import JobState
+from dispatcher.db.rows import JobState
 from dispatcher.testing.assertions import assert_enqueued, enqueued, refute_enqueued
 from dispatcher.testing.clock import FakeClock
 from dispatcher.testing.memory_store import MemoryStore

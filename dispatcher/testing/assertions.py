@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.db.port import JobState
+from dispatcher.db.rows import JobState
 from dispatcher.model import STATUS_QUEUED
 from dispatcher.testing.memory_store import MemoryStore
 

@@ -23,8 +23,16 @@ from typing import Any
 import orjson
 
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NUM_BUCKETS
-from dispatcher.db.port import InProcessStore, JobState, NewJob
-from dispatcher.db.rows import ExpiredLease, FailedWrite, Failure, Steal
+from dispatcher.db.port import InProcessStore, NewJob
+from dispatcher.db.rows import (
+    Claimed,
+    Completion,
+    ExpiredLease,
+    FailedWrite,
+    Failure,
+    JobState,
+    Steal,
+)
 from dispatcher.model import (
     STATUS_CANCELLED,
     STATUS_COMPLETED,
@@ -171,7 +179,7 @@ class MemoryStore(InProcessStore):
         lease_s: float,
         buckets: Sequence[int] | None = None,
         steal: Steal | None = None,
-    ) -> list[Job]:
+    ) -> Claimed:
         """The port's jobs_claim, callable without an event loop."""
         if buckets is not None and steal is None:
             if not buckets:
@@ -210,22 +218,21 @@ class MemoryStore(InProcessStore):
                 )
                 claimed.append(
                     Job(
-                        (
-                            row.id,
-                            row.job_type,
-                            orjson.loads(row.payload),
-                            row.attempts,
-                            row.max_attempts,
-                            row.locked_at,
-                            row.bucket,
-                            row.priority,
-                            row.ordering_key,
-                        ),
-                        token,
-                        queue,
+                        id=row.id,
+                        job_type=row.job_type,
+                        payload=orjson.loads(row.payload),
+                        attempts=row.attempts,
+                        max_attempts=row.max_attempts,
+                        locked_at=row.locked_at,
+                        bucket=row.bucket,
+                        priority=row.priority,
+                        ordering_key=row.ordering_key,
+                        token=token,
+                        queue=queue,
                     )
                 )
-            return claimed
+            # `selected`: what the claim found, all of it claimed (nobody else claims meanwhile)
+            return Claimed(claimed, len(claimed))
 
     async def jobs_claim(
         self,
@@ -234,7 +241,7 @@ class MemoryStore(InProcessStore):
         lease_s: float,
         buckets: Sequence[int] | None,
         steal: Steal | None = None,
-    ) -> list[Job]:
+    ) -> Claimed:
         return self.claim(queue, limit, lease_s, buckets, steal)
 
     @staticmethod
@@ -299,11 +306,9 @@ class MemoryStore(InProcessStore):
 
     # -- finishing -----------------------------------------------------------------------------
 
-    def complete(self, ids: Sequence[int], tokens: Sequence[str]) -> int:
-        return len(ids) - len(self.complete_fenced(ids, tokens))
-
-    def complete_fenced(self, ids: Sequence[int], tokens: Sequence[str]) -> list[int]:
-        """Complete where the token matches; the ids refused (jobs_complete_owned_fenced)."""
+    def complete(self, ids: Sequence[int], tokens: Sequence[str]) -> Completion:
+        """The port's jobs_complete, callable without an event loop: complete where the token
+        matches; how many were, and the ids refused (jobs_complete_owned_fenced)."""
         with self._lock:
             now, fenced, delete = self.clock.now(), [], self.completed_jobs == COMPLETED_DELETE
             for job_id, token in zip(ids, tokens, strict=True):
@@ -323,17 +328,13 @@ class MemoryStore(InProcessStore):
                         updated_at=now,
                     )
                 self._release(row)
-            return fenced
+            return Completion(len(ids) - len(fenced), fenced)
 
-    async def jobs_complete_owned(
+    async def jobs_complete(
         self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
-    ) -> int:
+    ) -> Completion:
+        # Keys are released either way: `keyed` only spares the real store the keyed statement.
         return self.complete(ids, tokens)
-
-    async def jobs_complete_fenced(
-        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
-    ) -> list[int]:
-        return self.complete_fenced(ids, tokens)
 
     def fail(
         self, failures: Sequence[Failure], *, lease_expired: bool = False
@@ -441,7 +442,7 @@ class MemoryStore(InProcessStore):
                     kept[row.id] = row.cancel_requested_at is not None
             return kept
 
-    def lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
+    async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
         with self._lock:
             now = self.clock.now()
             expired = sorted(
@@ -469,9 +470,6 @@ class MemoryStore(InProcessStore):
                 )
                 for r in expired
             ]
-
-    async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
-        return self.lease_expired(limit)
 
     # -- operators and tests -------------------------------------------------------------------
 
@@ -585,12 +583,6 @@ class MemoryStore(InProcessStore):
                 if r.status == STATUS_QUEUED and (queue is None or r.queue == queue)
             ]
             return min(times, default=None)
-
-    def clear(self) -> None:
-        """Forget every job (ids go on counting)."""
-        with self._lock:
-            self._rows.clear()
-            self._windows = DedupeWindows()
 
 
 def _copy(row: JobState) -> JobState:

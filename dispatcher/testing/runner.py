@@ -130,7 +130,7 @@ class Runner:
 
     def _claim(self) -> list[Job]:
         for queue in self._queues():
-            if jobs := self.store.claim(queue, 100, self.lease_s):
+            if jobs := self.store.claim(queue, 100, self.lease_s).jobs:
                 return jobs
         return []
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from dispatcher.db.port import JobState
+from dispatcher.db.rows import JobState
 from dispatcher.model import STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING
 
 _LIVE = (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING)

@@ -13,9 +13,12 @@ import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.fleet_status import read_fleet
+from dispatcher.api.flow import PausedQueue
 from dispatcher.constants import NUM_BUCKETS
+from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction
 from dispatcher.db.queries import query
+from dispatcher.db.rows import QueueDepth
 
 READ_BUDGET = 2.0  # a page's statements may take statement_timeout_s x this (10 s at the defaults)
 OUTCOME_WINDOW_S = 60  # throughput: jobs finished in the last minute
@@ -112,20 +115,22 @@ def overview(
         conn.execute(query("web_serial_reads"), prepare=False)
         depth: dict[str, dict[str, int]] = {}
         oldest: dict[str, float | None] = {}
-        for queue, status, jobs, oldest_s in conn.execute(query("queue_depth"), prepare=False):
-            depth.setdefault(queue, dict.fromkeys(DEPTH_STATUSES, 0))[status] = int(jobs)
-            if status == "queued":
-                oldest[queue] = oldest_s if jobs else None
+        for d in rows.typed(QueueDepth, conn.execute(query("queue_depth"), prepare=False)):
+            depth.setdefault(d.queue, dict.fromkeys(DEPTH_STATUSES, 0))[d.status] = int(d.jobs)
+            if d.status == "queued":
+                oldest[d.queue] = d.oldest_due_age_s if d.jobs else None
+        recent = conn.execute(
+            query("web_recent_outcomes"), {"window_s": OUTCOME_WINDOW_S}, prepare=False
+        )
         outcomes = {
-            q: (int(c), int(f))
-            for q, c, f in conn.execute(
-                query("web_recent_outcomes"), {"window_s": OUTCOME_WINDOW_S}, prepare=False
-            )
+            r.queue: (int(r.completed), int(r.failed))
+            for r in rows.typed(rows.RecentOutcomes, recent)
         }
-        paused = {q for q, _ in conn.execute(query("flow_paused_list"), prepare=False)}
+        paused_rows = conn.execute(query("flow_paused_list"), prepare=False)
+        paused = {p.queue for p in rows.typed(PausedQueue, paused_rows)}
         members: dict[str, int] = {}
-        for queue, *_ in conn.execute(query("status_members"), prepare=False):
-            members[queue] = members.get(queue, 0) + 1
+        for m in rows.typed(rows.MemberRow, conn.execute(query("status_members"), prepare=False)):
+            members[m.group] = members.get(m.group, 0) + 1
     names = sorted(set(depth) | set(outcomes) | paused | set(members))
     queues = [
         QueueSummary(
@@ -145,7 +150,7 @@ def overview(
 def queue_names(conn: psycopg.Connection[Any], limits: ConnectionLimits) -> list[str]:
     """The queues with queued jobs or a coordination group (the bucket map's choice)."""
     with bounded_transaction(conn, "dashboard queues", limits, budget=READ_BUDGET):
-        return [name for (name,) in conn.execute(query("web_queue_names"), prepare=False)]
+        return rows.values(conn.execute(query("web_queue_names"), prepare=False))
 
 
 def fleet(
@@ -160,10 +165,10 @@ def bucket_map(
 ) -> BucketMap:
     with bounded_transaction(conn, "dashboard buckets", limits, budget=READ_BUDGET):
         conn.execute(query("web_serial_reads"), prepare=False)
-        due = dict(
+        due = rows.pairs(
             conn.execute(
                 query("web_bucket_backlog"), {"queue": queue, "cap": BACKLOG_CAP}, prepare=False
-            ).fetchall()
+            )
         )
         groups = {g.name: g for g in _groups(read_fleet(conn), member_lease_s)}
     group = groups.get(queue)

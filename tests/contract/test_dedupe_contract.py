@@ -45,7 +45,9 @@ def test_a_window_holds_the_key_from_enqueue_until_it_passed_after_the_job_finis
             "live for however long"
         )
         job = await claim_one(h)
-        assert await h.store.jobs_complete_owned([job.id], [job.token]) == 1  # kept or deleted
+        assert (
+            await h.store.jobs_complete([job.id], [job.token])
+        ).completed == 1  # kept or deleted
         assert await h.enqueue("send", dedupe_key="k", dedupe_window_s=WINDOW_S) is None, (
             "just finished"
         )
@@ -82,7 +84,9 @@ def test_bulk_windows_refuse_within_the_batch_and_against_held_keys(on_each_stor
     async def test(h: Harness) -> None:
         held = await h.enqueue("send", dedupe_key="held", dedupe_window_s=WINDOW_S)
         job = await claim_one(h)
-        assert job.id == held and await h.store.jobs_complete_owned([job.id], [job.token]) == 1
+        assert (
+            job.id == held and (await h.store.jobs_complete([job.id], [job.token])).completed == 1
+        )
         keys = ["held", "a", "a", "b", "held"]
         specs = [
             JobSpec("send", {"n": n}, dedupe_key=k, dedupe_window_s=WINDOW_S)

@@ -27,7 +27,7 @@ FAIL_FOR_GOOD = Outcome(STATUS_FAILED, 0.0, "boom")
 
 
 async def claim_all(h: Harness, limit: int = 100) -> list[Any]:
-    return await h.store.jobs_claim("default", limit, 30.0, None)
+    return (await h.store.jobs_claim("default", limit, 30.0, None)).jobs
 
 
 async def status(h: Harness, job_id: int) -> str:
@@ -47,7 +47,7 @@ def test_a_keys_jobs_are_claimable_one_at_a_time_in_id_order_under_either_comple
         ]
         free = await h.enqueue("send", {"free": True})
         assert [await status(h, i) for i in a] == [STATUS_QUEUED] + [STATUS_WAITING] * 3
-        jobs = await h.store.jobs_claim("default", 1, 30.0, None)
+        jobs = (await h.store.jobs_claim("default", 1, 30.0, None)).jobs
         assert [j.id for j in jobs] == [b[0]], "priority orders jobs between keys"
         order: list[int] = []
         while True:
@@ -58,9 +58,11 @@ def test_a_keys_jobs_are_claimable_one_at_a_time_in_id_order_under_either_comple
             assert len(keys) == len(set(keys)), f"two jobs of one key claimed at once: {jobs}"
             order += [j.id for j in jobs]
             assert await claim_all(h) == [], "nothing else is claimable while the holders run"
-            assert await h.store.jobs_complete_owned(
-                [j.id for j in jobs], [j.token for j in jobs], keyed=bool(keys)
-            ) == len(jobs)
+            assert (
+                await h.store.jobs_complete(
+                    [j.id for j in jobs], [j.token for j in jobs], keyed=bool(keys)
+                )
+            ).completed == len(jobs)
             jobs = []
         assert (
             [i for i in order if i in a] == a
@@ -90,7 +92,7 @@ def test_a_retry_holds_its_key_and_the_same_job_runs_again_before_the_next(on_st
         (again,) = await claim_all(h)
         assert (again.id, again.attempts) == (first, 2), "the retry, not the next job"
         assert await status(h, second) == STATUS_WAITING
-        assert await h.store.jobs_complete_owned([first], [again.token], keyed=True) == 1
+        assert (await h.store.jobs_complete([first], [again.token], keyed=True)).completed == 1
         assert [j.id for j in await claim_all(h)] == [second]
 
     on_store(test)
@@ -136,18 +138,18 @@ def test_a_keyed_job_whose_lease_ran_out_runs_again_before_its_keys_next_job(on_
         )
         first = await h.enqueue("send", ordering_key="k", max_attempts=5)
         second = await h.enqueue("send", ordering_key="k")
-        (old,) = await h.store.jobs_claim("default", 10, 5.0, None)
+        (old,) = (await h.store.jobs_claim("default", 10, 5.0, None)).jobs
         await h.expire_lease(first)
         await reaper.tick()
         assert await status(h, first) == STATUS_QUEUED and await status(h, second) == STATUS_WAITING
         await h.make_due(first)
         (new,) = await claim_all(h)
         assert new.id == first and new.token != old.token
-        assert await h.store.jobs_complete_owned([first], [old.token], keyed=True) == 0, (
+        assert (await h.store.jobs_complete([first], [old.token], keyed=True)).completed == 0, (
             "the stale run: fenced"
         )
         assert await status(h, second) == STATUS_WAITING, "a fenced completion releases nothing"
-        assert await h.store.jobs_complete_owned([first], [new.token], keyed=True) == 1
+        assert (await h.store.jobs_complete([first], [new.token], keyed=True)).completed == 1
         assert [j.id for j in await claim_all(h)] == [second]
 
     on_store(test)
@@ -177,7 +179,7 @@ def test_a_cancelled_holder_or_waiting_job_lets_its_key_go_on_in_order(on_store:
         )
         (job,) = await claim_all(h)
         assert job.id == ids[1], "the next job of the key, not the cancelled one"
-        assert await h.store.jobs_complete_owned([job.id], [job.token], keyed=True) == 1
+        assert (await h.store.jobs_complete([job.id], [job.token], keyed=True)).completed == 1
         assert [j.id for j in await claim_all(h)] == [ids[3]]
 
     on_store(test)

@@ -67,7 +67,7 @@ def test_a_snooze_queues_the_job_again_later_gives_its_attempt_back_and_keeps_it
         assert before + timedelta(seconds=60) <= state.run_at <= after + timedelta(seconds=60), (
             "due 60 s later"
         )
-        assert await h.store.jobs_claim("default", 1, 30.0, None) == [], "not due yet"
+        assert (await h.store.jobs_claim("default", 1, 30.0, None)).jobs == [], "not due yet"
 
     on_store(test)
 
@@ -137,17 +137,17 @@ def test_a_snooze_by_a_token_that_does_not_own_the_job_changes_nothing(on_store:
 def test_a_completion_answers_the_ids_it_refused(on_store_completing: Run) -> None:
     async def test(h: Harness) -> None:
         ids = [await h.enqueue("send") for _ in range(3)]
-        jobs = await h.store.jobs_claim("default", 3, 30.0, None)
+        jobs = (await h.store.jobs_claim("default", 3, 30.0, None)).jobs
         tokens = {j.id: j.token for j in jobs}
         tokens[ids[1]] = OTHER_TOKEN  # taken over: another claim's token
-        assert await h.store.jobs_complete_fenced(ids, [tokens[i] for i in ids]) == [ids[1]]
-        assert await h.store.jobs_complete_fenced(ids[:1], [tokens[ids[0]]]) == ids[:1], (
+        assert (await h.store.jobs_complete(ids, [tokens[i] for i in ids])).fenced == [ids[1]]
+        assert (await h.store.jobs_complete(ids[:1], [tokens[ids[0]]])).fenced == ids[:1], (
             "finished: refused"
         )
         keyed = await h.enqueue("send", ordering_key="k")
         job = await claim_one(h)
         assert job.id == keyed
-        assert await h.store.jobs_complete_fenced([keyed], [job.token], keyed=True) == []
+        assert (await h.store.jobs_complete([keyed], [job.token], keyed=True)).fenced == []
         state = await h.store.job_get(keyed)
         assert (state is None) == (h.completed_jobs == COMPLETED_DELETE)
 
@@ -160,7 +160,7 @@ def test_max_attempts_not_given_at_enqueue_is_stored_as_none(on_store: Run) -> N
         given = await h.enqueue("send", max_attempts=3)
         state = await h.store.job_get(job_id)
         assert state is not None and state.max_attempts is None
-        jobs = {j.id: j for j in await h.store.jobs_claim("default", 2, 30.0, None)}
+        jobs = {j.id: j for j in (await h.store.jobs_claim("default", 2, 30.0, None)).jobs}
         assert (jobs[job_id].max_attempts, jobs[given].max_attempts) == (None, 3)
         await h.expire_lease(job_id)
         expired = {e.id: e.max_attempts for e in await h.store.jobs_lease_expired()}

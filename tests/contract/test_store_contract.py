@@ -66,8 +66,24 @@ def _runner(request: pytest.FixtureRequest, completed_jobs: str, kind: str | Non
     return run
 
 
+def not_ours(job_id: int) -> Job:
+    """The job as a claimer that does not own it holds it: under another token."""
+    return Job(
+        id=job_id,
+        job_type="send",
+        payload={},
+        attempts=1,
+        max_attempts=20,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=None,
+        token=OTHER_TOKEN,
+    )
+
+
 async def claim_one(h: Harness, lease_s: float = 30.0) -> Job:
-    jobs = await h.store.jobs_claim("default", 1, lease_s, None)
+    jobs = (await h.store.jobs_claim("default", 1, lease_s, None)).jobs
     assert len(jobs) == 1, f"expected one due job, claimed {jobs}"
     return jobs[0]
 
@@ -110,7 +126,7 @@ def test_an_enqueued_job_is_claimed_once_running_under_a_token_with_its_attempt_
         assert abs((job.locked_at - running.locked_at).total_seconds()) < 1e-5, (
             "the claim's time, as stored"
         )
-        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], (
+        assert (await h.store.jobs_claim("default", 10, 30.0, None)).jobs == [], (
             "a running job is not claimed again"
         )
         assert await h.store.job_get(job_id + 1000) is None
@@ -122,28 +138,18 @@ def test_a_write_by_a_token_that_does_not_own_the_job_changes_nothing(on_store: 
     async def test(h: Harness) -> None:
         job_id = await h.enqueue("send")
         job = await claim_one(h)
-        assert await h.store.jobs_complete_owned([job_id], [OTHER_TOKEN]) == 0
+        assert (await h.store.jobs_complete([job_id], [OTHER_TOKEN])).completed == 0
         assert await h.store.jobs_fail_owned([Failure(job_id, OTHER_TOKEN, retry(1.0))]) == []
-        assert (
-            await h.store.jobs_extend_leases(
-                [Job((job_id, "send", {}, 1, 20, None, 0, 0), OTHER_TOKEN)], 30.0
-            )
-            == {}
-        )
-        assert (
-            await h.store.jobs_release_owned(
-                [Job((job_id, "send", {}, 1, 20, None, 0, 0), OTHER_TOKEN)]
-            )
-            == 0
-        )
+        assert await h.store.jobs_extend_leases([not_ours(job_id)], 30.0) == {}
+        assert await h.store.jobs_release_owned([not_ours(job_id)]) == 0
         state = await h.store.job_get(job_id)
         assert state is not None and (state.status, state.attempts, state.last_error) == (
             STATUS_RUNNING,
             1,
             None,
         )
-        assert await h.store.jobs_complete_owned([job_id], [job.token]) == 1
-        assert await h.store.jobs_complete_owned([job_id], [job.token]) == 0, (
+        assert (await h.store.jobs_complete([job_id], [job.token])).completed == 1
+        assert (await h.store.jobs_complete([job_id], [job.token])).completed == 0, (
             "finished: nobody owns it any more"
         )
         state = await h.store.job_get(job_id)
@@ -172,14 +178,14 @@ def test_a_completion_keeps_the_row_completed_or_deletes_it_as_set_and_is_fenced
             [Failure(job_id, old.token, retry(0.0))], lease_expired=True
         )
         await h.make_due(job_id)
-        new = await (await h.claimer("w2")).jobs_claim("default", 1, 30.0, None)
+        new = (await (await h.claimer("w2")).jobs_claim("default", 1, 30.0, None)).jobs
         assert [j.id for j in new] == [job_id]
-        assert await h.store.jobs_complete_owned([job_id], [old.token]) == 0, (
+        assert (await h.store.jobs_complete([job_id], [old.token])).completed == 0, (
             "the old owner: fenced"
         )
         state = await h.store.job_get(job_id)
         assert state is not None and state.status == STATUS_RUNNING
-        assert await h.store.jobs_complete_owned([job_id], [new[0].token]) == 1
+        assert (await h.store.jobs_complete([job_id], [new[0].token])).completed == 1
         state = await h.store.job_get(job_id)
         if deletes:
             assert state is None, "deleted by its completion"
@@ -189,7 +195,7 @@ def test_a_completion_keeps_the_row_completed_or_deletes_it_as_set_and_is_fenced
                 and state.status == STATUS_COMPLETED
                 and state.completed_at is not None
             )
-        assert await h.store.jobs_complete_owned([job_id], [new[0].token]) == 0, (
+        assert (await h.store.jobs_complete([job_id], [new[0].token])).completed == 0, (
             "finished: nobody owns it any more"
         )
         retried_id = await h.enqueue("send")
@@ -224,17 +230,17 @@ def test_after_a_lease_expires_and_another_worker_claims_the_job_the_old_owner_i
         )
         assert [(w.id, w.status) for w in written] == [(job_id, STATUS_QUEUED)]
         await h.make_due(job_id)
-        new = await (await h.claimer("w2")).jobs_claim("default", 1, 30.0, None)
+        new = (await (await h.claimer("w2")).jobs_claim("default", 1, 30.0, None)).jobs
         assert (
             [j.id for j in new] == [job_id] and new[0].token != old.token and new[0].attempts == 2
         )
-        assert await h.store.jobs_complete_owned([job_id], [old.token]) == 0, (
+        assert (await h.store.jobs_complete([job_id], [old.token])).completed == 0, (
             "the old owner came back: fenced"
         )
         assert await h.store.jobs_extend_leases([old], 30.0) == {}
         state = await h.store.job_get(job_id)
         assert state is not None and (state.status, state.lease_expiries) == (STATUS_RUNNING, 1)
-        assert await h.store.jobs_complete_owned([job_id], [new[0].token]) == 1
+        assert (await h.store.jobs_complete([job_id], [new[0].token])).completed == 1
 
     on_store(test)
 
@@ -276,7 +282,7 @@ def test_a_retry_is_due_in_the_future_and_claimable_once_it_is_due(on_store: Run
             "Traceback: boom",
             written[0].run_at,
         )
-        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], "not due yet"
+        assert (await h.store.jobs_claim("default", 10, 30.0, None)).jobs == [], "not due yet"
         await h.make_due(job_id)
         again = await claim_one(h)
         assert (again.id, again.attempts) == (job_id, 2)
@@ -306,7 +312,7 @@ def test_the_attempt_that_reaches_max_attempts_fails_the_job_for_good(on_store: 
         assert (state.status, state.attempts, state.last_error) == (STATUS_FAILED, 2, "attempt 2")
         assert state.failed_at is not None
         await h.make_due(job_id)
-        assert await h.store.jobs_claim("default", 10, 30.0, None) == []
+        assert (await h.store.jobs_claim("default", 10, 30.0, None)).jobs == []
 
     on_store(test)
 
@@ -320,12 +326,12 @@ def test_cancel_ends_a_queued_job_and_asks_a_running_one_which_then_is_never_ret
         queued_id = await h.enqueue("send")
         finished_id = await h.enqueue("send", priority=-2)
         finished = await claim_one(h)
-        assert await h.store.jobs_complete_owned([finished_id], [finished.token]) == 1
+        assert (await h.store.jobs_complete([finished_id], [finished.token])).completed == 1
         assert await h.store.jobs_cancel([queued_id, running_id, finished_id, 999_999]) == {
             queued_id: STATUS_CANCELLED,
             running_id: STATUS_RUNNING,
         }
-        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], (
+        assert (await h.store.jobs_claim("default", 10, 30.0, None)).jobs == [], (
             "a cancelled job never runs"
         )
         assert await h.store.jobs_extend_leases([job], 30.0) == {running_id: True}, (
@@ -353,7 +359,7 @@ def test_concurrent_claims_never_hand_one_job_to_two_claimers(on_store: Run) -> 
 
         async def claim_all(store: Any) -> list[tuple[int, str]]:
             got: list[tuple[int, str]] = []
-            while batch := await store.jobs_claim("default", 7, 30.0, None):
+            while batch := (await store.jobs_claim("default", 7, 30.0, None)).jobs:
                 got += [(j.id, j.token) for j in batch]
                 await asyncio.sleep(0)
             return got
@@ -361,7 +367,7 @@ def test_concurrent_claims_never_hand_one_job_to_two_claimers(on_store: Run) -> 
         claimed = [pair for got in await asyncio.gather(*map(claim_all, claimers)) for pair in got]
         assert sorted(i for i, _ in claimed) == sorted(ids), "every job claimed exactly once"
         tokens = dict(claimed)
-        assert await h.store.jobs_complete_owned(list(tokens), list(tokens.values())) == 60
+        assert (await h.store.jobs_complete(list(tokens), list(tokens.values()))).completed == 60
 
     on_store(test)
 
@@ -376,13 +382,17 @@ def test_claims_come_in_priority_then_run_at_then_id_order(on_store: Run) -> Non
         d = await h.enqueue("send", {"n": "d"}, priority=-3)
         e = await h.enqueue("send", {"n": "e"}, priority=0, run_at=earlier)
         await h.enqueue("send", {"n": "later"}, priority=-9, delay_s=3600)
-        first_two = {j.id for j in await h.store.jobs_claim("default", 2, 30.0, None)}
+        first_two = {j.id for j in (await h.store.jobs_claim("default", 2, 30.0, None)).jobs}
         assert first_two == {d, c}, (
             "a batch is the head of the order (returned in no particular order)"
         )
-        order = [j.id for _ in range(3) for j in await h.store.jobs_claim("default", 1, 30.0, None)]
+        order = [
+            j.id
+            for _ in range(3)
+            for j in (await h.store.jobs_claim("default", 1, 30.0, None)).jobs
+        ]
         assert order == [b, e, a]
-        assert await h.store.jobs_claim("default", 10, 30.0, None) == [], (
+        assert (await h.store.jobs_claim("default", 10, 30.0, None)).jobs == [], (
             "a job due later is not claimed, whatever its priority"
         )
 
@@ -394,10 +404,12 @@ def test_claims_read_one_queue_and_the_buckets_asked_for(on_store: Run) -> None:
         in_3 = await h.enqueue("send", bucket=3)
         await h.enqueue("send", bucket=4)
         other_queue = await h.enqueue("send", queue="mail", bucket=3)
-        assert [j.id for j in await h.store.jobs_claim("default", 10, 30.0, [3, 5])] == [in_3]
-        assert [(j.id, j.queue) for j in await h.store.jobs_claim("mail", 10, 30.0, None)] == [
-            (other_queue, "mail")
+        assert [j.id for j in (await h.store.jobs_claim("default", 10, 30.0, [3, 5])).jobs] == [
+            in_3
         ]
+        assert [
+            (j.id, j.queue) for j in (await h.store.jobs_claim("mail", 10, 30.0, None)).jobs
+        ] == [(other_queue, "mail")]
         with pytest.raises(ValueError):
             await h.store.jobs_claim("default", 10, 30.0, [])
 
@@ -411,17 +423,19 @@ def test_a_steal_takes_from_the_tail_of_each_bucket_beyond_its_reserve_in_the_or
         in_5 = [await h.enqueue("send", bucket=5) for _ in range(10)]
         in_6 = [await h.enqueue("send", bucket=6) for _ in range(3)]
         urgent_in_5 = await h.enqueue("send", bucket=5, priority=-5)
-        stolen = await h.store.jobs_claim("default", 100, 30.0, None, Steal((6, 5), reserve=4))
+        stolen = (
+            await h.store.jobs_claim("default", 100, 30.0, None, Steal((6, 5), reserve=4))
+        ).jobs
         # Bucket 6 is no deeper than the reserve: its owner keeps all 3. Bucket 5 keeps the head of
         # its claim order (the urgent job, then the 3 oldest) and gives the 7 behind them.
         assert sorted(j.id for j in stolen) == in_5[3:]
         assert {j.bucket for j in stolen} == {5}
-        head = await h.store.jobs_claim("default", 100, 30.0, [5, 6])
+        head = (await h.store.jobs_claim("default", 100, 30.0, [5, 6])).jobs
         assert sorted(j.id for j in head) == sorted([urgent_in_5, *in_5[:3], *in_6])
         # Limited: the deepest part of the tail first, and nothing from a bucket not listed.
         more = [await h.enqueue("send", bucket=7) for _ in range(6)]
         await h.enqueue("send", bucket=8)
-        stolen = await h.store.jobs_claim("default", 2, 30.0, None, Steal((7,)))
+        stolen = (await h.store.jobs_claim("default", 2, 30.0, None, Steal((7,)))).jobs
         assert sorted(j.id for j in stolen) == more[-2:]
 
     on_store(test)
@@ -437,7 +451,7 @@ def test_a_dedupe_key_is_held_by_a_live_job_only(on_store: Run) -> None:
         )
         job = await claim_one(h)
         assert await h.enqueue("send", dedupe_key="k1") is None, "a running job still holds it"
-        assert await h.store.jobs_complete_owned([first], [job.token]) == 1
+        assert (await h.store.jobs_complete([first], [job.token])).completed == 1
         assert await h.enqueue("send", dedupe_key="k1") is not None, "a finished job no longer does"
 
     on_store(test)
@@ -487,7 +501,7 @@ def test_the_reaper_retries_a_job_whose_lease_ran_out_and_fails_it_at_max_attemp
             assert (state.last_error or "").startswith(
                 f"lease expired {'once' if attempt == 1 else '2 times'}"
             )
-            assert await h.store.jobs_complete_owned([job_id], [job.token]) == 0, (
+            assert (await h.store.jobs_complete([job_id], [job.token])).completed == 0, (
                 "the stalled owner is fenced"
             )
             if status == STATUS_QUEUED:

@@ -85,7 +85,7 @@ def test_a_store_statement_that_overruns_costs_its_connection_and_the_next_call_
             await asyncio.to_thread(holder.join, 10)
             # Works again, on a new connection. (No job is enqueued: the abandoned claim may still
             # win the race with its cancel request once the lock goes, and take it.)
-            assert await store.jobs_claim("default", 1, 30, None) == []
+            assert (await store.jobs_claim("default", 1, 30, None)).jobs == []
             assert await store.connection() is not first
             return waited
         finally:

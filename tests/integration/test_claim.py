@@ -158,7 +158,7 @@ def test_priority_then_fifo_and_delayed_jobs_wait(dsn):
     async def main(buckets):
         store = JobStore(dsn, "w")
         order = []
-        while jobs := await store.jobs_claim("default", 1, 30, buckets):
+        while jobs := (await store.jobs_claim("default", 1, 30, buckets)).jobs:
             order.append(jobs[0].payload["n"])
         await store.close()
         return order
@@ -179,7 +179,7 @@ def test_partitioned_claim_takes_only_owned_buckets(dsn):
 
     async def main():
         store = JobStore(dsn, "w")
-        jobs = await store.jobs_claim("default", 1000, 30, (1, 2, 63))
+        jobs = (await store.jobs_claim("default", 1000, 30, (1, 2, 63))).jobs
         await store.close()
         return jobs
 
@@ -203,12 +203,16 @@ def test_completion_by_a_stale_owner_is_rejected(dsn):
         old, new = JobStore(dsn, "old"), JobStore(dsn, "new")
         stale, fresh = await reap_and_claim_again(dsn, old, new)
         assert len(stale) == 3
-        assert await old.jobs_complete_owned([j.id for j in stale], [j.token for j in stale]) == 0
+        assert (
+            await old.jobs_complete([j.id for j in stale], [j.token for j in stale])
+        ).completed == 0
         assert await old.jobs_extend_leases(stale, 30) == {}
         assert await old.jobs_release_owned(stale) == 0
         statuses = fetchall(dsn, "SELECT status, locked_by, attempts FROM dispatcher_jobs")
         assert set(statuses) == {("running", "new", 2)}  # untouched by the stale owner
-        assert await new.jobs_complete_owned([j.id for j in fresh], [j.token for j in fresh]) == 3
+        assert (
+            await new.jobs_complete([j.id for j in fresh], [j.token for j in fresh])
+        ).completed == 3
         await old.close()
         await new.close()
 
@@ -226,7 +230,7 @@ def test_overlapping_owners_never_claim_the_same_job(dsn, mode):
     async def claimer(i):
         store = JobStore(dsn, f"w{i}")
         got = []
-        while jobs := await store.jobs_claim("default", 50, 30, buckets):
+        while jobs := (await store.jobs_claim("default", 50, 30, buckets)).jobs:
             got += [j.id for j in jobs]
         await store.close()
         return got
@@ -262,7 +266,7 @@ def test_a_claim_counts_the_rows_it_selected_when_others_took_some(dsn, taken):
                 "WHERE id = ANY(%s)",
                 (first,),
             )
-            claim = asyncio.ensure_future(store.jobs_claim_counted("default", 10, 30, (5, 6)))
+            claim = asyncio.ensure_future(store.jobs_claim("default", 10, 30, (5, 6)))
             # ... our claim selects all 10 and waits on their row locks ...
             deadline = asyncio.get_running_loop().time() + 10
             while (
@@ -310,7 +314,7 @@ def _steal_while_another_holds(dsn, held, statement):
             await other.close()
             await thief.close()
 
-    return ids, sorted(j.id for j in run_async(main()))
+    return ids, sorted(j.id for j in run_async(main()).jobs)
 
 
 def test_a_steal_leaves_the_head_to_its_owner_and_never_waits_on_the_owners_claim(dsn):

@@ -62,7 +62,7 @@ def test_the_completion_plan_fetches_exactly_the_batch_by_primary_key(dsn, state
     async def claim():
         store = JobStore(dsn, "w")
         try:
-            return await store.jobs_claim("default", 500, 30, ALL)
+            return (await store.jobs_claim("default", 500, 30, ALL)).jobs
         finally:
             await store.close()
 
@@ -225,10 +225,10 @@ def test_status_and_jobs_show_say_what_a_deleting_completion_hides(dsn):
     async def complete_one():
         store = JobStore(dsn, "w", completed_jobs="delete")
         try:
-            jobs = await store.jobs_claim("default", 10, 30, ALL)
+            jobs = (await store.jobs_claim("default", 10, 30, ALL)).jobs
             assert [j.id for j in jobs] == [gone]
             await store.history_record(_history(jobs[0]))
-            assert await store.jobs_complete_owned([gone], [jobs[0].token]) == 1
+            assert (await store.jobs_complete([gone], [jobs[0].token])).completed == 1
         finally:
             await store.close()
 

@@ -44,12 +44,12 @@ def _run_to_end(dsn: str, how: str, completed_jobs: str = COMPLETED_KEEP) -> Non
     async def main() -> None:
         store = JobStore(dsn, "w", completed_jobs=completed_jobs)
         try:
-            jobs = await store.jobs_claim("default", 100, 30.0, None)
+            jobs = (await store.jobs_claim("default", 100, 30.0, None)).jobs
             assert jobs, "nothing to claim"
             if how == "completed":
-                assert await store.jobs_complete_owned(
-                    [j.id for j in jobs], [j.token for j in jobs]
-                ) == len(jobs)
+                assert (
+                    await store.jobs_complete([j.id for j in jobs], [j.token for j in jobs])
+                ).completed == len(jobs)
             else:
                 failed = Outcome(STATUS_FAILED, 0.0, "boom")
                 assert len(
@@ -431,7 +431,7 @@ def test_a_deleting_completion_without_windows_reads_none_and_a_keyed_one_closes
     async def claim_and_explain() -> list[dict[str, Any]]:
         store = JobStore(dsn, "w", completed_jobs=COMPLETED_DELETE)
         try:
-            jobs = await store.jobs_claim("default", 300, 30.0, None)
+            jobs = (await store.jobs_claim("default", 300, 30.0, None)).jobs
             params = {
                 "ids": int_array([j.id for j in jobs]),
                 "tokens": token_array([j.token for j in jobs]),
@@ -478,9 +478,13 @@ def test_a_deleting_completion_without_windows_reads_none_and_a_keyed_one_closes
     async def complete_keyed() -> None:
         store = JobStore(dsn, "w", completed_jobs=COMPLETED_DELETE)
         try:
-            jobs = [j for j in await store.jobs_claim("default", 400, 30.0, None) if j.id == keyed]
+            jobs = [
+                j
+                for j in (await store.jobs_claim("default", 400, 30.0, None)).jobs
+                if j.id == keyed
+            ]
             assert len(jobs) == 1
-            assert await store.jobs_complete_owned([keyed], [jobs[0].token], keyed=True) == 1
+            assert (await store.jobs_complete([keyed], [jobs[0].token], keyed=True)).completed == 1
         finally:
             await store.close()
 

@@ -143,26 +143,25 @@ def test_concurrent_gated_claims_never_run_more_than_max_running(dsn, mode):
 
             results = await asyncio.gather(
                 *(
-                    s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
+                    s.jobs_claim("default", 20, 30.0, buckets(i), gate=gate, flow_version=version)
                     for i, s in enumerate(stores)
                 )
             )
-            held = [job for r in results for job in r.claimed.jobs]
+            held = [job for r in results for job in r.jobs]
             assert len(held) == 7 and {j.job_type for j in held} == {"sms"}
             assert sum(r.held_by == "max_running" for r in results) >= 1
             # Three of them end; the claims that follow share exactly those three slots.
             done = held[:3]
             assert (
-                await stores[0].jobs_complete_owned([j.id for j in done], [j.token for j in done])
-                == 3
-            )
+                await stores[0].jobs_complete([j.id for j in done], [j.token for j in done])
+            ).completed == 3
             again = await asyncio.gather(
                 *(
-                    s.jobs_claim_gated("default", 20, 30.0, buckets(i), gate, version)
+                    s.jobs_claim("default", 20, 30.0, buckets(i), gate=gate, flow_version=version)
                     for i, s in enumerate(stores)
                 )
             )
-            assert sum(len(r.claimed.jobs) for r in again) == 3
+            assert sum(len(r.jobs) for r in again) == 3
         finally:
             for s in stores:
                 await s.close()
@@ -185,7 +184,9 @@ def test_a_rate_limit_starts_at_most_its_burst_then_its_rate(dsn):
         waits = []
         try:
             while time.monotonic() - started < 2.0:
-                result = await store.jobs_claim_gated("default", 100, 30.0, None, gate, version)
+                result = await store.jobs_claim(
+                    "default", 100, 30.0, None, gate=gate, flow_version=version
+                )
                 if result.held_by == "per_second":
                     assert result.wait_s is not None and 0 < result.wait_s <= 1 / 20 + 1e-6
                     waits.append(result.wait_s)
@@ -217,9 +218,9 @@ def test_a_claim_with_an_old_copy_of_the_tables_claims_nothing(dsn):
         try:
             old = (await store.flow_state()).version
             pause_queue(dsn, "elsewhere")  # any change moves the version
-            stale = await store.jobs_claim_counted("default", 10, 30.0, None, flow_version=old)
+            stale = await store.jobs_claim("default", 10, 30.0, None, flow_version=old)
             assert stale.stale and stale.jobs == []
-            fresh = await store.jobs_claim_counted(
+            fresh = await store.jobs_claim(
                 "default", 10, 30.0, None, flow_version=(await store.flow_state()).version
             )
             assert not fresh.stale and len(fresh.jobs) == 10
@@ -396,9 +397,9 @@ def test_a_keyed_completion_never_claims_the_next_job_of_a_paused_queue_or_a_lim
         store = JobStore(dsn, "w")
         try:
             # no version: as a test may
-            (first,) = await store.jobs_claim("default", 10, 30.0, None)
+            (first,) = (await store.jobs_claim("default", 10, 30.0, None)).jobs
             chain = Chain(("default",) * 64, tuple(range(64)), 10, 30.0)
-            return await store.jobs_complete_keyed([first.id], [first.token], chain)
+            return await store.jobs_complete([first.id], [first.token], keyed=True, chain=chain)
         finally:
             await store.close()
 
@@ -491,18 +492,24 @@ def test_a_limit_holds_a_claim_back_only_while_jobs_wait_beyond_it(dsn):
         store = JobStore(dsn, "w")
         try:
             version = (await store.flow_state()).version
-            first = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
+            first = await store.jobs_claim(
+                "default", 20, 30.0, None, gate=gate, flow_version=version
+            )
             # ran out of jobs
-            assert (len(first.claimed.jobs), first.allowed, first.held_by) == (3, 5, None)
+            assert (len(first.jobs), first.allowed, first.held_by) == (3, 5, None)
             enqueue(dsn, "sms", 10)
-            second = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
-            assert (len(second.claimed.jobs), second.allowed, second.held_by) == (
+            second = await store.jobs_claim(
+                "default", 20, 30.0, None, gate=gate, flow_version=version
+            )
+            assert (len(second.jobs), second.allowed, second.held_by) == (
                 2,
                 2,
                 "max_running",
             )
-            third = await store.jobs_claim_gated("default", 20, 30.0, None, gate, version)
-            assert (len(third.claimed.jobs), third.allowed, third.held_by) == (0, 0, "max_running")
+            third = await store.jobs_claim(
+                "default", 20, 30.0, None, gate=gate, flow_version=version
+            )
+            assert (len(third.jobs), third.allowed, third.held_by) == (0, 0, "max_running")
         finally:
             await store.close()
 
@@ -538,7 +545,7 @@ def test_a_gated_claim_that_rolls_back_counts_no_queue_wait(dsn):
         store = JobStore(dsn, "w")
         try:
             version = (await store.flow_state()).version
-            return await store.jobs_claim_gated(queue, 10, 30.0, None, gate, version)
+            return await store.jobs_claim(queue, 10, 30.0, None, gate=gate, flow_version=version)
         finally:
             await store.close()
 
@@ -548,5 +555,5 @@ def test_a_gated_claim_that_rolls_back_counts_no_queue_wait(dsn):
     assert waits_counted() == before and status_counts(dsn) == {"queued": 4}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TRIGGER refuse_spend ON dispatcher_limits")
-    assert len(run_async(claim()).claimed.jobs) == 4
+    assert len(run_async(claim()).jobs) == 4
     assert waits_counted() == before + 4

@@ -115,23 +115,27 @@ def test_a_job_enqueued_as_its_keys_holder_finishes_is_promoted_by_the_sweeper(d
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 enqueue_sync(conn, "a", ordering_key="k")
-            (holder,) = await store.jobs_claim("default", 10, 30.0, None)
+            (holder,) = (await store.jobs_claim("default", 10, 30.0, None)).jobs
             # one transaction, committed after the holder completes
             with psycopg.connect(dsn) as late:
                 behind = enqueue_sync(late, "a", ordering_key="k")
-                assert await store.jobs_complete_owned([holder.id], [holder.token], keyed=True) == 1
+                assert (
+                    await store.jobs_complete([holder.id], [holder.token], keyed=True)
+                ).completed == 1
                 late.commit()
             assert (
                 fetchval(dsn, "SELECT status FROM dispatcher_jobs WHERE id = %s", (behind,))
                 == "waiting"
             )
-            assert await store.jobs_claim("default", 10, 30.0, None) == [], (
+            assert (await store.jobs_claim("default", 10, 30.0, None)).jobs == [], (
                 "an orphan: nobody promoted it"
             )
             sweeper = KeySweeper(store, ("default",))
             await sweeper.tick()
             assert (sweeper.holding, sweeper.promoted) == (True, 1)
-            assert [j.id for j in await store.jobs_claim("default", 10, 30.0, None)] == [behind]
+            assert [j.id for j in (await store.jobs_claim("default", 10, 30.0, None)).jobs] == [
+                behind
+            ]
             await sweeper.release()
         finally:
             await store.close()
@@ -186,13 +190,13 @@ def test_a_keyed_completion_claims_the_keys_next_job_in_the_buckets_it_is_given(
             with psycopg.connect(dsn, autocommit=True) as conn:
                 first = [enqueue_sync(conn, "send", ordering_key=k) for k in "abc"]
                 second = [enqueue_sync(conn, "send", {"k": k}, ordering_key=k) for k in "abc"]
-            jobs = await store.jobs_claim("default", 10, 30.0, None)
+            jobs = (await store.jobs_claim("default", 10, 30.0, None)).jobs
             assert sorted(j.id for j in jobs) == first
             mine = Chain(
                 ("default", "default"), (bucket_for("a"), bucket_for("b")), limit=1, lease_s=30.0
             )
-            done = await store.jobs_complete_keyed(
-                [j.id for j in jobs], [j.token for j in jobs], mine
+            done = await store.jobs_complete(
+                [j.id for j in jobs], [j.token for j in jobs], keyed=True, chain=mine
             )
             assert done.completed == 3 and len(done.claimed) == 1
             (chained,) = done.claimed
@@ -208,8 +212,13 @@ def test_a_keyed_completion_claims_the_keys_next_job_in_the_buckets_it_is_given(
                 "SELECT id, status, locked_by FROM dispatcher_jobs WHERE id = ANY(%s) ORDER BY id",
                 (second,),
             ) == sorted([(chained.id, "running", "w1"), *((i, "queued", None) for i in rest)])
-            assert sorted(j.id for j in await store.jobs_claim("default", 10, 30.0, None)) == rest
-            assert await store.jobs_complete_owned([chained.id], [chained.token], keyed=True) == 1
+            assert (
+                sorted(j.id for j in (await store.jobs_claim("default", 10, 30.0, None)).jobs)
+                == rest
+            )
+            assert (
+                await store.jobs_complete([chained.id], [chained.token], keyed=True)
+            ).completed == 1
         finally:
             await store.close()
 

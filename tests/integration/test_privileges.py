@@ -210,7 +210,7 @@ def test_grants_apply_gives_exactly_the_printed_privileges(dsn, worker_role):
     async def claim():
         store = JobStore(role_dsn, "w")
         try:
-            return await store.jobs_claim("default", 10, 30, None)
+            return (await store.jobs_claim("default", 10, 30, None)).jobs
         finally:
             await store.close()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.assignment import StaticAssignment
-from dispatcher.db.rows import Chain, KeyedCompletion
+from dispatcher.db.rows import Chain, Completion
 from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.runtime.chaining import Chaining
@@ -38,7 +38,18 @@ class Degraded:
 
 
 def job(job_id: int, key: str | None = "k") -> Job:
-    return Job((job_id, "t", {}, 1, 5, None, 3, 0, key), f"00000000-0000-0000-0000-{job_id:012d}")
+    return Job(
+        id=job_id,
+        job_type="t",
+        payload={},
+        attempts=1,
+        max_attempts=5,
+        locked_at=None,
+        bucket=3,
+        priority=0,
+        ordering_key=key,
+        token=f"00000000-0000-0000-0000-{job_id:012d}",
+    )
 
 
 def chaining(executor: FakeExecutor, claiming: bool = True, **assignments) -> Chaining:
@@ -79,14 +90,12 @@ class FakeStore:
         self.chains: list[Chain] = []
         self.down = False
 
-    async def jobs_complete_keyed(self, ids, tokens, chain):
+    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None):
+        assert keyed and chain is not None, "a keyed batch in partitioned mode offers a chain"
         self.chains.append(chain)
         if self.down:
             raise StoreUnavailable("complete: database unavailable")
-        return KeyedCompletion(len(ids), [job(100 + i) for i in range(min(chain.limit, len(ids)))])
-
-    async def jobs_complete_owned(self, ids, tokens, keyed=False):
-        raise AssertionError("a keyed batch in partitioned mode goes through jobs_complete_keyed")
+        return Completion(len(ids), [], [job(100 + i) for i in range(min(chain.limit, len(ids)))])
 
 
 def test_the_completer_chains_keyed_batches_and_gives_the_slots_back_when_the_statement_fails():

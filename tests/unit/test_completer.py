@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from dispatcher.db.rows import FailedWrite
+from dispatcher.db.rows import Completion, FailedWrite
 from dispatcher.errors import StoreUnavailable
 from dispatcher.model import Job, Outcome
 from dispatcher.runtime.completer import Completer
@@ -16,8 +16,16 @@ def job(
     job_id: int, attempts: int = 1, ordering_key: str | None = None, job_type: str = "t"
 ) -> Job:
     return Job(
-        (job_id, job_type, {}, attempts, 5, None, 0, 0, ordering_key),
-        f"00000000-0000-0000-0000-{job_id:012d}",
+        id=job_id,
+        job_type=job_type,
+        payload={},
+        attempts=attempts,
+        max_attempts=5,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=ordering_key,
+        token=f"00000000-0000-0000-0000-{job_id:012d}",
     )
 
 
@@ -39,11 +47,12 @@ class FakeStore:
         if self.down:
             raise StoreUnavailable("complete: database unavailable")
 
-    async def jobs_complete_fenced(self, ids, tokens, keyed=False):
+    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None):
         self._check()
         self.completed.append((list(ids), list(tokens)))
         self.keyed.append(keyed)
-        return [i for i in ids if i in self.fence]
+        fenced = [i for i in ids if i in self.fence]
+        return Completion(len(ids) - len(fenced), fenced)
 
     async def jobs_fail_owned(self, failures, *, lease_expired=False):
         self._check()

@@ -19,8 +19,16 @@ from tests.helpers import run_async, wait_until_async
 
 def job(job_id: int, job_type: str, attempts: int = 1, max_attempts: int = 5) -> Job:
     return Job(
-        (job_id, job_type, {}, attempts, max_attempts, None, 0, 0),
-        "00000000-0000-0000-0000-000000000001",
+        id=job_id,
+        job_type=job_type,
+        payload={},
+        attempts=attempts,
+        max_attempts=max_attempts,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=None,
+        token="00000000-0000-0000-0000-000000000001",
     )
 
 
@@ -273,7 +281,18 @@ def test_a_keyed_jobs_failure_carries_its_handlers_on_ordered_failure():
 
     executor, rec = make(registry)
     keyed = [
-        Job((n, t, {}, 1, 1, None, 0, 0, "k"), "00000000-0000-0000-0000-000000000001")
+        Job(
+            id=n,
+            job_type=t,
+            payload={},
+            attempts=1,
+            max_attempts=1,
+            locked_at=None,
+            bucket=0,
+            priority=0,
+            ordering_key="k",
+            token="00000000-0000-0000-0000-000000000001",
+        )
         for n, t in ((1, "halts"), (2, "goes_on"), (4, "missing"))
     ]
     run_to_the_end(executor, [*keyed, job(3, "goes_on")])

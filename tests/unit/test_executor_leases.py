@@ -269,13 +269,15 @@ def test_the_lease_keeper_keeps_leases_on_the_fake_clock_and_brings_a_cancel_req
     dispatcher.enqueue_sync(store, "wait")
 
     async def main():
-        first, second = store.claim("default", 2, 2.0)
+        first, second = store.claim("default", 2, 2.0).jobs
         executor.start([first, second], clock())
         await wait_until_async(lambda: len(started) == 2, 5, "both handlers run", interval_s=0.005)
         for _ in range(5):
             clock.advance(0.6)
             assert await keeper.tick() is None
-            assert store.lease_expired() == [], "each heartbeat pushed the lease 2 s past the clock"
+            assert await store.jobs_lease_expired() == [], (
+                "each heartbeat pushed the lease 2 s past the clock"
+            )
         assert clock() == pytest.approx(3.0) and executor.stats.lost_cancelled == 0
         assert {j.id for j in executor.running_since(clock())} == {first.id, second.id}
         assert store.cancel([first.id]) == {first.id: "running"}

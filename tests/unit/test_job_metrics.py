@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dispatcher.db.rows import FailedWrite
+from dispatcher.db.rows import Completion, FailedWrite
 from dispatcher.model import Job, Outcome
 from dispatcher.observe.job_metrics import OTHER_TYPE, OUTCOMES, JobCollector, JobStats
 from dispatcher.runtime.completer import Completer
@@ -126,8 +126,9 @@ class AcceptingStore:
     def __init__(self, fence: frozenset[int] = frozenset()) -> None:
         self.fence = fence
 
-    async def jobs_complete_fenced(self, ids, tokens, keyed=False):
-        return [i for i in ids if i in self.fence]
+    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None):
+        fenced = [i for i in ids if i in self.fence]
+        return Completion(len(ids) - len(fenced), fenced)
 
     async def jobs_fail_owned(self, failures, *, lease_expired=False):
         return [
@@ -139,7 +140,17 @@ class AcceptingStore:
 
 def job(job_type: str, job_id: int = 1) -> Job:
     return Job(
-        (job_id, job_type, {}, 1, 5, None, 0, 0), f"00000000-0000-0000-0000-{job_id:012d}", "q"
+        id=job_id,
+        job_type=job_type,
+        payload={},
+        attempts=1,
+        max_attempts=5,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=None,
+        token=f"00000000-0000-0000-0000-{job_id:012d}",
+        queue="q",
     )
 
 
@@ -228,7 +239,17 @@ def test_the_executor_counts_running_handlers_by_queue_and_timeouts_by_job_type(
 
     def queued(job_id, job_type, queue):
         return Job(
-            (job_id, job_type, {}, 1, 5, None, 0, 0), "00000000-0000-0000-0000-000000000001", queue
+            id=job_id,
+            job_type=job_type,
+            payload={},
+            attempts=1,
+            max_attempts=5,
+            locked_at=None,
+            bucket=0,
+            priority=0,
+            ordering_key=None,
+            token="00000000-0000-0000-0000-000000000001",
+            queue=queue,
         )
 
     async def main():

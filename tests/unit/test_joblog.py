@@ -16,9 +16,17 @@ LOCKED_AT = datetime(2025, 1, 31, 11, 13, 0, tzinfo=CEST)
 
 def job(job_id: int, attempts: int = 2, max_attempts: int = 5) -> Job:
     return Job(
-        (job_id, "send_email", {}, attempts, max_attempts, LOCKED_AT, 17, 0),
-        "00000000-0000-0000-0000-000000000001",
-        "mail",
+        id=job_id,
+        job_type="send_email",
+        payload={},
+        attempts=attempts,
+        max_attempts=max_attempts,
+        locked_at=LOCKED_AT,
+        bucket=17,
+        priority=0,
+        ordering_key=None,
+        token="00000000-0000-0000-0000-000000000001",
+        queue="mail",
     )
 
 

@@ -67,11 +67,11 @@ def test_a_halted_key_claims_nothing_until_its_failed_job_is_retried_then_runs_i
             ("waiting", False),
         ]
         assert [r.status for r in rows if r.key == "k1"] == ["completed"]
-        assert store.claim(QUEUE, 10, 30) == []
+        assert store.claim(QUEUE, 10, 30).jobs == []
         await target.retry(k0[0].id)
         assert not holder_problems(await target.rows())
         order = []
-        while jobs := store.claim(QUEUE, 10, 30):
+        while jobs := store.claim(QUEUE, 10, 30).jobs:
             order += [j.id for j in jobs]
             store.complete([j.id for j in jobs], [j.token for j in jobs])
         assert order == [r.id for r in k0]

@@ -41,7 +41,7 @@ class FakeStore:
     async def flow_state(self):
         return FlowState()
 
-    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
+    async def jobs_claim(self, queue, limit, lease_s, buckets, steal=None, **flow):
         steal_from = steal.buckets if steal is not None else None
         self.claims.append((steal_from if steal is not None else buckets, limit, steal is not None))
         await asyncio.sleep(0)
@@ -58,8 +58,16 @@ class FakeStore:
         for b in selected[lost:]:
             jobs.append(
                 Job(
-                    (self.next_id, "noop", {}, 1, 5, None, b, 0),
-                    "00000000-0000-0000-0000-000000000001",
+                    id=self.next_id,
+                    job_type="noop",
+                    payload={},
+                    attempts=1,
+                    max_attempts=5,
+                    locked_at=None,
+                    bucket=b,
+                    priority=0,
+                    ordering_key=None,
+                    token="00000000-0000-0000-0000-000000000001",
                 )
             )
             self.next_id += 1
@@ -199,10 +207,10 @@ async def _test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_o
     reserves = []
 
     class Recording(FakeStore):
-        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
+        async def jobs_claim(self, queue, limit, lease_s, buckets, steal=None, **flow):
             if steal is not None:
                 reserves.append(steal.reserve)
-            return await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
+            return await super().jobs_claim(queue, limit, lease_s, buckets, steal)
 
     own = tuple(range(8))
     store = Recording({63: 3000})
@@ -303,8 +311,8 @@ async def _test_no_look_ahead_during_a_backlog_and_one_before_sleeping():
             events.append("look")
             return None
 
-        async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
-            claimed = await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
+        async def jobs_claim(self, queue, limit, lease_s, buckets, steal=None, **flow):
+            claimed = await super().jobs_claim(queue, limit, lease_s, buckets, steal)
             events.append("full" if claimed.selected >= limit else "short")
             if len(events) % 5 == 0:
                 assignment.changed.set()  # as a rebalance does
@@ -357,12 +365,12 @@ class FailsFirst(FakeStore):
         self.vitals = vitals
         self.failing_since_seen: list[float | None] = []
 
-    async def jobs_claim_counted(self, queue, limit, lease_s, buckets, steal=None, **flow):
+    async def jobs_claim(self, queue, limit, lease_s, buckets, steal=None, **flow):
         self.failing_since_seen.append(self.vitals.claims_failing_since)
         if self.failures:
             self.failures -= 1
             raise StoreUnavailable("claim: database unavailable")
-        return await super().jobs_claim_counted(queue, limit, lease_s, buckets, steal)
+        return await super().jobs_claim(queue, limit, lease_s, buckets, steal)
 
 
 def test_the_producer_takes_its_claim_section_and_claims_nothing_while_the_vitals_say_stalled():

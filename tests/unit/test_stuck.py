@@ -26,7 +26,18 @@ GRACE_S = 30.0
 
 
 def job(job_id: int, job_type: str = "t") -> Job:
-    return Job((job_id, job_type, {}, 1, 5, None, 0, 0), "00000000-0000-0000-0000-000000000001")
+    return Job(
+        id=job_id,
+        job_type=job_type,
+        payload={},
+        attempts=1,
+        max_attempts=5,
+        locked_at=None,
+        bucket=0,
+        priority=0,
+        ordering_key=None,
+        token="00000000-0000-0000-0000-000000000001",
+    )
 
 
 def running(job_id: int, timeout_at: float | None, *, sync: bool = False) -> Running:

@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from dispatcher.db import rows
 from dispatcher.devtools.embedded.lifecycle import ServerProcess
 from dispatcher.devtools.embedded.processes import (
     EmbeddedServerError,
@@ -272,11 +273,11 @@ class EmbeddedPostgres(ServerProcess):
     def _probe(self) -> bool:
         try:
             with psycopg.connect(self.dsn, connect_timeout=2, autocommit=True) as conn:
-                row = conn.execute("SHOW data_directory").fetchone()
+                datadir = rows.value(conn.execute("SHOW data_directory").fetchone())
         except psycopg.Error:
             return False
         # not someone else's
-        return row is not None and os.path.realpath(row[0]) == str(self.datadir)
+        return datadir is not None and os.path.realpath(datadir) == str(self.datadir)
 
 
 def start_postgres(durable: bool = False, **kw: Any) -> EmbeddedPostgres:

@@ -28,7 +28,7 @@ from dispatcher.api.flow import (
     resume_queue,
     set_limit,
 )
-from dispatcher.api.schedule_admin import ScheduleRow, list_schedules
+from dispatcher.api.schedules.listing import ScheduleRow, list_schedules
 
 __all__ = [
     "AdminInputError",

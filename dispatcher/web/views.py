@@ -18,7 +18,7 @@ from dispatcher.api.admin import (
     show_job,
 )
 from dispatcher.api.flow import list_limits, paused_queues
-from dispatcher.api.schedule_admin import list_schedules
+from dispatcher.api.schedules.listing import list_schedules
 from dispatcher.api.text import parse_duration_s
 from dispatcher.constants import COMPLETED_KEEP, is_valid_name
 from dispatcher.db.oneshot import bounded_transaction

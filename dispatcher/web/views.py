@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from dispatcher.api.admin import (
+from dispatcher.admin import (
     AdminInputError,
     Filters,
     job_attempts,

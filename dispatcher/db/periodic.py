@@ -1,8 +1,8 @@
-"""The loop every background service of the worker runs: `PeriodicService` ticks every jittered
-interval on its store; a store error is counted (dispatcher_store_errors_total) and logged, and the
-next tick comes an interval later. The maintenance services (runtime/maintenance.py,
-runtime/janitor.py), the table sampler, the key sweeper and the scheduler (api/schedules/) are its
-subclasses.
+"""The loop every background service of the worker runs: `PeriodicService` ticks on its store
+every jittered interval (or after the delay its tick returns); a store error is counted
+(dispatcher_store_errors_total) and logged, and the loop goes on until the service retires. The
+maintenance services (runtime/maintenance.py, runtime/janitor.py), the table sampler, the key
+sweeper and the scheduler (api/schedules/) are its subclasses.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from dispatcher.api.enqueue import (
     enqueue_sync,
 )
 from dispatcher.api.registry import Registry
-from dispatcher.api.schedules import Schedule
+from dispatcher.api.schedules.declarations import Schedule
+from dispatcher.api.schedules.slots import ScheduleError
 from dispatcher.errors import (
     ConfigError,
     DispatcherError,
@@ -41,7 +42,6 @@ from dispatcher.errors import (
 from dispatcher.model import Job
 from dispatcher.serve.worker import Worker, run_worker
 from dispatcher.settings.config import Config
-from dispatcher.slots import ScheduleError
 
 __all__ = [
     "Config",

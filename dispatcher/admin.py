@@ -1,24 +1,32 @@
-"""The operator's API in one place: the job admin (list, show, retry, cancel, purge: api/admin.py),
-the fleet's flow control (limits, paused queues: api/flow.py) and the recurring jobs
-(api/schedule_admin.py). `dispatcher jobs`, `dispatcher limits`, `dispatcher queues` and
-`dispatcher schedules` are these functions on the command line."""
+"""The operator's API, `dispatcher.admin`: the failed-job admin (list, show, retry, cancel and
+purge jobs: `dispatcher jobs`, defined here with its typed results), and, re-exported, the fleet's
+flow control (limits, paused queues: api/flow.py, `dispatcher limits|queues`) and the recurring
+jobs (api/schedules/listing.py, `dispatcher schedules`). The dashboard uses the same functions.
 
-from dispatcher.api.admin import (
-    AdminInputError,
-    AdminResult,
-    Filters,
-    Match,
-    cancel_jobs,
-    count_jobs,
-    job_attempts,
-    list_halted_keys,
-    list_jobs,
-    match_jobs,
-    purge_jobs,
-    retry_jobs,
-    show_job,
-)
-from dispatcher.api.flow import (
+Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with a
+local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks
+the status it needs on the row, so a job that changed meanwhile is skipped and reported. Bulk
+changes go in batches by id; a change that lets an ordering key go on promotes the key's next job
+once it commits. Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
+
+Under DISPATCHER_COMPLETED_JOBS=delete a job that completes leaves no row: `list_jobs` never
+returns it, `show_job` returns None for it, and `job_attempts` still reads its attempts from the
+history (rows exist only with DISPATCHER_HISTORY on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from coordinator.pg.connect import ConnectionLimits
+from dispatcher.api.flow import (  # re-exported: the fleet's flow control
     LimitRow,
     PausedQueue,
     clear_limits,
@@ -28,16 +36,540 @@ from dispatcher.api.flow import (
     resume_queue,
     set_limit,
 )
-from dispatcher.api.schedule_admin import ScheduleRow, list_schedules
+from dispatcher.api.schedules.listing import ScheduleRow, list_schedules  # re-exported
+from dispatcher.constants import NOTIFY_CHANNEL
+from dispatcher.db import rows
+from dispatcher.db.oneshot import bounded_transaction, session
+from dispatcher.db.queries import query
+from dispatcher.errors import AdminInputError, StoreError, StoreTimeout
+from dispatcher.model import (
+    FINISHED_STATUSES,
+    STATUS_CANCELLED,
+    STATUS_DISCARDED,
+    STATUS_FAILED,
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    STATUS_WAITING,
+    STATUSES,
+)
+
+# statement timeout = statement_timeout_s x this (30 s at the defaults), as maintenance's
+ADMIN_BUDGET = 6.0
+DEFAULT_BATCH = 1000  # rows per statement of a bulk change: ~2 ms each, 1,000 row locks at most
+DEFAULT_LIST_LIMIT = 50
+MAX_REPORTED_IDS = 100_000  # ids of changed jobs kept in a result; the counts are always exact
+# a batch that hit a dedupe key enqueued meanwhile is sent again (it is then skipped)
+_UNIQUE_RETRIES = 3
+
+# Which statuses each change applies to.
+ELIGIBLE = {
+    "retry": (STATUS_FAILED, STATUS_DISCARDED),
+    "cancel": (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING),
+    "purge": FINISHED_STATUSES,
+}
+HALTING = (STATUS_FAILED, STATUS_DISCARDED)  # the statuses of a job that halts its ordering key
+
+
+# What the admin returns: typed rows and results.
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    id: int
+    queue: str
+    job_type: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime  # when it entered its status
+    age_s: float  # since then, by the database's clock
+    locked_by: str | None
+    cancel_requested_at: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HaltedKey:
+    """An ordering key that a failed or discarded job halts, and how many jobs wait behind it."""
+
+    queue: str
+    ordering_key: str
+    job_id: int
+    job_type: str
+    status: str
+    failed_at: datetime | None
+    last_error: str | None
+    waiting: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    attempt: int
+    worker: str
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    outcome: str
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """`show`: the whole row (as a dict of its columns), its last error, its attempt history."""
+
+    job: dict[str, Any]
+    last_error: str | None
+    attempts: list[Attempt]
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    id: int
+    status: str | None  # when the statement began (None: no such job)
+    reason: str
+
+
+@dataclass(slots=True)
+class AdminResult:
+    """What a retry, cancel or purge did. `changed`: retried / cancelled at once / purged; for a
+    cancel, `requested`: running jobs that got a cancel request. Ids beyond MAX_REPORTED_IDS are
+    counted, not listed."""
+
+    action: str
+    matched: int = 0  # jobs considered: the ids given, or those the filters matched
+    changed_count: int = 0
+    requested_count: int = 0
+    changed: list[int] = field(default_factory=list)
+    requested: list[int] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    finished: bool = True  # False: told to stop between batches (keep_going); the rest still match
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """What a bulk change would touch: how many jobs, the newest of them, and when (the database's
+    clock): `Filters(as_of=...)` and `up_to_id` hold a later change to exactly these."""
+
+    count: int
+    newest_id: int | None
+    as_of: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which jobs: all of the given conditions (an empty one: any). Ages are seconds since the job
+    entered its status (updated_at: enqueued or retried, claimed, finished)."""
+
+    statuses: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+    job_types: tuple[str, ...] = ()
+    older_than_s: float | None = None
+    newer_than_s: float | None = None
+    ids: tuple[int, ...] = ()
+    # only jobs that halt their ordering key (failed or discarded, ordering_halted)
+    halted: bool = False
+    # only jobs with a smaller id: the next page of a list, newest first
+    before_id: int | None = None
+    # The filters as they stood at this instant of the database's clock (a count someone confirmed):
+    # ages measured from it, and a job whose row changed after it left alone.
+    as_of: datetime | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.statuses if s not in STATUSES]
+        if unknown:
+            raise AdminInputError(
+                f"unknown status {', '.join(map(repr, unknown))} (one of {', '.join(STATUSES)})",
+                "statuses",
+            )
+        for name in ("older_than_s", "newer_than_s"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise AdminInputError(f"must be a number of seconds >= 0, got {value!r}", name)
+        bad = [
+            i
+            for i in (*self.ids, *([] if self.before_id is None else [self.before_id]))
+            if isinstance(i, bool) or not isinstance(i, int) or i < 1
+        ]
+        if bad:
+            raise AdminInputError(f"job ids are whole numbers >= 1, got {bad[:5]}", "ids")
+        if self.as_of is not None and (
+            not isinstance(self.as_of, datetime) or self.as_of.tzinfo is None
+        ):
+            raise AdminInputError(
+                f"must be a datetime with a time zone, got {self.as_of!r}", "as_of"
+            )
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "statuses": list(self.statuses) or None,
+            "queues": list(self.queues) or None,
+            "job_types": list(self.job_types) or None,
+            "older_than_s": self.older_than_s,
+            "newer_than_s": self.newer_than_s,
+            "ids": list(self.ids) or None,
+            "halted": self.halted,
+            "before_id": self.before_id,
+            "as_of": self.as_of,
+        }
+
+    def for_action(self, action: str) -> Filters:
+        """These filters narrowed to the statuses `action` applies to; a status it never applies
+        to is an error (naming `statuses`), not a silent no-op. A cancel of halted jobs applies
+        to failed and discarded ones: those are the jobs that halt a key."""
+        eligible = HALTING if action == "cancel" and self.halted else ELIGIBLE[action]
+        wrong = [s for s in self.statuses if s not in eligible]
+        if wrong:
+            raise AdminInputError(
+                f"{action} applies to {', '.join(eligible)} jobs, not {', '.join(wrong)}",
+                "statuses",
+            )
+        return replace(self, statuses=self.statuses or eligible)
+
+
+Target = str | psycopg.Connection[Any]
+
+
+def list_jobs(
+    target: Target,
+    filters: Filters = Filters(),
+    *,
+    limit: int = DEFAULT_LIST_LIMIT,
+    limits: ConnectionLimits | None = None,
+) -> list[JobRow]:
+    """Jobs that match, newest first, at most `limit`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
+    with _session(target, limits) as run:
+        found = run("list", _sql("admin_jobs_list"), {**filters.params(), "limit": limit})
+    return rows.typed(JobRow, found)
+
+
+def list_halted_keys(
+    target: Target,
+    filters: Filters = Filters(),
+    *,
+    limit: int = DEFAULT_LIST_LIMIT,
+    limits: ConnectionLimits | None = None,
+) -> list[HaltedKey]:
+    """Halted keys whose halted job matches, newest halt first (by its job's id), at most
+    `limit`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
+    with _session(target, limits) as run:
+        found = run("list", _sql("admin_halted_keys"), {**filters.params(), "limit": limit})
+    return rows.typed(HaltedKey, found)
+
+
+def count_jobs(
+    target: Target,
+    filters: Filters,
+    action: str | None = None,
+    *,
+    limits: ConnectionLimits | None = None,
+) -> int:
+    """How many jobs match (those `action` would touch, if given): what a bulk change asks to
+    confirm."""
+    return match_jobs(target, filters, action, limits=limits).count
+
+
+def match_jobs(
+    target: Target,
+    filters: Filters,
+    action: str | None = None,
+    *,
+    limits: ConnectionLimits | None = None,
+) -> Match:
+    """How many jobs match, the newest of them and the instant, read by one statement."""
+    if action is not None:
+        filters = filters.for_action(action)
+    with _session(target, limits) as run:
+        (match,) = rows.typed(
+            rows.JobsMatch, run("count", _sql("admin_jobs_count"), filters.params())
+        )
+    return Match(int(match.matched), match.newest, match.as_of)
+
+
+def show_job(
+    target: Target,
+    job_id: int,
+    *,
+    attempts_limit: int = 100,
+    limits: ConnectionLimits | None = None,
+) -> JobDetail | None:
+    """The job's row, last error and attempt history (None: no such job)."""
+    Filters(ids=(job_id,))  # validates the id
+    with _session(target, limits) as run:
+        shown = run("show", query("admin_job_show"), {"id": job_id}, as_dicts=True)
+        if not shown:
+            return None
+        attempts = run("show", query("admin_job_attempts"), {"id": job_id, "limit": attempts_limit})
+    (job,) = shown
+    return JobDetail(job, job.get("last_error"), rows.typed(Attempt, attempts))
+
+
+def job_attempts(
+    target: Target, job_id: int, *, limit: int = 100, limits: ConnectionLimits | None = None
+) -> list[Attempt]:
+    """The job's attempt history alone, row or no row: what is left of a job whose row was
+    deleted (completed under DISPATCHER_COMPLETED_JOBS=delete, pruned or purged), if
+    DISPATCHER_HISTORY was on."""
+    Filters(ids=(job_id,))  # validates the id
+    with _session(target, limits) as run:
+        found = run("show", query("admin_job_attempts"), {"id": job_id, "limit": limit})
+    return rows.typed(Attempt, found)
+
+
+def retry_jobs(
+    target: Target,
+    filters: Filters,
+    *,
+    batch: int = DEFAULT_BATCH,
+    up_to_id: int | None = None,
+    limits: ConnectionLimits | None = None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
+    """Failed or discarded jobs back to queued, due now; a keyed one that no longer holds its key
+    waits, and runs next (see the module docstring)."""
+    return _change("retry", target, filters, batch, up_to_id, limits, keep_going)
+
+
+def cancel_jobs(
+    target: Target,
+    filters: Filters,
+    *,
+    batch: int = DEFAULT_BATCH,
+    up_to_id: int | None = None,
+    limits: ConnectionLimits | None = None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
+    """Queued and waiting jobs, and jobs that halt their key, cancelled at once; running ones get a
+    cancel request (see the module docstring)."""
+    return _change("cancel", target, filters, batch, up_to_id, limits, keep_going)
+
+
+def purge_jobs(
+    target: Target,
+    filters: Filters,
+    *,
+    batch: int = DEFAULT_BATCH,
+    up_to_id: int | None = None,
+    limits: ConnectionLimits | None = None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
+    """Delete finished jobs that match (see the module docstring)."""
+    return _change("purge", target, filters, batch, up_to_id, limits, keep_going)
+
+
+# -- how a change runs -----------------------------------------------------------------------------
+
+
+def _change(
+    action: str,
+    target: Target,
+    filters: Filters,
+    batch: int,
+    up_to_id: int | None,
+    limits: ConnectionLimits | None,
+    keep_going: Callable[[], bool] | None = None,
+) -> AdminResult:
+    """With ids: those jobs (the filters must match too), each reported. Without: every job the
+    filters match (narrowed to the statuses `action` applies to), batch by batch, up to `up_to_id`
+    (default: the newest that matches now), while `keep_going()` says so before each batch."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
+        raise AdminInputError(f"must be a whole number from 1 to 10000, got {batch!r}", "batch")
+    result = AdminResult(action)
+    sql = _sql(f"admin_jobs_{action}")
+    with _session(target, limits) as run:
+        if filters.ids:
+            ids = list(dict.fromkeys(filters.ids))
+            result.matched = len(ids)
+            for start in range(0, len(ids), batch):
+                _write(run, action, sql, ids[start : start + batch], filters, result)
+            return result
+        narrowed = filters.for_action(action)
+        if up_to_id is not None:  # counted, as walked, up to it
+            bound = (
+                up_to_id + 1
+                if narrowed.before_id is None
+                else min(up_to_id + 1, narrowed.before_id)
+            )
+            narrowed = replace(narrowed, before_id=bound)
+        params = narrowed.params()
+        (match,) = rows.typed(rows.JobsMatch, run("count", _sql("admin_jobs_count"), params))
+        result.matched, last = int(match.matched), match.newest
+        after = 0
+        while last is not None and after < last:
+            if keep_going is not None and not keep_going():
+                result.finished = False
+                break
+            page = rows.values(
+                run(
+                    action,
+                    _sql("admin_jobs_page"),
+                    {**params, "after_id": after, "max_id": last, "limit": batch},
+                )
+            )
+            if not page:
+                break
+            _write(run, action, sql, page, narrowed, result)
+            after = page[-1]
+            if len(page) < batch:
+                break
+    return result
+
+
+def _write(
+    run: Any, action: str, sql: str, ids: list[int], filters: Filters, result: AdminResult
+) -> None:
+    """One statement over `ids`: the change, re-checked on each row; the report of each id."""
+    params = {**filters.params(), "ids": ids}
+    for attempt in range(_UNIQUE_RETRIES):
+        try:
+            written = rows.typed(rows.WrittenJob, run(action, sql, params))
+            break
+        except _DedupeRace:
+            if attempt == _UNIQUE_RETRIES - 1:
+                raise StoreError(
+                    f"{action}: jobs with the same dedupe key kept being enqueued meanwhile; "
+                    "run it again"
+                ) from None
+    eligible = ELIGIBLE[action]
+    after = {w.id: w.status for w in written if w.status is not None}  # the changed rows
+    # Keys a changed row lets go on (the SQL returns a key only where it may: see admin.sql).
+    released = {
+        (w.queue, w.ordering_key)
+        for w in written
+        if w.queue is not None
+        and w.ordering_key is not None
+        and w.status in (STATUS_WAITING, STATUS_CANCELLED, "purged")
+    }
+    for w in written:
+        if w.status is not None:
+            continue  # the row as written; each id comes again below, as it was before
+        if w.id not in after:
+            why = _why(action, w.before, w.matches, w.dedupe_held, eligible, w.halted)
+            result.skipped.append(Skipped(w.id, w.before, why))
+        elif action == "cancel" and after[w.id] == STATUS_RUNNING:
+            result.requested_count += 1
+            _keep(result.requested, w.id)
+        else:
+            result.changed_count += 1
+            _keep(result.changed, w.id)
+    if released:
+        _promote(run, sorted(released))
+
+
+def _promote(run: Any, keys: list[tuple[str, str]]) -> None:
+    """ordering_promote_keys after the change committed; a race with another promotion (a unique
+    violation on the holder index) is tried again, a key still missed is left to the sweeper."""
+    params = {
+        "queues": [q for q, _ in keys],
+        "keys": [k for _, k in keys],
+        "channel": NOTIFY_CHANNEL,
+    }
+    for _ in range(_UNIQUE_RETRIES):
+        try:
+            run("promote", query("ordering_promote_keys"), params)
+            return
+        except _DedupeRace:
+            continue
+
+
+def _why(
+    action: str,
+    status: str | None,
+    matches: bool,
+    dedupe_held: bool,
+    eligible: Sequence[str],
+    halted: bool | None = None,
+) -> str:
+    if status is None:
+        return "no such job"
+    applies = ", ".join(eligible) + (
+        " jobs and to jobs that halt their ordering key" if action == "cancel" else " jobs"
+    )
+    if action == "cancel" and status in HALTING and not halted:
+        return f"it is {status} and does not halt its ordering key: cancel applies to {applies}"
+    if status not in eligible and not (action == "cancel" and status in HALTING):
+        return f"it is {status}: {action} applies to {applies}"
+    if not matches:
+        return "it does not match the filters"
+    if dedupe_held:
+        return "a live job holds its dedupe key"
+    return "its status changed meanwhile"
+
+
+def _keep(ids: list[int], job_id: int) -> None:
+    if len(ids) < MAX_REPORTED_IDS:
+        ids.append(job_id)
+
+
+class _DedupeRace(Exception):
+    """A job with the same dedupe key became live between the check and the write."""
+
+
+def _sql(name: str) -> str:
+    return query(name).replace("{filters}", "(" + query("admin_filters") + ")")
+
+
+@contextlib.contextmanager
+def _session(target: Target, limits: ConnectionLimits | None) -> Iterator[Any]:
+    """A `run(what, sql, params)` that executes one statement in its own bounded transaction on
+    `target` (db/oneshot.py) and returns its rows (with `as_dicts=True`: as dicts by column)."""
+    limits = limits or ConnectionLimits()
+
+    def run(what: str, sql: str, params: dict[str, Any], as_dicts: bool = False) -> list[Any]:
+        try:
+            with bounded_transaction(conn, f"jobs {what}", limits, budget=ADMIN_BUDGET):
+                try:
+                    cur = conn.execute(sql, params, prepare=False)
+                except psycopg.errors.UniqueViolation:
+                    raise _DedupeRace() from None
+                return rows.as_dicts(cur) if as_dicts else cur.fetchall()
+        except StoreTimeout as exc:
+            if exc.lock:
+                raise
+            raise StoreTimeout(
+                f"{exc}; narrow the filters (a status, a queue), or raise "
+                "DISPATCHER_STATEMENT_TIMEOUT_S",
+                lock=False,
+            ) from None
+
+    if isinstance(target, str):
+        with session(target, limits, application_name="dispatcher-admin") as conn:
+            yield run
+    else:
+        conn = target
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise AdminInputError(
+                "admin changes commit batch by batch: pass a connection that is not inside a "
+                "transaction",
+                "conn",
+            )
+        yield run
+
 
 __all__ = [
     "AdminInputError",
     "AdminResult",
+    "Attempt",
     "Filters",
+    "HaltedKey",
+    "JobDetail",
+    "JobRow",
     "LimitRow",
     "Match",
     "PausedQueue",
     "ScheduleRow",
+    "Skipped",
     "cancel_jobs",
     "clear_limits",
     "count_jobs",

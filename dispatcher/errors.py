@@ -28,6 +28,15 @@ class EnqueueError(DispatcherError, ValueError):
         self.option = option
 
 
+class AdminInputError(DispatcherError, ValueError):
+    """A bad filter or argument of dispatcher.admin; nothing was read or written. `option` names
+    it (a Filters field)."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
 class StoreError(DispatcherError):
     """The database refused or failed a statement."""
 

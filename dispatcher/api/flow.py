@@ -19,11 +19,11 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
-from dispatcher.api.admin import AdminInputError
 from dispatcher.constants import LIMIT_ANY, NOTIFY_CHANNEL
 from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
+from dispatcher.errors import AdminInputError
 
 ANY = LIMIT_ANY
 MAX_RUNNING_MAX = 1_000_000

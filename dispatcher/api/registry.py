@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
-from dispatcher.api.schedules import CATCH_UP_LATEST, Schedule, declare_schedule
+from dispatcher.api.schedules.declarations import CATCH_UP_LATEST, Schedule, declare_schedule
+from dispatcher.api.schedules.slots import ScheduleError
 from dispatcher.backoff import HandlerRetry, RetryFn, handler_retry
 from dispatcher.constants import DEFAULT_QUEUE
 from dispatcher.observe import tracing
-from dispatcher.slots import ScheduleError
 
 # What a handler's final failure does to its job's ordering key (jobs without a key: nothing).
 OnOrderedFailure = Literal["halt", "continue"]

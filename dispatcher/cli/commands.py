@@ -94,7 +94,7 @@ def load_registry(spec: str, origin: str = "--app") -> Any:
     """'package.module:attribute' -> the Registry object it names; errors name `origin` (the
     flag or env var the spec came from)."""
     from dispatcher.api.registry import Registry
-    from dispatcher.slots import ScheduleError
+    from dispatcher.api.schedules.slots import ScheduleError
 
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:

@@ -1,4 +1,4 @@
-"""`dispatcher jobs list|show|retry|cancel|purge`: the failed-job admin (dispatcher/api/admin.py)
+"""`dispatcher jobs list|show|retry|cancel|purge`: the failed-job admin (dispatcher/admin.py)
 on the command line.
 
 Which jobs: ids (arguments, or --id repeated), and/or filters (--status, --queue, --type, each
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from dispatcher.api.admin import (
+from dispatcher.admin import (
     DEFAULT_BATCH,
     DEFAULT_LIST_LIMIT,
     AdminInputError,

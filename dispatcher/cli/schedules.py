@@ -1,4 +1,4 @@
-"""`dispatcher schedules list`: the recurring jobs (dispatcher/api/schedule_admin.py) on the
+"""`dispatcher schedules list`: the recurring jobs (dispatcher/api/schedules/listing.py) on the
 command line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from dispatcher.api.schedule_admin import ScheduleRow, list_schedules
+from dispatcher.api.schedules.listing import ScheduleRow, list_schedules
 from dispatcher.cli.jobs import config_dsn, guarded
 
 

@@ -1,10 +1,10 @@
-"""The janitor's round: deletes rows past their retention, one pod at a time, in bounded batches
-(maintenance.Pruner runs it every prune_interval_s).
+"""The janitor: retention. `Pruner`, the service, deletes rows past their retention, one pod at a
+time, in bounded batches, every prune_interval_s; `prune_round` is its round.
 
-One transaction: a try-lock (pg_try_advisory_xact_lock, so it works through PgBouncer), DELETEs
-of at most prune_batch rows of each kind (completed; failed, discarded, cancelled; history), oldest
-first through the migration-0007 indexes, then uniqueness windows that ended (sql/dedupe.sql), in
-pages of prune_batch, then the lag. Live jobs are never touched.
+A round is one transaction: a try-lock (pg_try_advisory_xact_lock, so it works through
+PgBouncer), DELETEs of at most prune_batch rows of each kind (completed; failed, discarded,
+cancelled; history), oldest first through the migration-0007 indexes, then uniqueness windows
+that ended (sql/dedupe.sql), in pages of prune_batch, then the lag. Live jobs are never touched.
 Under DISPATCHER_COMPLETED_JOBS=delete the completion itself deletes a completed job's row: the
 completed kind's DELETE then finds nothing (one index descent) once the rows completed before that
 was set are gone, and its lag reads 0; it is kept so that those rows still go.
@@ -12,15 +12,21 @@ was set are gone, and its lag reads 0; it is kept so that those rows still go.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from dispatcher.backoff import jittered
 from dispatcher.db import rows
+from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.queries import query
 from dispatcher.db.store import SLOW_STATEMENT, JobStore
+from dispatcher.errors import StoreError
+from dispatcher.observe import metrics
+from dispatcher.settings.sections import RetentionSettings
 
 # What the pruner deletes, by kind (the label of dispatcher_jobs_pruned_total): its named query.
 PRUNE_QUERIES = {
@@ -82,3 +88,79 @@ async def prune_round(
     # The round's statements share one budget: each takes milliseconds (EXPLAINs in
     # dispatcher/db/sql/maintenance.sql).
     return await store.run("prune", work, budget=SLOW_STATEMENT)
+
+
+class Pruner(PeriodicService):
+    """Deletes rows past their retention, by kind (PRUNE_QUERIES: completed jobs, failed ones,
+    history rows; a kind whose retention is 0 is kept forever).
+
+    One pod at a time: the pod holding the `janitor` maintenance lease (migration 0006, on the
+    database's clock, LEASE_INTERVALS intervals long, renewed each round, given up at shutdown)
+    prunes and exports the lag; the others skip their rounds and export no lag, so N pods do not
+    export N copies. A round is also one transaction behind a try-lock: a pod whose lease ran out
+    mid-round never prunes beside the next holder. In bounded batches:
+    each DELETE takes at most `batch` rows (~2 ms per 1,000 at 500k rows), a round at most
+    ROUND_STATEMENTS of them; while some kind has more waiting, the next round comes about
+    CATCH_UP_S later instead of an interval later, so a backlog drains (up to ~12,000 rows a
+    second at the default batch) without a long statement or transaction, and other pods get
+    their turn in between."""
+
+    name = "prune"
+    ROUND_STATEMENTS = 6
+    CATCH_UP_S = 0.5
+    LEASE_NAME = "janitor"
+    LEASE_INTERVALS = 3  # a holder may miss two rounds (a slow statement, a blip) and keep the role
+
+    def __init__(self, store: JobStore, settings: RetentionSettings) -> None:
+        # First prune after a random fraction of the interval, so N pods started together spread
+        # out.
+        super().__init__(
+            store, settings.interval_s, first_delay_s=settings.interval_s * random.random()
+        )
+        self._retentions_s = {kind: r for kind, r in settings.retentions_s.items() if r > 0}
+        self._batch = settings.batch
+        self.rounds = 0  # rounds this pod ran (it held the lock)
+        self.skipped = 0  # rounds skipped: another pod held the lock
+        self.last_round: PruneRound | None = None
+        self.holding = False  # this pod holds the janitor lease (as of its last round)
+        for kind in PRUNE_QUERIES:
+            metrics.JOBS_PRUNED.labels(kind)  # every kind's series exists from the start (0)
+
+    async def tick(self) -> float | None:
+        if not self._retentions_s:
+            self.retired = True  # every kind is kept forever
+            return None
+        try:
+            self.holding = await self._store.maintenance_lease_take(
+                self.LEASE_NAME, self.LEASE_INTERVALS * self.interval_s
+            )
+            done = (
+                None
+                if not self.holding
+                else await prune_round(
+                    self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS
+                )
+            )
+        except StoreError:
+            metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
+            raise
+        if done is None:
+            self.skipped += 1
+            metrics.JANITOR_LAG.clear()  # the pod pruning now exports it
+            return None
+        self.rounds += 1
+        self.last_round = done
+        for kind, n in done.deleted.items():
+            metrics.JOBS_PRUNED.labels(kind).inc(n)
+        for kind, retention_s in self._retentions_s.items():
+            age_s = done.oldest_age_s[kind]
+            metrics.JANITOR_LAG.labels(kind).set(
+                0.0 if age_s is None else max(0.0, age_s - retention_s)
+            )
+        return jittered(self.CATCH_UP_S) if done.more else None
+
+    async def release(self) -> None:
+        """Give the janitor lease up (shutdown): another pod prunes at its next round."""
+        if self.holding:
+            self.holding = False
+            await self._store.maintenance_lease_release(self.LEASE_NAME)

@@ -1,19 +1,18 @@
 """Maintenance: small periodic services beside the job path, each with one job.
 
 `LeaseKeeper` (heartbeats, and cancel requests), `Reaper` (expired leases through the retry
-policy), `Pruner` (retention, one pod at a time: janitor.py) and `PlannerStats` (ANALYZE when
-statistics fall far behind). Each ticks every jittered interval; errors are counted and logged.
+policy) and `PlannerStats` (ANALYZE when statistics fall far behind); retention's `Pruner` is in
+janitor.py. Each ticks every jittered interval (db/periodic.py); errors are counted and logged.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 
 from dispatcher.backoff import HandlerRetry, jittered
+from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.rows import Failure, HistoryRows
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError, StorePermissionDenied
@@ -21,59 +20,11 @@ from dispatcher.model import STATUS_QUEUED, FailureKind
 from dispatcher.observe import metrics
 from dispatcher.runtime import joblog
 from dispatcher.runtime.executor import Executor
-from dispatcher.runtime.janitor import PRUNE_QUERIES, PruneRound, prune_round
 from dispatcher.runtime.retry import RetryPolicy, lease_expired_error
 from dispatcher.runtime.vitals import Vitals
-from dispatcher.settings.sections import LeaseSettings, MaintenanceSettings, RetentionSettings
+from dispatcher.settings.sections import LeaseSettings, MaintenanceSettings
 
 log = logging.getLogger(__name__)
-
-
-class PeriodicService:
-    name = "maintenance"
-
-    def __init__(
-        self,
-        store: JobStore,
-        interval_s: float,
-        *,
-        first_delay_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._store = store
-        self._clock = clock  # the executor's, for the lease keeper: a test passes a fake one
-        self.interval_s = interval_s
-        self._first_delay_s = first_delay_s
-        self.retired = False  # set by a service that can never work here: run() then returns
-        # The clock's time of the first of the ticks failing now (a store error); the reaper
-        # reports it in the vitals. (Not the lease keeper's: its ticks catch their own errors.)
-        self.tick_failing_since: float | None = None
-
-    async def run(self) -> None:
-        await asyncio.sleep(
-            jittered(self.interval_s) if self._first_delay_s is None else self._first_delay_s
-        )
-        while True:
-            try:
-                next_s = await self.tick()
-                self.tick_failing_since = None
-            except StoreError as exc:
-                metrics.STORE_ERRORS.labels(self.name).inc()
-                log.warning("%s failed: %s", self.name, exc)
-                next_s = None
-                if self.tick_failing_since is None:
-                    self.tick_failing_since = self._clock()
-            self._tick_failing(self.tick_failing_since)
-            if self.retired:
-                return
-            await asyncio.sleep(jittered(self.interval_s) if next_s is None else next_s)
-
-    async def tick(self) -> float | None:
-        """One round; returns the delay before the next one (None: the jittered interval)."""
-        raise NotImplementedError
-
-    def _tick_failing(self, since: float | None) -> None:
-        """After each tick: since when ticks fail (None: the last one worked)."""
 
 
 class LeaseKeeper(PeriodicService):
@@ -240,82 +191,6 @@ class Reaper(PeriodicService):
         self.reaped += len(written)
         metrics.JOBS_REAPED.inc(len(written))
         self._on_reaped()
-
-
-class Pruner(PeriodicService):
-    """Deletes rows past their retention, by kind (PRUNE_QUERIES: completed jobs, failed ones,
-    history rows; a kind whose retention is 0 is kept forever).
-
-    One pod at a time: the pod holding the `janitor` maintenance lease (migration 0006, on the
-    database's clock, LEASE_INTERVALS intervals long, renewed each round, given up at shutdown)
-    prunes and exports the lag; the others skip their rounds and export no lag, so N pods do not
-    export N copies. A round is also one transaction behind a try-lock: a pod whose lease ran out
-    mid-round never prunes beside the next holder. In bounded batches:
-    each DELETE takes at most `batch` rows (~2 ms per 1,000 at 500k rows), a round at most
-    ROUND_STATEMENTS of them; while some kind has more waiting, the next round comes about
-    CATCH_UP_S later instead of an interval later, so a backlog drains (up to ~12,000 rows a
-    second at the default batch) without a long statement or transaction, and other pods get
-    their turn in between."""
-
-    name = "prune"
-    ROUND_STATEMENTS = 6
-    CATCH_UP_S = 0.5
-    LEASE_NAME = "janitor"
-    LEASE_INTERVALS = 3  # a holder may miss two rounds (a slow statement, a blip) and keep the role
-
-    def __init__(self, store: JobStore, settings: RetentionSettings) -> None:
-        # First prune after a random fraction of the interval, so N pods started together spread
-        # out.
-        super().__init__(
-            store, settings.interval_s, first_delay_s=settings.interval_s * random.random()
-        )
-        self._retentions_s = {kind: r for kind, r in settings.retentions_s.items() if r > 0}
-        self._batch = settings.batch
-        self.rounds = 0  # rounds this pod ran (it held the lock)
-        self.skipped = 0  # rounds skipped: another pod held the lock
-        self.last_round: PruneRound | None = None
-        self.holding = False  # this pod holds the janitor lease (as of its last round)
-        for kind in PRUNE_QUERIES:
-            metrics.JOBS_PRUNED.labels(kind)  # every kind's series exists from the start (0)
-
-    async def tick(self) -> float | None:
-        if not self._retentions_s:
-            self.retired = True  # every kind is kept forever
-            return None
-        try:
-            self.holding = await self._store.maintenance_lease_take(
-                self.LEASE_NAME, self.LEASE_INTERVALS * self.interval_s
-            )
-            done = (
-                None
-                if not self.holding
-                else await prune_round(
-                    self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS
-                )
-            )
-        except StoreError:
-            metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
-            raise
-        if done is None:
-            self.skipped += 1
-            metrics.JANITOR_LAG.clear()  # the pod pruning now exports it
-            return None
-        self.rounds += 1
-        self.last_round = done
-        for kind, n in done.deleted.items():
-            metrics.JOBS_PRUNED.labels(kind).inc(n)
-        for kind, retention_s in self._retentions_s.items():
-            age_s = done.oldest_age_s[kind]
-            metrics.JANITOR_LAG.labels(kind).set(
-                0.0 if age_s is None else max(0.0, age_s - retention_s)
-            )
-        return jittered(self.CATCH_UP_S) if done.more else None
-
-    async def release(self) -> None:
-        """Give the janitor lease up (shutdown): another pod prunes at its next round."""
-        if self.holding:
-            self.holding = False
-            await self._store.maintenance_lease_release(self.LEASE_NAME)
 
 
 class PlannerStats(PeriodicService):

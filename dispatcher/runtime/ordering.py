@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 
 from dispatcher.backoff import jittered
+from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreConflict
 from dispatcher.observe import metrics
-from dispatcher.runtime.maintenance import PeriodicService
 
 log = logging.getLogger(__name__)
 

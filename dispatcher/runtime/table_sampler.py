@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 
+from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.rows import DbPressure, QueueDepth
 from dispatcher.db.store import JobStore
-from dispatcher.runtime.maintenance import PeriodicService
 
 log = logging.getLogger(__name__)
 

@@ -18,24 +18,20 @@ from typing import TYPE_CHECKING
 from coordinator.assignment import BucketAssignment
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.registry import Registry
+from dispatcher.api.schedules.scheduler import Scheduler
 from dispatcher.db.listener import Listener
+from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.store import JobStore
 from dispatcher.errors import ConfigError, StoreError
 from dispatcher.observe import job_metrics, metrics
 from dispatcher.runtime.chaining import Chaining
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
-from dispatcher.runtime.maintenance import (
-    LeaseKeeper,
-    PeriodicService,
-    PlannerStats,
-    Pruner,
-    Reaper,
-)
+from dispatcher.runtime.janitor import Pruner
+from dispatcher.runtime.maintenance import LeaseKeeper, PlannerStats, Reaper
 from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.retry import RetryPolicy
-from dispatcher.runtime.scheduler import Scheduler
 from dispatcher.runtime.stuck import StuckWatch
 from dispatcher.runtime.table_sampler import TableSampler
 from dispatcher.runtime.vitals import Vitals

@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.api.admin import (
+from dispatcher.admin import (
     AdminInputError,
     Filters,
     cancel_jobs,

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from dispatcher.api.admin import AdminInputError
+from dispatcher.admin import AdminInputError
 from dispatcher.api.text import age_text, bucket_ranges
 from dispatcher.errors import StoreError
 from dispatcher.observe import logs

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from dispatcher.api.admin import (
+from dispatcher.admin import (
     AdminInputError,
     Filters,
     job_attempts,
@@ -18,7 +18,7 @@ from dispatcher.api.admin import (
     show_job,
 )
 from dispatcher.api.flow import list_limits, paused_queues
-from dispatcher.api.schedule_admin import list_schedules
+from dispatcher.api.schedules.listing import list_schedules
 from dispatcher.api.text import parse_duration_s
 from dispatcher.constants import COMPLETED_KEEP, is_valid_name
 from dispatcher.db.oneshot import bounded_transaction

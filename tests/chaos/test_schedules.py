@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.runtime.scheduler import LEASE_PREFIX, Scheduler
+from dispatcher.api.schedules.scheduler import LEASE_PREFIX, Scheduler
 from tests.helpers import fetchall, fetchval, wait_until
 
 pytestmark = pytest.mark.chaos

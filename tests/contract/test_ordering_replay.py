@@ -17,7 +17,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 
 from dispatcher import JobSpec, enqueue, enqueue_many
-from dispatcher.api.admin import Filters, retry_jobs
+from dispatcher.admin import Filters, retry_jobs
 from dispatcher.db.port import JobStorePort
 from dispatcher.db.store import JobStore
 from tests.helpers import run_async

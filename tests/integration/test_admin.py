@@ -1,4 +1,4 @@
-"""The failed-job admin (dispatcher/api/admin.py) against a real PostgreSQL: each command, its
+"""The failed-job admin (dispatcher/admin.py) against a real PostgreSQL: each command, its
 filters, bulk changes in batches, and the status re-check of every write. Retried jobs are then
 run by a real worker. (The CLI: test_admin_cli.py; cancels reaching running jobs:
 test_cancel.py.)"""
@@ -13,7 +13,7 @@ import pytest
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher import Config, Registry, Worker
-from dispatcher.api.admin import (
+from dispatcher.admin import (
     AdminInputError,
     Filters,
     cancel_jobs,

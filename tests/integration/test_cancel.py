@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from dispatcher import enqueue_sync
-from dispatcher.api.admin import Filters, cancel_jobs
+from dispatcher.admin import Filters, cancel_jobs
 from tests.helpers import (
     fetchall,
     fetchval,

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from dispatcher import Config, Job, PermanentJobError, Registry, Worker, enqueue_payloads_sync
-from dispatcher.api.admin import Filters, cancel_jobs, job_attempts, show_job
+from dispatcher.admin import Filters, cancel_jobs, job_attempts, show_job
 from dispatcher.db.queries import query
 from dispatcher.db.store import JobStore, int_array, token_array
 from dispatcher.runtime.completer import Completer

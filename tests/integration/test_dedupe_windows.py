@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_sync
-from dispatcher.api.admin import Filters, cancel_jobs, purge_jobs
+from dispatcher.admin import Filters, cancel_jobs, purge_jobs
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
 from dispatcher.db.rows import Failure
 from dispatcher.db.store import JobStore

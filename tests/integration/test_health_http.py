@@ -41,7 +41,7 @@ FAST = dict(
 )
 READY = {"worker": "running", "database": "ok", "schema": "current", "assignment": "owned"}
 
-# The janitor holds a lease in the same table (maintenance.Pruner): only the sampler's row here.
+# The janitor holds a lease in the same table (janitor.Pruner): only the sampler's row here.
 SAMPLER_HOLDER = "SELECT holder FROM dispatcher_maintenance_leases WHERE name = 'table_sampler'"
 
 

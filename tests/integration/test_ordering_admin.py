@@ -14,7 +14,7 @@ import orjson
 import psycopg
 
 from dispatcher import Config, Registry, Worker, enqueue_sync
-from dispatcher.api.admin import (
+from dispatcher.admin import (
     Filters,
     cancel_jobs,
     list_halted_keys,

@@ -314,8 +314,8 @@ def test_listen_off_means_polling_only_and_no_listen_connection(dsn, pgbouncer):
 def test_the_admin_and_the_pruner_work_through_it_and_leave_no_session_state(dsn, pgbouncer):
     """The admin's statement_timeout is SET LOCAL (its transaction only) and its statements are
     never prepared; the pruner's lock is transaction-scoped: nothing reaches the next client."""
-    from dispatcher.api.admin import Filters, list_jobs, retry_jobs
-    from dispatcher.runtime.maintenance import Pruner
+    from dispatcher.admin import Filters, list_jobs, retry_jobs
+    from dispatcher.runtime.janitor import Pruner
     from dispatcher.settings.sections import RetentionSettings
     from tests.integration.test_admin import add
 

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from dispatcher.db.queries import query
 from dispatcher.db.store import JobStore
-from dispatcher.runtime.maintenance import Pruner
+from dispatcher.runtime.janitor import Pruner
 from dispatcher.settings.sections import RetentionSettings
 from tests.helpers import (
     fetchall,

@@ -12,12 +12,12 @@ import pytest
 
 from dispatcher import Job, Registry
 from dispatcher.admin import list_schedules
-from dispatcher.api.schedules import declare_schedule
+from dispatcher.api.schedules.declarations import declare_schedule
+from dispatcher.api.schedules.round import schedule_round
+from dispatcher.api.schedules.scheduler import Scheduler
 from dispatcher.constants import NOTIFY_CHANNEL
 from dispatcher.db.queries import query
 from dispatcher.db.store import JobStore
-from dispatcher.runtime.schedule_round import schedule_round
-from dispatcher.runtime.scheduler import Scheduler
 from dispatcher.serve.worker import Worker
 from dispatcher.settings.config import Config
 from tests.helpers import fetchall, fetchval, run_async, run_worker_until

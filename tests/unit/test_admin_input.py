@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from dispatcher.api.admin import AdminInputError, Filters
+from dispatcher.admin import AdminInputError, Filters
 from dispatcher.api.text import parse_duration_s
 from dispatcher.cli.jobs import age_text, error_line
 

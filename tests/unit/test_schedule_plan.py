@@ -1,4 +1,4 @@
-"""Which slots a scheduler round enqueues (schedule_round.plan_slots): ahead of time, and the
+"""Which slots a scheduler round enqueues (round.plan_slots): ahead of time, and the
 missed ones by each catch_up policy; and the declarations a registry accepts or refuses."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dispatcher import Registry
-from dispatcher.api.schedules import CATCH_UP_ALL_MAX, declare_schedule
-from dispatcher.runtime.schedule_round import MAX_SLOTS_PER_ROUND, plan_slots
-from dispatcher.slots import Cadence, ScheduleError
+from dispatcher.api.schedules.declarations import CATCH_UP_ALL_MAX, declare_schedule
+from dispatcher.api.schedules.round import MAX_SLOTS_PER_ROUND, plan_slots
+from dispatcher.api.schedules.slots import Cadence, ScheduleError
 
 NOW = datetime(2026, 11, 26, 12, 0, 0, 400_000, tzinfo=UTC)
 S = timedelta(seconds=1)

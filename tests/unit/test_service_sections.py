@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from dispatcher.errors import StoreUnavailable
-from dispatcher.runtime.maintenance import LeaseKeeper, Pruner, Reaper
+from dispatcher.runtime.janitor import Pruner
+from dispatcher.runtime.maintenance import LeaseKeeper, Reaper
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.vitals import Vitals
 from dispatcher.settings.config import Config

@@ -1,4 +1,4 @@
-"""dispatcher.slots: the next slot of cron expressions and intervals, DST included."""
+"""dispatcher.api.schedules.slots: the next slot of cron expressions and intervals, DST included."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.slots import Cadence, ScheduleError
+from dispatcher.api.schedules.slots import Cadence, ScheduleError
 
 PARIS = ZoneInfo("Europe/Paris")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -1,4 +1,4 @@
--- Failed-job admin (dispatcher/api/admin.py, `dispatcher jobs ...`). Each statement runs in its own
+-- Failed-job admin (dispatcher/admin.py, `dispatcher jobs ...`). Each statement runs in its own
 -- short transaction with a local statement_timeout and lock_timeout (db/oneshot.py), never prepared,
 -- so it is planned with its parameters' values: a filter left out ({filters}: NULL) folds away
 -- and a status filter can use the partial index of that status (queued: the claim indexes,

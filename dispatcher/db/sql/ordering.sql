@@ -1,4 +1,4 @@
--- Ordering keys (dispatcher/db/store.py, dispatcher/api/enqueue.py, dispatcher/api/admin.py): the
+-- Ordering keys (dispatcher/db/store.py, dispatcher/api/enqueue.py, dispatcher/admin.py): the
 -- statements that enqueue keyed jobs, end a key's holder and promote the key's next job, and find
 -- keys left with waiting jobs and no holder. The rule they keep and the index that enforces it:
 -- migrations/0008_ordering_keys.sql. Jobs without a key never run these: their enqueue and
@@ -229,7 +229,7 @@ SELECT CASE WHEN (SELECT count(*) FROM scanned) >= %(limit)s THEN (SELECT max(or
 
 -- name: ordering_promote_keys
 -- The same for given (queue, key) pairs: what an operator's retry, cancel or purge released
--- (dispatcher/api/admin.py runs it after the change commits). Returns how many were promoted.
+-- (dispatcher/admin.py runs it after the change commits). Returns how many were promoted.
 WITH released AS (
     SELECT DISTINCT k.queue_name, k.ordering_key
       FROM unnest(%(queues)s::text[], %(keys)s::text[]) AS k(queue_name, ordering_key)

@@ -1,4 +1,4 @@
--- Recurring jobs (dispatcher/runtime/scheduler.py, migration 0012): the round of the holder of a
+-- Recurring jobs (dispatcher/api/schedules/, migration 0012): the round of the holder of a
 -- queue's `schedules:<queue>` lease, and what operators read.
 -- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
 -- folder. Parameters use psycopg's %(name)s style.

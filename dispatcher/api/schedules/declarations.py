@@ -1,6 +1,6 @@
 """Recurring jobs as the app declares them: `registry.schedule(...)`, checked when declared.
 
-A `Schedule` is what the scheduler (dispatcher/runtime/scheduler.py) enqueues a job from at each of
+A `Schedule` is what the scheduler (scheduler.py) enqueues a job from at each of
 its slots; its fingerprint tells the database's copy whether the declaration changed.
 """
 
@@ -13,10 +13,10 @@ from typing import Any, Final
 import orjson
 
 from dispatcher.api.enqueue_checks import check_names, check_options, serialize_payload
+from dispatcher.api.schedules.slots import Cadence, ScheduleError
 from dispatcher.constants import DEFAULT_QUEUE, is_valid_name
 from dispatcher.errors import DispatcherError
 from dispatcher.settings.defaults import DEFAULT_MAX_PAYLOAD_BYTES
-from dispatcher.slots import Cadence, ScheduleError
 
 # What a schedule does with the slots that passed while no worker could enqueue them.
 CATCH_UP_LATEST: Final = "latest"  # the most recent missed slot runs once (the default)

@@ -2,7 +2,7 @@
 
 Every worker ticks every INTERVAL_S (jittered) and tries each of its queues' `schedules:<queue>`
 maintenance leases (migration 0006: database clock, LEASE_INTERVALS ticks long, given up at
-shutdown). The holder runs the queue's round (schedule_round.py): its declared schedules against
+shutdown). The holder runs the queue's round (round.py): its declared schedules against
 the database's copy, the jobs of the slots due within LOOKAHEAD_S, the missed ones by catch_up,
 the runs that ended; and exports each schedule's last success. LOOKAHEAD_S is longer than the
 lease's take-over, so a holder's death delays no slot: the next holder finds them enqueued.
@@ -14,14 +14,14 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from dispatcher.api.schedules import Schedule
+from dispatcher.api.schedules.declarations import Schedule
+from dispatcher.api.schedules.round import ScheduleRound, schedule_round
 from dispatcher.backoff import jittered
 from dispatcher.constants import COMPLETED_DELETE
+from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
 from dispatcher.observe import metrics
-from dispatcher.runtime.maintenance import PeriodicService
-from dispatcher.runtime.schedule_round import ScheduleRound, schedule_round
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,13 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from dispatcher.api.schedules import CATCH_UP_ALL, CATCH_UP_ALL_MAX, CATCH_UP_LATEST, Schedule
+from dispatcher.api.schedules.declarations import (
+    CATCH_UP_ALL,
+    CATCH_UP_ALL_MAX,
+    CATCH_UP_LATEST,
+    Schedule,
+)
+from dispatcher.api.schedules.slots import Cadence
 from dispatcher.constants import NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db import rows
 from dispatcher.db.inserts import raw_json
@@ -24,7 +30,6 @@ from dispatcher.db.listener import format_payload
 from dispatcher.db.queries import query
 from dispatcher.db.rows import StoredSchedule
 from dispatcher.db.store import SLOW_STATEMENT, JobStore
-from dispatcher.slots import Cadence
 
 # Slots one schedule enqueues in one round, at most: a round's transaction stays short whatever
 # the cadence (an every-second schedule needs LOOKAHEAD_S of them at its first round).

@@ -60,7 +60,9 @@ def _closing_paren(text: str, start: int) -> int:
 
 def _columns(body: str) -> list[str]:
     """The top-level, comma-separated items of a CREATE TABLE body."""
-    items, depth, current = [], 0, []
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in body:
         depth += (ch == "(") - (ch == ")")
         if ch == "," and depth == 0:

@@ -90,8 +90,9 @@ class MemoryStore(InProcessStore):
                 window_s = getattr(job, "dedupe_window_s", None)
                 if self._dedupe_held(job) or (
                     window_s is not None
+                    and job.dedupe_key is not None  # enqueue checked: a window needs its key
                     and self._windows.held(job.queue, job.dedupe_key, self._rows, now)
-                ):  # type: ignore[arg-type]
+                ):
                     continue
                 run_at = (job.run_at or now) + timedelta(seconds=job.delay_s)
                 key = getattr(job, "ordering_key", None)
@@ -151,8 +152,10 @@ class MemoryStore(InProcessStore):
             return list(range(len(jobs)))
         heads: dict[tuple[str, str], int] = {}
         for n, job in enumerate(jobs):
+            if job.ordering_key is None:
+                continue
             key = (job.queue, job.ordering_key)
-            if job.ordering_key is None or key in heads or self._dedupe_held(job):
+            if key in heads or self._dedupe_held(job):
                 continue
             heads[key] = n
         heads = {
@@ -355,7 +358,8 @@ class MemoryStore(InProcessStore):
                     f.outcome.status == STATUS_QUEUED or snoozed,
                     row.run_at,
                 )
-                attempts, error = row.attempts, f.outcome.error
+                attempts = row.attempts
+                error: str | None = f.outcome.error
                 if retry and row.cancel_requested_at is not None:
                     # a cancel request is honoured, never retried
                     status, snoozed = STATUS_CANCELLED, False
@@ -365,7 +369,8 @@ class MemoryStore(InProcessStore):
                         max(row.attempts - 1, 0),
                         row.last_error,
                     )
-                    run_at = now + timedelta(seconds=f.snooze[0])  # type: ignore[index]
+                    assert f.snooze is not None  # snoozed implies it
+                    run_at = now + timedelta(seconds=f.snooze[0])
                 elif retry:
                     run_at = now + timedelta(seconds=f.outcome.delay_s)
                 failed_at = now if status in (STATUS_FAILED, STATUS_DISCARDED) else row.failed_at

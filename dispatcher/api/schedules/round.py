@@ -148,9 +148,9 @@ async def schedule_round(
             done.settled = int(runs.settled)
             await conn.execute(query("schedule_runs_prune"), {"names": names, "keep": keep_runs})
             for s in declared:
-                st = stored.get(s.name)
+                known = stored.get(s.name)
                 at = succeeded.get(s.name)
-                since = now if st is None else st.last_success_at or st.declared_at
+                since = now if known is None else known.last_success_at or known.declared_at
                 done.last_success[s.name] = float(at) if at is not None else since.timestamp()
         return done
 

@@ -50,7 +50,7 @@ from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
 from dispatcher.db.translate import translate_errors
 from dispatcher.errors import EnqueueError, PayloadError
-from dispatcher.settings.config import DEFAULT_MAX_PAYLOAD_BYTES
+from dispatcher.settings.defaults import DEFAULT_MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from dispatcher.db.rows import Failure
 from dispatcher.errors import PermanentJobError, Snooze
 from dispatcher.model import STATUS_COMPLETED, FailureKind, Job
 from dispatcher.runtime.retry import RetryPolicy
-from dispatcher.settings.config import (
+from dispatcher.settings.defaults import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_SNOOZES,
     DEFAULT_RETRY_BASE_S,

@@ -120,11 +120,9 @@ def build_services(
     claim_store, completions, maint = store("claim"), store("complete"), store("maint")
     policy = RetryPolicy(config.execution.retry_base_s, config.execution.retry_cap_s)
     flow = FlowControl(claim_store, claims.queues, vitals=vitals)
-    # The completer, the executor and the producer need one another: outcomes go from the
-    # executor to the completer, and the completer's chained claims back to the executor, its
-    # writes to the producer. The completer comes first (the executor is built on it); what it
-    # needs of the two built after it, it reaches through the callables below, called only once
-    # the worker runs.
+    # The executor is built on the completer, yet the completer's chained claims start on the
+    # executor and its writes wake the producer: it reaches those two, built after it, through
+    # callables (called only once the worker runs).
     executor: Executor
     producer: Producer
     chaining = (

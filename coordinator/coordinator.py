@@ -2,9 +2,9 @@
 Redis).
 
 Each member loops: heartbeat, read the view, try to lead, and, if it leads, move the assignment
-towards `assign(members, current)`; then it adopts its part. While it joins, while a group starts
-together, and while the backend is unreachable (degraded), `owned()` is None and the worker
-claims with SKIP LOCKED over all buckets. A member whose worker cannot work
+towards `assign(members, current)` (leader.py); then it adopts its part. While it joins, while a
+group starts together, and while the backend is unreachable (degraded), `owned()` is None and the
+worker claims with SKIP LOCKED over all buckets. A member whose worker cannot work
 (`liveness.failing_since`, for a heartbeat interval) leaves. Protocol:
 docs/concepts/coordinator.md; reasons and measurements: docs/design/coordinator.md.
 """
@@ -15,32 +15,17 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from . import metrics
 from .assignment import OnRevoke
-from .assignor import assign, moves
-from .backend import (
-    ClusterView,
-    CoordinatorBackend,
-    current_owners,
-    owned_by,
-    plan_changes,
-    unassigned,
-)
+from .assignor import assign
+from .backend import ClusterView, CoordinatorBackend, owned_by, unassigned
 from .errors import CoordinatorError, CoordinatorUnavailable, NotLeader
+from .leader import INITIAL_DELAY_MAX_S, INITIAL_SETTLE_S, Assignor, Leader
 
 log = logging.getLogger(__name__)
-
-Assignor = Callable[[Sequence[str], Mapping[int, str | None]], dict[int, str]]
-
-# The first assignment of a group without live owners waits until no member has joined for this
-# long (8 processes spawned together on 2 cores joined within ~0.6 s; pods of a Deployment start
-# within a few seconds of each other), and at most this long after the leader first saw the
-# group so (Kafka waits 3 s, its consumers idle meanwhile; ours claim with SKIP LOCKED).
-INITIAL_SETTLE_S = 1.0
-INITIAL_DELAY_MAX_S = 5.0
 
 
 class Liveness(Protocol):
@@ -81,7 +66,15 @@ class Coordinator:
         # How long a hand-over waits for on_revoke: the loop does not heartbeat meanwhile, so
         # at most a heartbeat interval keeps our own lease (three intervals) safely alive.
         self.revoke_timeout_s = self.heartbeat_s
-        self._assign = assignor
+        # Our rounds as the group's leader, while we lead.
+        self._leader = Leader(
+            backend,
+            member,
+            lease_s=lease_s,
+            assignor=assignor,
+            initial_settle_s=initial_settle_s,
+            initial_delay_max_s=initial_delay_max_s,
+        )
         self._liveness = liveness
         self.resigned = False  # left the group because the worker cannot work (see the docstring)
         self.changed = asyncio.Event()
@@ -90,12 +83,6 @@ class Coordinator:
         self._owned: tuple[int, ...] = ()
         # No view adopted yet, or in the last one no bucket had a live owner: SKIP LOCKED over all.
         self._unassigned = True
-        # The leader's initial delay (docs/design/coordinator.md), on its own monotonic clock.
-        self._unassigned_since: float | None = None
-        self._members_seen: tuple[str, ...] = ()
-        self._members_changed_at = 0.0
-        self._initial_delay_left_s = 0.0
-        self._initial_settle_s, self._initial_delay_max_s = initial_settle_s, initial_delay_max_s
         self._degraded = False
         self._last_beat = -1e9
         # last successful heartbeat (or creation), for the age metric
@@ -224,9 +211,8 @@ class Coordinator:
         else:
             self.leading = False
         metrics.IS_LEADER.set(1 if self.leading else 0)
-        self._initial_delay_left_s = 0.0
         if self.leading:
-            view = await self._rebalance(view)
+            view = await self._leader.rebalance(view)
         self._contact()
         self.view = view
         metrics.MEMBERS.set(len(view.members))
@@ -266,55 +252,6 @@ class Coordinator:
             log.warning(
                 "could not leave the group (%s): our membership lease will run out instead", exc
             )
-
-    async def _rebalance(self, view: ClusterView) -> ClusterView:
-        self._initial_delay_left_s = self._initial_delay_s(view)
-        if self._initial_delay_left_s > 0:
-            return view
-        started = time.perf_counter()
-        target = self._assign(view.members, current_owners(view))
-        changes = plan_changes(view, target)
-        if not changes:
-            return view
-        applied = await self.backend.apply(self.member, changes, revoke_deadline_s=self.lease_s)
-        for change in changes:
-            metrics.BUCKETS_MOVED.labels(change.kind).inc()
-        metrics.REBALANCES.labels(self._reason(view)).inc()
-        metrics.REBALANCE_SECONDS.observe(time.perf_counter() - started)
-        log.info(
-            "rebalance by %s over %d members: %d changes applied (%d buckets move)",
-            self.member,
-            len(view.members),
-            applied,
-            moves(current_owners(view), target),
-        )
-        return await self.backend.view()
-
-    def _initial_delay_s(self, view: ClusterView) -> float:
-        """How long the first assignment of a group without live owners still waits (module
-        docstring); 0 once a bucket has a live owner."""
-        if not unassigned(view):
-            self._unassigned_since = None
-            return 0.0
-        now = time.monotonic()
-        if self._unassigned_since is None:
-            self._unassigned_since = now
-        if view.members != self._members_seen:
-            self._members_seen, self._members_changed_at = view.members, now
-        settled_at = min(
-            self._unassigned_since + self._initial_delay_max_s,
-            self._members_changed_at + self._initial_settle_s,
-        )
-        return max(0.0, settled_at - now)
-
-    @staticmethod
-    def _reason(view: ClusterView) -> str:
-        live = set(view.members)
-        if any(s.owner is not None and s.owner not in live for s in view.buckets):
-            return "member_gone"
-        if any(s.owner is None for s in view.buckets):
-            return "unowned"
-        return "balance"
 
     async def _adopt(self, view: ClusterView) -> None:
         poll, give = owned_by(view, self.member)
@@ -358,8 +295,10 @@ class Coordinator:
         expiry = self.view.next_expiry_s if self.view is not None else None
         if expiry is not None:
             wait = min(wait, expiry + 0.05)  # wake just after a lease runs out
-        if self._initial_delay_left_s > 0:
-            wait = min(wait, self._initial_delay_left_s + 0.01)  # assign once the group has settled
+        # Assign once the group has settled (only the leader waits for that).
+        delay_left_s = self._leader.delay_left_s if self.leading else 0.0
+        if delay_left_s > 0:
+            wait = min(wait, delay_left_s + 0.01)
         heartbeat_due = self._last_beat + self.heartbeat_s - time.monotonic()
         return max(0.0, min(wait, heartbeat_due))
 

@@ -21,13 +21,14 @@ from dispatcher.runtime.executor import Executor
 class Chaining:
     def __init__(
         self,
-        executor: Executor,
+        executor: Callable[[], Executor],
         assignments: Mapping[str, BucketAssignment],
         concurrency: int,
         lease_s: float,
         mode: str,
         claiming: Callable[[], bool],
     ) -> None:
+        # A callable: the executor is built on the completer, which is built with this chaining.
         self._executor = executor
         self._assignments = assignments
         self._concurrency = concurrency
@@ -39,7 +40,8 @@ class Chaining:
     def reserve(self) -> Chain:
         """The chain a completion may claim now: our owned buckets, and our free slots, which are
         held (counted in flight) until settle() so the producer does not fill them meanwhile."""
-        free = self._concurrency - self._executor.in_flight
+        executor = self._executor()
+        free = self._concurrency - executor.in_flight
         if free <= 0 or not self._claiming():
             return Chain(lease_s=self._lease_s)
         queues: list[str] = []
@@ -51,17 +53,18 @@ class Chaining:
                 buckets += owned
         if not buckets:
             return Chain(lease_s=self._lease_s)
-        self._executor.in_flight += free
+        executor.in_flight += free
         return Chain(tuple(queues), tuple(buckets), free, self._lease_s)
 
     def settle(self, chain: Chain, jobs: list[Job], sent_at: float) -> None:
         """Give back the reserved slots and start what the completion claimed (its leases run from
         `sent_at`, when the statement was sent: time.monotonic())."""
-        self._executor.in_flight -= chain.limit
+        executor = self._executor()
+        executor.in_flight -= chain.limit
         if jobs:
             self.chained += len(jobs)
             for job in jobs:
                 metrics.JOBS_CLAIMED.labels(job.queue, self._mode).inc()
-            self._executor.start(jobs, sent_at)
+            executor.start(jobs, sent_at)
         if chain.limit > len(jobs):
-            self._executor.slot_freed.set()
+            executor.slot_freed.set()

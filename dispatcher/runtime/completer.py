@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,8 +75,18 @@ class CompletionStats:
 
 class Completer:
     def __init__(
-        self, store: JobStore, settings: CompletionSettings, *, job_stats: JobStats = JOB_STATS
+        self,
+        store: JobStore,
+        settings: CompletionSettings,
+        *,
+        chaining: ChainSlots | None = None,
+        urgent_types: Set[str] = frozenset(),
+        written: Callable[[], None] | None = None,
+        job_stats: JobStats = JOB_STATS,
     ) -> None:
+        """`chaining`: where keyed completions claim their keys' next jobs (partitioned mode);
+        `urgent_types`: the job types whose outcomes are written at once, a view that flow control
+        keeps current; `written`: told after each flush that wrote something."""
         self.store = store
         # run time and outcome of every finished attempt (job_metrics.py)
         self._job_stats = job_stats
@@ -95,11 +105,12 @@ class Completer:
         self._lock = asyncio.Lock()  # one flush at a time: the run loop and a shutdown flush
         self.stats = CompletionStats()
         # Partitioned mode: keyed completions claim their keys' next jobs for us (chaining.py).
-        self.chaining: ChainSlots | None = None
+        self.chaining = chaining
         # Job types under a fleet-wide max_running ('*': any): their outcomes are written at once,
         # since a gated claim waits for the slot (flow_control.py); and who to tell once written.
-        self.urgent_types: frozenset[str] = frozenset()
-        self.written: Callable[[], None] | None = None
+        # A live view (FlowControl.urgent_types), read per job as a plain attribute: no call.
+        self.urgent_types = urgent_types
+        self.written = written
 
     # Hot path: four appends and a length check per job; its metrics and history row (+0.27 us:
     # docs/design/health-and-metrics.md) once the flush's write accepted it.

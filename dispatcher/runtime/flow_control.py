@@ -66,8 +66,7 @@ def plan_for(limits: Iterable[Limit], queue: str) -> QueuePlan | None:
 
 
 class FlowControl:
-    """The flow-control tables as this worker last read them; `on_change` is called when they
-    moved."""
+    """The flow-control tables as this worker last read them (`refresh` says when they moved)."""
 
     REFRESH_S = 1.0
 
@@ -76,14 +75,15 @@ class FlowControl:
         store: JobStore,
         queues: Iterable[str],
         *,
-        on_change: Callable[[], None] | None = None,
         vitals: Vitals | None = None,
     ) -> None:
         self._store = store
         self._vitals = vitals
         self._queues = tuple(queues)
-        self._on_change = on_change
         self.state = FlowState()
+        # max_running_types(), kept current in place: the completer holds this very set and reads
+        # it per job (their outcomes are written at once: a gated claim waits for the slot).
+        self.urgent_types: set[str] = set()
         self.loaded = False
         self._plans: dict[str, QueuePlan | None] = {}
         for queue in self._queues:  # exported at 0 from the start, as counters should be
@@ -128,16 +128,18 @@ class FlowControl:
                 metrics.QUEUE_PAUSED.labels(queue).set(1 if queue in state.paused else 0)
             if self._vitals is not None:
                 self._vitals.paused_queues = self.paused_queues()
-            if self._on_change is not None:
-                self._on_change()
+            self.urgent_types.clear()
+            self.urgent_types.update(self.max_running_types())
         return changed
 
-    async def run(self) -> None:
+    async def run(self, on_change: Callable[[], None]) -> None:
         """While one of our queues is paused, re-read every REFRESH_S (jittered): nothing is claimed
         there that could find out it was resumed. Otherwise the claims' version check is enough (an
-        idle worker learns of a change with its next claim), and this costs nothing."""
+        idle worker learns of a change with its next claim), and this costs nothing. `on_change`:
+        called when a re-read found them changed (the claim loop, to claim from a resumed queue)."""
         while True:
             await asyncio.sleep(jittered(self.REFRESH_S, 0.2))
             if self.paused_queues():
                 with contextlib.suppress(StoreError):  # the claims report the database's state
-                    await self.refresh()
+                    if await self.refresh():
+                        on_change()

@@ -23,7 +23,6 @@ from dispatcher.errors import StoreError
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 from dispatcher.runtime.claim_windows import ClaimWindows, window_buckets
-from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.due_timer import DueTimer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.flow_control import FlowControl
@@ -61,8 +60,10 @@ class Producer:
         executor: Executor,
         *,
         vitals: Vitals | None = None,
-        completer: Completer | None = None,
+        flow: FlowControl | None = None,
     ) -> None:
+        """`flow`: the fleet's limits and paused queues as this worker reads them, shared with the
+        completer (its urgent types); one of its own when not given."""
         self._claims = config = settings
         # Written: claims_failing_since. Read: stalled (heartbeats fail: claim nothing).
         self._vitals = vitals if vitals is not None else Vitals()
@@ -100,17 +101,14 @@ class Producer:
         self._asleep = False  # in _sleep_until_woken
         # The fleet's limits and paused queues (flow_control.py); a claim that finds them changed
         # sets _flow_stale and the cycle reads them again before claiming more.
-        self.flow = FlowControl(
-            store, config.queues, on_change=self._flow_changed, vitals=self._vitals
+        self.flow = (
+            flow if flow is not None else FlowControl(store, config.queues, vitals=self._vitals)
         )
         self._flow_stale = False
         self._flow_timer: asyncio.TimerHandle | None = None
         # A gated claim found its max_running taken: try again as soon as our own outcomes are
         # written (a slot may be ours to take), not only at the recheck timer.
         self._held_by_running = False
-        self._completer = completer
-        if completer is not None:
-            completer.written = self._outcomes_written
         self.stats = ProducerStats()
 
     @property
@@ -179,7 +177,7 @@ class Producer:
             asyncio.create_task(self._follow_assignment(a), name="assignment-follower")
             for a in self._distinct
         ]
-        followers.append(asyncio.create_task(self.flow.run(), name="flow-control"))
+        followers.append(asyncio.create_task(self.flow.run(self.wake), name="flow-control"))
         try:
             await self._claim_loop()
         finally:
@@ -229,7 +227,8 @@ class Producer:
             try:
                 if not self.flow.loaded or self._flow_stale:
                     self._flow_stale = False
-                    await self.flow.refresh()
+                    if await self.flow.refresh():
+                        self.wake()
                 if self._look_ahead and not backlog:
                     # Not during a backlog (the next claim takes a job that came due), and before
                     # the claim, not after, so no job falls between the two statements
@@ -355,12 +354,8 @@ class Producer:
                 backlog = True
         return backlog
 
-    def _flow_changed(self) -> None:
-        self.wake()
-        if self._completer is not None:
-            self._completer.urgent_types = self.flow.max_running_types()
-
-    def _outcomes_written(self) -> None:
+    def outcomes_written(self) -> None:
+        """The completer wrote outcomes: a max_running slot a gated claim waits for may be free."""
         if self._held_by_running:
             self._held_by_running = False
             self._wakeup.set()

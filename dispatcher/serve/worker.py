@@ -1,4 +1,5 @@
-"""The worker: a supervisor that wires the job's services, starts them, and owns the shutdown order.
+"""The worker: a supervisor that starts the job's services (built in wiring.py) and owns the
+shutdown order.
 
 A job's path: Producer.claim -> Executor.start -> outcome (or RetryPolicy's decision) -> Completer;
 beside it the LeaseKeeper, and other workers' Reapers. Shutdown: stop claiming and leave the
@@ -16,27 +17,16 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from coordinator.assignment import BucketAssignment
-from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.registry import Registry
-from dispatcher.api.schedules.scheduler import Scheduler
-from dispatcher.db.listener import Listener
-from dispatcher.db.periodic import PeriodicService
-from dispatcher.db.store import JobStore
 from dispatcher.errors import ConfigError, StoreError
 from dispatcher.observe import job_metrics, metrics
-from dispatcher.runtime.chaining import Chaining
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
-from dispatcher.runtime.janitor import Pruner
-from dispatcher.runtime.maintenance import LeaseKeeper, PlannerStats, Reaper
-from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.producer import Producer
-from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.stuck import StuckWatch
-from dispatcher.runtime.table_sampler import TableSampler
 from dispatcher.runtime.vitals import Vitals
-from dispatcher.serve.coordination import build_assignments
 from dispatcher.serve.lifecycle import EXIT_FORCED, EXIT_STUCK
+from dispatcher.serve.wiring import RoleHolder, StoreFactory, build_services, connect_store
 from dispatcher.settings.config import Config
 from dispatcher.settings.sections import WorkerSettings
 
@@ -52,21 +42,6 @@ INTERRUPT_WAIT_S = 2.0
 # within this; the process watchdog allows one second more.
 SHUTDOWN_OVERRUN_S = 5.0
 WATCHDOG_SLACK_S = 1.0
-
-# (dsn, worker_id, application_name, limits, completed_jobs)
-StoreFactory = Callable[[str, str, str, ConnectionLimits, str], JobStore]
-
-
-def _connect_store(
-    dsn: str, worker_id: str, application_name: str, limits: ConnectionLimits, completed_jobs: str
-) -> JobStore:
-    return JobStore(
-        dsn,
-        worker_id,
-        application_name=application_name,
-        limits=limits,
-        completed_jobs=completed_jobs,
-    )
 
 
 def exit_bound_s(settings: WorkerSettings) -> float:
@@ -91,13 +66,16 @@ class WorkerStats:
 
 
 class Worker:
+    """Runs one worker's services (wiring.py) until stop(), then shuts them down in order, within
+    its bound."""
+
     def __init__(
         self,
         config: Config,
         registry: Registry,
         *,
         assignments: Mapping[str, BucketAssignment] | None = None,
-        store_factory: StoreFactory = _connect_store,
+        store_factory: StoreFactory = connect_store,
         vitals: Vitals | None = None,
     ) -> None:
         if config.dsn is None:
@@ -105,108 +83,22 @@ class Worker:
         self.config = config
         # Written by the services, read by the producer, the coordinators and the health probes.
         self.vitals = vitals if vitals is not None else Vitals()
-        # One per queue (coordination.py); membership is given up while the worker cannot work.
-        self.assignments = dict(
-            assignments or build_assignments(config.coordination, liveness=self.vitals)
-        )
-        self._distinct_assignments = list({id(a): a for a in self.assignments.values()}.values())
-        self.vitals.coordinated = config.coordination.used
-        self.vitals.assignments = tuple(self._distinct_assignments)
-        database, worker = config.database, config.worker
-
-        def store(role: str) -> JobStore:
-            dsn: str = database.dsn  # type: ignore[assignment]  # checked above
-            return store_factory(
-                dsn,
-                worker.worker_id,
-                f"dispatcher-{role}",
-                database.limits,
-                config.completion.completed_jobs,
-            )
-
-        # One connection per loop: claims; completions and heartbeats (short owner-fenced writes,
-        # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.
-        claims, completions, maint = store("claim"), store("complete"), store("maint")
-        self._stores = (claims, completions, maint)
-        self._maintenance_store = maint
-        policy = RetryPolicy(config.execution.retry_base_s, config.execution.retry_cap_s)
-        self.completer = Completer(completions, config.completion)
-        self.executor = Executor(registry, policy, self.completer, config.execution, config.leases)
-        self.lease_keeper = LeaseKeeper(
-            completions, self.executor, config.leases, vitals=self.vitals
-        )
-        self.stuck_watch = StuckWatch(
-            self.executor.held,
-            config.execution,
-            config.claims.concurrency,
+        self.services = build_services(
+            config,
+            registry,
+            self.vitals,
             on_give_up=self._give_up,
+            assignments=assignments,
+            store_factory=store_factory,
         )
+        self.assignments = self.services.assignments
+        self.vitals.coordinated = config.coordination.used
+        self.vitals.assignments = tuple(self.services.distinct_assignments)
         self.on_give_up: Callable[[], None] | None = None  # run_worker: arms the exit deadline
         # why it gave up on stuck handlers: it then exits EXIT_STUCK
         self.gave_up: str | None = None
-        self.producer = Producer(
-            config.claims,
-            claims,
-            self.assignments,
-            self.executor,
-            vitals=self.vitals,
-            completer=self.completer,
-        )
-        if config.claims.partitioned:
-            producer = self.producer
-            self.completer.chaining = Chaining(
-                self.executor,
-                self.assignments,
-                config.claims.concurrency,
-                config.claims.lease_s,
-                config.claims.mode,
-                lambda: producer.claiming,
-            )
-        # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
-        self._listener = (
-            None
-            if worker.listen_dsn is None
-            else Listener(
-                worker.listen_dsn,
-                set(config.claims.queues),
-                self.producer.on_notify,
-                limits=database.limits,
-                probe_s=worker.listen_probe_s,
-            )
-        )
         self._never = asyncio.Event()  # `listening` without a listener: never set
-        self.reaper = Reaper(
-            maint,
-            policy,
-            config.maintenance,
-            on_reaped=self.producer.wake,
-            vitals=self.vitals,
-            halts=registry.halts,
-            retry_of=registry.retry_of,
-        )
-        self.pruner = Pruner(maint, config.retention)
-        self.key_sweeper = KeySweeper(maint, config.claims.queues)
-        self.table_sampler = TableSampler(
-            maint,
-            interval_s=config.maintenance.table_sample_interval_s,
-            queues=config.claims.queues,
-        )
-        self.scheduler = Scheduler(
-            maint,
-            registry.schedules(),
-            config.claims.queues,
-            completed_jobs=config.completion.completed_jobs,
-        )
-        self._services: list[PeriodicService] = [
-            self.lease_keeper,
-            self.reaper,
-            self.pruner,
-            self.key_sweeper,
-            self.scheduler,
-            PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
-            self.table_sampler,
-        ]
-        # dispatcher_jobs_running{queue}
+        # dispatcher_jobs_running{queue}, until the shutdown untracks it
         job_metrics.COLLECTOR.track(self.executor, config.claims.queues)
         self._stop = asyncio.Event()
         self._stop_requested_at: float | None = None
@@ -217,11 +109,29 @@ class Worker:
         self.unflushed = 0  # outcomes that could not be written before the deadline
         self.started = asyncio.Event()  # test signal: every service is up (also vitals.started)
 
+    # The services the shutdown and the tests reach most.
+    @property
+    def completer(self) -> Completer:
+        return self.services.completer
+
+    @property
+    def executor(self) -> Executor:
+        return self.services.executor
+
+    @property
+    def producer(self) -> Producer:
+        return self.services.producer
+
+    @property
+    def stuck_watch(self) -> StuckWatch:
+        return self.services.stuck_watch
+
     @property
     def listening(self) -> asyncio.Event:
         """Test signal: set while LISTEN is active (wake-ups by NOTIFY work); never with
         listen_dsn=none."""
-        return self._never if self._listener is None else self._listener.listening
+        listener = self.services.listener
+        return self._never if listener is None else listener.listening
 
     @property
     def stopping(self) -> asyncio.Event:
@@ -244,8 +154,8 @@ class Worker:
             p.steals,
             self.executor.stats.timeouts,
             self._released,
-            self.reaper.reaped,
-            self.lease_keeper.leases_lost,
+            self.services.reaper.reaped,
+            self.services.lease_keeper.leases_lost,
             self.abandoned,
         )
 
@@ -267,7 +177,7 @@ class Worker:
         # Connect every store now: a stall that starts later then shows as a statement without
         # an answer (statement_timeout_s), not first as a connect timeout (connect_timeout_s).
         for result in await asyncio.gather(
-            *(s.connection() for s in self._stores), return_exceptions=True
+            *(s.connection() for s in self.services.stores), return_exceptions=True
         ):
             if isinstance(result, StoreError):
                 log.warning("%s: will connect on first use", result)
@@ -275,8 +185,8 @@ class Worker:
                 joining.cancel()
                 await asyncio.gather(joining, return_exceptions=True)
                 raise result
-        if self._listener is not None:
-            await self._listener.start()
+        if self.services.listener is not None:
+            await self.services.listener.start()
         else:
             log.info(
                 "LISTEN is off (listen_dsn=none): idle workers find new jobs by polling every %g s",
@@ -286,7 +196,7 @@ class Worker:
             asyncio.create_task(self.completer.run(), name="completer"),
             asyncio.create_task(self.stuck_watch.run(), name=self.stuck_watch.name),
         ]
-        background += [asyncio.create_task(s.run(), name=s.name) for s in self._services]
+        background += [asyncio.create_task(s.run(), name=s.name) for s in self.services.periodic]
         producer = asyncio.create_task(self.producer.run(), name="producer")
         stopping = asyncio.create_task(self._stop.wait(), name="stop requested")
         try:
@@ -317,7 +227,10 @@ class Worker:
 
     async def _join(self) -> None:
         await asyncio.gather(
-            *(a.start(on_revoke=self.producer.on_revoke) for a in self._distinct_assignments)
+            *(
+                a.start(on_revoke=self.producer.on_revoke)
+                for a in self.services.distinct_assignments
+            )
         )
 
     def stop(self, *, grace_s: float | None = None) -> None:
@@ -367,7 +280,7 @@ class Worker:
         self.producer.stop()
         self.executor.stop_starting()
         await _within(producer, grace_ends)  # a claim in flight is bounded by its statement timeout
-        leaving = asyncio.create_task(_stop_all(self._distinct_assignments), name="leave")
+        leaving = asyncio.create_task(_stop_all(self.services.distinct_assignments), name="leave")
         # 2. Claimed but never started: back to the queue at once, the attempt not counted.
         await self._release_unstarted(grace_ends)
         # 3. Running jobs get the rest of the grace (stuck ones are not waited for), then are
@@ -380,16 +293,15 @@ class Worker:
         await asyncio.gather(*background, return_exceptions=True)
         # Beside the flush (another connection): the next pod samples the table, prunes, sweeps and
         # enqueues schedules at its next tick instead of after our leases run out.
-        roles = (self.table_sampler, self.pruner, self.key_sweeper, self.scheduler)
-        releasing = asyncio.create_task(_release_roles(*roles), name="release roles")
+        releasing = asyncio.create_task(_release_roles(*self.services.roles), name="release roles")
         await self._flush_until(overrun_ends - 0.5)
         await _within(leaving, overrun_ends - 0.2)
         await _within(releasing, overrun_ends - 0.2)
-        if self._listener is not None:
-            await self._listener.stop()
+        if self.services.listener is not None:
+            await self.services.listener.stop()
         self.executor.close()
         job_metrics.COLLECTOR.untrack(self.executor)
-        for store in self._stores:
+        for store in self.services.stores:
             await store.close()
         log.info(
             "worker %s stopped in %.1f s",
@@ -406,7 +318,7 @@ class Worker:
         attempt = 0
         while True:
             try:
-                released = await self._maintenance_store.jobs_release_owned(unstarted)
+                released = await self.services.maintenance_store.jobs_release_owned(unstarted)
             except StoreError as exc:
                 attempt += 1
                 if time.monotonic() >= deadline:
@@ -450,7 +362,7 @@ class Worker:
         )
 
 
-async def _release_roles(*roles: TableSampler | Pruner | KeySweeper | Scheduler) -> None:
+async def _release_roles(*roles: RoleHolder) -> None:
     for role in roles:
         await role.release()
 

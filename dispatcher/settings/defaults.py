@@ -1,5 +1,5 @@
 """The defaults of the worker's settings, each with the reason for its number, and the words a
-few settings accept. Config (config.py) declares the settings with them."""
+few settings accept. fields.py declares the settings with them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How a Config field is declared and shown: `setting(...)` (default, parser, help, unit), the
 parsers of env var and flag text, and `Setting`, a field as the CLI and the reference docs present
-it. The rules a value must follow are Config's own (config.py)."""
+it. The rules a value must follow are in rules.py."""
 
 from __future__ import annotations
 

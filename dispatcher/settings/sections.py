@@ -1,6 +1,6 @@
 """The worker's settings by component: one small frozen dataclass per service, built by `Config`.
 
-`Config` (config.py) is the one loader and validator of env vars and flags; each service gets
+`Config` (config.py) is the one loader of env vars and flags, checked by rules.py; each service gets
 only its own section (`config.claims`, `config.leases`, ...). Derived values (the heartbeat
 interval, the statement timeout, the LISTEN target, the static buckets) are resolved into them
 once, when the Config is built, so no service keeps a raw value beside a derived one or

@@ -54,7 +54,7 @@ def job(job_id: int, key: str | None = "k") -> Job:
 
 def chaining(executor: FakeExecutor, claiming: bool = True, **assignments) -> Chaining:
     return Chaining(
-        executor,
+        lambda: executor,
         assignments or {"default": StaticAssignment((3, 7)), "mail": Degraded()},  # type: ignore[arg-type]
         concurrency=10,
         lease_s=30.0,
@@ -101,9 +101,10 @@ class FakeStore:
 def test_the_completer_chains_keyed_batches_and_gives_the_slots_back_when_the_statement_fails():
     store, executor = FakeStore(), FakeExecutor(in_flight=2)
     completer = Completer(
-        store, CompletionSettings(flush_interval_s=10.0, flush_max=100, history=False)
-    )  # type: ignore[arg-type]
-    completer.chaining = chaining(executor)
+        store,  # type: ignore[arg-type]
+        CompletionSettings(flush_interval_s=10.0, flush_max=100, history=False),
+        chaining=chaining(executor),
+    )
     completer.completed(job(1), 0.0)
     completer.completed(job(2), 0.0)
     executor.in_flight = 0  # their slots were freed when their handlers returned

@@ -192,10 +192,13 @@ def test_an_outcome_of_a_type_under_max_running_is_written_at_once_and_reported(
     """A gated claim waits for the slot it frees (flow control): no flush interval, and whoever
     waits is told once it is written. Other types wait for the interval as before."""
     store = FakeStore()
-    completer = make(store, flush_interval_s=30.0)
-    completer.urgent_types = urgent
     told = []
-    completer.written = lambda: told.append(len(store.completed))
+    completer = make(
+        store,
+        flush_interval_s=30.0,
+        urgent_types=urgent,
+        written=lambda: told.append(len(store.completed)),
+    )
 
     async def main():
         task = asyncio.create_task(completer.run())

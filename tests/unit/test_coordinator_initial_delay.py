@@ -3,9 +3,9 @@ group without live owners is made."""
 
 import pytest
 
-from coordinator import coordinator as coordinator_module
+from coordinator import leader as leader_module
 from coordinator.backend import BucketState, ClusterView
-from coordinator.coordinator import Coordinator
+from coordinator.leader import Leader
 
 
 def view(members: tuple[str, ...], owner: str | None = None) -> ClusterView:
@@ -18,37 +18,37 @@ def view(members: tuple[str, ...], owner: str | None = None) -> ClusterView:
 @pytest.fixture
 def clock(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(coordinator_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(leader_module.time, "monotonic", lambda: now[0])
     return now
 
 
-def leader() -> Coordinator:
-    return Coordinator(backend=None, member="a", initial_settle_s=1.0, initial_delay_max_s=5.0)  # type: ignore[arg-type]
+def leader() -> Leader:
+    return Leader(None, "a", lease_s=10.0, initial_settle_s=1.0, initial_delay_max_s=5.0)  # type: ignore[arg-type]
 
 
 def test_the_first_assignment_waits_until_no_member_joined_for_the_settle_time(clock):
     c = leader()
-    assert c._initial_delay_s(view(("a",))) == 1.0
+    assert c.initial_delay_s(view(("a",))) == 1.0
     clock[0] += 0.5
-    assert c._initial_delay_s(view(("a", "b"))) == 1.0  # a join restarts the wait
+    assert c.initial_delay_s(view(("a", "b"))) == 1.0  # a join restarts the wait
     clock[0] += 0.9
-    assert c._initial_delay_s(view(("a", "b"))) == pytest.approx(0.1)
+    assert c.initial_delay_s(view(("a", "b"))) == pytest.approx(0.1)
     clock[0] += 0.1
-    assert c._initial_delay_s(view(("a", "b"))) == 0.0
+    assert c.initial_delay_s(view(("a", "b"))) == 0.0
 
 
 def test_joins_that_keep_coming_delay_it_at_most_the_cap(clock):
     c = leader()
     members = ["a"]
     for i in range(10):  # a member every 0.5 s
-        delay = c._initial_delay_s(view(tuple(members)))
+        delay = c.initial_delay_s(view(tuple(members)))
         assert delay == pytest.approx(min(1.0, 5.0 - 0.5 * i))
         members.append(f"m{i}")
         clock[0] += 0.5
-    assert c._initial_delay_s(view(tuple(members))) == 0.0  # 5 s after the leader first saw it
+    assert c.initial_delay_s(view(tuple(members))) == 0.0  # 5 s after the leader first saw it
 
 
 def test_no_delay_once_a_bucket_has_a_live_owner_and_dead_owners_do_not_count(clock):
     c = leader()
-    assert c._initial_delay_s(view(("a", "b"), owner="b")) == 0.0  # a running group: rebalance now
-    assert c._initial_delay_s(view(("a", "b"), owner="gone")) == 1.0  # every owner died: a restart
+    assert c.initial_delay_s(view(("a", "b"), owner="b")) == 0.0  # a running group: rebalance now
+    assert c.initial_delay_s(view(("a", "b"), owner="gone")) == 1.0  # every owner died: a restart

@@ -201,9 +201,9 @@ class Completer:
                         fenced = await self._complete_chained(ids, tokens, self.chaining)
                     else:
                         fenced = (await self.store.jobs_complete(ids, tokens, keyed=keyed)).fenced
-                    ids = tokens = []  # written: nothing to put back
+                    ids, tokens = [], []  # written: nothing to put back
                     self._record_completed(done, durations_s, fenced, history)
-                    done = durations_s = []
+                    done, durations_s = [], []
                 if failures:
                     rows = await self.store.jobs_fail_owned(failures)
                     written, failures = failures, []

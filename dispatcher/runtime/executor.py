@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import time
 import traceback
@@ -200,10 +201,9 @@ class Executor:
             entry.state = State.RUNNING
             started = self._clock()
             entry.timeout_at = started + limit if (limit := self._timeout_of(handler)) else None
-            future = loop.run_in_executor(self._threads, run_in_job, handler.run, entry.job)
-            future.add_done_callback(
-                lambda f, e=entry, h=handler, s=started: self._sync_done(f, e, h, s)
-            )
+            run = handler.run or handler.fn  # run: fn in its span (Handler.__post_init__ sets it)
+            future = loop.run_in_executor(self._threads, run_in_job, run, entry.job)
+            future.add_done_callback(functools.partial(self._sync_done, entry, handler, started))
         if expiring:
             log.warning(
                 "lost the lease of %d backlogged jobs (it ran out before a thread was free, while "
@@ -214,7 +214,7 @@ class Executor:
             )
 
     def _sync_done(
-        self, future: asyncio.Future[Any], entry: Running, handler: Handler, started: float
+        self, entry: Running, handler: Handler, started: float, future: asyncio.Future[Any]
     ) -> None:
         self._sync_busy -= 1
         self._running.pop(entry.job.id, None)

@@ -304,7 +304,8 @@ class Producer:
                 and not self._stopped.is_set()
             ):
                 asked = self._steals.batch(free)
-                stolen, sent_at = [], 0.0
+                stolen: list[Job] = []
+                sent_at = 0.0
                 self.stats.steals += 1
                 for victims in self._steals.sweep(own or ()):
                     steal = Steal(tuple(victims), self._steals.reserve())

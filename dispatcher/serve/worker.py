@@ -440,8 +440,8 @@ def run_worker(
             signals.install()
             worker.on_give_up = lambda: signals.arm(EXIT_STUCK)  # the same bound as after a SIGTERM
         ready = await wait_until_ready(
-            database.dsn,
-            database.limits,  # type: ignore[arg-type]  # checked by Worker
+            database.dsn,  # type: ignore[arg-type]  # set: the Worker refuses a Config without it
+            database.limits,
             wait_for_schema=settings.wait_for_schema,
             stopping=worker.stopping,
             on_state=None if health is None else health.startup.update,
@@ -450,7 +450,7 @@ def run_worker(
             log.info("stopped before the database was ready")
             return
         if settings.listen_dsn not in (None, database.dsn):
-            await check_listen(settings.listen_dsn, database.limits)  # type: ignore[arg-type]  # not None
+            await check_listen(settings.listen_dsn, database.limits)
         if on_started is not None:
             on_started(worker)
         await worker.run()

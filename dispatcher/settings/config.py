@@ -165,10 +165,10 @@ class Config(ConfigFields):
         for name, value in flags.items():
             if value is None:
                 continue
-            s = _BY_NAME.get(name)
-            if s is None:
+            flag = _BY_NAME.get(name)
+            if flag is None:
                 raise ConfigError(f"--{name.replace('_', '-')}", "unknown setting")
-            values[name] = parse_text(s, value, s.flag) if isinstance(value, str) else value
+            values[name] = parse_text(flag, value, flag.flag) if isinstance(value, str) else value
         try:
             return cls(**values)
         except ConfigError as exc:

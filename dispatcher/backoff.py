@@ -78,6 +78,7 @@ def handler_retry(
                 f"{option} must be a number of seconds > 0 and at most {MAX_RETRY_DELAY_S:.0f}, "
                 f"got {value!r}"
             )
+    # object: what the user gave, checked above to be numbers of seconds
     if base_s is not None and cap_s is not None and cap_s < base_s:  # type: ignore[operator]
         raise ValueError(f"retry_cap_s ({cap_s}) must be >= retry_base_s ({base_s})")
     if delay is not None and not callable(delay):
@@ -86,7 +87,7 @@ def handler_retry(
         )
     if max_attempts is None and base_s is None and cap_s is None and delay is None:
         return None
-    return HandlerRetry(max_attempts, base_s, cap_s, delay)  # type: ignore[arg-type]
+    return HandlerRetry(max_attempts, base_s, cap_s, delay)  # type: ignore[arg-type]  # checked above
 
 
 def is_delay_s(value: object, *, allow_zero: bool = True) -> bool:

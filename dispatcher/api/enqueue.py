@@ -228,10 +228,11 @@ def _prepare_payloads(
         if ordering_keys is not None
         else (partition_keys, "partition_keys")
     )
-    if keys is not None and not isinstance(payloads, Sized):
-        payloads = list(payloads)
-    if keys is not None and len(keys) != len(payloads):  # type: ignore[arg-type]
-        raise EnqueueError(f"{len(keys)} {option} for {len(payloads)} payloads", option)  # type: ignore[arg-type]
+    if keys is not None:
+        if not isinstance(payloads, Sized):
+            payloads = list(payloads)
+        if len(keys) != len(payloads):
+            raise EnqueueError(f"{len(keys)} {option} for {len(payloads)} payloads", option)
     return _iter_payloads(
         job_type,
         payloads,

@@ -198,7 +198,7 @@ def non_finite_float(value: Any) -> float | None:
             kind = type(v)
             if kind is float:
                 if v - v != 0.0:  # NaN or an infinity (inf - inf is NaN): one float operation
-                    return v  # type: ignore[no-any-return]
+                    return float(v)
             elif kind in _LEAVES:
                 continue
             elif kind is dict or kind is list or kind is tuple:

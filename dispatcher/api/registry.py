@@ -29,17 +29,13 @@ _R = TypeVar("_R")
 class Handler:
     job_type: str
     fn: Callable[..., Any]
+    # What the worker calls: `fn` inside its job's span when OpenTelemetry is installed
+    # (observe/tracing.py), else `fn` itself. `fn` stays the function as it was registered.
+    run: Callable[..., Any]
     is_async: bool
     timeout_s: float | None  # None: the worker's job_timeout_s
     on_ordered_failure: str = ON_ORDERED_FAILURE_HALT
     retry: HandlerRetry | None = None  # its own retry settings; None: the worker's
-    # What the worker calls: `fn` inside its job's span when OpenTelemetry is installed
-    # (observe/tracing.py), else `fn` itself. `fn` stays the function as it was registered.
-    run: Callable[..., Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.run is None:
-            object.__setattr__(self, "run", self.fn)
 
     @property
     def halts(self) -> bool:
@@ -103,11 +99,11 @@ class Registry:
             self._handlers[name] = Handler(
                 name,
                 fn,
+                tracing.traced(fn, is_async),
                 is_async,
                 timeout_s,
                 on_ordered_failure,
                 own_retry,
-                tracing.traced(fn, is_async),
             )
             return fn
 

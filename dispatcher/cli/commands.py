@@ -188,7 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.migrate:
             from dispatcher.db.migrate import migrate
 
-            migrate(config.dsn)  # type: ignore[arg-type]
+            migrate(config.dsn)  # type: ignore[arg-type]  # set: checked before the worker starts
         worker = run_worker(config, registry, health=health)
     finally:
         if server is not None:

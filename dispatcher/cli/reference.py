@@ -14,6 +14,10 @@ import ast
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dispatcher.settings.meta import Setting
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = Path("docs") / "reference"
@@ -32,7 +36,7 @@ def _cell(text: object) -> str:
 def configuration() -> str:
     from dispatcher.settings.config import settings
 
-    groups: dict[str | None, list[object]] = {}
+    groups: dict[str | None, list[Setting]] = {}
     for s in settings():
         groups.setdefault(getattr(s, "section", None), []).append(s)
     out = [
@@ -49,7 +53,7 @@ def configuration() -> str:
         out.append(
             f"\n## {section or 'Settings'}\n\n| setting | default | meaning |\n|---|---|---|\n"
         )
-        out += [f"| `{s.env_var}` | {_cell(s.default_text)} | {_cell(s.help)} |\n" for s in rows]  # type: ignore[attr-defined]
+        out += [f"| `{s.env_var}` | {_cell(s.default_text)} | {_cell(s.help)} |\n" for s in rows]
     return "".join(out)
 
 

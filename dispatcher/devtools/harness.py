@@ -255,9 +255,10 @@ class Fleet:
         if self.mode != MODE_PARTITIONED:
             return True
         texts = [http_text(port, "/metrics") for port in self.ports]
-        if not all(texts):
+        pages = [text for text in texts if text is not None]
+        if len(pages) < len(texts):
             return False
-        owned = [gauge(text, "dispatcher_coordinator_owned_buckets") for text in texts]  # type: ignore[arg-type]
+        owned = [gauge(text, "dispatcher_coordinator_owned_buckets") for text in pages]
         # Each worker a share (while there are no more workers than buckets): not mid-rebalance.
         return sum(owned) == NUM_BUCKETS and (self.size > NUM_BUCKETS or min(owned) > 0)
 

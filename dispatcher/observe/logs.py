@@ -181,7 +181,7 @@ class JsonFormatter(logging.Formatter):
         ).decode()
 
 
-class LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class LogHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic in typeshed only
     """The one handler: worker tag, storm filter, formatter. On close (logging's shutdown at
     exit) it writes the suppressed counts not yet reported."""
 

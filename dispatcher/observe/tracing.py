@@ -17,7 +17,7 @@ from dispatcher.errors import Snooze
 try:
     from opentelemetry import propagate, trace
 except ImportError:  # the extra is not installed: tracing is off
-    propagate = trace = None  # type: ignore[assignment]
+    propagate = trace = None  # type: ignore[assignment]  # None: the modules are absent
 
 INSTRUMENTATION = "bucket-dispatcher"
 SYSTEM = "bucket-dispatcher"  # messaging.system

@@ -138,7 +138,7 @@ class Executor:
     async def _run_async(self, handler: Handler, job: Job, started: float) -> None:
         CURRENT_JOB.set(job)  # in this task's own context: its log lines carry the job's fields
         try:
-            await handler.run(job)  # type: ignore[misc]
+            await handler.run(job)
         except asyncio.CancelledError:
             entry = self._running.get(job.id)
             if entry is not None and entry.state is State.LOST:
@@ -201,8 +201,7 @@ class Executor:
             entry.state = State.RUNNING
             started = self._clock()
             entry.timeout_at = started + limit if (limit := self._timeout_of(handler)) else None
-            run = handler.run or handler.fn  # run: fn in its span (Handler.__post_init__ sets it)
-            future = loop.run_in_executor(self._threads, run_in_job, run, entry.job)
+            future = loop.run_in_executor(self._threads, run_in_job, handler.run, entry.job)
             future.add_done_callback(functools.partial(self._sync_done, entry, handler, started))
         if expiring:
             log.warning(

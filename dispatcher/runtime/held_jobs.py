@@ -21,6 +21,7 @@ def new_task(
     loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]
 ) -> asyncio.Task[None]:
     if EAGER_TASKS:
+        # eager_start is Python 3.12's (EAGER_TASKS); the type check targets 3.11
         return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
     return loop.create_task(coro)
 

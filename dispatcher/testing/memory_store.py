@@ -134,8 +134,8 @@ class MemoryStore(InProcessStore):
                 self._rows[row.id] = row
                 self._next_id += 1
                 ids[n] = row.id
-                if window_s is not None:
-                    self._windows.open(job.queue, job.dedupe_key, row.id, window_s, now)  # type: ignore[arg-type]
+                if window_s is not None and job.dedupe_key is not None:
+                    self._windows.open(job.queue, job.dedupe_key, row.id, window_s, now)
             return ids
 
     def _dedupe_held(self, job: NewJob) -> bool:

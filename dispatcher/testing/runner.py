@@ -161,7 +161,7 @@ class Runner:
     async def _call(self, handler: Handler, job: Job) -> None:
         limit = handler.timeout_s or self.job_timeout_s
         if handler.is_async:
-            task = asyncio.ensure_future(handler.run(job))  # type: ignore[misc]
+            task = asyncio.ensure_future(handler.run(job))
             done, _ = await asyncio.wait([task], timeout=limit or None)
             if not done:
                 task.cancel()
@@ -170,7 +170,8 @@ class Runner:
             task.result()
             return
         started = time.monotonic()
-        await asyncio.to_thread(handler.run, job)  # type: ignore[arg-type]  # a thread, as in the worker (thread-locals differ)
+        # a thread, as in the worker (thread-locals differ)
+        await asyncio.to_thread(handler.run, job)
         elapsed = time.monotonic() - started
         if limit and elapsed > limit:
             raise _TimedOut(f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)")

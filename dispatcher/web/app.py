@@ -125,6 +125,7 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
         dash: Dashboard = request.app.state.dashboard
         cookie = request.cookies.get(security.CSRF_COOKIE)
         fresh = None if cookie else security.Csrf.new_cookie()
+        # one of the two is set: the browser's cookie, else the one this response sets
         request.state.csrf_token = dash.csrf.token_for(cookie or fresh)  # type: ignore[arg-type]
         response: Response
         try:
@@ -188,7 +189,7 @@ async def form(request: Request) -> dict[str, str]:
     """An urlencoded POST body's fields (the first value of each), read once and kept; at most
     MAX_FORM_BYTES."""
     if hasattr(request.state, "form"):
-        return request.state.form  # type: ignore[no-any-return]
+        return request.state.form  # type: ignore[no-any-return]  # Starlette: state is untyped
     body = bytearray()
     async for chunk in request.stream():
         body += chunk

@@ -94,10 +94,10 @@ class Gate:
             return True
         sid = cookies.get(SESSION_COOKIE)
         expiry = self._sessions.get(sid) if sid else None
-        if expiry is None:
+        if sid is None or expiry is None:
             return False
         if expiry < time.monotonic():
-            self._sessions.pop(sid, None)  # type: ignore[arg-type]
+            self._sessions.pop(sid, None)
             return False
         return True
 

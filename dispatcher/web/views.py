@@ -51,7 +51,7 @@ DONE = {
 
 
 def _dash(request: Request) -> Dashboard:
-    return request.app.state.dashboard  # type: ignore[no-any-return]
+    return request.app.state.dashboard  # type: ignore[no-any-return]  # Starlette: untyped state
 
 
 async def overview(request: Request) -> Response:

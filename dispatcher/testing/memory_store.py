@@ -198,6 +198,7 @@ class MemoryStore(InProcessStore):
                 for r in self._rows.values()
                 if r.queue == queue and r.status == STATUS_QUEUED and r.run_at <= now
             ]
+            # E731: the sort key is one expression, chosen here beside its alternatives
             order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
             if steal is not None:  # the given buckets in the given order, each from its tail
                 due = self._stealable(due, steal)

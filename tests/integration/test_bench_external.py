@@ -149,7 +149,7 @@ def test_fleet_bench_refuses_when_no_worker_serves_its_queue(
 
 def _has_matplotlib() -> bool:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (only whether it imports)
     except ImportError:
         return False
     return True

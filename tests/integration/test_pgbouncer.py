@@ -232,7 +232,10 @@ def test_a_notify_sent_through_pgbouncer_wakes_a_worker_listening_directly(dsn, 
     async def main():
         task = asyncio.create_task(worker.run())
         try:
-            owns_all = lambda: len(worker.assignments["default"].owned() or ()) == 64  # noqa: E731
+
+            def owns_all() -> bool:
+                return len(worker.assignments["default"].owned() or ()) == 64
+
             await wait_until_async(
                 lambda: worker.listening.is_set() and owns_all() and worker.idle,
                 15,

@@ -96,11 +96,11 @@ def test_every_metric_of_the_live_registry_is_in_the_reference() -> None:
     # describes must be on the page (a metric defined in a way the generator misses fails here).
     from prometheus_client import REGISTRY
 
-    import coordinator.metrics  # noqa: F401
+    import coordinator.metrics  # noqa: F401  (imported to register its metrics)
     import dispatcher.observe.job_metrics
     import dispatcher.observe.metrics
     import dispatcher.runtime.table_sampler
-    import dispatcher.serve.health  # noqa: F401
+    import dispatcher.serve.health  # noqa: F401  (likewise)
 
     page = reference.metrics()
     names = {

@@ -322,9 +322,8 @@ def key_order_violations(
             started = min(run.start for run in next_runs)
             if started < ended:
                 problems.append(
-                    f"key {key}: job {later} started at {started:.3f}, "
-                    f"{ended - started:.3f} s before job {earlier} (before it in the key) "
-                    f"had ended: {runs} / {next_runs}"
+                    f"key {key}: job {later} started at {started:.3f}, {ended - started:.3f} s "
+                    f"before job {earlier} (before it in the key) had ended: {runs} / {next_runs}"
                 )
     return problems
 

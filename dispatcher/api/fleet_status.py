@@ -67,8 +67,7 @@ def render_fleet(groups: dict[str, Any]) -> list[str]:
     if not groups:
         return [
             "workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by "
-            "Redis or "
-            "static buckets: their members are not kept in the database)"
+            "Redis or static buckets: their members are not kept in the database)"
         ]
     lines = []
     for name, g in sorted(groups.items()):

@@ -21,9 +21,8 @@ from dispatcher.model import STATUS_COMPLETED, STATUSES
 STATUS_BUDGET = 2.0  # its statements may take statement_timeout_s x this (10 s at the defaults)
 DELETED_NOTE = (
     "completed: DISPATCHER_COMPLETED_JOBS=delete deletes a job's row when it completes, so "
-    "completed "
-    "jobs are not counted here (a count shown is of rows completed before that was set); count "
-    "completions with dispatcher_jobs_completed_total, or in the history (DISPATCHER_HISTORY)"
+    "completed jobs are not counted here (a count shown is of rows completed before that was set); "
+    "count completions with dispatcher_jobs_completed_total, or in the history (DISPATCHER_HISTORY)"
 )
 
 

@@ -397,8 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ordering-key",
         default=None,
         help="jobs of the queue with the same key run one at a time, in the order they were "
-        "enqueued "
-        "(default: none)",
+        "enqueued (default: none)",
     )
     p.add_argument(
         "--count",

@@ -62,8 +62,7 @@ def add_flow_parsers(
         type=float,
         default=None,
         help="with --per-second: how many may start at once after a quiet spell (default: one "
-        "second's "
-        "worth, at least 1)",
+        "second's worth, at least 1)",
     )
     add_config_flags(p)
     p.set_defaults(func=lambda args: _set(args, config_from(args)))

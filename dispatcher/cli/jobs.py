@@ -397,8 +397,7 @@ def render_halted(keys: list[HaltedKey]) -> str:
         return "(no halted ordering keys)"
     lines = [
         f"{'queue':<14} {'ordering key':<20} {'job':>10}  {'type':<20} {'status':<10} "
-        f"{'failed at':<19} "
-        f"{'waiting':>8}  last error"
+        f"{'failed at':<19} {'waiting':>8}  last error"
     ]
     for k in keys:
         failed_at = f"{k.failed_at:%Y-%m-%d %H:%M:%S}" if k.failed_at else "-"
@@ -464,8 +463,7 @@ def render_result(result: AdminResult, done: str, meaning: str) -> str:
     if result.requested_count:
         lines.append(
             f"cancel requested for {result.requested_count} running jobs (cancelled at their "
-            "owner's next "
-            f"heartbeat): {_ids(result.requested)}"
+            f"owner's next heartbeat): {_ids(result.requested)}"
         )
     if result.skipped:
         lines.append(f"skipped {len(result.skipped)}:")

@@ -43,11 +43,9 @@ def configuration() -> str:
         _GENERATED,
         "# Configuration reference\n\n",
         "Every setting is an environment variable `DISPATCHER_<NAME>` or a flag `--<name>` of the "
-        "worker "
-        "commands (a flag wins): `DISPATCHER_BATCH_SIZE=200` or `--batch-size 200`. Values are "
-        "checked at "
-        "start-up: a bad one exits with code 2 and names the setting. Times are in seconds. "
-        "`dispatcher run --help` prints the same list.\n",
+        "worker commands (a flag wins): `DISPATCHER_BATCH_SIZE=200` or `--batch-size 200`. Values "
+        "are checked at start-up: a bad one exits with code 2 and names the setting. Times are in "
+        "seconds. `dispatcher run --help` prints the same list.\n",
     ]
     for section, rows in groups.items():
         out.append(
@@ -107,10 +105,8 @@ def cli() -> str:
         _GENERATED,
         "# Command-line reference\n\n",
         "Every command also takes `--help`. The commands that talk to the database take the "
-        "settings they "
-        "read as flags too (`--dsn ...`, or `DISPATCHER_DSN=...` in the environment; `dispatcher "
-        "run` takes "
-        "every one): see [configuration.md](configuration.md).\n",
+        "settings they read as flags too (`--dsn ...`, or `DISPATCHER_DSN=...` in the environment; "
+        "`dispatcher run` takes every one): see [configuration.md](configuration.md).\n",
     ]
     every = len(settings())
     for prog, summary, sub in [
@@ -199,12 +195,10 @@ def metrics() -> str:
         _GENERATED,
         "# Metrics reference\n\n",
         "What `/metrics` exports (with `DISPATCHER_METRICS_PORT` set), by the module that defines "
-        "it. Every pod "
-        "exports its own figures, except the table-wide ones of "
-        "`dispatcher/runtime/table_sampler.py` "
-        "(`dispatcher_queue_*`, `dispatcher_db_*`), which only the pod holding the sampler lease "
-        "exports: "
-        "aggregate those with `max by (...)`, never `sum`. How to read them: "
+        "it. Every pod exports its own figures, except the table-wide ones of "
+        "`dispatcher/runtime/table_sampler.py` (`dispatcher_queue_*`, `dispatcher_db_*`), which "
+        "only the pod holding the sampler lease exports: aggregate those with `max by (...)`, "
+        "never `sum`. How to read them: "
         "[operations/health-and-metrics.md](../operations/health-and-metrics.md).\n",
     ]
     current = None

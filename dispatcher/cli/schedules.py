@@ -54,8 +54,7 @@ def _list(args: argparse.Namespace, config: Any) -> int:
 def render_schedules(rows: list[ScheduleRow]) -> str:
     lines = [
         f"{'name':<24}{'cadence':<18}{'time zone':<18}{'queue':<12}"
-        f"{'next slot':<22}{'last run':<22}"
-        f"{'outcome':<11}{'last success':<20}"
+        f"{'next slot':<22}{'last run':<22}{'outcome':<11}{'last success':<20}"
     ]
     for r in rows:
         nxt = "removed" if r.removed_at is not None else _at(r.next_slot_at)

@@ -24,8 +24,7 @@ def add_web_parser(
         dest="web_host",
         default=None,
         help="address to listen on (default 127.0.0.1; DISPATCHER_WEB_HOST); one that is not "
-        "loopback "
-        "needs DISPATCHER_WEB_TOKEN, or --insecure",
+        "loopback needs DISPATCHER_WEB_TOKEN, or --insecure",
     )
     p.add_argument(
         "--port", dest="web_port", default=None, help="TCP port (default 8080; DISPATCHER_WEB_PORT)"
@@ -43,8 +42,7 @@ def add_web_parser(
         "--insecure",
         action="store_true",
         help="serve on a non-loopback address without DISPATCHER_WEB_TOKEN (only behind a proxy "
-        "that "
-        "checks who comes in)",
+        "that checks who comes in)",
     )
     add_config_flags(p)
     p.set_defaults(func=lambda args: _web(args, config_from(args)))

@@ -53,8 +53,7 @@ def bounded_transaction(
         if exc.lock:
             raise StoreTimeout(
                 f"{what}: gave up after {lock_s:g} s waiting for a lock{_held(conn)} "
-                "(lock_timeout); "
-                "is a migration or a long transaction holding it?",
+                "(lock_timeout); is a migration or a long transaction holding it?",
                 lock=True,
             ) from None
         raise StoreTimeout(

@@ -80,14 +80,12 @@ def column_notes(jobs: int, workers: int) -> list[tuple[str, str]]:
         (
             "burst s",
             f"first claim to last completion of {jobs} jobs committed at once, the {workers} "
-            "workers "
-            "already running and ready",
+            "workers already running and ready",
         ),
         (
             "ready",
             f"each worker's /readyz answered 200 and, in partitioned mode, all {NUM_BUCKETS} "
-            "buckets "
-            "were owned",
+            "buckets were owned",
         ),
         (
             "1st claim s",

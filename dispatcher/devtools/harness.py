@@ -37,8 +37,7 @@ def progress(
     filled = int(width * done / total) if total else width
     rate = done / elapsed_s if elapsed_s > 0 else 0.0
     line = (
-        f"  {label:<28} [{'#' * filled}{'.' * (width - filled)}] {done:>7}/{total} "
-        f"{rate:>8.0f} "
+        f"  {label:<28} [{'#' * filled}{'.' * (width - filled)}] {done:>7}/{total} {rate:>8.0f} "
         "jobs/s"
     )
     if stream.isatty():

@@ -209,8 +209,7 @@ class JobCollector:
         outcomes = CounterMetricFamily(
             "dispatcher_job_outcomes",
             "Finished attempts by the status they end in, as written (retried: queued again; "
-            "snoozed: "
-            "queued again by a Snooze, no attempt spent; fenced ones are not counted)",
+            "snoozed: queued again by a Snooze, no attempt spent; fenced ones are not counted)",
             labels=["queue", "job_type", "outcome"],
         )
         timeouts = CounterMetricFamily(

@@ -74,10 +74,8 @@ LEASES_LOST = Counter(
 LOST_LEASE_JOBS = Counter(
     "dispatcher_lost_lease_jobs_total",
     "Jobs whose lease this worker lost (taken over, or run out while the database was "
-    "unreachable), by what "
-    "became of them here: dropped before they started, cancelled (async), or left to finish in a "
-    "thread (sync; "
-    "its outcome is fenced)",
+    "unreachable), by what became of them here: dropped before they started, cancelled (async), or "
+    "left to finish in a thread (sync; its outcome is fenced)",
     ["action"],
 )
 STATEMENT_TIMEOUTS = Counter(
@@ -98,15 +96,13 @@ STUCK_JOBS_FOUND = Counter(
 JOBS_PRUNED = Counter(
     "dispatcher_jobs_pruned_total",
     "Rows deleted by this pod's pruner past their retention, by kind: completed jobs, failed ones "
-    "(failed, "
-    "discarded, cancelled) and history rows",
+    "(failed, discarded, cancelled) and history rows",
     ["kind"],
 )
 JANITOR_LAG = Gauge(
     "dispatcher_janitor_lag_seconds",
     "How far past its retention the oldest row of each kind still there is (0: caught up); from "
-    "the pods "
-    "whose last prune round ran, none from a pod that found another pruning",
+    "the pods whose last prune round ran, none from a pod that found another pruning",
     ["kind"],
 )
 SCHEDULE_LAST_SUCCESS = Gauge(
@@ -130,8 +126,7 @@ STOLEN_JOBS = Counter(
 FLOW_HELD_BACK = Counter(
     "dispatcher_flow_limited_claims_total",
     "Claims of flow-controlled jobs that a fleet-wide limit cut short (dispatcher limits), by "
-    "queue and by the "
-    "kind of limit that bound: max_running or per_second",
+    "queue and by the kind of limit that bound: max_running or per_second",
     ["queue", "limit"],
 )
 QUEUE_PAUSED = Gauge(

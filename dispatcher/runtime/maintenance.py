@@ -209,10 +209,8 @@ class PlannerStats(PeriodicService):
             self.retired = True
             log.warning(
                 "planner statistics: %s, so this worker will not refresh them (not retried). That "
-                "is the "
-                "table owner's job, and autovacuum does it; to let workers refresh them right "
-                "after a bulk "
-                "load too: %s",
+                "is the table owner's job, and autovacuum does it; to let workers refresh them "
+                "right after a bulk load too: %s",
                 exc.reason,
                 exc.hint or "see docs/operations/roles.md",
             )

@@ -59,8 +59,7 @@ class KeySweeper(PeriodicService):
                     metrics.ORDERING_KEYS_PROMOTED.inc(scan.promoted)
                     log.info(
                         "promoted the next job of %d ordering keys of queue %s that had waiting "
-                        "jobs and "
-                        "no holder",
+                        "jobs and no holder",
                         scan.promoted,
                         queue,
                     )

@@ -60,8 +60,7 @@ def give_up_reason(
     if exit_after_s > 0 and now - oldest.stuck_since >= exit_after_s:
         return (
             f"job {oldest.job.id} ({oldest.job.job_type}) has been stuck for "
-            f"{now - oldest.stuck_since:.0f} s "
-            f"(stuck_exit_after_s {exit_after_s:g})"
+            f"{now - oldest.stuck_since:.0f} s (stuck_exit_after_s {exit_after_s:g})"
         )
     return None
 
@@ -108,8 +107,7 @@ class StuckWatch:
                 )
                 log.error(
                     "job %d (%s) is stuck: its handler still runs %g s after its timeout fired; "
-                    "%s. Its "
-                    "slot stays taken and its lease is kept while this process lives",
+                    "%s. Its slot stays taken and its lease is kept while this process lives",
                     s.job.id,
                     s.job.job_type,
                     self._grace_s,

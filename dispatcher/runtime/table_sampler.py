@@ -159,8 +159,7 @@ def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metri
     jobs = GaugeMetricFamily(
         "dispatcher_queue_jobs",
         "Jobs per queue and status: queued (due), scheduled (not due yet), running, failed, "
-        "discarded, "
-        "cancelled, waiting (behind an earlier job of its ordering key)",
+        "discarded, cancelled, waiting (behind an earlier job of its ordering key)",
         labels=["queue", "status"],
     )
     halted = GaugeMetricFamily(

@@ -184,8 +184,7 @@ async def check_listen(dsn: str, limits: ConnectionLimits) -> None:
             raise StartupError(_fatal(f"{where} (DISPATCHER_LISTEN_DSN)", exc.failure)) from None
         log.warning(
             "LISTEN server %s (DISPATCHER_LISTEN_DSN) unreachable at start (%s): workers poll "
-            "until it "
-            "answers",
+            "until it answers",
             where,
             exc.failure.reason,
         )

@@ -251,10 +251,8 @@ class Worker:
         self.gave_up, self.vitals.gave_up = reason, True
         log.error(
             "giving up on stuck handlers: %s. This worker stops claiming, lets its other jobs "
-            "finish within "
-            "%g s and exits with code %d; the stuck handlers end with the process and their jobs "
-            "come back "
-            "when their leases run out",
+            "finish within %g s and exits with code %d; the stuck handlers end with the process "
+            "and their jobs come back when their leases run out",
             reason,
             self.config.worker.shutdown_grace_s,
             EXIT_STUCK,
@@ -356,8 +354,7 @@ class Worker:
         self.unflushed = self.completer.pending
         log.error(
             "could not write %d outcomes before the shutdown deadline; their leases will bring the "
-            "jobs "
-            "back (fenced if they were written after all)",
+            "jobs back (fenced if they were written after all)",
             self.unflushed,
         )
 

@@ -83,18 +83,16 @@ class ConfigFields:
         parse=str,
         shown="dsn",
         help="connection string used only for LISTEN (wake-ups of idle workers and of the "
-        "PostgreSQL "
-        "coordinator): a direct one to PostgreSQL when dsn goes through PgBouncer in transaction "
-        "pooling, "
-        f"where LISTEN hears nothing; {LISTEN_OFF}: no LISTEN, wake-ups by polling only",
+        "PostgreSQL coordinator): a direct one to PostgreSQL when dsn goes through PgBouncer in "
+        f"transaction pooling, where LISTEN hears nothing; {LISTEN_OFF}: no LISTEN, wake-ups by "
+        "polling only",
     )
     mode: str = setting(
         MODE_PARTITIONED,
         section="claims",
         parse=str,
         help="claim strategy: partitioned (each worker claims from the buckets it owns) or "
-        "skip_locked "
-        "(all workers claim from one queue with FOR UPDATE SKIP LOCKED)",
+        "skip_locked (all workers claim from one queue with FOR UPDATE SKIP LOCKED)",
     )
     queues: tuple[str, ...] = setting(
         (DEFAULT_QUEUE,),
@@ -167,16 +165,14 @@ class ConfigFields:
         unit="seconds",
         shown=f"min({DEFAULT_STATEMENT_TIMEOUT_S:g}, lease_s / 2)",
         help="seconds one of the worker's own statements may take before its connection counts as "
-        "stalled "
-        "and is replaced (maintenance statements get 6x); at most lease_s / 2",
+        "stalled and is replaced (maintenance statements get 6x); at most lease_s / 2",
     )
     wait_for_schema: bool = setting(
         False,
         section="worker",
         parse=parse_bool,
         help="at start, wait (logging every few seconds) for a missing or older schema to be "
-        "migrated instead "
-        "of exiting; for a migration Job that runs beside the workers",
+        "migrated instead of exiting; for a migration Job that runs beside the workers",
     )
     job_timeout_s: float = setting(
         DEFAULT_JOB_TIMEOUT_S,
@@ -228,9 +224,8 @@ class ConfigFields:
         section="completion",
         parse=str,
         help="a successful job's row: keep (marked completed, deleted after completed_retention_s) "
-        "or delete (deleted "
-        "by the completion itself: no prune or vacuum later; `jobs list/show` and status see no "
-        "completed job)",
+        "or delete (deleted by the completion itself: no prune or vacuum later; `jobs list/show` "
+        "and status see no completed job)",
     )
     shutdown_grace_s: float = setting(
         DEFAULT_SHUTDOWN_GRACE_S,
@@ -305,8 +300,7 @@ class ConfigFields:
         parse=float,
         unit="seconds",
         help="a handler still running this many seconds after its timeout fired is stuck: logged, "
-        "counted, its slot "
-        "kept (docs/operations/running-workers.md#stuck-handlers)",
+        "counted, its slot kept (docs/operations/running-workers.md#stuck-handlers)",
     )
     stuck_exit_after_s: float = setting(
         DEFAULT_STUCK_EXIT_AFTER_S,
@@ -314,8 +308,7 @@ class ConfigFields:
         parse=float,
         unit="seconds",
         help="the worker stops claiming and exits (code 3) once a handler was stuck this many "
-        "seconds, or stuck "
-        "ones hold over half its slots or sync threads; 0: only the latter",
+        "seconds, or stuck ones hold over half its slots or sync threads; 0: only the latter",
     )
     history: bool = setting(
         False,
@@ -341,9 +334,8 @@ class ConfigFields:
         parse=str,
         help=(
             "Redis coordinator: the start of every key and channel name "
-            "(`<prefix>:<queue>:members`, ...); deployments that "
-            "share one Redis database need different ones, or same-named queues merge their "
-            "groups. No whitespace or {}"
+            "(`<prefix>:<queue>:members`, ...); deployments that share one Redis database need "
+            "different ones, or same-named queues merge their groups. No whitespace or {}"
         ),
     )
     coordinator_lease_s: float = setting(
@@ -373,9 +365,8 @@ class ConfigFields:
         section="database",
         parse=parse_bool,
         help="let psycopg prepare statements it runs often; false behind PgBouncer in transaction "
-        "pooling "
-        "older than 1.21 (or with max_prepared_statements = 0), where they fail on the next server "
-        "connection",
+        "pooling older than 1.21 (or with max_prepared_statements = 0), where they fail on the "
+        "next server connection",
     )
     steal: bool = setting(
         True,
@@ -448,8 +439,7 @@ class ConfigFields:
         secret=True,
         help=(
             "`dispatcher web`: the token to log in with, or to send as `Authorization: Bearer "
-            "<token>`; at least 16 "
-            "characters, from the environment only (none: no login)"
+            "<token>`; at least 16 characters, from the environment only (none: no login)"
         ),
     )
     web_allow_actions: bool = setting(

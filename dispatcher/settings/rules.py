@@ -95,9 +95,8 @@ def check(c: ConfigFields) -> None:
     _check(
         0 < statement_s <= c.lease_s / 2,
         "statement_timeout_s",
-        f"must be > 0 and at most half of lease_s ({c.lease_s / 2:g}): a stalled statement "
-        "must "
-        "be noticed while the leases it protects still run",
+        f"must be > 0 and at most half of lease_s ({c.lease_s / 2:g}): a stalled statement must be "
+        "noticed while the leases it protects still run",
     )
     _check(c.job_timeout_s >= 0, "job_timeout_s", "must be >= 0 (0 disables)")
     _check(c.retry_base_s > 0, "retry_base_s", "must be > 0")

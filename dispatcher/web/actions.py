@@ -37,8 +37,7 @@ DONE = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
 BULK_TIME_S = 20.0  # one request's share of a bulk change; the rest is confirmed again
 READ_ONLY = (
     "This dashboard is read-only: start it with --allow-actions "
-    "(DISPATCHER_WEB_ALLOW_ACTIONS=true) "
-    "to change jobs."
+    "(DISPATCHER_WEB_ALLOW_ACTIONS=true) to change jobs."
 )
 
 

@@ -134,9 +134,8 @@ def guarded(handler: Handler, *, post: bool = False, public: bool = False) -> Ha
             ):
                 response = PlainTextResponse(
                     "This dashboard answers only to localhost or a loopback address (it has no "
-                    "token, and another "
-                    "name could be a DNS-rebinding page). Set DISPATCHER_WEB_TOKEN to reach it by "
-                    "another name.",
+                    "token, and another name could be a DNS-rebinding page). Set "
+                    "DISPATCHER_WEB_TOKEN to reach it by another name.",
                     status_code=400,
                 )
             elif not public and not dash.gate.allows(request.headers, request.cookies):

@@ -31,8 +31,7 @@ SESSION_TTL_S = 12 * 3600
 MAX_SESSIONS = 10_000  # logins kept; the oldest is forgotten first
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src "
-    "'self'; "
-    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    "'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 HEADERS = [
     (b"content-security-policy", CSP.encode()),

@@ -97,9 +97,8 @@ class PostgresHarness(Harness):
             shift,
         )
         await self._sql(
-            "UPDATE dispatcher_dedupe_windows "
-            "SET enqueued_at = enqueued_at - %(s)s * interval '1 second', "
-            "finished_at = finished_at - %(s)s * interval '1 second'",
+            "UPDATE dispatcher_dedupe_windows SET enqueued_at = enqueued_at - %(s)s * interval '1 "
+            "second', finished_at = finished_at - %(s)s * interval '1 second'",
             shift,
         )
 

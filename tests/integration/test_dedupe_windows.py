@@ -227,9 +227,8 @@ def test_the_pruner_deletes_ended_windows_and_keeps_the_others(dsn):
         assert _enqueue(dsn, key, 1.0 if key == "ended" else HOUR_S) is not None
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "UPDATE dispatcher_jobs "
-            "SET status = 'completed', updated_at = now() - interval '1 minute' "
-            "WHERE dedupe_key IN ('ended', 'recent')"
+            "UPDATE dispatcher_jobs SET status = 'completed', updated_at = now() - interval '1 "
+            "minute' WHERE dedupe_key IN ('ended', 'recent')"
         )
         conn.execute(
             "UPDATE dispatcher_dedupe_windows SET prune_after = now() - interval '1 second'"
@@ -420,10 +419,9 @@ def test_a_deleting_completion_without_windows_reads_none_and_a_keyed_one_closes
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO dispatcher_dedupe_windows "
-            "(queue_name, dedupe_key, job_id, window_s, prune_after) "
-            "SELECT 'default', 'w' || n, n + 10000000, 60, now() "
-            "FROM generate_series(1, 20000) AS n"
+            "INSERT INTO dispatcher_dedupe_windows (queue_name, dedupe_key, job_id, window_s, "
+            "prune_after) SELECT 'default', 'w' || n, n + 10000000, 60, now() FROM "
+            "generate_series(1, 20000) AS n"
         )
         conn.execute("ANALYZE dispatcher_dedupe_windows")
         enqueue_payloads_sync(conn, "plain", [{"n": n} for n in range(300)])

@@ -419,9 +419,8 @@ def test_a_type_filtered_claim_still_walks_the_claim_index(dsn, include, buckets
     type's rows only."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO dispatcher_jobs (job_type, bucket) "
-            "SELECT CASE WHEN g % 10 = 0 THEN 'sms' ELSE 'x' END, g % 64 "
-            "FROM generate_series(1, 50000) g"
+            "INSERT INTO dispatcher_jobs (job_type, bucket) SELECT CASE WHEN g % 10 = 0 THEN 'sms' "
+            "ELSE 'x' END, g % 64 FROM generate_series(1, 50000) g"
         )
         conn.execute("ANALYZE dispatcher_jobs")
         sql = claim_sql(buckets, TypeFilter(("sms",), include))

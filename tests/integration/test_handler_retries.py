@@ -129,10 +129,9 @@ def test_a_snooze_spends_no_attempt_and_is_recorded_as_snoozed(dsn, is_async):
     assert set(rows) == {("completed", 1, 2, None)}
     history = fetchall(
         dsn,
-        "SELECT job_id, array_agg(outcome ORDER BY finished_at, started_at), "
-        "array_agg(attempt ORDER BY finished_at, started_at), "
-        "array_agg(error ORDER BY finished_at, started_at) "
-        "FROM dispatcher_job_attempts GROUP BY job_id",
+        "SELECT job_id, array_agg(outcome ORDER BY finished_at, started_at), array_agg(attempt "
+        "ORDER BY finished_at, started_at), array_agg(error ORDER BY finished_at, started_at) FROM "
+        "dispatcher_job_attempts GROUP BY job_id",
     )
     assert {i for i, *_ in history} == set(ids)
     assert {(tuple(o), tuple(a), tuple(e)) for _, o, a, e in history} == {

@@ -154,10 +154,9 @@ def test_it_stops_at_its_cap_and_reads_only_the_claim_index(dsn: str, query: str
         # A table shaped as in production: the due backlog a few percent of it, the rest finished
         # (with the due jobs half the table, a sequential scan is the cheaper plan, and is chosen).
         conn.execute(
-            "INSERT INTO dispatcher_jobs "
-            "(queue_name, job_type, payload, bucket, status, run_at, completed_at)"
-            " SELECT %s, 'report.build', '{}', g %% 64, 'completed', now(), now()"
-            " FROM generate_series(1, 300000) AS g",
+            "INSERT INTO dispatcher_jobs (queue_name, job_type, payload, bucket, status, run_at, "
+            "completed_at) SELECT %s, 'report.build', '{}', g %% 64, 'completed', now(), now() "
+            "FROM generate_series(1, 300000) AS g",
             (OTHER,),
         )
         conn.execute("VACUUM ANALYZE dispatcher_jobs")

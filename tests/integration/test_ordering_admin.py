@@ -268,9 +268,8 @@ def test_the_cli_enqueues_with_an_ordering_key_and_lists_halted_keys(dsn):
     # The holder fails for good and halts the key (as jobs_fail_owned writes it).
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "UPDATE dispatcher_jobs "
-            "SET status = 'failed', ordering_halted = true, failed_at = now(), "
-            "last_error = 'Traceback ...\nValueError: bad account' WHERE id = %s",
+            "UPDATE dispatcher_jobs SET status = 'failed', ordering_halted = true, failed_at = "
+            "now(), last_error = 'Traceback ...\nValueError: bad account' WHERE id = %s",
             (ids[0],),
         )
     table = jobs(dsn, "list", "--halted")

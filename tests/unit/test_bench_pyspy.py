@@ -3,13 +3,12 @@
 from bench.pyspy import own_time, top
 
 RAW = (
-    "<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118);"
-    "Producer._claim (dispatcher/runtime/producer.py:256) 30\n"
-    "<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118);"
-    "Producer._claim (dispatcher/runtime/producer.py:260) 10\n"
-    "<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118) 50\n"
-    "<module> (dispatcher/__main__.py:5);Completer.flush (dispatcher/runtime/completer.py:130) 10\n"
-    "not a sample line\n"
+    "<module> (dispatcher/__main__.py:5);run (asyncio/runners.py:118);Producer._claim "
+    "(dispatcher/runtime/producer.py:256) 30\n<module> (dispatcher/__main__.py:5);run "
+    "(asyncio/runners.py:118);Producer._claim (dispatcher/runtime/producer.py:260) 10\n<module> "
+    "(dispatcher/__main__.py:5);run (asyncio/runners.py:118) 50\n<module> "
+    "(dispatcher/__main__.py:5);Completer.flush (dispatcher/runtime/completer.py:130) 10\nnot a "
+    "sample line\n"
 )
 
 

@@ -525,8 +525,7 @@ def check_readme_table(text: str) -> None:
     by_var = {s.env_var: s for s in settings()}
     listed = [row[0] for row in rows]
     assert sorted(listed) == sorted(by_var), (
-        f"missing from README: {sorted(set(by_var) - set(listed))}; "
-        "unknown or repeated there: "
+        f"missing from README: {sorted(set(by_var) - set(listed))}; unknown or repeated there: "
         f"{sorted(v for v in listed if v not in by_var or listed.count(v) > 1)}"
     )
     mentioned = set(re.findall(r"DISPATCHER_[A-Z0-9_]+", "\n".join("|".join(row) for row in rows)))

@@ -84,9 +84,8 @@ def test_coordinator_imports_nothing_from_dispatcher(path: Path) -> None:
         ("import dispatcher", "coordinator.assignment"),
         ("from dispatcher import queries", "coordinator.backend_pg"),
         (
-            "from typing import TYPE_CHECKING\n"
-            "if TYPE_CHECKING:\n"
-            "    from dispatcher.settings.config import Config",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from "
+            "dispatcher.settings.config import Config",
             "coordinator.factory",
         ),
         ("def f():\n    from dispatcher.backoff import jittered", "coordinator.coordinator"),
@@ -187,9 +186,8 @@ def test_every_subpackage_of_dispatcher_is_a_known_layer() -> None:
         ("from ..runtime import metrics", "dispatcher.db.store"),
         ("from dispatcher.cli.commands import main", "dispatcher.devtools.demo"),
         (
-            "from typing import TYPE_CHECKING\n"
-            "if TYPE_CHECKING:\n"
-            "    from dispatcher.admin import x",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dispatcher.admin import "
+            "x",
             "dispatcher.model",
         ),
         ("from dispatcher.serve.health import Health", "dispatcher.admin"),

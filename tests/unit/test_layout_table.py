@@ -63,9 +63,8 @@ def test_every_row_names_a_path_that_exists_once() -> None:
 
 def test_the_check_reads_rows_and_trees_as_meant(tmp_path: Path) -> None:
     text = (
-        "# Dev\n\n## Layout\n\n| module | what |\n|---|---|\n"
-        "| `pkg/` | x |\n| `pkg/a.py` | a `b.py` in prose is not a row |\n\n## Next\n"
-        "| `pkg/z.py` | another section |\n"
+        "# Dev\n\n## Layout\n\n| module | what |\n|---|---|\n| `pkg/` | x |\n| `pkg/a.py` | a "
+        "`b.py` in prose is not a row |\n\n## Next\n| `pkg/z.py` | another section |\n"
     )
     assert named_paths(text) == ["pkg/", "pkg/a.py"]
     for rel in ("dispatcher/__init__.py", "dispatcher/web/views.py", "coordinator/pg/dsn.py"):

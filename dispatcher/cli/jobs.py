@@ -376,8 +376,8 @@ def render_list(rows: list[JobRow]) -> str:
     if not rows:
         return "(no jobs match)"
     lines = [
-        f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  {'since':>7}  last "
-        "error"
+        f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  "
+        f"{'since':>7}  last error"
     ]
     for r in rows:
         status = r.status + ("*" if r.cancel_requested_at and r.status == "running" else "")

@@ -22,20 +22,25 @@ _RETRY = "; retrying in %.3g s"
 _RETRIED: dict[FailureKind, str] = {
     FailureKind.ERROR: "job %d failed (attempt %d/%d)" + _RETRY,
     FailureKind.TIMEOUT: "job %d timed out (attempt %d/%d)" + _RETRY,
-    FailureKind.INTERRUPTED: "job %d was interrupted by this worker's shutdown (attempt %d/%d); "
-    "queued again, due in %.3g s",
+    FailureKind.INTERRUPTED: (
+        "job %d was interrupted by this worker's shutdown (attempt %d/%d); queued again, due in "
+        "%.3g s"
+    ),
     FailureKind.LEASE_EXPIRED: "reaped job %d: its lease expired (attempt %d/%d)" + _RETRY,
 }
 _FINAL: dict[FailureKind, str] = {
     FailureKind.ERROR: "job %d failed for good: its last attempt (%d/%d) failed",
     FailureKind.TIMEOUT: "job %d failed for good: its last attempt (%d/%d) timed out",
-    FailureKind.INTERRUPTED: "job %d failed for good: its last attempt (%d/%d) was interrupted by "
-    "shutdown",
-    FailureKind.UNKNOWN_TYPE: "job %d failed: no handler for its job type in this worker (attempt "
-    "%d/%d); not retried",
+    FailureKind.INTERRUPTED: (
+        "job %d failed for good: its last attempt (%d/%d) was interrupted by shutdown"
+    ),
+    FailureKind.UNKNOWN_TYPE: (
+        "job %d failed: no handler for its job type in this worker (attempt %d/%d); not retried"
+    ),
     FailureKind.PERMANENT: "job %d discarded: its handler raised PermanentJobError (attempt %d/%d)",
-    FailureKind.LEASE_EXPIRED: "reaped job %d failed for good: its lease expired on its last "
-    "attempt (%d/%d)",
+    FailureKind.LEASE_EXPIRED: (
+        "reaped job %d failed for good: its lease expired on its last attempt (%d/%d)"
+    ),
 }
 
 

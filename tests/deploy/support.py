@@ -93,8 +93,10 @@ _HISTOGRAM_SERIES = re.compile(r"^(?P<base>.+)_(bucket|sum|count)$")
 
 
 _INSTALL = {
-    "kubectl": "the kustomize render tests need it (https://kubernetes.io/docs/tasks/tools/; "
-    "kubectl >= 1.27 has kustomize v5 built in)",
+    "kubectl": (
+        "the kustomize render tests need it (https://kubernetes.io/docs/tasks/tools/; "
+        "kubectl >= 1.27 has kustomize v5 built in)"
+    ),
     "promtool": "the alert-rule checks need it (`apt-get install prometheus`, as .ci/run does)",
 }
 

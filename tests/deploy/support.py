@@ -31,7 +31,7 @@ APP_IMAGE = "your-registry/your-app"  # the placeholder image name the overlays'
 WEB_IMAGE = "your-registry/bucket-dispatcher-web"
 RENDER_TIMEOUT_S = 60  # one render takes ~0.3 s; a loaded 2-core machine may take ten times that
 
-# The metric names of issue 10's contract (/work/notes/issue10-contract.md): per pod, table-wide
+# The metric names of issue 10's contract: per pod, table-wide
 # (one pod at a time), janitor. Histograms are referenced as NAME_bucket.
 CONTRACT_HISTOGRAMS = frozenset(
     {

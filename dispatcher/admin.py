@@ -1,17 +1,7 @@
-"""The operator's API, `dispatcher.admin`: the failed-job admin (list, show, retry, cancel and
-purge jobs: `dispatcher jobs`, defined here with its typed results), and, re-exported, the fleet's
-flow control (limits, paused queues: api/flow.py, `dispatcher limits|queues`) and the recurring
-jobs (api/schedules/listing.py, `dispatcher schedules`). The dashboard uses the same functions.
-
-Sync psycopg, on a DSN or on your idle connection. Every statement is a short transaction with a
-local statement_timeout and lock_timeout (db/oneshot.py), never prepared; every write re-checks
-the status it needs on the row, so a job that changed meanwhile is skipped and reported. Bulk
-changes go in batches by id; a change that lets an ordering key go on promotes the key's next job
-once it commits. Usage: docs/guides/admin.md; reasons: docs/design/admin.md.
-
-Under DISPATCHER_COMPLETED_JOBS=delete a job that completes leaves no row: `list_jobs` never
-returns it, `show_job` returns None for it, and `job_attempts` still reads its attempts from the
-history (rows exist only with DISPATCHER_HISTORY on).
+"""The operator's API, `dispatcher.admin`: list, show, retry, cancel and purge jobs (`dispatcher
+jobs` and the dashboard use it), with its typed results; the fleet's flow control and the
+schedules listing are re-exported. Sync psycopg, on a DSN or an idle connection; every write
+re-checks the row's status. Usage: docs/guides/admin.md; why it works so: docs/design/admin.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""What went wrong with PostgreSQL, classified once for both packages
-(docs/design/connection-errors.md).
-
-`classify(exc)` sorts a psycopg error by its SQLSTATE class and psycopg's exception types, never
-by message text (a server may speak another language). Failures to connect carry no SQLSTATE
-(libpq builds them client-side), so `diagnose_connect()` finds out structurally instead: can we
-reach the host and port at all (a TCP connect), does libpq accept the options (`connect_start`
-fails at once for a bad value), does the server offer the SSL that `sslmode` requires (the
-SSLRequest answer), and does it refuse a startup for a reason that passes (starting up, full: the
-SQLSTATE of the ErrorResponse it sends to a bare StartupMessage) or take logins (then ours was
-refused). Each package maps a `Problem` to its own exception (dispatcher/errors.py,
-coordinator/errors.py).
+"""What went wrong with PostgreSQL, classified once for both packages: `classify(exc)` by SQLSTATE
+class and exception type (never by message text), and `diagnose_connect()` for a failed connect,
+which has no SQLSTATE, by probing the server step by step. Each package maps a `Problem` to its
+own exception. How and why: docs/design/connection-errors.md.
 """
 
 from __future__ import annotations

@@ -133,8 +133,14 @@ class _Prepared:
 
 
 def _pick_bucket(
-    bucket: int | None, partition_key: str | None, ordering_key: str | None = None
+    bucket: int | None,
+    partition_key: str | None,
+    ordering_key: str | None = None,
+    dedupe_key: str | None = None,
 ) -> int:
+    """The job's bucket, from the first of: its ordering key, its bucket or partition key, its
+    dedupe key, chance. A key that places its job makes the job's unique index, which includes
+    the bucket (migration 0014), mean what it says: one live job per (queue, key)."""
     if ordering_key is not None:
         keyed = bucket_for(ordering_key)
         if partition_key is not None and bucket_for(partition_key) != keyed:
@@ -154,6 +160,8 @@ def _pick_bucket(
         return bucket
     if partition_key is not None:
         return bucket_for(partition_key)
+    if dedupe_key is not None:
+        return bucket_for(dedupe_key)
     return int(random.random() * NUM_BUCKETS)
 
 
@@ -168,7 +176,7 @@ def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
         spec.job_type,
         serialize_payload(spec.payload, max_payload_bytes),
         spec.priority,
-        _pick_bucket(spec.bucket, spec.partition_key, spec.ordering_key),
+        _pick_bucket(spec.bucket, spec.partition_key, spec.ordering_key, spec.dedupe_key),
         spec.max_attempts,
         spec.run_at,
         delay,

@@ -174,3 +174,50 @@ def _capture(errors: list[BaseException], work) -> None:
         work()
     except BaseException as exc:
         errors.append(exc)
+
+
+def test_the_unique_keys_gain_the_bucket_on_a_live_table_and_keep_their_rules(empty_dsn):
+    """Migration 0014 on a table holding live keyed jobs: the primary key becomes (id, bucket)
+    and the holder and dedupe indexes include the bucket, yet one key still has one live job."""
+    from dispatcher import enqueue_sync
+
+    migrate(empty_dsn, up_to=13)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        # Code of this release enqueues on the schema before 0014 as well (it is deployed first)
+        assert enqueue_sync(conn, "t", {}, dedupe_key="order-1") is not None
+        assert enqueue_sync(conn, "t", {}, dedupe_key="order-1") is None
+        assert enqueue_sync(conn, "t", {}, ordering_key="acct-7") is not None
+        assert enqueue_sync(conn, "t", {}, ordering_key="acct-7") is not None  # waits
+    assert migrate(empty_dsn) == [14]
+    assert migrate(empty_dsn) == []
+    definitions = dict(
+        fetchall(
+            empty_dsn,
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'dispatcher_jobs'"
+            " AND indexdef LIKE 'CREATE UNIQUE%%'",
+        )
+    )
+    assert set(definitions) == {
+        "dispatcher_jobs_pkey",
+        "dispatcher_jobs_ordering_holder_idx",
+        "dispatcher_jobs_dedupe_live_idx",
+    }
+    assert all("bucket)" in d for d in definitions.values()), definitions
+    assert "(id, bucket)" in definitions["dispatcher_jobs_pkey"]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert enqueue_sync(conn, "t", {}, dedupe_key="order-2") is not None
+        assert enqueue_sync(conn, "t", {}, dedupe_key="order-2") is None
+        assert enqueue_sync(conn, "t", {}, ordering_key="acct-7") is not None
+    holders = fetchval(
+        empty_dsn,
+        "SELECT count(*) FROM dispatcher_jobs WHERE ordering_key = 'acct-7' AND status = 'queued'",
+    )
+    assert holders == 1
+    with (
+        pytest.raises(psycopg.errors.UniqueViolation),
+        psycopg.connect(empty_dsn, autocommit=True) as conn,
+    ):
+        conn.execute(
+            "UPDATE dispatcher_jobs SET status = 'queued'"
+            " WHERE ordering_key = 'acct-7' AND status = 'waiting'"
+        )

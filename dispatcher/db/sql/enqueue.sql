@@ -18,8 +18,7 @@ WITH inserted AS (
             %(max_attempts)s::int IS NOT NULL,
             coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
             %(dedupe_window_s)s, %(trace_context)s::jsonb)
-    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
-    DO NOTHING
+    ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
     RETURNING id, run_at
 )
 SELECT id, pg_notify(%(channel)s, %(notify)s || CASE WHEN due_in_ms > 0 THEN ':' || due_in_ms ELSE '' END)
@@ -64,8 +63,7 @@ SELECT queue_name, job_type, payload, priority, bucket, coalesce(max_attempts, 2
        run_at, dedupe_key, dedupe_window_s, %(trace_context)s::jsonb
   FROM dispatcher_jobs_stage_v2
  ORDER BY n
-ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
-DO NOTHING
+ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
 
 -- name: jobs_stage_clear
 TRUNCATE dispatcher_jobs_stage_v2

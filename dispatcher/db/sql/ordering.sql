@@ -79,8 +79,7 @@ behind AS (
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
            %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb, 'waiting'
      WHERE NOT EXISTS (SELECT 1 FROM head)
-    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
-    DO NOTHING
+    ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
     RETURNING id, run_at, status
 )
 SELECT id, CASE WHEN status = 'queued'
@@ -131,8 +130,7 @@ rest AS (
      WHERE s.ordering_key IS NULL
         OR s.n NOT IN (SELECT f.n FROM firsts AS f JOIN heads AS h USING (queue_name, ordering_key))
      ORDER BY s.n
-    ON CONFLICT (queue_name, dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
-    DO NOTHING
+    ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM heads) + (SELECT count(*) FROM rest)

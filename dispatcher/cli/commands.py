@@ -121,8 +121,14 @@ def load_registry(spec: str, origin: str = "--app") -> Any:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from dispatcher.db.migrate import migrate
 
-    applied = migrate(_require_dsn(_config_from(args)))
+    dsn = _require_dsn(_config_from(args))
+    applied = migrate(dsn)
     print(f"applied migrations: {applied}" if applied else "schema is up to date")
+    if args.citus:
+        from dispatcher.db.citus import distribute
+
+        placed = distribute(dsn)
+        print("citus: " + "; ".join(placed) if placed else "citus: already distributed by bucket")
     return 0
 
 
@@ -316,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
         "migrate", help="create or upgrade the schema (safe to run from N pods at once)"
     )
     _add_config_flags(p, one_shot)
+    p.add_argument(
+        "--citus",
+        action="store_true",
+        help="then distribute the jobs table over a Citus cluster, one shard per bucket",
+    )
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser(

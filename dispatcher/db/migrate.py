@@ -123,10 +123,10 @@ def migrate(
     migrations = [m for m in available_migrations(packages) if up_to is None or m.version <= up_to]
     wanted = {m.version for m in migrations}
     try:
-        with _connect(dsn) as conn:
+        with connect_migrator(dsn) as conn:
             if wanted <= _applied(conn):
                 return []
-            with _connect(dsn) as lock_conn, _migration_lock(lock_conn):
+            with connect_migrator(dsn) as lock_conn, _migration_lock(lock_conn):
                 conn.execute(query("schema_version_create"))
                 # again, under the lock: a concurrent runner may have applied them
                 done = _applied(conn)
@@ -155,7 +155,7 @@ def migrate(
         raise MigrationError(str(error)) from None
 
 
-def _connect(dsn: str) -> psycopg.Connection[Any]:
+def connect_migrator(dsn: str) -> psycopg.Connection[Any]:
     # Prepared statements off (connect_sync): each statement runs once or twice, and behind
     # PgBouncer < 1.21 a prepared one would not follow us to the next server connection.
     return connect_sync(dsn, ConnectionLimits(), application_name="dispatcher-migrate")
@@ -235,7 +235,7 @@ def _applied(conn: psycopg.Connection[Any]) -> set[int]:
 
 
 def current_version(dsn: str) -> int | None:
-    with _connect(dsn) as conn:
+    with connect_migrator(dsn) as conn:
         exists = conn.execute(query("schema_version_table_exists")).fetchone()
         if not rows.value(exists):
             return None

@@ -71,11 +71,16 @@ class JobStorePort(Protocol):
         ...
 
     async def jobs_complete(
-        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+        self,
+        ids: Sequence[int],
+        tokens: Sequence[str],
+        *,
+        keyed: bool = False,
+        buckets: Sequence[int] | None = None,
     ) -> Completion:
         """Completed where the token still matches: how many were, and the ids refused (fenced).
         Each completed job with an ordering key releases its key: the key's next job becomes
-        runnable (`keyed`: some may)."""
+        runnable (`keyed`: some may). `buckets`: each job's, which a distributed table routes by."""
         ...
 
     async def jobs_fail_owned(

@@ -120,6 +120,7 @@ class ExpiredLease:
     cancel_requested: bool = False
     job_type: str | None = None  # whose handler's on_ordered_failure applies, if the job is keyed
     keyed: bool = False  # it has an ordering key
+    bucket: int | None = None  # its shard's key on a distributed table (dispatcher/db/sharded.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +231,7 @@ class Failure:
     halts: bool = True
     snooze: tuple[float, int] | None = None
     duration_s: float = 0.0  # the handler's run time, for its metrics and history row
+    bucket: int | None = None  # the job's bucket (else job.bucket): a distributed table needs it
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
-from dispatcher.constants import COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
+from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
 from dispatcher.db import rows
 from dispatcher.db.claims import allowance, claim_params, claim_sql, next_token_s, steal_sql
 from dispatcher.db.completions import completion_statements
@@ -47,8 +47,9 @@ from dispatcher.db.rows import (
     Steal,
     TypeFilter,
 )
+from dispatcher.db.sharded import ShardedStatements
 from dispatcher.db.translate import connect_errors, translate_errors
-from dispatcher.errors import StoreConflict, StoreUnavailable
+from dispatcher.errors import StoreConflict, StoreError, StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS
@@ -60,6 +61,7 @@ T = TypeVar("T")
 # ANALYZE and prune batches can take seconds on a big, busy table
 # (docs/design/postgres-plumbing.md).
 SLOW_STATEMENT = 6.0
+FEATURE_NOT_SUPPORTED = "0A000"
 
 
 def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> None:
@@ -101,6 +103,9 @@ class JobStore:
         self.completed_jobs = completed_jobs
         # The keyless and the keyed completion statement (completions.py).
         self._complete_sql = completion_statements(completed_jobs)
+        # Set at each connect when the jobs table is distributed (Citus): then the hot statements
+        # go bucket by bucket (sharded.py).
+        self.sharded: ShardedStatements | None = None
 
     async def connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
@@ -113,8 +118,26 @@ class JobStore:
                         self._dsn, self._limits, application_name=self._application_name
                     )
                 configure_json(conn)
+                with translate_errors("connect"):
+                    self.sharded = await self._sharded_statements(conn)
                 self._conn, self._turn = conn, asyncio.Lock()
             return self._conn
+
+    async def _sharded_statements(
+        self, conn: psycopg.AsyncConnection[Any]
+    ) -> ShardedStatements | None:
+        """Per-bucket statements if the jobs table is distributed now (Citus), else None."""
+        if await (await conn.execute(query("citus_version"))).fetchone() is None:
+            return None
+        row = await (await conn.execute(query("citus_distribution"))).fetchone()
+        if row is None or row[0] != "h":
+            return None
+        completion = query(
+            "jobs_complete_owned_delete"
+            if self.completed_jobs == COMPLETED_DELETE
+            else "jobs_complete_owned"
+        )
+        return ShardedStatements(self._execute, self.worker_id, completion, NOTIFY_CHANNEL)
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -148,6 +171,14 @@ class JobStore:
         try:
             with translate_errors(what):
                 return await bounded(what, in_turn(), timeout_s, conn)
+        except StoreError as exc:
+            # A statement Citus cannot route, on a connection made while the table was still on
+            # one node: it was distributed since. Reconnect to read the placement again.
+            unroutable = getattr(exc.__cause__, "sqlstate", None) == FEATURE_NOT_SUPPORTED
+            if unroutable and self.sharded is None and self._conn is conn:
+                self._conn = None
+                await close_quietly(conn)
+            raise
         except StatementTimeout as exc:
             self._forget(conn)
             metrics.STATEMENT_TIMEOUTS.labels(what).inc()
@@ -155,6 +186,12 @@ class JobStore:
         except asyncio.CancelledError:
             self._forget(conn)  # bounded() abandoned the statement, and the connection with it
             raise
+
+    async def _placement(self) -> ShardedStatements | None:
+        """The per-bucket statements if the jobs table is distributed (read at connect)."""
+        if self._conn is None or self._conn.closed:
+            await self.connection()
+        return self.sharded
 
     def _forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if self._conn is conn:
@@ -185,6 +222,14 @@ class JobStore:
             if steal is not None or types is not None:
                 raise ValueError("a gated claim takes its types from its gate, and never steals")
             return await self._claim_gated(queue, limit, lease_s, buckets, gate, flow_version)
+        sharded = await self._placement()
+        if sharded is not None:
+            if steal is not None:  # not routed yet: the owners drain their own buckets
+                return Claimed([], 0)
+            claimed = await sharded.claim(queue, limit, lease_s, buckets, types, flow_version)
+            if claimed.jobs:
+                JOB_STATS.waited(queue, claimed.waited_s)
+            return claimed
         token = str(uuid.uuid4())
         params = claim_params(queue, limit, lease_s, self.worker_id, token, flow_version, types)
         if steal is not None:
@@ -299,6 +344,9 @@ class JobStore:
     async def jobs_next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
         """Seconds (database clock) until the earliest not-yet-due queued job of `queue` in
         `buckets` (None: any bucket); None if there is none."""
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.next_due_in(queue, buckets)
         params = {"queue": queue, "buckets": None if buckets is None else int_array(buckets)}
         cur = await self._execute("next_due", query("jobs_next_due_in"), params)
         due_in_s = rows.value(await cur.fetchone())
@@ -312,12 +360,16 @@ class JobStore:
         tokens: Sequence[str],
         *,
         keyed: bool = False,
+        buckets: Sequence[int] | None = None,
         chain: Chain | None = None,
     ) -> Completion:
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
         still matches: how many rows changed, and the ids refused (fenced: the token changed).
         `keyed`: some have an ordering key, whose next job is promoted in the same statement, or,
         if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit)."""
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.complete(ids, tokens, buckets, keyed=keyed)
         if not keyed:
             params = {"ids": int_array(ids), "tokens": token_array(tokens)}
             cur = await self._execute("complete", self._complete_sql[False], params)
@@ -358,10 +410,16 @@ class JobStore:
             "lease_expired": lease_expired,
             "channel": NOTIFY_CHANNEL,
         }
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.fail(params, failures)
         cur = await self._execute("fail", query("jobs_fail_owned"), params)
         return rows.typed(FailedWrite, await cur.fetchall())
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.release(jobs, NOTIFY_CHANNEL)
         params = {
             "ids": int_array([j.id for j in jobs]),
             "tokens": token_array([j.token for j in jobs]),
@@ -374,6 +432,9 @@ class JobStore:
         """Promote the next job of keys of `queue` left with waiting jobs and no holder, up to
         `limit` keys after `after` (key order); StoreConflict if another promotion raced this
         one."""
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.promote_scan(queue, limit)
         params = {"queue": queue, "after": after, "limit": limit, "channel": NOTIFY_CHANNEL}
         cur = await self._execute(
             "ordering_scan", query("ordering_promote_scan"), params, budget=SLOW_STATEMENT
@@ -397,6 +458,9 @@ class JobStore:
     async def jobs_extend_leases(self, jobs: Sequence[Job], lease_s: float) -> dict[int, bool]:
         """Extend the leases of `jobs` still ours; returns their ids, each with whether an
         operator asked to cancel it (a missing id: taken over)."""
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.extend_leases(jobs, lease_s)
         params = {
             "ids": int_array([j.id for j in jobs]),
             "tokens": token_array([j.token for j in jobs]),
@@ -410,6 +474,9 @@ class JobStore:
         await self._execute("ping", query("ping"), {})
 
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.lease_expired(limit)
         cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})
         return rows.typed(ExpiredLease, await cur.fetchall())
 

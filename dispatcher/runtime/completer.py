@@ -197,10 +197,15 @@ class Completer:
             history, self._history = self._history, HistoryRows()
             try:
                 if ids:
+                    # Each job's bucket: a distributed table routes the write by it.
+                    buckets = [job.bucket for job in done]
                     if keyed and self.chaining is not None:
-                        fenced = await self._complete_chained(ids, tokens, self.chaining)
+                        fenced = await self._complete_chained(ids, tokens, buckets, self.chaining)
                     else:
-                        fenced = (await self.store.jobs_complete(ids, tokens, keyed=keyed)).fenced
+                        completion = await self.store.jobs_complete(
+                            ids, tokens, keyed=keyed, buckets=buckets
+                        )
+                        fenced = completion.fenced
                     ids, tokens = [], []  # written: nothing to put back
                     self._record_completed(done, durations_s, fenced, history)
                     done, durations_s = [], []
@@ -229,12 +234,14 @@ class Completer:
             self.written()
 
     async def _complete_chained(
-        self, ids: list[int], tokens: list[str], chaining: ChainSlots
+        self, ids: list[int], tokens: list[str], buckets: list[int], chaining: ChainSlots
     ) -> list[int]:
         chain = chaining.reserve()
         sent_at = time.monotonic()
         try:
-            done = await self.store.jobs_complete(ids, tokens, keyed=True, chain=chain)
+            done = await self.store.jobs_complete(
+                ids, tokens, keyed=True, buckets=buckets, chain=chain
+            )
         except BaseException:
             chaining.settle(chain, [], sent_at)
             raise

@@ -165,6 +165,7 @@ class Reaper(PeriodicService):
                     self._retry_of(e.job_type or ""),
                 ),
                 halts=not e.keyed or self._halts(e.job_type or ""),
+                bucket=e.bucket,
             )
             for e in expired
         ]

@@ -44,6 +44,7 @@ from dispatcher.model import (
     Job,
 )
 from dispatcher.testing.clock import FakeClock
+from dispatcher.testing.stealing import stealable
 from dispatcher.testing.windows import DedupeWindows
 
 _LIVE = (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING)
@@ -201,7 +202,7 @@ class MemoryStore(InProcessStore):
             # E731: the sort key is one expression, chosen here beside its alternatives
             order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
             if steal is not None:  # the given buckets in the given order, each from its tail
-                due = self._stealable(due, steal)
+                due = stealable(due, steal)
                 order = lambda r: ()  # noqa: E731  (already in steal order; sorted() is stable)
             elif buckets is not None:
                 wanted = set(buckets)
@@ -247,18 +248,6 @@ class MemoryStore(InProcessStore):
         steal: Steal | None = None,
     ) -> Claimed:
         return self.claim(queue, limit, lease_s, buckets, steal)
-
-    @staticmethod
-    def _stealable(due: list[JobState], steal: Steal) -> list[JobState]:
-        """claim_select_steal's choice: per bucket in the steal's order, its due jobs from the
-        tail, all but the first `reserve` of them in claim order."""
-        out: list[JobState] = []
-        for bucket in dict.fromkeys(steal.buckets):
-            rows = sorted(
-                (r for r in due if r.bucket == bucket), key=lambda r: (r.priority, r.run_at, r.id)
-            )
-            out.extend(reversed(rows[steal.reserve :]))
-        return out
 
     def _owned(self, job_id: int, token: str) -> JobState | None:
         """The row if it is running under `token` (the fence of every owner's write)."""
@@ -335,9 +324,15 @@ class MemoryStore(InProcessStore):
             return Completion(len(ids) - len(fenced), fenced)
 
     async def jobs_complete(
-        self, ids: Sequence[int], tokens: Sequence[str], *, keyed: bool = False
+        self,
+        ids: Sequence[int],
+        tokens: Sequence[str],
+        *,
+        keyed: bool = False,
+        buckets: object = None,
     ) -> Completion:
-        # Keys are released either way: `keyed` only spares the real store the keyed statement.
+        # Keys are released either way: `keyed` only spares the real store the keyed statement;
+        # `buckets` only a distributed table needs.
         return self.complete(ids, tokens)
 
     def fail(

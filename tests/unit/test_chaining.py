@@ -90,7 +90,7 @@ class FakeStore:
         self.chains: list[Chain] = []
         self.down = False
 
-    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None):
+    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None, buckets=None):
         assert keyed and chain is not None, "a keyed batch in partitioned mode offers a chain"
         self.chains.append(chain)
         if self.down:

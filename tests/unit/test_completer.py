@@ -47,7 +47,7 @@ class FakeStore:
         if self.down:
             raise StoreUnavailable("complete: database unavailable")
 
-    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None):
+    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None, buckets=None):
         self._check()
         self.completed.append((list(ids), list(tokens)))
         self.keyed.append(keyed)

@@ -126,7 +126,7 @@ class AcceptingStore:
     def __init__(self, fence: frozenset[int] = frozenset()) -> None:
         self.fence = fence
 
-    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None):
+    async def jobs_complete(self, ids, tokens, *, keyed=False, chain=None, buckets=None):
         fenced = [i for i in ids if i in self.fence]
         return Completion(len(ids) - len(fenced), fenced)
 

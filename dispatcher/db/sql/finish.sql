@@ -63,6 +63,8 @@ SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done)
 -- Returns the rows written (with the status written), for the outcome lines (joblog.py: run_at
 -- is when a retry is due, by the database's clock), the history and the outcome counts.
 -- Failures are rare: completions return nothing.
+-- Every time is computed in `f`, outside the CASEs: Citus refuses a CASE that calls a function
+-- which is not immutable (now(), timestamptz + interval), so this text serves both.
 WITH written AS (
     UPDATE dispatcher_jobs AS j
        SET status = CASE WHEN (f.status = 'queued' OR (f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap))
@@ -70,12 +72,11 @@ WITH written AS (
                          WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN 'queued'
                          ELSE f.status END,
            run_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.run_at
-                         WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap
-                         THEN now() + f.snooze_s * interval '1 second'
-                         WHEN f.status = 'queued' THEN now() + f.delay_s * interval '1 second'
+                         WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN f.snooze_at
+                         WHEN f.status = 'queued' THEN f.retry_at
                          ELSE j.run_at END,
            failed_at = CASE WHEN f.status IN ('failed', 'discarded') AND NOT coalesce(j.snoozes < f.snooze_cap, false)
-                            THEN now() ELSE j.failed_at END,
+                            THEN f.now ELSE j.failed_at END,
            ordering_halted = j.ordering_key IS NOT NULL AND f.status IN ('failed', 'discarded') AND f.halts
                              AND NOT coalesce(j.snoozes < f.snooze_cap, false),
            last_error = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN j.last_error
@@ -87,13 +88,15 @@ WITH written AS (
            lock_token = NULL,
            lease_expires_at = NULL,
            updated_at = now()
-      FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
-                  %(delays_s)s::float8[], %(errors)s::text[], %(halts)s::bool[],
-                  %(snoozes_s)s::float8[], %(snooze_caps)s::int[])
-           AS f(id, token, status, delay_s, error, halts, snooze_s, snooze_cap)
+      FROM (SELECT u.*, now() AS now, now() + u.delay_s * interval '1 second' AS retry_at,
+                   now() + u.snooze_s * interval '1 second' AS snooze_at
+              FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
+                          %(delays_s)s::float8[], %(errors)s::text[], %(halts)s::bool[],
+                          %(snoozes_s)s::float8[], %(snooze_caps)s::int[])
+                   AS u(id, token, status, delay_s, error, halts, snooze_s, snooze_cap)) AS f
      WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
        AND CASE WHEN j.status = 'running'
-                THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < now())
+                THEN j.lock_token = f.token AND (NOT %(lease_expired)s OR j.lease_expires_at < f.now)
                 ELSE false END
     RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
               CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.ordering_key, j.ordering_halted,

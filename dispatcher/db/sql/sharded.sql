@@ -1,0 +1,165 @@
+-- The statements a worker runs when the jobs table is distributed by bucket over a Citus cluster
+-- (dispatcher/db/sharded.py; docs/concepts/citus.md). Each names exactly one bucket, so Citus
+-- routes it whole to the one node that holds that bucket's shard: no cross-node locks, no
+-- two-phase commit. The writes (completion, failure, release, lease extension) are the
+-- single-node texts with the bucket pinned (sharded.py); the statements below are the ones whose
+-- single-node shape spans buckets. Citus refuses a function that is not immutable inside a CASE
+-- or a RETURNING list of a write, hence the computed columns outside them.
+-- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
+-- folder.
+
+-- name: jobs_claim_bucket
+-- jobs_claim for one bucket, %(bucket)s: select in claim order (dispatcher_jobs_claim_bucket_idx),
+-- mark running under a new token and lease, return the rows. {lock} is empty in partitioned mode
+-- (the owner takes no row locks, as on one node) and FOR UPDATE SKIP LOCKED in skip_locked mode,
+-- which Citus accepts for a query on one shard. The UPDATE re-checks status and due time on the
+-- row it writes; the coalesce keeps that re-check from matching a partial index's predicate (see
+-- jobs_claim). `selected` is NULL when the flow-control version changed (nothing claimed).
+WITH picked AS MATERIALIZED (
+    SELECT id
+      FROM dispatcher_jobs
+     WHERE queue_name = %(queue)s AND bucket = %(bucket)s::smallint AND status = 'queued' AND run_at <= now()
+       {type_filter}
+       AND (%(flow_version)s::bigint IS NULL
+            OR %(flow_version)s::bigint = (SELECT coalesce(max(version), 0) FROM dispatcher_flow_control))
+     ORDER BY priority, run_at, id
+     LIMIT %(limit)s
+       {lock}
+),
+claimed AS (
+    UPDATE dispatcher_jobs
+       SET status = 'running',
+           attempts = attempts + 1,
+           locked_at = now(),
+           locked_by = %(worker)s,
+           lock_token = %(token)s::uuid,
+           lease_expires_at = now() + %(lease_s)s * interval '1 second',
+           updated_at = now()
+     WHERE bucket = %(bucket)s::smallint AND id IN (SELECT id FROM picked)
+       AND coalesce(status = 'queued', false) AND run_at <= now()
+    RETURNING id, job_type, payload, attempts, max_attempts_given, max_attempts, locked_at, run_at,
+              bucket, priority, ordering_key, scheduled_for, trace_context
+)
+SELECT c.id, c.job_type, c.payload, c.attempts, CASE WHEN c.max_attempts_given THEN c.max_attempts END,
+       extract(epoch FROM c.locked_at)::float8, c.bucket, c.priority, c.ordering_key,
+       p.selected, c.scheduled_for, date_part('epoch', c.locked_at - c.run_at), c.trace_context
+  FROM (SELECT CASE WHEN %(flow_version)s::bigint IS NULL
+                      OR %(flow_version)s::bigint = (SELECT coalesce(max(version), 0) FROM dispatcher_flow_control)
+                    THEN (SELECT count(*) FROM picked) END AS selected) AS p
+  LEFT JOIN claimed AS c ON true
+
+-- name: jobs_next_due_in_bucket
+-- jobs_next_due_in for one bucket: seconds until its earliest queued job that is not due yet, or
+-- NULL. A loose index scan of the bucket's range of dispatcher_jobs_claim_bucket_idx: one descent
+-- per distinct priority, then the first future run_at within it.
+WITH RECURSIVE priorities AS (
+    (SELECT priority FROM dispatcher_jobs
+      WHERE queue_name = %(queue)s AND bucket = %(bucket)s::smallint AND status = 'queued'
+      ORDER BY priority LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority FROM dispatcher_jobs j
+             WHERE j.queue_name = %(queue)s AND j.bucket = %(bucket)s::smallint AND j.status = 'queued'
+               AND j.priority > p.priority
+             ORDER BY j.priority LIMIT 1)
+      FROM priorities p
+     WHERE p.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min(next.run_at) - now())::float8
+  FROM priorities p
+ CROSS JOIN LATERAL (
+    SELECT j.run_at FROM dispatcher_jobs j
+     WHERE j.queue_name = %(queue)s AND j.bucket = %(bucket)s::smallint AND j.status = 'queued'
+       AND j.priority = p.priority AND j.run_at > now()
+     ORDER BY j.run_at LIMIT 1) AS next
+ WHERE p.priority IS NOT NULL
+
+-- name: jobs_lease_expired_bucket
+-- jobs_lease_expired for one bucket (the reaper visits every bucket in turn).
+SELECT id, lock_token::text, attempts, CASE WHEN max_attempts_given THEN max_attempts END, lease_expiries + 1,
+       locked_by, locked_at,
+       cancel_requested_at IS NOT NULL, job_type, ordering_key IS NOT NULL, bucket
+  FROM dispatcher_jobs
+ WHERE bucket = %(bucket)s::smallint AND status = 'running' AND lease_expires_at < now()
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
+
+-- name: sharded_promote_none
+-- In place of ordering_promote_next on a distributed table: promoting a key's next job in the
+-- same statement is not yet routed, so jobs with ordering keys are refused there at enqueue.
+woken AS (SELECT 0::bigint AS promoted)
+
+-- name: sharded_promote_next
+-- ordering_promote_next on a distributed table, in place of it in the pinned writes (sharded.py):
+-- each released key's next waiting job becomes queued, in the one bucket the statement names (a
+-- key's jobs all share the bucket its key picks). No NOTIFY here: inside a routed statement it
+-- would be sent on the worker node, where no worker listens; the store wakes the bucket's owner
+-- from the coordinator node instead when `promoted` says there were any. Defines `promoted` and
+-- `woken` as ordering_promote_next does.
+nexts AS MATERIALIZED (
+    SELECT nxt.id
+      FROM (SELECT DISTINCT r.queue_name, r.ordering_key FROM released AS r WHERE r.ordering_key IS NOT NULL) AS k
+     CROSS JOIN LATERAL (
+           SELECT n.id
+             FROM dispatcher_jobs AS n  -- dispatcher_jobs_ordering_waiting_idx
+            WHERE n.bucket = %(bucket)s::smallint AND n.queue_name = k.queue_name
+              AND n.ordering_key = k.ordering_key AND n.status = 'waiting'
+            ORDER BY n.id
+            LIMIT 1) AS nxt
+),
+promoted AS (
+    UPDATE dispatcher_jobs AS w
+       SET status = 'queued',
+           updated_at = now()
+     WHERE w.bucket = %(bucket)s::smallint AND w.id = ANY(ARRAY(SELECT id FROM nexts))
+       AND CASE WHEN w.status = 'waiting' THEN true ELSE false END
+    RETURNING w.queue_name
+),
+woken AS (SELECT (SELECT count(*) FROM promoted) AS promoted)
+
+-- name: sharded_wake
+-- Wake the owners of one bucket of some queues after a routed statement promoted jobs there (the
+-- payload is jobs_insert_one's: queue:bucket). Sent on the coordinator node, where workers listen.
+SELECT count(pg_notify(%(channel)s, q || ':' || %(bucket)s::text)) FROM unnest(%(queues)s::text[]) AS q
+
+-- name: jobs_complete_keyed_bucket
+-- The keyed completion (jobs_complete_owned_keyed) for one bucket: complete the jobs, promote each
+-- released key's next job. It claims no next job for the worker (no chain): the promoted job is
+-- claimed like any other. Returns how many were completed, promoted, and the ids refused.
+WITH released AS (
+{completion}
+    RETURNING j.id, j.queue_name, j.ordering_key
+),
+{promote}
+SELECT (SELECT count(*) FROM released), w.promoted,
+       ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released),
+       ARRAY(SELECT DISTINCT queue_name FROM released)
+  FROM woken AS w
+
+-- name: ordering_promote_scan_bucket
+-- ordering_promote_scan for one bucket (the sweeper visits them in turn): keys of `queue` in
+-- %(bucket)s with waiting jobs and no holder, after %(after)s in key order, up to %(limit)s.
+WITH RECURSIVE scan AS (
+    (SELECT w.ordering_key FROM dispatcher_jobs AS w
+      WHERE w.bucket = %(bucket)s::smallint AND w.queue_name = %(queue)s AND w.status = 'waiting'
+        AND w.ordering_key > %(after)s
+      ORDER BY w.ordering_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.ordering_key FROM dispatcher_jobs AS w
+             WHERE w.bucket = %(bucket)s::smallint AND w.queue_name = %(queue)s AND w.status = 'waiting'
+               AND w.ordering_key > s.ordering_key
+             ORDER BY w.ordering_key LIMIT 1)
+      FROM scan AS s
+     WHERE s.ordering_key IS NOT NULL
+),
+scanned AS (SELECT ordering_key FROM scan WHERE ordering_key IS NOT NULL LIMIT %(limit)s),
+released AS (
+    SELECT %(queue)s::text AS queue_name, k.ordering_key
+      FROM scanned AS k
+     WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS h  -- dispatcher_jobs_ordering_holder_idx
+                        WHERE h.bucket = %(bucket)s::smallint AND h.queue_name = %(queue)s
+                          AND h.ordering_key = k.ordering_key
+                          AND (h.status IN ('queued', 'running') OR h.ordering_halted))
+),
+{promote}
+SELECT CASE WHEN (SELECT count(*) FROM scanned) >= %(limit)s THEN (SELECT max(ordering_key) FROM scanned) END,
+       (SELECT count(*) FROM scanned), (SELECT promoted FROM woken)

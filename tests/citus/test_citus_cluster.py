@@ -1,0 +1,219 @@
+"""The jobs table on a real Citus cluster: `dispatcher migrate --citus` places it, one shard per
+bucket; every statement a worker runs for one bucket is a router query on one node; workers drain
+it in both modes, each job once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import psycopg
+import pytest
+
+from dispatcher import Config, Job, Registry, Worker, enqueue_payloads_sync, enqueue_sync
+from dispatcher.cli.commands import main as cli_main
+from dispatcher.db.citus import distribute
+from dispatcher.db.completions import completion_statements
+from dispatcher.db.migrate import migrate
+from dispatcher.db.queries import query
+from dispatcher.db.rows import TypeFilter
+from dispatcher.db.sharded import claim_text, keyed_completion_text, pinned
+from dispatcher.errors import MigrationError
+from tests.helpers import fetchall, fetchval, run_async, run_worker_until, status_counts
+
+TOKENS = [str(uuid.uuid4()), str(uuid.uuid4())]
+
+
+def _tasks(conn: psycopg.Connection, sql: str, params: dict) -> int:
+    """How many tasks Citus splits `sql` into (1: a router query on one node)."""
+    plan = [r[0] for r in conn.execute("EXPLAIN " + sql, params).fetchall()]
+    counts = [line.split(":")[1].strip() for line in plan if "Task Count:" in line]
+    assert counts, "\n".join(plan)
+    return max(int(c) for c in counts)
+
+
+PLACEMENT = """
+SELECT (SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'dispatcher_jobs'::regclass),
+       (SELECT count(DISTINCT get_shard_id_for_distribution_column('dispatcher_jobs', b::smallint))
+          FROM generate_series(0, 63) AS b),
+       (SELECT count(DISTINCT n.nodeid)
+          FROM pg_dist_placement AS p JOIN pg_dist_shard AS s USING (shardid)
+          JOIN pg_dist_node AS n ON n.groupid = p.groupid
+         WHERE s.logicalrelid = 'dispatcher_jobs'::regclass)
+"""
+
+
+def _placement(dsn: str) -> tuple[int, int, int]:
+    """(shards of the jobs table, distinct shards the 64 buckets map to, nodes holding them)."""
+    return fetchall(dsn, PLACEMENT)[0]
+
+
+def test_migrate_citus_without_the_extension_fails_with_one_line(dsn, capsys):
+    with pytest.raises(MigrationError, match="needs the citus extension"):
+        distribute(dsn)
+    assert cli_main(["migrate", "--citus", "--dsn", dsn]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "citus extension" in err[0], err
+    # nothing changed for the single-node install: it still works as one
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 0
+
+
+def test_distributing_a_table_that_holds_jobs_keeps_every_job_one_bucket_a_shard(
+    citus_empty_dsn,
+):
+    dsn = citus_empty_dsn
+    migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{"n": i} for i in range(640)])
+    before = fetchall(dsn, "SELECT id, bucket FROM dispatcher_jobs ORDER BY id")
+    placed = distribute(dsn)
+    assert any("distributed by bucket" in step for step in placed), placed
+    assert _placement(dsn) == (64, 64, 2)
+    assert distribute(dsn) == []  # idempotent
+    assert fetchall(dsn, "SELECT id, bucket FROM dispatcher_jobs ORDER BY id") == before
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{"n": i} for i in range(10)])
+    after = fetchall(dsn, "SELECT id FROM dispatcher_jobs ORDER BY id")
+    assert len({r[0] for r in after}) == 650 and after[-1][0] > before[-1][0]  # ids stay unique
+    for table in ("dispatcher_flow_control", "dispatcher_limits", "dispatcher_paused_queues"):
+        kind = fetchval(
+            dsn,
+            "SELECT repmodel FROM pg_dist_partition WHERE logicalrelid = %s::regclass",
+            (table,),
+        )
+        assert kind == "t", table  # reference tables: a claim reads them on any node
+
+
+def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
+    ids = {"ids": [1, 2], "tokens": TOKENS, "bucket": 7}
+    claim = {
+        "queue": "default",
+        "limit": 10,
+        "lease_s": 30.0,
+        "worker": "w",
+        "token": TOKENS[0],
+        "flow_version": 3,
+        "bucket": 7,
+        "claim_types": ["a"],
+    }
+    fail = {
+        **ids,
+        "statuses": ["queued", "failed"],
+        "delays_s": [1.0, 0.0],
+        "errors": ["e", "e"],
+        "halts": [True, True],
+        "snoozes_s": [None, None],
+        "snooze_caps": [None, None],
+        "lease_expired": True,
+        "channel": "c",
+    }
+    statements = {
+        "claim partitioned": (claim_text(None, skip_locked=False), claim),
+        "claim skip_locked": (claim_text(None, skip_locked=True), claim),
+        "claim of some types": (claim_text(TypeFilter(("a",), True), skip_locked=False), claim),
+        "claim but some types": (claim_text(TypeFilter(("a",), False), skip_locked=True), claim),
+        "next due": (query("jobs_next_due_in_bucket"), {"queue": "default", "bucket": 7}),
+        "lease scan": (query("jobs_lease_expired_bucket"), {"bucket": 7, "limit": 100}),
+        "completion": (pinned(completion_statements("keep")[False]), ids),
+        "keyed completion": (keyed_completion_text(query("jobs_complete_owned")), ids),
+        "keyed completion, delete": (
+            keyed_completion_text(query("jobs_complete_owned_delete")),
+            ids,
+        ),
+        "ordering sweep": (
+            query("ordering_promote_scan_bucket").replace(
+                "{promote}", query("sharded_promote_next")
+            ),
+            {"queue": "default", "after": "", "limit": 100, "bucket": 7},
+        ),
+        "failure": (pinned(query("jobs_fail_owned")), fail),
+        "release": (pinned(query("jobs_release_owned")), {**ids, "channel": "c"}),
+        "lease extension": (pinned(query("jobs_extend_leases")), {**ids, "lease_s": 30.0}),
+    }
+    with psycopg.connect(citus_dsn, autocommit=True) as conn:
+        tasks = {name: _tasks(conn, sql, params) for name, (sql, params) in statements.items()}
+    assert tasks == dict.fromkeys(statements, 1)
+
+
+@pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
+def test_workers_drain_a_distributed_table_each_job_once(citus_dsn, mode):
+    registry = Registry()
+    seen: list[int] = []
+
+    @registry.handler("a")
+    async def a(job: Job) -> None:
+        seen.append(job.id)
+        if job.payload["n"] % 7 == 0:
+            raise RuntimeError("fails once, then retried")  # the failure path, bucket by bucket
+
+    with psycopg.connect(citus_dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "a", [{"n": i} for i in range(1500)], max_attempts=2)
+    config = Config(
+        dsn=citus_dsn,
+        mode=mode,
+        concurrency=40,
+        batch_size=100,
+        poll_interval_s=0.1,
+        flush_interval_s=0.01,
+        reaper_interval_s=0.5,
+        retry_base_s=0.05,
+        retry_cap_s=0.1,
+    ).replace()
+    worker = Worker(config, registry)
+
+    def finished() -> bool:
+        counts = status_counts(citus_dsn)
+        return counts.get("completed", 0) + counts.get("failed", 0) >= 1500
+
+    run_async(run_worker_until(worker, finished, 120, "1500 jobs finished"))
+    failing = sum(1 for i in range(1500) if i % 7 == 0)
+    assert status_counts(citus_dsn) == {"completed": 1500 - failing, "failed": failing}
+    assert len(seen) == 1500 + failing  # each failing job ran twice, every other job once
+    assert (
+        fetchval(citus_dsn, "SELECT count(*) FROM dispatcher_jobs WHERE lock_token IS NOT NULL")
+        == 0
+    )
+
+
+@pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
+def test_ordering_keys_hold_on_a_distributed_table(citus_dsn, mode):
+    """Jobs that share a key run one at a time in enqueue order; each key's next job is promoted
+    in its own bucket's shard, and its owner woken from the coordinator node."""
+    registry = Registry()
+    running: set[str] = set()
+    overlaps: list[str] = []
+    order: dict[str, list[int]] = {}
+
+    @registry.handler("k")
+    async def k(job: Job) -> None:
+        key = job.payload["key"]
+        if key in running:
+            overlaps.append(key)
+        running.add(key)
+        await asyncio.sleep(0.002)
+        order.setdefault(key, []).append(job.payload["seq"])
+        running.discard(key)
+
+    keys = [f"acct-{n}" for n in range(24)]
+    with psycopg.connect(citus_dsn, autocommit=True) as conn:
+        for seq in range(15):
+            for key in keys:
+                enqueue_sync(conn, "k", {"key": key, "seq": seq}, ordering_key=key)
+    config = Config(
+        dsn=citus_dsn,
+        mode=mode,
+        concurrency=20,
+        batch_size=50,
+        poll_interval_s=0.5,
+        flush_interval_s=0.01,
+    ).replace()
+    worker = Worker(config, registry)
+    total = len(keys) * 15
+
+    def finished() -> bool:
+        return status_counts(citus_dsn).get("completed", 0) >= total
+
+    run_async(run_worker_until(worker, finished, 120, f"{total} keyed jobs finished"))
+    assert overlaps == []
+    assert order == {key: list(range(15)) for key in keys}
+    assert status_counts(citus_dsn) == {"completed": total}

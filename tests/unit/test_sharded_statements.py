@@ -1,0 +1,58 @@
+"""The per-bucket statements of a distributed jobs table, without a cluster: how writes are
+grouped by bucket, which bucket a failure names, and the texts pinned to one bucket (the cluster
+tests run them under EXPLAIN: tests/citus)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dispatcher.db.completions import completion_statements
+from dispatcher.db.queries import query
+from dispatcher.db.rows import Failure, TypeFilter
+from dispatcher.db.sharded import ShardedError, by_bucket, claim_text, failure_bucket, pinned
+from dispatcher.model import Outcome
+
+
+@given(st.lists(st.integers(0, 63), max_size=200))
+def test_grouping_by_bucket_keeps_every_item_once_in_order(buckets):
+    groups = by_bucket(buckets)
+    assert sorted(i for at in groups.values() for i in at) == list(range(len(buckets)))
+    for bucket, at in groups.items():
+        assert at == sorted(at) and all(buckets[i] == bucket for i in at)
+
+
+def test_a_failure_names_its_bucket_or_its_jobs_or_is_refused():
+    outcome = Outcome("failed", 0.0, "e")
+    assert failure_bucket(Failure(1, "t", outcome, bucket=9)) == 9
+    with pytest.raises(ShardedError, match="needs its bucket"):
+        failure_bucket(Failure(1, "t", outcome))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        completion_statements("keep")[False],
+        query("jobs_fail_owned"),
+        query("jobs_release_owned"),
+        query("jobs_extend_leases"),
+    ],
+)
+def test_every_write_by_ids_is_pinned_to_one_bucket(text):
+    one = pinned(text)
+    assert "j.bucket = %(bucket)s::smallint AND j.id = ANY(%(ids)s::bigint[])" in one
+    assert "WHERE j.id = ANY(%(ids)s::bigint[])" not in one
+
+
+def test_a_text_that_does_not_select_by_ids_is_not_pinned():
+    with pytest.raises(ValueError, match="select its rows"):
+        pinned("UPDATE dispatcher_jobs SET x = 1")
+
+
+def test_the_claim_locks_rows_only_in_skip_locked_mode_and_filters_types():
+    assert "FOR UPDATE SKIP LOCKED" in claim_text(None, skip_locked=True)
+    assert "FOR UPDATE" not in claim_text(None, skip_locked=False)
+    assert "job_type = ANY" in claim_text(TypeFilter(("a",), True), skip_locked=False)
+    assert "job_type <> ALL" in claim_text(TypeFilter(("a",), False), skip_locked=False)
+    assert "{" not in claim_text(None, skip_locked=False).replace("'{", "")

@@ -9,6 +9,7 @@ writes with the bucket pinned (`pinned`). Why and what it costs: docs/concepts/c
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -32,6 +33,10 @@ _BY_IDS: Final = "WHERE j.id = ANY(%(ids)s::bigint[])"
 _BY_BUCKET_AND_IDS: Final = (
     "WHERE j.bucket = %(bucket)s::smallint AND j.id = ANY(%(ids)s::bigint[])"
 )
+# A bucket whose claim found nothing is skipped by later claims for this long, or until a NOTIFY
+# or a due timer says it has work (`ready`): without it, every wake-up of a worker that owns many
+# buckets sent a statement to each of them. A NOTIFY that was missed costs at most this much.
+DRY_S: Final = 1.0
 _TYPE_FILTERS: Final = {
     None: "",
     False: "AND job_type <> ALL(%(claim_types)s::text[])",
@@ -101,6 +106,15 @@ class ShardedStatements:
         self._extend_sql = pinned(query("jobs_extend_leases"))
         self._claim_sql: dict[tuple[bool | None, bool], str] = {}
         self._start = 0  # where the next visit of the buckets begins: each gets its turn first
+        self._dry_until: dict[tuple[str, int], float] = {}  # (queue, bucket) -> time.monotonic()
+
+    def ready(self, queue: str | None, bucket: int | None) -> None:
+        """`bucket` of `queue` may have work now (None: any bucket, or any queue)."""
+        if queue is None or bucket is None:
+            for key in [k for k in self._dry_until if queue is None or k[0] == queue]:
+                del self._dry_until[key]
+        else:
+            self._dry_until.pop((queue, bucket), None)
 
     def _rotated(self, buckets: Sequence[int]) -> list[int]:
         ordered = sorted(set(buckets))
@@ -128,7 +142,10 @@ class ShardedStatements:
         jobs: list[Job] = []
         waited_s: list[float] = []
         selected = 0
+        now = time.monotonic()
         for bucket in self._rotated(range(NUM_BUCKETS) if buckets is None else buckets):
+            if self._dry_until.get((queue, bucket), 0.0) > now:
+                continue
             params = claim_params(
                 queue, limit - len(jobs), lease_s, self._worker_id, token, flow_version, types
             )
@@ -140,6 +157,8 @@ class ShardedStatements:
             jobs.extend(got.jobs)
             waited_s.extend(got.waited_s)
             selected += got.selected
+            if got.selected == 0:
+                self._dry_until[(queue, bucket)] = now + DRY_S
             if len(jobs) >= limit:
                 break
         return Claimed(jobs, selected, waited_s=waited_s)

@@ -334,6 +334,12 @@ class JobStore:
 
         return await self.run("claim", work)
 
+    def note_ready(self, queue: str | None, bucket: int | None = None) -> None:
+        """A NOTIFY or a due timer says `bucket` of `queue` (None: any) may have work: on a
+        distributed table, the next claim visits it even if it was found empty just now."""
+        if self.sharded is not None:
+            self.sharded.ready(queue, bucket)
+
     async def flow_state(self) -> FlowState:
         """The flow-control tables, in one snapshot (flow_state)."""
         cur = await self._execute("flow_state", query("flow_state"), {})

@@ -146,12 +146,14 @@ class Producer:
         if due_in_s is not None:
             self._due.arm(due_in_s)
             return
+        self._store.note_ready(queue, bucket)
         if bucket is None:
             self._steals.note_foreign_notify()  # a bulk enqueue: any bucket may have new work
             self._look_ahead = True  # and may have scheduled some for later
         self._wakeup.set()
 
     def _on_due(self) -> None:
+        self._store.note_ready(None)  # the due jobs' buckets are not known here
         self._look_ahead = True  # learn the next run_at as we claim these
         self._wakeup.set()
 

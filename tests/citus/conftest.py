@@ -52,3 +52,7 @@ def citus_empty_dsn(citus_cluster: CitusCluster) -> Iterator[str]:
     """A database with Citus and the worker nodes, but no schema."""
     with citus_cluster.database(f"citus_empty_{uuid.uuid4().hex[:8]}") as dsn:
         yield dsn
+
+
+# Worker processes (`dispatcher run`), as the chaos tier starts them.
+from tests.chaos.conftest import workers  # noqa: E402, F401  # a fixture, used by name

@@ -196,6 +196,7 @@ def test_ordering_keys_hold_on_a_distributed_table(citus_dsn, mode):
 
     keys = [f"acct-{n}" for n in range(24)]
     with psycopg.connect(citus_dsn, autocommit=True) as conn:
+        # One at a time: the bulk path with ordering keys does not run on a cluster yet.
         for seq in range(15):
             for key in keys:
                 enqueue_sync(conn, "k", {"key": key, "seq": seq}, ordering_key=key)

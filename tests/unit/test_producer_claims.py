@@ -35,6 +35,9 @@ class FakeStore:
         self.claims: list[tuple[tuple[int, ...] | None, int, bool]] = []  # (buckets, limit, steal)
         self.next_id = 1
 
+    def note_ready(self, queue, bucket=None):
+        pass
+
     async def jobs_next_due_in(self, queue, buckets):
         return None
 

@@ -4,6 +4,8 @@ tests run them under EXPLAIN: tests/citus)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,7 +13,14 @@ from hypothesis import strategies as st
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Failure, TypeFilter
-from dispatcher.db.sharded import ShardedError, by_bucket, claim_text, failure_bucket, pinned
+from dispatcher.db.sharded import (
+    ShardedError,
+    ShardedStatements,
+    by_bucket,
+    claim_text,
+    failure_bucket,
+    pinned,
+)
 from dispatcher.model import Outcome
 
 
@@ -56,3 +65,42 @@ def test_the_claim_locks_rows_only_in_skip_locked_mode_and_filters_types():
     assert "job_type = ANY" in claim_text(TypeFilter(("a",), True), skip_locked=False)
     assert "job_type <> ALL" in claim_text(TypeFilter(("a",), False), skip_locked=False)
     assert "{" not in claim_text(None, skip_locked=False).replace("'{", "")
+
+
+class _Cursor:
+    def __init__(self, rows):
+        self._rows = rows
+
+    async def fetchall(self):
+        return self._rows
+
+
+def _claims_visiting(queued: dict[int, int]):
+    """A ShardedStatements whose claim statement finds queued[bucket] jobs (none claimed: others
+    took them), and the list of buckets each statement named."""
+    visited: list[int] = []
+
+    async def execute(what, sql, params):
+        visited.append(params["bucket"])
+        found = queued.get(params["bucket"], 0)
+        return _Cursor([(None,) * 9 + (found, None, None, None)])
+
+    return ShardedStatements(execute, "w", query("jobs_complete_owned"), "c"), visited
+
+
+def test_a_bucket_found_empty_is_skipped_until_it_is_said_to_have_work():
+    statements, visited = _claims_visiting({3: 5})
+    run = asyncio.run
+    run(statements.claim("q", 10, 30.0, [1, 2, 3], None, None))
+    assert sorted(visited) == [1, 2, 3]
+    visited.clear()
+    run(statements.claim("q", 10, 30.0, [1, 2, 3], None, None))
+    assert visited == [3]  # 1 and 2 were dry; 3 had jobs
+    statements.ready("q", 2)
+    visited.clear()
+    run(statements.claim("q", 10, 30.0, [1, 2, 3], None, None))
+    assert sorted(visited) == [2, 3]
+    statements.ready(None, None)
+    visited.clear()
+    run(statements.claim("q", 10, 30.0, [1, 2, 3], None, None))
+    assert sorted(visited) == [1, 2, 3]

@@ -66,8 +66,9 @@ WITH head AS (
            %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
            %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb
-     WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
-                        WHERE w.queue_name = %(queue)s AND w.ordering_key = %(ordering_key)s AND w.status = 'waiting')
+     WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w  -- in the key's bucket: one shard on Citus
+                        WHERE w.bucket = %(bucket)s::smallint AND w.queue_name = %(queue)s
+                          AND w.ordering_key = %(ordering_key)s AND w.status = 'waiting')
     ON CONFLICT DO NOTHING
     RETURNING id, run_at, status
 ),
@@ -103,10 +104,11 @@ WITH firsts AS MATERIALIZED (
       FROM dispatcher_jobs_stage_v2 AS s
      WHERE s.ordering_key IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
-                        WHERE w.queue_name = s.queue_name AND w.ordering_key = s.ordering_key AND w.status = 'waiting')
+                        WHERE w.bucket = s.bucket AND w.queue_name = s.queue_name
+                          AND w.ordering_key = s.ordering_key AND w.status = 'waiting')
        AND (s.dedupe_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM dispatcher_jobs AS d
-                WHERE d.queue_name = s.queue_name AND d.dedupe_key = s.dedupe_key
+                WHERE d.bucket = s.bucket AND d.queue_name = s.queue_name AND d.dedupe_key = s.dedupe_key
                   AND d.status IN ('queued', 'running', 'waiting')))
      ORDER BY s.queue_name, s.ordering_key, s.n
 ),

@@ -1,0 +1,123 @@
+"""Faults during a drain on a Citus cluster: a dispatcher worker killed -9, a Citus worker node
+restarted, a shard moved to the other node. What must hold, as on one node: no job lost, none run
+by two workers at once (beyond what a kill forces: the victim's cut runs), none finished twice by
+live workers, every job completed in the end, and every worker that was not killed exits cleanly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from dispatcher.devtools.citus_cluster import CitusCluster
+from tests.chaos.support import enqueue
+from tests.helpers import fetchall, fetchval, overlapping, status_counts, unfinished, wait_until
+
+pytestmark = pytest.mark.chaos
+
+JOBS = 3000
+BUCKET_0_SHARD = """
+SELECT shardid, nodeport
+  FROM citus_shards
+ WHERE shardid = get_shard_id_for_distribution_column('dispatcher_jobs', 0::smallint)
+"""
+OPTS = dict(
+    lease_s=2.0,
+    coordinator_lease_s=3,
+    coordinator_poll_s=0.5,
+    retry_base_s=0.05,
+    shutdown_grace_s=5,
+    concurrency=20,
+    batch_size=20,
+)
+
+
+def _drain_with(citus_dsn, workers, fault, *, mode="partitioned"):
+    """Three workers drain JOBS short jobs; `fault()` runs once 500 have completed and returns the
+    pid of a worker it killed, if any. Returns the execution records and the killed pid."""
+    procs = [workers.start(citus_dsn, f"c{i}", mode=mode, **OPTS) for i in range(3)]
+    for worker in procs:
+        worker.wait_for_log(r"worker c\d running", 60)
+    enqueue(citus_dsn, "record_slow", JOBS, {"s": 0.02}, jitter_s=4.0)
+    wait_until(
+        lambda: status_counts(citus_dsn).get("completed", 0) >= 500,
+        90,
+        lambda: f"500 jobs completed:\n{workers.log_tails()}",
+    )
+    killed = fault(procs)
+    assert status_counts(citus_dsn).get("completed", 0) < JOBS, "the drain ended before the fault"
+    wait_until(
+        lambda: status_counts(citus_dsn).get("completed") == JOBS,
+        120,
+        lambda: f"all {JOBS} completed: {status_counts(citus_dsn)}\n{workers.log_tails()}",
+    )
+    exits = workers.stop_all()
+    assert all(code == 0 for code in exits.values()), workers.log_tails()
+    assert status_counts(citus_dsn) == {"completed": JOBS}
+    return workers.executions(), killed
+
+
+def _assert_each_job_once(executions, killed_pid=None, killed_at=None):
+    assert len(executions) == JOBS
+    cut = unfinished(executions)
+    assert {e.pid for e in cut} <= ({killed_pid} if killed_pid else set()), cut[:5]
+    cut_at = {killed_pid: killed_at} if killed_pid else None
+    assert not overlapping(executions, cut_at=cut_at)
+    # A live worker never ran a job to its end twice: each completion was written once.
+    finished = Counter(
+        job_id
+        for job_id, runs in executions.items()
+        for run in runs
+        if run.end is not None and run.pid != killed_pid
+    )
+    assert max(finished.values()) == 1, finished.most_common(3)
+
+
+@pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
+def test_a_worker_killed_mid_drain_loses_nothing(citus_dsn, workers, mode):
+    killed: dict[str, float] = {}
+
+    def kill(procs):
+        victim = procs[1]
+        wait_until(lambda: len(victim.running_handlers()) >= 3, 30, "c1 mid-job", interval_s=0.005)
+        killed["at"] = victim.kill()
+        return victim.pid
+
+    executions, pid = _drain_with(citus_dsn, workers, kill, mode=mode)
+    _assert_each_job_once(executions, pid, killed["at"])
+
+
+def test_a_citus_worker_node_restarted_mid_drain_loses_nothing(
+    citus_cluster: CitusCluster, citus_dsn, workers
+):
+    def restart(procs):
+        citus_cluster.workers[0].restart("fast")
+        citus_cluster.wait_ready(citus_dsn)
+
+    executions, _ = _drain_with(citus_dsn, workers, restart)
+    _assert_each_job_once(executions)
+
+
+def test_a_shard_moved_to_the_other_node_mid_drain_loses_nothing(
+    citus_cluster: CitusCluster, citus_dsn, workers
+):
+    moved: dict[str, int] = {}
+
+    def move(procs):
+        shard, port = fetchall(citus_dsn, BUCKET_0_SHARD)[0]
+        target = next(n.port for n in citus_cluster.workers if n.port != port)
+        fetchval(
+            citus_dsn,
+            "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,"
+            " shard_transfer_mode => 'block_writes')",
+            (shard, port, target),
+        )
+        moved.update(shard=shard, target=target)
+
+    executions, _ = _drain_with(citus_dsn, workers, move)
+    _assert_each_job_once(executions)
+    placed = fetchval(
+        citus_dsn, "SELECT nodeport FROM citus_shards WHERE shardid = %s", (moved["shard"],)
+    )
+    assert placed == moved["target"]

@@ -93,11 +93,12 @@ SELECT id, CASE WHEN status = 'queued'
 
 -- name: jobs_stage_publish_keyed
 -- jobs_stage_publish when some staged rows have an ordering key. `firsts`: each key's first staged
--- row that is not a live duplicate; `heads`: those that became their key's holder (the key had none
--- and no job waits for it; ON CONFLICT as in jobs_insert_one_keyed). The rest go in, in staged
--- order: keyed rows waiting, the others queued. Every keyed row of `rest` reads `heads` first, so
--- a key's holder has its lowest id. Returns how many rows were inserted. Every row gets the
--- enqueuing span's trace context (the trace_context parameter), as jobs_stage_publish.
+-- row that is not a live duplicate (in its bucket, as the dedupe index has it); `heads`: those
+-- that became their key's holder (the key had none and no job waits for it; ON CONFLICT as in
+-- jobs_insert_one_keyed). The rest go in, in staged order: keyed rows waiting, the others queued.
+-- Every keyed row of `rest` reads `heads` first, so a key's holder has its lowest id. Returns how
+-- many rows were inserted. Every row gets the enqueuing span's trace context (the trace_context
+-- parameter), as jobs_stage_publish.
 WITH firsts AS MATERIALIZED (
     SELECT DISTINCT ON (s.queue_name, s.ordering_key) s.*
       FROM dispatcher_jobs_stage_v2 AS s
@@ -106,7 +107,7 @@ WITH firsts AS MATERIALIZED (
                         WHERE w.queue_name = s.queue_name AND w.ordering_key = s.ordering_key AND w.status = 'waiting')
        AND (s.dedupe_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM dispatcher_jobs AS d
-                WHERE d.queue_name = s.queue_name AND d.dedupe_key = s.dedupe_key
+                WHERE d.queue_name = s.queue_name AND d.dedupe_key = s.dedupe_key AND d.bucket = s.bucket
                   AND d.status IN ('queued', 'running', 'waiting')))
      ORDER BY s.queue_name, s.ordering_key, s.n
 ),

@@ -59,11 +59,13 @@ class JobSpec:
     """One job to enqueue. `run_at` (absolute) and `delay_s` (from the database's now()) exclude
     each other; `jitter_s` adds a uniform random 0..jitter_s seconds, the cheapest way to spread
     a burst of jobs all due at the same instant. `partition_key` maps to a stable bucket (same key,
-    same bucket); without it the bucket is random. `ordering_key`: the jobs of a queue that share it
-    run one at a time, in enqueue order, across the fleet (docs/concepts/ordering.md); it picks
-    the bucket as partition_key does (a partition_key or bucket beside it must agree).
-    `dedupe_window_s` (with a dedupe_key): the key stays held that many seconds after the job
-    finished, not only while it is live (docs/guides/jobs.md)."""
+    same bucket). `ordering_key`: the jobs of a queue that share it run one at a time, in enqueue
+    order, across the fleet (docs/concepts/ordering.md); it picks the bucket as partition_key does
+    (a partition_key or bucket beside it must agree). Without an ordering key, partition key or
+    bucket, `dedupe_key` picks the bucket the same way; without any key the bucket is random. A
+    dedupe key is unique among the live jobs of its queue and bucket: of its queue when it picked
+    the bucket. `dedupe_window_s` (with a dedupe_key): the key stays held that many seconds after
+    the job finished, not only while it is live (docs/guides/jobs.md)."""
 
     job_type: str
     payload: Any = None

@@ -390,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dedupe-key",
         default=None,
-        help="a key no other live job may have: a duplicate is not enqueued (default: none)",
+        help="a key no other live job of the queue may have (of its bucket, with "
+        "--partition-key or --ordering-key): a duplicate is not enqueued (default: none)",
     )
     p.add_argument(
         "--dedupe-window-s",
@@ -402,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--partition-key",
         default=None,
-        help="jobs with the same key get the same bucket (default: none, a random bucket)",
+        help="jobs with the same key get the same bucket (default: none: the dedupe key's "
+        "bucket, else a random one)",
     )
     p.add_argument(
         "--ordering-key",

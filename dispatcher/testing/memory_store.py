@@ -4,11 +4,12 @@ tests.
 It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that a test can
 observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that
 token, a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live
-jobs of a queue (and held for `dedupe_window_s` after a job finished, testing/windows.py), and
-ordering keys: one holder per key, its later jobs waiting, the next promoted when the holder ends
-(or never, while a failure halts the key, until `retry` or `cancel` of the failed job). Its
-database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and the real
-store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
+jobs of a queue and bucket (and held in the whole queue for `dedupe_window_s` after a job
+finished, testing/windows.py), and ordering keys: one holder per key, its later jobs waiting, the
+next promoted when the holder ends (or never, while a failure halts the key, until `retry` or
+`cancel` of the failed job). Its database clock is a `FakeClock`.
+tests/contract/test_store_contract.py holds it and the real store to the same assertions.
+`dispatcher.enqueue*` accept it in place of a connection.
 """
 
 from __future__ import annotations
@@ -86,14 +87,10 @@ class MemoryStore(InProcessStore):
         with self._lock:
             now = self.clock.now()
             ids: list[int | None] = [None] * len(jobs)
-            for n in self._insert_order(jobs):
+            for n in self._insert_order(jobs, now):
                 job = jobs[n]
                 window_s = getattr(job, "dedupe_window_s", None)
-                if self._dedupe_held(job) or (
-                    window_s is not None
-                    and job.dedupe_key is not None  # enqueue checked: a window needs its key
-                    and self._windows.held(job.queue, job.dedupe_key, self._rows, now)
-                ):
+                if self._windows.refuses(job, self._rows, now):
                     continue
                 run_at = (job.run_at or now) + timedelta(seconds=job.delay_s)
                 key = getattr(job, "ordering_key", None)
@@ -139,24 +136,23 @@ class MemoryStore(InProcessStore):
                     self._windows.open(job.queue, job.dedupe_key, row.id, window_s, now)
             return ids
 
-    def _dedupe_held(self, job: NewJob) -> bool:
-        return job.dedupe_key is not None and any(
-            r.dedupe_key == job.dedupe_key and r.queue == job.queue and r.status in _LIVE
-            for r in self._rows.values()
-        )
-
-    def _insert_order(self, jobs: Sequence[NewJob]) -> list[int]:
+    def _insert_order(self, jobs: Sequence[NewJob], now: datetime) -> list[int]:
         """The batch's positions in the order its jobs get their ids. With ordering keys, as
         jobs_stage_publish_keyed numbers them: first each key's first job that becomes its holder
-        (the key has none and nothing waits for it), then the rest, each part in batch order."""
+        (the key has none and nothing waits for it), then the rest, each part in batch order. A
+        job with a window after another job of its dedupe key is never a holder: it is refused
+        (dedupe_stage_refuse), as it is one by one."""
         if len(jobs) < 2 or all(getattr(job, "ordering_key", None) is None for job in jobs):
             return list(range(len(jobs)))
         heads: dict[tuple[str, str], int] = {}
+        seen: set[tuple[str, str | None]] = set()
         for n, job in enumerate(jobs):
+            refused = self._windows.refuses(job, self._rows, now, seen)
+            seen.add((job.queue, job.dedupe_key))
             if job.ordering_key is None:
                 continue
             key = (job.queue, job.ordering_key)
-            if key in heads or self._dedupe_held(job):
+            if key in heads or refused:
                 continue
             heads[key] = n
         heads = {

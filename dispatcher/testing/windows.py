@@ -1,16 +1,20 @@
-"""The in-memory store's uniqueness windows: sql/dedupe.sql's rules over a dict.
+"""The in-memory store's dedupe keys and uniqueness windows: the dedupe index's and
+sql/dedupe.sql's rules over a dict.
 
-One window per (queue, dedupe_key): the key's last job enqueued with `dedupe_window_s`. It holds
-the key while that job is live, and for its window after the job finished: `updated_at` while
-its row exists, the time its row was deleted (by a completion under 'delete') after that.
+A live job holds its dedupe key in its queue and bucket (the bucket is in the unique index,
+migration 0014). One window per (queue, dedupe_key): the key's last job enqueued with
+`dedupe_window_s`. It holds the key while that job is live, and for its window after the job
+finished: `updated_at` while its row exists, the time its row was deleted (by a completion under
+'delete') after that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from dispatcher.db.port import NewJob
 from dispatcher.db.rows import JobState
 from dispatcher.model import STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING
 
@@ -26,10 +30,33 @@ class _Window:
 
 
 class DedupeWindows:
-    """The windows, and which jobs have one. Callers hold the store's lock."""
+    """The windows, and which jobs have one; `refuses` is an enqueue's whole dedupe rule. Callers
+    hold the store's lock."""
 
     def __init__(self) -> None:
         self._windows: dict[tuple[str, str], _Window] = {}
+
+    def refuses(
+        self,
+        job: NewJob,
+        rows: Mapping[int, JobState],
+        now: datetime,
+        before: Collection[tuple[str, str | None]] = (),
+    ) -> bool:
+        """Whether the job's dedupe key keeps it out: a live job holds it in the job's bucket; or,
+        for a job with a window, anywhere in its queue, or a window does, or a job `before` it in
+        its batch has it (dedupe_stage_refuse: one window names one job)."""
+        key = job.dedupe_key
+        if key is None:
+            return False
+        windowed = getattr(job, "dedupe_window_s", None) is not None
+        return any(
+            r.dedupe_key == key
+            and r.queue == job.queue
+            and (windowed or r.bucket == job.bucket)
+            and r.status in _LIVE
+            for r in rows.values()
+        ) or (windowed and ((job.queue, key) in before or self.held(job.queue, key, rows, now)))
 
     def held(self, queue: str, key: str, rows: Mapping[int, JobState], now: datetime) -> bool:
         """Whether a window holds (queue, key) at `now` (dedupe_window_until in sql/dedupe.sql)."""

@@ -16,9 +16,10 @@ CASE WHEN j.id IS NULL THEN coalesce(w.finished_at, w.enqueued_at) + w.window_s 
 
 -- name: dedupe_key_held
 -- A fragment: whether the key of `k` (queue_name, dedupe_key) is held, as this statement's
--- snapshot sees it: a live job has it (dispatcher_jobs_dedupe_live_idx) or a window on it has not
--- ended. statement_timestamp(), not now(): an enqueue inside a long transaction must not see old
--- windows as still open.
+-- snapshot sees it: a live job of the queue has it, in any bucket (a prefix of
+-- dispatcher_jobs_dedupe_live_idx), or a window on it has not ended. Windows are per (queue, key),
+-- whatever placed the job. statement_timestamp(), not now(): an enqueue inside a long transaction
+-- must not see old windows as still open.
 (EXISTS (SELECT 1 FROM dispatcher_jobs AS l
           WHERE l.queue_name = k.queue_name AND l.dedupe_key = k.dedupe_key
             AND l.status IN ('queued', 'running', 'waiting'))
@@ -60,9 +61,14 @@ SELECT count(*)
 
 -- name: dedupe_stage_refuse
 -- Then, in a snapshot taken after those locks: staged rows with a window whose key is held are
--- not enqueued. The publish that follows skips live duplicates (within the batch too) as usual.
+-- not enqueued, nor those after another staged row of their key, which holds it by then as it
+-- would one by one. The publish's conflict skips only duplicates in the same bucket (the dedupe
+-- index holds the bucket), and a key's window names one job.
 DELETE FROM dispatcher_jobs_stage_v2 AS k
- WHERE k.dedupe_window_s IS NOT NULL AND {key_held}
+ WHERE k.dedupe_window_s IS NOT NULL
+   AND ({key_held}
+        OR EXISTS (SELECT 1 FROM dispatcher_jobs_stage_v2 AS e
+                    WHERE e.queue_name = k.queue_name AND e.dedupe_key = k.dedupe_key AND e.n < k.n))
 
 -- name: dedupe_stage_open
 -- After the publish: each staged key's live job that has a window is this batch's (no other

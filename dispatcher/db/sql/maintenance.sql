@@ -120,8 +120,9 @@ BEGIN
          WHERE c.oid = 'dispatcher_jobs'::regclass
            AND (c.reltuples < 0 OR s.n_live_tup > greatest(10000, c.reltuples * 2)))
     THEN
-        ANALYZE dispatcher_jobs (queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at, failed_at,
-                                 updated_at);
+        -- the columns of jobs_analyze (sql/enqueue.sql says why these)
+        ANALYZE dispatcher_jobs (id, queue_name, status, bucket, priority, run_at, lease_expires_at, completed_at,
+                                 failed_at, updated_at);
     END IF;
 END
 $$

@@ -94,11 +94,12 @@ SELECT id, CASE WHEN status = 'queued'
 
 -- name: jobs_stage_publish_keyed
 -- jobs_stage_publish when some staged rows have an ordering key. `firsts`: each key's first staged
--- row that is not a live duplicate; `heads`: those that became their key's holder (the key had none
--- and no job waits for it; ON CONFLICT as in jobs_insert_one_keyed). The rest go in, in staged
--- order: keyed rows waiting, the others queued. Every keyed row of `rest` reads `heads` first, so
--- a key's holder has its lowest id. Returns how many rows were inserted. Every row gets the
--- enqueuing span's trace context (the trace_context parameter), as jobs_stage_publish.
+-- row that is not a live duplicate (in its bucket, as the dedupe index has it); `heads`: those
+-- that became their key's holder (the key had none and no job waits for it; ON CONFLICT as in
+-- jobs_insert_one_keyed). The rest go in, in staged order: keyed rows waiting, the others queued.
+-- Every keyed row of `rest` reads `heads` first, so a key's holder has its lowest id. Returns how
+-- many rows were inserted. Every row gets the enqueuing span's trace context (the trace_context
+-- parameter), as jobs_stage_publish.
 WITH firsts AS MATERIALIZED (
     SELECT DISTINCT ON (s.queue_name, s.ordering_key) s.*
       FROM dispatcher_jobs_stage_v2 AS s

@@ -390,8 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dedupe-key",
         default=None,
-        help="a key no other live job of the queue may have (of its bucket, with "
-        "--partition-key or --ordering-key): a duplicate is not enqueued (default: none)",
+        help="a key no other live job of the queue may have: a duplicate is not enqueued "
+        "(default: none)",
     )
     p.add_argument(
         "--dedupe-window-s",

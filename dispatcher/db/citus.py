@@ -60,6 +60,7 @@ def distribute(dsn: str) -> list[str]:
                 conn.execute(query("citus_make_reference"), {"table": table})
                 done.append(f"{table}: reference table")
             if not jobs_distributed(conn, version):
+                conn.execute(query("citus_drop_queue_wide_dedupe"))
                 conn.execute(
                     query("citus_distribute_jobs_online" if online else "citus_distribute_jobs")
                 )

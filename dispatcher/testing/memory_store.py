@@ -4,12 +4,11 @@ tests.
 It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that a test can
 observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that
 token, a retry of a job with a cancel request ending 'cancelled', dedupe keys unique among live
-jobs of a queue and bucket (and held in the whole queue for `dedupe_window_s` after a job
-finished, testing/windows.py), and ordering keys: one holder per key, its later jobs waiting, the
-next promoted when the holder ends (or never, while a failure halts the key, until `retry` or
-`cancel` of the failed job). Its database clock is a `FakeClock`.
-tests/contract/test_store_contract.py holds it and the real store to the same assertions.
-`dispatcher.enqueue*` accept it in place of a connection.
+jobs of a queue (and held for `dedupe_window_s` after a job finished, testing/windows.py), and
+ordering keys: one holder per key, its later jobs waiting, the next promoted when the holder ends
+(or never, while a failure halts the key, until `retry` or `cancel` of the failed job). Its
+database clock is a `FakeClock`. tests/contract/test_store_contract.py holds it and the real
+store to the same assertions. `dispatcher.enqueue*` accept it in place of a connection.
 """
 
 from __future__ import annotations

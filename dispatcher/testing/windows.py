@@ -1,11 +1,11 @@
 """The in-memory store's dedupe keys and uniqueness windows: the dedupe index's and
 sql/dedupe.sql's rules over a dict.
 
-A live job holds its dedupe key in its queue and bucket (the bucket is in the unique index,
-migration 0014). One window per (queue, dedupe_key): the key's last job enqueued with
-`dedupe_window_s`. It holds the key while that job is live, and for its window after the job
-finished: `updated_at` while its row exists, the time its row was deleted (by a completion under
-'delete') after that.
+A live job holds its dedupe key in its whole queue, as the queue-wide dedupe index does on one
+node (migration 0014 keeps it; a Citus cluster holds the rule per bucket). One window per (queue,
+dedupe_key): the key's last job enqueued with `dedupe_window_s`. It holds the key while that job
+is live, and for its window after the job finished: `updated_at` while its row exists, the time
+its row was deleted (by a completion under 'delete') after that.
 """
 
 from __future__ import annotations
@@ -43,18 +43,15 @@ class DedupeWindows:
         now: datetime,
         before: Collection[tuple[str, str | None]] = (),
     ) -> bool:
-        """Whether the job's dedupe key keeps it out: a live job holds it in the job's bucket; or,
-        for a job with a window, anywhere in its queue, or a window does, or a job `before` it in
-        its batch has it (dedupe_stage_refuse: one window names one job)."""
+        """Whether the job's dedupe key keeps it out: a live job of its queue holds it; or, for a
+        job with a window, a window does, or a job `before` it in its batch has it
+        (dedupe_stage_refuse: one window names one job)."""
         key = job.dedupe_key
         if key is None:
             return False
         windowed = getattr(job, "dedupe_window_s", None) is not None
         return any(
-            r.dedupe_key == key
-            and r.queue == job.queue
-            and (windowed or r.bucket == job.bucket)
-            and r.status in _LIVE
+            r.dedupe_key == key and r.queue == job.queue and r.status in _LIVE
             for r in rows.values()
         ) or (windowed and ((job.queue, key) in before or self.held(job.queue, key, rows, now)))
 

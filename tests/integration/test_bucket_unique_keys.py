@@ -1,7 +1,8 @@
-"""Migration 0014 on a table with rows: every unique index of dispatcher_jobs ends with `bucket`
-(so the table can be distributed by bucket), the primary key is (id, bucket), and the rules keep
-their meaning: a dedupe key that places its job is unique per queue, an ordering key still has one
-holder. A run cut short before its last step completes when run again; a second run does nothing.
+"""Migration 0014 on a table with rows: every rule of dispatcher_jobs has a unique index that ends
+with `bucket` (so the table can be distributed by bucket), the primary key is (id, bucket), the
+queue-wide dedupe index stays for the previous release, and the rules keep their meaning: a dedupe
+key is unique per queue, an ordering key still has one holder. A run cut short before its last
+step completes when run again; a second run does nothing.
 The placement itself, without a server: tests/unit/test_bucket_placement.py."""
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ BUCKET_KEYS = 14  # 0014_bucket_in_unique_keys
 (MIGRATION,) = [m for m in available_migrations() if m.version == BUCKET_KEYS]
 BEFORE = max(m.version for m in available_migrations() if m.version < BUCKET_KEYS)
 HOLDER, DEDUPE = "dispatcher_jobs_ordering_holder_idx", "dispatcher_jobs_dedupe_live_idx"
+DEDUPE_BUCKET = "dispatcher_jobs_dedupe_live_bucket_idx"
+# The previous release's conflict target: its inserts must still find a matching index.
+PREVIOUS_RELEASE_INSERT = """
+INSERT INTO dispatcher_jobs (job_type, bucket, dedupe_key) VALUES ('t', %s, %s)
+ON CONFLICT (queue_name, dedupe_key)
+   WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'running', 'waiting')
+DO NOTHING RETURNING id
+"""
 
 
 def unique_indexes(dsn: str) -> dict[str, tuple[list[str], bool, bool, str | None]]:
@@ -78,7 +87,8 @@ def test_the_migration_puts_bucket_in_every_unique_key_of_a_table_with_rows(empt
     assert after == {
         "dispatcher_jobs_pkey": (["id", "bucket"], True, True, None),
         HOLDER: (["queue_name", "ordering_key", "bucket"], False, True, before[HOLDER][3]),
-        DEDUPE: (["queue_name", "dedupe_key", "bucket"], False, True, before[DEDUPE][3]),
+        DEDUPE: before[DEDUPE],
+        DEDUPE_BUCKET: (["queue_name", "dedupe_key", "bucket"], False, True, before[DEDUPE][3]),
     }
     assert before[HOLDER][0] == ["queue_name", "ordering_key"]  # the rules, with bucket added
     assert "status" in before[DEDUPE][3]
@@ -104,7 +114,9 @@ def test_the_migration_puts_bucket_in_every_unique_key_of_a_table_with_rows(empt
             "SELECT dedupe_key, count(*), min(bucket) FROM dispatcher_jobs "
             "WHERE dedupe_key IN ('fresh', 'bulk') GROUP BY 1 ORDER BY 1",
         ) == [("bulk", 1, bucket_for("bulk")), ("fresh", 1, bucket_for("fresh"))]
-        # a live key written before the migration still holds its bucket
+        # the previous release's insert still runs, and a live key still holds its queue
+        assert conn.execute(PREVIOUS_RELEASE_INSERT, (0, "fresh")).fetchone() is None
+        assert conn.execute(PREVIOUS_RELEASE_INSERT, (0, "new")).fetchone() is not None
         with pytest.raises(psycopg.errors.UniqueViolation):
             conn.execute(
                 "INSERT INTO dispatcher_jobs (job_type, bucket, dedupe_key) "
@@ -148,10 +160,12 @@ def test_a_run_cut_short_before_its_last_step_completes_when_run_again(empty_dsn
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         for statement in build.statements + drop.statements:
             conn.execute(statement.encode())
-    # the state a lock timeout in the last step leaves: new indexes, old ones gone, old key
+    # the state a lock timeout in the last step leaves: new indexes, the old holder index gone,
+    # the old key
     halfway = unique_indexes(empty_dsn)
     assert sorted(halfway) == [
         "dispatcher_jobs_dedupe_live_bucket_idx",
+        "dispatcher_jobs_dedupe_live_idx",
         "dispatcher_jobs_id_bucket_idx",
         "dispatcher_jobs_ordering_holder_bucket_idx",
         "dispatcher_jobs_pkey",
@@ -166,14 +180,18 @@ def test_a_run_cut_short_before_its_last_step_completes_when_run_again(empty_dsn
     assert {name: index[0] for name, index in unique_indexes(empty_dsn).items()} == {
         "dispatcher_jobs_pkey": ["id", "bucket"],
         HOLDER: ["queue_name", "ordering_key", "bucket"],
-        DEDUPE: ["queue_name", "dedupe_key", "bucket"],
+        DEDUPE: ["queue_name", "dedupe_key"],
+        DEDUPE_BUCKET: ["queue_name", "dedupe_key", "bucket"],
     }
 
 
-def test_every_unique_index_of_the_jobs_table_includes_the_bucket(dsn):
-    """What distributing the table by bucket requires, for the indexes of later migrations too."""
+def test_every_unique_index_of_the_jobs_table_but_the_previous_releases_includes_the_bucket(dsn):
+    """What distributing the table by bucket requires, for the indexes of later migrations too:
+    only the queue-wide dedupe index lacks the bucket, and `migrate --citus` drops it."""
     indexes = unique_indexes(dsn)
-    assert indexes and all("bucket" in columns for columns, *_ in indexes.values()), indexes
+    without = {name for name, (columns, *_) in indexes.items() if "bucket" not in columns}
+    assert without == {DEDUPE}, indexes
+    assert indexes[DEDUPE_BUCKET][0] == [*indexes[DEDUPE][0], "bucket"]
 
 
 def test_jobs_with_a_window_stay_one_per_key_in_a_batch_whatever_places_them(dsn):
@@ -195,7 +213,7 @@ def test_jobs_with_a_window_stay_one_per_key_in_a_batch_whatever_places_them(dsn
         ]
         assert enqueue_many_sync(conn, plain_first) == 1
         assert enqueue_sync(conn, "t", dedupe_key="w", dedupe_window_s=60) is None
-        assert enqueue_sync(conn, "t", dedupe_key="w", partition_key=b) is not None
+        assert enqueue_sync(conn, "t", dedupe_key="w", partition_key=b) is None
     assert fetchall(
         dsn,
         "SELECT w.dedupe_key, j.bucket FROM dispatcher_dedupe_windows AS w "
@@ -204,7 +222,6 @@ def test_jobs_with_a_window_stay_one_per_key_in_a_batch_whatever_places_them(dsn
     assert fetchall(dsn, "SELECT dedupe_key, bucket FROM dispatcher_jobs ORDER BY id") == [
         ("w", bucket_for(a)),
         ("v", bucket_for("v")),
-        ("w", bucket_for(b)),
     ]
 
 
@@ -218,10 +235,12 @@ def test_the_cli_places_a_job_by_its_dedupe_key(dsn):
     ]
 
 
-def test_a_keyed_batch_job_whose_dedupe_key_is_live_only_in_another_bucket_holds_its_key(dsn):
-    """The bulk path's choice of a key's first job asks the dedupe index's question (in the job's
-    bucket). Asked queue-wide, the key's second job became its holder and ran first, and a job
-    alone in its batch went in waiting behind no holder."""
+def test_a_keyed_batch_job_whose_dedupe_key_is_live_in_another_bucket_leaves_its_key_to_the_next(
+    dsn,
+):
+    """A batch's keyed job whose dedupe key is live in another bucket is a duplicate (the
+    queue-wide index), and the key's next job of the batch becomes its holder: never a job
+    waiting behind no holder."""
     taken = {bucket_for("acct"), bucket_for("solo")}
     other = next(k for k in (f"p{n}" for n in range(100)) if bucket_for(k) not in taken)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -231,15 +250,11 @@ def test_a_keyed_batch_job_whose_dedupe_key_is_live_only_in_another_bucket_holds
             JobSpec("t", {"n": 1}, dedupe_key="x", ordering_key="acct"),
             JobSpec("t", {"n": 2}, ordering_key="acct"),
         ]
-        assert enqueue_many_sync(conn, specs) == 2
+        assert enqueue_many_sync(conn, specs) == 1
         alone = [JobSpec("t", {"n": 3}, dedupe_key="y", ordering_key="solo")]
-        assert enqueue_many_sync(conn, alone) == 1
+        assert enqueue_many_sync(conn, alone) == 0
     assert fetchall(
         dsn,
         "SELECT (payload->>'n')::int, status, bucket FROM dispatcher_jobs "
         "WHERE ordering_key IS NOT NULL ORDER BY 1",
-    ) == [
-        (1, "queued", bucket_for("acct")),
-        (2, "waiting", bucket_for("acct")),
-        (3, "queued", bucket_for("solo")),
-    ]
+    ) == [(2, "queued", bucket_for("acct"))]

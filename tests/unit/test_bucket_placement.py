@@ -113,20 +113,20 @@ def test_a_dedupe_key_that_places_its_job_is_unique_in_its_queue() -> None:
     assert [j.id for j in store.jobs()] == [first]
 
 
-def test_beside_a_partition_key_a_dedupe_key_is_unique_among_the_jobs_of_that_bucket() -> None:
+def test_beside_a_partition_key_a_dedupe_key_is_still_unique_in_its_queue() -> None:
+    """On one node the queue-wide dedupe index stays (migration 0014), and the in-memory store
+    keeps its rule: whatever placed the jobs, one live job per (queue, dedupe_key)."""
     store = MemoryStore()
     a = key_in_another_bucket("report:42")
     b = key_in_another_bucket("report:42", a)
     assert enqueue_sync(store, "t", dedupe_key="report:42", partition_key=a) is not None
     assert enqueue_sync(store, "t", dedupe_key="report:42", partition_key=a) is None
-    assert enqueue_sync(store, "t", dedupe_key="report:42", partition_key=b) is not None
-    assert enqueue_sync(store, "t", dedupe_key="report:42") is not None
-    assert sorted(j.bucket for j in store.jobs()) == sorted(
-        [bucket_for(a), bucket_for(b), bucket_for("report:42")]
-    )
+    assert enqueue_sync(store, "t", dedupe_key="report:42", partition_key=b) is None
+    assert enqueue_sync(store, "t", dedupe_key="report:42") is None
+    assert [j.bucket for j in store.jobs()] == [bucket_for(a)]
 
 
-def test_a_keyed_job_whose_dedupe_key_is_live_only_in_another_bucket_goes_in_as_holder() -> None:
+def test_a_keyed_batch_job_whose_dedupe_key_is_live_elsewhere_leaves_its_key_to_the_next() -> None:
     store = MemoryStore()
     other = key_in_another_bucket("acct")
     assert enqueue_sync(store, "t", dedupe_key="x", partition_key=other) is not None
@@ -134,9 +134,9 @@ def test_a_keyed_job_whose_dedupe_key_is_live_only_in_another_bucket_goes_in_as_
         JobSpec("t", {"n": 1}, dedupe_key="x", ordering_key="acct"),
         JobSpec("t", {"n": 2}, ordering_key="acct"),
     ]
-    assert enqueue_many_sync(store, specs) == 2
-    keyed = sorted((j.id, j.status) for j in store.jobs() if j.ordering_key == "acct")
-    assert [status for _, status in keyed] == ["queued", "waiting"]
+    assert enqueue_many_sync(store, specs) == 1
+    keyed = [(j.payload["n"], j.status) for j in store.jobs() if j.ordering_key == "acct"]
+    assert keyed == [(2, "queued")]
 
 
 def test_a_window_holds_its_key_in_the_whole_queue_whatever_placed_the_jobs() -> None:

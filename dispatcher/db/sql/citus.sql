@@ -37,6 +37,12 @@ SELECT t.name
 -- name: citus_make_reference
 SELECT create_reference_table(%(table)s)
 
+-- name: citus_drop_queue_wide_dedupe
+-- The queue-wide dedupe index that migration 0014 kept for the previous release: a distributed
+-- table's unique indexes must hold its distribution column, so the cluster enforces the dedupe
+-- rule per bucket (dispatcher_jobs_dedupe_live_bucket_idx).
+DROP INDEX CONCURRENTLY IF EXISTS dispatcher_jobs_dedupe_live_idx
+
 -- name: citus_distribute_jobs
 -- One shard to start with; the split below gives every bucket a shard of its own.
 SELECT create_distributed_table('dispatcher_jobs', 'bucket', shard_count => 1)

@@ -109,7 +109,7 @@ WITH firsts AS MATERIALIZED (
                           AND w.ordering_key = s.ordering_key AND w.status = 'waiting')
        AND (s.dedupe_key IS NULL OR NOT EXISTS (
                SELECT 1 FROM dispatcher_jobs AS d
-                WHERE d.bucket = s.bucket AND d.queue_name = s.queue_name AND d.dedupe_key = s.dedupe_key
+                WHERE d.queue_name = s.queue_name AND d.dedupe_key = s.dedupe_key
                   AND d.status IN ('queued', 'running', 'waiting')))
      ORDER BY s.queue_name, s.ordering_key, s.n
 ),

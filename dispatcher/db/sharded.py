@@ -106,15 +106,18 @@ class ShardedStatements:
         self._extend_sql = pinned(query("jobs_extend_leases"))
         self._claim_sql: dict[tuple[bool | None, bool], str] = {}
         self._start = 0  # where the next visit of the buckets begins: each gets its turn first
-        self._dry_until: dict[tuple[str, int], float] = {}  # (queue, bucket) -> time.monotonic()
+        # (queue, bucket, the claim's type filter) -> time.monotonic(): a bucket with no job of
+        # the types one claim takes may have jobs of the types another (a gated claim) takes.
+        self._dry_until: dict[tuple[str, int, TypeFilter | None], float] = {}
 
     def ready(self, queue: str | None, bucket: int | None) -> None:
         """`bucket` of `queue` may have work now (None: any bucket, or any queue)."""
-        if queue is None or bucket is None:
-            for key in [k for k in self._dry_until if queue is None or k[0] == queue]:
-                del self._dry_until[key]
-        else:
-            self._dry_until.pop((queue, bucket), None)
+        for key in [
+            k
+            for k in self._dry_until
+            if queue is None or (k[0] == queue and (bucket is None or k[1] == bucket))
+        ]:
+            del self._dry_until[key]
 
     def _rotated(self, buckets: Sequence[int]) -> list[int]:
         ordered = sorted(set(buckets))
@@ -129,10 +132,14 @@ class ShardedStatements:
         buckets: Sequence[int] | None,
         types: TypeFilter | None,
         flow_version: int | None,
+        *,
+        execute: Execute | None = None,
     ) -> Claimed:
         """Up to `limit` jobs from `buckets` (None: every bucket, with SKIP LOCKED), one bucket per
         statement, under one token. Stops at the first bucket that says the flow-control tables
-        changed (stale), and as soon as it has `limit` jobs."""
+        changed (stale), and as soon as it has `limit` jobs. `execute`: another way to send each
+        statement (a gated claim's, inside its transaction)."""
+        execute = execute or self._execute
         skip_locked = buckets is None
         key = (None if types is None else types.include, skip_locked)
         sql = self._claim_sql.get(key)
@@ -144,13 +151,13 @@ class ShardedStatements:
         selected = 0
         now = time.monotonic()
         for bucket in self._rotated(range(NUM_BUCKETS) if buckets is None else buckets):
-            if self._dry_until.get((queue, bucket), 0.0) > now:
+            if self._dry_until.get((queue, bucket, types), 0.0) > now:
                 continue
             params = claim_params(
                 queue, limit - len(jobs), lease_s, self._worker_id, token, flow_version, types
             )
             params["bucket"] = bucket
-            cur = await self._execute("claim", sql, params)
+            cur = await execute("claim", sql, params)
             got = rows.claimed(await cur.fetchall(), token, queue)
             if got.stale:
                 return Claimed(jobs, selected, stale=not jobs, waited_s=waited_s)
@@ -158,10 +165,28 @@ class ShardedStatements:
             waited_s.extend(got.waited_s)
             selected += got.selected
             if got.selected == 0:
-                self._dry_until[(queue, bucket)] = now + DRY_S
+                self._dry_until[(queue, bucket, types)] = now + DRY_S
             if len(jobs) >= limit:
                 break
         return Claimed(jobs, selected, waited_s=waited_s)
+
+    @staticmethod
+    async def running_under(
+        conn: psycopg.AsyncConnection[Any], locks: Sequence[rows.LimitLock]
+    ) -> list[int]:
+        """How many jobs run now under each of `locks` ('*': any type or queue): flow_gate_running
+        over every shard, as one grouped count (the limits span buckets: a fan-out, not a
+        router query), matched to the rows here."""
+        cur = await conn.execute(query("sharded_running_by_type"))
+        counts: list[tuple[str, str, int]] = await cur.fetchall()
+        return [
+            sum(
+                n
+                for job_type, queue, n in counts
+                if lock.job_type in ("*", job_type) and lock.queue in ("*", queue)
+            )
+            for lock in locks
+        ]
 
     async def next_due_in(self, queue: str, buckets: Sequence[int] | None) -> float | None:
         soonest: float | None = None

@@ -275,7 +275,8 @@ class JobStore:
         rates' tokens. Others claiming under the same rows wait for this transaction."""
         keys = {"types": [k[0] for k in gate.keys], "queues": [k[1] for k in gate.keys]}
         token = str(uuid.uuid4())
-        sql = self._claim_text(buckets, gate.types)
+        sharded = await self._placement()
+        sql = self._claim_text(buckets, gate.types) if sharded is None else ""
 
         async def work(conn: psycopg.AsyncConnection[Any]) -> Claimed:
             async with conn.transaction():
@@ -283,7 +284,9 @@ class JobStore:
                 locked = rows.typed(LimitLock, await cur.fetchall())
                 counted = [lock for lock in locked if lock.max_running is not None]
                 running: list[int] = []
-                if counted:
+                if counted and sharded is not None:
+                    running = await sharded.running_under(conn, counted)
+                elif counted:
                     cur = await conn.execute(
                         query("flow_gate_running"),
                         {
@@ -305,7 +308,23 @@ class JobStore:
                 )
                 asked = limit if allowed is None else min(limit, allowed)
                 claimed = Claimed([], 0)
-                if asked > 0:
+                if asked > 0 and sharded is not None:
+
+                    async def in_transaction(
+                        what: str, text: str, params: dict[str, Any]
+                    ) -> psycopg.AsyncCursor[Any]:
+                        return await conn.execute(text, params)
+
+                    claimed = await sharded.claim(
+                        queue,
+                        asked,
+                        lease_s,
+                        buckets,
+                        gate.types,
+                        flow_version,
+                        execute=in_transaction,
+                    )
+                elif asked > 0:
                     params = claim_params(
                         queue, asked, lease_s, self.worker_id, token, flow_version, gate.types
                     )

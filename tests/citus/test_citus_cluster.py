@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from dispatcher import Config, Job, Registry, Worker, enqueue_payloads_sync, enqueue_sync
+from dispatcher.api.flow import list_limits, pause_queue, set_limit
 from dispatcher.cli.commands import main as cli_main
 from dispatcher.db.citus import distribute
 from dispatcher.db.completions import completion_statements
@@ -218,3 +219,43 @@ def test_ordering_keys_hold_on_a_distributed_table(citus_dsn, mode):
     assert overlaps == []
     assert order == {key: list(range(15)) for key in keys}
     assert status_counts(citus_dsn) == {"completed": total}
+
+
+def test_fleet_limits_and_pauses_hold_on_a_distributed_table(citus_dsn):
+    """A gated claim counts the running jobs over every shard and claims bucket by bucket inside
+    its transaction: a max_running of 3 is never exceeded. A paused queue runs nothing."""
+    registry = Registry()
+    running: list[int] = []
+    peak: list[int] = [0]
+
+    @registry.handler("sms")
+    async def sms(job: Job) -> None:
+        running.append(job.id)
+        peak[0] = max(peak[0], len(running))
+        await asyncio.sleep(0.01)
+        running.remove(job.id)
+
+    row = set_limit(citus_dsn, "sms", max_running=3)
+    assert (row.max_running, row.running) == (3, 0)
+    assert pause_queue(citus_dsn, "paused")
+    with psycopg.connect(citus_dsn, autocommit=True) as conn:
+        enqueue_payloads_sync(conn, "sms", [{}] * 60)
+        enqueue_payloads_sync(conn, "sms", [{}] * 20, queue="paused")
+    config = Config(
+        dsn=citus_dsn,
+        queues=("default", "paused"),
+        concurrency=20,
+        poll_interval_s=0.1,
+        flush_interval_s=0.01,
+    ).replace()
+
+    def finished() -> bool:
+        return status_counts(citus_dsn).get("completed", 0) >= 60
+
+    run_async(run_worker_until(Worker(config, registry), finished, 120, "60 limited jobs"))
+    assert peak[0] == 3  # the limit held, and was reached
+    assert fetchall(
+        citus_dsn,
+        "SELECT queue_name, status, count(*) FROM dispatcher_jobs GROUP BY 1, 2 ORDER BY 1",
+    ) == [("default", "completed", 60), ("paused", "queued", 20)]
+    assert [(r.job_type, r.running) for r in list_limits(citus_dsn)] == [("sms", 0)]

@@ -104,3 +104,13 @@ def test_a_bucket_found_empty_is_skipped_until_it_is_said_to_have_work():
     visited.clear()
     run(statements.claim("q", 10, 30.0, [1, 2, 3], None, None))
     assert sorted(visited) == [1, 2, 3]
+
+
+def test_a_bucket_dry_for_one_claims_types_is_still_visited_for_another_types():
+    statements, visited = _claims_visiting({})
+    run = asyncio.run
+    others = TypeFilter(("sms",), False)
+    run(statements.claim("q", 10, 30.0, [1, 2], others, None))
+    visited.clear()
+    run(statements.claim("q", 10, 30.0, [1, 2], TypeFilter(("sms",), True), None))
+    assert sorted(visited) == [1, 2]

@@ -163,3 +163,12 @@ released AS (
 {promote}
 SELECT CASE WHEN (SELECT count(*) FROM scanned) >= %(limit)s THEN (SELECT max(ordering_key) FROM scanned) END,
        (SELECT count(*) FROM scanned), (SELECT promoted FROM woken)
+
+-- name: sharded_running_by_type
+-- flow_gate_running on a distributed table: the running jobs of every shard counted per type and
+-- queue in one fan-out (through dispatcher_jobs_lease_idx on each shard); the store adds them up
+-- per limit row. Bounded by what runs: the fleet's concurrency.
+SELECT job_type, queue_name, count(*)::int
+  FROM dispatcher_jobs
+ WHERE status = 'running' AND lease_expires_at IS NOT NULL
+ GROUP BY job_type, queue_name

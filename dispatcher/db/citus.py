@@ -3,8 +3,8 @@
 The jobs table is hash-distributed by `bucket` and split until each of the 64 buckets has a shard
 of its own, spread round-robin over the nodes; the flow-control tables a claim reads become
 reference tables; everything else stays on the coordinator node. So every statement a worker runs
-for one bucket is a router query on one node. Idempotent, and online where the server allows it
-(wal_level=logical): rows are copied while workers keep writing. Why: docs/concepts/citus.md.
+for one bucket is a router query on one node. Idempotent, and in place: a table that holds jobs
+keeps them, and workers' writes wait while its rows are copied. Why: docs/concepts/citus.md.
 """
 
 from __future__ import annotations
@@ -52,26 +52,20 @@ def distribute(dsn: str) -> list[str]:
                     "--citus needs the citus extension in this database "
                     "(CREATE EXTENSION citus on every node, then add the worker nodes)"
                 )
-            # The online path (create_distributed_table_concurrently, logical-replication
-            # splits) lost rows written right after it in our tests: until that is understood,
-            # every distribution blocks writes while it copies (workers wait, then go on).
-            online = False
             for (table,) in conn.execute(query("citus_reference_tables")).fetchall():
                 conn.execute(query("citus_make_reference"), {"table": table})
                 done.append(f"{table}: reference table")
             if not jobs_distributed(conn, version):
                 conn.execute(query("citus_drop_queue_wide_dedupe"))
-                conn.execute(
-                    query("citus_distribute_jobs_online" if online else "citus_distribute_jobs")
-                )
-                if not online:
-                    conn.execute(query("citus_drop_local_copy"))
+                # Blocking, not create_distributed_table_concurrently: in our tests rows written
+                # right after an online distribution went missing. Writers wait, then go on.
+                conn.execute(query("citus_distribute_jobs"))
+                conn.execute(query("citus_drop_local_copy"))
                 done.append("dispatcher_jobs: distributed by bucket")
-            mode = "auto" if online else "block_writes"
             for shard, points, nodes in conn.execute(query("citus_split_by_bucket")).fetchall():
                 conn.execute(
                     query("citus_split_shard"),
-                    {"shard": shard, "points": points, "nodes": nodes, "mode": mode},
+                    {"shard": shard, "points": points, "nodes": nodes, "mode": "block_writes"},
                 )
                 done.append(f"shard {shard} split into {len(nodes)}")
     except psycopg.Error as exc:

@@ -18,14 +18,6 @@ SELECT p.partmethod::text,
   FROM pg_dist_partition p
  WHERE p.logicalrelid = 'dispatcher_jobs'::regclass
 
--- name: citus_logical_wal
--- Whether rows can be copied by logical replication (online distribution and shard splits):
--- wal_level=logical, and where the server lists the output plugins it allows (recent minor
--- releases), citus among them.
-SELECT current_setting('wal_level') = 'logical'
-   AND coalesce('citus' = ANY(string_to_array(replace(current_setting('output_plugin_libraries', true), ' ', ''), ',')),
-                true)
-
 -- name: citus_reference_tables
 -- The tables a claim reads beside the jobs (flow control): replicated to every node, so a claim
 -- that reads them stays a single-shard router query. Those not yet reference tables.
@@ -46,10 +38,6 @@ DROP INDEX CONCURRENTLY IF EXISTS dispatcher_jobs_dedupe_live_idx
 -- name: citus_distribute_jobs
 -- One shard to start with; the split below gives every bucket a shard of its own.
 SELECT create_distributed_table('dispatcher_jobs', 'bucket', shard_count => 1)
-
--- name: citus_distribute_jobs_online
--- As citus_distribute_jobs, copying the rows by logical replication while writes go on.
-SELECT create_distributed_table_concurrently('dispatcher_jobs', 'bucket', shard_count => 1)
 
 -- name: citus_drop_local_copy
 -- create_distributed_table leaves the rows it copied in the coordinator's own table, unseen.

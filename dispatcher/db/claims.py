@@ -22,9 +22,14 @@ _TYPE_FILTERS = {
 }
 
 
+def type_filter(types: TypeFilter | None) -> str:
+    """A claim's {type_filter}: nothing, or the types it takes or leaves (%(claim_types)s)."""
+    return _TYPE_FILTERS[None if types is None else types.include]
+
+
 def _finish(selection: str, types: TypeFilter | None) -> str:
     text = query("jobs_claim").replace("{select_ids}", selection)
-    return text.replace("{type_filter}", _TYPE_FILTERS[None if types is None else types.include])
+    return text.replace("{type_filter}", type_filter(types))
 
 
 def steal_sql(types: TypeFilter | None = None) -> str:

@@ -2,9 +2,9 @@
 ordering, maintenance, admin, enqueue, observe, migrate), on the coordinator's loader.
 
 Fragments shared by several statements are filled in here (_FRAGMENTS; a fragment may hold others):
-the CTEs that promote the next job of each ordering key a statement released, or claim it for the
-completing worker (sql/ordering.sql); the uniqueness windows' end and the check of a dedupe key
-(sql/dedupe.sql)."""
+what a claim writes on the rows it takes (sql/claim.sql); the CTEs that promote the next job of
+each ordering key a statement released, or claim it for the completing worker (sql/ordering.sql);
+the uniqueness windows' end and the check of a dedupe key (sql/dedupe.sql)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from functools import cache
 from coordinator.pg.sqlfile import load_all
 
 _FRAGMENTS = {
+    "{mark_running}": "claim_mark_running",
     "{promote_next}": "ordering_promote_next",
     "{chain_next}": "ordering_chain_next",
     "{next_jobs}": "ordering_next_jobs",

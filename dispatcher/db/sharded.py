@@ -19,7 +19,7 @@ import psycopg
 
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows
-from dispatcher.db.claims import claim_params
+from dispatcher.db.claims import claim_params, type_filter
 from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, ExpiredLease, FailedWrite, Failure, TypeFilter
@@ -37,11 +37,6 @@ _BY_BUCKET_AND_IDS: Final = (
 # or a due timer says it has work (`ready`): without it, every wake-up of a worker that owns many
 # buckets sent a statement to each of them. A NOTIFY that was missed costs at most this much.
 DRY_S: Final = 1.0
-_TYPE_FILTERS: Final = {
-    None: "",
-    False: "AND job_type <> ALL(%(claim_types)s::text[])",
-    True: "AND job_type = ANY(%(claim_types)s::text[])",
-}
 
 
 class ShardedError(StoreError):
@@ -67,7 +62,7 @@ def claim_text(types: TypeFilter | None, *, skip_locked: bool) -> str:
     text = query("jobs_claim_bucket").replace(
         "{lock}", "FOR UPDATE SKIP LOCKED" if skip_locked else ""
     )
-    return text.replace("{type_filter}", _TYPE_FILTERS[None if types is None else types.include])
+    return text.replace("{type_filter}", type_filter(types))
 
 
 def by_bucket(buckets: Iterable[int]) -> dict[int, list[int]]:

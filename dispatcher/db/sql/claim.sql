@@ -39,13 +39,7 @@ WITH picked AS MATERIALIZED (
                    THEN ARRAY({select_ids}) END AS ids),
      claimed AS (
        UPDATE dispatcher_jobs
-          SET status = 'running',
-              attempts = attempts + 1,
-              locked_at = now(),
-              locked_by = %(worker)s,
-              lock_token = %(token)s::uuid,
-              lease_expires_at = now() + %(lease_s)s * interval '1 second',
-              updated_at = now()
+          SET {mark_running}
         WHERE id = ANY((SELECT ids FROM picked)::bigint[])  -- an array, not ANY(subquery)
           AND CASE WHEN status = 'queued' THEN run_at <= now() ELSE false END
        RETURNING id, job_type, payload, attempts, CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts,
@@ -55,6 +49,17 @@ WITH picked AS MATERIALIZED (
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
        cardinality(p.ids) AS selected, c.scheduled_for, c.waited_s, c.trace_context
   FROM picked AS p LEFT JOIN claimed AS c ON true
+
+-- name: claim_mark_running
+-- A fragment: what every claim writes on the rows it takes (jobs_claim, and jobs_claim_bucket on a
+-- distributed table): running under the claim's token and lease, the attempt counted.
+status = 'running',
+attempts = attempts + 1,
+locked_at = now(),
+locked_by = %(worker)s,
+lock_token = %(token)s::uuid,
+lease_expires_at = now() + %(lease_s)s * interval '1 second',
+updated_at = now()
 
 -- name: claim_select_partitioned
 -- Partitioned mode: {bucket_branches} is one claim_select_partitioned_branch per owned bucket,

@@ -28,13 +28,7 @@ WITH picked AS MATERIALIZED (
 ),
 claimed AS (
     UPDATE dispatcher_jobs
-       SET status = 'running',
-           attempts = attempts + 1,
-           locked_at = now(),
-           locked_by = %(worker)s,
-           lock_token = %(token)s::uuid,
-           lease_expires_at = now() + %(lease_s)s * interval '1 second',
-           updated_at = now()
+       SET {mark_running}
      WHERE bucket = %(bucket)s::smallint AND id IN (SELECT id FROM picked)
        AND coalesce(status = 'queued', false) AND run_at <= now()
     RETURNING id, job_type, payload, attempts, max_attempts_given, max_attempts, locked_at, run_at,
@@ -82,11 +76,6 @@ SELECT id, lock_token::text, attempts, CASE WHEN max_attempts_given THEN max_att
  WHERE bucket = %(bucket)s::smallint AND status = 'running' AND lease_expires_at < now()
  ORDER BY lease_expires_at
  LIMIT %(limit)s
-
--- name: sharded_promote_none
--- In place of ordering_promote_next on a distributed table: promoting a key's next job in the
--- same statement is not yet routed, so jobs with ordering keys are refused there at enqueue.
-woken AS (SELECT 0::bigint AS promoted)
 
 -- name: sharded_promote_next
 -- ordering_promote_next on a distributed table, in place of it in the pinned writes (sharded.py):

@@ -2,7 +2,8 @@
 table, write bench/out/SCENARIO.json and PNG plots.
 
 Runs against a throwaway embedded PostgreSQL (stock durability: fsync and synchronous_commit on)
-unless --dsn or DISPATCHER_DSN names a server. Workers are real `dispatcher run` processes;
+unless --dsn or DISPATCHER_DSN names a server; `citus` and `citus_faults` start a Citus cluster and
+one node of their own instead (bench/citus.py). Workers are real `dispatcher run` processes;
 with --external-workers, the live workers of a deployed fleet instead (bench/external.py).
 Never gated in CI on a wall-clock figure: `--quick` only proves the suite runs.
 """
@@ -14,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench import pyspy, statements
+from bench import citus, pyspy, statements
 from bench.coldstart import coldstart_suite, rolling_suite
 from bench.core import OUT_DIR, Result, database, machine
 from bench.drain import drain_suite
@@ -33,6 +34,7 @@ from bench.plots import (
 )
 from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 from bench.schedules import schedules_suite
+from dispatcher.devtools.citus_cluster import citus_missing
 
 SCENARIOS = [
     "drain",
@@ -47,7 +49,12 @@ SCENARIOS = [
     "keyed",
     "limits",
     "schedules",
+    # On servers of its own (bench/citus.py); `all` skips it where Citus is not installed.
+    "citus",
 ]
+# Run when named only: `all` leaves them out. citus_faults drains under faults to check, not to
+# measure, what the Citus tier's fault tests (tests/citus) already check in CI.
+NAMED_ONLY = ["citus_faults"]
 MODES = ["partitioned", "skip_locked"]
 RUN_COLUMNS = [
     "mode",
@@ -400,16 +407,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=" ".join(__doc__.split("\n\n")[0].split())
     )
-    parser.add_argument("scenarios", nargs="+", choices=[*SCENARIOS, "all"])
-    parser.add_argument("--dsn", default=os.environ.get("DISPATCHER_DSN"))
+    parser.add_argument("scenarios", nargs="+", choices=[*SCENARIOS, *NAMED_ONLY, "all"])
+    parser.add_argument(
+        "--dsn",
+        default=None,
+        help="the server to run on (default: DISPATCHER_DSN, else a throwaway embedded "
+        "PostgreSQL); refused with citus and citus_faults, which start a Citus cluster and one "
+        "node of their own and ignore DISPATCHER_DSN",
+    )
     parser.add_argument(
         "--jobs",
         type=int,
         default=None,
         help="jobs per run (default 200,000; --quick 3,000; limits: "
-        "the `free` jobs, 20,000; --quick 2,000)",
+        "the `free` jobs, 20,000; --quick 2,000; citus: 20,000, --quick 2,000; citus_faults: "
+        "100,000, --quick 3,000)",
     )
-    parser.add_argument("--workers", default=None, help="comma-separated worker process counts")
+    parser.add_argument(
+        "--workers",
+        default=None,
+        help="comma-separated worker process counts (citus: default 2; citus_faults: the first, "
+        "default 2)",
+    )
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument(
         "--profiles",
@@ -426,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         "--statements",
         action="store_true",
         help="drain/burst/scaling/skew/jitter: PostgreSQL's time per statement per job "
-        "(pg_stat_statements; the throwaway server preloads it)",
+        "(pg_stat_statements; the throwaway server preloads it); citus: print the per-statement "
+        "tables it always records",
     )
     parser.add_argument(
         "--py-spy",
@@ -468,23 +488,49 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat",
         type=int,
         default=3,
-        help="drain/burst/scaling/enqueue/coldstart: runs per configuration (median)",
+        help="drain/burst/scaling/enqueue/coldstart/citus: runs per configuration (median)",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: proves the suite runs")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     add_external_arguments(parser)
     args = parser.parse_args(argv)
     scenarios = SCENARIOS if "all" in args.scenarios else args.scenarios
+    named = [s for s in args.scenarios if s in citus.SCENARIOS]
+    if named and args.dsn:
+        parser.error(
+            f"{' and '.join(named)}: on a Citus cluster and one node the bench starts itself; "
+            "leave out --dsn"
+        )
+    args.dsn = args.dsn or os.environ.get("DISPATCHER_DSN")
     if args.external_workers:
         return external_main(args, scenarios)
+    on_citus = [s for s in scenarios if s in citus.SCENARIOS]
+    if on_citus and not named and (missing := citus_missing()) is not None:
+        # As the Citus test tier does: skipped, unless CI requires it (.ci/run installs Citus).
+        if os.environ.get("DISPATCHER_TEST_CITUS") == "required":
+            raise SystemExit(f"bench all: {missing}, and DISPATCHER_TEST_CITUS=required")
+        print(f"bench all: {' and '.join(on_citus)} skipped: {missing}", flush=True)
+        on_citus = []
     args.out.mkdir(parents=True, exist_ok=True)
-    with database(args.dsn, statements=args.statements) as dsn:
-        if args.statements:
-            statements.enable(dsn)
-        if args.py_spy:
-            pyspy.enable(args.out)
-        for scenario in scenarios:
-            run(scenario, args, dsn, args.out)
+    if others := [s for s in scenarios if s not in citus.SCENARIOS]:
+        with database(args.dsn, statements=args.statements) as dsn:
+            if args.statements:
+                statements.enable(dsn)
+            if args.py_spy:
+                pyspy.enable(args.out)
+            for scenario in others:
+                run(scenario, args, dsn, args.out)
+    if on_citus:
+        return citus.run_scenarios(
+            on_citus,
+            jobs=args.jobs,
+            workers=_ints(args.workers or "2"),
+            modes=[m for m in args.modes.split(",") if m],
+            repeat=args.repeat,
+            quick=args.quick,
+            out_dir=args.out,
+            show_statements=args.statements,
+        )
     return 0
 
 

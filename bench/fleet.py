@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,17 @@ class Fleet(harness.Fleet):
         # before it exits: /proc goes with it
         self._cpu_of_retired += cpu_seconds_of([self.procs[index].pid])
         return super().retire(index, timeout_s)
+
+    def kill(self, index: int) -> tuple[int, float]:
+        """SIGKILL worker `index`, a crash: no shutdown, its claims left for their leases to
+        expire (bench/citus.py). Returns its pid and the time.time() it was killed at."""
+        proc = self.procs[index]
+        self._cpu_of_retired += cpu_seconds_of([proc.pid])  # before it exits: /proc goes with it
+        proc.kill()
+        killed_at = time.time()
+        proc.wait()
+        del self.procs[index], self.ports[index], self.logs[index]
+        return proc.pid, killed_at
 
     def stop(self) -> list[int]:
         if self._cpu_at_stop is not None:

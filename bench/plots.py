@@ -231,3 +231,55 @@ def schedules_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> P
     ax.set_title("Recurring jobs: start after the slot (every-second schedules)")
     ax.grid(True, alpha=0.3)
     return _finish(plt, fig, ax, out_dir / "schedules.png", machine)
+
+
+def citus_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
+    """Left: jobs/s per mode, one node against the cluster (one bar pair per worker count).
+    Right: each worker node's share of the buckets, of the jobs and of the worker nodes'
+    PostgreSQL CPU, per mode."""
+    plt = _pyplot()
+    fig, (rate_ax, share_ax) = plt.subplots(1, 2, figsize=(10.0, 4.0))
+    configs = list(dict.fromkeys((r["mode"], r["workers"]) for r in rows))
+    targets = list(dict.fromkeys(r["target"] for r in rows))
+    at = {(r["target"], r["mode"], r["workers"]): r["jobs_per_s"] for r in rows}
+    width = 0.8 / max(1, len(targets))
+    for n, target in enumerate(targets):
+        rate_ax.bar(
+            [i + (n - (len(targets) - 1) / 2) * width for i in range(len(configs))],
+            [at.get((target, mode, workers), 0) for mode, workers in configs],
+            width,
+            color=[MODES.get(mode, ("black", "."))[0] for mode, _ in configs],
+            alpha=0.45 if n == 0 else 0.9,
+            hatch="//" if n == 0 else None,
+            label=target,
+        )
+    rate_ax.set_xticks(range(len(configs)), [f"{m} x{w}" for m, w in configs])
+    rate_ax.set_ylabel("jobs/s")
+    rate_ax.set_title("Drain throughput: one node vs the cluster")
+    rate_ax.grid(True, alpha=0.3)
+    rate_ax.legend(fontsize="small")
+    shards = [
+        (f"{r['mode']} x{r['workers']}\n{node['node']}", node)
+        for r in rows
+        for node in r.get("nodes", [])
+        if r["target"] != targets[0] and node["buckets"]
+    ]
+    for k, (column, name) in enumerate(
+        (
+            ("bucket_share", "buckets"),
+            ("jobs_share", "jobs"),
+            ("cpu_share_of_shard_nodes", "PostgreSQL CPU"),
+        )
+    ):
+        share_ax.bar(
+            [i + (k - 1) * 0.27 for i in range(len(shards))],
+            [node.get(column) or 0 for _, node in shards],
+            0.27,
+            color=("tab:gray", "tab:green", "tab:purple")[k],
+            label=name,
+        )
+    share_ax.set_xticks(range(len(shards)), [name for name, _ in shards], fontsize="small")
+    share_ax.set_ylim(0, 1)  # room for the legend above bars near an even share
+    share_ax.set_ylabel("share of the worker nodes' total")
+    share_ax.set_title("Each worker node's share")
+    return _finish(plt, fig, share_ax, out_dir / "citus.png", machine, legend_size="small")

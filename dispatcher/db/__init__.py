@@ -1,11 +1,11 @@
 """The database layer's public face: what tools outside the runtime (bench/) may use of it.
 
 The named queries, the claim statement's text for a mode (for EXPLAIN and to recognise a worker's
-claim in pg_stat_activity), the array literals the completion statements take, migrations, the
-values of DISPATCHER_COMPLETED_JOBS (which completion statement a worker sends), and the
-completions as a worker sends them (completion_statements: fenced, and under 'delete' closing
-uniqueness windows). Everything else in dispatcher/db/ is the runtime's own and may change
-without notice.
+claim in pg_stat_activity), the array literals the completion statements take, migrations and
+the placement over a Citus cluster (`distribute`: what `migrate --citus` adds), the values of
+DISPATCHER_COMPLETED_JOBS (which completion statement a worker sends), and the completions as a
+worker sends them (completion_statements: fenced, and under 'delete' closing uniqueness windows).
+Everything else in dispatcher/db/ is the runtime's own and may change without notice.
 """
 
 from dispatcher.constants import (
@@ -15,6 +15,7 @@ from dispatcher.constants import (
     MODE_SKIP_LOCKED,
     NUM_BUCKETS,
 )
+from dispatcher.db.citus import distribute
 from dispatcher.db.claims import claim_sql
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.literals import int_array, token_array
@@ -29,6 +30,7 @@ __all__ = [
     "NUM_BUCKETS",
     "claim_sql",
     "completion_statements",
+    "distribute",
     "int_array",
     "migrate",
     "query",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Final
@@ -42,13 +42,15 @@ def _query(name: str) -> str:
     return load("dispatcher.devtools", "cluster.sql")[name]
 
 
-def _bindir() -> Path:
+def server_bindir() -> Path:
+    """The installed PostgreSQL's binaries, those of every node (and of the bench's single-node
+    baseline beside a cluster: bench/citus.py)."""
     return Path(f"/usr/lib/postgresql/{PG_MAJOR}/bin")
 
 
 def citus_missing() -> str | None:
     """Why a Citus cluster cannot start on this machine, or None if it can."""
-    bindir = _bindir()
+    bindir = server_bindir()
     if not (bindir / "postgres").is_file():
         return f"PostgreSQL {PG_MAJOR} is not installed ({bindir}/postgres is missing)"
     pg_config = bindir / "pg_config"
@@ -63,18 +65,25 @@ def citus_missing() -> str | None:
 
 
 class CitusCluster:
-    """A coordinator node and `workers` worker nodes. Clients connect to the coordinator only."""
+    """A coordinator node and `workers` worker nodes. Clients connect to the coordinator only.
+    `preload`: more libraries for shared_preload_libraries on every node (the bench's
+    pg_stat_statements), loaded after citus, which must come first."""
 
-    def __init__(self, workers: int = 2, *, durable: bool = False) -> None:
+    def __init__(
+        self, workers: int = 2, *, durable: bool = False, preload: Sequence[str] = ()
+    ) -> None:
         missing = citus_missing()
         if missing is not None:
             raise RuntimeError(f"cannot start a Citus cluster: {missing}")
+        settings = dict(_NODE_SETTINGS)
+        if preload:
+            settings["shared_preload_libraries"] = ",".join(["citus", *preload])
         self.nodes: list[EmbeddedPostgres] = []
         try:
             for _ in range(workers + 1):
                 self.nodes.append(
                     EmbeddedPostgres(
-                        durable=durable, settings=_NODE_SETTINGS, system_bindir=_bindir()
+                        durable=durable, settings=settings, system_bindir=server_bindir()
                     )
                 )
         except BaseException:

@@ -23,6 +23,8 @@ from dispatcher.devtools.embedded import EmbeddedPostgres
 
 # Citus 13.2 is the last line for PostgreSQL 15, the server this project's CI installs it for.
 PG_MAJOR: Final = 15
+# A CREATE DATABASE copies a template in well under a second; a minute means a node is stuck.
+STATEMENT_TIMEOUT_MS: Final = 60_000
 _NODE_SETTINGS: Final[dict[str, object]] = {
     "shared_preload_libraries": "citus",
     # Shard moves and online distribution copy rows by logical replication.
@@ -40,6 +42,16 @@ _NODE_SETTINGS: Final[dict[str, object]] = {
 
 def _query(name: str) -> str:
     return load("dispatcher.devtools", "cluster.sql")[name]
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    """A harness session: it gives up on a node that does not answer instead of hanging."""
+    return psycopg.connect(
+        dsn,
+        autocommit=True,
+        connect_timeout=10,
+        options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+    )
 
 
 def server_bindir() -> Path:
@@ -115,13 +127,13 @@ class CitusCluster:
             )
         ).format(name=sql.Identifier(name), template=sql.Identifier(template or name))
         for node in self.nodes:
-            with psycopg.connect(node.dsn, autocommit=True) as conn:
+            with _connect(node.dsn) as conn:
                 self._create_on(conn, create, template)
         if template is None:
             for node in self.nodes:
-                with psycopg.connect(node.dsn_for(name), autocommit=True) as conn:
+                with _connect(node.dsn_for(name)) as conn:
                     conn.execute(_query("cluster_create_extension"))
-            with psycopg.connect(self.dsn_for(name), autocommit=True) as conn:
+            with _connect(self.dsn_for(name)) as conn:
                 conn.execute(_query("cluster_set_coordinator"), {"port": self.coordinator.port})
                 for node in self.workers:
                     conn.execute(_query("cluster_add_node"), {"port": node.port})
@@ -152,7 +164,7 @@ class CitusCluster:
             # A node a test stopped has nothing to drop until it starts again: its data dir goes.
             with (
                 suppress(psycopg.OperationalError),
-                psycopg.connect(node.dsn, autocommit=True, connect_timeout=5) as conn,
+                _connect(node.dsn) as conn,
             ):
                 conn.execute(drop)
 
@@ -168,7 +180,7 @@ class CitusCluster:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                with _connect(dsn) as conn:
                     conn.execute(_query("cluster_health"))
                     return
             except psycopg.Error:

@@ -46,6 +46,7 @@ from dispatcher.api.enqueue_windows import (
 )
 from dispatcher.constants import DEFAULT_QUEUE, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.db import rows
+from dispatcher.db.citus import distributed_async, distributed_sync
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.port import InProcessStore
 from dispatcher.db.queries import query
@@ -399,6 +400,8 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
     with translate_errors("enqueue_many"):
         if unbegun(conn):
             await conn.execute(query("db_now"))
+        if staged and await distributed_async(conn):
+            return await _one_by_one_async(conn, prepared)
         async with conn.transaction():
             cur = conn.cursor()
             db_now = rows.value(await (await cur.execute(query("db_now"))).fetchone())
@@ -428,6 +431,29 @@ async def _copy_async(target: AsyncTarget, prepared: Iterator[_Prepared], staged
                 if rows.value(await cur.fetchone()) < inserted:
                     await conn.execute(query("jobs_analyze"))
     return inserted
+
+
+async def _one_by_one_async(
+    conn: psycopg.AsyncConnection[Any], prepared: Iterator[_Prepared]
+) -> int:
+    """A keyed batch on a Citus cluster: each job as `enqueue` inserts it, all in one
+    transaction. Citus cannot run the staging table's joins (docs/concepts/citus.md)."""
+    batch, inserted = list(prepared), 0
+    async with conn.transaction():
+        await conn.execute(query("dedupe_keys_lock"), _windowed_keys(batch))
+        for p in batch:
+            inserted += await _insert_one_async(conn, p) is not None
+    return inserted
+
+
+def _windowed_keys(batch: list[_Prepared]) -> dict[str, list[str]]:
+    """The (queue, dedupe key) of each job of `batch` that has a window, for dedupe_keys_lock."""
+    windowed = [
+        (p.queue, p.dedupe_key)
+        for p in batch
+        if p.dedupe_window_s is not None and p.dedupe_key is not None
+    ]
+    return {"queues": [q for q, _ in windowed], "keys": [k for _, k in windowed]}
 
 
 # -- sync (web apps, scripts, the CLI): the same steps without await ------------------------------
@@ -494,6 +520,8 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
     with translate_errors("enqueue_many"):
         if unbegun(conn):
             conn.execute(query("db_now"))
+        if staged and distributed_sync(conn):
+            return _one_by_one_sync(conn, prepared)
         with conn.transaction():
             cur = conn.cursor()
             db_now = rows.value(cur.execute(query("db_now")).fetchone())
@@ -515,6 +543,15 @@ def _copy_sync(target: SyncTarget, prepared: Iterator[_Prepared], staged: bool) 
                 cur.execute(query("notify_enqueued"), {"channel": NOTIFY_CHANNEL, "payload": queue})
         if owned:
             refresh_statistics_sync(conn, inserted)
+    return inserted
+
+
+def _one_by_one_sync(conn: psycopg.Connection[Any], prepared: Iterator[_Prepared]) -> int:
+    batch, inserted = list(prepared), 0
+    with conn.transaction():
+        conn.execute(query("dedupe_keys_lock"), _windowed_keys(batch))
+        for p in batch:
+            inserted += _insert_one_sync(conn, p) is not None
     return inserted
 
 

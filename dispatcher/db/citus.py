@@ -38,6 +38,21 @@ def jobs_distributed(conn: psycopg.Connection[Any] | None, version: str | None) 
     return row is not None and row[0] == "h"
 
 
+def distributed_sync(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the jobs table is distributed now, as `conn` sees it (without Citus: one round
+    trip)."""
+    return jobs_distributed(conn, citus_version(conn))
+
+
+async def distributed_async(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """distributed_sync on an async connection."""
+    version = rows.value(await (await conn.execute(query("citus_version"))).fetchone())
+    if version is None:
+        return False
+    row = await (await conn.execute(query("citus_distribution"))).fetchone()
+    return row is not None and row[0] == "h"
+
+
 def distribute(dsn: str) -> list[str]:
     """Place an up-to-date schema on the Citus cluster `dsn` names (its coordinator node); the
     steps taken, empty if it was placed already. Raises MigrationError without Citus."""

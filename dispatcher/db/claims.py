@@ -38,6 +38,14 @@ def steal_sql(types: TypeFilter | None = None) -> str:
     return _finish(query("claim_select_steal"), types)
 
 
+def check_buckets(buckets: Sequence[int]) -> None:
+    """Refuse a partitioned claim's bucket set that names no bucket, or one that does not exist."""
+    if not buckets:
+        raise ValueError("a partitioned claim needs at least one bucket")
+    if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
+        raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
+
+
 def claim_sql(buckets: Sequence[int] | None, types: TypeFilter | None = None) -> str:
     """The claim statement for a mode: SKIP LOCKED (`buckets=None`) or partitioned over `buckets`,
     for every job type (`types=None`) or as `types` says (%(claim_types)s then holds them).
@@ -47,10 +55,7 @@ def claim_sql(buckets: Sequence[int] | None, types: TypeFilter | None = None) ->
     """
     if buckets is None:
         return _finish(query("claim_select_skip_locked"), types)
-    if not buckets:
-        raise ValueError("a partitioned claim needs at least one bucket")
-    if any(not isinstance(b, int) or not 0 <= b < NUM_BUCKETS for b in buckets):
-        raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
+    check_buckets(buckets)
     ordered = sorted(set(buckets))
     if len(ordered) == NUM_BUCKETS:
         selection = query("claim_select_all_buckets")

@@ -280,6 +280,7 @@ class LimitLock(NamedTuple):
     max_running: int | None
     per_second: float | None
     tokens: float | None
+    read_at: datetime  # the database clock the tokens were counted at (flow_gate_spend's too)
 
 
 class WrittenJob(NamedTuple):

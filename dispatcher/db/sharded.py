@@ -19,11 +19,10 @@ import psycopg
 
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows
-from dispatcher.db.claims import claim_params, type_filter
+from dispatcher.db.claims import check_buckets, claim_params, type_filter
 from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, ExpiredLease, FailedWrite, Failure, TypeFilter
-from dispatcher.errors import StoreError
 from dispatcher.model import Job
 
 Execute = Callable[[str, str, dict[str, Any]], Awaitable[psycopg.AsyncCursor[Any]]]
@@ -37,10 +36,6 @@ _BY_BUCKET_AND_IDS: Final = (
 # or a due timer says it has work (`ready`): without it, every wake-up of a worker that owns many
 # buckets sent a statement to each of them. A NOTIFY that was missed costs at most this much.
 DRY_S: Final = 1.0
-
-
-class ShardedError(StoreError):
-    """A write that a distributed table cannot route: a job given without its bucket."""
 
 
 def pinned(text: str) -> str:
@@ -73,12 +68,10 @@ def by_bucket(buckets: Iterable[int]) -> dict[int, list[int]]:
     return groups
 
 
-def failure_bucket(failure: Failure) -> int:
+def failure_bucket(failure: Failure) -> int | None:
     if failure.bucket is not None:
         return failure.bucket
-    if failure.job is not None:
-        return failure.job.bucket
-    raise ShardedError(f"job {failure.id}: a failure on a distributed table needs its bucket")
+    return None if failure.job is None else failure.job.bucket
 
 
 class ShardedStatements:
@@ -90,8 +83,9 @@ class ShardedStatements:
         self._channel = channel
         # `completion`: jobs_complete_owned or its delete, per DISPATCHER_COMPLETED_JOBS.
         self._complete_sql = pinned(
-            query("jobs_complete_owned_fenced").replace("{completion}", completion)
+            query("sharded_complete_fenced").replace("{completion}", completion)
         )
+        self._closes_windows = completion == query("jobs_complete_owned_delete")
         self._keyed_sql = keyed_completion_text(completion)
         self._scan_sql = query("ordering_promote_scan_bucket").replace(
             "{promote}", query("sharded_promote_next")
@@ -136,6 +130,8 @@ class ShardedStatements:
         statement (a gated claim's, inside its transaction)."""
         execute = execute or self._execute
         skip_locked = buckets is None
+        if buckets is not None:
+            check_buckets(buckets)
         key = (None if types is None else types.include, skip_locked)
         sql = self._claim_sql.get(key)
         if sql is None:
@@ -210,9 +206,10 @@ class ShardedStatements:
         """Completed bucket by bucket; with `keyed`, each released key's next job is promoted in
         the same statement and its bucket's owner woken (no job is chained to this worker)."""
         if buckets is None:
-            raise ShardedError("a completion on a distributed table needs each job's bucket")
+            buckets = await self._buckets_of(ids)
         changed = 0
         fenced: list[int] = []
+        windowed: list[int] = []  # finished jobs with a uniqueness window
         for bucket, at in by_bucket(buckets).items():
             params = {
                 "ids": int_array([ids[i] for i in at]),
@@ -221,19 +218,33 @@ class ShardedStatements:
             }
             if not keyed:
                 cur = await self._execute("complete", self._complete_sql, params)
-                done = rows.completion_fenced(await cur.fetchone(), len(at))
+                row = await cur.fetchone()
+                assert row is not None  # one row, always
+                done = rows.completion_fenced(row[:1], len(at))
                 changed += done.completed
                 fenced.extend(done.fenced)
+                windowed.extend(row[1])
                 continue
             cur = await self._execute("complete", self._keyed_sql, params)
             row = await cur.fetchone()
             assert row is not None  # one row, always
-            completed, promoted, refused, queues = row
+            completed, promoted, refused, queues, with_windows = row
             changed += int(completed)
             fenced.extend(refused)
+            windowed.extend(with_windows)
             if promoted:
                 await self.wake(bucket, queues)
+        if windowed and self._closes_windows:
+            params = {"ids": int_array(windowed)}
+            await self._execute("complete", query("sharded_windows_close"), params)
         return rows.Completion(changed, fenced)
+
+    async def _buckets_of(self, ids: Sequence[int]) -> list[int]:
+        """Each job's bucket, read from the table; a job that is not there gets bucket 0, where
+        a write pinned to it finds nothing (as for a job deleted meanwhile)."""
+        cur = await self._execute("buckets", query("sharded_buckets_of"), {"ids": int_array(ids)})
+        found = dict(await cur.fetchall())
+        return [int(found.get(i, 0)) for i in ids]
 
     async def promote_scan(self, queue: str, limit: int) -> rows.OrderingScan:
         """ordering_promote_scan over every bucket in turn, up to `limit` keys in each: one whole
@@ -254,7 +265,10 @@ class ShardedStatements:
         """jobs_fail_owned's `params` (lists: one item per failure), sent bucket by bucket."""
         arrays = [k for k, v in params.items() if isinstance(v, list)]
         written: list[FailedWrite] = []
-        for bucket, at in by_bucket([failure_bucket(f) for f in failures]).items():
+        missing = [f.id for f in failures if failure_bucket(f) is None]
+        found = dict(zip(missing, await self._buckets_of(missing), strict=True)) if missing else {}
+        placed = [found[f.id] if (b := failure_bucket(f)) is None else b for f in failures]
+        for bucket, at in by_bucket(placed).items():
             one = {**params, **{k: [params[k][i] for i in at] for k in arrays}, "bucket": bucket}
             one["ids"] = int_array([failures[i].id for i in at])
             one["tokens"] = token_array([failures[i].token for i in at])

@@ -333,7 +333,10 @@ class JobStore:
                     )
                 spent = len(claimed.jobs)
                 if spent and any(lock.per_second is not None for lock in locked):
-                    await conn.execute(query("flow_gate_spend"), {**keys, "spent": spent})
+                    read_at = max(lock.read_at for lock in locked)
+                    await conn.execute(
+                        query("flow_gate_spend"), {**keys, "spent": spent, "read_at": read_at}
+                    )
             # Recorded once committed: a claim rolled back is claimed again, and would count twice.
             if claimed.jobs:
                 JOB_STATS.waited(queue, claimed.waited_s)

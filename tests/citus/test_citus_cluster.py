@@ -14,7 +14,6 @@ from dispatcher import Config, Job, Registry, Worker, enqueue_payloads_sync, enq
 from dispatcher.api.flow import list_limits, pause_queue, set_limit
 from dispatcher.cli.commands import main as cli_main
 from dispatcher.db.citus import distribute
-from dispatcher.db.completions import completion_statements
 from dispatcher.db.migrate import migrate
 from dispatcher.db.queries import query
 from dispatcher.db.rows import TypeFilter
@@ -108,6 +107,7 @@ def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
         "lease_expired": True,
         "channel": "c",
     }
+    complete = {"keep": query("jobs_complete_owned"), "delete": query("jobs_complete_owned_delete")}
     statements = {
         "claim partitioned": (claim_text(None, skip_locked=False), claim),
         "claim skip_locked": (claim_text(None, skip_locked=True), claim),
@@ -115,7 +115,14 @@ def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
         "claim but some types": (claim_text(TypeFilter(("a",), False), skip_locked=True), claim),
         "next due": (query("jobs_next_due_in_bucket"), {"queue": "default", "bucket": 7}),
         "lease scan": (query("jobs_lease_expired_bucket"), {"bucket": 7, "limit": 100}),
-        "completion": (pinned(completion_statements("keep")[False]), ids),
+        "completion": (
+            pinned(query("sharded_complete_fenced").replace("{completion}", complete["keep"])),
+            ids,
+        ),
+        "completion, delete": (
+            pinned(query("sharded_complete_fenced").replace("{completion}", complete["delete"])),
+            ids,
+        ),
         "keyed completion": (keyed_completion_text(query("jobs_complete_owned")), ids),
         "keyed completion, delete": (
             keyed_completion_text(query("jobs_complete_owned_delete")),

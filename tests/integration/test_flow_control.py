@@ -497,6 +497,7 @@ def test_a_limit_holds_a_claim_back_only_while_jobs_wait_beyond_it(dsn):
             # ran out of jobs
             assert (len(first.jobs), first.allowed, first.held_by) == (3, 5, None)
             enqueue(dsn, "sms", 10)
+            store.note_ready(None)  # as the enqueue's NOTIFY tells a worker (Citus: a dry bucket)
             second = await store.jobs_claim(
                 "default", 20, 30.0, None, gate=gate, flow_version=version
             )

@@ -2,6 +2,7 @@
 
 import asyncio
 import statistics
+import uuid
 
 import psycopg
 import pytest
@@ -234,10 +235,10 @@ def _hold(dsn, job_id, *, attempts, lease_s, max_attempts=3):
             """UPDATE dispatcher_jobs SET status = 'running', attempts = %s, max_attempts = %s,
                                max_attempts_given = true,
                                locked_by = 'gone-pod', locked_at = now() - interval '10 s',
-                               lock_token = gen_random_uuid(),
+                               lock_token = %s,
                                lease_expires_at = now() + %s * interval '1 s'
                          WHERE id = %s""",
-            (attempts, max_attempts, lease_s, job_id),
+            (attempts, max_attempts, str(uuid.uuid4()), lease_s, job_id),
         )
 
 
@@ -319,8 +320,8 @@ def test_a_reap_loses_to_a_heartbeat_or_a_new_claim_that_landed_first(dsn):
                     (extended,),
                 )
                 conn.execute(
-                    "UPDATE dispatcher_jobs SET lock_token = gen_random_uuid() WHERE id = %s",
-                    (retaken,),
+                    "UPDATE dispatcher_jobs SET lock_token = %s WHERE id = %s",
+                    (str(uuid.uuid4()), retaken),
                 )
             failures = [
                 Failure(e.id, e.token, policy.decide(FailureKind.LEASE_EXPIRED, 1, 3, "x"))

@@ -1,11 +1,13 @@
-"""The pure parts of `python -m bench citus` and `citus_faults` (bench/citus.py): the handlers'
-record read back, the checks of a faults drain, and the cluster's ratios to the one node."""
+"""The pure parts of `python -m bench citus` and `citus_faults` (bench/citus.py,
+bench/citus_faults.py): the handlers' record read back, the checks of a faults drain, and the
+cluster's ratios to the one node."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.citus import Run, add_ratios, check_runs, read_runs
+from bench.citus import add_ratios
+from bench.citus_faults import Run, check_runs, read_runs
 
 KILLED = 100
 

@@ -1,6 +1,6 @@
 """The per-bucket statements of a distributed jobs table, without a cluster: how writes are
-grouped by bucket, which bucket a failure names, and the texts pinned to one bucket (the cluster
-tests run them under EXPLAIN: tests/citus)."""
+grouped by bucket, which bucket a failure names (the store reads the others' from the table),
+and the texts pinned to one bucket (the cluster tests run them under EXPLAIN: tests/citus)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from dispatcher.db.completions import completion_statements
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Failure, TypeFilter
 from dispatcher.db.sharded import (
-    ShardedError,
     ShardedStatements,
     by_bucket,
     claim_text,
@@ -32,11 +31,10 @@ def test_grouping_by_bucket_keeps_every_item_once_in_order(buckets):
         assert at == sorted(at) and all(buckets[i] == bucket for i in at)
 
 
-def test_a_failure_names_its_bucket_or_its_jobs_or_is_refused():
+def test_a_failure_names_its_bucket_or_its_jobs_or_none_and_the_store_reads_it():
     outcome = Outcome("failed", 0.0, "e")
     assert failure_bucket(Failure(1, "t", outcome, bucket=9)) == 9
-    with pytest.raises(ShardedError, match="needs its bucket"):
-        failure_bucket(Failure(1, "t", outcome))
+    assert failure_bucket(Failure(1, "t", outcome)) is None
 
 
 @pytest.mark.parametrize(

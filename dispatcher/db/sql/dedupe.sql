@@ -36,9 +36,15 @@ CASE WHEN j.id IS NULL THEN coalesce(w.finished_at, w.enqueued_at) + w.window_s 
 -- windowed enqueue of the key that committed before, and every job's end that did.
 -- (queue, key) -> one int4 by hashtext, queue names having no newline; a collision only makes two
 -- keys wait for each other. Class 1147: the two-int lock space, apart from the pruner's bigint lock.
-SELECT held, CASE WHEN NOT held THEN pg_advisory_xact_lock(1147, hashtext(k.queue_name || E'\n' || k.dedupe_key))::text END
-  FROM (SELECT %(queue)s::text AS queue_name, %(dedupe_key)s::text AS dedupe_key) AS k
- CROSS JOIN LATERAL (SELECT {key_held} AS held) AS h
+-- The check is dedupe_key_held's with the key given as parameters, not as a row `k`: Citus
+-- refuses a subquery correlated with a FROM that reads no table.
+SELECT held, CASE WHEN NOT held THEN pg_advisory_xact_lock(1147, hashtext(%(queue)s::text || E'\n' || %(dedupe_key)s::text))::text END
+  FROM (SELECT (EXISTS (SELECT 1 FROM dispatcher_jobs AS l
+                         WHERE l.queue_name = %(queue)s AND l.dedupe_key = %(dedupe_key)s
+                           AND l.status IN ('queued', 'running', 'waiting'))
+                OR EXISTS (SELECT 1 FROM dispatcher_dedupe_windows AS w LEFT JOIN dispatcher_jobs AS j ON j.id = w.job_id
+                            WHERE w.queue_name = %(queue)s AND w.dedupe_key = %(dedupe_key)s
+                              AND {window_until} > statement_timestamp())) AS held) AS h
 
 -- name: dedupe_window_open
 -- After the job went in (under the key's lock): its window becomes the key's, replacing one that
@@ -167,3 +173,13 @@ SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done)
 -- (completions.closing_keyed).
 gone AS (SELECT id, queue_name, dedupe_key, dedupe_window_s, now() AS finished_at FROM released),
 {close_windows}
+
+-- name: dedupe_keys_lock
+-- A keyed batch on a Citus cluster, which enqueue.py inserts job by job: first the advisory lock
+-- of every key of %(queues)s/%(keys)s (its jobs with a window), in lock order, as
+-- dedupe_stage_lock takes them for staged rows: two batches never wait for each other in a circle.
+SELECT count(*)
+  FROM (SELECT pg_advisory_xact_lock(1147, h.lock_key)::text
+          FROM (SELECT DISTINCT hashtext(t.queue_name || E'\n' || t.dedupe_key) AS lock_key
+                  FROM unnest(%(queues)s::text[], %(keys)s::text[]) AS t(queue_name, dedupe_key)
+                 ORDER BY 1) AS h) AS locked

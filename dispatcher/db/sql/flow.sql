@@ -21,7 +21,8 @@ SELECT coalesce((SELECT version FROM dispatcher_flow_control), 0),
 SELECT l.job_type, l.queue_name, l.max_running, l.per_second,
        CASE WHEN l.per_second IS NULL THEN NULL
             ELSE least(l.burst_jobs, l.tokens + greatest(0, extract(epoch FROM clock_timestamp() - l.refilled_at))
-                                                * l.per_second) END
+                                                * l.per_second) END,
+       clock_timestamp()
   FROM dispatcher_limits AS l
   JOIN unnest(%(types)s::text[], %(queues)s::text[]) AS k(job_type, queue_name)
     ON k.job_type = l.job_type AND k.queue_name = l.queue_name
@@ -43,11 +44,14 @@ SELECT (SELECT count(*)
 
 -- name: flow_gate_spend
 -- A gated claim's last statement: the rate-limited rows give up one token per job it claimed.
--- Refilled up to now first; refilled_at never moves back.
+-- Refilled first up to %(read_at)s, the database clock flow_gate_lock counted the tokens at (the
+-- claim's own milliseconds since then count at the next refill); refilled_at never moves back. A
+-- parameter, not clock_timestamp() here: Citus, where this is a reference table, refuses a
+-- volatile function in an UPDATE.
 UPDATE dispatcher_limits AS l
-   SET tokens = least(l.burst_jobs, l.tokens + greatest(0, extract(epoch FROM clock_timestamp() - l.refilled_at))
+   SET tokens = least(l.burst_jobs, l.tokens + greatest(0, extract(epoch FROM %(read_at)s::timestamptz - l.refilled_at))
                                               * l.per_second) - %(spent)s,
-       refilled_at = greatest(l.refilled_at, clock_timestamp())
+       refilled_at = greatest(l.refilled_at, %(read_at)s::timestamptz)
   FROM unnest(%(types)s::text[], %(queues)s::text[]) AS k(job_type, queue_name)
  WHERE k.job_type = l.job_type AND k.queue_name = l.queue_name AND l.per_second IS NOT NULL
 

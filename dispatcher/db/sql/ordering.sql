@@ -58,27 +58,35 @@ to_queue AS (SELECT id FROM nexts),
 -- not claimable yet). The first INSERT's ON CONFLICT is the holder index (or the dedupe index:
 -- then the second INSERT meets the same conflict and nothing is inserted). A concurrent enqueue
 -- of the same key waits for ours at that index, so two never both become holders. Ids are taken
--- in statement order, so a key's waiting jobs are in enqueue order.
-WITH head AS (
-    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context)
-    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
+-- in statement order, so a key's waiting jobs are in enqueue order. The id is drawn in `new`, not
+-- by the column's default: Citus pushes an INSERT ... SELECT down to the shard's node, whose
+-- identity range (node group << 48) is not in enqueue order with the coordinator's.
+WITH new AS (SELECT nextval('dispatcher_jobs_id_seq') AS id),
+head AS (
+    INSERT INTO dispatcher_jobs (id, queue_name, job_type, payload, priority, bucket, max_attempts,
+                                 max_attempts_given, run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context)
+    OVERRIDING SYSTEM VALUE
+    SELECT new.id, %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
            %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
            %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb
+      FROM new
      WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w  -- in the key's bucket: one shard on Citus
                         WHERE w.bucket = %(bucket)s::smallint AND w.queue_name = %(queue)s
                           AND w.ordering_key = %(ordering_key)s AND w.status = 'waiting')
     ON CONFLICT DO NOTHING
     RETURNING id, run_at, status
 ),
-behind AS (
-    INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context, status)
-    SELECT %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
+behind AS (  -- only one of head and behind inserts: they share the id
+    INSERT INTO dispatcher_jobs (id, queue_name, job_type, payload, priority, bucket, max_attempts,
+                                 max_attempts_given, run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context,
+                                 status)
+    OVERRIDING SYSTEM VALUE
+    SELECT new.id, %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
            %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
            %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb, 'waiting'
+      FROM new
      WHERE NOT EXISTS (SELECT 1 FROM head)
     ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
     RETURNING id, run_at, status

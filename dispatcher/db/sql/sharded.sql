@@ -114,15 +114,39 @@ SELECT count(pg_notify(%(channel)s, q || ':' || %(bucket)s::text)) FROM unnest(%
 -- The keyed completion (jobs_complete_owned_keyed) for one bucket: complete the jobs, promote each
 -- released key's next job. It claims no next job for the worker (no chain): the promoted job is
 -- claimed like any other. Returns how many were completed, promoted, and the ids refused.
+-- Last, the jobs it finished that have a uniqueness window: under DISPATCHER_COMPLETED_JOBS=delete
+-- the store closes their windows next (sharded_windows_close).
 WITH released AS (
 {completion}
-    RETURNING j.id, j.queue_name, j.ordering_key
+    RETURNING j.id, j.queue_name, j.ordering_key, j.dedupe_window_s
 ),
 {promote}
 SELECT (SELECT count(*) FROM released), w.promoted,
        ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released),
-       ARRAY(SELECT DISTINCT queue_name FROM released)
+       ARRAY(SELECT DISTINCT queue_name FROM released),
+       ARRAY(SELECT id FROM released WHERE dedupe_window_s IS NOT NULL)
   FROM woken AS w
+
+-- name: sharded_complete_fenced
+-- jobs_complete_owned_fenced for one bucket, also answering which finished jobs have a uniqueness
+-- window: on one node the delete closes them in the same statement (jobs_complete_owned_delete_fenced),
+-- but Citus routes a statement to the shard's node, and the windows live on the coordinator node.
+WITH done AS (
+{completion}
+    RETURNING j.id, j.dedupe_window_s
+)
+SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done),
+       ARRAY(SELECT id FROM done WHERE dedupe_window_s IS NOT NULL)
+
+-- name: sharded_windows_close
+-- Under DISPATCHER_COMPLETED_JOBS=delete: the windows of %(ids)s, jobs a completion just deleted,
+-- end their job's run now. A separate statement, after the delete committed: a crash between the
+-- two leaves the window counting from its enqueue (dedupe_window_until), never a live job
+-- unguarded.
+UPDATE dispatcher_dedupe_windows AS w
+   SET finished_at = now(),
+       prune_after = now() + w.window_s * interval '1 second'
+ WHERE w.job_id = ANY(%(ids)s::bigint[])
 
 -- name: ordering_promote_scan_bucket
 -- ordering_promote_scan for one bucket (the sweeper visits them in turn): keys of `queue` in
@@ -161,3 +185,8 @@ SELECT job_type, queue_name, count(*)::int
   FROM dispatcher_jobs
  WHERE status = 'running' AND lease_expires_at IS NOT NULL
  GROUP BY job_type, queue_name
+
+-- name: sharded_buckets_of
+-- The bucket of each of %(ids)s that exists, for a caller that did not give them (the worker always
+-- does): a fan-out over every shard, by primary key in each.
+SELECT id, bucket FROM dispatcher_jobs WHERE id = ANY(%(ids)s::bigint[])

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from dispatcher.backoff import jittered
+from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows
 from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.queries import query
@@ -34,6 +35,8 @@ PRUNE_QUERIES = {
     "failed": "jobs_prune_unsuccessful",
     "history": "history_prune",
 }
+# The pin of a job kind's DELETE to one bucket on a Citus cluster ({and_bucket} in its text).
+_BY_BUCKET = "AND bucket = %(bucket)s::smallint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,14 +63,14 @@ async def prune_round(
             cur = await conn.execute(query("prune_try_lock"))
             if not rows.value(await cur.fetchone()):
                 return None
+            # On a Citus cluster each job kind's DELETE goes bucket by bucket (_BY_BUCKET).
+            by_bucket = store.sharded is not None
             deleted = dict.fromkeys(retentions_s, 0)
             pending, statements = list(retentions_s), 0
             while pending and statements < max_statements:
                 for kind in list(pending):
                     params = {"retention_s": retentions_s[kind], "limit": limit}
-                    cur = await conn.execute(query(PRUNE_QUERIES[kind]), params)
-                    # The job kinds return their count (a CTE closes windows), history its rowcount.
-                    n = int(rows.value(await cur.fetchone())) if cur.description else cur.rowcount
+                    n = await _delete(conn, kind, params, by_bucket)
                     deleted[kind] += n
                     statements += 1
                     if n < limit:
@@ -88,6 +91,29 @@ async def prune_round(
     # The round's statements share one budget: each takes milliseconds (EXPLAINs in
     # dispatcher/db/sql/maintenance.sql).
     return await store.run("prune", work, budget=SLOW_STATEMENT)
+
+
+async def _delete(
+    conn: psycopg.AsyncConnection[Any], kind: str, params: dict[str, Any], by_bucket: bool
+) -> int:
+    """Up to params["limit"] rows of `kind` past its retention deleted; how many. `by_bucket`:
+    the jobs table is distributed, so a job kind's DELETE is sent to one bucket at a time (a
+    router query: Citus refuses FOR UPDATE over several shards), from a random bucket on, until
+    the limit is reached or every bucket was visited."""
+    sql = query(PRUNE_QUERIES[kind])
+    if kind == "history" or not by_bucket:
+        cur = await conn.execute(sql.replace("{and_bucket}", ""), params)
+        # The job kinds return their count (a CTE closes windows), history its rowcount.
+        return int(rows.value(await cur.fetchone())) if cur.description else cur.rowcount
+    sql = sql.replace("{and_bucket}", _BY_BUCKET)
+    limit, n, first = params["limit"], 0, random.randrange(NUM_BUCKETS)
+    for i in range(NUM_BUCKETS):
+        bucket = (first + i) % NUM_BUCKETS
+        cur = await conn.execute(sql, {**params, "limit": limit - n, "bucket": bucket})
+        n += int(rows.value(await cur.fetchone()))
+        if n >= limit:
+            break
+    return n
 
 
 class Pruner(PeriodicService):

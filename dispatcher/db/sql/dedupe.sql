@@ -96,15 +96,18 @@ ON CONFLICT (queue_name, dedupe_key) DO UPDATE
 -- The pruner: up to %(limit)s windows whose prune_after passed, oldest first; those that ended are
 -- deleted, the others (job still live, or finished within its window) get a later prune_after.
 -- SKIP LOCKED: a window an enqueue is replacing right now is left for the next round. Returns how
--- many were looked at and how many deleted.
+-- many were looked at and how many deleted. The later prune_after is computed in `due`, not in
+-- the UPDATE: Citus refuses a function that is not immutable inside a CASE of a write.
 WITH due AS MATERIALIZED (
-    SELECT w.queue_name, w.dedupe_key, w.window_s, {window_until} AS until
-      FROM (SELECT * FROM dispatcher_dedupe_windows
-             WHERE prune_after < statement_timestamp()
-             ORDER BY prune_after
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED) AS w
-      LEFT JOIN dispatcher_jobs AS j ON j.id = w.job_id
+    SELECT d.*, CASE WHEN d.until = 'infinity' THEN statement_timestamp() + d.window_s * interval '1 second'
+                     ELSE d.until END AS later
+      FROM (SELECT w.queue_name, w.dedupe_key, w.window_s, {window_until} AS until
+              FROM (SELECT * FROM dispatcher_dedupe_windows
+                     WHERE prune_after < statement_timestamp()
+                     ORDER BY prune_after
+                     LIMIT %(limit)s
+                       FOR UPDATE SKIP LOCKED) AS w
+              LEFT JOIN dispatcher_jobs AS j ON j.id = w.job_id) AS d
 ),
 pruned AS (
     DELETE FROM dispatcher_dedupe_windows AS w
@@ -114,8 +117,7 @@ pruned AS (
 ),
 deferred AS (
     UPDATE dispatcher_dedupe_windows AS w
-       SET prune_after = CASE WHEN d.until = 'infinity' THEN statement_timestamp() + d.window_s * interval '1 second'
-                              ELSE d.until END
+       SET prune_after = d.later
       FROM due AS d
      WHERE w.queue_name = d.queue_name AND w.dedupe_key = d.dedupe_key AND d.until > statement_timestamp()
 )

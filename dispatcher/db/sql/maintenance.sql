@@ -31,16 +31,19 @@ SELECT pg_try_advisory_xact_lock(7022450132)
 -- query it replaces scanned the whole table (70 ms at 500k rows) every minute, even with
 -- nothing to delete. SKIP LOCKED: a row an operator is retrying right now is left for later.
 -- A deleted job with a uniqueness window leaves its finish time in it ({close_windows}, sql/dedupe.sql).
--- Returns how many were deleted.
+-- Returns how many were deleted. {and_bucket}: empty on one node; on a Citus cluster the janitor
+-- pins each statement to one bucket (`AND bucket = %(bucket)s`), which makes it a router query
+-- (Citus refuses FOR UPDATE over several shards).
 WITH gone AS (
     DELETE FROM dispatcher_jobs
      WHERE id = ANY(ARRAY(
                SELECT id
                  FROM dispatcher_jobs
                 WHERE status = 'completed' AND updated_at < now() - %(retention_s)s * interval '1 second'
+                  {and_bucket}
                 ORDER BY updated_at
                 LIMIT %(limit)s
-                  FOR UPDATE SKIP LOCKED))
+                  FOR UPDATE SKIP LOCKED)) {and_bucket}
     RETURNING id, queue_name, dedupe_key, dedupe_window_s, updated_at AS finished_at
 ),
 {close_windows}
@@ -58,10 +61,10 @@ WITH gone AS (
                  FROM dispatcher_jobs
                 WHERE status IN ('failed', 'discarded', 'cancelled')
                   AND updated_at < now() - %(retention_s)s * interval '1 second'
-                  AND NOT ordering_halted
+                  AND NOT ordering_halted {and_bucket}
                 ORDER BY updated_at
                 LIMIT %(limit)s
-                  FOR UPDATE SKIP LOCKED))
+                  FOR UPDATE SKIP LOCKED)) {and_bucket}
     RETURNING id, queue_name, dedupe_key, dedupe_window_s, updated_at AS finished_at
 ),
 {close_windows}

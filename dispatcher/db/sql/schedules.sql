@@ -77,16 +77,17 @@ UPDATE dispatcher_schedules SET next_slot_at = %(next_slot_at)s, updated_at = no
 -- seconds, for the schedules whose latest success this round saw). A run whose job row is
 -- gone before a round saw it end reads %(gone)s: 'completed' under DISPATCHER_COMPLETED_JOBS=delete
 -- (that is how a success ends there), else 'gone' (purged). Reads the open runs through
--- dispatcher_schedule_runs_open_idx: the runs of jobs still live, a handful.
+-- dispatcher_schedule_runs_open_idx: the runs of jobs still live, a handful. A run's end time is
+-- read in `open`, not in the UPDATE: Citus refuses now() inside a COALESCE of a write.
 WITH open AS (
-    SELECT r.schedule_name, r.slot_at, j.id AS job_id, j.status, j.updated_at
+    SELECT r.schedule_name, r.slot_at, j.id AS job_id, j.status, coalesce(j.updated_at, now()) AS ended_at
       FROM dispatcher_schedule_runs AS r
       LEFT JOIN dispatcher_jobs AS j ON j.id = r.job_id
      WHERE r.outcome IS NULL AND r.job_id IS NOT NULL AND r.schedule_name = ANY(%(names)s::text[])
 ),
 ended AS (
     UPDATE dispatcher_schedule_runs AS r
-       SET outcome = coalesce(o.status, %(gone)s), finished_at = coalesce(o.updated_at, now())
+       SET outcome = coalesce(o.status, %(gone)s), finished_at = o.ended_at
       FROM open AS o
      WHERE r.schedule_name = o.schedule_name AND r.slot_at = o.slot_at
        AND (o.job_id IS NULL OR o.status IN ('completed', 'failed', 'discarded', 'cancelled'))

@@ -7,7 +7,7 @@ re-checks the row's status. Usage: docs/guides/admin.md; why it works so: docs/d
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -26,21 +26,18 @@ from dispatcher.api.flow import (  # re-exported: the fleet's flow control
     resume_queue,
     set_limit,
 )
+from dispatcher.api.job_filters import ELIGIBLE, HALTING, Filters  # Filters: re-exported
 from dispatcher.api.schedules.listing import ScheduleRow, list_schedules  # re-exported
 from dispatcher.constants import NOTIFY_CHANNEL
-from dispatcher.db import rows
+from dispatcher.db import rows, sharded_admin
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
+from dispatcher.db.rows import WrittenJob
 from dispatcher.errors import AdminInputError, StoreError, StoreTimeout
 from dispatcher.model import (
-    FINISHED_STATUSES,
     STATUS_CANCELLED,
-    STATUS_DISCARDED,
-    STATUS_FAILED,
-    STATUS_QUEUED,
     STATUS_RUNNING,
     STATUS_WAITING,
-    STATUSES,
 )
 
 # statement timeout = statement_timeout_s x this (30 s at the defaults), as maintenance's
@@ -50,15 +47,6 @@ DEFAULT_LIST_LIMIT = 50
 MAX_REPORTED_IDS = 100_000  # ids of changed jobs kept in a result; the counts are always exact
 # a batch that hit a dedupe key enqueued meanwhile is sent again (it is then skipped)
 _UNIQUE_RETRIES = 3
-
-# Which statuses each change applies to.
-ELIGIBLE = {
-    "retry": (STATUS_FAILED, STATUS_DISCARDED),
-    "cancel": (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING),
-    "purge": FINISHED_STATUSES,
-}
-HALTING = (STATUS_FAILED, STATUS_DISCARDED)  # the statuses of a job that halts its ordering key
-
 
 # What the admin returns: typed rows and results.
 
@@ -148,83 +136,9 @@ class Match:
     as_of: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """Which jobs: all of the given conditions (an empty one: any). Ages are seconds since the job
-    entered its status (updated_at: enqueued or retried, claimed, finished)."""
-
-    statuses: tuple[str, ...] = ()
-    queues: tuple[str, ...] = ()
-    job_types: tuple[str, ...] = ()
-    older_than_s: float | None = None
-    newer_than_s: float | None = None
-    ids: tuple[int, ...] = ()
-    # only jobs that halt their ordering key (failed or discarded, ordering_halted)
-    halted: bool = False
-    # only jobs with a smaller id: the next page of a list, newest first
-    before_id: int | None = None
-    # The filters as they stood at this instant of the database's clock (a count someone confirmed):
-    # ages measured from it, and a job whose row changed after it left alone.
-    as_of: datetime | None = None
-
-    def __post_init__(self) -> None:
-        unknown = [s for s in self.statuses if s not in STATUSES]
-        if unknown:
-            raise AdminInputError(
-                f"unknown status {', '.join(map(repr, unknown))} (one of {', '.join(STATUSES)})",
-                "statuses",
-            )
-        for name in ("older_than_s", "newer_than_s"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise AdminInputError(f"must be a number of seconds >= 0, got {value!r}", name)
-        bad = [
-            i
-            for i in (*self.ids, *([] if self.before_id is None else [self.before_id]))
-            if isinstance(i, bool) or not isinstance(i, int) or i < 1
-        ]
-        if bad:
-            raise AdminInputError(f"job ids are whole numbers >= 1, got {bad[:5]}", "ids")
-        if self.as_of is not None and (
-            not isinstance(self.as_of, datetime) or self.as_of.tzinfo is None
-        ):
-            raise AdminInputError(
-                f"must be a datetime with a time zone, got {self.as_of!r}", "as_of"
-            )
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "statuses": list(self.statuses) or None,
-            "queues": list(self.queues) or None,
-            "job_types": list(self.job_types) or None,
-            "older_than_s": self.older_than_s,
-            "newer_than_s": self.newer_than_s,
-            "ids": list(self.ids) or None,
-            "halted": self.halted,
-            "before_id": self.before_id,
-            "as_of": self.as_of,
-        }
-
-    def for_action(self, action: str) -> Filters:
-        """These filters narrowed to the statuses `action` applies to; a status it never applies
-        to is an error (naming `statuses`), not a silent no-op. A cancel of halted jobs applies
-        to failed and discarded ones: those are the jobs that halt a key."""
-        eligible = HALTING if action == "cancel" and self.halted else ELIGIBLE[action]
-        wrong = [s for s in self.statuses if s not in eligible]
-        if wrong:
-            raise AdminInputError(
-                f"{action} applies to {', '.join(eligible)} jobs, not {', '.join(wrong)}",
-                "statuses",
-            )
-        return replace(self, statuses=self.statuses or eligible)
-
-
 Target = str | psycopg.Connection[Any]
+# One batch of a change: write(ids, filters, result) (_write, or _write_by_bucket on Citus).
+_Write = Callable[[list[int], Filters, AdminResult], None]
 
 
 def list_jobs(
@@ -378,11 +292,16 @@ def _change(
     result = AdminResult(action)
     sql = _sql(f"admin_jobs_{action}")
     with _session(target, limits) as run:
+        if _distributed(run):  # Citus: bucket by bucket (db/sharded_admin.py)
+            sql = sharded_admin.pin_write(sql)
+            write: _Write = functools.partial(_write_by_bucket, run, action, sql)
+        else:
+            write = functools.partial(_write, run, action, sql)
         if filters.ids:
             ids = list(dict.fromkeys(filters.ids))
             result.matched = len(ids)
             for start in range(0, len(ids), batch):
-                _write(run, action, sql, ids[start : start + batch], filters, result)
+                write(ids[start : start + batch], filters, result)
             return result
         narrowed = filters.for_action(action)
         if up_to_id is not None:  # counted, as walked, up to it
@@ -409,7 +328,7 @@ def _change(
             )
             if not page:
                 break
-            _write(run, action, sql, page, narrowed, result)
+            write(page, narrowed, result)
             after = page[-1]
             if len(page) < batch:
                 break
@@ -420,27 +339,48 @@ def _write(
     run: Any, action: str, sql: str, ids: list[int], filters: Filters, result: AdminResult
 ) -> None:
     """One statement over `ids`: the change, re-checked on each row; the report of each id."""
-    params = {**filters.params(), "ids": ids}
+    written = _statement(run, action, sql, {**filters.params(), "ids": ids})
+    released = _report(action, written, result)
+    if released:
+        _promote(run, released)
+
+
+def _write_by_bucket(
+    run: Any, action: str, sql: str, ids: list[int], filters: Filters, result: AdminResult
+) -> None:
+    """_write on a distributed jobs table: one statement per bucket of `ids` (`sql` pinned by
+    sharded_admin.pin_write), each its own transaction, then the keys it released promoted in
+    that bucket."""
+    params = filters.params()
+    (now,) = rows.values(run("clock", query("db_now"), {}))
+    params.update(sharded_admin.clock_params(now, params))
+    found = dict(run("buckets", query("sharded_buckets_of"), {"ids": ids}))
+    for bucket, some in sharded_admin.by_bucket(ids, found).items():
+        written = _statement(run, action, sql, {**params, "ids": some, "bucket": bucket})
+        released = _report(action, written, result)
+        if released:
+            _promote(run, released, bucket)
+
+
+def _statement(run: Any, action: str, sql: str, params: dict[str, Any]) -> list[WrittenJob]:
+    """The write, sent again when a job with the same dedupe key became live meanwhile."""
     for attempt in range(_UNIQUE_RETRIES):
         try:
-            written = rows.typed(rows.WrittenJob, run(action, sql, params))
-            break
+            return rows.typed(WrittenJob, run(action, sql, params))
         except _DedupeRace:
             if attempt == _UNIQUE_RETRIES - 1:
                 raise StoreError(
                     f"{action}: jobs with the same dedupe key kept being enqueued meanwhile; "
                     "run it again"
                 ) from None
+    raise AssertionError("unreachable")
+
+
+def _report(action: str, written: list[WrittenJob], result: AdminResult) -> list[tuple[str, str]]:
+    """Each id's outcome into `result`; the keys a changed row lets go on."""
     eligible = ELIGIBLE[action]
     after = {w.id: w.status for w in written if w.status is not None}  # the changed rows
-    # Keys a changed row lets go on (the SQL returns a key only where it may: see admin.sql).
-    released = {
-        (w.queue, w.ordering_key)
-        for w in written
-        if w.queue is not None
-        and w.ordering_key is not None
-        and w.status in (STATUS_WAITING, STATUS_CANCELLED, "purged")
-    }
+    released = rows.released_keys(written, (STATUS_WAITING, STATUS_CANCELLED, "purged"))
     for w in written:
         if w.status is not None:
             continue  # the row as written; each id comes again below, as it was before
@@ -453,24 +393,41 @@ def _write(
         else:
             result.changed_count += 1
             _keep(result.changed, w.id)
-    if released:
-        _promote(run, sorted(released))
+    return released
 
 
-def _promote(run: Any, keys: list[tuple[str, str]]) -> None:
-    """ordering_promote_keys after the change committed; a race with another promotion (a unique
-    violation on the holder index) is tried again, a key still missed is left to the sweeper."""
-    params = {
+def _promote(run: Any, keys: list[tuple[str, str]], bucket: int | None = None) -> None:
+    """ordering_promote_keys after the change committed (on a distributed table: the keys of
+    `bucket`, sharded_promote_keys, then a wake-up of its owners); a race with another promotion
+    (a unique violation on the holder index) is tried again, a key still missed is left to the
+    sweeper."""
+    params: dict[str, Any] = {
         "queues": [q for q, _ in keys],
         "keys": [k for _, k in keys],
         "channel": NOTIFY_CHANNEL,
     }
     for _ in range(_UNIQUE_RETRIES):
         try:
-            run("promote", query("ordering_promote_keys"), params)
+            if bucket is None:
+                run("promote", query("ordering_promote_keys"), params)
+                return
+            [(promoted, queues)] = run(
+                "promote", query("sharded_promote_keys"), {**params, "bucket": bucket}
+            )
+            if promoted:
+                wake = {"channel": NOTIFY_CHANNEL, "bucket": bucket, "queues": queues}
+                run("promote", query("sharded_wake"), wake)
             return
         except _DedupeRace:
             continue
+
+
+def _distributed(run: Any) -> bool:
+    """Whether the jobs table is distributed (Citus), as distributed_sync reads it."""
+    if not run("placement", query("citus_version"), {}):
+        return False
+    placement = run("placement", query("citus_distribution"), {})
+    return bool(placement) and placement[0][0] == "h"
 
 
 def _why(

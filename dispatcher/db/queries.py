@@ -15,6 +15,7 @@ from coordinator.pg.sqlfile import load_all
 _FRAGMENTS = {
     "{mark_running}": "claim_mark_running",
     "{promote_next}": "ordering_promote_next",
+    "{sharded_promote_next}": "sharded_promote_next",
     "{chain_next}": "ordering_chain_next",
     "{next_jobs}": "ordering_next_jobs",
     "{queue_jobs}": "ordering_queue_jobs",

@@ -299,6 +299,19 @@ class WrittenJob(NamedTuple):
     ordering_key: str | None
 
 
+def released_keys(written: Iterable[WrittenJob], statuses: Iterable[str]) -> list[tuple[str, str]]:
+    """The (queue, ordering key) pairs that rows written into one of `statuses` let go on (the
+    admin writes return a key only where it may: sql/admin.sql), sorted."""
+    into = set(statuses)
+    return sorted(
+        {
+            (w.queue, w.ordering_key)
+            for w in written
+            if w.queue is not None and w.ordering_key is not None and w.status in into
+        }
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StoredSchedule:
     """A schedules_read row: the database's copy of a schedule."""

@@ -9,6 +9,7 @@ writes with the bucket pinned (`pinned`). Why and what it costs: docs/concepts/c
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections import defaultdict
@@ -18,11 +19,12 @@ from typing import Any, Final
 import psycopg
 
 from dispatcher.constants import NUM_BUCKETS
-from dispatcher.db import rows
+from dispatcher.db import rows, sharded_admin
 from dispatcher.db.claims import check_buckets, claim_params, type_filter
 from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, ExpiredLease, FailedWrite, Failure, TypeFilter
+from dispatcher.errors import StoreConflict
 from dispatcher.model import Job
 
 Execute = Callable[[str, str, dict[str, Any]], Awaitable[psycopg.AsyncCursor[Any]]]
@@ -93,6 +95,7 @@ class ShardedStatements:
         self._fail_sql = pinned(query("jobs_fail_owned"))
         self._release_sql = pinned(query("jobs_release_owned"))
         self._extend_sql = pinned(query("jobs_extend_leases"))
+        self._cancel_sql: str | None = None  # made at the first cancel (cancel)
         self._claim_sql: dict[tuple[bool | None, bool], str] = {}
         self._start = 0  # where the next visit of the buckets begins: each gets its turn first
         # (queue, bucket, the claim's type filter) -> time.monotonic(): a bucket with no job of
@@ -329,3 +332,34 @@ class ShardedStatements:
             if len(expired) >= limit:
                 break
         return expired
+
+    async def cancel(self, ids: Sequence[int]) -> dict[int, str]:
+        """JobStore.jobs_cancel, bucket by bucket (sharded_admin.pin_write): each job's status
+        after it; the keys a bucket's cancel released get their next job there."""
+        if self._cancel_sql is None:
+            text = query("admin_jobs_cancel").replace("{filters}", "true")
+            self._cancel_sql = sharded_admin.pin_write(text)
+        cur = await self._execute("cancel", query("db_now"), {})
+        now = rows.value(await cur.fetchone())
+        cur = await self._execute("cancel", query("sharded_buckets_of"), {"ids": int_array(ids)})
+        found = dict(await cur.fetchall())
+        after: dict[int, str] = {}
+        for bucket, some in sharded_admin.by_bucket(ids, found).items():
+            params = {"ids": int_array(some), "bucket": bucket, "now": now}
+            cur = await self._execute("cancel", self._cancel_sql, params)
+            written = rows.typed(rows.WrittenJob, await cur.fetchall())
+            after.update({w.id: w.status for w in written if w.status is not None})
+            released = rows.released_keys(written, ["cancelled"])
+            if released:
+                await self._promote_keys(bucket, released)
+        return after
+
+    async def _promote_keys(self, bucket: int, keys: Sequence[tuple[str, str]]) -> None:
+        """sharded_promote_keys for `keys` of `bucket`, then its owners woken. Another promotion
+        of a key racing this one (StoreConflict) has its next job, or the sweeper gives it one."""
+        params = {"queues": [q for q, _ in keys], "keys": [k for _, k in keys], "bucket": bucket}
+        with contextlib.suppress(StoreConflict):
+            cur = await self._execute("cancel", query("sharded_promote_keys"), params)
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                await self.wake(bucket, row[1])

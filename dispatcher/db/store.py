@@ -549,16 +549,15 @@ class JobStore:
 
     async def jobs_cancel(self, ids: Sequence[int]) -> dict[int, str]:
         """What `dispatcher jobs cancel --id` runs (admin_jobs_cancel), with no filter."""
+        sharded = await self._placement()
+        if sharded is not None:
+            return await sharded.cancel(ids)
         sql = query("admin_jobs_cancel").replace("{filters}", "true")
         cur = await self._execute("cancel", sql, {"ids": int_array(ids)})
         written = rows.typed(rows.WrittenJob, await cur.fetchall())
         # A keyed job cancelled at once lets its key go on, as `dispatcher jobs cancel` does
         # (admin.py).
-        released = {
-            (job.queue, job.ordering_key)
-            for job in written
-            if job.ordering_key is not None and job.status == "cancelled"
-        }
+        released = rows.released_keys(written, ["cancelled"])
         if released:
             params = {
                 "queues": [q for q, _ in released],

@@ -1,7 +1,6 @@
 """The store contract suite (tests/contract/test_store_contract.py) on a distributed jobs table:
 the same port, the same outcomes, with each write routed to its job's bucket. Three tests stay on
-one node: two for what a cluster changes on purpose, one for what it cannot run yet
-(docs/concepts/citus.md)."""
+one node, for what a cluster changes on purpose (docs/concepts/citus.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from tests.contract.test_store_contract import Run, _runner
 
 # A cluster claims bucket by bucket: priority and run_at order hold within a bucket, not across.
 del test_claims_come_in_priority_then_run_at_then_id_order  # noqa: F821
-# Cancel runs `jobs cancel`'s statement, which does not run on a cluster yet.
+# It picks the job to finish by priority across buckets (cancel is tested in test_citus_admin).
 del test_cancel_ends_a_queued_job_and_asks_a_running_one_which_then_is_never_retried  # noqa: F821
 # Stealing is off on a cluster: a steal claims nothing.
 del test_a_steal_takes_from_the_tail_of_each_bucket_beyond_its_reserve_in_the_order_given  # noqa: F821

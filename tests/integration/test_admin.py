@@ -42,7 +42,8 @@ def add(
     last_error: str | None = None,
     delay_s: float = 0.0,
 ) -> list[int]:
-    """`n` jobs already in `status` for `age_s` seconds (test set-up, in one statement)."""
+    """`n` jobs already in `status` for `age_s` seconds (test set-up, in one statement); their ids
+    in enqueue order (a Citus cluster returns the rows shard by shard)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             """INSERT INTO dispatcher_jobs (queue_name, job_type, status, bucket, attempts,
@@ -77,7 +78,7 @@ def add(
                 "n": n,
             },
         ).fetchall()
-    return [r[0] for r in rows]
+    return sorted(r[0] for r in rows)
 
 
 def statuses(dsn: str, ids: list[int]) -> list[str | None]:

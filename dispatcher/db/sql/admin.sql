@@ -175,10 +175,12 @@ SELECT t.id, j.status, coalesce({filters}, false), NULL, false, j.ordering_halte
 -- job's id), at most %(limit)s: each with its halted job and how many jobs wait behind it. The
 -- halted jobs are read through dispatcher_jobs_ordering_holder_idx (a key's holders only: one
 -- row per key in use), the waiting count of each listed key through
--- dispatcher_jobs_ordering_waiting_idx.
+-- dispatcher_jobs_ordering_waiting_idx, in the halted job's bucket (a key picks its jobs' bucket;
+-- on a Citus cluster that makes the count a join on the distribution column).
 SELECT j.queue_name, j.ordering_key, j.id, j.job_type, j.status, j.failed_at, j.last_error,
        (SELECT count(*) FROM dispatcher_jobs AS w
-         WHERE w.queue_name = j.queue_name AND w.ordering_key = j.ordering_key AND w.status = 'waiting') AS waiting
+         WHERE w.bucket = j.bucket AND w.queue_name = j.queue_name AND w.ordering_key = j.ordering_key
+           AND w.status = 'waiting') AS waiting
   FROM dispatcher_jobs AS j
  WHERE j.ordering_key IS NOT NULL AND j.ordering_halted AND {filters}
  ORDER BY j.id DESC

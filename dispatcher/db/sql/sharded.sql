@@ -190,3 +190,20 @@ SELECT job_type, queue_name, count(*)::int
 -- The bucket of each of %(ids)s that exists, for a caller that did not give them (the worker always
 -- does): a fan-out over every shard, by primary key in each.
 SELECT id, bucket FROM dispatcher_jobs WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: sharded_promote_keys
+-- ordering_promote_keys on a distributed table, for the keys of one bucket (%(bucket)s: that of
+-- the jobs whose change released them, a key's jobs all sharing it). Citus refuses the
+-- single-node text's subquery correlated with unnest(); this one is not correlated. Returns how
+-- many were promoted and their queues: the caller wakes the bucket's owners (sharded_wake).
+WITH released AS (
+    SELECT DISTINCT k.queue_name, k.ordering_key
+      FROM unnest(%(queues)s::text[], %(keys)s::text[]) AS k(queue_name, ordering_key)
+     WHERE (k.queue_name, k.ordering_key) NOT IN (
+           SELECT h.queue_name, h.ordering_key
+             FROM dispatcher_jobs AS h  -- dispatcher_jobs_ordering_holder_idx
+            WHERE h.bucket = %(bucket)s::smallint AND h.ordering_key = ANY(%(keys)s::text[])
+              AND (h.status IN ('queued', 'running') OR h.ordering_halted))
+),
+{sharded_promote_next}
+SELECT (SELECT promoted FROM woken), ARRAY(SELECT DISTINCT queue_name FROM promoted)

@@ -16,6 +16,7 @@ from dispatcher.api.fleet_status import read_fleet
 from dispatcher.api.flow import PausedQueue
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows
+from dispatcher.db.citus import distributed_sync
 from dispatcher.db.oneshot import bounded_transaction
 from dispatcher.db.queries import query
 from dispatcher.db.rows import QueueDepth
@@ -150,7 +151,15 @@ def overview(
 def queue_names(conn: psycopg.Connection[Any], limits: ConnectionLimits) -> list[str]:
     """The queues with queued jobs or a coordination group (the bucket map's choice)."""
     with bounded_transaction(conn, "dashboard queues", limits, budget=READ_BUDGET):
-        return rows.values(conn.execute(query("web_queue_names"), prepare=False))
+        if not distributed_sync(conn):
+            return rows.values(conn.execute(query("web_queue_names"), prepare=False))
+        # A distributed table (Citus): the skip scan bucket by bucket, one router query each.
+        names = set(rows.values(conn.execute(query("sharded_owned_queues"), prepare=False)))
+        for bucket in range(NUM_BUCKETS):
+            params = {"bucket": bucket}
+            found = conn.execute(query("sharded_queue_names_in_bucket"), params, prepare=False)
+            names.update(rows.values(found))
+        return sorted(names)
 
 
 def fleet(
@@ -160,16 +169,27 @@ def fleet(
         return _groups(read_fleet(conn), member_lease_s)
 
 
+def _backlog(conn: psycopg.Connection[Any], queue: str) -> dict[int, int]:
+    """Each bucket's due jobs of `queue`, counted up to BACKLOG_CAP (on a distributed table, one
+    router query per bucket: Citus refuses web_bucket_backlog's correlated subquery)."""
+    params = {"queue": queue, "cap": BACKLOG_CAP}
+    if not distributed_sync(conn):
+        return rows.pairs(conn.execute(query("web_bucket_backlog"), params, prepare=False))
+    due: dict[int, int] = {}
+    for bucket in range(NUM_BUCKETS):
+        found = conn.execute(
+            query("sharded_bucket_backlog"), {**params, "bucket": bucket}, prepare=False
+        )
+        due[bucket] = int(rows.value(found.fetchone()))
+    return due
+
+
 def bucket_map(
     conn: psycopg.Connection[Any], limits: ConnectionLimits, queue: str, *, member_lease_s: float
 ) -> BucketMap:
     with bounded_transaction(conn, "dashboard buckets", limits, budget=READ_BUDGET):
         conn.execute(query("web_serial_reads"), prepare=False)
-        due = rows.pairs(
-            conn.execute(
-                query("web_bucket_backlog"), {"queue": queue, "cap": BACKLOG_CAP}, prepare=False
-            )
-        )
+        due = _backlog(conn, queue)
         groups = {g.name: g for g in _groups(read_fleet(conn), member_lease_s)}
     group = groups.get(queue)
     owner_of: dict[int, Member] = {

@@ -1,7 +1,8 @@
 """Faults during a drain on a Citus cluster: a dispatcher worker killed -9, a Citus worker node
-restarted, a shard moved to the other node. What must hold, as on one node: no job lost, none run
-by two workers at once (beyond what a kill forces: the victim's cut runs), none finished twice by
-live workers, every job completed in the end, and every worker that was not killed exits cleanly.
+restarted, a shard moved to the other node, the jobs table distributed under the workers. What
+must hold, as on one node: no job lost, none run by two workers at once (beyond what a kill
+forces: the victim's cut runs), none finished twice by live workers, every job completed in the
+end, and every worker that was not killed exits cleanly.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from collections import Counter
 
 import pytest
 
+from dispatcher.db.citus import distribute
+from dispatcher.db.migrate import migrate
 from dispatcher.devtools.citus_cluster import CitusCluster
 from tests.chaos.support import enqueue
 from tests.helpers import fetchall, fetchval, overlapping, status_counts, unfinished, wait_until
@@ -121,3 +124,21 @@ def test_a_shard_moved_to_the_other_node_mid_drain_loses_nothing(
         citus_dsn, "SELECT nodeport FROM citus_shards WHERE shardid = %s", (moved["shard"],)
     )
     assert placed == moved["target"]
+
+
+def test_the_jobs_table_distributed_mid_drain_loses_nothing(citus_empty_dsn, workers):
+    """`migrate --citus` on a table that holds jobs while workers drain it (the coordinator
+    node's own table until then): their writes wait while the rows are copied, then each worker
+    finds the table distributed and goes on bucket by bucket."""
+    dsn = citus_empty_dsn
+    migrate(dsn)
+
+    def distribute_now(procs):
+        assert any("distributed by bucket" in step for step in distribute(dsn))
+
+    executions, _ = _drain_with(dsn, workers, distribute_now)
+    _assert_each_job_once(executions)
+    shards = fetchval(
+        dsn, "SELECT count(*) FROM citus_shards WHERE table_name = 'dispatcher_jobs'::regclass"
+    )
+    assert shards == 64

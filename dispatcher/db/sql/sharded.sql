@@ -207,3 +207,34 @@ WITH released AS (
 ),
 {sharded_promote_next}
 SELECT (SELECT promoted FROM woken), ARRAY(SELECT DISTINCT queue_name FROM promoted)
+
+-- name: sharded_queue_names_in_bucket
+-- web_queue_names' skip scan of the queued jobs, in one bucket (%(bucket)s): Citus takes a
+-- recursive CTE only with a filter on the distribution column. The dashboard runs it for each
+-- bucket of a distributed table (dispatcher/web/reads.py), then sharded_owned_queues.
+WITH RECURSIVE queued(queue_name) AS (
+    (SELECT queue_name FROM dispatcher_jobs
+      WHERE bucket = %(bucket)s::smallint AND status = 'queued' AND priority > -32769
+      ORDER BY queue_name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue_name FROM dispatcher_jobs AS j
+             WHERE j.bucket = %(bucket)s::smallint AND j.status = 'queued' AND j.priority > -32769
+               AND j.queue_name > q.queue_name
+             ORDER BY j.queue_name LIMIT 1)
+      FROM queued AS q
+     WHERE q.queue_name IS NOT NULL
+)
+SELECT queue_name FROM queued WHERE queue_name IS NOT NULL
+
+-- name: sharded_owned_queues
+-- The queues with a coordination group (web_queue_names' second half).
+SELECT DISTINCT queue FROM dispatcher_bucket_owners WHERE owner IS NOT NULL
+
+-- name: sharded_bucket_backlog
+-- web_bucket_backlog for one bucket (%(bucket)s): Citus refuses that statement's subquery
+-- correlated with generate_series(), so a distributed table's bucket map sends one per bucket.
+SELECT count(*)
+  FROM (SELECT 1 FROM dispatcher_jobs AS j
+         WHERE j.bucket = %(bucket)s::smallint AND j.status = 'queued' AND j.queue_name = %(queue)s
+           AND j.run_at <= now()
+         LIMIT %(cap)s) AS due

@@ -26,6 +26,7 @@ from tests.helpers import (
     key_order_violations,
     read_executions,
     start_worker,
+    status_counts,
     wait_until,
 )
 
@@ -268,6 +269,26 @@ def enqueue(
     (jitter_s, max_attempts, priority ...)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return enqueue_payloads_sync(conn, job_type, [payload or {}] * n, **options)
+
+
+def ride_out_a_redis_outage(
+    dsn: str, procs: list[WorkerProcess], redis: Any, jobs: int, during: int
+) -> None:
+    """Kill `redis` (the workers' coordinator) mid-drain: each worker falls back to SKIP LOCKED
+    claims, `during` more jobs complete while it is down, then it comes back and each worker says
+    so. Fails if the drain of `jobs` ended before the workers degraded."""
+    redis.kill()
+    down = {w.name: w.wait_for_log("falling back to SKIP LOCKED", 3 + 10) for w in procs}
+    done = status_counts(dsn).get("completed", 0)
+    assert done < jobs, "the drain was over before the workers degraded"
+    wait_until(
+        lambda: status_counts(dsn).get("completed", 0) >= done + during,
+        30,
+        "jobs keep completing while Redis is down",
+    )
+    redis.start_again()
+    for worker in procs:
+        worker.wait_for_log("coordinator backend is back", 20, start=down[worker.name].end())
 
 
 def running_ids(dsn: str, worker: str) -> set[int]:

@@ -54,5 +54,5 @@ def citus_empty_dsn(citus_cluster: CitusCluster) -> Iterator[str]:
         yield dsn
 
 
-# Worker processes (`dispatcher run`), as the chaos tier starts them.
-from tests.chaos.conftest import workers  # noqa: E402, F401  # a fixture, used by name
+# Worker processes (`dispatcher run`) and a Redis of their own, as the chaos tier starts them.
+from tests.chaos.conftest import chaos_redis, workers  # noqa: E402, F401  # fixtures, used by name

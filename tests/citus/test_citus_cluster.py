@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -108,6 +109,18 @@ def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
         "channel": "c",
     }
     complete = {"keep": query("jobs_complete_owned"), "delete": query("jobs_complete_owned_delete")}
+    slot = {
+        "queue": "default",
+        "job_type": "t",
+        "payload": None,
+        "priority": 0,
+        "bucket": 7,
+        "max_attempts": None,
+        "slot_at": datetime(2026, 11, 29, tzinfo=UTC),
+        "name": "s",
+        "channel": "c",
+        "notify": "default:7",
+    }
     statements = {
         "claim partitioned": (claim_text(None, skip_locked=False), claim),
         "claim skip_locked": (claim_text(None, skip_locked=True), claim),
@@ -137,6 +150,7 @@ def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
         "failure": (pinned(query("jobs_fail_owned")), fail),
         "release": (pinned(query("jobs_release_owned")), {**ids, "channel": "c"}),
         "lease extension": (pinned(query("jobs_extend_leases")), {**ids, "lease_s": 30.0}),
+        "schedule round's enqueue of a slot": (query("schedule_enqueue_slot"), slot),
     }
     with psycopg.connect(citus_dsn, autocommit=True) as conn:
         tasks = {name: _tasks(conn, sql, params) for name, (sql, params) in statements.items()}
@@ -266,3 +280,29 @@ def test_fleet_limits_and_pauses_hold_on_a_distributed_table(citus_dsn):
         "SELECT queue_name, status, count(*) FROM dispatcher_jobs GROUP BY 1, 2 ORDER BY 1",
     ) == [("default", "completed", 60), ("paused", "queued", 20)]
     assert [(r.job_type, r.running) for r in list_limits(citus_dsn)] == [("sms", 0)]
+
+
+def test_statements_beside_the_coordinator_nodes_tables_read_only_the_jobs_they_name(citus_dsn):
+    """A statement that reads a table of the coordinator node (uniqueness windows, schedule runs)
+    with the jobs of its rows reads those jobs by id on each shard: as a join, Citus pulled every
+    job of every shard to the coordinator node, at every windowed enqueue and schedule round."""
+    statements = {
+        "window check at enqueue": (query("dedupe_key_lock"), {"queue": "q", "dedupe_key": "k"}),
+        "windows' pruning": (query("dedupe_windows_prune"), {"limit": 100}),
+        "schedule round's settling": (
+            query("schedule_runs_settle"),
+            {"names": ["s"], "gone": "gone"},
+        ),
+        "schedules list": (query("schedules_list"), {"queue": None}),
+    }
+    with psycopg.connect(citus_dsn, autocommit=True) as conn:
+        for name, (sql, params) in statements.items():
+            plan = [r[0] for r in conn.execute("EXPLAIN " + sql, params).fetchall()]
+            scans = [
+                plan[i] + plan[i + 1]
+                for i, line in enumerate(plan)
+                if " on dispatcher_jobs_" in line
+            ]
+            assert scans, (name, "\n".join(plan))
+            for scan in scans:  # through an index, or filtered by the ids it names
+                assert "Index" in scan or "id = ANY" in scan, (name, "\n".join(plan))

@@ -38,11 +38,19 @@ CASE WHEN j.id IS NULL THEN coalesce(w.finished_at, w.enqueued_at) + w.window_s 
 -- keys wait for each other. Class 1147: the two-int lock space, apart from the pruner's bigint lock.
 -- The check is dedupe_key_held's with the key given as parameters, not as a row `k`: Citus
 -- refuses a subquery correlated with a FROM that reads no table.
+-- The window's job is read by its id (a derived table filtered by the window's job_id), not by a
+-- join: on a Citus cluster a join of the coordinator node's windows with the jobs pulled every
+-- job of every shard to the coordinator node; this way only that job's row travels.
 SELECT held, CASE WHEN NOT held THEN pg_advisory_xact_lock(1147, hashtext(%(queue)s::text || E'\n' || %(dedupe_key)s::text))::text END
   FROM (SELECT (EXISTS (SELECT 1 FROM dispatcher_jobs AS l
                          WHERE l.queue_name = %(queue)s AND l.dedupe_key = %(dedupe_key)s
                            AND l.status IN ('queued', 'running', 'waiting'))
-                OR EXISTS (SELECT 1 FROM dispatcher_dedupe_windows AS w LEFT JOIN dispatcher_jobs AS j ON j.id = w.job_id
+                OR EXISTS (SELECT 1 FROM dispatcher_dedupe_windows AS w
+                              LEFT JOIN (SELECT l.id, l.status, l.updated_at FROM dispatcher_jobs AS l
+                                          WHERE l.id = ANY(ARRAY(SELECT x.job_id FROM dispatcher_dedupe_windows AS x
+                                                                  WHERE x.queue_name = %(queue)s
+                                                                    AND x.dedupe_key = %(dedupe_key)s))) AS j
+                                ON j.id = w.job_id
                             WHERE w.queue_name = %(queue)s AND w.dedupe_key = %(dedupe_key)s
                               AND {window_until} > statement_timestamp())) AS held) AS h
 
@@ -98,16 +106,22 @@ ON CONFLICT (queue_name, dedupe_key) DO UPDATE
 -- SKIP LOCKED: a window an enqueue is replacing right now is left for the next round. Returns how
 -- many were looked at and how many deleted. The later prune_after is computed in `due`, not in
 -- the UPDATE: Citus refuses a function that is not immutable inside a CASE of a write.
-WITH due AS MATERIALIZED (
+-- The windows' jobs are read by id, as in dedupe_key_lock.
+WITH picked AS MATERIALIZED (
+    SELECT * FROM dispatcher_dedupe_windows
+     WHERE prune_after < statement_timestamp()
+     ORDER BY prune_after
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+),
+due AS MATERIALIZED (
     SELECT d.*, CASE WHEN d.until = 'infinity' THEN statement_timestamp() + d.window_s * interval '1 second'
                      ELSE d.until END AS later
       FROM (SELECT w.queue_name, w.dedupe_key, w.window_s, {window_until} AS until
-              FROM (SELECT * FROM dispatcher_dedupe_windows
-                     WHERE prune_after < statement_timestamp()
-                     ORDER BY prune_after
-                     LIMIT %(limit)s
-                       FOR UPDATE SKIP LOCKED) AS w
-              LEFT JOIN dispatcher_jobs AS j ON j.id = w.job_id) AS d
+              FROM picked AS w
+              LEFT JOIN (SELECT l.id, l.status, l.updated_at FROM dispatcher_jobs AS l
+                          WHERE l.id = ANY(ARRAY(SELECT p.job_id FROM picked AS p))) AS j
+                ON j.id = w.job_id) AS d
 ),
 pruned AS (
     DELETE FROM dispatcher_dedupe_windows AS w

@@ -79,11 +79,19 @@ UPDATE dispatcher_schedules SET next_slot_at = %(next_slot_at)s, updated_at = no
 -- (that is how a success ends there), else 'gone' (purged). Reads the open runs through
 -- dispatcher_schedule_runs_open_idx: the runs of jobs still live, a handful. A run's end time is
 -- read in `open`, not in the UPDATE: Citus refuses now() inside a COALESCE of a write.
-WITH open AS (
-    SELECT r.schedule_name, r.slot_at, j.id AS job_id, j.status, coalesce(j.updated_at, now()) AS ended_at
+-- The runs' jobs are read by id, not by a join: on a Citus cluster a join of the coordinator
+-- node's runs with the jobs pulled every job of every shard to the coordinator node.
+WITH runs AS MATERIALIZED (
+    SELECT r.schedule_name, r.slot_at, r.job_id
       FROM dispatcher_schedule_runs AS r
-      LEFT JOIN dispatcher_jobs AS j ON j.id = r.job_id
      WHERE r.outcome IS NULL AND r.job_id IS NOT NULL AND r.schedule_name = ANY(%(names)s::text[])
+),
+open AS (
+    SELECT r.schedule_name, r.slot_at, j.id AS job_id, j.status, coalesce(j.updated_at, now()) AS ended_at
+      FROM runs AS r
+      LEFT JOIN (SELECT l.id, l.status, l.updated_at FROM dispatcher_jobs AS l
+                  WHERE l.id = ANY(ARRAY(SELECT x.job_id FROM runs AS x))) AS j
+        ON j.id = r.job_id
 ),
 ended AS (
     UPDATE dispatcher_schedule_runs AS r
@@ -118,16 +126,24 @@ DELETE FROM dispatcher_schedule_runs AS r
 -- name: schedules_list
 -- Every schedule with its next slot (the earliest enqueued ahead, else the cursor; none once
 -- removed), its latest run that was due, and how that run ended (its job's status while live).
-SELECT s.name, s.queue_name, s.job_type, s.cadence, s.time_zone, s.catch_up,
-       CASE WHEN s.removed_at IS NULL THEN
-            coalesce((SELECT min(r.slot_at) FROM dispatcher_schedule_runs AS r
-                       WHERE r.schedule_name = s.name AND r.slot_at > now()), s.next_slot_at) END,
-       last.slot_at, coalesce(last.outcome, j.status, CASE WHEN last.slot_at IS NOT NULL THEN 'gone' END),
-       last.job_id, s.last_success_at, s.declared_at, s.removed_at
-  FROM dispatcher_schedules AS s
-  LEFT JOIN LATERAL (SELECT r.slot_at, r.outcome, r.job_id FROM dispatcher_schedule_runs AS r
-                      WHERE r.schedule_name = s.name AND r.slot_at <= now()
-                      ORDER BY r.slot_at DESC LIMIT 1) AS last ON true
-  LEFT JOIN dispatcher_jobs AS j ON j.id = last.job_id
- WHERE %(queue)s::text IS NULL OR s.queue_name = %(queue)s
- ORDER BY s.name
+-- The latest runs' jobs are read by id, as in schedule_runs_settle.
+WITH listed AS MATERIALIZED (
+    SELECT s.name, s.queue_name, s.job_type, s.cadence, s.time_zone, s.catch_up,
+           CASE WHEN s.removed_at IS NULL THEN
+                coalesce((SELECT min(r.slot_at) FROM dispatcher_schedule_runs AS r
+                           WHERE r.schedule_name = s.name AND r.slot_at > now()), s.next_slot_at) END AS next_slot_at,
+           last.slot_at, last.outcome, last.job_id, s.last_success_at, s.declared_at, s.removed_at
+      FROM dispatcher_schedules AS s
+      LEFT JOIN LATERAL (SELECT r.slot_at, r.outcome, r.job_id FROM dispatcher_schedule_runs AS r
+                          WHERE r.schedule_name = s.name AND r.slot_at <= now()
+                          ORDER BY r.slot_at DESC LIMIT 1) AS last ON true
+     WHERE %(queue)s::text IS NULL OR s.queue_name = %(queue)s
+)
+SELECT x.name, x.queue_name, x.job_type, x.cadence, x.time_zone, x.catch_up, x.next_slot_at, x.slot_at,
+       coalesce(x.outcome, j.status, CASE WHEN x.slot_at IS NOT NULL THEN 'gone' END),
+       x.job_id, x.last_success_at, x.declared_at, x.removed_at
+  FROM listed AS x
+  LEFT JOIN (SELECT l.id, l.status FROM dispatcher_jobs AS l
+              WHERE l.id = ANY(ARRAY(SELECT y.job_id FROM listed AS y))) AS j
+    ON j.id = x.job_id
+ ORDER BY x.name

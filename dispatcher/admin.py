@@ -30,6 +30,7 @@ from dispatcher.api.job_filters import ELIGIBLE, HALTING, Filters  # Filters: re
 from dispatcher.api.schedules.listing import ScheduleRow, list_schedules  # re-exported
 from dispatcher.constants import NOTIFY_CHANNEL
 from dispatcher.db import rows, sharded_admin
+from dispatcher.db.citus import hash_distributed
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.db.rows import WrittenJob
@@ -427,7 +428,7 @@ def _distributed(run: Any) -> bool:
     if not run("placement", query("citus_version"), {}):
         return False
     placement = run("placement", query("citus_distribution"), {})
-    return bool(placement) and placement[0][0] == "h"
+    return hash_distributed(placement[0] if placement else None)
 
 
 def _why(

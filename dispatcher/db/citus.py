@@ -10,6 +10,7 @@ keeps them, and workers' writes wait while its rows are copied. Why: docs/concep
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -30,12 +31,16 @@ def citus_version(conn: psycopg.Connection[Any]) -> str | None:
     return None if version is None else str(version)
 
 
+def hash_distributed(placement: Sequence[Any] | None) -> bool:
+    """Whether citus_distribution's row (None: no row) says the jobs table is hash-distributed."""
+    return placement is not None and placement[0] == "h"
+
+
 def jobs_distributed(conn: psycopg.Connection[Any] | None, version: str | None) -> bool:
     """Whether the jobs table is hash-distributed (needs `version` from citus_version)."""
     if conn is None or version is None:
         return False
-    row = conn.execute(query("citus_distribution")).fetchone()
-    return row is not None and row[0] == "h"
+    return hash_distributed(conn.execute(query("citus_distribution")).fetchone())
 
 
 def distributed_sync(conn: psycopg.Connection[Any]) -> bool:
@@ -49,8 +54,7 @@ async def distributed_async(conn: psycopg.AsyncConnection[Any]) -> bool:
     version = rows.value(await (await conn.execute(query("citus_version"))).fetchone())
     if version is None:
         return False
-    row = await (await conn.execute(query("citus_distribution"))).fetchone()
-    return row is not None and row[0] == "h"
+    return hash_distributed(await (await conn.execute(query("citus_distribution"))).fetchone())
 
 
 def distribute(dsn: str) -> list[str]:

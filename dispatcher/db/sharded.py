@@ -341,11 +341,9 @@ class ShardedStatements:
             self._cancel_sql = sharded_admin.pin_write(text)
         cur = await self._execute("cancel", query("db_now"), {})
         now = rows.value(await cur.fetchone())
-        cur = await self._execute("cancel", query("sharded_buckets_of"), {"ids": int_array(ids)})
-        found = dict(await cur.fetchall())
         after: dict[int, str] = {}
-        for bucket, some in sharded_admin.by_bucket(ids, found).items():
-            params = {"ids": int_array(some), "bucket": bucket, "now": now}
+        for bucket, at in by_bucket(await self._buckets_of(ids)).items():
+            params = {"ids": int_array([ids[i] for i in at]), "bucket": bucket, "now": now}
             cur = await self._execute("cancel", self._cancel_sql, params)
             written = rows.typed(rows.WrittenJob, await cur.fetchall())
             after.update({w.id: w.status for w in written if w.status is not None})

@@ -23,6 +23,7 @@ from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, 
 from coordinator.pg.connect import connect as connect_bounded
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
 from dispatcher.db import rows
+from dispatcher.db.citus import distributed_async
 from dispatcher.db.claims import allowance, claim_params, claim_sql, next_token_s, steal_sql
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
@@ -127,10 +128,7 @@ class JobStore:
         self, conn: psycopg.AsyncConnection[Any]
     ) -> ShardedStatements | None:
         """Per-bucket statements if the jobs table is distributed now (Citus), else None."""
-        if await (await conn.execute(query("citus_version"))).fetchone() is None:
-            return None
-        row = await (await conn.execute(query("citus_distribution"))).fetchone()
-        if row is None or row[0] != "h":
+        if not await distributed_async(conn):
             return None
         completion = query(
             "jobs_complete_owned_delete"

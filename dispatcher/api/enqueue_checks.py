@@ -26,8 +26,11 @@ MAX_DELAY_S: Final = 100 * 365.25 * 86_400  # 100 years
 MIN_PRIORITY, MAX_PRIORITY = -32768, 32767  # the column is a smallint
 MAX_ATTEMPTS: Final = 1_000_000
 # An ordering key is an index key (two indexes of migration 0008): bounded well inside a btree
-# entry.
+# entry (2,704 bytes at most; 500 characters are 2,000 bytes of UTF-8 at worst).
 MAX_ORDERING_KEY_CHARS: Final = 500
+# A dedupe key is an index key too (the unique index on (queue_name, dedupe_key, bucket)): the
+# same bound, so an over-long one is refused here, not by PostgreSQL's btree mid-COPY.
+MAX_DEDUPE_KEY_CHARS: Final = MAX_ORDERING_KEY_CHARS
 MIN_PAYLOAD_BYTES: Final = 2  # "{}"
 # Longest uniqueness window: a year and a day. Its window rows are kept that long after the job
 # finished; a longer one is more likely a unit mistake than a schedule.
@@ -104,10 +107,8 @@ def check_keys(bucket: Any, partition_key: Any, dedupe_key: Any, ordering_key: A
         raise EnqueueError(
             f"partition_key must be a string, got {type(partition_key).__name__}", "partition_key"
         )
-    if dedupe_key is not None and not isinstance(dedupe_key, str):
-        raise EnqueueError(
-            f"dedupe_key must be a string, got {type(dedupe_key).__name__}", "dedupe_key"
-        )
+    if dedupe_key is not None:
+        check_key_text(dedupe_key, "dedupe_key", MAX_DEDUPE_KEY_CHARS)
     if ordering_key is not None:
         check_ordering_key(ordering_key)
 
@@ -135,14 +136,24 @@ def check_dedupe_window(window_s: Any, dedupe_key: Any) -> None:
 
 
 def check_ordering_key(key: Any, option: str = "ordering_key") -> None:
-    """A non-empty string of at most MAX_ORDERING_KEY_CHARS characters, without NUL (a text column
-    cannot hold one)."""
+    check_key_text(key, option, MAX_ORDERING_KEY_CHARS)
+
+
+def check_key_text(key: Any, option: str, most: int) -> None:
+    """A key that is an index key (ordering, dedupe): a non-empty string of at most `most`
+    characters, without NUL (a text column cannot hold one). An empty one is refused: it would
+    be a key all the same, and every job given "" by mistake would share it."""
     if not isinstance(key, str):
         raise EnqueueError(f"{option} must be a string, got {type(key).__name__}", option)
-    if not key or len(key) > MAX_ORDERING_KEY_CHARS or "\x00" in key:
-        raise EnqueueError(
-            f"{option} must be 1 to {MAX_ORDERING_KEY_CHARS} characters, without NUL", option
-        )
+    if not key:
+        got = "an empty string"
+    elif "\x00" in key:
+        got = "one with a NUL"
+    elif len(key) > most:
+        got = f"{len(key)} characters"
+    else:
+        return
+    raise EnqueueError(f"{option} must be 1 to {most} characters, without NUL, got {got}", option)
 
 
 def serialize_payload(payload: Any, max_bytes: int) -> bytes:

@@ -367,3 +367,16 @@ def test_non_finite_times_and_non_integer_counts_are_enqueue_errors(dsn, path, o
         enqueue_by(path, dsn, {}, **{option: value})
     assert info.value.option == option and option in str(info.value)
     assert count(dsn) == 0
+
+
+@pytest.mark.parametrize("key", ["", "k" * 3000, "a\x00b"])
+@pytest.mark.parametrize("path", ["enqueue_sync", "enqueue_many_sync", "enqueue_many"])
+def test_a_bad_dedupe_key_is_an_enqueue_error_and_nothing_is_written(dsn, path, key):
+    """Not a StoreError from PostgreSQL (a btree entry over 2,704 bytes, a NUL in text) and not
+    an empty key that every job given "" shares: refused before anything is sent, with the index
+    of the job in bulk; the good job before it is not written either."""
+    with pytest.raises(EnqueueError) as info:
+        enqueue_by(path, dsn, {}, dedupe_key=key)
+    assert info.value.option == "dedupe_key"
+    assert ("job #1" in str(info.value)) == path.startswith("enqueue_many")
+    assert count(dsn) == 0

@@ -219,3 +219,34 @@ def test_a_bad_dedupe_window_is_refused_before_anything_is_sent():
         )
     assert caught.value.option == "dedupe_window_s" and "job #1" in str(caught.value)
     assert store.jobs() == []
+
+
+@pytest.mark.parametrize(
+    "key, says",
+    [
+        ("", "an empty string"),
+        ("k" * 501, "501 characters"),
+        ("a\x00b", "with a NUL"),
+        (7, "must be a string"),
+    ],
+)
+def test_a_bad_dedupe_key_is_refused_like_an_ordering_key(key, says):
+    with pytest.raises(EnqueueError, match=says) as caught:
+        check_keys(None, None, key)
+    assert caught.value.option == "dedupe_key"
+
+
+@pytest.mark.parametrize("key", ["k", "k" * 500, "ключ-ü-🙂" * 50])
+def test_a_dedupe_key_up_to_the_bound_passes(key):
+    check_keys(None, None, key)
+
+
+@pytest.mark.parametrize("key", ["", "k" * 3000, "a\x00b"])
+def test_a_bad_dedupe_key_in_bulk_names_the_jobs_index_and_nothing_is_stored(key):
+    store = MemoryStore()
+    specs = [JobSpec("send", dedupe_key="fine"), JobSpec("send"), JobSpec("send", dedupe_key=key)]
+    with pytest.raises(EnqueueError) as caught:
+        enqueue_many_sync(store, specs)
+    assert caught.value.option == "dedupe_key"
+    assert str(caught.value).startswith("job #2 ('send'): dedupe_key must be 1 to 500 characters")
+    assert store.jobs() == []

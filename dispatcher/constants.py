@@ -40,9 +40,15 @@ def is_valid_name(value: object) -> bool:
 
 DEFAULT_MAX_ATTEMPTS: Final = 20
 
-# last_error keeps the head of a traceback: enough to diagnose, bounded so a chatty
-# exception cannot bloat a row that is rewritten on every retry.
+# An error on a job's row (last_error, and each entry of `errors`) keeps the head and the tail of
+# a traceback (its last line names the exception), bounded so that a chatty exception cannot bloat
+# a row that is rewritten on every retry.
 LAST_ERROR_MAX_CHARS: Final = 2000
+ERROR_CUT_MARK: Final = " [...] "  # stands for what was cut out of the middle
+
+# Every failed attempt's error is kept on its job too (the `errors` column, migration 0015): the
+# newest ATTEMPT_ERRORS_KEPT, so a job retried for days keeps a bounded row.
+ATTEMPT_ERRORS_KEPT: Final = 20
 
 # Key of the transaction-scoped advisory lock that serialises `dispatcher migrate` across pods
 # (arbitrary, fixed forever: changing it would let old and new pods migrate at once).

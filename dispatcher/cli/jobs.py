@@ -427,7 +427,7 @@ def render_show(detail: JobDetail) -> str:
     lines += [
         f"  {name:<20} {'' if value is None else value}"
         for name, value in job.items()
-        if name not in ("id", "status", "last_error", "payload", "max_attempts")
+        if name not in ("id", "status", "last_error", "payload", "max_attempts", "errors")
     ]
     if job.get("max_attempts") is None:
         lines.append(
@@ -438,6 +438,10 @@ def render_show(detail: JobDetail) -> str:
     lines.append(f"  {'payload':<20} {orjson.dumps(job['payload']).decode()}")
     lines.append("last error:" if detail.last_error else "last error: none")
     lines += [f"  {line}" for line in (detail.last_error or "").splitlines()]
+    errors = job.get("errors") or []
+    if errors:
+        lines.append(f"errors of its failed attempts ({len(errors)}, oldest first):")
+        lines += [f"  #{e['attempt']:<3} {e['at']}  {error_line(e['error'])}" for e in errors]
     if not detail.attempts:
         lines.append("attempts: none recorded (the history is kept with DISPATCHER_HISTORY=true)")
     else:

@@ -211,6 +211,9 @@ class JobState:
     # it ended failed or discarded and holds its key until retried or cancelled
     ordering_halted: bool = False
     snoozes: int = 0  # times it raised Snooze (DISPATCHER_MAX_SNOOZES)
+    # every failed attempt's error, oldest first: [{"attempt", "at", "error"}] (migration 0015);
+    # None until an attempt failed
+    errors: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

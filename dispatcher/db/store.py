@@ -21,7 +21,14 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 
 from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, close_quietly
 from coordinator.pg.connect import connect as connect_bounded
-from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NOTIFY_CHANNEL
+from dispatcher.constants import (
+    ATTEMPT_ERRORS_KEPT,
+    COMPLETED_DELETE,
+    COMPLETED_JOBS,
+    COMPLETED_KEEP,
+    LAST_ERROR_MAX_CHARS,
+    NOTIFY_CHANNEL,
+)
 from dispatcher.db import rows
 from dispatcher.db.citus import distributed_async
 from dispatcher.db.claims import allowance, claim_params, claim_sql, next_token_s, steal_sql
@@ -435,6 +442,8 @@ class JobStore:
             "snooze_caps": [None if f.snooze is None else f.snooze[1] for f in failures],
             "lease_expired": lease_expired,
             "channel": NOTIFY_CHANNEL,
+            "errors_kept": ATTEMPT_ERRORS_KEPT,
+            "error_chars": LAST_ERROR_MAX_CHARS,
         }
         sharded = await self._placement()
         if sharded is not None:

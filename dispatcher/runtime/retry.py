@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
 from dispatcher.backoff import MIN_RETRY_DELAY_S, HandlerRetry, is_delay_s, retry_delay_s
-from dispatcher.constants import LAST_ERROR_MAX_CHARS
+from dispatcher.constants import ATTEMPT_ERRORS_KEPT, ERROR_CUT_MARK, LAST_ERROR_MAX_CHARS
 from dispatcher.model import (
     STATUS_CANCELLED,
     STATUS_DISCARDED,
@@ -51,29 +53,29 @@ class RetryPolicy:
         if max_attempts is None:
             max_attempts = (retry or _DEFAULTS).attempts_allowed(None)
         if kind is FailureKind.CANCELLED:
-            error = error[:LAST_ERROR_MAX_CHARS]
+            error = cut_error(error)
             # Whatever the attempt: a job someone cancelled must not run again. (The database
             # also turns a retry of a job with a cancel request into 'cancelled': jobs_fail_owned.)
             return Outcome(STATUS_CANCELLED, 0.0, error, max_attempts)
         if kind is FailureKind.PERMANENT:
-            return Outcome(STATUS_DISCARDED, 0.0, error[:LAST_ERROR_MAX_CHARS], max_attempts)
+            return Outcome(STATUS_DISCARDED, 0.0, cut_error(error), max_attempts)
         if kind is FailureKind.UNKNOWN_TYPE or attempts >= max_attempts:
             # A missing handler does not appear by waiting: retrying every few seconds would only
             # be a storm of pointless claims. Kept visible as 'failed'.
-            return Outcome(STATUS_FAILED, 0.0, error[:LAST_ERROR_MAX_CHARS], max_attempts)
+            return Outcome(STATUS_FAILED, 0.0, cut_error(error), max_attempts)
         if kind is FailureKind.INTERRUPTED:
             # Not the job's fault: another worker may take it at once (the attempt still counts,
             # since the handler did start).
-            return Outcome(STATUS_QUEUED, 0.0, error[:LAST_ERROR_MAX_CHARS], max_attempts)
+            return Outcome(STATUS_QUEUED, 0.0, cut_error(error), max_attempts)
         if retry is None:
             return Outcome(
                 STATUS_QUEUED,
                 retry_delay_s(attempts, self.base_s, self.cap_s, self._rand),
-                error[:LAST_ERROR_MAX_CHARS],
+                cut_error(error),
                 max_attempts,
             )
         delay_s, error = self._handler_delay_s(retry, attempts, exc, error)
-        return Outcome(STATUS_QUEUED, delay_s, error[:LAST_ERROR_MAX_CHARS], max_attempts)
+        return Outcome(STATUS_QUEUED, delay_s, cut_error(error), max_attempts)
 
     def _handler_delay_s(
         self, retry: HandlerRetry, attempts: int, exc: BaseException | None, error: str
@@ -112,3 +114,22 @@ def lease_expired_error(expiries: int, locked_by: str | None, locked_at: object)
         f"lease expired {times}: its worker died or stalled "
         f"(last held by {locked_by or '?'} since {locked_at or '?'})"
     )
+
+
+def cut_error(error: str, limit: int = LAST_ERROR_MAX_CHARS) -> str:
+    """`error` in at most `limit` characters: its head and its tail around ERROR_CUT_MARK (the
+    tail of a traceback names the exception). jobs_fail_owned cuts by the same rule."""
+    if len(error) <= limit:
+        return error
+    head = (limit - len(ERROR_CUT_MARK)) // 2
+    tail = limit - len(ERROR_CUT_MARK) - head
+    return f"{error[:head]}{ERROR_CUT_MARK}{error[-tail:]}"
+
+
+def with_attempt_error(
+    errors: list[dict[str, Any]] | None, attempt: int, error: str, at: datetime
+) -> list[dict[str, Any]]:
+    """A job's `errors` with a failed attempt's appended, as jobs_fail_owned writes them (the
+    in-memory store's copy of that rule): the newest ATTEMPT_ERRORS_KEPT, each cut by cut_error."""
+    entry = {"attempt": attempt, "at": at.isoformat(), "error": cut_error(error)}
+    return [*(errors or [])[-(ATTEMPT_ERRORS_KEPT - 1) :], entry]

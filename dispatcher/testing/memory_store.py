@@ -43,6 +43,7 @@ from dispatcher.model import (
     STATUS_WAITING,
     Job,
 )
+from dispatcher.runtime.retry import with_attempt_error
 from dispatcher.testing.clock import FakeClock
 from dispatcher.testing.stealing import stealable
 from dispatcher.testing.windows import DedupeWindows
@@ -343,7 +344,7 @@ class MemoryStore(InProcessStore):
                     continue
                 # A snooze within its cap (jobs_fail_owned): queued again after it, its attempt
                 # given back.
-                snoozed = f.snooze is not None and row.snoozes < f.snooze[1]
+                snoozed = within_cap = f.snooze is not None and row.snoozes < f.snooze[1]
                 status, retry, run_at = (
                     f.outcome.status,
                     f.outcome.status == STATUS_QUEUED or snoozed,
@@ -382,6 +383,9 @@ class MemoryStore(InProcessStore):
                     ordering_halted=halted,
                     attempts=attempts,
                     snoozes=row.snoozes + (f.snooze is not None),
+                    errors=row.errors
+                    if within_cap
+                    else with_attempt_error(row.errors, row.attempts, f.outcome.error, now),
                 )
                 if status != STATUS_QUEUED:
                     self._release(row)

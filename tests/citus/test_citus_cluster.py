@@ -107,6 +107,8 @@ def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
         "snooze_caps": [None, None],
         "lease_expired": True,
         "channel": "c",
+        "errors_kept": 20,
+        "error_chars": 2000,
     }
     complete = {"keep": query("jobs_complete_owned"), "delete": query("jobs_complete_owned_delete")}
     slot = {

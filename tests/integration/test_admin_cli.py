@@ -1,10 +1,14 @@
 """`dispatcher jobs list|show|retry|cancel|purge` in a subprocess: output, bulk confirmation, exit
 codes, and bad input refused with exit 2 naming the flag before anything is read or written."""
 
+import re
+
 import orjson
+import psycopg
 import pytest
 
-from tests.helpers import fetchval
+from dispatcher import Config, Registry, Worker, enqueue_sync
+from tests.helpers import fetchval, run_async, run_worker_until
 from tests.integration.test_admin import add, statuses
 from tests.integration.test_cli_errors import cli, one_line_error
 
@@ -124,3 +128,35 @@ def test_bad_input_exits_2_naming_the_flag_and_changes_nothing(dsn, args, named)
     one_line_error(jobs(dsn, *args), 2, named)
     assert statuses(dsn, ids) == ["failed", "queued"]
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs") == 2
+
+
+def test_show_lists_the_error_of_every_failed_attempt_of_a_job_a_worker_ran(dsn):
+    """Every attempt's error on the job, by default (no DISPATCHER_HISTORY): three failures of a
+    real worker's handler, three errors in `jobs show`, its JSON and the store's row."""
+    registry = Registry()
+
+    @registry.handler("flaky", max_attempts=3, retry_base_s=0.01, retry_cap_s=0.02)
+    def flaky(job):
+        raise ValueError(f"attempt {job.attempts} went wrong")
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        job_id = enqueue_sync(conn, "flaky", {})
+    worker = Worker(Config(dsn=dsn, poll_interval_s=0.1, flush_interval_s=0.01), registry)
+    run_async(
+        run_worker_until(
+            worker,
+            lambda: statuses(dsn, [job_id]) == ["failed"],
+            30,
+            "the job failed for good",
+        )
+    )
+    shown = jobs(dsn, "show", str(job_id))
+    assert shown.returncode == 0, shown.stderr
+    assert "errors of its failed attempts (3, oldest first):" in shown.stdout
+    for n in (1, 2, 3):
+        assert re.search(rf"#{n} .*ValueError: attempt {n} went wrong", shown.stdout), shown.stdout
+    errors = orjson.loads(jobs(dsn, "show", str(job_id), "--json").stdout)["job"]["errors"]
+    assert [e["attempt"] for e in errors] == [1, 2, 3]
+    assert all(
+        e["error"].endswith(f"ValueError: attempt {e['attempt']} went wrong") for e in errors
+    )

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from dispatcher.backoff import MIN_RETRY_DELAY_S, retry_bound_s
 from dispatcher.constants import LAST_ERROR_MAX_CHARS
 from dispatcher.model import FailureKind, Outcome
-from dispatcher.runtime.retry import RetryPolicy, lease_expired_error
+from dispatcher.runtime.retry import RetryPolicy, cut_error, lease_expired_error
 
 POLICY = RetryPolicy(base_s=1.0, cap_s=900.0, rand=lambda: 0.5)
 BACKOFF_KINDS = (FailureKind.ERROR, FailureKind.TIMEOUT, FailureKind.LEASE_EXPIRED)
@@ -44,9 +44,18 @@ def test_an_interrupted_attempt_is_retried_at_once_and_still_counts():
     assert POLICY.decide(FailureKind.INTERRUPTED, 3, 3, "shutdown").status == "failed"
 
 
-def test_the_error_text_is_bounded():
-    outcome = POLICY.decide(FailureKind.ERROR, 1, 2, "x" * 10_000)
+def test_the_error_text_is_bounded_and_keeps_the_exception_line_at_its_end():
+    traceback = "Traceback (most recent call last):\n" + "  frame\n" * 2_000 + "ValueError: bad"
+    outcome = POLICY.decide(FailureKind.ERROR, 1, 2, traceback)
     assert len(outcome.error) == LAST_ERROR_MAX_CHARS
+    assert outcome.error.startswith("Traceback") and outcome.error.endswith("ValueError: bad")
+
+
+@given(st.text(max_size=5_000), st.integers(10, 3_000))
+def test_a_cut_error_is_within_its_bound_and_untouched_when_it_fits(error, limit):
+    cut = cut_error(error, limit)
+    assert len(cut) <= limit
+    assert cut == error if len(error) <= limit else cut.endswith(error[-1])
 
 
 @given(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from dispatcher.api.enqueue import enqueue_sync
 from dispatcher.settings.config import Config
@@ -83,8 +84,13 @@ def seed(dsn: str, per_status: int = 3) -> Seeded:
         add("waiting", ordering_key="customer-7")
         seeded.hostile = add(
             "failed",
-            "status = 'failed', attempts = 2, failed_at = now(), last_error = %s",
-            ("Traceback (most recent call last):\nValueError: " + HOSTILE,),
+            "status = 'failed', attempts = 2, failed_at = now(), last_error = %s, errors = %s",
+            (
+                "Traceback (most recent call last):\nValueError: " + HOSTILE,
+                Jsonb(
+                    [{"attempt": 1, "at": "2026-11-29T00:00:00+00:00", "error": "first " + HOSTILE}]
+                ),
+            ),
             job_type="evil",
             payload={"html": HOSTILE, "note": "</pre><b>bold?</b>"},
         )

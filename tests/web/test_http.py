@@ -99,6 +99,7 @@ def test_payloads_and_errors_are_escaped_everywhere(seeded):
         body = client.request(f"/jobs/{s.hostile}")[2]
         shown = html.unescape(body)
         assert HOSTILE in shown, "the error is shown, as text"
+        assert 'id="errors"' in body and "first " + HOSTILE in shown, "each attempt's, as text"
         assert orjson.dumps(HOSTILE).decode() in shown, "so is the payload (as JSON)"
 
 

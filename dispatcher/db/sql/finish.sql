@@ -63,8 +63,13 @@ SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done)
 -- Returns the rows written (with the status written), for the outcome lines (joblog.py: run_at
 -- is when a retry is due, by the database's clock), the history and the outcome counts.
 -- Failures are rare: completions return nothing.
+-- Every failed attempt but a snooze within its cap appends its error to `errors` (migration 0015):
+-- the last %(errors_kept)s of them, each cut to %(error_chars)s characters (head and tail, around
+-- ' [...] ': dispatcher/runtime/retry.py cut_error, which cut the error already). A
+-- completion never touches the column: success pays nothing for it.
 -- Every time is computed in `f`, outside the CASEs: Citus refuses a CASE that calls a function
--- which is not immutable (now(), timestamptz + interval), so this text serves both.
+-- which is not immutable (now(), timestamptz + interval, jsonb_build_object), so this text serves
+-- both; the entry is built there and only its attempt number (an immutable cast) set in the CASE.
 WITH written AS (
     UPDATE dispatcher_jobs AS j
        SET status = CASE WHEN (f.status = 'queued' OR (f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap))
@@ -81,6 +86,10 @@ WITH written AS (
                              AND NOT coalesce(j.snoozes < f.snooze_cap, false),
            last_error = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN j.last_error
                              ELSE f.error END,
+           errors = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN j.errors
+                         WHEN jsonb_array_length(coalesce(j.errors, '[]')) >= %(errors_kept)s
+                         THEN (j.errors - 0) || jsonb_set(f.error_entry, '{attempt}', j.attempts::text::jsonb)
+                         ELSE coalesce(j.errors, '[]') || jsonb_set(f.error_entry, '{attempt}', j.attempts::text::jsonb) END,
            attempts = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap AND j.cancel_requested_at IS NULL
                            THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
            snoozes = j.snoozes + (f.snooze_s IS NOT NULL)::int,
@@ -89,7 +98,12 @@ WITH written AS (
            lease_expires_at = NULL,
            updated_at = now()
       FROM (SELECT u.*, now() AS now, now() + u.delay_s * interval '1 second' AS retry_at,
-                   now() + u.snooze_s * interval '1 second' AS snooze_at
+                   now() + u.snooze_s * interval '1 second' AS snooze_at,
+                   jsonb_build_object('attempt', 0, 'at', now(), 'error',
+                                      CASE WHEN length(u.error) <= %(error_chars)s THEN u.error
+                                           ELSE left(u.error, (%(error_chars)s - 7) / 2) || ' [...] '
+                                                || right(u.error, %(error_chars)s - 7 - (%(error_chars)s - 7) / 2) END)
+                       AS error_entry
               FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(statuses)s::text[],
                           %(delays_s)s::float8[], %(errors)s::text[], %(halts)s::bool[],
                           %(snoozes_s)s::float8[], %(snooze_caps)s::int[])

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.api.job_filters import check_name
 from dispatcher.constants import LIMIT_ANY, NOTIFY_CHANNEL
 from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
@@ -28,7 +29,6 @@ from dispatcher.errors import AdminInputError
 ANY = LIMIT_ANY
 MAX_RUNNING_MAX = 1_000_000
 PER_SECOND_MAX = 1_000_000.0
-NAME_MAX_CHARS = 200
 
 Target = str | psycopg.Connection[Any]  # a DSN, or an idle connection of yours
 
@@ -71,8 +71,8 @@ def set_limit(
     `burst_jobs` (default: one second's worth, at least 1) when the rate's tokens are full.
     What was set before on the same (job_type, queue) is replaced, both values."""
     job_type, queue_name = (
-        _name(job_type, "job_type"),
-        ANY if queue is None else _name(queue, "queue"),
+        _name(job_type, "job_type", any_ok=True),
+        ANY if queue is None else _name(queue, "queue", any_ok=True),
     )
     if max_running is None and per_second is None:
         raise AdminInputError("give max_running, per_second or both", "max_running")
@@ -122,8 +122,8 @@ def clear_limits(
     """Remove the limits on `job_type` (None: on every type) in `queue` (None: in every queue, the
     '*' limit included); returns the (job_type, queue) pairs removed. Both None removes them all."""
     params = {
-        "job_type": None if job_type is None else _name(job_type, "job_type"),
-        "queue": None if queue is None else _name(queue, "queue"),
+        "job_type": None if job_type is None else _name(job_type, "job_type", any_ok=True),
+        "queue": None if queue is None else _name(queue, "queue", any_ok=True),
     }
     with _transaction(target, "limits clear", limits) as conn:
         cur = conn.execute(query("flow_limit_clear"), params, prepare=False)
@@ -138,10 +138,9 @@ def list_limits(target: Target, *, limits: ConnectionLimits | None = None) -> li
 def pause_queue(target: Target, queue: str, *, limits: ConnectionLimits | None = None) -> bool:
     """Pause `queue`: from the commit on, no worker claims its jobs; running ones finish, enqueueing
     goes on. Returns False if it was paused already."""
+    params = {"queue": _name(queue, "queue")}  # checked before connecting
     with _transaction(target, "queues pause", limits) as conn:
-        row = conn.execute(
-            query("flow_queue_pause"), {"queue": _name(queue, "queue")}, prepare=False
-        ).fetchone()
+        row = conn.execute(query("flow_queue_pause"), params, prepare=False).fetchone()
     return bool(rows.value(row))
 
 
@@ -158,19 +157,12 @@ def paused_queues(target: Target, *, limits: ConnectionLimits | None = None) -> 
         return rows.typed(PausedQueue, conn.execute(query("flow_paused_list"), prepare=False))
 
 
-def _name(value: Any, option: str) -> str:
-    if (
-        not isinstance(value, str)
-        or not value.strip()
-        or len(value) > NAME_MAX_CHARS
-        or "\x00" in value
-    ):
-        raise AdminInputError(
-            f"{option} must be a non-empty string of at most {NAME_MAX_CHARS} characters "
-            f"(no NUL), got {value!r}",
-            option,
-        )
-    return value
+def _name(value: Any, option: str, *, any_ok: bool = False) -> str:
+    """A queue name or job type as enqueue accepts them, or (`any_ok`, a limit's) '*': every
+    one. AdminInputError naming `option` else."""
+    if any_ok and value == ANY:
+        return ANY
+    return check_name(value, option)
 
 
 def _number(value: Any, option: str, most: float) -> float:

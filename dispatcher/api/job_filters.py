@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from dispatcher.constants import NAME_PATTERN, is_valid_name
 from dispatcher.errors import AdminInputError
 from dispatcher.model import (
     FINISHED_STATUSES,
@@ -19,6 +20,19 @@ from dispatcher.model import (
     STATUS_WAITING,
     STATUSES,
 )
+
+
+def check_name(value: Any, option: str) -> str:
+    """A queue name or job type as enqueue accepts them (check_names of api/enqueue_checks.py):
+    an operator's filter, pause or limit on another name would match no job, and say it did
+    something. AdminInputError naming `option` else."""
+    if not is_valid_name(value):
+        raise AdminInputError(
+            f"{value!r} is not a name a job can have (letters, digits, _ . -: {NAME_PATTERN})",
+            option,
+        )
+    return str(value)
+
 
 # Which statuses each change applies to.
 ELIGIBLE = {
@@ -49,6 +63,9 @@ class Filters:
     as_of: datetime | None = None
 
     def __post_init__(self) -> None:
+        for option in ("queues", "job_types"):
+            for name in getattr(self, option):
+                check_name(name, option)
         unknown = [s for s in self.statuses if s not in STATUSES]
         if unknown:
             raise AdminInputError(

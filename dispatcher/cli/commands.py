@@ -12,11 +12,12 @@ import functools
 import importlib
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
 from dispatcher._version import __version__
+from dispatcher.cli.enqueue import add_enqueue_parser
 from dispatcher.cli.flow import add_flow_parsers
 from dispatcher.cli.jobs import add_jobs_parser
 from dispatcher.cli.schedules import add_schedules_parser
@@ -24,8 +25,6 @@ from dispatcher.cli.web import add_web_parser
 from dispatcher.errors import (
     ConfigError,
     DispatcherError,
-    EnqueueError,
-    PayloadError,
     SchemaMissing,
     StorePermissionDenied,
 )
@@ -37,8 +36,6 @@ from dispatcher.settings.sections import DATABASE, ENQUEUE, LOGGING, WEB
 EXIT_BAD_CONFIG = 2
 # What `dispatcher demo` takes of the settings (devtools/demo.py): the rest it sets per run itself.
 DEMO_SETTINGS = ("dsn", "concurrency", "batch_size", "log_level", "log_format")
-# a bulk enqueue's COPY may take statement_timeout_s x this (30 s at the defaults)
-ENQUEUE_BUDGET = 6.0
 
 
 # The settings a one-shot command reads: where and how to connect, and how to log. The others
@@ -48,6 +45,17 @@ ONE_SHOT = (DATABASE, LOGGING)
 # hides from them: they show its flag too.
 READERS_EXTRA = ("completed_jobs",)
 WEB_EXTRA = ("mode", "coordinator", "coordinator_lease_s")
+# A command group given no subcommand runs this one (read-only): `dispatcher limits` lists them.
+DEFAULT_SUBCOMMANDS = {"jobs": "list", "limits": "list", "queues": "list", "schedules": "list"}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad invocation is one line on stderr, `dispatcher <cmd>: error:
+    <what>`, exit 2, without the usage block (`--help` prints it). Subcommands' parsers are of
+    this class too (add_subparsers makes them of the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_CONFIG, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
 def _add_config_flags(
@@ -102,20 +110,41 @@ def load_registry(spec: str, origin: str = "--app") -> Any:
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(origin, f"cannot import {module_name!r}: {exc}") from None
+    except ModuleNotFoundError as exc:
+        missing = exc.name or "?"
+        raise ConfigError(
+            origin,
+            f"no module named {module_name!r} (looked in the current directory and on sys.path)"
+            if module_name == missing or module_name.startswith(missing + ".")
+            else f"module {module_name!r} does not import: it needs module {missing!r}, which "
+            "is not installed",
+        ) from None
     except ScheduleError as exc:  # a schedule declared at import: its error names it
         raise ConfigError(origin, f"{module_name!r}: {exc}") from None
-    registry = getattr(module, attribute, None)
+    except Exception as exc:  # the app's own code failed at import: say what, in one line
+        raise ConfigError(
+            origin, f"module {module_name!r} does not import: {_one_line(exc)}"
+        ) from None
+    if not hasattr(module, attribute):
+        raise ConfigError(origin, f"module {module_name!r} has no attribute {attribute!r}")
+    registry = getattr(module, attribute)
     if not isinstance(registry, Registry):
         raise ConfigError(
-            origin, f"{spec!r} is not a dispatcher.Registry (got {type(registry).__name__})"
+            origin,
+            f"{spec!r} is a {type(registry).__name__}, not a dispatcher.Registry "
+            "(name the Registry your handlers are registered on)",
         )
     try:
         registry.check_schedules()
     except ScheduleError as exc:
         raise ConfigError(origin, str(exc)) from None
     return registry
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: message`, whitespace collapsed (a SyntaxError's text spans lines)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -204,84 +233,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return worker.exit_code
 
 
-def cmd_enqueue(args: argparse.Namespace) -> int:
-    from dispatcher.api.enqueue import enqueue_payloads_sync, enqueue_sync, refresh_statistics_sync
-    from dispatcher.db.oneshot import bounded_transaction, session
-
-    config = _config_from(args)
-    dsn = _require_dsn(config)
-    if args.count < 1:
-        raise ConfigError("--count", f"must be >= 1, got {args.count}")
-    if args.count > 1 and args.dedupe_window_s is not None:
-        raise ConfigError(
-            "--dedupe-window-s", "copies of one job (--count) cannot each hold a dedupe key"
-        )
-    try:
-        payload = orjson.loads(args.payload) if args.payload else None
-    except orjson.JSONDecodeError as exc:
-        raise ConfigError("--payload", f"not valid JSON: {exc}") from None
-    options: dict[str, Any] = {
-        "queue": args.queue,
-        "priority": args.priority,
-        "delay_s": args.delay_s,
-        "max_attempts": args.max_attempts,
-        "jitter_s": args.jitter_s,
-        "max_payload_bytes": config.max_payload_bytes,
-    }
-    # Enqueue's own rules judge the arguments (one copy of each rule); a value they refuse is a
-    # bad argument like any other, so it exits 2 naming the flag. Nothing was written. The
-    # enqueue runs in a bounded transaction: a locked table ends it after the lock timeout.
-    try:
-        with session(dsn, config.database.limits, application_name="dispatcher-enqueue") as conn:
-            with bounded_transaction(
-                conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET
-            ):
-                if args.count == 1:
-                    job_id = enqueue_sync(
-                        conn,
-                        args.job_type,
-                        payload,
-                        dedupe_key=args.dedupe_key,
-                        dedupe_window_s=args.dedupe_window_s,
-                        partition_key=args.partition_key,
-                        ordering_key=args.ordering_key,
-                        **options,
-                    )
-                else:
-                    keys = None if args.ordering_key is None else [args.ordering_key] * args.count
-                    n = enqueue_payloads_sync(
-                        conn, args.job_type, [payload] * args.count, ordering_keys=keys, **options
-                    )
-            if args.count > 1:  # ANALYZE waits on locks too: bounded the same way
-                with bounded_transaction(
-                    conn, "enqueue", config.database.limits, budget=ENQUEUE_BUDGET
-                ):
-                    refresh_statistics_sync(conn, n)
-        print(
-            f"enqueued {n} jobs"
-            if args.count > 1
-            else f"enqueued job {job_id}"
-            if job_id is not None
-            else "duplicate: a live job has that dedupe key"
-            if args.dedupe_window_s is None
-            else "duplicate: a job with that dedupe key is live or finished within its window"
-        )
-    except PayloadError as exc:
-        raise ConfigError("--payload", str(exc)) from None
-    except EnqueueError as exc:
-        raise ConfigError(_flag_of(exc.option), str(exc)) from None
-    return 0
-
-
-def _flag_of(option: str | None) -> str:
-    """enqueue's keyword argument -> the `dispatcher enqueue` argument that sets it."""
-    if option is None:
-        return "arguments"  # a rule about several options at once
-    if option == "ordering_keys":  # --count copies go through enqueue_payloads
-        return "--ordering-key"
-    return option if option == "job_type" else "--" + option.replace("_", "-")
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from dispatcher.api.status import read_status, render_status
 
@@ -306,9 +257,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dispatcher", description=" ".join(__doc__.split("\n\n")[0].split())
-    )
+    parser = Parser(prog="dispatcher", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument(
         "--version",
         action="version",
@@ -354,72 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p, tuple(s for s in settings() if s.section != WEB))
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("enqueue", help="enqueue one job (or --count copies of it)")
-    p.add_argument("job_type", help="the job's type: the name its handler is registered under")
-    p.add_argument(
-        "--payload", default=None, help="the job's payload as JSON (default: none, null)"
+    add_enqueue_parser(
+        sub,
+        functools.partial(_add_config_flags, chosen=settings(*ONE_SHOT, ENQUEUE)),
+        _config_from,
+        _require_dsn,
     )
-    p.add_argument(
-        "--queue", default="default", help="the queue to put it in (default %(default)s)"
-    )
-    p.add_argument(
-        "--priority", type=int, default=0, help="smaller runs first (default %(default)s)"
-    )
-    p.add_argument(
-        "--delay-s",
-        type=float,
-        default=0.0,
-        help="seconds from now before it may run (default %(default)g)",
-    )
-    p.add_argument(
-        "--jitter-s",
-        type=float,
-        default=0.0,
-        help=(
-            "up to this many seconds more, at random, so a burst spreads out (default %(default)g)"
-        ),
-    )
-    p.add_argument(
-        "--max-attempts",
-        type=int,
-        default=None,
-        help=(
-            "attempts before the job fails for good (default: its handler's max_attempts, else 20)"
-        ),
-    )
-    p.add_argument(
-        "--dedupe-key",
-        default=None,
-        help="a key no other live job of the queue may have: a duplicate is not enqueued "
-        "(default: none)",
-    )
-    p.add_argument(
-        "--dedupe-window-s",
-        type=float,
-        default=None,
-        help="with --dedupe-key: the key also stays held this many seconds after the job finished "
-        "(default: only while it is live)",
-    )
-    p.add_argument(
-        "--partition-key",
-        default=None,
-        help="jobs with the same key get the same bucket (default: none: the dedupe key's "
-        "bucket, else a random one)",
-    )
-    p.add_argument(
-        "--ordering-key",
-        default=None,
-        help="jobs of the queue with the same key run one at a time, in the order they were "
-        "enqueued (default: none)",
-    )
-    p.add_argument(
-        "--count",
-        type=int,
-        default=1,
-        help="how many copies of the job to enqueue (default %(default)s)",
-    )
-    _add_config_flags(p, settings(*ONE_SHOT, ENQUEUE))
-    p.set_defaults(func=cmd_enqueue)
 
     readers = one_shot + tuple(s for s in settings() if s.name in READERS_EXTRA)
     p = sub.add_parser("status", help="jobs per status, oldest runnable age, backlog per bucket")
@@ -449,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(with_default_subcommand(argv))
     # Before any command runs, so its first line is in the chosen format. These raw values are
     # validated with the other settings (a bad one exits 2 naming it, in the format chosen here).
     # The worker id is known here only when it is given: else the run command sets it from its
@@ -467,6 +356,17 @@ def main(argv: list[str] | None = None) -> int:
     except DispatcherError as exc:
         logs.fatal(str(exc))
         return 1
+
+
+def with_default_subcommand(argv: list[str]) -> list[str]:
+    """`dispatcher limits [flags]` -> `dispatcher limits list [flags]` (DEFAULT_SUBCOMMANDS): a
+    group given only flags, or nothing, lists. `--help` still shows the group's help."""
+    if not argv or argv[0] not in DEFAULT_SUBCOMMANDS:
+        return argv
+    rest = argv[1:]
+    if rest and (not rest[0].startswith("-") or rest[0] in ("-h", "--help")):
+        return argv
+    return [argv[0], DEFAULT_SUBCOMMANDS[argv[0]], *rest]
 
 
 def _raw_setting(args: argparse.Namespace, name: str) -> str | None:

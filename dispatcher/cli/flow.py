@@ -40,7 +40,9 @@ def add_flow_parsers(
 ) -> None:
     """Register `dispatcher limits ...` and `dispatcher queues ...` on the top-level subparsers."""
     limits = sub.add_parser(
-        "limits", help="fleet-wide limits per job type and queue: max running, starts per second"
+        "limits",
+        help="fleet-wide limits per job type and queue: max running, starts per second (no "
+        "subcommand: list them)",
     )
     commands = limits.add_subparsers(dest="limits_command", required=True)
     p = commands.add_parser(
@@ -85,7 +87,9 @@ def add_flow_parsers(
     add_config_flags(p)
     p.set_defaults(func=lambda args: _clear(args, config_from(args)))
 
-    queues = sub.add_parser("queues", help="pause or resume a queue across the fleet")
+    queues = sub.add_parser(
+        "queues", help="pause or resume a queue across the fleet (no subcommand: list the paused)"
+    )
     commands = queues.add_subparsers(dest="queues_command", required=True)
     for action, what in (
         ("pause", "no worker claims the queue's jobs (running ones finish; enqueue goes on)"),
@@ -113,7 +117,7 @@ def _set(args: argparse.Namespace, config: Any) -> int:
             limits=config.database.limits,
         )
     )
-    print(f"limit set: {render_limits([row]).splitlines()[1].strip()}")
+    print(f"limit set: {describe_limit(row)}")
     return 0
 
 
@@ -145,8 +149,9 @@ def _clear(args: argparse.Namespace, config: Any) -> int:
 
 def _pause(args: argparse.Namespace, config: Any, action: str) -> int:
     change = pause_queue if action == "pause" else resume_queue
-    changed = _guarded(
-        lambda: change(config_dsn(config), args.queue, limits=config.database.limits)
+    changed = guarded(  # the queue is an argument here, not --queue
+        lambda: change(config_dsn(config), args.queue, limits=config.database.limits),
+        {**_FLAGS, "queue": "QUEUE"},
     )
     past = "paused" if action == "pause" else "resumed"
     print(
@@ -188,6 +193,19 @@ def render_limits(rows: list[LimitRow]) -> str:
             f"{_opt(None if r.tokens is None else round(r.tokens, 1)):>8}"
         )
     return "\n".join(lines)
+
+
+def describe_limit(row: LimitRow) -> str:
+    """One limit as a labelled line: `job type 'send' in every queue: max running 5, per second
+    2 (burst 4); 3 running now`."""
+    rules = []
+    if row.max_running is not None:
+        rules.append(f"max running {row.max_running}")
+    if row.per_second is not None:
+        rules.append(f"per second {_opt(row.per_second)} (burst {_opt(row.burst_jobs)})")
+    where = "every queue" if row.queue == ANY else f"queue {row.queue!r}"
+    what = "every job type" if row.job_type == ANY else f"job type {row.job_type!r}"
+    return f"{what} in {where}: {', '.join(rules)}; {row.running} running now"
 
 
 def _queue(queue: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 import orjson
@@ -41,7 +42,6 @@ from dispatcher.admin import (
     show_job,
 )
 from dispatcher.api.text import age_text, parse_duration_s
-from dispatcher.constants import is_valid_name
 from dispatcher.errors import ConfigError, DispatcherError
 from dispatcher.model import STATUS_COMPLETED, STATUSES
 
@@ -74,7 +74,7 @@ def add_jobs_parser(
     """Register `dispatcher jobs ...` on the top-level subparsers."""
     jobs = sub.add_parser(
         "jobs",
-        help="list, show, retry, cancel or purge jobs (failed-job admin)",
+        help="list, show, retry, cancel or purge jobs (failed-job admin; no subcommand: list)",
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
     commands = jobs.add_subparsers(dest="jobs_command", required=True)
@@ -184,41 +184,54 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
 
 def _list(args: argparse.Namespace, config: Any) -> int:
     filters = _filters(args)
+    limit = _whole(args.limit, "--limit")
+    # One row more than asked for: whether the list was cut short, said rather than left to guess.
     if filters.halted:
         keys = guarded(
             lambda: list_halted_keys(
-                config_dsn(config),
-                filters,
-                limit=_whole(args.limit, "--limit"),
-                limits=config.database.limits,
+                config_dsn(config), filters, limit=limit + 1, limits=config.database.limits
             )
         )
+        more = len(keys) > limit
+        keys = keys[:limit]
         print(
             orjson.dumps(keys, option=orjson.OPT_INDENT_2).decode()
             if args.json
             else render_halted(keys)
         )
+        if more:
+            _note(f"showing the first {limit} halted keys; there are more: {MORE_HINT}", args.json)
         return 0
     rows = guarded(
         lambda: list_jobs(
-            config_dsn(config),
-            filters,
-            limit=_whole(args.limit, "--limit"),
-            limits=config.database.limits,
+            config_dsn(config), filters, limit=limit + 1, limits=config.database.limits
         )
     )
+    more = len(rows) > limit
+    rows = rows[:limit]
     # Completed jobs have no rows to list under DISPATCHER_COMPLETED_JOBS=delete: say so, not "(no
     # jobs match)".
     hidden = config.completion.deletes and (
         not filters.statuses or STATUS_COMPLETED in filters.statuses
     )
-    if args.json:
-        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
-        if hidden:
-            print(f"note: {DELETED_LIST_NOTE}", file=sys.stderr)
-    else:
-        print(render_list(rows) + (f"\nnote: {DELETED_LIST_NOTE}" if hidden else ""))
+    print(
+        orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() if args.json else render_list(rows)
+    )
+    if more:
+        _note(f"showing the newest {limit} jobs that match; there are more: {MORE_HINT}", args.json)
+    if hidden:
+        _note(DELETED_LIST_NOTE, args.json)
     return 0
+
+
+# A list cut at --limit says so. Its JSON stays a bare array (what scripts already parse): the
+# note goes to stderr there, and to the end of the table otherwise.
+MORE_HINT = "raise --limit, or narrow the filters"
+ATTEMPTS_SHOWN = 100  # of a job's attempt history, the first ones
+
+
+def _note(text: str, json: bool) -> None:
+    print(f"note: {text}", file=sys.stderr if json else sys.stdout)
 
 
 DELETED_LIST_NOTE = (
@@ -230,25 +243,37 @@ DELETED_LIST_NOTE = (
 def _show(args: argparse.Namespace, config: Any) -> int:
     job_id = _whole(args.id, "id")
     dsn, limits = config_dsn(config), config.database.limits
-    detail = guarded(lambda: show_job(dsn, job_id, limits=limits))
+    shown = ATTEMPTS_SHOWN + 1  # one more: whether the history was cut short
+    detail = guarded(lambda: show_job(dsn, job_id, attempts_limit=shown, limits=limits))
     if detail is not None:
+        more = len(detail.attempts) > ATTEMPTS_SHOWN
+        detail = replace(detail, attempts=detail.attempts[:ATTEMPTS_SHOWN])
         print(
-            orjson.dumps(detail, option=orjson.OPT_INDENT_2).decode()
+            orjson.dumps(
+                {**_fields(detail), "attempts_truncated": more}, option=orjson.OPT_INDENT_2
+            ).decode()
             if args.json
             else render_show(detail)
         )
+        if more:
+            _note(f"showing the first {ATTEMPTS_SHOWN} attempts; there are more", args.json)
         return 0
     # No row. Under DISPATCHER_COMPLETED_JOBS=delete that is what a completed job leaves; the
     # history (DISPATCHER_HISTORY) may still tell what became of it (and of a pruned or purged one).
-    attempts = guarded(lambda: job_attempts(dsn, job_id, limits=limits))
+    attempts = guarded(lambda: job_attempts(dsn, job_id, limit=shown, limits=limits))
+    more = len(attempts) > ATTEMPTS_SHOWN
+    attempts = attempts[:ATTEMPTS_SHOWN]
     if attempts:
         print(
             orjson.dumps(
-                {"id": job_id, "job": None, "attempts": attempts}, option=orjson.OPT_INDENT_2
+                {"id": job_id, "job": None, "attempts": attempts, "attempts_truncated": more},
+                option=orjson.OPT_INDENT_2,
             ).decode()
             if args.json
             else render_attempts(attempts, f"job {job_id}: no row; its attempts from the history")
         )
+        if more:
+            _note(f"showing the first {ATTEMPTS_SHOWN} attempts; there are more", args.json)
     why = ""
     if config.completion.deletes:
         why = (
@@ -262,6 +287,11 @@ def _show(args: argparse.Namespace, config: Any) -> int:
             "above"
         )
     raise DispatcherError(f"no job {job_id}{why}")  # one line on stderr, exit 1
+
+
+def _fields(detail: JobDetail) -> dict[str, Any]:
+    """A JobDetail as the dict orjson would write for it (its fields, not converted)."""
+    return {f.name: getattr(detail, f.name) for f in fields(detail)}
 
 
 def _change(args: argparse.Namespace, config: Any, action: str) -> int:
@@ -301,18 +331,11 @@ def _filters(args: argparse.Namespace) -> Filters:
         _whole(text, "ids" if i < len(args.ids) else "--id")
         for i, text in enumerate([*args.ids, *args.id_flags])
     )
-    names = {"--queue": _split(args.queue), "--type": _split(args.job_type)}
-    for flag, values in names.items():
-        bad = [v for v in values if not is_valid_name(v)]
-        if bad:
-            raise ConfigError(
-                flag, f"{bad[0]!r} is not a name a job can have (letters, digits, _ . -)"
-            )
-    return guarded(
+    return guarded(  # Filters checks the names (as enqueue does): AdminInputError naming the flag
         lambda: Filters(
             statuses=_split(args.status),
-            queues=names["--queue"],
-            job_types=names["--type"],
+            queues=_split(args.queue),
+            job_types=_split(args.job_type),
             older_than_s=_age(args.older_than, "--older-than"),
             newer_than_s=_age(args.newer_than, "--newer-than"),
             ids=ids,

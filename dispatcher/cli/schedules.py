@@ -21,7 +21,8 @@ def add_schedules_parser(
     config_from: Callable[[argparse.Namespace], Any],
 ) -> None:
     schedules = sub.add_parser(
-        "schedules", help="recurring jobs: their next slot, last run and its outcome"
+        "schedules",
+        help="recurring jobs: their next slot, last run and its outcome (no subcommand: list)",
     )
     commands = schedules.add_subparsers(dest="schedules_command", required=True)
     p = commands.add_parser(

@@ -92,6 +92,9 @@ def test_limits_are_set_replaced_listed_and_cleared(dsn):
         (dict(job_type="sms"), "max_running"),
         (dict(job_type="", max_running=1), "job_type"),
         (dict(job_type="sms", queue="", max_running=1), "queue"),
+        (dict(job_type="no such type!", max_running=1), "job_type"),
+        (dict(job_type="sms", queue="no such queue!", max_running=1), "queue"),
+        (dict(job_type="sms", queue="x" * 101, max_running=1), "queue"),
         (dict(job_type="sms", max_running=-1), "max_running"),
         (dict(job_type="sms", max_running=1.5), "max_running"),
         (dict(job_type="sms", max_running=True), "max_running"),
@@ -110,6 +113,15 @@ def test_a_bad_limit_is_refused_naming_the_option_and_nothing_changes(dsn, kwarg
     assert refused.value.option == option
     assert list_limits(dsn) == []
     assert fetchval(dsn, "SELECT version FROM dispatcher_flow_control") == version
+
+
+@pytest.mark.parametrize("queue", ["no such queue!", "", "*", "mail\n", None])
+def test_pause_and_resume_refuse_a_queue_name_no_job_can_have(dsn, queue):
+    for change in (pause_queue, resume_queue):
+        with pytest.raises(AdminInputError) as refused:
+            change(dsn, queue)
+        assert refused.value.option == "queue"
+    assert paused_queues(dsn) == []
 
 
 def test_pause_and_resume_say_whether_they_changed_anything(dsn):
@@ -455,7 +467,9 @@ def test_the_cli_sets_lists_clears_pauses_and_resumes_and_refuses_bad_input(dsn)
         assert result.returncode == code, (args, result.returncode, result.stdout, result.stderr)
         return result.stdout
 
-    assert "limit set: sms" in ok("limits", "set", "sms", "--max-running", "10")
+    assert "limit set: job type 'sms' in every queue" in ok(
+        "limits", "set", "sms", "--max-running", "10"
+    )
     ok("limits", "set", "partner", "--queue", "eu", "--per-second", "2.5", "--burst", "5")
     listed = orjson.loads(ok("limits", "list", "--json"))
     assert [

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.api.job_filters import check_name
 from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
@@ -45,7 +46,10 @@ def list_schedules(
     queue: str | None = None,
     limits: ConnectionLimits | None = None,
 ) -> list[ScheduleRow]:
-    """Every schedule (or those of `queue`), by name. `target`: a DSN, or a connection of yours."""
+    """Every schedule (or those of `queue`), by name. `target`: a DSN, or a connection of yours.
+    AdminInputError for a queue name no job can have."""
+    if queue is not None:
+        check_name(queue, "queue")
     limits = limits or ConnectionLimits()
     if isinstance(target, str):
         with session(target, limits, application_name="dispatcher-admin") as conn:

@@ -8,6 +8,12 @@
     async def send_email(job):
         ...
 
+    @registry.task(queue="reports")              # a typed task: enqueue takes its arguments
+    def build_report(customer_id: int, full: bool = False) -> None:
+        ...
+
+    build_report.enqueue_sync(conn, 42, full=True)
+
 Run workers with `dispatcher run --app myapp.jobs:registry`.
 """
 
@@ -24,6 +30,7 @@ from dispatcher.api.enqueue import (
 from dispatcher.api.registry import Registry
 from dispatcher.api.schedules.declarations import Schedule
 from dispatcher.api.schedules.slots import ScheduleError
+from dispatcher.api.tasks import Task
 from dispatcher.errors import (
     ConfigError,
     DispatcherError,
@@ -40,6 +47,7 @@ from dispatcher.errors import (
     StoreUnavailable,
 )
 from dispatcher.model import Job
+from dispatcher.observe.job_context import current_job
 from dispatcher.serve.worker import Worker, run_worker
 from dispatcher.settings.config import Config
 
@@ -63,7 +71,9 @@ __all__ = [
     "StoreRefused",
     "StoreTimeout",
     "StoreUnavailable",
+    "Task",
     "Worker",
+    "current_job",
     "enqueue",
     "enqueue_many",
     "enqueue_many_sync",

@@ -1,14 +1,20 @@
-"""Handler registry: job_type -> function, filled by a decorator in the user's app module."""
+"""Handler registry: job_type -> function, filled by decorators in the user's app module:
+`@registry.handler` (the function receives the `Job`) and `@registry.task` (a typed task: the
+function receives the job's arguments, tasks.py)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
+from dispatcher.api.enqueue import EnqueueOptions
+from dispatcher.api.enqueue_checks import MAX_PRIORITY, MIN_PRIORITY, check_integer, check_names
 from dispatcher.api.schedules.declarations import CATCH_UP_LATEST, Schedule, declare_schedule
 from dispatcher.api.schedules.slots import ScheduleError
+from dispatcher.api.task_args import TaskArguments
+from dispatcher.api.tasks import Task
 from dispatcher.backoff import HandlerRetry, RetryFn, handler_retry
 from dispatcher.constants import DEFAULT_QUEUE
 from dispatcher.observe import tracing
@@ -49,6 +55,7 @@ class Registry:
     Async handlers run on the event loop; plain functions run in the worker's thread pool so a
     blocking call never stalls the claim loop. Handlers receive a `dispatcher.Job` and must be
     idempotent: a job whose worker dies mid-run is run again after its lease expires.
+    `@registry.task` registers a typed task instead: its function receives the job's arguments.
     """
 
     def __init__(self) -> None:
@@ -78,36 +85,94 @@ class Registry:
         `schedule`: a cron expression ("*/5 * * * *", "@hourly"): the short form of
         `registry.schedule(<job_type>, expression, job_type=<job_type>)`: in UTC, in the default
         queue, with an empty payload (registry.schedule for anything else)."""
-        own_retry = handler_retry(max_attempts, retry_base_s, retry_cap_s, retry)
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError("timeout_s must be > 0")
-        if on_ordered_failure not in ON_ORDERED_FAILURE:
-            raise ValueError(
-                f"on_ordered_failure must be one of {', '.join(ON_ORDERED_FAILURE)}, "
-                f"got {on_ordered_failure!r}"
-            )
+        own_retry = _checked(
+            timeout_s, on_ordered_failure, max_attempts, retry_base_s, retry_cap_s, retry
+        )
 
         def register(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             name = job_type or fn.__name__
-            if name in self._handlers:
-                raise ValueError(
-                    f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}"
-                )
-            if schedule is not None:
-                self.schedule(name, schedule, job_type=name)
-            is_async = inspect.iscoroutinefunction(fn)
-            self._handlers[name] = Handler(
-                name,
-                fn,
-                tracing.traced(fn, is_async),
-                is_async,
-                timeout_s,
-                on_ordered_failure,
-                own_retry,
+            self._add(
+                Handler(
+                    name,
+                    fn,
+                    fn,
+                    inspect.iscoroutinefunction(fn),
+                    timeout_s,
+                    on_ordered_failure,
+                    own_retry,
+                ),
+                schedule,
             )
             return fn
 
         return register
+
+    def task(
+        self,
+        job_type: str | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        on_ordered_failure: OnOrderedFailure = ON_ORDERED_FAILURE_HALT,
+        max_attempts: int | None = None,
+        retry_base_s: float | None = None,
+        retry_cap_s: float | None = None,
+        retry: RetryFn | None = None,
+        schedule: str | None = None,
+    ) -> Callable[[Callable[_P, _R]], Task[_P, _R]]:
+        """`@registry.task(queue="emails")` on `async def send_email(to: str, subject: str)` (or a
+        plain def): a typed task, registered under `job_type` (default: the function's name). Its
+        jobs call the function with the arguments given to `send_email.enqueue(conn, ...)`.
+
+        `queue` and `priority`: its jobs' defaults (`with_options` overrides them per enqueue).
+        The other options are `handler`'s; `schedule` enqueues it with no arguments, in `queue`
+        at `priority`, so every parameter needs a default. A parameter that cannot be given by
+        name (positional-only, `*args`) or whose annotation names a class JSON cannot give back
+        (a datetime, a dataclass) is a TypeError here."""
+        own_retry = _checked(
+            timeout_s, on_ordered_failure, max_attempts, retry_base_s, retry_cap_s, retry
+        )
+        check_integer("priority", priority, MIN_PRIORITY, MAX_PRIORITY)
+
+        def register(fn: Callable[_P, _R]) -> Task[_P, _R]:
+            name = job_type or fn.__name__
+            check_names(queue, name)
+            arguments = TaskArguments(fn, name)
+            if schedule is not None and arguments.required:
+                raise ScheduleError(
+                    f"task {name!r}: a schedule calls it with no arguments, and "
+                    f"{arguments.required[0]!r} has no default"
+                )
+            is_async = inspect.iscoroutinefunction(fn)
+            task = Task(
+                fn, name, arguments, is_async, EnqueueOptions(queue=queue, priority=priority)
+            )
+            handler = Handler(
+                name, fn, task.handle, is_async, timeout_s, on_ordered_failure, own_retry
+            )
+            self._add(handler, schedule, queue, priority)
+            return task
+
+        return register
+
+    def _add(
+        self,
+        handler: Handler,
+        schedule: str | None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+    ) -> None:
+        """Register `handler` (its `run` wrapped in its job's span when OpenTelemetry is
+        installed), and its schedule."""
+        name = handler.job_type
+        if name in self._handlers:
+            raise ValueError(
+                f"job_type {name!r} already has a handler: {self._handlers[name].fn!r}"
+            )
+        if schedule is not None:
+            self.schedule(name, schedule, job_type=name, queue=queue, priority=priority)
+        self._handlers[name] = replace(handler, run=tracing.traced(handler.run, handler.is_async))
 
     def schedule(
         self,
@@ -177,3 +242,24 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._handlers)
+
+
+def _checked(
+    timeout_s: float | None,
+    on_ordered_failure: str,
+    max_attempts: int | None,
+    retry_base_s: float | None,
+    retry_cap_s: float | None,
+    retry: RetryFn | None,
+) -> HandlerRetry | None:
+    """A handler's options checked at decoration (ValueError, TypeError); its own retry
+    settings."""
+    own_retry = handler_retry(max_attempts, retry_base_s, retry_cap_s, retry)
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError("timeout_s must be > 0")
+    if on_ordered_failure not in ON_ORDERED_FAILURE:
+        raise ValueError(
+            f"on_ordered_failure must be one of {', '.join(ON_ORDERED_FAILURE)}, "
+            f"got {on_ordered_failure!r}"
+        )
+    return own_retry

@@ -5,6 +5,8 @@ The executor sets `CURRENT_JOB` for the handler's run: inside the task of an asy
 task has a context of its own), around the call in the thread of a sync one (`run_in_job`). The
 `JobTag` filter on the dispatcher's log handler reads it. Outside a handler it is None, and a
 line gets no such field. Its cost for a job that logs nothing: one ContextVar.set.
+`current_job()` hands it to code that has no `job` parameter: a typed task's function
+(`@registry.task`), or what it calls.
 """
 
 from __future__ import annotations
@@ -14,12 +16,23 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from dispatcher.model import Job
+
 T = TypeVar("T")
 
 CURRENT_JOB: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "dispatcher_current_job", default=None
 )
 FIELDS = ("job_id", "job_type", "queue", "attempt")
+
+
+def current_job() -> Job:
+    """The job whose handler is running here (a typed task's function has no `job` parameter:
+    this is how it reads `attempts`, `scheduled_for`, ...). RuntimeError outside a handler."""
+    job: Job | None = CURRENT_JOB.get()
+    if job is None:
+        raise RuntimeError("current_job() is only known inside a job's handler")
+    return job
 
 
 def run_in_job(fn: Callable[[Any], T], job: Any) -> T:

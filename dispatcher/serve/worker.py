@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coordinator.assignment import BucketAssignment
 from dispatcher.api.registry import Registry
@@ -396,7 +396,8 @@ def run_worker(
     on_started: Callable[[Worker], None] | None = None,
     health: Health | None = None,
 ) -> Worker:
-    """Run a worker on uvloop until SIGTERM/SIGINT (see lifecycle.py for the exit guarantees).
+    """Run a worker on uvloop (asyncio's own loop where uvloop is not installed) until
+    SIGTERM/SIGINT (see lifecycle.py for the exit guarantees).
 
     `health` (what the HTTP server's probes read) gets the loop heartbeat from the loop's first
     moment and the start-up checks' findings; the worker writes its vitals (health.vitals).
@@ -406,8 +407,6 @@ def run_worker(
     waited for. If shutdown leaves handlers running (they ignored cancellation, or their threads
     never returned), the process exits here, without waiting for them: their leases protect them.
     """
-    import uvloop
-
     from dispatcher.serve.lifecycle import ShutdownSignals, hard_exit
     from dispatcher.serve.startup import check_listen, wait_until_ready
 
@@ -456,5 +455,18 @@ def run_worker(
                 f"{worker.abandoned} handlers still run after the shutdown bound", worker.exit_code
             )
 
-    uvloop.run(main())
+    run_loop(main())
     return worker
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """`main` on uvloop where it is installed, else on asyncio's own loop. uvloop is a dependency
+    only where it installs (pyproject's marker leaves out Windows and PyPy), so its absence must
+    not stop a worker: the runtime uses asyncio's API alone, and the loop's share of a job's CPU
+    (bench/RESULTS.md, the py-spy profile) is what uvloop saves."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)

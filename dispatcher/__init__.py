@@ -17,6 +17,7 @@
 Run workers with `dispatcher run --app myapp.jobs:registry`.
 """
 
+from dispatcher import _libpq  # noqa: F401  # first: psycopg without libpq fails here, in one line
 from dispatcher._version import __version__ as __version__
 from dispatcher.api.enqueue import (
     JobSpec,

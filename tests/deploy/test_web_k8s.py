@@ -243,9 +243,10 @@ def test_the_docs_walk_through_the_deployment(rendered: Render) -> None:
 
 
 def test_the_dockerfile_installs_the_web_extra_only_when_asked() -> None:
-    """`ARG EXTRAS` (empty by default) picks the extras of `pip install`: the workers' image is
-    built without it, the dashboard's with `--build-arg EXTRAS=web`. The install word is
-    expanded by sh as the build's RUN does."""
+    """`ARG EXTRAS` (empty by default) adds extras to `pip install`: the workers' image is
+    built without it, the dashboard's with `--build-arg EXTRAS=web`. Every image has `binary`
+    (psycopg's libpq: the slim image has none) and `redis` (one image for every overlay). The
+    install word is expanded by sh as the build's RUN does."""
     text = (K8S.parent / "Dockerfile").read_text()
     build = re.split(r"(?m)^FROM ", text)[1:][0]
     assert re.search(r'(?m)^ARG EXTRAS=""$', build), "no extras by default"
@@ -254,7 +255,11 @@ def test_the_dockerfile_installs_the_web_extra_only_when_asked() -> None:
     sh = shutil.which("sh")
     if sh is None:
         pytest.skip("no sh to expand the install word")
-    for extras, expected in (("", "."), ("web", ".[web]"), ("web,bench", ".[web,bench]")):
+    for extras, expected in (
+        ("", ".[binary,redis]"),
+        ("web", ".[binary,redis,web]"),
+        ("web,bench", ".[binary,redis,web,bench]"),
+    ):
         done = subprocess.run(
             [sh, "-c", f"printf %s {word}"],
             env={"EXTRAS": extras},

@@ -539,6 +539,11 @@ class JobStore:
         sql/maintenance.sql). StorePermissionDenied if our role may not ANALYZE the table at all."""
         await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)
 
+    async def jobs_autovacuum_on(self) -> bool:
+        """Whether autovacuum refreshes the jobs table's statistics (sql/maintenance.sql)."""
+        cur = await self._execute("analyze", query("jobs_autovacuum_on"), {})
+        return bool(rows.value(await cur.fetchone()))
+
     # -- the rest of the store port (dispatcher/db/port.py): off the worker's path --------------
 
     async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:

@@ -199,7 +199,9 @@ class PlannerStats(PeriodicService):
     dispatcher/db/sql/maintenance.sql).
 
     A workers' role with DML only may not ANALYZE: it learns that on its first tick, says so
-    once, and stops asking; autovacuum (and the owner) keep the statistics fresh instead."""
+    once, and stops asking. That is the documented two-role setup (docs/operations/roles.md), in
+    which autovacuum (and the owner) keep the statistics fresh: an INFO line. A WARNING only when
+    autovacuum is off for the table too, since then nobody refreshes them."""
 
     name = "analyze"
 
@@ -208,10 +210,25 @@ class PlannerStats(PeriodicService):
             await self._store.jobs_analyze_if_stale()
         except StorePermissionDenied as exc:
             self.retired = True
-            log.warning(
-                "planner statistics: %s, so this worker will not refresh them (not retried). That "
-                "is the table owner's job, and autovacuum does it; to let workers refresh them "
-                "right after a bulk load too: %s",
-                exc.reason,
-                exc.hint or "see docs/operations/roles.md",
-            )
+            hint = exc.hint or "see docs/operations/roles.md"
+            try:
+                covered = await self._store.jobs_autovacuum_on()
+            except StoreError as failed:  # not knowing is no reason to alarm: the default is on
+                log.debug("planner statistics: cannot tell whether autovacuum is on: %s", failed)
+                covered = True
+            if covered:
+                log.info(
+                    "planner statistics: %s, so this worker leaves them to autovacuum (not asked "
+                    "again). To let workers refresh them right after a bulk load too: %s",
+                    exc.reason,
+                    hint,
+                )
+            else:
+                log.warning(
+                    "planner statistics: %s, and autovacuum is off for dispatcher_jobs "
+                    "(autovacuum, track_counts or the table's autovacuum_enabled): nobody "
+                    "refreshes them, and claims may pick slow plans as the table grows. Turn "
+                    "autovacuum on for the table, or let workers refresh them: %s",
+                    exc.reason,
+                    hint,
+                )

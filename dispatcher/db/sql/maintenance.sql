@@ -116,7 +116,8 @@ BEGIN
             MESSAGE = 'role ' || quote_ident(current_user) || ' may not ANALYZE dispatcher_jobs',
             HINT = CASE WHEN current_setting('server_version_num')::int >= 170000
                         THEN 'GRANT MAINTAIN ON dispatcher_jobs TO ' || quote_ident(current_user)
-                        ELSE 'before PostgreSQL 17 only the owner of the table or of the database may' END;
+                        ELSE 'nothing to grant before PostgreSQL 17, where only the owner of the '
+                             'table or of the database may ANALYZE it (17 has GRANT MAINTAIN)' END;
     END IF;
     IF pg_try_advisory_xact_lock(7022450131) AND EXISTS (
         SELECT 1 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
@@ -130,15 +131,29 @@ BEGIN
 END
 $$
 
+-- name: jobs_autovacuum_on
+-- Whether autovacuum keeps dispatcher_jobs' planner statistics fresh: on for the server (with
+-- track_counts, which it needs) and not turned off for the table. What PlannerStats checks once,
+-- for a role that may not ANALYZE (jobs_analyze_if_stale): while this holds that is no problem.
+SELECT current_setting('autovacuum')::boolean
+   AND current_setting('track_counts')::boolean
+   AND coalesce((SELECT o.option_value::boolean
+                   FROM pg_options_to_table(c.reloptions) o
+                  WHERE o.option_name = 'autovacuum_enabled'), true)
+  FROM pg_class c
+ WHERE c.oid = 'dispatcher_jobs'::regclass
+
 -- name: maintenance_lease_take
 -- Take or renew the one-pod-at-a-time role %(name)s for %(ttl_s)s seconds, in ONE statement on
 -- the database's clock: inserted if nobody ever held it; else taken over only if its lease ran
 -- out, renewed only by its holder. A row back means we hold it. No session state (PgBouncer).
+-- %(yielding)s: holders that give way to us at once (the schedules of an older release during a
+-- rollout: runtime/presence.py); empty for every other role.
 INSERT INTO dispatcher_maintenance_leases AS l (name, holder, expires_at)
 VALUES (%(name)s, %(holder)s, now() + %(ttl_s)s * interval '1 second')
 ON CONFLICT (name) DO UPDATE
    SET holder = excluded.holder, expires_at = excluded.expires_at
- WHERE l.holder = excluded.holder OR l.expires_at < now()
+ WHERE l.holder = excluded.holder OR l.expires_at < now() OR l.holder = ANY(%(yielding)s::text[])
 RETURNING l.holder
 
 -- name: maintenance_lease_release

@@ -2,18 +2,25 @@
 and River's `RequireInserted`: each failure message lists what the store does hold.
 
 A `payload` that is a dict matches a job whose payload holds at least those keys with those
-values (as Oban's `args`); any other payload must be equal.
+values (as Oban's `args`); any other payload must be equal. A typed task (`@registry.task`) stands
+for its job type; its payload is its arguments by name (`task.payload(...)` builds one).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dispatcher.api.tasks import Task
 from dispatcher.db.rows import JobState
 from dispatcher.model import STATUS_QUEUED
 from dispatcher.testing.memory_store import MemoryStore
 
 _ANY = object()
+JobType = str | Task[..., Any]  # a job type, or the typed task whose job type it is
+
+
+def _name(job_type: JobType | None) -> str | None:
+    return job_type.job_type if isinstance(job_type, Task) else job_type
 
 
 def _matches(job: JobState, payload: Any) -> bool:
@@ -28,14 +35,16 @@ def _matches(job: JobState, payload: Any) -> bool:
 
 def enqueued(
     store: MemoryStore,
-    job_type: str | None = None,
+    job_type: JobType | None = None,
     payload: Any = _ANY,
     *,
     queue: str | None = None,
     status: str | None = STATUS_QUEUED,
 ) -> list[JobState]:
     """Jobs that match, oldest first (`status=None`: in any status)."""
-    return [j for j in store.jobs(status, job_type=job_type, queue=queue) if _matches(j, payload)]
+    return [
+        j for j in store.jobs(status, job_type=_name(job_type), queue=queue) if _matches(j, payload)
+    ]
 
 
 def _describe(store: MemoryStore) -> str:
@@ -49,7 +58,7 @@ def _describe(store: MemoryStore) -> str:
 
 def assert_enqueued(
     store: MemoryStore,
-    job_type: str,
+    job_type: JobType,
     payload: Any = _ANY,
     *,
     queue: str | None = None,
@@ -60,7 +69,8 @@ def assert_enqueued(
     default."""
     found = enqueued(store, job_type, payload, queue=queue, status=status)
     if not found or (count is not None and len(found) != count):
-        wanted = f"{'a' if count is None else count} {status or ''} {job_type!r} job(s)".replace(
+        name = _name(job_type)
+        wanted = f"{'a' if count is None else count} {status or ''} {name!r} job(s)".replace(
             "  ", " "
         )
         detail = "" if payload is _ANY else f" with payload {payload!r}"
@@ -73,7 +83,7 @@ def assert_enqueued(
 
 def refute_enqueued(
     store: MemoryStore,
-    job_type: str,
+    job_type: JobType,
     payload: Any = _ANY,
     *,
     queue: str | None = None,
@@ -83,6 +93,6 @@ def refute_enqueued(
     found = enqueued(store, job_type, payload, queue=queue, status=status)
     if found:
         raise AssertionError(
-            f"expected no {job_type!r} job like this, found {[j.id for j in found]}; "
+            f"expected no {_name(job_type)!r} job like this, found {[j.id for j in found]}; "
             f"{_describe(store)}"
         )

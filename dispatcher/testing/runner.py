@@ -6,7 +6,7 @@ exception goes through the project's RetryPolicy with the handler's own retry se
 after a backoff, `failed` after max_attempts, `discarded` for PermanentJobError, `failed` at once
 for an unknown job type), a `Snooze` queues it again without spending an attempt. No
 sleeping: the store's FakeClock stands still while jobs run, and `drain()` advances it to each
-retry's run_at.
+retry's run_at. `current_job()` answers inside a handler, as on a worker.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dispatcher.constants import DEFAULT_QUEUE
 from dispatcher.db.rows import Failure
 from dispatcher.errors import PermanentJobError, Snooze
 from dispatcher.model import STATUS_COMPLETED, FailureKind, Job
+from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.settings.defaults import (
     DEFAULT_LEASE_S,
@@ -161,7 +162,7 @@ class Runner:
     async def _call(self, handler: Handler, job: Job) -> None:
         limit = handler.timeout_s or self.job_timeout_s
         if handler.is_async:
-            task = asyncio.ensure_future(handler.run(job))
+            task = asyncio.ensure_future(_in_job(handler, job))
             done, _ = await asyncio.wait([task], timeout=limit or None)
             if not done:
                 task.cancel()
@@ -171,7 +172,7 @@ class Runner:
             return
         started = time.monotonic()
         # a thread, as in the worker (thread-locals differ)
-        await asyncio.to_thread(handler.run, job)
+        await asyncio.to_thread(run_in_job, handler.run, job)
         elapsed = time.monotonic() - started
         if limit and elapsed > limit:
             raise _TimedOut(f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)")
@@ -217,6 +218,11 @@ class Runner:
         attempt = Attempt(job.id, job.job_type, job.attempts, status, kind, error, snoozed)
         self.attempts.append(attempt)
         return attempt
+
+
+async def _in_job(handler: Handler, job: Job) -> Any:
+    CURRENT_JOB.set(job)  # in the task's own context, as the executor's _run_async
+    return await handler.run(job)
 
 
 class _TimedOut(Exception):

@@ -6,7 +6,8 @@ exception goes through the project's RetryPolicy with the handler's own retry se
 after a backoff, `failed` after max_attempts, `discarded` for PermanentJobError, `failed` at once
 for an unknown job type), a `Snooze` queues it again without spending an attempt. No
 sleeping: the store's FakeClock stands still while jobs run, and `drain()` advances it to each
-retry's run_at. `current_job()` answers inside a handler, as on a worker.
+retry's run_at. The registry's schedules enqueue a job for each slot the clock reaches
+(schedules.py), and `current_job()` answers inside a handler, as on a worker.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dispatcher.settings.defaults import (
     DEFAULT_RETRY_CAP_S,
 )
 from dispatcher.testing.memory_store import MemoryStore
+from dispatcher.testing.schedules import RunnerSchedules
 
 T = TypeVar("T")
 MAX_JOBS = 10_000  # a drain that runs more attempts than this is a handler enqueueing forever
@@ -60,7 +62,9 @@ class Runner:
     `queues`: the queues to run (default: every queue). `retry_base_s`, `retry_cap_s` and `rand`
     are the RetryPolicy's (defaults: the worker's; `rand=lambda: 1.0` makes every backoff its
     bound). `job_timeout_s`: the limit of a handler with no timeout_s of its own (0: none; it is
-    real time, as in a worker). `max_snoozes`: DISPATCHER_MAX_SNOOZES."""
+    real time, as in a worker). `max_snoozes`: DISPATCHER_MAX_SNOOZES. `schedules`: whether the
+    registry's schedules enqueue their slots' jobs as the clock moves (from their first slot after
+    the store's clock now)."""
 
     def __init__(
         self,
@@ -74,6 +78,7 @@ class Runner:
         job_timeout_s: float = 0.0,
         lease_s: float = DEFAULT_LEASE_S,
         max_snoozes: int = DEFAULT_MAX_SNOOZES,
+        schedules: bool = True,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -83,27 +88,33 @@ class Runner:
         self.lease_s = lease_s
         self.max_snoozes = max_snoozes
         self.attempts: list[Attempt] = []  # every attempt this runner made, in order
+        self.schedules = RunnerSchedules(store, registry, queues) if schedules else None
 
     def advance(self, seconds: float) -> None:
-        """Move the store's clock forward: retries and scheduled jobs come due without sleeping."""
+        """Move the store's clock forward: retries and delayed jobs come due without sleeping,
+        and each schedule's slots passed get their jobs (run by `run_due`)."""
         self.store.clock.advance(seconds)
+        self._enqueue_slots()
 
     # -- sync: plain tests ---------------------------------------------------------------------
 
     def run_due(self) -> list[Attempt]:
         """Run every job due now, and those the handlers enqueue due now, until none is; the clock
-        stays put, so a retry (always in the future) waits for `advance` or `drain`."""
+        stays put, so a retry (always in the future) waits for `advance` or `drain`. The slots the
+        clock has reached are enqueued first."""
         return _run(self.arun_due())
 
     def drain(self, max_jobs: int = MAX_JOBS) -> list[Attempt]:
         """Run until no job is queued, advancing the clock to each next run_at (retries, scheduled
-        jobs): every job ends completed, failed, discarded or cancelled."""
+        jobs): every job ends completed, failed, discarded or cancelled. It never moves the clock
+        to a schedule's next slot (a schedule has one forever), but enqueues the slots it passes."""
         return _run(self.adrain(max_jobs))
 
     # -- async: tests that already run an event loop ---------------------------------------------
 
     async def arun_due(self, max_jobs: int = MAX_JOBS) -> list[Attempt]:
         made: list[Attempt] = []
+        self._enqueue_slots()
         while batch := self._claim():
             for job in batch:
                 made.append(await self._attempt(job))
@@ -132,8 +143,13 @@ class Runner:
     def _claim(self) -> list[Job]:
         for queue in self._queues():
             if jobs := self.store.claim(queue, 100, self.lease_s).jobs:
-                return jobs
+                slots = self.schedules
+                return jobs if slots is None else [slots.with_slot(job) for job in jobs]
         return []
+
+    def _enqueue_slots(self) -> None:
+        if self.schedules is not None:
+            self.schedules.enqueue_due()
 
     def _next_run_at(self) -> datetime | None:
         times = [t for q in self._queues() if (t := self.store.next_run_at(q)) is not None]

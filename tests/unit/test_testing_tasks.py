@@ -1,5 +1,6 @@
-"""dispatcher.testing with typed tasks: `perform_job`, `assert_enqueued` given a task, and
-`current_job()` under the Runner."""
+"""dispatcher.testing with typed tasks and schedules: `perform_job`, `assert_enqueued` given a
+task, `current_job()` under the Runner, and the registry's schedules enqueued as the fake clock
+moves."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dispatcher import (
     EnqueueError,
@@ -17,8 +20,10 @@ from dispatcher import (
     Registry,
     Snooze,
     current_job,
+    enqueue_sync,
 )
 from dispatcher.testing import (
+    FakeClock,
     MemoryStore,
     Runner,
     aperform_job,
@@ -27,6 +32,7 @@ from dispatcher.testing import (
     perform_job,
     refute_enqueued,
 )
+from dispatcher.testing.schedules import MAX_SLOTS
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 registry = Registry()
@@ -157,3 +163,97 @@ def test_under_the_runner_current_job_is_the_job_running() -> None:
     assert (cents, priority) == (9, 4)
     with pytest.raises(RuntimeError, match="only known inside a job's handler"):
         current_job()
+
+
+def scheduled() -> tuple[MemoryStore, Registry, list[datetime | None]]:
+    store, r = MemoryStore(FakeClock(T0)), Registry()
+    slots: list[datetime | None] = []
+
+    @r.task(queue="ops")
+    def ping(kind: str = "short") -> None:
+        slots.append(current_job().scheduled_for)
+
+    r.schedule("heartbeat", every_s=30, job_type="ping", queue="ops", payload={"kind": "long"})
+    return store, r, slots
+
+
+def test_advancing_the_clock_enqueues_each_slot_passed_and_run_due_runs_them() -> None:
+    store, r, slots = scheduled()
+    runner = Runner(store, r)
+    assert runner.run_due() == [] and store.jobs() == []  # the first slot is T0 + 30 s
+    runner.advance(65)
+    jobs = assert_enqueued(store, "ping", {"kind": "long"}, queue="ops", count=2)
+    assert jobs.run_at == T0 + timedelta(seconds=60)
+    assert [a.status for a in runner.run_due()] == ["completed", "completed"]
+    assert slots == [T0 + timedelta(seconds=30), T0 + timedelta(seconds=60)]
+    runner.advance(10)
+    assert runner.run_due() == []  # the next slot is T0 + 90 s
+    store.clock.advance(20)  # the store's clock moved directly: run_due enqueues the slot too
+    assert len(runner.run_due()) == 1 and slots[-1] == T0 + timedelta(seconds=90)
+
+
+_failed: set[int] = set()
+
+
+def _fail_first(job: Job) -> None:
+    if job.id not in _failed:
+        _failed.add(job.id)
+        raise ConnectionError("first attempt")
+
+
+def test_drain_runs_the_slots_it_passes_but_never_waits_for_the_next_one() -> None:
+    store, r, slots = scheduled()
+    r.handler("retry_once", max_attempts=2)(_fail_first)
+    runner = Runner(store, r, rand=lambda: 1.0, retry_base_s=100)
+    enqueue_sync(store, "retry_once", queue="ops")
+    runner.drain()  # the retry is due 100 s later: the clock passes 3 slots on its way there
+    assert store.clock.now() == T0 + timedelta(seconds=100)
+    assert slots == [T0 + timedelta(seconds=s) for s in (30, 60, 90)]
+    assert runner.drain() == [] and store.clock.now() == T0 + timedelta(seconds=100)
+
+
+def test_cron_schedules_and_the_runners_queues() -> None:
+    store = MemoryStore(FakeClock(T0 + timedelta(minutes=30)))
+    r = Registry()
+    r.handler("report", schedule="@hourly")(lambda job: None)
+    r.schedule("elsewhere", "0 * * * *", job_type="report", queue="other")
+    runner = Runner(store, r, queues=["default"])
+    runner.advance(3 * 3600)
+    assert [j.run_at.hour for j in enqueued(store, "report")] == [1, 2, 3]
+    assert enqueued(store, "report", queue="other") == []  # not a queue this runner runs
+
+
+def test_a_runner_without_schedules_enqueues_none() -> None:
+    store, r, _ = scheduled()
+    Runner(store, r, schedules=False).advance(3600)
+    assert store.jobs() == []
+
+
+def test_a_jump_past_too_many_slots_is_refused() -> None:
+    store, r, _ = scheduled()
+    runner = Runner(store, r)
+    with pytest.raises(RuntimeError, match=f"schedule 'heartbeat' has over {MAX_SLOTS} slots"):
+        runner.advance(30 * (MAX_SLOTS + 1))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    every_s=st.integers(1, 3600),
+    start_s=st.integers(0, 86_400),
+    steps=st.lists(st.floats(0, 7200, allow_nan=False), min_size=1, max_size=6),
+)
+def test_each_slot_passed_gets_one_job_however_the_clock_is_moved(
+    every_s: int, start_s: int, steps: list[float]
+) -> None:
+    start = T0 + timedelta(seconds=start_s)
+    store, r = MemoryStore(FakeClock(start)), Registry()
+    r.handler("tick")(lambda job: None)
+    r.schedule("tick", every_s=every_s, job_type="tick")
+    runner = Runner(store, r)
+    for step in steps:
+        runner.advance(step)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    begin_s, end_s = ((t - epoch).total_seconds() for t in (start, store.clock.now()))
+    first = (int(begin_s) // every_s + 1) * every_s  # slots: multiples of every_s since the epoch
+    expected = [epoch + timedelta(seconds=n) for n in range(first, int(end_s) + 1, every_s)]
+    assert [j.run_at for j in store.jobs()] == expected  # each once, in order

@@ -69,8 +69,14 @@ ORDERING_KEYS_PROMOTED = Counter(
     "whose next job it promoted",
 )
 LEASES_LOST = Counter(
-    "dispatcher_leases_lost_total", "Heartbeats that found the job no longer ours"
+    "dispatcher_leases_lost_total",
+    "Leases of running or claimed jobs this worker lost, by reason: taken_over (a heartbeat found "
+    "the job no longer ours) or ran_out (it ran out by the worker's own timer while heartbeats "
+    "did not reach the database: a stall, a stopped process)",
+    ["reason"],
 )
+for _reason in ("taken_over", "ran_out"):  # both series from the start, at 0
+    LEASES_LOST.labels(_reason)
 LOST_LEASE_JOBS = Counter(
     "dispatcher_lost_lease_jobs_total",
     "Jobs whose lease this worker lost (taken over, or run out while the database was "

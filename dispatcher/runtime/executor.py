@@ -28,6 +28,8 @@ from dispatcher.observe.job_metrics import JOB_STATS, JobStats
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.held_jobs import (
     LOST_ACTIONS,
+    RAN_OUT,
+    TAKEN_OVER,
     ExecutorStats,
     Running,
     State,
@@ -204,6 +206,7 @@ class Executor:
             future = loop.run_in_executor(self._threads, run_in_job, handler.run, entry.job)
             future.add_done_callback(functools.partial(self._sync_done, entry, handler, started))
         if expiring:
+            self._count_lost(RAN_OUT, len(expiring))
             log.warning(
                 "lost the lease of %d backlogged jobs (it ran out before a thread was free, while "
                 "heartbeats failed): dropped before they started; ids %s",
@@ -403,9 +406,10 @@ class Executor:
             )
         return len(entries)
 
-    def lose(self, ids: Iterable[int], why: str) -> int:
-        """These leases are no longer ours (`why`): nothing of these jobs may start or be written
-        here any more. Returns how many we still held."""
+    def lose(self, ids: Iterable[int], why: str, reason: str = TAKEN_OVER) -> int:
+        """These leases are no longer ours (`why`; `reason`: TAKEN_OVER or RAN_OUT, for
+        dispatcher_leases_lost_total): nothing of these jobs may start or be written here any
+        more. Returns how many we still held."""
         entries = [
             e
             for i in ids
@@ -414,6 +418,7 @@ class Executor:
         if not entries:
             return 0
         actions = collections.Counter(self._lose(entry) for entry in entries)
+        self._count_lost(reason, len(entries))
         ids = [e.job.id for e in entries[:20]]
         log.warning(
             "lost the lease of %d jobs (%s): %s; ids %s",
@@ -432,7 +437,16 @@ class Executor:
         return self.lose(
             [r.job.id for r in self._running.values() if r.lease_until <= now],
             "it ran out while our heartbeats did not reach the database",
+            RAN_OUT,
         )
+
+    def _count_lost(self, reason: str, n: int) -> None:
+        """`n` leases lost for `reason`: the stop line's counters and the metric, once a batch."""
+        if reason == RAN_OUT:
+            self.stats.leases_ran_out += n
+        else:
+            self.stats.leases_taken_over += n
+        metrics.LEASES_LOST.labels(reason).inc(n)
 
     def _lose(self, entry: Running) -> str:
         """Stop what can be stopped of a job whose lease is gone; returns what was done."""

@@ -27,6 +27,9 @@ def new_task(
 
 
 # What became of a job whose lease we lost (the metric's label -> the log's words).
+# Why a lease was lost (dispatcher_leases_lost_total{reason}): a heartbeat found the job taken
+# over, or it ran out by the executor's own timer while heartbeats did not reach the database.
+TAKEN_OVER, RAN_OUT = "taken_over", "ran_out"
 LOST_ACTIONS = {
     "dropped_unstarted": "dropped before they started",
     "cancelled": "cancelled (async)",
@@ -72,3 +75,6 @@ class ExecutorStats:
     lost_dropped: int = 0  # lease lost before the job started: never started here
     lost_cancelled: int = 0  # lease lost while an async handler ran: cancelled, no outcome
     lost_running: int = 0  # lease lost while a sync handler ran: it finishes, its outcome is fenced
+    # leases lost, by why: a heartbeat found them taken over; they ran out by our own timer
+    leases_taken_over: int = 0
+    leases_ran_out: int = 0

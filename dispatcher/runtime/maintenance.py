@@ -20,6 +20,7 @@ from dispatcher.model import STATUS_QUEUED, FailureKind
 from dispatcher.observe import metrics
 from dispatcher.runtime import joblog
 from dispatcher.runtime.executor import Executor
+from dispatcher.runtime.held_jobs import TAKEN_OVER
 from dispatcher.runtime.retry import RetryPolicy, lease_expired_error
 from dispatcher.runtime.vitals import Vitals
 from dispatcher.settings.sections import LeaseSettings, MaintenanceSettings
@@ -58,7 +59,6 @@ class LeaseKeeper(PeriodicService):
         self._executor = executor
         self._lease_s = leases.lease_s
         self._vitals = vitals if vitals is not None else Vitals()  # writes heartbeats_failing_since
-        self.leases_lost = 0
 
     @property
     def stalled(self) -> bool:
@@ -85,13 +85,13 @@ class LeaseKeeper(PeriodicService):
         if due:
             self._executor.extended(kept, sent_at + self._lease_s)
             # A job that finished while the statement ran was not extended either, and is not lost.
-            lost = self._executor.lose(
+            # Counted by the executor (dispatcher_leases_lost_total{reason="taken_over"}), as are
+            # the leases its own timer gives up while heartbeats fail (reason="ran_out").
+            self._executor.lose(
                 [j.id for j in due if j.id not in kept],
                 "taken over: its lease had run out and another worker or a reaper got it",
+                TAKEN_OVER,
             )
-            if lost:
-                self.leases_lost += lost
-                metrics.LEASES_LOST.inc(lost)
             self._executor.cancel([job_id for job_id, cancel in kept.items() if cancel])
         return None
 

@@ -61,7 +61,8 @@ class WorkerStats:
     timeouts: int
     released: int
     reaped: int
-    leases_lost: int
+    leases_lost: int  # taken over (a heartbeat found so) or run out (our own timer), together
+    leases_ran_out: int  # of them: run out while heartbeats did not reach the database
     abandoned: int
 
 
@@ -155,7 +156,8 @@ class Worker:
             self.executor.stats.timeouts,
             self._released,
             self.services.reaper.reaped,
-            self.services.lease_keeper.leases_lost,
+            self.executor.stats.leases_taken_over + self.executor.stats.leases_ran_out,
+            self.executor.stats.leases_ran_out,
             self.abandoned,
         )
 

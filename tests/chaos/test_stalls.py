@@ -74,6 +74,12 @@ def test_a_stalled_connection_is_noticed_and_its_jobs_given_up_before_anyone_can
         lambda: status_counts(chaos_dsn).get("completed") == 210, 60, "the new jobs are done"
     )
     assert workers.stop_all() == {"s": 0, "h": 0}, workers.log_tails()
+    # The 10 leases its own timer gave up are counted in its stop line (and in
+    # dispatcher_leases_lost_total{reason="ran_out"}), not only those a heartbeat found taken over.
+    (stop_line,) = [
+        line for line in stalled.log_text().splitlines() if "worker s stopped in" in line
+    ]
+    assert " leases_lost=10 leases_ran_out=10 " in stop_line, stop_line
 
     # 1 s: log polling, load
     assert noticed_s <= NOTICE_BOUND_S + 1.0, f"stall noticed after {noticed_s:.1f} s"

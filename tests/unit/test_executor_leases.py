@@ -7,9 +7,11 @@ import threading
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 import dispatcher
 from dispatcher.api.registry import Registry
+from dispatcher.errors import StoreUnavailable
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.maintenance import LeaseKeeper
 from dispatcher.runtime.retry import RetryPolicy
@@ -17,6 +19,13 @@ from dispatcher.settings.sections import LeaseSettings
 from dispatcher.testing import FakeClock, MemoryStore
 from tests.helpers import run_async, wait_until_async
 from tests.unit.test_executor import Recorder, execution, job, leases
+
+
+def leases_lost(reason: str) -> float:
+    """dispatcher_leases_lost_total{reason} as a scrape reads it (process-wide: tests diff it)."""
+    value = REGISTRY.get_sample_value("dispatcher_leases_lost_total", {"reason": reason})
+    assert value is not None, "both series exist from the start"
+    return value
 
 
 def make(registry: Registry, clock=time.monotonic, **kw) -> tuple[Executor, Recorder]:
@@ -62,8 +71,10 @@ def test_a_lost_lease_drops_unstarted_jobs_cancels_async_ones_and_fences_running
             "jobs 1 and 4 started",
             interval_s=0.005,
         )
+        before = leases_lost("taken_over"), leases_lost("ran_out")
         assert executor.lose([1, 2, 4], "taken over") == 3
         assert executor.lose([1, 2, 4], "taken over") == 0  # already lost: counted once
+        assert (leases_lost("taken_over"), leases_lost("ran_out")) == (before[0] + 3, before[1])
         # Job 1's thread still holds its slot, job 3 waits in the backlog; 2 and 4 freed theirs.
         await wait_until_async(
             lambda: executor.in_flight == 2, 5, "the lost jobs freed their slots", interval_s=0.005
@@ -82,6 +93,7 @@ def test_a_lost_lease_drops_unstarted_jobs_cancels_async_ones_and_fences_running
     assert rec.outcomes == {}, "a cancelled lost job is not a failed attempt either"
     stats = executor.stats
     assert (stats.lost_dropped, stats.lost_cancelled, stats.lost_running) == (1, 1, 1)
+    assert (stats.leases_taken_over, stats.leases_ran_out) == (3, 0)
     assert not executor.running_since(time.monotonic() + 100), "nothing of ours left to heartbeat"
 
 
@@ -137,6 +149,9 @@ def test_leases_about_to_run_out_without_a_heartbeat_are_lost_before_they_end():
         executor.stats.lost_running,
     ) == (1, 1, 1)
     assert started == [1] and rec.completed_ids == [] and rec.outcomes == {}
+    assert (executor.stats.leases_taken_over, executor.stats.leases_ran_out) == (0, 3), (
+        "lost to the executor's own timer: counted as run out"
+    )
 
 
 async def _sleep_30(job):
@@ -157,10 +172,12 @@ def test_a_backlogged_job_whose_lease_is_about_to_lapse_is_not_started():
             lambda: executor.in_flight == 0, 5, "every attempt ended", interval_s=0.005
         )
 
+    ran_out = leases_lost("ran_out")
     run_async(main())
     executor.close()
     assert started == [1] and rec.completed_ids == [1]
     assert executor.stats.lost_dropped == 1
+    assert executor.stats.leases_ran_out == 1 and leases_lost("ran_out") == ran_out + 1
 
 
 def test_an_extended_lease_keeps_a_backlogged_job_startable():
@@ -295,4 +312,53 @@ def test_the_lease_keeper_keeps_leases_on_the_fake_clock_and_brings_a_cancel_req
 
     run_async(main())
     executor.close()
-    assert keeper.leases_lost == 0 and not keeper.stalled
+    assert not keeper.stalled
+    assert (executor.stats.leases_taken_over, executor.stats.leases_ran_out) == (0, 1), (
+        "only the lease_expired call above gave one up"
+    )
+
+
+class StalledStore(MemoryStore):
+    """A store whose heartbeats get no answer: a stalled database, or a stopped process."""
+
+    async def jobs_extend_leases(self, jobs, lease_s):
+        raise StoreUnavailable("heartbeat: no answer within 1 s")
+
+    async def ping(self):
+        raise StoreUnavailable("ping: no answer within 1 s")
+
+
+def test_leases_that_run_out_while_heartbeats_fail_are_counted_as_lost_by_the_timer():
+    """The lease keeper's statements fail; the executor's own timer gives the jobs up before their
+    leases end. Both are leases lost: dispatcher_leases_lost_total{reason="ran_out"}, and the
+    executor's stats (the worker's stop line), not only the heartbeat-found ones."""
+    clock = FakeClock()
+    store = StalledStore(clock, worker_id="w1")
+    registry, started, _ = blocking_registry()
+    executor, rec = make(registry, lease_s=2.0, lose_early_s=0.125, clock=clock)
+    lease_settings = LeaseSettings(
+        lease_s=2.0, heartbeat_s=0.5, start_margin_s=0.25, lose_early_s=0.125
+    )
+    keeper = LeaseKeeper(store, executor, lease_settings, clock=clock)  # type: ignore[arg-type]
+    dispatcher.enqueue_sync(store, "wait")
+    dispatcher.enqueue_sync(store, "wait")
+    before = leases_lost("taken_over"), leases_lost("ran_out")
+
+    async def main():
+        jobs = store.claim("default", 2, 2.0).jobs
+        executor.start(jobs, clock())
+        await wait_until_async(lambda: len(started) == 2, 5, "both handlers run", interval_s=0.005)
+        clock.advance(0.6)
+        await keeper.tick()  # fails: stalled from now on
+        assert keeper.stalled
+        clock.advance(1.3)  # 1.9 s: within lose_early_s of the 2 s lease
+        executor.extended([], clock())  # re-arms the timer on the clock's new time
+        await wait_until_async(
+            lambda: executor.in_flight == 0, 5, "the timer gave both up", interval_s=0.005
+        )
+
+    run_async(main())
+    executor.close()
+    assert (executor.stats.leases_taken_over, executor.stats.leases_ran_out) == (0, 2)
+    assert (leases_lost("taken_over"), leases_lost("ran_out")) == (before[0], before[1] + 2)
+    assert executor.stats.lost_cancelled == 2 and rec.outcomes == {}

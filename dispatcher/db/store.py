@@ -523,10 +523,17 @@ class JobStore:
         cur = await self._execute("queue_depth", query("queue_depth"), {}, budget=SLOW_STATEMENT)
         return rows.typed(QueueDepth, await cur.fetchall())
 
-    async def maintenance_lease_take(self, name: str, ttl_s: float) -> bool:
+    async def maintenance_lease_take(
+        self, name: str, ttl_s: float, yielding: Sequence[str] = ()
+    ) -> bool:
         """Take or renew the one-pod-at-a-time role `name` for `ttl_s` (database clock); True:
-        ours."""
-        params = {"name": name, "holder": self.worker_id, "ttl_s": ttl_s}
+        ours. `yielding`: holders it may be taken from before their lease ends."""
+        params = {
+            "name": name,
+            "holder": self.worker_id,
+            "ttl_s": ttl_s,
+            "yielding": list(yielding),
+        }
         cur = await self._execute("lease_take", query("maintenance_lease_take"), params)
         return await cur.fetchone() is not None
 

@@ -49,8 +49,13 @@ JOBS_COMPLETED = Counter(
     "Jobs completed (written: marked completed, or deleted if DISPATCHER_COMPLETED_JOBS=delete)",
 )
 JOBS_RETRIED = Counter("dispatcher_jobs_retried_total", "Failed attempts rescheduled for retry")
-JOBS_FAILED = Counter(
-    "dispatcher_jobs_failed_total", "Jobs failed for good (attempts exhausted, no handler)"
+JOBS_FAILED = Counter("dispatcher_jobs_failed_total", "Jobs failed for good (attempts exhausted)")
+JOBS_UNSERVED = Counter(
+    "dispatcher_jobs_unserved_total",
+    "Jobs claimed by a worker without a handler for their type (a rollout): handed_back (their "
+    "attempt not spent), discarded (nobody served the type for DISPATCHER_UNSERVED_TYPE_DISCARD_S) "
+    "or cancelled (an operator asked meanwhile)",
+    ["queue", "job_type", "outcome"],
 )
 JOBS_DISCARDED = Counter("dispatcher_jobs_discarded_total", "Jobs discarded by a permanent error")
 JOBS_FENCED = Counter(

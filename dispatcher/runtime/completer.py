@@ -18,6 +18,7 @@ from typing import Protocol
 
 from dispatcher.backoff import jittered
 from dispatcher.constants import LIMIT_ANY as ANY_TYPE
+from dispatcher.db.handbacks import HandBack, hand_back
 from dispatcher.db.rows import Chain, FailedWrite, Failure, HistoryRows
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
@@ -32,7 +33,7 @@ from dispatcher.model import (
 )
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
-from dispatcher.runtime import joblog
+from dispatcher.runtime import joblog, unserved
 from dispatcher.settings.sections import CompletionSettings
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class Completer:
         urgent_types: Set[str] = frozenset(),
         written: Callable[[], None] | None = None,
         job_stats: JobStats = JOB_STATS,
+        unserved_window_s: float = 3600.0,
     ) -> None:
         """`chaining`: where keyed completions claim their keys' next jobs (partitioned mode);
         `urgent_types`: the job types whose outcomes are written at once, a view that flow control
@@ -100,6 +102,9 @@ class Completer:
         self._durations_s: list[float] = []
         self._keyed = False  # some pending completion has an ordering key: flush at once, promoting
         self._failures: list[Failure] = []
+        # jobs of a type without a handler here, handed back (runtime/unserved.py)
+        self._hand_backs: list[HandBack] = []
+        self.unserved_window_s = unserved_window_s
         self._history = HistoryRows()
         self._full = asyncio.Event()
         self._lock = asyncio.Lock()  # one flush at a time: the run loop and a shutdown flush
@@ -157,9 +162,15 @@ class Completer:
         if len(self._failures) >= self._flush_max:
             self._full.set()
 
+    def handed_back(self, back: HandBack) -> None:
+        """A job whose type has no handler here, handed back: written at once (rare, and the job
+        should reach a worker that serves its type soon)."""
+        self._hand_backs.append(back)
+        self._full.set()
+
     @property
     def pending(self) -> int:
-        return len(self._ids) + len(self._failures)
+        return len(self._ids) + len(self._failures) + len(self._hand_backs)
 
     async def run(self) -> None:
         """Flush forever; cancelled by the worker, which then calls `flush()` itself, shielded."""
@@ -187,13 +198,14 @@ class Completer:
         """Write everything pending. On a store error, what was not written is put back and it
         raises."""
         async with self._lock:
-            if not self._ids and not self._failures and not self._history:
+            if not self._ids and not self._failures and not self._history and not self._hand_backs:
                 return
             started = time.perf_counter()
             ids, tokens, self._ids, self._tokens = self._ids, self._tokens, [], []
             done, durations_s, self._done, self._durations_s = self._done, self._durations_s, [], []
             keyed, self._keyed = self._keyed, False
             failures, self._failures = self._failures, []
+            backs, self._hand_backs = self._hand_backs, []
             history, self._history = self._history, HistoryRows()
             try:
                 if ids:
@@ -215,6 +227,10 @@ class Completer:
                     self._record_failures(written, rows, history)
                     # once written: the lines say what the rows hold
                     joblog.failures_written(written, rows)
+                if backs:
+                    handed = await hand_back(self.store, backs, self.unserved_window_s)
+                    backs = []
+                    unserved.written(handed)
                 if history:
                     await self.store.history_record(history)
             # a store error, or a cancelled final flush: keep the count right
@@ -225,6 +241,7 @@ class Completer:
                 self._done[:0], self._durations_s[:0] = done, durations_s
                 self._keyed = self._keyed or (keyed and bool(ids))
                 self._failures[:0] = failures
+                self._hand_backs[:0] = backs
                 history.extend(self._history)
                 self._history = history
                 raise

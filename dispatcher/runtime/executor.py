@@ -38,6 +38,7 @@ from dispatcher.runtime.held_jobs import (
 )
 from dispatcher.runtime.joblog import exception_line
 from dispatcher.runtime.retry import RetryPolicy
+from dispatcher.runtime.unserved import Unserved
 from dispatcher.settings.sections import ExecutionSettings, LeaseSettings
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,19 @@ class Executor:
         *,
         job_stats: JobStats = JOB_STATS,
         clock: Callable[[], float] = time.monotonic,
+        served_lately: Callable[[str], bool | None] | None = None,
     ) -> None:
+        """`served_lately(job_type)`: whether any worker served the type lately (the registry:
+        runtime/presence.py); without it, jobs of a type with no handler here are only handed
+        back, never discarded."""
         self._registry = registry
+        self._unserved = Unserved(
+            execution.worker_id,
+            registry.job_types,
+            execution.unserved_type_discard_s,
+            served_lately or (lambda job_type: None),
+            clock,
+        )
         # Seconds, monotonic: leases, durations and every time argument below are on it (tests: a
         # FakeClock).
         self._clock = clock
@@ -251,12 +263,8 @@ class Executor:
     # -- outcomes ----------------------------------------------------------------------------------
 
     def _unknown_job_type(self, job: Job) -> None:
-        known = ", ".join(self._registry.job_types()) or "none"
-        message = (
-            f"no handler registered for job_type {job.job_type!r} in worker "
-            f"{self._worker_id} (known: {known})"
-        )
-        self._fail(job, FailureKind.UNKNOWN_TYPE, message, self._clock())
+        # Never a failure: during a rollout the type's handler is on the newer pods (unserved.py).
+        self._completer.handed_back(self._unserved.hand_back(job))
         self._finish_slot()
 
     def _fail_with(self, job: Job, exc: BaseException, started: float) -> None:

@@ -25,6 +25,7 @@ from dispatcher.runtime.flow_control import FlowControl
 from dispatcher.runtime.janitor import Pruner
 from dispatcher.runtime.maintenance import LeaseKeeper, PlannerStats, Reaper
 from dispatcher.runtime.ordering import KeySweeper
+from dispatcher.runtime.presence import Identity, Presence, declared_schedules
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.stuck import StuckWatch
@@ -38,7 +39,7 @@ StoreFactory = Callable[[str, str, str, ConnectionLimits, str], JobStore]
 
 # A service that holds a fleet-wide role (one pod at a time): released at shutdown, so the next
 # pod takes it at its next tick instead of after our lease runs out.
-RoleHolder = TableSampler | Pruner | KeySweeper | Scheduler
+RoleHolder = TableSampler | Pruner | KeySweeper | Scheduler | Presence
 
 
 def connect_store(
@@ -75,6 +76,7 @@ class Services:
     key_sweeper: KeySweeper
     table_sampler: TableSampler
     scheduler: Scheduler
+    presence: Presence  # this worker's row in the worker registry
     periodic: tuple[PeriodicService, ...]  # every loop of the maintenance, run beside the job path
     roles: tuple[RoleHolder, ...]
 
@@ -115,11 +117,25 @@ def build_services(
     # so a slow ANALYZE never delays a heartbeat); the other maintenance services together.
     claim_store, completions, maint = store("claim"), store("complete"), store("maint")
     policy = RetryPolicy(config.execution.retry_base_s, config.execution.retry_cap_s)
+    executor: Executor
+    presence = Presence(
+        maint,
+        Identity(
+            worker.worker_id,
+            claims.mode,
+            config.coordination.coordinator if config.coordination.used else "none",
+            tuple(claims.queues),
+            tuple(registry.job_types()),
+            claims.concurrency,
+            declared_schedules(registry.schedules(), claims.queues),
+        ),
+        lambda: executor.in_flight,
+        unserved_window_s=config.execution.unserved_type_discard_s,
+    )
     flow = FlowControl(claim_store, claims.queues, vitals=vitals)
     # The executor is built on the completer, yet the completer's chained claims start on the
     # executor and its writes wake the producer: it reaches those two, built after it, through
     # callables (called only once the worker runs).
-    executor: Executor
     producer: Producer
     chaining = (
         Chaining(
@@ -139,8 +155,16 @@ def build_services(
         chaining=chaining,
         urgent_types=flow.urgent_types,
         written=lambda: producer.outcomes_written(),
+        unserved_window_s=config.execution.unserved_type_discard_s,
     )
-    executor = Executor(registry, policy, completer, config.execution, config.leases)
+    executor = Executor(
+        registry,
+        policy,
+        completer,
+        config.execution,
+        config.leases,
+        served_lately=presence.served_lately,
+    )
     producer = Producer(claims, claim_store, by_queue, executor, vitals=vitals, flow=flow)
     # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
     listener = (
@@ -173,7 +197,12 @@ def build_services(
         maint, interval_s=config.maintenance.table_sample_interval_s, queues=claims.queues
     )
     scheduler = Scheduler(
-        maint, registry.schedules(), claims.queues, completed_jobs=config.completion.completed_jobs
+        maint,
+        registry.schedules(),
+        claims.queues,
+        completed_jobs=config.completion.completed_jobs,
+        defers=presence.defers_schedules,
+        yielding=presence.yielding_schedules,
     )
     return Services(
         assignments=by_queue,
@@ -191,7 +220,9 @@ def build_services(
         key_sweeper=key_sweeper,
         table_sampler=table_sampler,
         scheduler=scheduler,
+        presence=presence,
         periodic=(
+            presence,
             lease_keeper,
             reaper,
             pruner,
@@ -200,5 +231,5 @@ def build_services(
             PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
             table_sampler,
         ),
-        roles=(table_sampler, pruner, key_sweeper, scheduler),
+        roles=(table_sampler, pruner, key_sweeper, scheduler, presence),
     )

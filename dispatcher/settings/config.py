@@ -109,6 +109,7 @@ class Config(ConfigFields):
                 self.retry_base_s,
                 self.retry_cap_s,
                 max_snoozes=self.max_snoozes,
+                unserved_type_discard_s=self.unserved_type_discard_s,
                 stuck_grace_s=self.stuck_grace_s,
                 stuck_exit_after_s=self.stuck_exit_after_s,
             ),

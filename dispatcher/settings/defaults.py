@@ -15,6 +15,8 @@ DEFAULT_RETRY_BASE_S = 1.0  # first retry waits up to 1 s ...
 DEFAULT_RETRY_CAP_S = 900.0  # ... doubling per attempt, capped at 15 min
 # a job snoozing more than this is stuck, not waiting: its snoozes become failures
 DEFAULT_MAX_SNOOZES = 100
+# A job whose type no worker has served for this long is discarded (until then it is handed back)
+DEFAULT_UNSERVED_TYPE_DISCARD_S = 3600.0
 DEFAULT_FLUSH_INTERVAL_S = 0.05  # completions are written at most 50 ms late (River's figure)
 DEFAULT_FLUSH_MAX = 2000  # ... or as soon as 2,000 are pending
 DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds is 30

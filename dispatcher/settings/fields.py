@@ -34,6 +34,7 @@ from dispatcher.settings.defaults import (
     DEFAULT_LOOP_STALL_S,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_SNOOZES,
+    DEFAULT_UNSERVED_TYPE_DISCARD_S,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_PRUNE_BATCH,
     DEFAULT_PRUNE_INTERVAL_S,
@@ -204,6 +205,15 @@ class ConfigFields:
         unit="snoozes",
         help="snoozes (`raise Snooze(s)`) one job may take without spending attempts; past them "
         "each is a failed attempt",
+    )
+    unserved_type_discard_s: float = setting(
+        DEFAULT_UNSERVED_TYPE_DISCARD_S,
+        section="execution",
+        parse=float,
+        unit="seconds",
+        help="a job whose type has no handler in the worker that claimed it is handed back, its "
+        "attempt not spent; once no worker has served its type for this long (and the job is that "
+        "old), it is discarded",
     )
     flush_interval_s: float = setting(
         DEFAULT_FLUSH_INTERVAL_S,

@@ -104,6 +104,11 @@ def check(c: ConfigFields) -> None:
     _check(c.retry_base_s > 0, "retry_base_s", "must be > 0")
     _check(c.retry_cap_s >= c.retry_base_s, "retry_cap_s", "must be >= retry_base_s")
     _check(0 <= c.max_snoozes <= 1_000_000, "max_snoozes", "must be between 0 and 1000000")
+    _check(
+        c.unserved_type_discard_s >= 60,
+        "unserved_type_discard_s",
+        "must be at least 60 (seconds): a rollout must have time to start its workers",
+    )
     _check(0 < c.flush_interval_s <= 5, "flush_interval_s", "must be in (0, 5]")
     _check(1 <= c.flush_max <= 50_000, "flush_max", "must be between 1 and 50000")
     _check(c.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")

@@ -118,6 +118,8 @@ class ExecutionSettings:
     retry_base_s: float
     retry_cap_s: float
     max_snoozes: int = 100  # snoozes per job that do not spend an attempt (DISPATCHER_MAX_SNOOZES)
+    # a job of a type nobody served this long is discarded (DISPATCHER_UNSERVED_TYPE_DISCARD_S)
+    unserved_type_discard_s: float = 3600.0
     # A handler still running this long after its timeout fired is stuck (runtime/stuck.py) ...
     stuck_grace_s: float = DEFAULT_STUCK_GRACE_S
     # ... and the worker exits once one is stuck this long (0: never for that), or stuck ones hold

@@ -15,7 +15,15 @@ import pytest
 
 from dispatcher import enqueue_payloads_sync, enqueue_sync
 from dispatcher.runtime.joblog import utc
-from tests.helpers import RETRY_LOG, fetchall, start_worker, status_counts, stop_workers, wait_until
+from tests.helpers import (
+    RETRY_LOG,
+    fetchall,
+    fetchval,
+    start_worker,
+    status_counts,
+    stop_workers,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -78,8 +86,15 @@ def test_every_failed_attempt_and_final_failure_is_a_json_line_with_its_fields(d
     run_until(
         dsn,
         log_path,
-        lambda: status_counts(dsn) == {"failed": 4, "discarded": 1, "completed": 1},
-        "every job to fail for good (or complete)",
+        lambda: (
+            status_counts(dsn) == {"failed": 3, "discarded": 1, "completed": 1, "queued": 1}
+            and fetchval(
+                dsn,
+                "SELECT updated_at > created_at FROM dispatcher_jobs WHERE id = %s",
+                (ids["nobody"],),
+            )
+        ),
+        "every job to fail for good (or complete), and the one without a handler handed back",
         queues="mail",
         worker_id="logs-w1",
         log_format="json",
@@ -119,7 +134,10 @@ def test_every_failed_attempt_and_final_failure_is_a_json_line_with_its_fields(d
             ("ERROR", 3, reason, "failed"),
         ], job_type
     assert lines_of("permanent") == [("ERROR", 1, "permanent", "discarded")]
-    assert lines_of("nobody") == [("ERROR", 1, "unknown_type", "failed")]
+    assert lines_of("nobody") == [], "handed back, not failed: no outcome line"
+    assert [d["level"] for d in docs if d.get("job_type") == "nobody"] == ["WARNING"], (
+        "its type is named once"
+    )
 
     retries = [d for d in jobs if d["level"] == "WARNING"]
     assert len(retries) == 6

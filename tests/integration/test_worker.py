@@ -124,15 +124,20 @@ def test_retries_land_in_the_future_with_growing_delay_then_fail(dsn):
     assert all(len(err) <= 2000 for _, _, err, _ in rows)
 
 
-def test_unknown_job_type_fails_at_once_without_retries(dsn):
+def test_a_job_of_a_type_without_a_handler_is_handed_back_never_failed(dsn):
+    """A rollout's old pod: the job goes back due later, its attempt not spent (the rollout tests:
+    tests/integration/test_rollout.py)."""
     enqueue(dsn, "nobody_handles_this", 5)
     registry = Registry()
     registry.handler("something_else")(lambda job: None)
     worker = Worker(config(dsn), registry)
-    run_async(run_worker_until(worker, finished(dsn, 5), 30, "unknown jobs failed"))
-    rows = fetchall(dsn, "SELECT status, attempts, last_error FROM dispatcher_jobs")
-    assert {(s, a) for s, a, _ in rows} == {("failed", 1)}
-    assert all("no handler registered for job_type 'nobody_handles_this'" in e for _, _, e in rows)
+    handed_back = (
+        "SELECT count(*) = 5 FROM dispatcher_jobs WHERE status = 'queued' AND run_at > now() "
+        "AND updated_at > created_at"
+    )
+    run_async(run_worker_until(worker, lambda: fetchval(dsn, handed_back), 30, "handed back"))
+    rows = fetchall(dsn, "SELECT status, attempts, last_error, errors FROM dispatcher_jobs")
+    assert set(rows) == {("queued", 0, None, None)}
 
 
 def test_permanent_error_discards_without_retry(dsn):

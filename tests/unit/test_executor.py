@@ -41,10 +41,14 @@ class Recorder:
         self.kinds: dict[int, object] = {}  # the FailureKind, for the outcome's log line
         self.summaries: dict[int, str | None] = {}
         self.halts: dict[int, bool] = {}  # a keyed job's final failure halts its key
+        self.handed: dict[int, object] = {}  # jobs of a type without a handler here, handed back
         self.snoozes: dict[int, tuple[float, int] | None] = {}  # a Snooze: (seconds, cap)
 
     def completed(self, job, duration_s):
         self.completed_ids.append(job.id)
+
+    def handed_back(self, back):
+        self.handed[back.job.id] = back
 
     def failed(self, job, outcome, duration_s, *, kind, summary=None, halts=True, snooze=None):
         self.halts[job.id] = halts
@@ -159,18 +163,12 @@ def test_permanent_error_unknown_type_and_last_attempt():
         executor, [job(1, "perm"), job(2, "nobody"), job(3, "boom", attempts=5, max_attempts=5)]
     )
     assert rec.outcomes[1].status == "discarded"
-    assert (
-        rec.outcomes[2].status == "failed"
-        and "no handler registered for job_type 'nobody'" in rec.outcomes[2].error
-    )
-    assert "known: boom, perm" in rec.outcomes[2].error
+    # no handler here: never a failure, handed back for a worker that serves it (a rollout)
+    assert 2 not in rec.outcomes and rec.handed[2].delay_s >= 1.6
+    assert rec.handed[2].unserved is False, "nobody knows yet whether any worker serves it"
     assert rec.outcomes[3].status == "failed"
     # What the outcome lines say: why each attempt failed, and the exception in one line.
-    assert rec.kinds == {
-        1: FailureKind.PERMANENT,
-        2: FailureKind.UNKNOWN_TYPE,
-        3: FailureKind.ERROR,
-    }
+    assert rec.kinds == {1: FailureKind.PERMANENT, 3: FailureKind.ERROR}
     assert rec.summaries[1] == "dispatcher.errors.PermanentJobError: no such customer"
     assert rec.summaries[3] == "RuntimeError: boom"
 
@@ -296,5 +294,6 @@ def test_a_keyed_jobs_failure_carries_its_handlers_on_ordered_failure():
         for n, t in ((1, "halts"), (2, "goes_on"), (4, "missing"))
     ]
     run_to_the_end(executor, [*keyed, job(3, "goes_on")])
-    assert rec.halts == {1: True, 2: False, 3: True, 4: True}, "unkeyed: moot, sent as the default"
-    assert [rec.outcomes[n].status for n in (1, 2, 4)] == ["failed"] * 3
+    assert rec.halts == {1: True, 2: False, 3: True}, "unkeyed: moot, sent as the default"
+    assert [rec.outcomes[n].status for n in (1, 2)] == ["failed"] * 2
+    assert 4 in rec.handed and 4 not in rec.outcomes, "no handler: handed back, its key kept"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dispatcher.api.schedules.declarations import Schedule
 from dispatcher.api.schedules.round import ScheduleRound, schedule_round
@@ -50,7 +50,14 @@ class Scheduler(PeriodicService):
         *,
         completed_jobs: str,
         interval_s: float | None = None,
+        defers: Callable[[str], bool] = lambda queue: False,
+        yielding: Callable[[str], list[str]] = lambda queue: [],
     ) -> None:
+        """`defers(queue)`: a younger live worker declares other schedules for `queue` (a newer
+        release, runtime/presence.py): this one leaves the queue's lease to it. `yielding(queue)`:
+        the older ones that defer to this one, whose lease it takes at once."""
+        self._defers = defers
+        self._yielding = yielding
         self._declared = {queue: [s for s in schedules if s.queue == queue] for queue in queues}
         if interval_s is None:
             interval_s = self.INTERVAL_S if any(self._declared.values()) else self.IDLE_INTERVAL_S
@@ -69,9 +76,17 @@ class Scheduler(PeriodicService):
 
     async def tick(self) -> float | None:
         for queue, declared in self._declared.items():
+            if self._defers(queue):
+                # During a rollout the newest release's declarations win, whoever held the lease.
+                if queue in self.holding:
+                    self._let_go(queue)
+                    await self._store.maintenance_lease_release(LEASE_PREFIX + queue)
+                continue
             try:
                 held = await self._store.maintenance_lease_take(
-                    LEASE_PREFIX + queue, self.LEASE_INTERVALS * self.interval_s
+                    LEASE_PREFIX + queue,
+                    self.LEASE_INTERVALS * self.interval_s,
+                    self._yielding(queue),
                 )
             except StoreError:
                 self._let_go(queue)

@@ -170,3 +170,41 @@ SELECT h.id, h.attempt, h.worker, h.started_at, now(),
   FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(workers)s::text[], %(started_at)s::timestamptz[],
               %(durations_ms)s::float8[], %(outcomes)s::text[], %(errors)s::text[])
        AS h(id, attempt, worker, started_at, duration_ms, outcome, error)
+
+-- name: jobs_hand_back_owned
+-- Jobs whose type has no handler in the worker that claimed them: during a rollout that adds a job
+-- type, an older pod claims the newer type's jobs (dispatcher/db/handbacks.py). Each is queued
+-- again %(delays_s)s from now with its attempt given back and its ordering key kept (a keyed job
+-- stays its key's holder: nothing halts, nothing passes it), or 'cancelled' if an operator asked
+-- meanwhile. Where the worker found that no worker has served the type within the last
+-- %(window_s)s seconds (%(unserved)s) and the job is older than that, it is discarded instead, with
+-- %(errors)s as its last error, and its key is released: a type nobody serves any more does not
+-- hold a key for ever. Fenced by token like every owner's write; times computed in `f`, outside
+-- the CASEs (Citus: see jobs_fail_owned). Returns each row written, with the status written.
+WITH written AS (
+    UPDATE dispatcher_jobs AS j
+       SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                         WHEN f.unserved AND j.created_at < f.discard_before THEN 'discarded'
+                         ELSE 'queued' END,
+           run_at = CASE WHEN j.cancel_requested_at IS NULL AND NOT (f.unserved AND j.created_at < f.discard_before)
+                         THEN f.retry_at ELSE j.run_at END,
+           failed_at = CASE WHEN j.cancel_requested_at IS NULL AND f.unserved AND j.created_at < f.discard_before
+                            THEN f.now ELSE j.failed_at END,
+           last_error = CASE WHEN j.cancel_requested_at IS NULL AND f.unserved AND j.created_at < f.discard_before
+                             THEN f.error ELSE j.last_error END,
+           attempts = greatest(j.attempts - 1, 0),
+           lock_token = NULL,
+           lease_expires_at = NULL,
+           updated_at = now()
+      FROM (SELECT u.*, now() AS now, now() + u.delay_s * interval '1 second' AS retry_at,
+                   now() - %(window_s)s * interval '1 second' AS discard_before
+              FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays_s)s::float8[], %(unserved)s::bool[],
+                          %(errors)s::text[]) AS u(id, token, delay_s, unserved, error)) AS f
+     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = f.id
+       AND CASE WHEN j.status = 'running' THEN j.lock_token = f.token ELSE false END
+    RETURNING j.id, j.status, j.queue_name, j.job_type, j.ordering_key
+),
+released AS (SELECT queue_name, ordering_key FROM written WHERE ordering_key IS NOT NULL AND status <> 'queued'),
+{promote_next}
+SELECT w.id, w.status, w.queue_name, w.job_type, (SELECT promoted FROM woken) AS promoted
+  FROM written AS w

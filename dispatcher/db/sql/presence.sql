@@ -1,0 +1,43 @@
+-- The worker registry (migration 0016, dispatcher/runtime/presence.py): each worker's heartbeat,
+-- its leaving, and what the fleet reads of it.
+-- One `-- name:` header per statement; dispatcher/db/queries.py finds a name in any file of this
+-- folder. Parameters use psycopg's %(name)s style.
+
+-- name: presence_beat
+-- A worker's heartbeat: its row written (inserted at its first beat), live for %(lease_s)s more
+-- seconds of the database clock. Returns when it started, by that clock (its first beat).
+INSERT INTO dispatcher_workers AS w (worker_id, host, pid, version, mode, coordinator, queues, job_types,
+                                     schedules, concurrency, running, expires_at)
+VALUES (%(worker_id)s, %(host)s, %(pid)s, %(version)s, %(mode)s, %(coordinator)s, %(queues)s::text[],
+        %(job_types)s::text[], %(schedules)s, %(concurrency)s, %(running)s,
+        now() + %(lease_s)s * interval '1 second')
+ON CONFLICT (worker_id) DO UPDATE
+   SET running = excluded.running, job_types = excluded.job_types, schedules = excluded.schedules,
+       queues = excluded.queues, seen_at = now(), expires_at = excluded.expires_at, stopped_at = NULL
+RETURNING w.started_at
+
+-- name: presence_leave
+-- A clean stop: out of the live view at once. The row stays, for the types it served lately.
+UPDATE dispatcher_workers SET stopped_at = now(), expires_at = now(), running = 0
+ WHERE worker_id = %(worker_id)s
+
+-- name: presence_lately
+-- The workers seen within %(window_s)s seconds, live or not: which job types were served lately,
+-- and which schedules the live ones declare (a handful of rows).
+SELECT worker_id, started_at, queues, job_types, schedules, expires_at > now() AND stopped_at IS NULL AS live
+  FROM dispatcher_workers
+ WHERE seen_at > now() - %(window_s)s * interval '1 second'
+
+-- name: presence_prune
+-- Rows of workers not seen for %(window_s)s seconds: they tell nothing more.
+DELETE FROM dispatcher_workers WHERE seen_at < now() - %(window_s)s * interval '1 second'
+
+-- name: presence_list
+-- The registry as `dispatcher status` and the dashboard show it: every row, live ones first, with
+-- ages by the database clock.
+SELECT worker_id, host, pid, version, mode, coordinator, queues, job_types, concurrency, running,
+       started_at, extract(epoch FROM now() - seen_at)::float8 AS seen_age_s,
+       extract(epoch FROM now() - started_at)::float8 AS up_s,
+       expires_at > now() AND stopped_at IS NULL AS live, stopped_at
+  FROM dispatcher_workers
+ ORDER BY expires_at > now() AND stopped_at IS NULL DESC, started_at, worker_id

@@ -123,7 +123,7 @@ class FailureKind(enum.Enum):
     ERROR = "error"  # the handler raised (any exception, BaseException included)
     TIMEOUT = "timeout"  # the handler overran its time limit
     PERMANENT = "permanent"  # the handler raised PermanentJobError: no retry
-    UNKNOWN_TYPE = "unknown_type"  # no handler for the job type in this worker: no retry
+    UNKNOWN_TYPE = "unknown_type"  # no handler for the job type (dispatcher.testing.Runner)
     INTERRUPTED = "interrupted"  # the worker shut down while the handler ran: retry at once
     LEASE_EXPIRED = "lease_expired"  # the owner stopped renewing the lease: died or stalled
     CANCELLED = "cancelled"  # an operator asked to cancel it (dispatcher jobs cancel): no retry

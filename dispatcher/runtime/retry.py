@@ -60,8 +60,8 @@ class RetryPolicy:
         if kind is FailureKind.PERMANENT:
             return Outcome(STATUS_DISCARDED, 0.0, cut_error(error), max_attempts)
         if kind is FailureKind.UNKNOWN_TYPE or attempts >= max_attempts:
-            # A missing handler does not appear by waiting: retrying every few seconds would only
-            # be a storm of pointless claims. Kept visible as 'failed'.
+            # Only the in-memory Runner reports a missing handler (in a test, a typo: kept visible
+            # as 'failed'). A worker hands such jobs back instead, for a rollout (unserved.py).
             return Outcome(STATUS_FAILED, 0.0, cut_error(error), max_attempts)
         if kind is FailureKind.INTERRUPTED:
             # Not the job's fault: another worker may take it at once (the attempt still counts,

@@ -151,6 +151,17 @@ def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
         ),
         "failure": (pinned(query("jobs_fail_owned")), fail),
         "release": (pinned(query("jobs_release_owned")), {**ids, "channel": "c"}),
+        "hand-back of a job without a handler": (
+            pinned(query("jobs_hand_back_owned")),
+            {
+                **ids,
+                "delays_s": [2.0, 2.0],
+                "unserved": [False, True],
+                "errors": ["e", "e"],
+                "window_s": 3600.0,
+                "channel": "c",
+            },
+        ),
         "lease extension": (pinned(query("jobs_extend_leases")), {**ids, "lease_s": 30.0}),
         "schedule round's enqueue of a slot": (query("schedule_enqueue_slot"), slot),
     }

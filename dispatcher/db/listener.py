@@ -21,10 +21,10 @@ from coordinator.pg.connect import (
     close_quietly,
     connect,
 )
-from coordinator.pg.dsn import redact
 from coordinator.pg.notify import NotificationWait, listen_statement, probe_statement
 from dispatcher.backoff import jittered
 from dispatcher.constants import NOTIFY_CHANNEL
+from dispatcher.db.translate import said
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Listener:
                 self.listening.clear()
                 log.warning(
                     "listener lost its connection (%s); polling covers the gap, retrying in %.1f s",
-                    redact(str(exc), self._dsn),
+                    said(exc, self._dsn),  # one line: libpq's own texts span three
                     delay,
                 )
                 await asyncio.sleep(jittered(delay))

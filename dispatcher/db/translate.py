@@ -5,16 +5,19 @@ unreachable -> StoreUnavailable (retry later); lock or statement timeout -> Stor
 StoreUnavailable); login refused, bad connection setting -> StoreRefused; missing schema ->
 SchemaMissing (run `dispatcher migrate`); permission denied -> StorePermissionDenied; a unique
 violation (23505) -> StoreConflict; anything else -> StoreError. Messages are one line and never
-carry the password.
+carry the password: the server's DETAIL and HINT follow its message after "; ", and libpq's own
+multi-line texts come with their lines joined by "; ", so every log of one is one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 
+from coordinator.pg.dsn import one_line
 from coordinator.pg.errors import ConnectError, Problem, describe
 from dispatcher.errors import (
     SchemaMissing,
@@ -28,6 +31,8 @@ from dispatcher.errors import (
 
 MIGRATE_HINT = "run `dispatcher migrate` first"
 UNIQUE_VIOLATION = "23505"
+# Of a DETAIL, at most: a check violation's quotes the whole row, payload included.
+DETAIL_CHARS = 300
 
 
 def store_error(exc: psycopg.Error, what: str, dsn: str | None = None) -> StoreError:
@@ -40,7 +45,7 @@ def store_error(exc: psycopg.Error, what: str, dsn: str | None = None) -> StoreE
         )
         return kind(str(exc))
     failure = describe(exc, dsn)
-    problem, reason = failure.problem, failure.reason
+    problem, reason = failure.problem, said(exc, dsn)
     if problem is Problem.UNREACHABLE:
         return StoreUnavailable(f"{what}: database unavailable: {reason}")
     if problem is Problem.TIMED_OUT:
@@ -50,12 +55,43 @@ def store_error(exc: psycopg.Error, what: str, dsn: str | None = None) -> StoreE
     if problem is Problem.MISSING_SCHEMA:
         return SchemaMissing(f"{what}: no dispatcher schema here ({reason}): {MIGRATE_HINT}")
     if problem is Problem.PERMISSION_DENIED:
-        return StorePermissionDenied(f"{what}: {reason}", reason=reason, hint=failure.hint)
+        return StorePermissionDenied(f"{what}: {reason}", reason=failure.reason, hint=failure.hint)
     if problem in (Problem.LOGIN_REFUSED, Problem.BAD_SETTING):
         return StoreRefused(f"{what}: {reason}")
     if failure.sqlstate == UNIQUE_VIOLATION:
         return StoreConflict(f"{what}: {reason}")
     return StoreError(f"{what}: {reason}")
+
+
+def said(exc: BaseException, dsn: str | None = None) -> str:
+    """What the server (or libpq) said, on one line, password redacted: its message, then
+    `; DETAIL: ...` (at most DETAIL_CHARS) and `; HINT: ...` when it sent them; a text of libpq's
+    own (a connection lost mid-statement: three lines) with its lines joined by '; '."""
+    diag: Any = getattr(exc, "diag", None)  # psycopg's Diagnostic; None for our own errors
+    primary = getattr(diag, "message_primary", None)
+    if not primary:
+        return _joined(str(exc), dsn) or type(exc).__name__
+    parts = [_joined(primary, dsn)]
+    detail, hint = diag.message_detail, diag.message_hint
+    if detail:
+        detail = _joined(detail, dsn)
+        cut = detail if len(detail) <= DETAIL_CHARS else detail[: DETAIL_CHARS - 1] + "…"
+        parts.append(f"DETAIL: {cut}")
+    if hint:
+        parts.append(f"HINT: {_joined(hint, dsn)}")
+    return "; ".join(parts)
+
+
+def _joined(text: str, dsn: str | None) -> str:
+    """A multi-line text as one line: each line's whitespace collapsed, the lines joined by '; ',
+    but a line that goes on with a small letter goes on after a space (libpq wraps its sentences:
+    "... terminated abnormally\n\tbefore or while processing the request.")."""
+    out = ""
+    for raw in text.splitlines():
+        line = one_line(raw, dsn)
+        if line:
+            out += line if not out else (" " if line[0].islower() else "; ") + line
+    return out
 
 
 @contextlib.contextmanager

@@ -70,3 +70,67 @@ def test_the_text_of_a_message_plays_no_part():
 @pytest.mark.parametrize("problem", list(Problem))
 def test_only_what_waiting_may_fix_is_transient(problem):
     assert problem.transient is (problem in (Problem.UNREACHABLE, Problem.TIMED_OUT))
+
+
+# -- our exceptions' messages: one line whatever libpq or the server said -------------------------
+
+
+class FakeDiag:
+    def __init__(self, primary=None, detail=None, hint=None):
+        self.message_primary, self.message_detail, self.message_hint = primary, detail, hint
+
+
+def test_a_server_message_with_detail_and_hint_is_one_line():
+    from dispatcher.db.translate import said
+
+    class ServerError(Exception):
+        diag = FakeDiag(
+            "deadlock detected",
+            "Process 101 waits for ShareLock on transaction 7; blocked by process 102.\n"
+            "Process 102 waits for ShareLock on transaction 8; blocked by process 101.",
+            "See server log for query details.",
+        )
+
+    assert said(ServerError()) == (
+        "deadlock detected; DETAIL: Process 101 waits for ShareLock on transaction 7; blocked by "
+        "process 102.; Process 102 waits for ShareLock on transaction 8; blocked by process 101.; "
+        "HINT: See server log for query details."
+    )
+
+
+def test_a_long_detail_is_cut_and_a_password_in_one_is_not_shown():
+    from dispatcher.db.translate import DETAIL_CHARS, said
+
+    class ServerError(Exception):
+        diag = FakeDiag("new row violates check constraint", "Failing row contains " + "x" * 5000)
+
+    text = said(ServerError())
+    assert "\n" not in text and text.endswith("…")
+    assert len(text) == len("new row violates check constraint; DETAIL: ") + DETAIL_CHARS
+    dsn = "postgresql://app:s3cret@db/app"
+
+    class Quoting(Exception):
+        diag = FakeDiag("could not connect", "Tried postgresql://app:s3cret@db/app\nas app")
+
+    assert (
+        said(Quoting(), dsn)
+        == "could not connect; DETAIL: Tried postgresql://app:***@db/app as app"
+    )
+
+
+def test_libpqs_own_three_line_text_is_one_line_in_our_exception():
+    from dispatcher.db.translate import store_error
+    from dispatcher.errors import StoreUnavailable
+
+    lost = psycopg.OperationalError(
+        "consuming input failed: server closed the connection unexpectedly\n"
+        "\tThis probably means the server terminated abnormally\n"
+        "\tbefore or while processing the request.\n"
+    )
+    error = store_error(lost, "claim")
+    assert isinstance(error, StoreUnavailable)
+    assert str(error) == (
+        "claim: database unavailable: consuming input failed: server closed the connection "
+        "unexpectedly; This probably means the server terminated abnormally before or while "
+        "processing the request."
+    )

@@ -212,8 +212,8 @@ class ConfigFields:
         parse=float,
         unit="seconds",
         help="a job whose type has no handler in the worker that claimed it is handed back, its "
-        "attempt not spent; once no worker has served its type for this long (and the job is that "
-        "old), it is discarded",
+        "attempt not spent; once no worker has served its type for this many seconds (and the job "
+        "is that old), it is discarded",
     )
     flush_interval_s: float = setting(
         DEFAULT_FLUSH_INTERVAL_S,

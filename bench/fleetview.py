@@ -30,7 +30,13 @@ def server_text(sql: str) -> str:
     return re.sub(r"%%|%\((\w+)\)s", number, sql)
 
 
-_CLAIM_HEAD = server_text(query("jobs_claim").split("{select_ids}")[0])
+_CLAIM_HEAD = server_text(query("jobs_claim").replace("{window}", "").split("{select_ids}")[0])
+# A claim window's statement (partitioned) starts with the window's CTEs (claim_window), up to its
+# first bucket.
+_WINDOWS = [server_text(claim_sql(buckets, window=True)) for buckets in ((0, 1), (2, 3))]
+_WINDOW_HEAD = _WINDOWS[0][
+    : next(i for i, (a, b) in enumerate(zip(*_WINDOWS, strict=False)) if a != b)
+]
 _SKIP_LOCKED_CLAIM = server_text(claim_sql(None))
 _ALL_BUCKETS_CLAIM = server_text(claim_sql(range(NUM_BUCKETS)))
 # The longest prefix the SKIP LOCKED claim shares with a partitioned one (they differ only once the
@@ -47,6 +53,8 @@ def claim_mode(text: str | None) -> str | None:
     """partitioned or skip_locked for a claim statement's text (as pg_stat_activity shows it,
     possibly cut at track_activity_query_size); None for anything else, a hidden text
     ('<insufficient privilege>') or one cut too short to tell."""
+    if text and text.startswith(_WINDOW_HEAD):
+        return PARTITIONED
     if not text or not text.startswith(_CLAIM_HEAD):
         return None
     if _SKIP_LOCKED_CLAIM.startswith(text):

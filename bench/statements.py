@@ -25,6 +25,7 @@ from dispatcher.db import COMPLETED_DELETE, COMPLETED_KEEP, completion_statement
 
 # The claim's variants share one statement shape: told apart by their selection.
 CLAIM_KINDS = (
+    ("claim (window)", "outranked"),  # before steal's: its veto unnests the other buckets
     ("claim (steal)", "unnest"),
     ("claim (skip_locked)", "SKIP LOCKED"),
     ("claim (partitioned)", "UNION ALL"),
@@ -99,7 +100,7 @@ def name_of(text: str) -> str:
     """Our query's name (dispatcher/db/sql, coordinator/sql, bench/sql), or the statement's first
     words."""
     normal = _normal(text)
-    if normal.startswith("WITH picked AS MATERIALIZED"):
+    if normal.startswith(("WITH picked AS MATERIALIZED", "WITH win AS MATERIALIZED")):
         return next(kind for kind, fragment in CLAIM_KINDS if fragment in normal)
     return _named().get(normal) or " ".join(normal.split(" ")[:4])[:28]
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dispatcher.constants import NUM_BUCKETS
+from dispatcher.db.literals import int_array
 from dispatcher.db.queries import query
 from dispatcher.db.rows import TypeFilter
 
@@ -27,8 +28,15 @@ def type_filter(types: TypeFilter | None) -> str:
     return _TYPE_FILTERS[None if types is None else types.include]
 
 
-def _finish(selection: str, types: TypeFilter | None) -> str:
+def _finish(selection: str, types: TypeFilter | None, window: str | None = None) -> str:
+    """jobs_claim around a selection; `window`: a claim window's CTEs (claim_window), which come
+    first and add the `outranked` column."""
     text = query("jobs_claim").replace("{select_ids}", selection)
+    if window is None:
+        text = text.replace("{window}", "").replace("{outranked}", "")
+    else:
+        text = text.replace("{window}", f"{window},\n     ")
+        text = text.replace("{outranked}", f",\n       {query('claim_window_outranked')}")
     return text.replace("{type_filter}", type_filter(types))
 
 
@@ -46,24 +54,58 @@ def check_buckets(buckets: Sequence[int]) -> None:
         raise ValueError(f"buckets must be integers in 0..{NUM_BUCKETS - 1}: {list(buckets)}")
 
 
-def claim_sql(buckets: Sequence[int] | None, types: TypeFilter | None = None) -> str:
+def claim_sql(
+    buckets: Sequence[int] | None, types: TypeFilter | None = None, *, window: bool = False
+) -> str:
     """The claim statement for a mode: SKIP LOCKED (`buckets=None`) or partitioned over `buckets`,
     for every job type (`types=None`) or as `types` says (%(claim_types)s then holds them).
+    `window`: `buckets` are a claim window, vetoed by a due job of better priority in the
+    claimer's other buckets (%(outside)s; sql/claim.sql, claim_window).
 
     Buckets are validated integers inlined as literals, so each bucket set is one statement text
     that psycopg prepares once per connection; the set only changes on a rebalance.
     """
     if buckets is None:
+        if window:
+            raise ValueError("a claim window is a set of buckets")
         return _finish(query("claim_select_skip_locked"), types)
     check_buckets(buckets)
     ordered = sorted(set(buckets))
-    if len(ordered) == NUM_BUCKETS:
-        selection = query("claim_select_all_buckets")
-    else:
-        branch = query("claim_select_partitioned_branch")
-        branches = "\nUNION ALL\n".join(branch.replace("{bucket}", str(b)) for b in ordered)
-        selection = query("claim_select_partitioned").replace("{bucket_branches}", branches)
-    return _finish(selection, types)
+    if len(ordered) == NUM_BUCKETS and not window:
+        return _finish(query("claim_select_all_buckets"), types)
+    branch = query("claim_select_partitioned_branch")
+    branches = "\nUNION ALL\n".join(branch.replace("{bucket}", str(b)) for b in ordered)
+    if window:
+        ctes = query("claim_window").replace("{bucket_branches}", branches)
+        return _finish(query("claim_select_window"), types, ctes)
+    return _finish(query("claim_select_partitioned").replace("{bucket_branches}", branches), types)
+
+
+class ClaimTexts:
+    """A store's claim statements, each built once per (bucket set, type filter, steal, window):
+    the bucket set only changes on a rebalance, or from one claim window to the next."""
+
+    def __init__(self) -> None:
+        self._texts: dict[tuple[Any, ...], str] = {}
+
+    def __call__(
+        self,
+        buckets: Sequence[int] | None,
+        types: TypeFilter | None,
+        *,
+        steal: bool = False,
+        window: bool = False,
+    ) -> str:
+        bucket_set = None if buckets is None else tuple(buckets)
+        key = (bucket_set, None if types is None else types.include, steal, window)
+        sql = self._texts.get(key)
+        if sql is None:
+            if len(self._texts) > 64:  # rebalances churn the set; keep the cache small
+                self._texts.clear()
+            sql = self._texts[key] = (
+                steal_sql(types) if steal else claim_sql(bucket_set, types, window=window)
+            )
+        return sql
 
 
 def claim_params(
@@ -74,8 +116,11 @@ def claim_params(
     token: str,
     flow_version: int | None,
     types: TypeFilter | None,
+    outside: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    params = {
+    """A claim's parameters; `outside`: a claim window's (claim_sql(window=True)), the claimer's
+    other buckets."""
+    params: dict[str, Any] = {
         "queue": queue,
         "limit": limit,
         "lease_s": lease_s,
@@ -85,6 +130,9 @@ def claim_params(
     }
     if types is not None:
         params["claim_types"] = list(types.types)
+    if outside is not None:
+        check_buckets(outside)
+        params["outside"] = int_array(outside)
     return params
 
 

@@ -63,11 +63,16 @@ class JobStorePort(Protocol):
         lease_s: float,
         buckets: Sequence[int] | None,
         steal: Steal | None = None,
+        *,
+        outside: Sequence[int] | None = None,
     ) -> Claimed:
         """Up to `limit` due jobs of `queue` in (priority, run_at, id) order, now running under one
         new token, their attempt counted and leased for `lease_s`; never one job to two claimers.
         A steal takes from the tail of each of its buckets in turn (rows.Steal). With the jobs,
-        how many the selection found (more than claimed: others took some meanwhile)."""
+        how many the selection found (more than claimed: others took some meanwhile).
+        `outside`: `buckets` are a claim window, these the claimer's other buckets: if one of them
+        has a due job of strictly better priority than the worst the window's claim would take,
+        it takes nothing and says so (`outranked`; ignored on a Citus cluster)."""
         ...
 
     async def jobs_complete(

@@ -24,11 +24,14 @@ class Claimed:
     A gated claim (a `Gate`) also says how many it was allowed (None: no limit bound it below
     what it asked), which limit held it back ("max_running", "per_second", or None), and for a
     rate, how long until the next job may start. `waited_s`: each job's wait from due to claim,
-    in job order (the queue-wait metric, recorded once the claim committed)."""
+    in job order (the queue-wait metric, recorded once the claim committed). `outranked`: a claim
+    window's veto held (sql/claim.sql, claim_window): nothing was claimed, because another of the
+    claimer's buckets has a due job of better priority than the window's selection."""
 
     jobs: list[Job]
     selected: int
     stale: bool = False
+    outranked: bool = False
     allowed: int | None = None
     held_by: str | None = None
     wait_s: float | None = None
@@ -423,7 +426,7 @@ class JobsMatch(NamedTuple):
 def claimed(rows: Sequence[Any], token: str, queue: str) -> Claimed:
     """A claim's rows (jobs_claim, sql/claim.sql): `selected` rides on every row, and the
     statement returns one row of NULLs with it when it claimed nothing (`selected` NULL too when
-    the flow-control version did not match: stale)."""
+    the flow-control version did not match: stale), and a claim window's with `outranked`."""
     if not rows:
         return Claimed([], 0)
     first = rows[0]
@@ -431,7 +434,9 @@ def claimed(rows: Sequence[Any], token: str, queue: str) -> Claimed:
     if selected is None:
         return Claimed([], 0, stale=True)
     if first[0] is None:
-        return Claimed([], selected)
+        return Claimed([], selected, outranked=len(first) > 13 and bool(first[13]))
+    if len(first) > 13:  # a claim window's rows: `outranked` (false) last
+        rows = [row[:13] for row in rows]
     jobs = [
         Job(
             job_id,

@@ -31,7 +31,9 @@ from dispatcher.constants import (
 )
 from dispatcher.db import rows
 from dispatcher.db.citus import distributed_async
-from dispatcher.db.claims import allowance, claim_params, claim_sql, next_token_s, steal_sql
+from dispatcher.db.claims import ClaimTexts, allowance, claim_params, next_token_s
+from dispatcher.db.claims import claim_sql as claim_sql  # (tests take the claims from here)
+from dispatcher.db.claims import steal_sql as steal_sql
 from dispatcher.db.completions import completion_statements
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.literals import int_array, token_array
@@ -106,7 +108,7 @@ class JobStore:
         # One statement or transaction at a time on the connection (uncontended: ~0.3 us). One lock
         # per connection: an abandoned statement keeps its own until psycopg gives it up (~10 s).
         self._turn = asyncio.Lock()
-        self._claim_sql_cache: dict[tuple[Any, ...], str] = {}
+        self._claim_text = ClaimTexts()  # each claim's statement, cached per bucket set
         # DISPATCHER_COMPLETED_JOBS, chosen once: the completion's hot path reads one attribute.
         self.completed_jobs = completed_jobs
         # The keyless and the keyed completion statement (completions.py).
@@ -212,6 +214,7 @@ class JobStore:
         buckets: Sequence[int] | None,
         steal: Steal | None = None,
         *,
+        outside: Sequence[int] | None = None,
         types: TypeFilter | None = None,
         gate: Gate | None = None,
         flow_version: int | None = None,
@@ -222,13 +225,17 @@ class JobStore:
         meanwhile, not that the buckets ran dry. `types`: only those job types, or all but them;
         `gate`: jobs of flow-controlled types, claimed under their limits (_claim_gated);
         `flow_version`: the flow-control tables as the caller last read them (if they changed
-        since, nothing is claimed and the result is `stale`)."""
+        since, nothing is claimed and the result is `stale`); `outside`: as the port says."""
         if gate is not None:
-            if steal is not None or types is not None:
-                raise ValueError("a gated claim takes its types from its gate, and never steals")
+            if steal is not None or types is not None or outside:
+                raise ValueError(
+                    "a gated claim takes its types from its gate, never steals, reads no window"
+                )
             return await self._claim_gated(queue, limit, lease_s, buckets, gate, flow_version)
         sharded = await self._placement()
         if sharded is not None:
+            # `outside` is not read: a cluster claims bucket by bucket, so priority holds within a
+            # bucket there (docs/concepts/citus.md)
             if steal is not None:  # not routed yet: the owners drain their own buckets
                 return Claimed([], 0)
             claimed = await sharded.claim(queue, limit, lease_s, buckets, types, flow_version)
@@ -236,35 +243,21 @@ class JobStore:
                 JOB_STATS.waited(queue, claimed.waited_s)
             return claimed
         token = str(uuid.uuid4())
-        params = claim_params(queue, limit, lease_s, self.worker_id, token, flow_version, types)
+        window = outside if steal is None and buckets is not None and outside else None
+        params = claim_params(
+            queue, limit, lease_s, self.worker_id, token, flow_version, types, window
+        )
         if steal is not None:
             sql = self._claim_text(None, types, steal=True)
             params["steal_buckets"] = int_array(steal.buckets)
             params["steal_reserve"] = steal.reserve
         else:
-            sql = self._claim_text(buckets, types)
+            sql = self._claim_text(buckets, types, window=window is not None)
         cur = await self._execute("claim", sql, params)
         claimed = rows.claimed(await cur.fetchall(), token, queue)
         if claimed.jobs:
             JOB_STATS.waited(queue, claimed.waited_s)
         return claimed
-
-    def _claim_text(
-        self, buckets: Sequence[int] | None, types: TypeFilter | None, *, steal: bool = False
-    ) -> str:
-        key = (
-            None if buckets is None else tuple(buckets),
-            None if types is None else types.include,
-            steal,
-        )
-        sql = self._claim_sql_cache.get(key)
-        if sql is None:
-            if len(self._claim_sql_cache) > 64:  # rebalances churn the set; keep the cache small
-                self._claim_sql_cache.clear()
-            sql = self._claim_sql_cache[key] = (
-                steal_sql(types) if steal else claim_sql(key[0], types)
-            )
-        return sql
 
     async def _claim_gated(
         self,

@@ -179,6 +179,7 @@ class MemoryStore(InProcessStore):
         lease_s: float,
         buckets: Sequence[int] | None = None,
         steal: Steal | None = None,
+        outside: Sequence[int] | None = None,
     ) -> Claimed:
         """The port's jobs_claim, callable without an event loop."""
         if buckets is not None and steal is None:
@@ -197,16 +198,21 @@ class MemoryStore(InProcessStore):
             ]
             # E731: the sort key is one expression, chosen here beside its alternatives
             order: Callable[[JobState], tuple[Any, ...]] = lambda r: (r.priority, r.run_at, r.id)  # noqa: E731
+            beyond: list[int] = []  # the priorities due in `outside`: a claim window's veto
             if steal is not None:  # the given buckets in the given order, each from its tail
                 due = stealable(due, steal)
                 order = lambda r: ()  # noqa: E731  (already in steal order; sorted() is stable)
             elif buckets is not None:
-                wanted = set(buckets)
+                wanted, others = set(buckets), set(outside or ())
+                beyond = [r.priority for r in due if r.bucket in others]
                 due = [r for r in due if r.bucket in wanted]
+            picked = sorted(due, key=order)[: max(limit, 0)]
+            if picked and min(beyond, default=picked[-1].priority) < picked[-1].priority:
+                return Claimed([], 0, outranked=True)  # (in order: the last is the worst)
             token = str(uuid.uuid4())
             lease_until = now + timedelta(seconds=lease_s)
             claimed = []
-            for row in sorted(due, key=order)[: max(limit, 0)]:
+            for row in picked:
                 row = self._write(
                     row,
                     token=token,
@@ -242,8 +248,10 @@ class MemoryStore(InProcessStore):
         lease_s: float,
         buckets: Sequence[int] | None,
         steal: Steal | None = None,
+        *,
+        outside: Sequence[int] | None = None,
     ) -> Claimed:
-        return self.claim(queue, limit, lease_s, buckets, steal)
+        return self.claim(queue, limit, lease_s, buckets, steal, outside)
 
     def _owned(self, job_id: int, token: str) -> JobState | None:
         """The row if it is running under `token` (the fence of every owner's write)."""

@@ -416,6 +416,35 @@ def test_claims_read_one_queue_and_the_buckets_asked_for(on_store: Run) -> None:
     on_store(test)
 
 
+def test_a_claim_window_takes_nothing_while_another_bucket_of_the_claimer_has_a_better_job(
+    on_store: Run,
+) -> None:
+    """A claim window (`outside`: the claimer's other buckets) is vetoed by a due job there of
+    strictly better priority than the worst it would take; not by a tie, a job not due yet, or
+    a job of a bucket not named."""
+
+    async def test(h: Harness) -> None:
+        best, worst = [await h.enqueue("send", bucket=3, priority=p) for p in (1, 4)]
+        other = await h.enqueue("send", bucket=5, priority=2)
+        await h.enqueue("send", bucket=5, priority=0, delay_s=3600)  # not due
+        await h.enqueue("send", bucket=7, priority=0)  # not the claimer's
+
+        vetoed = await h.store.jobs_claim("default", 2, 30.0, [3], outside=[5])
+        assert (vetoed.jobs, vetoed.outranked) == ([], True), "4 would pass bucket 5's 2"
+        first = await h.store.jobs_claim("default", 1, 30.0, [3], outside=[5])
+        assert ([j.id for j in first.jobs], first.outranked) == ([best], False)
+        tie = await h.enqueue("send", bucket=3, priority=2)
+        second = await h.store.jobs_claim("default", 1, 30.0, [3], outside=[5])
+        assert [j.id for j in second.jobs] == [tie], "a tie is no veto"
+        assert (await h.store.jobs_claim("default", 1, 30.0, [3], outside=[5])).outranked
+        empty = await h.store.jobs_claim("default", 5, 30.0, [8], outside=[3, 5])
+        assert (empty.jobs, empty.selected, empty.outranked) == ([], 0, False)
+        rest = (await h.store.jobs_claim("default", 5, 30.0, [3, 5])).jobs
+        assert sorted(j.id for j in rest) == sorted([other, worst]), "the vetoes took nothing"
+
+    on_store(test)
+
+
 def test_a_steal_takes_from_the_tail_of_each_bucket_beyond_its_reserve_in_the_order_given(
     on_store: Run,
 ) -> None:

@@ -40,7 +40,7 @@ def _fill_by_plain_insert_then_worker_maintenance(dsn):
 @pytest.mark.parametrize(
     "fill", [_fill_by_bulk_enqueue, _fill_by_plain_insert_then_worker_maintenance]
 )
-@pytest.mark.parametrize("mode", ["partitioned", "all_buckets", "skip_locked", "steal"])
+@pytest.mark.parametrize("mode", ["partitioned", "all_buckets", "skip_locked", "steal", "window"])
 def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill):
     """A known plan trap: right after a table is filled, before autovacuum's ANALYZE, the planner
     must still walk the right partial index and update through the primary key, reading ~n
@@ -52,6 +52,7 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
             "all_buckets": claim_sql(ALL),
             "skip_locked": claim_sql(None),
             "steal": steal_sql(),
+            "window": claim_sql((0, 32), window=True),  # its veto finds nothing: one priority
         }[mode]
         with conn.transaction(force_rollback=True):
             params = {
@@ -63,6 +64,7 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
                 "flow_version": 0,
                 "steal_buckets": "{" + ",".join(str(b) for b in range(1, 64, 4)) + "}",
                 "steal_reserve": 0,
+                "outside": _OUTSIDE,
             }
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params
@@ -81,7 +83,7 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
     scanned_indexes = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
     expected = (
         "dispatcher_jobs_claim_bucket_idx"
-        if mode in ("partitioned", "steal")
+        if mode in ("partitioned", "steal", "window")
         else "dispatcher_jobs_claim_idx"
     )
     assert scanned_indexes == {expected, "dispatcher_jobs_pkey"}, scanned_indexes
@@ -91,6 +93,55 @@ def test_claim_plan_on_a_freshly_filled_table_walks_indexes_only(dsn, mode, fill
         if n.get("Index Name", "").startswith("dispatcher_jobs_claim")
     )
     assert scanned <= 500 + 16, f"read {scanned} index entries to claim 500"
+
+
+_OUTSIDE = "{" + ",".join(str(b) for b in ALL if b not in (0, 32)) + "}"
+
+
+@pytest.mark.parametrize("vetoed", [False, True])
+def test_a_claim_windows_veto_walks_the_bucket_index_once_per_outside_bucket(dsn, vetoed):
+    """The veto (claim_window) reads each of the window's other buckets through its own range of
+    dispatcher_jobs_claim_bucket_idx, bounded by the priority: never the queue-wide claim index,
+    never a sequential scan (one scan with `bucket = ANY(...)` was planned as a sequential scan
+    on this table: EXISTS expects a match at once). On one priority it reads no entry; with one
+    better job outside the window it stops there, and the claim takes nothing."""
+    _fill_by_bulk_enqueue(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if vetoed:
+            conn.execute(
+                "UPDATE dispatcher_jobs SET priority = -1 "
+                "WHERE id = (SELECT min(id) FROM dispatcher_jobs WHERE bucket = 17)"
+            )
+        params = {
+            "queue": "default",
+            "limit": 25,
+            "lease_s": 30.0,
+            "worker": "w",
+            "token": None,
+            "flow_version": 0,
+            "outside": _OUTSIDE,
+        }
+        sql = claim_sql((0, 32), window=True)
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params
+            ).fetchone()[0][0]["Plan"]
+        with conn.transaction(force_rollback=True):
+            rows = conn.execute(sql, params).fetchall()
+    (veto,) = [n for n in plan_nodes(plan) if n.get("Subplan Name") == "CTE outranked"]
+    scans = [n for n in plan_nodes(veto) if n.get("Relation Name") == "dispatcher_jobs"]
+    assert [(n["Node Type"], n["Index Name"]) for n in scans] == [
+        (scans[0]["Node Type"], "dispatcher_jobs_claim_bucket_idx")
+    ], json.dumps(veto)[:3000]
+    assert scans[0]["Node Type"] in ("Index Scan", "Index Only Scan")
+    assert "priority <" in scans[0]["Index Cond"], scans[0]["Index Cond"]
+    if vetoed:  # bucket 17 is the 17th outside bucket (1-17): one entry read there, then stops
+        assert scans[0]["Actual Loops"] == 17
+        assert round(scans[0]["Actual Rows"] * 17) == 1
+        assert [(r[0], r[9], r[13]) for r in rows] == [(None, 0, True)]
+    else:
+        assert (scans[0]["Actual Loops"], scans[0]["Actual Rows"]) == (62, 0)
+        assert len(rows) == 25 and {r[13] for r in rows} == {False}
 
 
 def _table_stats(dsn):

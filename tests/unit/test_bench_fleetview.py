@@ -14,6 +14,7 @@ CLAIMS = {
     "partitioned, some buckets": (claim_sql([0, 5, 9]), PARTITIONED),
     "partitioned, every bucket (a single worker)": (claim_sql(range(64)), PARTITIONED),
     "partitioned, stealing": (steal_sql(), PARTITIONED),
+    "partitioned, a claim window": (claim_sql([0, 32], window=True), PARTITIONED),
 }
 
 

@@ -45,8 +45,20 @@ def test_every_named_query_is_recognised(package):
 def test_the_claims_variants_are_told_apart():
     assert [
         name_of(as_pg_stat_statements_shows_it(t))
-        for t in (claim_sql(None), claim_sql((1, 2)), claim_sql(tuple(range(64))), steal_sql())
-    ] == ["claim (skip_locked)", "claim (partitioned)", "claim (all buckets)", "claim (steal)"]
+        for t in (
+            claim_sql(None),
+            claim_sql((1, 2)),
+            claim_sql(tuple(range(64))),
+            steal_sql(),
+            claim_sql((1, 2), window=True),
+        )
+    ] == [
+        "claim (skip_locked)",
+        "claim (partitioned)",
+        "claim (all buckets)",
+        "claim (steal)",
+        "claim (window)",
+    ]
 
 
 def test_the_statements_built_from_fragments_are_named_as_the_store_sends_them():

@@ -51,6 +51,22 @@ def test_owning_every_bucket_claims_through_one_index_walk():
     )
 
 
+def test_a_claim_window_reads_its_buckets_and_takes_the_others_as_a_parameter():
+    """One text per window (its buckets inlined, as a partitioned claim's), whatever the rest of
+    the owned set; the veto and the `outranked` column only in a window's statement."""
+    text = claim_sql((9, 1), window=True)
+    assert text.count("UNION ALL") == 1
+    assert "bucket = 1 AND" in text and "bucket = 9 AND" in text and "{" not in text
+    assert "%(outside)s" in text and text.split("FROM picked AS p")[0].rstrip().endswith(
+        "outranked"
+    )
+    plain = claim_sql((1, 9))
+    assert "outside" not in plain and "outranked" not in plain
+    assert claim_sql(range(64), window=True).count("UNION ALL") == 63
+    with pytest.raises(ValueError, match="set of buckets"):
+        claim_sql(None, window=True)
+
+
 @pytest.mark.parametrize("bad", [(), (64,), (-1,), ("1; DROP TABLE x",)])
 def test_partitioned_claim_refuses_bad_buckets(bad):
     with pytest.raises(ValueError):

@@ -57,3 +57,14 @@ def test_completions_answer_the_count_the_refused_ids_and_the_chained_jobs():
     )
     none_claimed = rows.completion_keyed([(*(None,) * 10, 2, 0, [], None, None)], TOKEN)
     assert none_claimed == rows.Completion(2, [])
+
+
+def test_a_claim_windows_veto_and_the_rows_of_a_window_that_claimed():
+    nulls = (None,) * 9
+    vetoed = rows.claimed([(*nulls, 0, None, None, None, True)], TOKEN, "mail")
+    assert (vetoed.jobs, vetoed.selected, vetoed.outranked) == ([], 0, True)
+    empty = rows.claimed([(*nulls, 0, None, None, None, False)], TOKEN, "mail")
+    assert (empty.jobs, empty.outranked) == ([], False)
+    took = rows.claimed([(*claim_row(1), False), (*claim_row(2), False)], TOKEN, "mail")
+    assert [j.id for j in took.jobs] == [1, 2]
+    assert (took.selected, took.outranked, took.waited_s) == (2, False, [0.25, 0.25])

@@ -20,6 +20,7 @@ from dispatcher.db.sharded import (
     failure_bucket,
     pinned,
 )
+from dispatcher.db.store import JobStore
 from dispatcher.model import Outcome
 
 
@@ -112,3 +113,18 @@ def test_a_bucket_dry_for_one_claims_types_is_still_visited_for_another_types():
     visited.clear()
     run(statements.claim("q", 10, 30.0, [1, 2], TypeFilter(("sms",), True), None))
     assert sorted(visited) == [1, 2]
+
+
+def test_on_a_cluster_a_claim_window_reads_its_own_buckets_and_no_veto():
+    """A cluster claims bucket by bucket: the store takes a window's `outside` and leaves it
+    unread, so priority holds within a bucket there (docs/concepts/citus.md)."""
+    statements, visited = _claims_visiting({1: 1})
+    store = JobStore("postgresql://unused", "w")
+
+    async def placement() -> ShardedStatements:
+        return statements
+
+    store._placement = placement  # type: ignore[method-assign]
+    claimed = asyncio.run(store.jobs_claim("q", 10, 30.0, [1, 2], outside=[3, 4]))
+    assert sorted(visited) == [1, 2]
+    assert (claimed.selected, claimed.outranked) == (1, False)

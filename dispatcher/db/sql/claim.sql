@@ -27,13 +27,15 @@
 -- stealer drained its buckets (spawn -> done 0.7x of SKIP LOCKED at 2 workers).
 -- `scheduled_for` is a recurring job's slot (migration 0012), NULL for every other job; `waited_s`
 -- how long the job waited after it was due (dispatcher_job_queue_wait_seconds); `trace_context`
--- (last) the trace of its enqueue (migration 0013), NULL unless OpenTelemetry stored one.
+-- the trace of its enqueue (migration 0013), NULL unless OpenTelemetry stored one.
 -- %(flow_version)s is the version of the flow-control tables (migrations/0009) the worker's copy
 -- was read at: if they changed since, `ids` is NULL, nothing is claimed and `selected` comes back
 -- NULL, so the worker reads them again before it claims (NULL: no check, for callers without a
 -- copy). The selection runs only when the versions match (CASE evaluates its subquery lazily).
 -- The type filter (in braces, filled in by the store) is empty, or keeps out (or in) the job types the flow-control limits bind.
-WITH picked AS MATERIALIZED (
+-- {window} and {outranked} are empty but in a claim window's statement (claim_window): then the
+-- window's selection and its veto come first, and `outranked` (last) says the veto held.
+WITH {window}picked AS MATERIALIZED (
        SELECT CASE WHEN %(flow_version)s::bigint IS NULL
                      OR %(flow_version)s::bigint = coalesce((SELECT version FROM dispatcher_flow_control), 0)
                    THEN ARRAY({select_ids}) END AS ids),
@@ -47,7 +49,7 @@ WITH picked AS MATERIALIZED (
                  bucket, priority, ordering_key, scheduled_for,
                  date_part('epoch', locked_at - run_at) AS waited_s, trace_context)
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
-       cardinality(p.ids) AS selected, c.scheduled_for, c.waited_s, c.trace_context
+       cardinality(p.ids) AS selected, c.scheduled_for, c.waited_s, c.trace_context{outranked}
   FROM picked AS p LEFT JOIN claimed AS c ON true
 
 -- name: claim_mark_running
@@ -77,6 +79,42 @@ SELECT id FROM ({bucket_branches}) AS runnable
   WHERE queue_name = %(queue)s AND bucket = {bucket} AND status = 'queued' AND run_at <= now() {type_filter}
   ORDER BY priority, run_at, id
   LIMIT %(limit)s)
+
+-- name: claim_window
+-- A claim window (dispatcher/runtime/claim_windows.py) and its veto, the CTEs before jobs_claim's
+-- `picked`. `win` is the window's selection, as claim_select_partitioned's ({bucket_branches}: its
+-- buckets). `outranked` holds if one of the claimer's other buckets, %(outside)s, has a due job
+-- of strictly better priority than the worst one `win` selected: then the claim takes nothing
+-- and says so, and the worker reads all its buckets instead. Without the veto a single worker
+-- started 323 of 400 mixed-priority jobs ahead of a waiting job of better priority. The probe is
+-- one scan of dispatcher_jobs_claim_bucket_idx (bucket = ANY: one descent per outside bucket,
+-- bounded above by the priority, stopping at the first due job); it reads no due job when the
+-- window's worst is as good as everything outside (uniform priorities: one empty range per
+-- bucket). Why a veto and not a fallback in the same statement: docs/design/claims.md.
+win AS MATERIALIZED (
+       SELECT id, priority FROM ({bucket_branches}) AS runnable
+        ORDER BY priority, run_at, id
+        LIMIT %(limit)s),
+     outranked AS MATERIALIZED (
+       SELECT EXISTS (
+                SELECT 1
+                  FROM unnest(%(outside)s::smallint[]) AS o(bucket)
+                 CROSS JOIN LATERAL (
+                       SELECT 1
+                         FROM dispatcher_jobs
+                        WHERE queue_name = %(queue)s AND bucket = o.bucket AND status = 'queued'
+                          AND priority < (SELECT max(priority) FROM win) AND run_at <= now()
+                              {type_filter}
+                        LIMIT 1) AS better) AS yes)
+
+-- name: claim_select_window
+-- A claim window's selection (claim_window): its jobs, unless the veto holds.
+SELECT id FROM win WHERE NOT (SELECT yes FROM outranked)
+
+-- name: claim_window_outranked
+-- A claim window's last column (claim_window): whether the veto held (NULL when the flow-control
+-- version did not match: then nothing was selected, and nothing probed).
+CASE WHEN p.ids IS NOT NULL THEN (SELECT yes FROM outranked) END AS outranked
 
 -- name: claim_select_all_buckets
 -- Partitioned mode when this worker owns every bucket (a single worker): one walk of the

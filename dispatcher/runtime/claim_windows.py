@@ -3,11 +3,15 @@ all.
 
 Each claim reads the next window (strided: own[i::n]); when every window came back short, the
 next claim reads all buckets again. The window holds about JOBS_PER_WALK jobs per bucket walk,
-between MIN_WINDOW_BUCKETS and MAX_WINDOW_BUCKETS. Why, with the measurements:
-docs/design/claims.md.
+between MIN_WINDOW_BUCKETS and MAX_WINDOW_BUCKETS. A worker that owns every bucket reads them all
+in one index walk and needs no window. A window's claim is vetoed where another owned bucket
+holds a due job of better priority (sql/claim.sql, claim_window): then the claims of the queue
+read all its buckets until its backlog ends. Why, with the measurements: docs/design/claims.md.
 """
 
 from __future__ import annotations
+
+from dispatcher.constants import NUM_BUCKETS
 
 JOBS_PER_WALK = 16
 MIN_WINDOW_BUCKETS = 2
@@ -22,6 +26,12 @@ def window_buckets(claim_size: int) -> int:
     return min(MAX_WINDOW_BUCKETS, max(MIN_WINDOW_BUCKETS, -(-claim_size // JOBS_PER_WALK)))
 
 
+def beyond_window(own: tuple[int, ...], window: tuple[int, ...]) -> tuple[int, ...]:
+    """The owned buckets a window leaves out: where its veto looks."""
+    inside = set(window)
+    return tuple(b for b in own if b not in inside)
+
+
 class ClaimWindows:
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -31,10 +41,15 @@ class ClaimWindows:
         self._short: dict[str, int] = {}  # queue -> windows in a row that came back short
         self._count: dict[str, int] = {}  # queue -> windows of the assignment last seen
         self._round_over: set[str] = set()  # queues whose next claim reads all their buckets
+        self._outranked: set[str] = (
+            set()
+        )  # queues whose claims read all buckets until the backlog ends
 
     def pick(self, queue: str, own: tuple[int, ...] | None) -> tuple[tuple[int, ...] | None, bool]:
         """The buckets of this claim, and whether they are a window (a part of `own`)."""
-        if own is None or len(own) <= self._size:
+        if own is None or len(own) <= self._size or len(own) >= NUM_BUCKETS:
+            return own, False
+        if queue in self._outranked:
             return own, False
         if queue in self._round_over:
             self._round_over.discard(queue)
@@ -53,3 +68,13 @@ class ClaimWindows:
         if self._short[queue] >= self._count.get(queue, 1):
             self._short[queue] = 0
             self._round_over.add(queue)
+
+    def outranked(self, queue: str) -> None:
+        """A window's claim was vetoed: the priorities of the backlog differ across our buckets,
+        so the queue's claims read all of them until its backlog ends (`ended`)."""
+        self._outranked.add(queue)
+
+    def ended(self, queue: str) -> None:
+        """A claim of all the queue's buckets came back short: its backlog is over, and the next
+        one starts with windows again."""
+        self._outranked.discard(queue)

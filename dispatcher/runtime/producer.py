@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from coordinator.assignment import BucketAssignment
 from dispatcher.backoff import jittered
 from dispatcher.constants import NUM_BUCKETS
-from dispatcher.db.rows import Gate, Steal, TypeFilter
+from dispatcher.db.rows import Claimed, Gate, Steal, TypeFilter
 from dispatcher.db.store import JobStore
 from dispatcher.errors import StoreError
 from dispatcher.model import Job
 from dispatcher.observe import metrics
-from dispatcher.runtime.claim_windows import ClaimWindows, window_buckets
+from dispatcher.runtime.claim_windows import ClaimWindows, beyond_window, window_buckets
 from dispatcher.runtime.due_timer import DueTimer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.flow_control import FlowControl
@@ -41,6 +41,7 @@ class ProducerStats:
     # steal attempts: each one statement per MAX_VICTIMS buckets, until one finds jobs
     steals: int = 0
     stolen: int = 0
+    outranked: int = 0  # window claims vetoed (claim_windows.py): a claim of all buckets followed
 
 
 class Producer:
@@ -285,12 +286,25 @@ class Producer:
             selected, windowed = -1, False
             if own != ():
                 buckets, windowed = self._windows.pick(queue, own) if in_backlog else (own, False)
-                jobs, selected, sent_at = await self._claim(queue, limit, buckets, types=types)
+                beyond = beyond_window(own, buckets) if windowed and own and buckets else None
+                claimed, sent_at = await self._claim(
+                    queue, limit, buckets, types=types, beyond=beyond
+                )
+                if claimed.outranked and not self._stopped.is_set():
+                    # Another of our buckets has a due job of better priority than the window's:
+                    # read them all, now and until this backlog ends, so that it starts first.
+                    self.stats.outranked += 1
+                    self._windows.outranked(queue)
+                    windowed = False
+                    claimed, sent_at = await self._claim(queue, limit, own, types=types)
+                jobs, selected = claimed.jobs, claimed.selected
                 # A full selection means more may be waiting even if others took some of it (a
                 # stealer, or the previous owner during a hand-off): go again, do not sleep. A
                 # short window says only that its buckets ran low: go on (claim_windows.py).
                 if windowed:
                     self._windows.record(queue, selected >= limit)
+                elif selected < limit:
+                    self._windows.ended(queue)
                 if selected >= limit:
                     self._steals.note_own_backlog()
                 backlog |= windowed or selected >= limit
@@ -311,7 +325,8 @@ class Producer:
                 self.stats.steals += 1
                 for victims in self._steals.sweep(own or ()):
                     steal = Steal(tuple(victims), self._steals.reserve())
-                    stolen, _, sent_at = await self._claim(queue, asked, None, steal, types=types)
+                    took, sent_at = await self._claim(queue, asked, None, steal, types=types)
+                    stolen = took.jobs
                     self.stats.steal_claims += 1
                     if stolen or self._stopped.is_set():
                         break
@@ -386,9 +401,11 @@ class Producer:
         steal: Steal | None = None,
         *,
         types: TypeFilter | None = None,
-    ) -> tuple[list[Job], int, float]:
-        """Claim; returns the jobs, how many the selection found, and when the statement was sent
-        (time.monotonic()): their leases run from no earlier than that."""
+        beyond: tuple[int, ...] | None = None,
+    ) -> tuple[Claimed, float]:
+        """Claim; returns the claim (its jobs, how many the selection found) and when the statement
+        was sent (time.monotonic()): their leases run from no earlier than that. `beyond`: our
+        buckets outside the window `buckets` (the store's `outside`: the veto's)."""
         started = time.perf_counter()
         sent_at = time.monotonic()
         async with self._claim_fence:  # a bucket hand-off waits for this claim to finish
@@ -400,11 +417,12 @@ class Producer:
                 steal,
                 types=types,
                 flow_version=self.flow.version,
+                outside=beyond,
             )
         if claimed.stale:
             self._flow_stale = True
         self._count_claim(queue, claimed.jobs, started)
-        return claimed.jobs, claimed.selected, sent_at
+        return claimed, sent_at
 
     def _count_claim(self, queue: str, jobs: list[Job], started: float) -> None:
         metrics.CLAIM_SECONDS.labels(self._mode).observe(time.perf_counter() - started)

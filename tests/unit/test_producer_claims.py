@@ -225,8 +225,11 @@ async def _test_a_steal_sweeps_every_other_bucket_in_budgeted_statements_until_o
     assert set(reserves) == {100}, "the owner's claim: min(batch_size 500, concurrency 100)"
 
 
-@pytest.mark.parametrize("owned, windowed", [(8, False), (9, True), (32, True), (64, True)])
-def test_windows_only_where_more_buckets_than_a_window(owned, windowed):
+@pytest.mark.parametrize(
+    "owned, windowed", [(8, False), (9, True), (32, True), (63, True), (64, False)]
+)
+def test_windows_only_where_more_buckets_than_a_window_and_not_every_bucket(owned, windowed):
+    """Every bucket is one walk of the queue-wide index (claim_select_all_buckets): no window."""
     windows = ClaimWindows(MAX_WINDOW_BUCKETS)
     buckets, is_window = windows.pick("q", tuple(range(owned)))
     assert is_window == windowed

@@ -1,11 +1,16 @@
-"""The fleet part of `dispatcher status`: the live workers of each coordination group, its leader
-and who owns which bucket (the PostgreSQL coordinator's tables), in text and as JSON.
+"""The fleet part of `dispatcher status`, in text and as JSON: the worker registry (every worker,
+whatever its mode and coordinator: dispatcher_workers, runtime/presence.py), then each coordination
+group's live members, its leader and who owns which bucket (the PostgreSQL coordinator's tables).
 
-Workers coordinated by Redis or with static buckets keep no rows there: the section says so.
+Workers coordinated by Redis or with static buckets, and skip_locked ones, keep no rows in the
+coordinator's tables: they show in the registry only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -13,6 +18,123 @@ import psycopg
 from dispatcher.api.text import age_text, bucket_ranges
 from dispatcher.db import rows
 from dispatcher.db.queries import query
+
+GONE_WINDOW_S = 3600.0  # a worker stopped or vanished this recently is counted (and listed) as gone
+# The columns of the registry's table in `dispatcher status`.
+COLUMNS = (
+    "worker",
+    "host",
+    "pid",
+    "version",
+    "mode",
+    "coordinator",
+    "queues",
+    "running",
+    "up",
+    "heartbeat",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredWorker:
+    """presence_list: one worker of the registry, live or not (ages by the database clock)."""
+
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    mode: str
+    coordinator: str
+    queues: list[str]
+    job_types: list[str]
+    concurrency: int
+    running: int
+    started_at: datetime
+    seen_age_s: float  # since its last heartbeat
+    up_s: float  # since its first heartbeat
+    live: bool  # its lease runs and it has not stopped
+    stopped_at: datetime | None  # a clean stop; None and not live: its lease ran out (killed)
+
+    @property
+    def vanished(self) -> bool:
+        """Gone without saying so: killed, crashed or cut off from the database."""
+        return not self.live and self.stopped_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRegistry:
+    """The registry as read: the live workers, and those gone within GONE_WINDOW_S (last seen
+    first)."""
+
+    live: list[RegisteredWorker]
+    gone: list[RegisteredWorker]
+
+
+def read_registry(conn: psycopg.Connection[Any]) -> WorkerRegistry:
+    """The worker registry, in `conn`'s transaction."""
+    found = rows.typed(RegisteredWorker, conn.execute(query("presence_list"), prepare=False))
+    gone = [w for w in found if not w.live and w.seen_age_s <= GONE_WINDOW_S]
+    return WorkerRegistry(
+        [w for w in found if w.live], sorted(gone, key=lambda w: (w.seen_age_s, w.worker_id))
+    )
+
+
+def worker_dict(w: RegisteredWorker) -> dict[str, Any]:
+    """A worker as `dispatcher status --json` lists it."""
+    return {
+        "id": w.worker_id,
+        "host": w.host,
+        "pid": w.pid,
+        "version": w.version,
+        "mode": w.mode,
+        "coordinator": w.coordinator,
+        "queues": list(w.queues),
+        "job_types": list(w.job_types),
+        "running": w.running,
+        "concurrency": w.concurrency,
+        "started_at": w.started_at.isoformat(),
+        "up_s": round(w.up_s, 1),
+        "heartbeat_age_s": round(w.seen_age_s, 2),
+    }
+
+
+def render_registry(live: Sequence[dict[str, Any]], gone: int, vanished: int) -> list[str]:
+    """The registry's part of `dispatcher status`: a line of counts, then a table of the live
+    workers (`live`: worker_dict's)."""
+    head = f"workers: {len(live)} live (the worker registry: every mode and coordinator)"
+    if gone:
+        head += (
+            f"; {gone} gone within the hour ({gone - vanished} stopped, "
+            f"{vanished} lease ran out: killed or cut off)"
+        )
+    if not live:
+        return [head]
+    table = [COLUMNS]
+    for w in live:
+        table.append(
+            (
+                w["id"],
+                w["host"],
+                str(w["pid"]),
+                w["version"],
+                w["mode"],
+                w["coordinator"],
+                ",".join(w["queues"]),
+                f"{w['running']}/{w['concurrency']}",
+                age_text(w["up_s"]),
+                f"{w['heartbeat_age_s']:.1f}s",
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
+    right = {COLUMNS.index(c) for c in ("pid", "running", "up", "heartbeat")}
+    return [head] + [
+        "  "
+        + "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(r)
+        ).rstrip()
+        for r in table
+    ]
 
 
 def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -66,8 +188,9 @@ def read_fleet(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 def render_fleet(groups: dict[str, Any]) -> list[str]:
     if not groups:
         return [
-            "workers: none in the PostgreSQL coordinator's tables (none running, or coordinated by "
-            "Redis or static buckets: their members are not kept in the database)"
+            "coordination groups: none in the PostgreSQL coordinator's tables (no worker of it "
+            "running; workers coordinated by Redis or static buckets, and skip_locked ones, keep "
+            "no members there)"
         ]
     lines = []
     for name, g in sorted(groups.items()):

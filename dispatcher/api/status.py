@@ -1,7 +1,8 @@
 """`dispatcher status`: what is queued where, how old the oldest waiting job is, what it costs, how
 many jobs wait behind an ordering key and how many keys are halted, the fleet's flow control
-(paused queues, limits with what runs under them), and its live workers, leaders and bucket
-owners (fleet_status.py)."""
+(paused queues, limits with what runs under them), its live workers (the worker registry, every
+mode and coordinator) and the PostgreSQL coordinator's leaders and bucket owners
+(fleet_status.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import dataclasses
 from typing import Any
 
 from coordinator.pg.connect import ConnectionLimits
-from dispatcher.api.fleet_status import read_fleet, render_fleet
+from dispatcher.api.fleet_status import (
+    read_fleet,
+    read_registry,
+    render_fleet,
+    render_registry,
+    worker_dict,
+)
 from dispatcher.api.flow import PausedQueue
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
 from dispatcher.db import rows
@@ -32,7 +39,11 @@ def read_status(
     """Counts per queue and status, the oldest due job's age, the backlog per bucket and the
     table's cost, in one transaction bounded like every one-shot command's (db/oneshot.py).
     `completed_jobs` is DISPATCHER_COMPLETED_JOBS as the workers have it: with 'delete' the
-    completed count is not what completed (render_status says so)."""
+    completed count is not what completed (render_status says so).
+
+    "workers": the live workers of the registry (a dict each); "workers_gone": how many stopped or
+    vanished within the hour, "workers_vanished" of which without a clean stop (their lease ran
+    out); "groups": the PostgreSQL coordinator's groups (fleet_status.read_fleet)."""
     limits = limits or ConnectionLimits()
     with (
         session(dsn, limits, application_name="dispatcher-status") as conn,
@@ -48,6 +59,7 @@ def read_status(
         paused = [p.queue for p in rows.typed(PausedQueue, conn.execute(query("flow_paused_list")))]
         limit_rows = rows.as_dicts(conn.execute(query("flow_limits_list")))
         fleet = read_fleet(conn)
+        registry = read_registry(conn)
     for queue in paused:
         # a paused queue shows, even with no jobs
         counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
@@ -64,7 +76,10 @@ def read_status(
         },
         "limits": [{k: v for k, v in r.items() if k != "updated_at"} for r in limit_rows],
         "runnable_by_bucket": backlog,
-        "workers": fleet,
+        "workers": [worker_dict(w) for w in registry.live],
+        "workers_gone": len(registry.gone),
+        "workers_vanished": sum(w.vanished for w in registry.gone),
+        "groups": fleet,
         "db": dataclasses.asdict(pressure) if pressure else None,
     }
 
@@ -114,7 +129,12 @@ def render_status(status: dict[str, Any]) -> str:
             lines.append(f"  {limit['job_type']} in {where}: " + ", ".join(b for b in bounds if b))
     if "workers" in status:
         lines.append("")
-        lines.extend(render_fleet(status["workers"]))
+        lines.extend(
+            render_registry(status["workers"], status["workers_gone"], status["workers_vanished"])
+        )
+    if "groups" in status:
+        lines.append("")
+        lines.extend(render_fleet(status["groups"]))
     backlog = status["runnable_by_bucket"]
     if backlog:
         lines.append("")

@@ -20,7 +20,7 @@ def test_status_shows_the_workers_the_leader_and_who_owns_which_bucket(dsn):
     )
 
     def owns_everything():
-        group = read_status(dsn)["workers"].get("default")
+        group = read_status(dsn)["groups"].get("default")
         return group if group and [len(m["buckets"]) for m in group["members"]] == [64] else None
 
     seen: dict = {}
@@ -41,7 +41,7 @@ def test_status_shows_the_workers_the_leader_and_who_owns_which_bucket(dsn):
     assert member["buckets"] == list(range(64)) and 0 <= member["heartbeat_age_s"] < 30
     assert group["unowned"] == [] and group["orphaned"] == []
     assert seen["json"].returncode == 0, seen["json"].stderr
-    listed = orjson.loads(seen["json"].stdout)["workers"]["default"]
+    listed = orjson.loads(seen["json"].stdout)["groups"]["default"]
     assert [m["id"] for m in listed["members"]] == ["status-w1"] and listed["leader"] == "status-w1"
     text = seen["text"].stdout
     assert "workers of group default: 1 live, leader status-w1" in text, text
@@ -50,6 +50,6 @@ def test_status_shows_the_workers_the_leader_and_who_owns_which_bucket(dsn):
         for line in text.splitlines()
     ), text
     # Once it stopped (it left its group), no live member remains.
-    after = read_status(dsn)["workers"]
+    after = read_status(dsn)["groups"]
     assert not [m for g in after.values() for m in g["members"]], after
     assert "workers" in render_status(read_status(dsn))

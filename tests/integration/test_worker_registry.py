@@ -1,0 +1,193 @@
+"""The worker registry as operators read it: `dispatcher status` (text and JSON) lists every live
+worker, whatever its mode and coordinator, and counts those gone within the hour; and real
+workers of both modes appear there while they run and leave at once when they stop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import psycopg
+
+from dispatcher import Config, Registry, Worker
+from dispatcher.api.status import read_status, render_status
+from tests.helpers import run_async, wait_until_async
+from tests.integration.test_cli_errors import cli
+
+# (worker_id, mode, coordinator, state): the rows a fleet of three live workers of different
+# modes and coordinators leaves, beside one killed (its lease ran out), one stopped cleanly and
+# one gone for longer than an hour (a row not pruned yet).
+FLEET = (
+    ("w-part", "partitioned", "postgres", "live"),
+    ("w-skip", "skip_locked", "static", "live"),
+    ("w-redis", "partitioned", "redis", "live"),
+    ("w-killed", "partitioned", "postgres", "expired"),
+    ("w-stopped", "skip_locked", "static", "stopped"),
+    ("w-old", "partitioned", "redis", "old"),
+)
+LIVE = {
+    "w-part": ("partitioned", "postgres"),
+    "w-skip": ("skip_locked", "static"),
+    "w-redis": ("partitioned", "redis"),
+}
+
+# The state of a row, as its timestamps say it (seconds before now: started, last seen; the
+# lease's end from now; stopped). A live row's lease runs an hour: the test never races it.
+STATES = {
+    "live": ("125 seconds", "0.5 seconds", "1 hour", None),
+    "expired": ("300 seconds", "20 seconds", "-14 seconds", None),
+    "stopped": ("600 seconds", "30 seconds", "-30 seconds", "30 seconds"),
+    "old": ("3 hours", "2 hours", "-2 hours", None),
+}
+
+
+def register(
+    conn: psycopg.Connection[Any],
+    worker_id: str,
+    mode: str,
+    coordinator: str,
+    state: str = "live",
+    *,
+    host: str = "pod-a",
+    queues: tuple[str, ...] = ("default", "mail"),
+    running: int = 3,
+) -> None:
+    """A row of dispatcher_workers as heartbeats (and a stop, or a death) leave it."""
+    started, seen, lease, stopped = STATES[state]
+    conn.execute(
+        "INSERT INTO dispatcher_workers (worker_id, host, pid, version, mode, coordinator, queues, "
+        "job_types, concurrency, running, started_at, seen_at, expires_at, stopped_at) "
+        "VALUES (%(id)s, %(host)s, 4242, '9.9.9', %(mode)s, %(coordinator)s, %(queues)s, "
+        "'{send_email,resize}', 20, %(running)s, now() - %(started)s::interval, "
+        "now() - %(seen)s::interval, now() + %(lease)s::interval, "
+        "now() - %(stopped)s::interval)",
+        {
+            "id": worker_id,
+            "host": host,
+            "mode": mode,
+            "coordinator": coordinator,
+            "queues": list(queues),
+            "running": running if state == "live" else 0,
+            "started": started,
+            "seen": seen,
+            "lease": lease,
+            "stopped": stopped,
+        },
+    )
+
+
+def register_fleet(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for worker_id, mode, coordinator, state in FLEET:
+            register(conn, worker_id, mode, coordinator, state)
+
+
+def test_status_lists_the_live_workers_of_every_mode_and_coordinator_and_counts_the_gone(dsn):
+    register_fleet(dsn)
+
+    status = read_status(dsn)
+    workers = {w["id"]: w for w in status["workers"]}
+    assert {i: (w["mode"], w["coordinator"]) for i, w in workers.items()} == LIVE
+    w = workers["w-skip"]
+    assert (w["host"], w["pid"], w["version"], w["queues"]) == (
+        "pod-a",
+        4242,
+        "9.9.9",
+        ["default", "mail"],
+    )
+    assert (w["running"], w["concurrency"], w["job_types"]) == (3, 20, ["send_email", "resize"])
+    assert 124 <= w["up_s"] < 200 and 0.4 <= w["heartbeat_age_s"] < 60
+    assert (status["workers_gone"], status["workers_vanished"]) == (2, 1)
+    assert status["groups"] == {}, "no worker of the PostgreSQL coordinator's tables"
+
+    result = cli("status", "--json", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    listed = orjson.loads(result.stdout)
+    assert isinstance(listed["workers"], list)
+    assert {w["id"]: (w["mode"], w["coordinator"]) for w in listed["workers"]} == LIVE
+    assert listed["workers_gone"] == 2
+
+    result = cli("status", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    (head,) = [line for line in lines if line.startswith("workers: ")]
+    assert head.startswith("workers: 3 live "), head
+    assert "2 gone within the hour (1 stopped, 1 lease ran out" in head, head
+    table = lines[lines.index(head) + 1 : lines.index(head) + 5]
+    assert table[0].split() == [
+        "worker",
+        "host",
+        "pid",
+        "version",
+        "mode",
+        "coordinator",
+        "queues",
+        "running",
+        "up",
+        "heartbeat",
+    ]
+    rows = {r.split()[0]: r.split() for r in table[1:]}
+    assert set(rows) == set(LIVE), table
+    for worker_id, (mode, coordinator) in LIVE.items():
+        cells = rows[worker_id]
+        assert cells[1:8] == ["pod-a", "4242", "9.9.9", mode, coordinator, "default,mail", "3/20"]
+        assert cells[8] == "2m", cells  # up 125 s
+    assert "w-killed" not in result.stdout and "w-stopped" not in result.stdout
+    assert "coordination groups: none" in result.stdout
+
+
+def config(dsn: str, worker_id: str, mode: str) -> Config:
+    return Config(
+        dsn=dsn,
+        worker_id=worker_id,
+        mode=mode,
+        queues=("default",),
+        concurrency=7,
+        poll_interval_s=0.2,
+        coordinator_poll_s=0.2,
+    )
+
+
+def test_real_workers_of_both_modes_are_live_in_status_and_leave_it_when_they_stop(dsn):
+    registry = Registry()
+    registry.handler("noop")(lambda job: None)
+    partitioned = Worker(config(dsn, "reg-part", "partitioned"), registry)
+    skip_locked = Worker(config(dsn, "reg-skip", "skip_locked"), registry)
+
+    def live() -> dict[str, dict[str, Any]]:
+        return {w["id"]: w for w in read_status(dsn)["workers"]}
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        tasks = [asyncio.create_task(w.run()) for w in (partitioned, skip_locked)]
+        try:
+
+            async def both() -> dict[str, Any] | None:
+                for task in tasks:
+                    if task.done():
+                        task.result()
+                        raise AssertionError("a worker exited before it was seen live")
+                seen = await asyncio.to_thread(live)
+                return seen if set(seen) == {"reg-part", "reg-skip"} else None
+
+            seen = await wait_until_async(both, 30, "both workers live in the registry")
+        finally:
+            for worker in (partitioned, skip_locked):
+                worker.stop()
+            await asyncio.gather(*tasks)
+        return seen, await asyncio.to_thread(read_status, dsn)
+
+    seen, after = run_async(main())
+    assert (seen["reg-part"]["mode"], seen["reg-part"]["coordinator"]) == (
+        "partitioned",
+        "postgres",
+    )
+    assert seen["reg-skip"]["mode"] == "skip_locked"
+    for w in seen.values():
+        assert w["queues"] == ["default"] and w["concurrency"] == 7
+        assert w["job_types"] == ["noop"] and w["heartbeat_age_s"] < 10
+    text = render_status(after)
+    # A clean stop leaves the live view at once: gone, and not vanished.
+    assert after["workers"] == [], after["workers"]
+    assert (after["workers_gone"], after["workers_vanished"]) == (2, 0)
+    assert "workers: 0 live" in text and "2 gone within the hour (2 stopped, 0 lease" in text

@@ -196,7 +196,8 @@ def metrics() -> str:
         "# Metrics reference\n\n",
         "What `/metrics` exports (with `DISPATCHER_METRICS_PORT` set), by the module that defines "
         "it. Every pod exports its own figures, except the table-wide ones of "
-        "`dispatcher/runtime/table_sampler.py` (`dispatcher_queue_*`, `dispatcher_db_*`), which "
+        "`dispatcher/runtime/table_sampler.py` (`dispatcher_queue_*`, `dispatcher_db_*`, "
+        "`dispatcher_workers`), which "
         "only the pod holding the sampler lease exports: aggregate those with `max by (...)`, "
         "never `sum`. How to read them: "
         "[operations/health-and-metrics.md](../operations/health-and-metrics.md).\n",

@@ -1,4 +1,5 @@
-"""Table-wide figures (queue depth, oldest due job, table and session pressure), sampled by ONE pod.
+"""Table-wide figures (queue depth, oldest due job, table and session pressure, the live workers of
+the worker registry), sampled by ONE pod.
 
 The sampler role is a lease row of dispatcher_maintenance_leases on the database clock (no
 session state: works through PgBouncer). Only the holder exports the table-wide series; every pod
@@ -14,10 +15,14 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 
+from dispatcher.db import rows
 from dispatcher.db.periodic import PeriodicService
+from dispatcher.db.queries import query
 from dispatcher.db.rows import DbPressure, QueueDepth
 from dispatcher.db.store import JobStore
 
@@ -36,10 +41,20 @@ _MAX_QUEUES = 1000
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerCount:
+    """workers_live_by_mode: the registry's live workers of one mode and coordinator."""
+
+    mode: str
+    coordinator: str
+    live: int
+
+
+@dataclass(frozen=True, slots=True)
 class TableSample:
     depth: tuple[QueueDepth, ...]
     pressure: DbPressure | None  # None: no statistics row for the jobs table yet
     taken_at: float  # time.monotonic()
+    workers: tuple[WorkerCount, ...] = ()
 
 
 class TableSampler(PeriodicService):
@@ -96,10 +111,16 @@ class TableSampler(PeriodicService):
         self._held_until = sent_at + self.lease_s
         depth = tuple(await self._store.queue_depth())
         pressure = await self._store.db_pressure()
+
+        async def count_workers(conn: psycopg.AsyncConnection[Any]) -> list[WorkerCount]:
+            cur = await conn.execute(query("workers_live_by_mode"))
+            return rows.typed(WorkerCount, await cur.fetchall())
+
+        workers = tuple(await self._store.run("workers_live_by_mode", count_workers))
         for row in depth:
             if row.queue not in self._queues and len(self._queues) < _MAX_QUEUES:
                 self._queues[row.queue] = None
-        self.sample = TableSample(depth, pressure, time.monotonic())
+        self.sample = TableSample(depth, pressure, time.monotonic(), workers)
         self.samples += 1
 
     async def release(self) -> None:
@@ -185,9 +206,27 @@ def _table_families(sample: TableSample | None, queues: list[str]) -> list[Metri
     active = GaugeMetricFamily(
         "dispatcher_db_active_sessions", "Sessions of this database running a statement now"
     )
-    families: list[Metric] = [jobs, halted, oldest, dead, live, claim_reads, lock_waits, active]
+    workers = GaugeMetricFamily(
+        "dispatcher_workers",
+        "Live workers of the worker registry per mode and coordinator, every pod's (0 for a pair "
+        "whose workers all stopped or vanished within the hour)",
+        labels=["mode", "coordinator"],
+    )
+    families: list[Metric] = [
+        jobs,
+        halted,
+        oldest,
+        dead,
+        live,
+        claim_reads,
+        lock_waits,
+        active,
+        workers,
+    ]
     if sample is None:
         return families
+    for count in sample.workers:
+        workers.add_metric([count.mode, count.coordinator], count.live)
     # each exported, 0 when empty
     known = dict.fromkeys([*queues, *(row.queue for row in sample.depth)])
     counts = {(q, s): 0 for q in known for s in DEPTH_STATUSES}

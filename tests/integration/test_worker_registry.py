@@ -1,6 +1,7 @@
 """The worker registry as operators read it: `dispatcher status` (text and JSON) lists every live
-worker, whatever its mode and coordinator, and counts those gone within the hour; and real
-workers of both modes appear there while they run and leave at once when they stop."""
+worker, whatever its mode and coordinator, and counts those gone within the hour; the table
+sampler's holder exports `dispatcher_workers{mode,coordinator}`; and real workers of both modes
+appear there while they run and leave at once when they stop."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import psycopg
 
 from dispatcher import Config, Registry, Worker
 from dispatcher.api.status import read_status, render_status
-from tests.helpers import run_async, wait_until_async
+from dispatcher.db.store import JobStore
+from dispatcher.runtime.table_sampler import TableCollector, TableSampler
+from tests.helpers import collected, run_async, wait_until_async
 from tests.integration.test_cli_errors import cli
 
 # (worker_id, mode, coordinator, state): the rows a fleet of three live workers of different
@@ -135,6 +138,46 @@ def test_status_lists_the_live_workers_of_every_mode_and_coordinator_and_counts_
         assert cells[8] == "2m", cells  # up 125 s
     assert "w-killed" not in result.stdout and "w-stopped" not in result.stdout
     assert "coordination groups: none" in result.stdout
+
+
+def test_the_table_samplers_holder_exports_the_live_workers_per_mode_and_coordinator(dsn):
+    register_fleet(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        register(conn, "w-part-2", "partitioned", "postgres", "live")
+    collector = TableCollector()
+
+    def gauge() -> dict[tuple[str, str], float]:
+        return {
+            (dict(labels)["mode"], dict(labels)["coordinator"]): value
+            for (name, labels), value in collected(collector).items()
+            if name == "dispatcher_workers"
+        }
+
+    async def main() -> list[dict[tuple[str, str], float]]:
+        store = JobStore(dsn, "sampler", application_name="dispatcher-maint")
+        sampler = TableSampler(store, interval_s=5.0)
+        collector.track(sampler)
+        try:
+            await sampler.tick()
+            assert sampler.holding
+            first = gauge()
+            stop = "UPDATE dispatcher_workers SET stopped_at = now() WHERE mode = 'skip_locked'"
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(stop)
+            await sampler.tick()
+            return [first, gauge()]
+        finally:
+            await store.close()
+
+    first, after_stop = run_async(main())
+    # One series per pair of a live worker, each the count of its live ones.
+    assert first == {
+        ("partitioned", "postgres"): 2,
+        ("partitioned", "redis"): 1,
+        ("skip_locked", "static"): 1,
+    }
+    # A pair whose workers are all gone reads 0 while their rows stay (an hour).
+    assert after_stop == {**first, ("skip_locked", "static"): 0}
 
 
 def config(dsn: str, worker_id: str, mode: str) -> Config:

@@ -106,6 +106,15 @@ UNION ALL
 SELECT queue_name, 'halted', count(*), NULL FROM dispatcher_jobs
  WHERE ordering_key IS NOT NULL AND ordering_halted GROUP BY queue_name
 
+-- name: workers_live_by_mode
+-- The live workers of the worker registry (migration 0016) per mode and coordinator, for the
+-- dispatcher_workers gauge (the table sampler, one pod at a time). A pair whose workers are all
+-- gone counts 0 while their rows are kept (an hour after they were last seen). A handful of rows.
+SELECT mode, coordinator, (count(*) FILTER (WHERE expires_at > now() AND stopped_at IS NULL))::int
+  FROM dispatcher_workers
+ GROUP BY mode, coordinator
+ ORDER BY mode, coordinator
+
 -- name: locked_tables
 -- Our tables that another session holds a lock on that blocks reads or writes (SHARE or stronger),
 -- named by a one-shot command that gave up waiting for a lock (dispatcher/db/oneshot.py). pg_locks

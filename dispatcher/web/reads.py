@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
-from dispatcher.api.fleet_status import read_fleet
+from dispatcher.api.fleet_status import RegisteredWorker, read_fleet, read_registry
 from dispatcher.api.flow import PausedQueue
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows
@@ -25,6 +25,7 @@ READ_BUDGET = 2.0  # a page's statements may take statement_timeout_s x this (10
 OUTCOME_WINDOW_S = 60  # throughput: jobs finished in the last minute
 BACKLOG_CAP = 10_000  # a bucket's due count stops here on the map ("10000+"): bounds the index read
 COLOURS = 12  # owner colours on the bucket map (CSS classes o0..o11)
+GONE_SHOWN = 50  # workers gone within the hour listed on the workers page (rollouts make many)
 # The per-queue columns of the overview, in the order shown (queue_depth's statuses).
 DEPTH_STATUSES = (
     "queued",
@@ -46,7 +47,7 @@ class QueueSummary:
     completed_per_min: int  # in the last OUTCOME_WINDOW_S
     failed_per_min: int
     paused: bool
-    workers: int  # live members of its coordination group (PostgreSQL coordinator)
+    workers: int  # live workers serving it (the worker registry: every mode and coordinator)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,16 @@ class Group:
     unowned: list[int]
     handoffs: list[dict[str, Any]]  # {bucket, from, to}
     orphaned: list[dict[str, Any]]  # {bucket, owner}: its owner is no longer a live member
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The workers page: the worker registry, and the PostgreSQL coordinator's groups."""
+
+    live: list[RegisteredWorker]  # every live worker, whatever its mode and coordinator
+    gone: list[RegisteredWorker]  # stopped or vanished within the hour, last seen first
+    gone_more: int  # gone ones beyond GONE_SHOWN, not listed
+    groups: list[Group]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +141,9 @@ def overview(
         paused_rows = conn.execute(query("flow_paused_list"), prepare=False)
         paused = {p.queue for p in rows.typed(PausedQueue, paused_rows)}
         members: dict[str, int] = {}
-        for m in rows.typed(rows.MemberRow, conn.execute(query("status_members"), prepare=False)):
-            members[m.group] = members.get(m.group, 0) + 1
+        for w in read_registry(conn).live:
+            for q in w.queues:
+                members[q] = members.get(q, 0) + 1
     names = sorted(set(depth) | set(outcomes) | paused | set(members))
     queues = [
         QueueSummary(
@@ -164,9 +176,12 @@ def queue_names(conn: psycopg.Connection[Any], limits: ConnectionLimits) -> list
 
 def fleet(
     conn: psycopg.Connection[Any], limits: ConnectionLimits, *, member_lease_s: float
-) -> list[Group]:
+) -> Fleet:
     with bounded_transaction(conn, "dashboard workers", limits, budget=READ_BUDGET):
-        return _groups(read_fleet(conn), member_lease_s)
+        registry = read_registry(conn)
+        groups = _groups(read_fleet(conn), member_lease_s)
+    gone = registry.gone
+    return Fleet(registry.live, gone[:GONE_SHOWN], max(0, len(gone) - GONE_SHOWN), groups)
 
 
 def _backlog(conn: psycopg.Connection[Any], queue: str) -> dict[int, int]:

@@ -160,13 +160,14 @@ async def job(request: Request) -> Response:
 
 async def workers(request: Request) -> Response:
     dash = _dash(request)
-    groups = await dash.db(
+    fleet = await dash.db(
         reads.fleet, dash.limits, member_lease_s=dash.config.coordinator_lease_s, cache="workers"
     )
     return dash.render(
         request,
         "workers.html",
-        groups=groups,
+        fleet=fleet,
+        groups=fleet.groups,
         coordinator=dash.config.coordinator,
         mode=dash.config.mode,
     )

@@ -16,6 +16,7 @@ from dispatcher.runtime.table_sampler import (
     TableCollector,
     TableSample,
     TableSampler,
+    WorkerCount,
 )
 from dispatcher.runtime.vitals import Vitals
 from dispatcher.serve.health import Health, HealthCollector, assignment_state, judge
@@ -205,6 +206,7 @@ TABLE_WIDE = {
     "dispatcher_db_claim_index_tuples_read_total",
     "dispatcher_db_lock_waits",
     "dispatcher_db_active_sessions",
+    "dispatcher_workers",
 }
 
 
@@ -290,3 +292,24 @@ def test_the_table_collector_exports_the_holders_fresh_sample_only():
         ("dispatcher_table_sampler", ()): 0,
         ("dispatcher_table_sample_age_seconds", ()): math.inf,
     }
+
+
+def test_the_holder_exports_the_registrys_live_workers_per_mode_and_coordinator():
+    collector = TableCollector()
+    s = sampler()
+    collector.track(s)
+    counts = (WorkerCount("partitioned", "postgres", 2), WorkerCount("skip_locked", "none", 0))
+    base = sample()
+    s.sample = TableSample(base.depth, base.pressure, base.taken_at, counts)
+    s._held_until = time.monotonic() + 3
+    workers = {
+        labels: n
+        for (name, labels), n in collected(collector).items()
+        if name == "dispatcher_workers"
+    }
+    assert workers == {
+        (("coordinator", "postgres"), ("mode", "partitioned")): 2,
+        (("coordinator", "none"), ("mode", "skip_locked")): 0,
+    }
+    s._held_until = time.monotonic() - 0.1  # another pod holds the role: it exports them
+    assert not [k for k in collected(collector) if k[0] == "dispatcher_workers"]

@@ -123,7 +123,7 @@ def build_services(
         Identity(
             worker.worker_id,
             claims.mode,
-            config.coordination.coordinator if config.coordination.used else "none",
+            config.coordination.coordinator if claims.partitioned else "none",
             tuple(claims.queues),
             tuple(registry.job_types()),
             claims.concurrency,

@@ -50,6 +50,10 @@ ERROR_CUT_MARK: Final = " [...] "  # stands for what was cut out of the middle
 # newest ATTEMPT_ERRORS_KEPT, so a job retried for days keeps a bounded row.
 ATTEMPT_ERRORS_KEPT: Final = 20
 
+# The head of the last_error of a job discarded because no worker served its type lately
+# (runtime/unserved.py writes it; dispatcher status and the dashboard count by it).
+UNSERVED_DISCARD_PREFIX: Final = "discarded: no worker has served"
+
 # Key of the transaction-scoped advisory lock that serialises `dispatcher migrate` across pods
 # (arbitrary, fixed forever: changing it would let old and new pods migrate at once).
 MIGRATE_LOCK_KEY: Final = 0x6275636B6574  # "bucket"

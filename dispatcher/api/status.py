@@ -18,6 +18,7 @@ from dispatcher.api.fleet_status import (
     worker_dict,
 )
 from dispatcher.api.flow import PausedQueue
+from dispatcher.api.unserved_types import UnservedType, read_unserved, render_unserved
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP
 from dispatcher.db import rows
 from dispatcher.db.oneshot import bounded_transaction, session
@@ -43,7 +44,8 @@ def read_status(
 
     "workers": the live workers of the registry (a dict each); "workers_gone": how many stopped or
     vanished within the hour, "workers_vanished" of which without a clean stop (their lease ran
-    out); "groups": the PostgreSQL coordinator's groups (fleet_status.read_fleet)."""
+    out); "unserved_types": the job types with jobs that no live worker serves
+    (unserved_types.py); "groups": the PostgreSQL coordinator's groups (fleet_status.read_fleet)."""
     limits = limits or ConnectionLimits()
     with (
         session(dsn, limits, application_name="dispatcher-status") as conn,
@@ -60,6 +62,7 @@ def read_status(
         limit_rows = rows.as_dicts(conn.execute(query("flow_limits_list")))
         fleet = read_fleet(conn)
         registry = read_registry(conn)
+        unserved = read_unserved(conn)
     for queue in paused:
         # a paused queue shows, even with no jobs
         counts.setdefault(queue, dict.fromkeys(STATUSES, 0))
@@ -79,6 +82,7 @@ def read_status(
         "workers": [worker_dict(w) for w in registry.live],
         "workers_gone": len(registry.gone),
         "workers_vanished": sum(w.vanished for w in registry.gone),
+        "unserved_types": [dataclasses.asdict(u) for u in unserved],
         "groups": fleet,
         "db": dataclasses.asdict(pressure) if pressure else None,
     }
@@ -132,6 +136,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.extend(
             render_registry(status["workers"], status["workers_gone"], status["workers_vanished"])
         )
+        lines.extend(render_unserved([UnservedType(**u) for u in status.get("unserved_types", [])]))
     if "groups" in status:
         lines.append("")
         lines.extend(render_fleet(status["groups"]))

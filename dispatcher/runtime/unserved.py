@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dispatcher.backoff import jittered
+from dispatcher.constants import UNSERVED_DISCARD_PREFIX
 from dispatcher.db.handbacks import HandBack, HandedBack
 from dispatcher.model import Job
 from dispatcher.observe import metrics
@@ -68,7 +69,7 @@ class Unserved:
             job,
             jittered(delay_s, 0.2),
             self._served_lately(job.job_type) is False,
-            f"discarded: no worker has served job_type {job.job_type!r} for {self.window_s:g} s "
+            f"{UNSERVED_DISCARD_PREFIX} job_type {job.job_type!r} for {self.window_s:g} s "
             "(DISPATCHER_UNSERVED_TYPE_DISCARD_S); until then its jobs were handed back",
         )
 

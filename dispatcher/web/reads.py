@@ -14,6 +14,7 @@ import psycopg
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.api.fleet_status import RegisteredWorker, read_fleet, read_registry
 from dispatcher.api.flow import PausedQueue
+from dispatcher.api.unserved_types import UnservedType, read_unserved
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows
 from dispatcher.db.citus import distributed_sync
@@ -92,6 +93,7 @@ class Fleet:
     gone: list[RegisteredWorker]  # stopped or vanished within the hour, last seen first
     gone_more: int  # gone ones beyond GONE_SHOWN, not listed
     groups: list[Group]
+    unserved: list[UnservedType]  # job types with jobs that no live worker serves
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +182,9 @@ def fleet(
     with bounded_transaction(conn, "dashboard workers", limits, budget=READ_BUDGET):
         registry = read_registry(conn)
         groups = _groups(read_fleet(conn), member_lease_s)
+        unserved = read_unserved(conn)
     gone = registry.gone
-    return Fleet(registry.live, gone[:GONE_SHOWN], max(0, len(gone) - GONE_SHOWN), groups)
+    return Fleet(registry.live, gone[:GONE_SHOWN], max(0, len(gone) - GONE_SHOWN), groups, unserved)
 
 
 def _backlog(conn: psycopg.Connection[Any], queue: str) -> dict[int, int]:

@@ -234,3 +234,38 @@ def test_real_workers_of_both_modes_are_live_in_status_and_leave_it_when_they_st
     assert after["workers"] == [], after["workers"]
     assert (after["workers_gone"], after["workers_vanished"]) == (2, 0)
     assert "workers: 0 live" in text and "2 gone within the hour (2 stopped, 0 lease" in text
+
+
+def test_status_names_the_job_types_no_live_worker_serves_with_their_waiting_and_discarded_jobs(
+    dsn,
+):
+    """A rollout's new type before its first pod is live, or a type nobody handles: its queued
+    jobs, and those discarded once nobody served it lately, show per queue and type."""
+    from dispatcher import enqueue_sync
+    from dispatcher.constants import UNSERVED_DISCARD_PREFIX
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        register(
+            conn, "w-live", "partitioned", "postgres", queues=("default",)
+        )  # serves send_email
+        register(conn, "w-gone", "partitioned", "postgres", "expired", queues=("default",))
+        for job_type in ("send_email", "new_type", "new_type"):
+            enqueue_sync(conn, job_type, {})
+        enqueue_sync(conn, "send_email", {}, queue="mail")  # no live worker serves queue mail
+        gone = enqueue_sync(conn, "removed_type", {})
+        conn.execute(
+            "UPDATE dispatcher_jobs SET status = 'discarded', last_error = %s WHERE id = %s",
+            (f"{UNSERVED_DISCARD_PREFIX} job_type 'removed_type' for 3600 s", gone),
+        )
+    status = read_status(dsn)
+    assert status["unserved_types"] == [
+        {"queue": "default", "job_type": "new_type", "waiting": 2, "discarded": 0},
+        {"queue": "default", "job_type": "removed_type", "waiting": 0, "discarded": 1},
+        {"queue": "mail", "job_type": "send_email", "waiting": 1, "discarded": 0},
+    ]
+    text = render_status(status)
+    assert "job types no live worker serves" in text
+    assert "default/new_type: 2 waiting, 0 discarded as unserved" in text
+    shown = cli("status", "--json", "--dsn", dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert orjson.loads(shown.stdout)["unserved_types"] == status["unserved_types"]

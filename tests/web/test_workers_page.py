@@ -73,3 +73,20 @@ def test_the_workers_page_lists_the_registrys_live_workers_and_marks_the_gone_on
         return cells(row[1])[-2]
 
     assert (workers_of("default"), workers_of("mail"), workers_of("hostile")) == ("3", "3", "1")
+
+
+def test_the_workers_page_lists_job_types_no_live_worker_serves_escaped(dsn):
+    from dispatcher import enqueue_sync
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        register(conn, "w-live", "skip_locked", "none", queues=("default",))
+        enqueue_sync(conn, "send_email", {})  # served
+        typo = enqueue_sync(conn, "typo", {})
+        # enqueue refuses such a name: written behind its back, as a page must expect anything
+        conn.execute("UPDATE dispatcher_jobs SET job_type = %s WHERE id = %s", (HOSTILE, typo))
+    with served(dsn) as web:
+        body = Client(web.url).request("/workers")[2]
+    table = body.split('id="unserved"')[1].split("</table>")[0]
+    assert HOSTILE in html.unescape(table), "the unserved type is listed, as text"
+    assert "<script" not in table and "<img" not in table
+    assert "send_email" not in table, "a type a live worker serves is not"

@@ -41,3 +41,21 @@ SELECT worker_id, host, pid, version, mode, coordinator, queues, job_types, conc
        expires_at > now() AND stopped_at IS NULL AS live, stopped_at
   FROM dispatcher_workers
  ORDER BY expires_at > now() AND stopped_at IS NULL DESC, started_at, worker_id
+
+-- name: presence_served_pairs
+-- Every (queue, job type) a live worker serves: what `dispatcher status` and the dashboard compare
+-- the jobs with (dispatcher/api/unserved_types.py).
+SELECT DISTINCT q.queue_name, t.job_type
+  FROM dispatcher_workers AS w
+ CROSS JOIN LATERAL unnest(w.queues) AS q(queue_name)
+ CROSS JOIN LATERAL unnest(w.job_types) AS t(job_type)
+ WHERE w.expires_at > now() AND w.stopped_at IS NULL
+
+-- name: jobs_waiting_or_discarded_by_type
+-- Queued jobs, and jobs discarded because no worker served their type (jobs_hand_back_owned's
+-- last_error), per queue and type: one pass over those rows, for status and the dashboard.
+SELECT queue_name, job_type, count(*) FILTER (WHERE status = 'queued') AS waiting,
+       count(*) FILTER (WHERE status = 'discarded' AND starts_with(last_error, %(discarded_prefix)s)) AS discarded
+  FROM dispatcher_jobs
+ WHERE status IN ('queued', 'discarded')
+ GROUP BY queue_name, job_type

@@ -1,3 +1,4 @@
+# typed_app.py
 """typed_app.py: jobs declared as typed tasks, enqueued with their functions' own arguments.
 
 `mypy --strict` checks every enqueue below against its task's signature, as it checks a call

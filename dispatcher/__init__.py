@@ -33,6 +33,7 @@ from dispatcher.api.schedules.declarations import Schedule
 from dispatcher.api.schedules.slots import ScheduleError
 from dispatcher.api.tasks import Task
 from dispatcher.errors import (
+    Cancel,
     ConfigError,
     DispatcherError,
     EnqueueError,
@@ -53,6 +54,7 @@ from dispatcher.serve.worker import Worker, run_worker
 from dispatcher.settings.config import Config
 
 __all__ = [
+    "Cancel",
     "Config",
     "ConfigError",
     "DispatcherError",

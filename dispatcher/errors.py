@@ -115,3 +115,15 @@ class Snooze(DispatcherError):
         super().__init__(f"snoozed for {seconds:g} s" + (f": {reason}" if reason else ""))
         self.seconds = float(seconds)
         self.reason = reason
+
+
+class Cancel(DispatcherError):
+    """Raise from a handler to end its job `cancelled`, not failed: nothing went wrong, the work is
+    no longer wanted (the order was refunded, the account closed). Never retried, whatever attempts
+    are left; a keyed job releases its key to the key's next job, as after a success."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(
+            f"cancelled by its handler: {reason}" if reason else "cancelled by its handler"
+        )
+        self.reason = reason

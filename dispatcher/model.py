@@ -127,6 +127,7 @@ class FailureKind(enum.Enum):
     INTERRUPTED = "interrupted"  # the worker shut down while the handler ran: retry at once
     LEASE_EXPIRED = "lease_expired"  # the owner stopped renewing the lease: died or stalled
     CANCELLED = "cancelled"  # an operator asked to cancel it (dispatcher jobs cancel): no retry
+    CANCELLED_BY_HANDLER = "cancelled_by_handler"  # its handler raised Cancel: no retry
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dispatcher.api.registry import Handler, Registry
-from dispatcher.errors import PermanentJobError, Snooze
+from dispatcher.errors import Cancel, PermanentJobError, Snooze
 from dispatcher.model import FailureKind, Job
 from dispatcher.observe import metrics
 from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
@@ -268,6 +268,9 @@ class Executor:
         self._finish_slot()
 
     def _fail_with(self, job: Job, exc: BaseException, started: float) -> None:
+        if isinstance(exc, Cancel):  # the handler's own decision: not a failure
+            self._fail(job, FailureKind.CANCELLED_BY_HANDLER, str(exc), started, summary=str(exc))
+            return
         # not a failure: this outcome is written only past the snooze cap
         if isinstance(exc, Snooze):
             self._fail(

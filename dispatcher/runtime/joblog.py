@@ -45,6 +45,7 @@ _FINAL: dict[FailureKind, str] = {
 
 
 _CANCELLED = "job %d cancelled at an operator's request (attempt %d/%d); not retried"
+_CANCELLED_BY_HANDLER = "job %d cancelled by its handler (attempt %d/%d); not retried"
 
 
 def exception_line(exc: BaseException) -> str:
@@ -134,6 +135,8 @@ def _line(
     if row.status == STATUS_QUEUED:
         fields.update(retry_in_s=round(delay_s, 3), next_run_at=utc(row.run_at))
         log.warning(_RETRIED.get(kind, _RETRIED[FailureKind.ERROR]), *args, delay_s, extra=fields)
+    elif row.status == STATUS_CANCELLED and kind is FailureKind.CANCELLED_BY_HANDLER:
+        log.info(_CANCELLED_BY_HANDLER, *args, extra=fields)  # the job's own outcome: no alarm
     elif row.status == STATUS_CANCELLED:  # an operator's doing, not the job's failure: not an error
         log.warning(_CANCELLED, *args, extra=fields)
     else:

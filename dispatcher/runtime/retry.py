@@ -52,7 +52,7 @@ class RetryPolicy:
         decides), which failed as `kind` with `error` (`exc`, if it raised: for `retry.delay`)."""
         if max_attempts is None:
             max_attempts = (retry or _DEFAULTS).attempts_allowed(None)
-        if kind is FailureKind.CANCELLED:
+        if kind in (FailureKind.CANCELLED, FailureKind.CANCELLED_BY_HANDLER):
             error = cut_error(error)
             # Whatever the attempt: a job someone cancelled must not run again. (The database
             # also turns a retry of a job with a cancel request into 'cancelled': jobs_fail_owned.)

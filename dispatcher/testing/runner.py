@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from dispatcher.api.registry import Handler, Registry
 from dispatcher.constants import DEFAULT_QUEUE
 from dispatcher.db.rows import Failure
-from dispatcher.errors import PermanentJobError, Snooze
+from dispatcher.errors import Cancel, PermanentJobError, Snooze
 from dispatcher.model import STATUS_COMPLETED, FailureKind, Job
 from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
 from dispatcher.runtime.retry import RetryPolicy
@@ -202,6 +202,8 @@ class Runner:
                 exc,
                 (exc.seconds, self.max_snoozes),
             )
+        if isinstance(exc, Cancel):  # as the executor: the job ends cancelled, never retried
+            return self._failed(job, FailureKind.CANCELLED_BY_HANDLER, str(exc), exc)
         kind = FailureKind.PERMANENT if isinstance(exc, PermanentJobError) else FailureKind.ERROR
         return self._failed(job, kind, "".join(traceback.format_exception(exc)).strip(), exc)
 

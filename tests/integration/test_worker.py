@@ -7,7 +7,15 @@ import uuid
 import psycopg
 import pytest
 
-from dispatcher import Config, Job, PermanentJobError, Registry, Worker, enqueue_payloads_sync
+from dispatcher import (
+    Cancel,
+    Config,
+    Job,
+    PermanentJobError,
+    Registry,
+    Worker,
+    enqueue_payloads_sync,
+)
 from dispatcher.backoff import retry_bound_s
 from tests.helpers import RETRY_LOG, fetchall, fetchval, run_async, run_worker_until, status_counts
 
@@ -153,6 +161,31 @@ def test_permanent_error_discards_without_retry(dsn):
     rows = fetchall(dsn, "SELECT status, attempts, last_error FROM dispatcher_jobs")
     assert {(s, a) for s, a, _ in rows} == {("discarded", 1)}
     assert all("customer does not exist" in e for _, _, e in rows)
+
+
+def test_a_handler_that_raises_cancel_ends_its_keyed_job_cancelled_and_the_key_goes_on(dsn):
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.handler("ship", max_attempts=5)
+    async def ship(job: Job) -> None:
+        ran.append(job.payload["n"])
+        if job.payload["n"] == 0:
+            raise Cancel("the order was refunded")
+
+    enqueue(dsn, "ship", 3, ordering_keys=["order-7"] * 3)
+    worker = Worker(config(dsn), registry)
+    done = "SELECT count(*) = 3 FROM dispatcher_jobs WHERE status IN ('cancelled', 'completed')"
+    run_async(run_worker_until(worker, lambda: fetchval(dsn, done), 30, "the key's jobs ended"))
+    assert ran == [0, 1, 2], "the cancelled job never ran again; the key's next jobs ran in order"
+    rows = fetchall(
+        dsn, "SELECT payload->>'n', status, attempts, last_error FROM dispatcher_jobs ORDER BY id"
+    )
+    assert rows == [
+        ("0", "cancelled", 1, "cancelled by its handler: the order was refunded"),
+        ("1", "completed", 1, None),
+        ("2", "completed", 1, None),
+    ]
 
 
 def test_per_job_timeout_cancels_the_handler_and_counts_as_a_failure(dsn):

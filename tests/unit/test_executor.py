@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dispatcher.api.registry import Registry
-from dispatcher.errors import PermanentJobError
+from dispatcher.errors import Cancel, PermanentJobError
 from dispatcher.model import FailureKind, Job
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.retry import RetryPolicy
@@ -297,3 +297,21 @@ def test_a_keyed_jobs_failure_carries_its_handlers_on_ordered_failure():
     assert rec.halts == {1: True, 2: False, 3: True}, "unkeyed: moot, sent as the default"
     assert [rec.outcomes[n].status for n in (1, 2)] == ["failed"] * 2
     assert 4 in rec.handed and 4 not in rec.outcomes, "no handler: handed back, its key kept"
+
+
+def test_a_handler_that_raises_cancel_ends_its_job_cancelled_whatever_attempts_are_left():
+    registry = Registry()
+
+    @registry.handler("refund")
+    async def refund(job):
+        raise Cancel("the order was refunded")
+
+    @registry.handler("refund_sync")
+    def refund_sync(job):
+        raise Cancel()
+
+    executor, rec = make(registry)
+    run_to_the_end(executor, [job(1, "refund", attempts=1, max_attempts=5), job(2, "refund_sync")])
+    assert rec.outcomes[1].status == "cancelled" and rec.outcomes[2].status == "cancelled"
+    assert rec.outcomes[1].error == "cancelled by its handler: the order was refunded"
+    assert rec.kinds == {1: FailureKind.CANCELLED_BY_HANDLER, 2: FailureKind.CANCELLED_BY_HANDLER}

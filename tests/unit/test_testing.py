@@ -313,3 +313,25 @@ def test_both_stores_have_the_ports_operations_with_its_signatures() -> None:
     assert isinstance(MemoryStore(), JobStorePort) and isinstance(
         JobStore("postgresql:///x", "w"), JobStorePort
     )
+
+
+def test_a_handler_that_raises_cancel_ends_its_job_cancelled_and_its_key_goes_on() -> None:
+    store, registry, runner = make()
+    ran: list[int] = []
+
+    @registry.handler("ship")
+    def ship(job) -> None:
+        ran.append(job.payload["n"])
+        if job.payload["n"] == 1:
+            raise dispatcher.Cancel("the order was refunded")
+
+    first = dispatcher.enqueue_sync(store, "ship", {"n": 1}, ordering_key="order-7", max_attempts=5)
+    second = dispatcher.enqueue_sync(store, "ship", {"n": 2}, ordering_key="order-7")
+    attempts = runner.drain()
+    assert ran == [1, 2], "never retried; the key's next job ran"
+    assert [(a.job_id, a.status) for a in attempts] == [(first, "cancelled"), (second, "completed")]
+    assert attempts[0].kind is FailureKind.CANCELLED_BY_HANDLER
+    state = store.get(first)
+    assert (
+        state is not None and state.last_error == "cancelled by its handler: the order was refunded"
+    )

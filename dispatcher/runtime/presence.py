@@ -112,6 +112,7 @@ class Presence(PeriodicService):
             "running": self._running(),
             "lease_s": LEASE_INTERVALS * self.interval_s,
             "window_s": self.unserved_window_s,
+            "first": self.started_at is None,
         }
         prune = self._beats % PRUNE_EVERY == 0
         self._beats += 1

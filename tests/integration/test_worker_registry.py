@@ -269,3 +269,35 @@ def test_status_names_the_job_types_no_live_worker_serves_with_their_waiting_and
     shown = cli("status", "--json", "--dsn", dsn)
     assert shown.returncode == 0, shown.stderr
     assert orjson.loads(shown.stdout)["unserved_types"] == status["unserved_types"]
+
+
+def test_a_process_that_reuses_a_worker_id_writes_its_own_start_and_identity(dsn):
+    """A fixed worker id (a pod's name) restarted by a new release: its row says the new process's
+    start and version, so the schedules of the newest release still win (runtime/presence.py)."""
+    from dispatcher.runtime.presence import Identity, Presence
+
+    def presence(store: JobStore, job_types: tuple[str, ...]) -> Presence:
+        ident = Identity("pod-0", "partitioned", "postgres", ("default",), job_types, 10, {})
+        return Presence(store, ident, lambda: 0, unserved_window_s=3600)
+
+    async def go() -> list[Any]:
+        store = JobStore(dsn, "pod-0")
+        try:
+            first = presence(store, ("a",))
+            await first.tick()
+            await first.tick()
+            await first.leave()
+            second = presence(store, ("a", "b"))
+            await second.tick()
+            return [first.started_at, second.started_at]
+        finally:
+            await store.close()
+
+    before, after = run_async(go())
+    assert before is not None and after is not None and after > before
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT job_types, started_at, stopped_at FROM dispatcher_workers "
+            "WHERE worker_id = 'pod-0'"
+        ).fetchone()
+    assert row == (["a", "b"], after, None)

@@ -5,15 +5,19 @@
 
 -- name: presence_beat
 -- A worker's heartbeat: its row written (inserted at its first beat), live for %(lease_s)s more
--- seconds of the database clock. Returns when it started, by that clock (its first beat).
+-- seconds of the database clock. Returns when it started, by that clock: its process's first beat
+-- (%(first)s), even where a fixed worker id (a pod's name) finds the row of an earlier process.
 INSERT INTO dispatcher_workers AS w (worker_id, host, pid, version, mode, coordinator, queues, job_types,
                                      schedules, concurrency, running, expires_at)
 VALUES (%(worker_id)s, %(host)s, %(pid)s, %(version)s, %(mode)s, %(coordinator)s, %(queues)s::text[],
         %(job_types)s::text[], %(schedules)s, %(concurrency)s, %(running)s,
         now() + %(lease_s)s * interval '1 second')
 ON CONFLICT (worker_id) DO UPDATE
-   SET running = excluded.running, job_types = excluded.job_types, schedules = excluded.schedules,
-       queues = excluded.queues, seen_at = now(), expires_at = excluded.expires_at, stopped_at = NULL
+   SET host = excluded.host, pid = excluded.pid, version = excluded.version, mode = excluded.mode,
+       coordinator = excluded.coordinator, queues = excluded.queues, job_types = excluded.job_types,
+       schedules = excluded.schedules, concurrency = excluded.concurrency, running = excluded.running,
+       started_at = CASE WHEN %(first)s THEN now() ELSE w.started_at END,
+       seen_at = now(), expires_at = excluded.expires_at, stopped_at = NULL
 RETURNING w.started_at
 
 -- name: presence_leave

@@ -188,8 +188,8 @@ def test_the_unique_keys_gain_the_bucket_on_a_live_table_and_keep_their_rules(em
         assert enqueue_sync(conn, "t", {}, dedupe_key="order-1") is None
         assert enqueue_sync(conn, "t", {}, ordering_key="acct-7") is not None
         assert enqueue_sync(conn, "t", {}, ordering_key="acct-7") is not None  # waits
-    assert migrate(empty_dsn) == [14]
-    assert migrate(empty_dsn) == []
+    assert migrate(empty_dsn, up_to=14) == [14]
+    assert migrate(empty_dsn, up_to=14) == []
     definitions = dict(
         fetchall(
             empty_dsn,

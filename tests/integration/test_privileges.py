@@ -246,15 +246,21 @@ def test_planner_stats_without_permission_say_so_once_as_info_and_stop_asking(
     dsn, worker_role, caplog
 ):
     """The documented two-role setup: the workers' role may not ANALYZE, and autovacuum keeps
-    the statistics fresh. Nothing is wrong: one INFO line, whose hint is whole."""
+    the statistics fresh. Nothing is wrong: one INFO line, whose hint is whole. (On a server run
+    with autovacuum off, as some test servers are, nobody refreshes them: one WARNING.)"""
     role, role_dsn = worker_role
     grant(dsn, role)
+    autovacuum = fetchval(dsn, "SHOW autovacuum") == "on"
     stats, records = planner_stats_lines(role_dsn, caplog)
     assert stats.retired
-    assert [r.levelname for r in records] == ["INFO"], [r.getMessage() for r in records]
+    assert [r.levelname for r in records] == ["INFO" if autovacuum else "WARNING"], [
+        r.getMessage() for r in records
+    ]
     line = records[0].getMessage()
-    assert f"role {role} may not ANALYZE dispatcher_jobs" in line
-    assert "leaves them to autovacuum (not asked again)" in line and "\n" not in line
+    assert f"role {role} may not ANALYZE dispatcher_jobs" in line and "\n" not in line
+    assert (
+        "leaves them to autovacuum (not asked again)" if autovacuum else "nobody refreshes them"
+    ) in line
     assert line.endswith(
         f"GRANT MAINTAIN ON dispatcher_jobs TO {role}"
         if fetchval(dsn, "SHOW server_version_num") >= "170000"

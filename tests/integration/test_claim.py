@@ -137,7 +137,8 @@ def test_a_claim_windows_veto_walks_the_bucket_index_once_per_outside_bucket(dsn
     assert "priority <" in scans[0]["Index Cond"], scans[0]["Index Cond"]
     if vetoed:  # bucket 17 is the 17th outside bucket (1-17): one entry read there, then stops
         assert scans[0]["Actual Loops"] == 17
-        assert round(scans[0]["Actual Rows"] * 17) == 1
+        # rows per loop: 1/17 shown as 0.06 (PostgreSQL 18), or rounded down to 0 before it
+        assert round(scans[0]["Actual Rows"] * 17) in (1, 0)
         assert [(r[0], r[9], r[13]) for r in rows] == [(None, 0, True)]
     else:
         assert (scans[0]["Actual Loops"], scans[0]["Actual Rows"]) == (62, 0)

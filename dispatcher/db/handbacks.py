@@ -53,9 +53,9 @@ async def hand_back(
     await store.connection()  # reads the table's placement
     sharded = store.sharded
     text = query("jobs_hand_back_owned")
-    groups = by_bucket([b.job.bucket for b in backs]) if sharded else {-1: list(range(len(backs)))}
-    if sharded is not None:
-        text = pinned(text)
+    groups = {-1: list(range(len(backs)))}  # one node: one statement for all
+    if sharded is not None:  # a cluster: one statement per bucket, pinned to it
+        text, groups = pinned(text), by_bucket([b.job.bucket for b in backs])
     written: list[HandedBack] = []
     for bucket, at in groups.items():
         some = [backs[i] for i in at]

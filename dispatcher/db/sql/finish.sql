@@ -87,9 +87,9 @@ WITH written AS (
            last_error = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN j.last_error
                              ELSE f.error END,
            errors = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap THEN j.errors
-                         WHEN jsonb_array_length(coalesce(j.errors, '[]')) >= %(errors_kept)s
-                         THEN (j.errors - 0) || jsonb_set(f.error_entry, '{attempt}', j.attempts::text::jsonb)
-                         ELSE coalesce(j.errors, '[]') || jsonb_set(f.error_entry, '{attempt}', j.attempts::text::jsonb) END,
+                         ELSE CASE WHEN jsonb_array_length(coalesce(j.errors, '[]')) >= %(errors_kept)s
+                                   THEN j.errors - 0 ELSE coalesce(j.errors, '[]') END
+                              || jsonb_set(f.error_entry, '{attempt}', j.attempts::text::jsonb) END,
            attempts = CASE WHEN f.snooze_s IS NOT NULL AND j.snoozes < f.snooze_cap AND j.cancel_requested_at IS NULL
                            THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
            snoozes = j.snoozes + (f.snooze_s IS NOT NULL)::int,

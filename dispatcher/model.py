@@ -22,6 +22,8 @@ STATUS_DISCARDED: Final = "discarded"
 STATUS_CANCELLED: Final = "cancelled"  # by an operator (dispatcher jobs cancel): never retried
 # A job with an ordering key behind an earlier job of its key: no claim sees it until that one ends.
 STATUS_WAITING: Final = "waiting"
+# A job whose parents (depends_on) have not all completed: no claim sees it until the last one has.
+STATUS_BLOCKED: Final = "blocked"
 STATUSES: Final = (
     STATUS_QUEUED,
     STATUS_RUNNING,
@@ -30,6 +32,7 @@ STATUSES: Final = (
     STATUS_DISCARDED,
     STATUS_CANCELLED,
     STATUS_WAITING,
+    STATUS_BLOCKED,
 )
 # Where a job's life ends: nothing changes it any more, except an operator (retry, purge) or the
 # pruner.

@@ -1,8 +1,9 @@
 """Least privilege: what the workers' role may do, as GRANT statements (`dispatcher grants`).
 
-The owner migrates; the workers' role only reads and writes rows (docs/operations/roles.md). The
-tables and sequences come from the migrations themselves, so a new one is granted without a list
-to update; a test compares the result with a migrated database.
+The owner migrates; the workers' role only reads and writes rows, and calls our SQL functions
+(docs/operations/roles.md). The tables, sequences and functions come from the migrations
+themselves, so a new one is granted without a list to update; a test compares the result with a
+migrated database.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from dispatcher.db.queries import query
 _COMMENT = re.compile(r"--[^\n]*")
 _CREATE_TABLE = re.compile(r"\bCREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s*\(", re.IGNORECASE)
 _DROP_TABLE = re.compile(r"\bDROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
+_CREATE_FUNCTION = re.compile(
+    r"\bCREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+(\w+)\s*\(", re.IGNORECASE
+)
+_DROP_FUNCTION = re.compile(r"\bDROP\s+FUNCTION\s+(?:IF\s+EXISTS\s+)?(\w+)", re.IGNORECASE)
 _ADD_COLUMN = re.compile(
     r"\bALTER\s+TABLE\s+(?:ONLY\s+)?(\w+)\s+ADD\s+(?:COLUMN\s+)?(?:IF\s+NOT\s+EXISTS\s+)?([^;]*)",
     re.IGNORECASE,
@@ -36,6 +41,8 @@ SEQUENCE_PRIVILEGES = "USAGE, SELECT"
 # Workers check the schema version at start and `dispatcher migrate` reads it; only the owner writes
 # it.
 VERSION_TABLE_PRIVILEGES = "SELECT"
+# Our functions (dispatcher_enqueue, migration 0018): the migration takes EXECUTE from PUBLIC.
+FUNCTION_PRIVILEGES = "EXECUTE"
 ANALYZED_TABLE = "dispatcher_jobs"  # the table PlannerStats refreshes statistics of
 
 
@@ -43,6 +50,7 @@ ANALYZED_TABLE = "dispatcher_jobs"  # the table PlannerStats refreshes statistic
 class SchemaObjects:
     tables: tuple[str, ...]  # in the order the migrations create them
     sequences: tuple[str, ...]
+    functions: tuple[str, ...] = ()  # each name has one signature: granted by name alone
 
 
 def _closing_paren(text: str, start: int) -> int:
@@ -75,11 +83,20 @@ def _columns(body: str) -> list[str]:
 
 
 def schema_objects(packages: Iterable[str] = MIGRATION_PACKAGES) -> SchemaObjects:
-    """Our tables and sequences, from the migrations in version order (the version table first)."""
+    """Our tables, sequences and functions, from the migrations in version order (the version
+    table first)."""
     tables: dict[str, None] = {VERSION_TABLE: None}
     sequences: dict[str, None] = {}
+    functions: dict[str, None] = {}
     for migration in available_migrations(packages):
         text = _COMMENT.sub("", migration.sql)
+        changes = [(c.start(), True, c[1]) for c in _CREATE_FUNCTION.finditer(text)]
+        changes += [(d.start(), False, d[1]) for d in _DROP_FUNCTION.finditer(text)]
+        for _, created, function in sorted(changes):
+            if created:
+                functions[function] = None
+            else:
+                functions.pop(function, None)
         events: list[tuple[int, str, str, str]] = []  # (position, kind, table, detail)
         for m in _CREATE_TABLE.finditer(text):
             events.append(
@@ -98,7 +115,7 @@ def schema_objects(packages: Iterable[str] = MIGRATION_PACKAGES) -> SchemaObject
                 match = _SEQUENCE_COLUMN.match(column)
                 if match:
                     sequences[f"{table}_{match[1]}_seq"] = None  # PostgreSQL's default name for it
-    return SchemaObjects(tuple(tables), tuple(sequences))
+    return SchemaObjects(tuple(tables), tuple(sequences), tuple(functions))
 
 
 def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | None = None) -> str:
@@ -129,6 +146,10 @@ def worker_grants(role: str, schema: str = "public", objects: SchemaObjects | No
     lines += [
         _grant("grant_sequence", privileges=SEQUENCE_PRIVILEGES, sequence=qualified(s), role=who)
         for s in objects.sequences
+    ]
+    lines += [
+        _grant("grant_function", privileges=FUNCTION_PRIVILEGES, function=qualified(f), role=who)
+        for f in objects.functions
     ]
     lines += [
         "-- Optional (PostgreSQL 17+): let workers refresh planner statistics right after a bulk "

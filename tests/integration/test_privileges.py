@@ -100,6 +100,10 @@ def test_the_derived_objects_are_exactly_what_a_migrated_database_holds(dsn):
     )
     assert sorted(name for kind, name in rows if kind != "S") == sorted(objects.tables)
     assert sorted(name for kind, name in rows if kind == "S") == sorted(objects.sequences)
+    functions = fetchall(
+        dsn, "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace"
+    )
+    assert sorted(name for (name,) in functions) == sorted(objects.functions)
 
 
 def test_a_dml_only_role_runs_workers_enqueues_and_is_told_the_schema_is_up_to_date(

@@ -60,6 +60,27 @@ ALTER TABLE t_serial ADD COLUMN note text;
     )
 
 
+def test_functions_follow_creates_and_drops_and_are_granted_execute(migrations_package):
+    migrations_package(
+        "0001_a.sql",
+        """
+CREATE FUNCTION f_kept(a int) RETURNS int LANGUAGE sql AS $$ SELECT a $$;
+create or replace function f_gone() returns void language sql as $$ $$;
+""",
+    )
+    package = migrations_package(
+        "0002_b.sql",
+        "DROP FUNCTION IF EXISTS f_gone;\nCREATE OR REPLACE FUNCTION f_kept(a int) RETURNS int "
+        "LANGUAGE sql AS $$ SELECT a + 1 $$;\n",
+    )
+    objects = schema_objects((package,))
+    assert objects.functions == ("f_kept",)
+    assert 'GRANT EXECUTE ON FUNCTION "public"."f_kept" TO "app_worker";' in worker_grants(
+        "app_worker", objects=objects
+    )
+    assert 'GRANT EXECUTE ON FUNCTION "public"."dispatcher_enqueue" TO "w";' in worker_grants("w")
+
+
 def test_workers_get_rows_only_and_read_the_version_table():
     script = worker_grants("app_worker")
     objects = schema_objects()

@@ -197,3 +197,7 @@ GRANT {privileges} ON TABLE {table} TO {role}
 
 -- name: grant_sequence
 GRANT {privileges} ON SEQUENCE {sequence} TO {role}
+
+-- name: grant_function
+-- A function by its name alone: each of ours has one signature.
+GRANT {privileges} ON FUNCTION {function} TO {role}

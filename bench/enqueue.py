@@ -22,10 +22,10 @@ from dispatcher.db import query
 
 def _raw_copy(conn: psycopg.Connection[Any], jobs: int) -> float:
     now = conn.execute("SELECT now()").fetchone()[0].isoformat()  # type: ignore[index]
-    # max_attempts 20, not given (max_attempts_given false): what enqueue_payloads writes by
-    # default.
+    # max_attempts 20, not given (max_attempts_given false), no dedupe key, no tags: what
+    # enqueue_payloads writes by default.
     buffer = "".join(
-        f'default\tnoop\t{{"i":{i}}}\t0\t{i % 64}\t20\tf\t{now}\t\\N\n' for i in range(jobs)
+        f'default\tnoop\t{{"i":{i}}}\t0\t{i % 64}\t20\tf\t{now}\t\\N\t\\N\n' for i in range(jobs)
     ).encode()
     started = time.perf_counter()
     with conn.transaction(), conn.cursor().copy(query("jobs_copy_in")) as copy:

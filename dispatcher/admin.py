@@ -68,6 +68,7 @@ class JobRow:
     locked_by: str | None
     cancel_requested_at: datetime | None
     last_error: str | None
+    tags: list[str] | None = None  # given at enqueue (None: none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from dispatcher.api.enqueue_checks import (
     check_names,
     check_options,
     check_ordering_key,
+    check_tags,
     serialize_payload,
 )
 from dispatcher.api.enqueue_copy import (
@@ -66,7 +67,8 @@ class JobSpec:
     bucket, `dedupe_key` picks the bucket the same way; without any key the bucket is random. A
     dedupe key is unique among the live jobs of its queue and bucket: of its queue when it picked
     the bucket. `dedupe_window_s` (with a dedupe_key): the key stays held that many seconds after
-    the job finished, not only while it is live (docs/guides/jobs.md)."""
+    the job finished, not only while it is live (docs/guides/jobs.md). `tags`: labels to find the
+    job by (`dispatcher jobs list --tag`), at most 16 of letters, digits and _ . : -."""
 
     job_type: str
     payload: Any = None
@@ -82,6 +84,7 @@ class JobSpec:
     bucket: int | None = None
     ordering_key: str | None = None
     dedupe_window_s: float | None = None
+    tags: Sequence[str] | None = None
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -99,11 +102,13 @@ class EnqueueOptions(TypedDict, total=False):
     bucket: int | None
     ordering_key: str | None
     dedupe_window_s: float | None
+    tags: Sequence[str] | None
 
 
 class PayloadsOptions(TypedDict, total=False):
-    """The keyword options of `enqueue_payloads` and `enqueue_payloads_sync`: shared by every job,
-    but `partition_keys` or `ordering_keys`, one per payload (None: that job has no key)."""
+    """The keyword options of `enqueue_payloads` and `enqueue_payloads_sync`: shared by every job
+    (`tags` too), but `partition_keys` or `ordering_keys`, one per payload (None: that job has no
+    key)."""
 
     queue: str
     priority: int
@@ -113,6 +118,7 @@ class PayloadsOptions(TypedDict, total=False):
     jitter_s: float
     partition_keys: Sequence[str] | None
     ordering_keys: Sequence[str | None] | None
+    tags: Sequence[str] | None
 
 
 def bucket_for(partition_key: str) -> int:
@@ -133,6 +139,7 @@ class _Prepared:
     dedupe_key: str | None
     ordering_key: str | None = None
     dedupe_window_s: float | None = None
+    tags: tuple[str, ...] | None = None
 
 
 def _pick_bucket(
@@ -186,6 +193,7 @@ def _prepare(spec: JobSpec, max_payload_bytes: int) -> _Prepared:
         spec.dedupe_key,
         spec.ordering_key,
         None if spec.dedupe_window_s is None else float(spec.dedupe_window_s),
+        tags=None if spec.tags is None else check_tags(spec.tags),
     )
 
 
@@ -221,6 +229,7 @@ def _prepare_payloads(
     jitter_s: float = 0.0,
     partition_keys: Sequence[str] | None = None,
     ordering_keys: Sequence[str | None] | None = None,
+    tags: Sequence[str] | None = None,
     max_payload_bytes: int,
 ) -> Iterator[_Prepared]:
     """The columnar form of _prepare_all: options are checked once, here and now (before any
@@ -229,6 +238,7 @@ def _prepare_payloads(
     check_names(queue, job_type)
     check_options(priority, max_attempts, delay_s, jitter_s, run_at)
     check_max_payload_bytes(max_payload_bytes)
+    shared_tags = check_tags(tags)
     if partition_keys is not None and ordering_keys is not None:
         raise EnqueueError(
             "give partition_keys or ordering_keys, not both (an ordering key picks the bucket)",
@@ -244,7 +254,7 @@ def _prepare_payloads(
             payloads = list(payloads)
         if len(keys) != len(payloads):
             raise EnqueueError(f"{len(keys)} {option} for {len(payloads)} payloads", option)
-    return _iter_payloads(
+    prepared = _iter_payloads(
         job_type,
         payloads,
         queue,
@@ -257,6 +267,14 @@ def _prepare_payloads(
         ordering_keys is not None,
         max_payload_bytes,
     )
+    return prepared if shared_tags is None else _tagged(prepared, shared_tags)
+
+
+def _tagged(prepared: Iterator[_Prepared], tags: tuple[str, ...]) -> Iterator[_Prepared]:
+    """enqueue_payloads' shared tags on each job: a step only tagged batches take."""
+    for p in prepared:
+        p.tags = tags
+        yield p
 
 
 def _iter_payloads(
@@ -379,9 +397,9 @@ async def enqueue_payloads(
     **options: Unpack[PayloadsOptions],
 ) -> int:
     """Bulk-enqueue many jobs of one type that share their options (queue, priority, run_at,
-    delay_s, jitter_s, max_attempts; optional per-job `partition_keys` or `ordering_keys`): the
-    fastest path, for bursts such as 200k renewals due at midnight. Returns how many were
-    inserted."""
+    delay_s, jitter_s, max_attempts, tags; optional per-job `partition_keys` or
+    `ordering_keys`): the fastest path, for bursts such as 200k renewals due at midnight. Returns
+    how many were inserted."""
     prepared = _prepare_payloads(job_type, payloads, max_payload_bytes=max_payload_bytes, **options)
     return await _copy_async(target, prepared, staged=options.get("ordering_keys") is not None)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Final
@@ -35,6 +36,12 @@ MIN_PAYLOAD_BYTES: Final = 2  # "{}"
 # Longest uniqueness window: a year and a day. Its window rows are kept that long after the job
 # finished; a longer one is more likely a unit mistake than a schedule.
 MAX_DEDUPE_WINDOW_S: Final = 366 * 86_400
+# A job's tags: a few short labels to find it by (`jobs list --tag`). No comma or space, so the
+# CLI's and the dashboard's comma-separated lists read back the same tags; no quote or brace, so
+# an array literal holds them as they are.
+MAX_TAGS: Final = 16
+TAG_PATTERN: Final = r"[A-Za-z0-9_.:\-]{1,64}"
+TAG_RE: Final = re.compile(TAG_PATTERN)
 
 
 def check_integer(option: str, value: Any, lo: int, hi: int) -> None:
@@ -133,6 +140,24 @@ def check_dedupe_window(window_s: Any, dedupe_key: Any) -> None:
             "dedupe_window_s needs a dedupe_key: a window is kept per (queue, dedupe_key)",
             "dedupe_window_s",
         )
+
+
+def check_tags(tags: Any) -> tuple[str, ...] | None:
+    """None, or the tags as stored: at most MAX_TAGS strings each matching TAG_PATTERN, their
+    duplicates dropped, in the order given. A lone string is refused rather than read as its
+    characters."""
+    if tags is None:
+        return None
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+        raise EnqueueError(f"tags must be a list of strings, got {type(tags).__name__}", "tags")
+    given = list(tags)
+    bad = [t for t in given if not isinstance(t, str) or TAG_RE.fullmatch(t) is None]
+    if bad:
+        raise EnqueueError(f"each tag must match {TAG_PATTERN}, got {bad[0]!r}", "tags")
+    kept = tuple(dict.fromkeys(given))
+    if len(kept) > MAX_TAGS:
+        raise EnqueueError(f"at most {MAX_TAGS} tags, got {len(kept)}", "tags")
+    return kept or None
 
 
 def check_ordering_key(key: Any, option: str = "ordering_key") -> None:

@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS
 from dispatcher.db import rows
+from dispatcher.db.literals import tag_array
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
 from dispatcher.observe import tracing
@@ -26,6 +27,7 @@ COPY_ESCAPES = {ord("\\"): "\\\\", ord("\t"): "\\t", ord("\n"): "\\n", ord("\r")
 COPY_CHUNK_ROWS = 5000  # stream in chunks: the server parses one while we build the next
 # max_attempts, max_attempts_given of a job not given one
 _NOT_GIVEN = b"%d\tf" % DEFAULT_MAX_ATTEMPTS
+_NO_TAGS = b"\t\\N"  # the tags column of a job without tags: NULL
 
 
 def copy_text(value: str) -> bytes:
@@ -56,12 +58,14 @@ def copy_chunks(
 
     run_at is the database's now() (read in the same transaction) plus the job's delay, so the
     database clock still rules. Names were validated against a pattern with no escapes needed.
-    The staging table (`staged`) also takes each row's ordering key and dedupe window; `trace`
-    (copy_plan's) ends every row with the enqueuing span's trace context.
+    The staging table (`staged`) also takes each row's ordering key and dedupe window; then come
+    the tags (\\N: none; one literal per tuple of tags, built once); `trace` (copy_plan's) ends
+    every row with the enqueuing span's trace context.
     """
     now_text = db_now.isoformat().encode()
     end = b"\n" if trace is None else b"\t" + trace + b"\n"
     names: dict[tuple[str, str], bytes] = {}
+    tag_texts: dict[tuple[str, ...], bytes] = {}
     lines: list[bytes] = []
     for p in prepared:
         prefix = names.get((p.queue, p.job_type))
@@ -82,6 +86,7 @@ def copy_chunks(
             else:
                 dedupe += b"\t%r" % p.dedupe_window_s
                 tally.windowed = True
+        tags = _NO_TAGS if p.tags is None else tag_texts.get(p.tags) or _tags(tag_texts, p.tags)
         if staged:  # the staging table keeps NULL for "not given" (published as 20, not given)
             attempts = b"\\N" if p.max_attempts is None else b"%d" % p.max_attempts
         # max_attempts, max_attempts_given: 20 for workers of the previous release, else the
@@ -89,8 +94,8 @@ def copy_chunks(
         else:
             attempts = _NOT_GIVEN if p.max_attempts is None else b"%d\tt" % p.max_attempts
         lines.append(
-            b"%s%s\t%d\t%d\t%s\t%s\t%s%s"
-            % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe, end)
+            b"%s%s\t%d\t%d\t%s\t%s\t%s%s%s"
+            % (prefix, payload, p.priority, p.bucket, attempts, run_at, dedupe, tags, end)
         )
         if len(lines) >= COPY_CHUNK_ROWS:
             tally.rows += len(lines)
@@ -99,6 +104,12 @@ def copy_chunks(
     if lines:
         tally.rows += len(lines)
         yield b"".join(lines)
+
+
+def _tags(texts: dict[tuple[str, ...], bytes], tags: tuple[str, ...]) -> bytes:
+    """The tags column of a row with these tags, built once per batch and kept in `texts`."""
+    text = texts[tags] = b"\t" + str(tag_array(tags)).encode()
+    return text
 
 
 def copy_plan(staged: bool, tally: CopyTally) -> tuple[str, bytes | None]:

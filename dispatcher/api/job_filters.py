@@ -9,7 +9,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from dispatcher.api.enqueue_checks import TAG_PATTERN, TAG_RE
 from dispatcher.constants import NAME_PATTERN, is_valid_name
+from dispatcher.db.literals import tag_array
 from dispatcher.errors import AdminInputError
 from dispatcher.model import (
     FINISHED_STATUSES,
@@ -61,11 +63,20 @@ class Filters:
     # The filters as they stood at this instant of the database's clock (a count someone confirmed):
     # ages measured from it, and a job whose row changed after it left alone.
     as_of: datetime | None = None
+    # only jobs that carry every one of these tags (given at enqueue)
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for option in ("queues", "job_types"):
             for name in getattr(self, option):
                 check_name(name, option)
+        for tag in self.tags:
+            if not isinstance(tag, str) or TAG_RE.fullmatch(tag) is None:
+                raise AdminInputError(
+                    f"{tag!r} is not a tag a job can have (letters, digits, _ . : -: "
+                    f"{TAG_PATTERN})",
+                    "tags",
+                )
         unknown = [s for s in self.statuses if s not in STATUSES]
         if unknown:
             raise AdminInputError(
@@ -106,6 +117,7 @@ class Filters:
             "halted": self.halted,
             "before_id": self.before_id,
             "as_of": self.as_of,
+            "tags": tag_array(self.tags or None),
         }
 
     def for_action(self, action: str) -> Filters:

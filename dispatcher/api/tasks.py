@@ -74,8 +74,8 @@ class Task(Generic[P, R]):
     def with_options(self, **options: Unpack[EnqueueOptions]) -> Task[P, R]:
         """This task with job options set (over the decorator's and earlier ones): queue,
         priority, run_at or delay_s, jitter_s, max_attempts, partition_key or bucket,
-        ordering_key, dedupe_key, dedupe_window_s, as `enqueue` takes them. Checked when a job is
-        enqueued; an unknown name is a TypeError here."""
+        ordering_key, dedupe_key, dedupe_window_s, tags, as `enqueue` takes them. Checked when a
+        job is enqueued; an unknown name is a TypeError here."""
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise TypeError(

@@ -3,11 +3,12 @@ on the command line.
 
 Which jobs: ids (arguments, or --id repeated), and/or filters (--status, --queue, --type, each
 repeated or comma-separated; --older-than / --newer-than an age in seconds or 90s, 10m, 2h, 7d,
-by the time the job entered its status; --halted: jobs that halt their ordering key). A change
-given ids acts at once and reports each id. A change without ids is a bulk change of every job
-that matches (--all: no filter at all); it first prints how many match, and acts only with --yes:
-without it nothing changes and the exit code is 1, so a script that forgot --yes does not take
-"nothing done" for success.
+by the time the job entered its status; --halted: jobs that halt their ordering key; --tag: jobs
+carrying every tag given, repeated or comma-separated). A change given ids acts at once and
+reports each id. A change without ids is a bulk change of every job that matches (--all: no
+filter at all); it first prints how many match, and acts only with --yes: without it nothing
+changes and the exit code is 1, so a script that forgot --yes does not take "nothing done" for
+success.
 
 Exit codes (0 done, 1 not done, 2 bad input): docs/guides/admin.md.
 """
@@ -55,6 +56,7 @@ _FLAGS = {
     "newer_than_s": "--newer-than",
     "ids": "ids",
     "halted": "--halted",
+    "tags": "--tag",
     "limit": "--limit",
     "batch": "--batch",
 }
@@ -64,6 +66,7 @@ _CHANGES = {
     "purge": (purge_jobs, "purged", "deleted"),
 }
 _ERROR_CHARS = 60  # of the last error's last line, in the list table
+_TAGS_CHARS = 24  # of a job's tags, in the list table
 
 
 def add_jobs_parser(
@@ -170,6 +173,13 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="AGE",
         help="only jobs in their status for at most this",
+    )
+    p.add_argument(
+        "--tag",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help="only jobs carrying this tag (repeatable, or comma-separated: jobs carrying all)",
     )
     p.add_argument(
         "--halted",
@@ -304,7 +314,7 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
             raise ConfigError(
                 "arguments",
                 f"name the jobs to {action}: ids, filters (--status, --queue, --type, "
-                "--older-than, --newer-than) or --all",
+                "--older-than, --newer-than, --tag) or --all",
             )
         matching = guarded(lambda: count_jobs(dsn, filters, action, limits=config.database.limits))
         if matching == 0:
@@ -340,6 +350,7 @@ def _filters(args: argparse.Namespace) -> Filters:
             newer_than_s=_age(args.newer_than, "--newer-than"),
             ids=ids,
             halted=args.halted,
+            tags=_split(args.tag),
         )
     )
 
@@ -398,21 +409,31 @@ def error_line(error: str | None) -> str:
 def render_list(rows: list[JobRow]) -> str:
     if not rows:
         return "(no jobs match)"
+    # The tags column only where a job listed has tags: a fleet that tags nothing sees no change.
+    tagged = any(r.tags for r in rows)
     lines = [
         f"{'id':>10}  {'queue':<14} {'type':<20} {'status':<10} {'attempt':>8}  "
-        f"{'since':>7}  last error"
+        f"{'since':>7}  " + (f"{'tags':<24} " if tagged else "") + "last error"
     ]
     for r in rows:
         status = r.status + ("*" if r.cancel_requested_at and r.status == "running" else "")
         # -: not given at enqueue, the handler's
         allowed = "-" if r.max_attempts is None else r.max_attempts
+        tags = f"{tags_text(r.tags, _TAGS_CHARS):<24} " if tagged else ""
         lines.append(
             f"{r.id:>10}  {r.queue[:14]:<14} {r.job_type[:20]:<20} {status:<10} "
-            f"{f'{r.attempts}/{allowed}':>8}  {age_text(r.age_s):>7}  {error_line(r.last_error)}"
+            f"{f'{r.attempts}/{allowed}':>8}  {age_text(r.age_s):>7}  {tags}"
+            f"{error_line(r.last_error)}"
         )
     if any(r.cancel_requested_at and r.status == "running" for r in rows):
         lines.append("* cancel requested: its worker cancels it at its next heartbeat")
     return "\n".join(lines)
+
+
+def tags_text(tags: list[str] | None, most: int | None = None) -> str:
+    """A job's tags, comma-separated as `--tag` takes them (-: none), cut at `most` characters."""
+    text = ",".join(tags) if tags else "-"
+    return text if most is None or len(text) <= most else text[: most - 1] + "…"
 
 
 def render_halted(keys: list[HaltedKey]) -> str:
@@ -450,8 +471,10 @@ def render_show(detail: JobDetail) -> str:
     lines += [
         f"  {name:<20} {'' if value is None else value}"
         for name, value in job.items()
-        if name not in ("id", "status", "last_error", "payload", "max_attempts", "errors")
+        if name not in ("id", "status", "last_error", "payload", "max_attempts", "errors", "tags")
     ]
+    if "tags" in job:
+        lines.append(f"  {'tags':<20} {tags_text(job['tags'])}")
     if job.get("max_attempts") is None:
         lines.append(
             f"  {'max_attempts':<20} not given at enqueue: its handler's max_attempts (else 20)"

@@ -10,6 +10,7 @@ from psycopg.types.json import Jsonb
 
 from dispatcher.constants import NOTIFY_CHANNEL
 from dispatcher.db.listener import format_payload
+from dispatcher.db.literals import tag_array
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
 from dispatcher.observe import tracing
@@ -34,6 +35,7 @@ def insert_one_params(job: NewJob) -> dict[str, Any]:
         "dedupe_key": job.dedupe_key,
         "ordering_key": job.ordering_key,
         "dedupe_window_s": getattr(job, "dedupe_window_s", None),
+        "tags": tag_array(getattr(job, "tags", None)),
         "channel": NOTIFY_CHANNEL,
         "notify": format_payload(job.queue, job.bucket),
         "trace_context": trace_json(),

@@ -11,6 +11,13 @@ def int_array(values: Sequence[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def tag_array(tags: Sequence[str] | None) -> str | None:
+    """A job's tags as a text[] literal (None: NULL), each quoted: checked at enqueue to hold no
+    quote, backslash, brace, comma or space (api/enqueue_checks.py), and a bare NULL would read
+    as a null element."""
+    return None if tags is None else "{" + ",".join(f'"{t}"' for t in tags) + "}"
+
+
 def token_array(tokens: Sequence[str]) -> str:
     """A uuid[] text literal from claim tokens (already canonical uuid strings: no quoting
     needed)."""

@@ -42,6 +42,7 @@ class NewJob(Protocol):
     dedupe_key: str | None
     ordering_key: str | None
     dedupe_window_s: float | None  # a uniqueness window (dispatcher/api/enqueue_windows.py)
+    tags: tuple[str, ...] | None  # checked, without duplicates; None: no tags (a NULL column)
 
 
 @runtime_checkable

@@ -217,6 +217,7 @@ class JobState:
     # every failed attempt's error, oldest first: [{"attempt", "at", "error"}] (migration 0015);
     # None until an attempt failed
     errors: list[dict[str, Any]] | None = None
+    tags: list[str] | None = None  # as given at enqueue, duplicates dropped; None: no tags
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,7 @@ class MemoryStore(InProcessStore):
                     bytes(job.payload),
                     None,
                     key,
+                    tags=None if job.tags is None else list(job.tags),
                 )
                 self._rows[row.id] = row
                 self._next_id += 1
@@ -596,4 +597,4 @@ class MemoryStore(InProcessStore):
 def _copy(row: JobState) -> JobState:
     """The row as callers see it: the payload decoded afresh, so their edits never reach the
     store."""
-    return replace(row, payload=orjson.loads(row.payload))
+    return replace(row, payload=orjson.loads(row.payload), tags=row.tags and [*row.tags])

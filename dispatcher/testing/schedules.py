@@ -40,6 +40,7 @@ class _SlotJob:
     dedupe_key: str | None = None
     ordering_key: str | None = None
     dedupe_window_s: float | None = None
+    tags: tuple[str, ...] | None = None
 
 
 class RunnerSchedules:

@@ -74,7 +74,7 @@ async def confirm(request: Request) -> Response:
     filters, given = filters_from(request.query_params, before=False)
     if not given:
         raise AdminInputError(
-            "a bulk change needs at least one filter (queue, status, type or age)", "filters"
+            "a bulk change needs at least one filter (queue, status, type, age or tag)", "filters"
         )
     match = await dash.db(match_jobs, filters, action, limits=dash.limits)
     return dash.render(
@@ -99,7 +99,7 @@ async def bulk_action(request: Request) -> Response:
     filters, given = filters_from(fields, before=False)
     if not given:
         raise AdminInputError(
-            "a bulk change needs at least one filter (queue, status, type or age)", "filters"
+            "a bulk change needs at least one filter (queue, status, type, age or tag)", "filters"
         )
     try:
         up_to_id = int(fields.get("up_to_id", ""))

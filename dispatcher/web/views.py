@@ -17,6 +17,7 @@ from dispatcher.admin import (
     list_jobs,
     show_job,
 )
+from dispatcher.api.enqueue_checks import TAG_RE
 from dispatcher.api.flow import list_limits, paused_queues
 from dispatcher.api.schedules.listing import list_schedules
 from dispatcher.api.text import parse_duration_s
@@ -28,7 +29,7 @@ from dispatcher.web import reads
 from dispatcher.web.app import Dashboard
 
 PAGE_SIZE = 50
-FILTER_KEYS = ("queue", "status", "type", "older_than", "newer_than")
+FILTER_KEYS = ("queue", "status", "type", "older_than", "newer_than", "tag")
 # What each status of a job allows, for the buttons of its page (the admin re-checks on the row).
 ACTIONS_BY_STATUS = {
     "failed": ("retry", "cancel", "purge"),
@@ -93,6 +94,11 @@ def filters_from(params: Any, *, before: bool = True) -> tuple[Filters, dict[str
             ages[key] = parse_duration_s(given[key]) if given[key] else None
         except ValueError as exc:
             raise AdminInputError(str(exc), key) from None
+    # tag: comma-separated, as `--tag` takes them; jobs carrying every one
+    tags = tuple(dict.fromkeys(t.strip() for t in given["tag"].split(",") if t.strip()))
+    bad = [t for t in tags if TAG_RE.fullmatch(t) is None]
+    if bad:
+        raise AdminInputError(f"{bad[0]!r} is not a tag (letters, digits, _ . : -)", "tag")
     before_id = None
     if before and (params.get("before") or "").strip():
         try:
@@ -106,6 +112,7 @@ def filters_from(params: Any, *, before: bool = True) -> tuple[Filters, dict[str
         older_than_s=ages["older_than"],
         newer_than_s=ages["newer_than"],
         before_id=before_id,
+        tags=tags,
     )
     return filters, {k: v for k, v in given.items() if v}
 

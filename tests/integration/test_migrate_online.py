@@ -180,14 +180,21 @@ def test_the_unique_keys_gain_the_bucket_on_a_live_table_and_keep_their_rules(em
     """Migration 0014 on a table holding live keyed jobs: the primary key becomes (id, bucket)
     and the holder and dedupe indexes include the bucket, yet one key still has one live job."""
     from dispatcher import enqueue_sync
+    from dispatcher.api.enqueue import bucket_for
 
     migrate(empty_dsn, up_to=13)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        # Code of this release enqueues on the schema before 0014 as well (it is deployed first)
-        assert enqueue_sync(conn, "t", {}, dedupe_key="order-1") is not None
-        assert enqueue_sync(conn, "t", {}, dedupe_key="order-1") is None
-        assert enqueue_sync(conn, "t", {}, ordering_key="acct-7") is not None
-        assert enqueue_sync(conn, "t", {}, ordering_key="acct-7") is not None  # waits
+        # The jobs a release of the schema before 0014 enqueued (this one's enqueue writes columns
+        # of later migrations): a deduplicated one, a key's holder and a job waiting behind it.
+        insert = (
+            "INSERT INTO dispatcher_jobs (job_type, bucket, dedupe_key, ordering_key, status) "
+            "VALUES ('t', %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id"
+        )
+        assert conn.execute(insert, (3, "order-1", None, "queued")).fetchone() is not None
+        assert conn.execute(insert, (5, "order-1", None, "queued")).fetchone() is None
+        key = ("acct-7", bucket_for("acct-7"))
+        assert conn.execute(insert, (key[1], None, key[0], "queued")).fetchone() is not None
+        assert conn.execute(insert, (key[1], None, key[0], "waiting")).fetchone() is not None
     assert migrate(empty_dsn, up_to=14) == [14]
     assert migrate(empty_dsn, up_to=14) == []
     definitions = dict(
@@ -206,6 +213,7 @@ def test_the_unique_keys_gain_the_bucket_on_a_live_table_and_keep_their_rules(em
     with_bucket = {n for n, d in definitions.items() if "bucket)" in d}
     assert with_bucket == set(definitions) - {"dispatcher_jobs_dedupe_live_idx"}, definitions
     assert "(id, bucket)" in definitions["dispatcher_jobs_pkey"]
+    migrate(empty_dsn)  # what this release's enqueue writes (tags: 0017)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert enqueue_sync(conn, "t", {}, dedupe_key="order-2") is not None
         assert enqueue_sync(conn, "t", {}, dedupe_key="order-2") is None

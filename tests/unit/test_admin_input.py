@@ -70,6 +70,7 @@ def test_good_filters_pass_and_absent_ones_are_sent_as_null():
         "halted": False,
         "before_id": None,
         "as_of": None,
+        "tags": None,
     }
     assert Filters().params() == {**dict.fromkeys(f.params(), None), "halted": False}
     assert Filters(halted=True).params()["halted"] is True

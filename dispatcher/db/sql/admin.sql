@@ -26,13 +26,16 @@ AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
 AND (NOT %(halted)s::bool OR j.ordering_halted)
 AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
 AND (%(as_of)s::timestamptz IS NULL OR j.updated_at <= %(as_of)s::timestamptz)
+-- tags: jobs having every one of them, by containment, which dispatcher_jobs_tags_idx (GIN, 0017) serves
+AND (%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])
 
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
 -- at %(limit)s, or, for a status with few rows, that status's index and a sort.
 SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts,
        CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.run_at, j.created_at,
-       j.updated_at, extract(epoch FROM now() - j.updated_at)::float8, j.locked_by, j.cancel_requested_at, j.last_error
+       j.updated_at, extract(epoch FROM now() - j.updated_at)::float8, j.locked_by, j.cancel_requested_at, j.last_error,
+       j.tags
   FROM dispatcher_jobs AS j
  WHERE {filters}
  ORDER BY j.id DESC
@@ -57,7 +60,7 @@ SELECT j.id
 SELECT id, queue_name, job_type, status, priority, bucket, attempts,
        CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts, lease_expiries, run_at,
        created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
-       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes, errors
+       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes, errors, tags
   FROM dispatcher_jobs
  WHERE id = %(id)s
 

@@ -71,17 +71,17 @@ ON CONFLICT (queue_name, dedupe_key) DO UPDATE
 SELECT count(*)
   FROM (SELECT pg_advisory_xact_lock(1147, h.lock_key)::text
           FROM (SELECT DISTINCT hashtext(queue_name || E'\n' || dedupe_key) AS lock_key
-                  FROM dispatcher_jobs_stage_v2 WHERE dedupe_window_s IS NOT NULL ORDER BY 1) AS h) AS locked
+                  FROM dispatcher_jobs_stage_v3 WHERE dedupe_window_s IS NOT NULL ORDER BY 1) AS h) AS locked
 
 -- name: dedupe_stage_refuse
 -- Then, in a snapshot taken after those locks: staged rows with a window whose key is held are
 -- not enqueued, nor those after another staged row of their key, which holds it by then as it
 -- would one by one. The publish's conflict skips only duplicates in the same bucket (the dedupe
 -- index holds the bucket), and a key's window names one job.
-DELETE FROM dispatcher_jobs_stage_v2 AS k
+DELETE FROM dispatcher_jobs_stage_v3 AS k
  WHERE k.dedupe_window_s IS NOT NULL
    AND ({key_held}
-        OR EXISTS (SELECT 1 FROM dispatcher_jobs_stage_v2 AS e
+        OR EXISTS (SELECT 1 FROM dispatcher_jobs_stage_v3 AS e
                     WHERE e.queue_name = k.queue_name AND e.dedupe_key = k.dedupe_key AND e.n < k.n))
 
 -- name: dedupe_stage_open
@@ -92,7 +92,7 @@ INSERT INTO dispatcher_dedupe_windows AS w (queue_name, dedupe_key, job_id, wind
                                             prune_after)
 SELECT j.queue_name, j.dedupe_key, j.id, j.dedupe_window_s, now(), NULL,
        now() + j.dedupe_window_s * interval '1 second'
-  FROM (SELECT DISTINCT queue_name, dedupe_key FROM dispatcher_jobs_stage_v2 WHERE dedupe_window_s IS NOT NULL) AS k
+  FROM (SELECT DISTINCT queue_name, dedupe_key FROM dispatcher_jobs_stage_v3 WHERE dedupe_window_s IS NOT NULL) AS k
   JOIN dispatcher_jobs AS j  -- dispatcher_jobs_dedupe_live_idx
     ON j.queue_name = k.queue_name AND j.dedupe_key = k.dedupe_key AND j.status IN ('queued', 'running', 'waiting')
  WHERE j.dedupe_window_s IS NOT NULL

@@ -13,13 +13,14 @@
 -- time from this statement to COMMIT delays the wake-up. An immediate job's payload is unchanged, and
 -- a worker of an older release parses 'queue:bucket:1500' as queue 'queue:bucket', which no queue
 -- can be named (NAME_PATTERN has no ':'): it ignores it and polls the job up as before.
+-- %(tags)s: a text[] literal (db/literals.py tag_array), NULL for a job without tags.
 WITH inserted AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, dedupe_window_s, trace_context)
+                                 run_at, dedupe_key, dedupe_window_s, trace_context, tags)
     VALUES (%(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
             %(max_attempts)s::int IS NOT NULL,
             coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-            %(dedupe_window_s)s, %(trace_context)s::jsonb)
+            %(dedupe_window_s)s, %(trace_context)s::jsonb, %(tags)s::text[])
     ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
     RETURNING id, run_at
 )
@@ -29,46 +30,47 @@ SELECT id, pg_notify(%(channel)s, %(notify)s || CASE WHEN due_in_ms > 0 THEN ':'
 
 -- name: jobs_copy_in
 -- Bulk enqueue through COPY (text format, built by enqueue_copy.copy_chunks). run_at is computed by the caller from the database's
--- now() read in the same transaction, so the database clock still rules.
+-- now() read in the same transaction, so the database clock still rules. tags: \N (NULL) for a job without.
 COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given, run_at,
-                      dedupe_key)
+                      dedupe_key, tags)
 FROM STDIN
 
 -- name: jobs_copy_in_traced
 -- jobs_copy_in from inside an OpenTelemetry span: every row also carries that span's trace context.
 COPY dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given, run_at,
-                      dedupe_key, trace_context)
+                      dedupe_key, tags, trace_context)
 FROM STDIN
 
 -- name: jobs_stage_create
 -- Bulk enqueue with dedupe or ordering keys: COPY into a temporary staging table first, because
 -- COPY itself cannot skip conflicting rows or choose a keyed row's status. `n` keeps the order
 -- the rows were given in; max_attempts is NULL where not given. The name carries the table's shape
--- (v2: dedupe_window_s): a pooled server connection may still hold one an older release created. A staged row with a dedupe window goes through sql/dedupe.sql too.
-CREATE TEMPORARY TABLE IF NOT EXISTS dispatcher_jobs_stage_v2 (
+-- (v2: dedupe_window_s; v3: tags): a pooled server connection may still hold one an older release created. A staged row with a dedupe window goes through sql/dedupe.sql too.
+CREATE TEMPORARY TABLE IF NOT EXISTS dispatcher_jobs_stage_v3 (
     n bigint GENERATED ALWAYS AS IDENTITY,
     queue_name text, job_type text, payload jsonb, priority smallint, bucket smallint,
-    max_attempts integer, run_at timestamptz, dedupe_key text, ordering_key text, dedupe_window_s double precision
+    max_attempts integer, run_at timestamptz, dedupe_key text, ordering_key text, dedupe_window_s double precision,
+    tags text[]
 ) ON COMMIT DELETE ROWS
 
 -- name: jobs_stage_copy_in
-COPY dispatcher_jobs_stage_v2 (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
-                            ordering_key, dedupe_window_s)
+COPY dispatcher_jobs_stage_v3 (queue_name, job_type, payload, priority, bucket, max_attempts, run_at, dedupe_key,
+                               ordering_key, dedupe_window_s, tags)
 FROM STDIN
 
 -- name: jobs_stage_publish
 -- Move staged rows into the jobs table, skipping live duplicates (also within the batch). Every row
 -- gets the enqueuing span's trace context (the trace_context parameter; NULL outside a span).
 INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                             run_at, dedupe_key, dedupe_window_s, trace_context)
+                             run_at, dedupe_key, dedupe_window_s, trace_context, tags)
 SELECT queue_name, job_type, payload, priority, bucket, coalesce(max_attempts, 20), max_attempts IS NOT NULL,
-       run_at, dedupe_key, dedupe_window_s, %(trace_context)s::jsonb
-  FROM dispatcher_jobs_stage_v2
+       run_at, dedupe_key, dedupe_window_s, %(trace_context)s::jsonb, tags
+  FROM dispatcher_jobs_stage_v3
  ORDER BY n
 ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
 
 -- name: jobs_stage_clear
-TRUNCATE dispatcher_jobs_stage_v2
+TRUNCATE dispatcher_jobs_stage_v3
 
 -- name: jobs_reltuples
 -- The planner's idea of the table's size (-1: never analyzed).

@@ -64,12 +64,13 @@ to_queue AS (SELECT id FROM nexts),
 WITH new AS (SELECT nextval('dispatcher_jobs_id_seq') AS id),
 head AS (
     INSERT INTO dispatcher_jobs (id, queue_name, job_type, payload, priority, bucket, max_attempts,
-                                 max_attempts_given, run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context)
+                                 max_attempts_given, run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context,
+                                 tags)
     OVERRIDING SYSTEM VALUE
     SELECT new.id, %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
            %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-           %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb
+           %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb, %(tags)s::text[]
       FROM new
      WHERE NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w  -- in the key's bucket: one shard on Citus
                         WHERE w.bucket = %(bucket)s::smallint AND w.queue_name = %(queue)s
@@ -80,12 +81,12 @@ head AS (
 behind AS (  -- only one of head and behind inserts: they share the id
     INSERT INTO dispatcher_jobs (id, queue_name, job_type, payload, priority, bucket, max_attempts,
                                  max_attempts_given, run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context,
-                                 status)
+                                 tags, status)
     OVERRIDING SYSTEM VALUE
     SELECT new.id, %(queue)s, %(job_type)s, %(payload)s, %(priority)s, %(bucket)s, coalesce(%(max_attempts)s::int, 20),
            %(max_attempts)s::int IS NOT NULL,
            coalesce(%(run_at)s::timestamptz, now()) + %(delay_s)s * interval '1 second', %(dedupe_key)s,
-           %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb, 'waiting'
+           %(ordering_key)s, %(dedupe_window_s)s, %(trace_context)s::jsonb, %(tags)s::text[], 'waiting'
       FROM new
      WHERE NOT EXISTS (SELECT 1 FROM head)
     ON CONFLICT DO NOTHING  -- only the live dedupe index can conflict; untargeted, as 0014 reshaped it
@@ -110,7 +111,7 @@ SELECT id, CASE WHEN status = 'queued'
 -- parameter), as jobs_stage_publish.
 WITH firsts AS MATERIALIZED (
     SELECT DISTINCT ON (s.queue_name, s.ordering_key) s.*
-      FROM dispatcher_jobs_stage_v2 AS s
+      FROM dispatcher_jobs_stage_v3 AS s
      WHERE s.ordering_key IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM dispatcher_jobs AS w
                         WHERE w.bucket = s.bucket AND w.queue_name = s.queue_name
@@ -123,9 +124,9 @@ WITH firsts AS MATERIALIZED (
 ),
 heads AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context)
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context, tags)
     SELECT queue_name, job_type, payload, priority, bucket, coalesce(max_attempts, 20), max_attempts IS NOT NULL,
-           run_at, dedupe_key, ordering_key, dedupe_window_s, %(trace_context)s::jsonb
+           run_at, dedupe_key, ordering_key, dedupe_window_s, %(trace_context)s::jsonb, tags
       FROM firsts
      ORDER BY n
     ON CONFLICT DO NOTHING
@@ -133,11 +134,11 @@ heads AS (
 ),
 rest AS (
     INSERT INTO dispatcher_jobs (queue_name, job_type, payload, priority, bucket, max_attempts, max_attempts_given,
-                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context, status)
+                                 run_at, dedupe_key, ordering_key, dedupe_window_s, trace_context, tags, status)
     SELECT s.queue_name, s.job_type, s.payload, s.priority, s.bucket, coalesce(s.max_attempts, 20),
            s.max_attempts IS NOT NULL, s.run_at, s.dedupe_key, s.ordering_key, s.dedupe_window_s,
-           %(trace_context)s::jsonb, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
-      FROM dispatcher_jobs_stage_v2 AS s
+           %(trace_context)s::jsonb, s.tags, CASE WHEN s.ordering_key IS NULL THEN 'queued' ELSE 'waiting' END
+      FROM dispatcher_jobs_stage_v3 AS s
      WHERE s.ordering_key IS NULL
         OR s.n NOT IN (SELECT f.n FROM firsts AS f JOIN heads AS h USING (queue_name, ordering_key))
      ORDER BY s.n

@@ -19,6 +19,12 @@ class PayloadError(DispatcherError, ValueError):
     """A payload cannot be serialised or is over the size limit; nothing was written."""
 
 
+class ProgressError(DispatcherError, ValueError):
+    """A handler reported a progress value or metadata that cannot be stored (`Job.set_progress`,
+    `Job.update_meta`): not JSON, not a dict of string keys, or over its size limit (8 KiB as
+    JSON). Raised in the handler's call; nothing of that call was recorded."""
+
+
 class EnqueueError(DispatcherError, ValueError):
     """An enqueue option is invalid (unknown bucket, negative delay, ...); nothing was written.
     `option` names it as enqueue's keyword argument (`delay_s`), when one option is at fault."""

@@ -7,10 +7,12 @@ import it.
 
 from __future__ import annotations
 
+import contextvars
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from dispatcher.constants import DEFAULT_QUEUE
 
@@ -37,6 +39,34 @@ STATUSES: Final = (
 # Where a job's life ends: nothing changes it any more, except an operator (retry, purge) or the
 # pruner.
 FINISHED_STATUSES: Final = (STATUS_COMPLETED, STATUS_FAILED, STATUS_DISCARDED, STATUS_CANCELLED)
+
+
+class ProgressSink(Protocol):
+    """Where a running handler's reports go (`Job.set_progress`, `Job.update_meta`): a worker's
+    coalescer (dispatcher/runtime/progress.py), or dispatcher.testing's. Each checks the value
+    (dispatcher/job_reports.py) and raises ProgressError, in the handler, for one it cannot
+    store."""
+
+    def set_progress(self, job: Job, value: Any) -> None: ...
+
+    def update_meta(self, job: Job, changes: Mapping[str, Any]) -> None: ...
+
+
+# Set once by whatever runs handlers, in the context their tasks and threads start from (never per
+# job): a Job reaches its sink through it, with no field of its own.
+PROGRESS_SINK: contextvars.ContextVar[ProgressSink | None] = contextvars.ContextVar(
+    "dispatcher_progress_sink", default=None
+)
+
+
+def _sink(what: str) -> ProgressSink:
+    sink = PROGRESS_SINK.get()
+    if sink is None:
+        raise RuntimeError(
+            f"{what}() reports to a worker: call it inside a handler that a worker, "
+            "dispatcher.testing's Runner or perform_job runs (not in a thread of the handler's own)"
+        )
+    return sink
 
 
 class Job:
@@ -114,6 +144,29 @@ class Job:
         """The slot of a recurring job (UTC, whatever the session's time zone), else None."""
         at = self._scheduled_for
         return None if at is None else at.astimezone(UTC)
+
+    # -- what a running handler reports (docs/guides/jobs.md#progress-and-metadata) --------------
+
+    async def set_progress(self, value: Any) -> None:
+        """Record the job's progress: any JSON value (a number 0-100, {"done": n, "total": m}),
+        at most 8 KiB as JSON. The latest value is written with the next batch (at most every
+        DISPATCHER_PROGRESS_FLUSH_S) and before the job's outcome; ProgressError if it cannot be
+        stored. Shown by `dispatcher jobs show` and the dashboard."""
+        _sink("set_progress").set_progress(self, value)
+
+    def set_progress_sync(self, value: Any) -> None:
+        """`set_progress` for a sync (def) handler."""
+        _sink("set_progress_sync").set_progress(self, value)
+
+    async def update_meta(self, changes: Mapping[str, Any]) -> None:
+        """Merge `changes` (a dict of JSON values, at most 8 KiB as JSON) into the job's `meta`,
+        key by key (a shallow merge: a key given replaces its value); written as set_progress
+        is."""
+        _sink("update_meta").update_meta(self, changes)
+
+    def update_meta_sync(self, changes: Mapping[str, Any]) -> None:
+        """`update_meta` for a sync (def) handler."""
+        _sink("update_meta_sync").update_meta(self, changes)
 
     def __repr__(self) -> str:
         return (

@@ -66,6 +66,8 @@ _CHANGES = {
     "purge": (purge_jobs, "purged", "deleted"),
 }
 _ERROR_CHARS = 60  # of the last error's last line, in the list table
+# What a running handler reported (Job.set_progress, update_meta): shown as JSON, once reported.
+_REPORTED = ("progress", "meta")
 _TAGS_CHARS = 24  # of a job's tags, in the list table
 
 
@@ -456,7 +458,7 @@ def render_halted(keys: list[HaltedKey]) -> str:
 
 
 def render_show(detail: JobDetail) -> str:
-    job = detail.job
+    job = {name: value for name, value in detail.job.items() if name not in _REPORTED}
     lines = [f"job {job['id']} ({job['status']})"]
     if job.get("ordering_key") is not None:
         lines.append(
@@ -482,6 +484,11 @@ def render_show(detail: JobDetail) -> str:
     else:
         lines.append(f"  {'max_attempts':<20} {job['max_attempts']}")
     lines.append(f"  {'payload':<20} {orjson.dumps(job['payload']).decode()}")
+    lines += [
+        f"  {name:<20} {orjson.dumps(detail.job[name]).decode()}"
+        for name in _REPORTED
+        if detail.job.get(name) is not None
+    ]
     lines.append("last error:" if detail.last_error else "last error: none")
     lines += [f"  {line}" for line in (detail.last_error or "").splitlines()]
     errors = job.get("errors") or []

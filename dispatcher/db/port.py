@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from dispatcher.db.progress import ProgressReport, ProgressWritten
 from dispatcher.db.rows import (
     Claimed,
     Completion,
@@ -107,6 +108,13 @@ class JobStorePort(Protocol):
     async def jobs_extend_leases(self, jobs: Sequence[Job], lease_s: float) -> dict[int, bool]:
         """Leases of jobs still ours pushed out; their ids, each with whether a cancel was
         requested."""
+        ...
+
+    async def jobs_report_progress(
+        self, reports: Sequence[ProgressReport]
+    ) -> list[ProgressWritten]:
+        """Running jobs' latest progress (replaced) and meta updates (merged key by key), where the
+        job still runs under the report's token; the rows written (db/progress.py)."""
         ...
 
     async def jobs_lease_expired(self, limit: int = 1000) -> list[ExpiredLease]:

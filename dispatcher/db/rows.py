@@ -218,6 +218,8 @@ class JobState:
     # None until an attempt failed
     errors: list[dict[str, Any]] | None = None
     tags: list[str] | None = None  # as given at enqueue, duplicates dropped; None: no tags
+    progress: Any = None  # what its handler last reported (Job.set_progress): any JSON value
+    meta: dict[str, Any] | None = None  # its handler's Job.update_meta, merged; None: none
 
 
 @dataclass(frozen=True, slots=True)

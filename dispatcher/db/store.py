@@ -38,6 +38,7 @@ from dispatcher.db.completions import completion_statements
 from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.port import NewJob
+from dispatcher.db.progress import ProgressReport, ProgressWritten, report_progress
 from dispatcher.db.queries import query
 from dispatcher.db.rows import (
     Chain,
@@ -496,6 +497,12 @@ class JobStore:
         }
         cur = await self._execute("heartbeat", query("jobs_extend_leases"), params)
         return rows.lease_extensions(await cur.fetchall())
+
+    async def jobs_report_progress(
+        self, reports: Sequence[ProgressReport]
+    ) -> list[ProgressWritten]:
+        """Running jobs' progress and meta updates, fenced by their tokens (db/progress.py)."""
+        return await report_progress(self._execute, await self._placement(), reports)
 
     async def ping(self) -> None:
         """One round trip: does this connection answer within the statement budget?"""

@@ -145,6 +145,12 @@ QUEUE_PAUSED = Gauge(
     "1 while the queue is paused (dispatcher queues pause), as this worker last read it",
     ["queue"],
 )
+PROGRESS_WRITES = Counter(
+    "dispatcher_progress_writes_total",
+    "Batched writes of running jobs' progress and metadata (Job.set_progress, update_meta): at "
+    "most one per DISPATCHER_PROGRESS_FLUSH_S, and one before a flush of outcomes of jobs that "
+    "reported",
+)
 STORE_ERRORS = Counter("dispatcher_store_errors_total", "Failed database statements", ["operation"])
 
 JOBS_IN_FLIGHT = Gauge("dispatcher_jobs_in_flight", "Jobs claimed by this worker and not finished")

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Callable, Set
+from collections.abc import Awaitable, Callable, Iterable, Set
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -116,6 +117,9 @@ class Completer:
         # A live view (FlowControl.urgent_types), read per job as a plain attribute: no call.
         self.urgent_types = urgent_types
         self.written = written
+        # Told the ids whose outcomes a flush is about to write, first: their last progress
+        # reports go before them (runtime/progress.py).
+        self.before_write: Callable[[Iterable[int]], Awaitable[None]] | None = None
 
     # Hot path: four appends and a length check per job; its metrics and history row (+0.27 us:
     # docs/design/health-and-metrics.md) once the flush's write accepted it.
@@ -208,6 +212,8 @@ class Completer:
             backs, self._hand_backs = self._hand_backs, []
             history, self._history = self._history, HistoryRows()
             try:
+                if self.before_write is not None:
+                    await self.before_write(itertools.chain(ids, (f.id for f in failures)))
                 if ids:
                     # Each job's bucket: a distributed table routes the write by it.
                     buckets = [job.bucket for job in done]

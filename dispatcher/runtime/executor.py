@@ -21,7 +21,7 @@ from typing import Any
 
 from dispatcher.api.registry import Handler, Registry
 from dispatcher.errors import Cancel, PermanentJobError, Snooze
-from dispatcher.model import FailureKind, Job
+from dispatcher.model import PROGRESS_SINK, FailureKind, Job, ProgressSink
 from dispatcher.observe import metrics
 from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
@@ -56,10 +56,12 @@ class Executor:
         job_stats: JobStats = JOB_STATS,
         clock: Callable[[], float] = time.monotonic,
         served_lately: Callable[[str], bool | None] | None = None,
+        progress: ProgressSink | None = None,
     ) -> None:
         """`served_lately(job_type)`: whether any worker served the type lately (the registry:
         runtime/presence.py); without it, jobs of a type with no handler here are only handed
-        back, never discarded."""
+        back, never discarded. `progress`: where sync handlers' reports go (async ones find it in
+        the context the worker set)."""
         self._registry = registry
         self._unserved = Unserved(
             execution.worker_id,
@@ -87,7 +89,13 @@ class Executor:
         # stopped reaching the database; a healthy heartbeat keeps every lease well ahead.
         self._lose_early_s = leases.lose_early_s
         self._lease_watch: asyncio.TimerHandle | None = None
-        self._threads = ThreadPoolExecutor(sync_threads, thread_name_prefix="dispatcher-sync")
+        self._threads = ThreadPoolExecutor(
+            sync_threads,
+            thread_name_prefix="dispatcher-sync",
+            # in each thread's context once, never per job (model.PROGRESS_SINK)
+            initializer=PROGRESS_SINK.set,
+            initargs=(progress,),
+        )
         self._running: dict[int, Running] = {}  # jobs that suspended or wait for a thread
         self._sync_backlog: collections.deque[Running] = collections.deque()
         self._sync_busy = 0

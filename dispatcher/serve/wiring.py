@@ -27,6 +27,7 @@ from dispatcher.runtime.maintenance import LeaseKeeper, PlannerStats, Reaper
 from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.presence import Identity, Presence, declared_schedules
 from dispatcher.runtime.producer import Producer
+from dispatcher.runtime.progress import ProgressFlusher
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.stuck import StuckWatch
 from dispatcher.runtime.table_sampler import TableSampler
@@ -70,6 +71,7 @@ class Services:
     producer: Producer
     listener: Listener | None  # None: listen_dsn=none, wake-ups by polling only
     lease_keeper: LeaseKeeper
+    progress: ProgressFlusher  # handlers' progress reports: the sink their jobs report to
     stuck_watch: StuckWatch
     reaper: Reaper
     pruner: Pruner
@@ -157,6 +159,10 @@ def build_services(
         written=lambda: producer.outcomes_written(),
         unserved_window_s=config.execution.unserved_type_discard_s,
     )
+    # Handlers' progress, written on the completions' connection, and a finishing job's last
+    # report before its outcome.
+    progress = ProgressFlusher(completions, config.execution.progress_flush_s)
+    completer.before_write = progress.finishing
     executor = Executor(
         registry,
         policy,
@@ -164,6 +170,7 @@ def build_services(
         config.execution,
         config.leases,
         served_lately=presence.served_lately,
+        progress=progress,
     )
     producer = Producer(claims, claim_store, by_queue, executor, vitals=vitals, flow=flow)
     # listen_dsn (a direct connection when dsn goes through PgBouncer), or none: polling only.
@@ -214,6 +221,7 @@ def build_services(
         producer=producer,
         listener=listener,
         lease_keeper=lease_keeper,
+        progress=progress,
         stuck_watch=stuck_watch,
         reaper=reaper,
         pruner=pruner,
@@ -224,6 +232,7 @@ def build_services(
         periodic=(
             presence,
             lease_keeper,
+            progress,
             reaper,
             pruner,
             key_sweeper,

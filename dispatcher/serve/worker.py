@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator.assignment import BucketAssignment
 from dispatcher.api.registry import Registry
 from dispatcher.errors import ConfigError, StoreError
+from dispatcher.model import PROGRESS_SINK
 from dispatcher.observe import job_metrics, metrics
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
@@ -172,6 +173,9 @@ class Worker:
         return self.abandoned == 0 and self.unflushed == 0
 
     async def run(self) -> None:
+        # Handlers report progress to this worker's flusher: set once here, in the context every
+        # task started below (and each handler's, started from theirs) copies.
+        PROGRESS_SINK.set(self.services.progress)
         # Join the coordination groups beside everything else: until a queue's coordinator has
         # adopted its first view, its owned() is None and we claim with SKIP LOCKED over all its
         # buckets (coordinator/coordinator.py), so the join is off the path to the first claim.

@@ -112,6 +112,7 @@ class Config(ConfigFields):
                 unserved_type_discard_s=self.unserved_type_discard_s,
                 stuck_grace_s=self.stuck_grace_s,
                 stuck_exit_after_s=self.stuck_exit_after_s,
+                progress_flush_s=self.progress_flush_s,
             ),
             "completion": sec.CompletionSettings(
                 self.flush_interval_s, self.flush_max, self.history, self.completed_jobs

@@ -29,6 +29,8 @@ DEFAULT_HISTORY_RETENTION_S = 604800.0  # attempt history: a week
 DEFAULT_PRUNE_BATCH = 1000  # rows per DELETE: ~2 ms at 500k rows, and no more row locks than that
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB: a job payload is a reference, not a blob store
 DEFAULT_SYNC_THREADS = 8  # threads for sync handlers; async ones need none
+# handlers' progress reports: a bar people watch moves every second, one statement per worker
+DEFAULT_PROGRESS_FLUSH_S = 1.0
 # A handler still running this long after its timeout fired ignores it (swallowed cancellation,
 # a thread stuck in C code): it is stuck. Long enough for cleanup code that reacts to cancellation.
 DEFAULT_STUCK_GRACE_S = 30.0

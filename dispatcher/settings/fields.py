@@ -35,6 +35,7 @@ from dispatcher.settings.defaults import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_SNOOZES,
     DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PROGRESS_FLUSH_S,
     DEFAULT_PRUNE_BATCH,
     DEFAULT_PRUNE_INTERVAL_S,
     DEFAULT_REAPER_INTERVAL_S,
@@ -303,6 +304,15 @@ class ConfigFields:
         parse=int,
         unit="threads",
         help="threads that run sync (def) handlers; async handlers need none",
+    )
+    progress_flush_s: float = setting(
+        DEFAULT_PROGRESS_FLUSH_S,
+        section="execution",
+        parse=float,
+        unit="seconds",
+        help="handlers' progress and metadata reports (job.set_progress, job.update_meta) are "
+        "written, the latest of each job, in one statement per worker at most once per this many "
+        "seconds (0.05 to 60)",
     )
     stuck_grace_s: float = setting(
         DEFAULT_STUCK_GRACE_S,

@@ -119,6 +119,7 @@ def check(c: ConfigFields) -> None:
     _check(1 <= c.prune_batch <= 10_000, "prune_batch", "must be between 1 and 10000")
     _check(c.max_payload_bytes >= 2, "max_payload_bytes", "must be >= 2")
     _check(c.sync_threads >= 1, "sync_threads", "must be >= 1")
+    _check(0.05 <= c.progress_flush_s <= 60, "progress_flush_s", "must be between 0.05 and 60")
     for name in ("stuck_grace_s", "stuck_exit_after_s"):
         _check(getattr(c, name) >= 0, name, "must be >= 0")
     _check(

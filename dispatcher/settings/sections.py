@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED
-from dispatcher.settings.defaults import DEFAULT_STUCK_EXIT_AFTER_S, DEFAULT_STUCK_GRACE_S
+from dispatcher.settings.defaults import (
+    DEFAULT_PROGRESS_FLUSH_S,
+    DEFAULT_STUCK_EXIT_AFTER_S,
+    DEFAULT_STUCK_GRACE_S,
+)
 
 # Section names, in the order the configuration reference lists them.
 DATABASE = "database"
@@ -125,6 +129,8 @@ class ExecutionSettings:
     # ... and the worker exits once one is stuck this long (0: never for that), or stuck ones hold
     # over half the slots or sync threads.
     stuck_exit_after_s: float = DEFAULT_STUCK_EXIT_AFTER_S
+    # handlers' progress reports are written at most this often (runtime/progress.py)
+    progress_flush_s: float = DEFAULT_PROGRESS_FLUSH_S
 
 
 @dataclass(frozen=True, slots=True)

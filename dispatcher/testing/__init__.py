@@ -18,6 +18,7 @@ from dispatcher.testing.assertions import assert_enqueued, enqueued, refute_enqu
 from dispatcher.testing.clock import FakeClock
 from dispatcher.testing.memory_store import MemoryStore
 from dispatcher.testing.perform import aperform_job, perform_job
+from dispatcher.testing.progress import ProgressLog, recorded_progress
 from dispatcher.testing.runner import Attempt, Runner
 
 __all__ = [
@@ -25,10 +26,12 @@ __all__ = [
     "FakeClock",
     "JobState",
     "MemoryStore",
+    "ProgressLog",
     "Runner",
     "aperform_job",
     "assert_enqueued",
     "enqueued",
     "perform_job",
+    "recorded_progress",
     "refute_enqueued",
 ]

@@ -1,5 +1,4 @@
-"""An in-memory job store: the store port (dispatcher/db/port.py) without PostgreSQL, for unit
-tests.
+"""An in-memory job store for unit tests: the store port (dispatcher/db/port.py) without PostgreSQL.
 
 It keeps the rules of the real store's statements (dispatcher/db/sql/*.sql) that a test can
 observe: claims in (priority, run_at, id) order, one token per claim, writes fenced by that
@@ -45,6 +44,7 @@ from dispatcher.model import (
 )
 from dispatcher.runtime.retry import with_attempt_error
 from dispatcher.testing.clock import FakeClock
+from dispatcher.testing.progress import ProgressInMemory
 from dispatcher.testing.stealing import stealable
 from dispatcher.testing.windows import DedupeWindows
 
@@ -52,7 +52,7 @@ _LIVE = (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING)
 _HOLDING = (STATUS_QUEUED, STATUS_RUNNING)  # with ordering_halted: a key's holder (migration 0008)
 
 
-class MemoryStore(InProcessStore):
+class MemoryStore(InProcessStore, ProgressInMemory):
     """The job store in a dict. Thread-safe (sync handlers run in threads, as in a worker).
 
     `clock` is its database clock (default: a new FakeClock at the real time now); `worker_id`

@@ -6,7 +6,8 @@ timeout. It returns what the handler returns and raises what it raises (`Snooze`
     perform_job(registry, "send_welcome", {"email": "ada@..."})  # a job type: its payload
 
 The arguments (or payload) go through what enqueue checks and stores, JSON and back, so the
-function receives what a worker would give it. `current_job()` answers inside. A sync handler
+function receives what a worker would give it. `current_job()` answers inside, and the handler's
+`set_progress` / `update_meta` are checked and recorded (`recorded_progress()`). A sync handler
 runs in the calling thread; `perform_job` runs an async one with asyncio.run, and says to await
 `aperform_job` instead where an event loop is running (which runs a sync one in a thread, as a
 worker does).
@@ -30,6 +31,7 @@ from dispatcher.constants import DEFAULT_QUEUE
 from dispatcher.model import Job
 from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
 from dispatcher.settings.defaults import DEFAULT_MAX_PAYLOAD_BYTES
+from dispatcher.testing.progress import reporting
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -123,11 +125,13 @@ def perform_job(target: Task[Any, Any] | Registry, /, *args: Any, **kwargs: Any)
     Returns the handler's result; raises what it raised."""
     call, is_async, job = _prepared(target, args, kwargs)
     if not is_async:
-        return run_in_job(call, job)
+        with reporting():
+            return run_in_job(call, job)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_awaited(call, job))
+        with reporting():
+            return asyncio.run(_awaited(call, job))
     raise RuntimeError(
         f"an event loop is running here: `await aperform_job(...)` to run {job.job_type!r}"
     )
@@ -158,6 +162,7 @@ async def aperform_job(target: Task[Any, Any] | Registry, /, *args: Any, **kwarg
     """`perform_job` inside a running event loop: an async handler awaited in a task of its own,
     a sync one in a thread."""
     call, is_async, job = _prepared(target, args, kwargs)
-    if is_async:
-        return await asyncio.ensure_future(_awaited(call, job))
-    return await asyncio.to_thread(run_in_job, call, job)
+    with reporting():
+        if is_async:
+            return await asyncio.ensure_future(_awaited(call, job))
+        return await asyncio.to_thread(run_in_job, call, job)

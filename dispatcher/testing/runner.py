@@ -7,7 +7,8 @@ after a backoff, `failed` after max_attempts, `discarded` for PermanentJobError,
 for an unknown job type), a `Snooze` queues it again without spending an attempt. No
 sleeping: the store's FakeClock stands still while jobs run, and `drain()` advances it to each
 retry's run_at. The registry's schedules enqueue a job for each slot the clock reaches
-(schedules.py), and `current_job()` answers inside a handler, as on a worker.
+(schedules.py), and `current_job()` answers inside a handler, as on a worker. A handler's
+`set_progress` / `update_meta` are written to the store at once (`store.get(id).progress`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dispatcher.settings.defaults import (
     DEFAULT_RETRY_CAP_S,
 )
 from dispatcher.testing.memory_store import MemoryStore
+from dispatcher.testing.progress import ProgressLog, reporting
 from dispatcher.testing.schedules import RunnerSchedules
 
 T = TypeVar("T")
@@ -176,6 +178,11 @@ class Runner:
         return self._record(job, STATUS_COMPLETED, None, None)
 
     async def _call(self, handler: Handler, job: Job) -> None:
+        # Reports go to the store at once, fenced by the job's token (a worker batches them).
+        with reporting(ProgressLog(lambda report: self.store.report_progress([report]))):
+            await self._run_handler(handler, job)
+
+    async def _run_handler(self, handler: Handler, job: Job) -> None:
         limit = handler.timeout_s or self.job_timeout_s
         if handler.is_async:
             task = asyncio.ensure_future(_in_job(handler, job))

@@ -1,6 +1,6 @@
-"""The snooze, ordering-key and attempt-error contracts of the store (tests/contract) on a
-distributed jobs table: a snooze, its cap, a cancel request, a keyed job's key held and handed on,
-every failed attempt's error kept on its row, each write routed to
+"""The snooze, ordering-key, attempt-error and progress contracts of the store (tests/contract) on
+a distributed jobs table: a snooze, its cap, a cancel request, a keyed job's key held and handed on,
+every failed attempt's error kept on its row, handlers' progress fenced, each write routed to
 its job's bucket (one test stays on one node: below). The store contract suite itself:
 test_citus_store_contract.py, whose fixtures these share."""
 
@@ -10,13 +10,19 @@ from tests.citus.test_citus_store_contract import dsn, on_store, on_store_comple
 from tests.contract import (
     test_attempt_errors_contract,
     test_ordering_contract,
+    test_progress_contract,
     test_snooze_contract,
 )
 
 __all__ = ["dsn", "on_store", "on_store_completing"]  # fixtures, used by name
 
 # The modules export their fixtures only (`__all__`): their tests are taken by name.
-for _module in (test_snooze_contract, test_ordering_contract, test_attempt_errors_contract):
+for _module in (
+    test_snooze_contract,
+    test_ordering_contract,
+    test_attempt_errors_contract,
+    test_progress_contract,
+):
     globals().update({n: f for n, f in vars(_module).items() if n.startswith("test_")})
 
 # It orders two keys' jobs by priority across their buckets, and claims again right after a keyed

@@ -296,7 +296,7 @@ def test_both_stores_have_the_ports_operations_with_its_signatures() -> None:
     operations = [
         name for name, member in vars(JobStorePort).items() if inspect.iscoroutinefunction(member)
     ]
-    assert len(operations) == 9
+    assert len(operations) == 10
     for store_class in (JobStore, MemoryStore):
         for name in operations:
             method = getattr(store_class, name)

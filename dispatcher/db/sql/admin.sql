@@ -60,7 +60,8 @@ SELECT j.id
 SELECT id, queue_name, job_type, status, priority, bucket, attempts,
        CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts, lease_expiries, run_at,
        created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
-       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes, errors, tags
+       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes, errors, tags,
+       progress, meta
   FROM dispatcher_jobs
  WHERE id = %(id)s
 

@@ -29,14 +29,25 @@ from dispatcher.api.enqueue import (
     enqueue_sync,
 )
 from dispatcher.api.registry import Registry
+from dispatcher.api.results import JobHandle
 from dispatcher.api.schedules.declarations import Schedule
 from dispatcher.api.schedules.slots import ScheduleError
 from dispatcher.api.tasks import Task
+from dispatcher.api.workflows import (
+    BatchIds,
+    Workflow,
+    enqueue_batch,
+    enqueue_batch_sync,
+    enqueue_workflow,
+    enqueue_workflow_sync,
+)
 from dispatcher.errors import (
     Cancel,
     ConfigError,
     DispatcherError,
     EnqueueError,
+    JobFailed,
+    JobNotFound,
     PayloadError,
     PermanentJobError,
     ProgressError,
@@ -55,12 +66,16 @@ from dispatcher.serve.worker import Worker, run_worker
 from dispatcher.settings.config import Config
 
 __all__ = [
+    "BatchIds",
     "Cancel",
     "Config",
     "ConfigError",
     "DispatcherError",
     "EnqueueError",
     "Job",
+    "JobFailed",
+    "JobHandle",
+    "JobNotFound",
     "JobSpec",
     "PayloadError",
     "PermanentJobError",
@@ -78,12 +93,17 @@ __all__ = [
     "StoreUnavailable",
     "Task",
     "Worker",
+    "Workflow",
     "current_job",
     "enqueue",
+    "enqueue_batch",
+    "enqueue_batch_sync",
     "enqueue_many",
     "enqueue_many_sync",
     "enqueue_payloads",
     "enqueue_payloads_sync",
     "enqueue_sync",
+    "enqueue_workflow",
+    "enqueue_workflow_sync",
     "run_worker",
 ]

@@ -11,6 +11,12 @@ from coordinator import buckets as _buckets
 NUM_BUCKETS: Final = _buckets.NUM_BUCKETS
 
 NOTIFY_CHANNEL: Final = "dispatcher_jobs"
+# Told '<job id>:<status>' when a job someone awaits (JobHandle.result) ends.
+RESULTS_CHANNEL: Final = "dispatcher_results"
+
+# What a job does when a parent (depends_on) ends without success: it is cancelled (the default),
+# it runs anyway, or it waits for an operator (retry the parent, or cancel the job).
+PARENT_FAILURE_POLICIES: Final = ("cancel", "run", "wait")
 
 MODE_PARTITIONED: Final = "partitioned"
 MODE_SKIP_LOCKED: Final = "skip_locked"

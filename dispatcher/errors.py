@@ -133,3 +133,19 @@ class Cancel(DispatcherError):
             f"cancelled by its handler: {reason}" if reason else "cancelled by its handler"
         )
         self.reason = reason
+
+
+class JobFailed(DispatcherError):
+    """What `JobHandle.result()` raises when the awaited job ended without success: `status` is
+    'failed', 'discarded' or 'cancelled', `error` its last error (None if it had none)."""
+
+    def __init__(self, job_id: int, status: str, error: str | None) -> None:
+        super().__init__(f"job {job_id} ended {status}" + (f": {error}" if error else ""))
+        self.job_id = job_id
+        self.status = status
+        self.error = error
+
+
+class JobNotFound(DispatcherError, LookupError):
+    """What `JobHandle.result()` raises when there is no such job (never enqueued, or its row was
+    purged before anyone read it)."""

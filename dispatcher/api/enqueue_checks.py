@@ -14,11 +14,16 @@ import enum
 import re
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 
-from dispatcher.constants import NAME_PATTERN, NUM_BUCKETS, is_valid_name
+from dispatcher.constants import (
+    NAME_PATTERN,
+    NUM_BUCKETS,
+    PARENT_FAILURE_POLICIES,
+    is_valid_name,
+)
 from dispatcher.errors import EnqueueError, PayloadError
 
 # Largest delay_s or jitter_s. Far beyond any schedule (a delay that long is a unit mistake), and
@@ -158,6 +163,42 @@ def check_tags(tags: Any) -> tuple[str, ...] | None:
     if len(kept) > MAX_TAGS:
         raise EnqueueError(f"at most {MAX_TAGS} tags, got {len(kept)}", "tags")
     return kept or None
+
+
+# What a job does when a parent ends without success (constants.PARENT_FAILURE_POLICIES).
+ParentFailure = Literal["cancel", "run", "wait"]
+# Parents of one job: an edge row each, all read under lock at enqueue.
+MAX_PARENTS: Final = 100_000
+
+
+def check_depends_on(
+    depends_on: Any, on_parent_failure: Any, ordering_key: Any, dedupe_key: Any
+) -> tuple[int, ...] | None:
+    """The parents' ids, each once, in the order given (None: no dependencies). A job with parents
+    takes no ordering or dedupe key: its status is its parents' to decide, and a key's rules (one
+    holder, one live job) would have to wait on them too."""
+    if on_parent_failure not in PARENT_FAILURE_POLICIES:
+        raise EnqueueError(
+            f"on_parent_failure must be one of {', '.join(PARENT_FAILURE_POLICIES)}, "
+            f"got {on_parent_failure!r}",
+            "on_parent_failure",
+        )
+    if depends_on is None:
+        return None
+    if isinstance(depends_on, str | bytes) or not isinstance(depends_on, Iterable):
+        raise EnqueueError(
+            f"depends_on must be a list of job ids, got {type(depends_on).__name__}", "depends_on"
+        )
+    parents = tuple(dict.fromkeys(depends_on))
+    for parent in parents:
+        check_integer("depends_on", parent, 1, 2**63 - 1)
+    if len(parents) > MAX_PARENTS:
+        raise EnqueueError(f"at most {MAX_PARENTS} parents, got {len(parents)}", "depends_on")
+    if ordering_key is not None:
+        raise EnqueueError("a job with depends_on cannot take an ordering_key", "ordering_key")
+    if dedupe_key is not None:
+        raise EnqueueError("a job with depends_on cannot take a dedupe_key", "dedupe_key")
+    return tuple(int(parent) for parent in parents)  # a JobHandle is an int: sent as one
 
 
 def check_ordering_key(key: Any, option: str = "ordering_key") -> None:

@@ -15,6 +15,7 @@ from dispatcher.db.literals import tag_array
 from dispatcher.errors import AdminInputError
 from dispatcher.model import (
     FINISHED_STATUSES,
+    STATUS_BLOCKED,
     STATUS_DISCARDED,
     STATUS_FAILED,
     STATUS_QUEUED,
@@ -39,7 +40,7 @@ def check_name(value: Any, option: str) -> str:
 # Which statuses each change applies to.
 ELIGIBLE = {
     "retry": (STATUS_FAILED, STATUS_DISCARDED),
-    "cancel": (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING),
+    "cancel": (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING, STATUS_BLOCKED),
     "purge": FINISHED_STATUSES,
 }
 HALTING = (STATUS_FAILED, STATUS_DISCARDED)  # the statuses of a job that halts its ordering key
@@ -65,6 +66,8 @@ class Filters:
     as_of: datetime | None = None
     # only jobs that carry every one of these tags (given at enqueue)
     tags: tuple[str, ...] = ()
+    # only the jobs of this batch, its callback included (the batch's id is the callback's)
+    batch_id: int | None = None
 
     def __post_init__(self) -> None:
         for option in ("queues", "job_types"):
@@ -99,6 +102,14 @@ class Filters:
         ]
         if bad:
             raise AdminInputError(f"job ids are whole numbers >= 1, got {bad[:5]}", "ids")
+        if self.batch_id is not None and (
+            isinstance(self.batch_id, bool)
+            or not isinstance(self.batch_id, int)
+            or self.batch_id < 1
+        ):
+            raise AdminInputError(
+                f"a batch id is a whole number >= 1, got {self.batch_id!r}", "batch_id"
+            )
         if self.as_of is not None and (
             not isinstance(self.as_of, datetime) or self.as_of.tzinfo is None
         ):
@@ -118,6 +129,7 @@ class Filters:
             "before_id": self.before_id,
             "as_of": self.as_of,
             "tags": tag_array(self.tags or None),
+            "batch_id": self.batch_id,
         }
 
     def for_action(self, action: str) -> Filters:

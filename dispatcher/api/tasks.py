@@ -27,6 +27,7 @@ from dispatcher.api.enqueue import (
     enqueue,
     enqueue_sync,
 )
+from dispatcher.api.results import JobHandle
 from dispatcher.api.task_args import TaskArguments
 from dispatcher.model import Job
 
@@ -74,8 +75,9 @@ class Task(Generic[P, R]):
     def with_options(self, **options: Unpack[EnqueueOptions]) -> Task[P, R]:
         """This task with job options set (over the decorator's and earlier ones): queue,
         priority, run_at or delay_s, jitter_s, max_attempts, partition_key or bucket,
-        ordering_key, dedupe_key, dedupe_window_s, tags, as `enqueue` takes them. Checked when a
-        job is enqueued; an unknown name is a TypeError here."""
+        ordering_key, dedupe_key, dedupe_window_s, tags, depends_on, on_parent_failure, as
+        `enqueue` takes them. Checked when a job is enqueued; an unknown name is a TypeError
+        here."""
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
             raise TypeError(
@@ -97,14 +99,16 @@ class Task(Generic[P, R]):
 
     async def enqueue(
         self, target: AsyncTarget, /, *args: P.args, **kwargs: P.kwargs
-    ) -> int | None:
+    ) -> JobHandle | None:
         """Enqueue a job that calls the function with these arguments, as `dispatcher.enqueue`
         does (a connection: in its transaction; a pool: committed). Returns the job's id, or None
         when its dedupe key is held."""
         payload = self._arguments.payload(args, kwargs)
         return await enqueue(target, self.job_type, payload, **self._options)
 
-    def enqueue_sync(self, target: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int | None:
+    def enqueue_sync(
+        self, target: SyncTarget, /, *args: P.args, **kwargs: P.kwargs
+    ) -> JobHandle | None:
         """`enqueue` for sync code: as `dispatcher.enqueue_sync`."""
         payload = self._arguments.payload(args, kwargs)
         return enqueue_sync(target, self.job_type, payload, **self._options)

@@ -59,6 +59,7 @@ _FLAGS = {
     "tags": "--tag",
     "limit": "--limit",
     "batch": "--batch",
+    "batch_id": "--batch",
 }
 _CHANGES = {
     "retry": (retry_jobs, "retried", "put back to queued"),
@@ -66,8 +67,9 @@ _CHANGES = {
     "purge": (purge_jobs, "purged", "deleted"),
 }
 _ERROR_CHARS = 60  # of the last error's last line, in the list table
-# What a running handler reported (Job.set_progress, update_meta): shown as JSON, once reported.
-_REPORTED = ("progress", "meta")
+# What a running handler reported (Job.set_progress, update_meta) and what it returned (its
+# result): shown as JSON, once there.
+_REPORTED = ("progress", "meta", "result")
 _TAGS_CHARS = 24  # of a job's tags, in the list table
 
 
@@ -88,6 +90,12 @@ def add_jobs_parser(
         "list", help="jobs that match, newest first (--halted: the halted ordering keys)"
     )
     _add_selection(p)
+    p.add_argument(
+        "--batch",
+        default=None,
+        metavar="ID",
+        help="only the jobs of this batch and its callback (the batch's id: the callback's)",
+    )
     p.add_argument(
         "--limit", default=str(DEFAULT_LIST_LIMIT), help="most jobs listed (default %(default)s)"
     )
@@ -196,6 +204,8 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
 
 def _list(args: argparse.Namespace, config: Any) -> int:
     filters = _filters(args)
+    if args.batch is not None:
+        filters = replace(filters, batch_id=_whole(args.batch, "--batch"))
     limit = _whole(args.limit, "--limit")
     # One row more than asked for: whether the list was cut short, said rather than left to guess.
     if filters.halted:

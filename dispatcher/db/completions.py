@@ -10,7 +10,7 @@ from dispatcher.db.queries import query
 
 # Where jobs_complete_owned_keyed's `released` ends: the keyed completion under delete closes
 # windows from there (sql/dedupe.sql).
-_RELEASED = "    RETURNING j.id, j.queue_name, j.ordering_key\n),\n"
+_RELEASED = "    RETURNING j.id, j.queue_name, j.ordering_key, j.has_dependents, j.awaited\n),\n"
 
 
 def closing_keyed(keyed: str) -> str:
@@ -18,9 +18,7 @@ def closing_keyed(keyed: str) -> str:
     that had a uniqueness window leaves its finish time in it, in the same statement."""
     if _RELEASED not in keyed:
         raise ValueError("jobs_complete_owned_keyed changed shape: update completions._RELEASED")
-    released = _RELEASED.replace(
-        "j.ordering_key", "j.ordering_key, j.dedupe_key, j.dedupe_window_s"
-    )
+    released = _RELEASED.replace("j.awaited", "j.awaited, j.dedupe_key, j.dedupe_window_s")
     return keyed.replace(_RELEASED, released + query("dedupe_windows_close_released") + ",\n")
 
 

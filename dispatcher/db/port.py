@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -20,13 +21,15 @@ from dispatcher.db.rows import (
     ExpiredLease,
     FailedWrite,
     Failure,
+    JobEnd,
     JobState,
+    ResultText,
     Steal,
 )
 from dispatcher.model import Job
 
 # JobState lives with the other typed rows (rows.py); it is part of the port's face too.
-__all__ = ["InProcessStore", "JobState", "JobStorePort", "NewJob"]
+__all__ = ["GraphJob", "InProcessStore", "JobState", "JobStorePort", "NewJob"]
 
 
 class NewJob(Protocol):
@@ -44,6 +47,19 @@ class NewJob(Protocol):
     ordering_key: str | None
     dedupe_window_s: float | None  # a uniqueness window (dispatcher/api/enqueue_windows.py)
     tags: tuple[str, ...] | None  # checked, without duplicates; None: no tags (a NULL column)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphJob:
+    """One job of a graph (dispatcher/db/dependencies.py inserts it): `parents` are positions of
+    earlier jobs of the same graph, `external` the ids of jobs that exist already; `batch`: the
+    position of its batch's callback (the callback's own position for the callback)."""
+
+    job: NewJob
+    parents: tuple[int, ...] = ()
+    external: tuple[int, ...] = ()
+    on_parent_failure: str = "cancel"
+    batch: int | None = None
 
 
 @runtime_checkable
@@ -84,10 +100,14 @@ class JobStorePort(Protocol):
         *,
         keyed: bool = False,
         buckets: Sequence[int] | None = None,
+        results: Sequence[ResultText] | None = None,
     ) -> Completion:
         """Completed where the token still matches: how many were, and the ids refused (fenced).
         Each completed job with an ordering key releases its key: the key's next job becomes
-        runnable (`keyed`: some may). `buckets`: each job's, which a distributed table routes by."""
+        runnable (`keyed`: some may). `buckets`: each job's, which a distributed table routes by.
+        `results`: each job's return value, stored with it (its row is then kept, whatever
+        DISPATCHER_COMPLETED_JOBS says). Each completed job that has dependents releases its
+        children (the last parent of a child to complete makes it runnable)."""
         ...
 
     async def jobs_fail_owned(
@@ -140,3 +160,12 @@ class InProcessStore(abc.ABC):
     @abc.abstractmethod
     def insert_jobs(self, jobs: Sequence[NewJob]) -> list[int | None]:
         """Insert jobs at once, all or none; each one's id, or None where its dedupe key is held."""
+
+    @abc.abstractmethod
+    def job_end(self, job_id: int) -> JobEnd | None:
+        """The job's status, result and last error now (JobHandle.result); None: no such job."""
+
+    @abc.abstractmethod
+    def insert_graph(self, graph: Sequence[GraphJob]) -> list[int]:
+        """Insert a graph of jobs that depend on each other or on existing jobs
+        (dispatcher/db/dependencies.py), all or none; each one's id, in graph order."""

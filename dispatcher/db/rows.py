@@ -12,6 +12,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
+# The operator's rows (operator_rows.py), re-exported: rows.X names every typed row.
+from dispatcher.db.operator_rows import BucketOwnerRow as BucketOwnerRow
+from dispatcher.db.operator_rows import JobsMatch as JobsMatch
+from dispatcher.db.operator_rows import LeaderRow as LeaderRow
+from dispatcher.db.operator_rows import LimitKey as LimitKey
+from dispatcher.db.operator_rows import MemberRow as MemberRow
+from dispatcher.db.operator_rows import RecentOutcomes as RecentOutcomes
+from dispatcher.db.operator_rows import RunSpans as RunSpans
+from dispatcher.db.operator_rows import StatusCount as StatusCount
 from dispatcher.model import FailureKind, Job, Outcome
 
 T = TypeVar("T")
@@ -106,6 +115,23 @@ class Completion:
     fenced: list[int] = field(default_factory=list)
     claimed: list[Job] = field(default_factory=list)
     waited_s: list[float] = field(default_factory=list, compare=False, repr=False)
+    # the completed jobs that have dependents: their children are released next (dependencies.py)
+    parents: list[int] = field(default_factory=list, compare=False)
+
+
+class JobEnd(NamedTuple):
+    """What an awaited job's wait reads (job_result_watch, job_result_read)."""
+
+    status: str
+    result: Any
+    last_error: str | None
+
+
+class ResultText(NamedTuple):
+    """A handler's return value as stored (JSON text), or why it was not (then text is None)."""
+
+    text: str | None
+    error: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +172,8 @@ class FailedWrite:
     ordering_halted: bool = False
     # a snooze within DISPATCHER_MAX_SNOOZES: queued again, its attempt given back
     snoozed: bool = False
+    # it ended (not retried) and some job depends on it: its children are released next
+    releases: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +248,10 @@ class JobState:
     tags: list[str] | None = None  # as given at enqueue, duplicates dropped; None: no tags
     progress: Any = None  # what its handler last reported (Job.set_progress): any JSON value
     meta: dict[str, Any] | None = None  # its handler's Job.update_meta, merged; None: none
+    depends_on: list[int] | None = None  # the parents it was enqueued with (None: none)
+    pending_parents: int | None = None  # how many of them it still waits for (status blocked)
+    batch_id: int | None = None  # its batch (the callback's id), if it is in one
+    result: Any = None  # its handler's return value, once it completed
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,76 +381,6 @@ class PruneAges(NamedTuple):
     history: float | None
 
 
-# -- the operator's reads (dispatcher status, the dashboard, the admin API) ---------------------
-
-
-class LimitKey(NamedTuple):
-    """flow_limit_clear: a limit removed."""
-
-    job_type: str
-    queue: str
-
-
-class RunSpans(NamedTuple):
-    """measure_spans (the demo's): seconds to the first claim and to the last completion."""
-
-    first_claim_s: float | None
-    last_completion_s: float | None
-
-
-class StatusCount(NamedTuple):
-    """status_counts: the jobs of one queue in one status."""
-
-    queue: str
-    status: str
-    jobs: int
-
-
-class LeaderRow(NamedTuple):
-    """status_leaders: a coordination group's leader now."""
-
-    group: str
-    leader: str
-    term: int
-
-
-class MemberRow(NamedTuple):
-    """status_members: a live member of a coordination group (ages in seconds)."""
-
-    group: str
-    member: str
-    heartbeat_age_s: float
-    up_s: float
-    leaving: bool
-    leads: bool
-
-
-class BucketOwnerRow(NamedTuple):
-    """status_bucket_owners: a bucket's owner, and the member it is being handed to."""
-
-    group: str
-    bucket: int
-    owner: str | None
-    next_owner: str | None
-
-
-class RecentOutcomes(NamedTuple):
-    """web_recent_outcomes: a queue's jobs completed, and failed (or discarded, cancelled),
-    lately."""
-
-    queue: str
-    completed: int
-    failed: int
-
-
-class JobsMatch(NamedTuple):
-    """admin_jobs_count: how many jobs match, the newest one's id, and the instant."""
-
-    matched: int
-    newest: int | None
-    as_of: datetime
-
-
 # -- builders: a statement's rows (the driver's tuples) as typed rows ----------------------------
 #
 # The claim and completion builders are the hot path: one positional Job(...) per row, unpacked
@@ -478,7 +440,7 @@ def claimed(rows: Sequence[Any], token: str, queue: str) -> Claimed:
 def completion_fenced(row: Sequence[Any] | None, asked: int) -> Completion:
     """A keyless completion's one row (jobs_complete_owned_fenced): the ids it refused."""
     fenced: list[int] = row[0] if row else []
-    return Completion(asked - len(fenced), fenced)
+    return Completion(asked - len(fenced), fenced, parents=row[1] if row and len(row) > 1 else [])
 
 
 def completion_keyed(rows: Sequence[Any], token: str) -> Completion:
@@ -520,11 +482,13 @@ def completion_keyed(rows: Sequence[Any], token: str) -> Completion:
             _fenced,
             _waited_s,
             trace_context,
+            _parents,
+            _notified,
         ) in rows
         if job_id is not None
     ]
     waited_s = [row[13] for row in rows] if jobs else []
-    return Completion(int(first[10]), first[12], jobs, waited_s)
+    return Completion(int(first[10]), first[12], jobs, waited_s, first[15])
 
 
 def flow_state(row: Sequence[Any]) -> FlowState:

@@ -8,7 +8,6 @@ broken connection is reopened on the next call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,6 +27,7 @@ from dispatcher.constants import (
     COMPLETED_KEEP,
     LAST_ERROR_MAX_CHARS,
     NOTIFY_CHANNEL,
+    RESULTS_CHANNEL,
 )
 from dispatcher.db import rows
 from dispatcher.db.citus import distributed_async
@@ -35,9 +35,8 @@ from dispatcher.db.claims import ClaimTexts, allowance, claim_params, next_token
 from dispatcher.db.claims import claim_sql as claim_sql  # (tests take the claims from here)
 from dispatcher.db.claims import steal_sql as steal_sql
 from dispatcher.db.completions import completion_statements
-from dispatcher.db.inserts import insert_one_params, insert_one_sql
+from dispatcher.db.dependencies import release_async
 from dispatcher.db.literals import int_array, token_array
-from dispatcher.db.port import NewJob
 from dispatcher.db.progress import ProgressReport, ProgressWritten, report_progress
 from dispatcher.db.queries import query
 from dispatcher.db.rows import (
@@ -51,16 +50,17 @@ from dispatcher.db.rows import (
     FlowState,
     Gate,
     HistoryRows,
-    JobState,
     LimitLock,
     OrderingScan,
     QueueDepth,
+    ResultText,
     Steal,
     TypeFilter,
 )
 from dispatcher.db.sharded import ShardedStatements
+from dispatcher.db.store_offpath import OffPathStatements
 from dispatcher.db.translate import connect_errors, translate_errors
-from dispatcher.errors import StoreConflict, StoreError, StoreUnavailable
+from dispatcher.errors import StoreError, StoreUnavailable
 from dispatcher.model import Job
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS
@@ -81,7 +81,7 @@ def configure_json(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any])
     set_json_dumps(orjson.dumps, conn)
 
 
-class JobStore:
+class JobStore(OffPathStatements):
     """One connection's worth of job statements. Tasks that share a store (the maintenance
     services) take turns: one statement, or one transaction of a few (a prune round), at a time,
     so that no task's statement lands inside another's transaction; and the lock below makes
@@ -114,6 +114,7 @@ class JobStore:
         self.completed_jobs = completed_jobs
         # The keyless and the keyed completion statement (completions.py).
         self._complete_sql = completion_statements(completed_jobs)
+        self._complete_keep_sql = completion_statements(COMPLETED_KEEP)  # jobs with a result
         # Set at each connect when the jobs table is distributed (Citus): then the hot statements
         # go bucket by bucket (sharded.py).
         self.sharded: ShardedStatements | None = None
@@ -388,19 +389,35 @@ class JobStore:
         *,
         keyed: bool = False,
         buckets: Sequence[int] | None = None,
+        results: Sequence[ResultText] | None = None,
         chain: Chain | None = None,
     ) -> Completion:
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
         still matches: how many rows changed, and the ids refused (fenced: the token changed).
         `keyed`: some have an ordering key, whose next job is promoted in the same statement, or,
         if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit)."""
+        statements = self._complete_sql
+        if results is not None:  # stored first; the rows are kept, whatever completed_jobs says
+            statements = self._complete_keep_sql
+            params = {
+                "ids": int_array(ids),
+                "tokens": token_array(tokens),
+                "results": [r.text for r in results],
+                "errors": [r.error for r in results],
+            }
+            await self._execute("results", query("jobs_results_write"), params)
         sharded = await self._placement()
-        if sharded is not None:
+        if sharded is not None:  # (a cluster's completion keeps or deletes as completed_jobs says;
+            # graphs are refused there: dispatcher/db/dependencies.py)
             return await sharded.complete(ids, tokens, buckets, keyed=keyed)
         if not keyed:
-            params = {"ids": int_array(ids), "tokens": token_array(tokens)}
-            cur = await self._execute("complete", self._complete_sql[False], params)
-            return rows.completion_fenced(await cur.fetchone(), len(ids))
+            params = {
+                "ids": int_array(ids),
+                "tokens": token_array(tokens),
+                "results_channel": RESULTS_CHANNEL,
+            }
+            cur = await self._execute("complete", statements[False], params)
+            return await self._released(rows.completion_fenced(await cur.fetchone(), len(ids)))
         chain = chain or Chain()
         token = str(uuid.uuid4())
         keyed_params: dict[str, Any] = {
@@ -413,12 +430,24 @@ class JobStore:
             "token": token,
             "worker": self.worker_id,
             "lease_s": chain.lease_s,
+            "results_channel": RESULTS_CHANNEL,
         }
-        cur = await self._execute("complete", self._complete_sql[True], keyed_params)
+        cur = await self._execute("complete", statements[True], keyed_params)
         done = rows.completion_keyed(await cur.fetchall(), token)
         for job, waited_s in zip(done.claimed, done.waited_s, strict=True):
             JOB_STATS.waited(job.queue, (waited_s,))
+        return await self._released(done)
+
+    async def _released(self, done: Completion) -> Completion:
+        """`done`, once the children of its jobs that have dependents are released."""
+        if done.parents:
+            await self.deps_release(done.parents)
         return done
+
+    async def deps_release(self, parents: Sequence[int]) -> int:
+        """Release the children of `parents`, which ended (db/dependencies.py): how many became
+        queued. Idempotent: a parent whose edges are gone has nothing left to release."""
+        return await self.run("deps_release", lambda conn: release_async(conn, parents))
 
     async def jobs_fail_owned(
         self, failures: Sequence[Failure], *, lease_expired: bool = False
@@ -438,12 +467,18 @@ class JobStore:
             "channel": NOTIFY_CHANNEL,
             "errors_kept": ATTEMPT_ERRORS_KEPT,
             "error_chars": LAST_ERROR_MAX_CHARS,
+            "results_channel": RESULTS_CHANNEL,
         }
         sharded = await self._placement()
         if sharded is not None:
-            return await sharded.fail(params, failures)
-        cur = await self._execute("fail", query("jobs_fail_owned"), params)
-        return rows.typed(FailedWrite, await cur.fetchall())
+            written = await sharded.fail(params, failures)
+        else:
+            cur = await self._execute("fail", query("jobs_fail_owned"), params)
+            written = rows.typed(FailedWrite, await cur.fetchall())
+        ended = [w.id for w in written if w.releases]
+        if ended:
+            await self.deps_release(ended)
+        return written
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:
         sharded = await self._placement()
@@ -550,45 +585,3 @@ class JobStore:
         """Whether autovacuum refreshes the jobs table's statistics (sql/maintenance.sql)."""
         cur = await self._execute("analyze", query("jobs_autovacuum_on"), {})
         return bool(rows.value(await cur.fetchone()))
-
-    # -- the rest of the store port (dispatcher/db/port.py): off the worker's path --------------
-
-    async def jobs_enqueue(self, jobs: Sequence[NewJob]) -> list[int | None]:
-        """One jobs_insert_one each (applications enqueue with dispatcher.enqueue, in their own
-        transaction). Not with a dedupe window: dispatcher.enqueue takes its key's lock first."""
-        if any(getattr(job, "dedupe_window_s", None) is not None for job in jobs):
-            raise ValueError(
-                "jobs_enqueue takes no dedupe_window_s: enqueue with dispatcher.enqueue"
-            )
-        ids: list[int | None] = []
-        for job in jobs:
-            cur = await self._execute("enqueue", insert_one_sql(job), insert_one_params(job))
-            ids.append(rows.value(await cur.fetchone()))
-        return ids
-
-    async def jobs_cancel(self, ids: Sequence[int]) -> dict[int, str]:
-        """What `dispatcher jobs cancel --id` runs (admin_jobs_cancel), with no filter."""
-        sharded = await self._placement()
-        if sharded is not None:
-            return await sharded.cancel(ids)
-        sql = query("admin_jobs_cancel").replace("{filters}", "true")
-        cur = await self._execute("cancel", sql, {"ids": int_array(ids)})
-        written = rows.typed(rows.WrittenJob, await cur.fetchall())
-        # A keyed job cancelled at once lets its key go on, as `dispatcher jobs cancel` does
-        # (admin.py).
-        released = rows.released_keys(written, ["cancelled"])
-        if released:
-            params = {
-                "queues": [q for q, _ in released],
-                "keys": [k for _, k in released],
-                "channel": NOTIFY_CHANNEL,
-            }
-            # StoreConflict: another promotion of the key raced this one: it has its next job, or
-            # the sweeper gives it one
-            with contextlib.suppress(StoreConflict):
-                await self._execute("cancel", query("ordering_promote_keys"), params)
-        return {job.id: job.status for job in written if job.status is not None}
-
-    async def job_get(self, job_id: int) -> JobState | None:
-        cur = await self._execute("show", query("admin_job_show"), {"id": job_id})
-        return rows.typed_one(JobState, await cur.fetchone())

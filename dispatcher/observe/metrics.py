@@ -73,6 +73,11 @@ ORDERING_KEYS_PROMOTED = Counter(
     "Ordering keys found with waiting jobs and no holder by the sweeper, "
     "whose next job it promoted",
 )
+DEPENDENCIES_SWEPT = Counter(
+    "dispatcher_dependencies_swept_total",
+    "Parents found ended with their children not yet released (a worker died between the two), "
+    "whose children the dependency sweeper released",
+)
 LEASES_LOST = Counter(
     "dispatcher_leases_lost_total",
     "Leases of running or claimed jobs this worker lost, by reason: taken_over (a heartbeat found "

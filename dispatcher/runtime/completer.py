@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Set
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from dispatcher.backoff import jittered
 from dispatcher.constants import LIMIT_ANY as ANY_TYPE
@@ -35,6 +35,7 @@ from dispatcher.model import (
 from dispatcher.observe import metrics
 from dispatcher.observe.job_metrics import JOB_STATS, JobStats
 from dispatcher.runtime import joblog, unserved
+from dispatcher.runtime.results import encode_result
 from dispatcher.settings.sections import CompletionSettings
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class Completer:
         self._done: list[Job] = []
         self._durations_s: list[float] = []
         self._keyed = False  # some pending completion has an ordering key: flush at once, promoting
+        self._results: dict[int, Any] = {}  # pending completions' return values, by job id
+        self._max_result_bytes = settings.max_result_bytes
         self._failures: list[Failure] = []
         # jobs of a type without a handler here, handed back (runtime/unserved.py)
         self._hand_backs: list[HandBack] = []
@@ -123,7 +126,10 @@ class Completer:
 
     # Hot path: four appends and a length check per job; its metrics and history row (+0.27 us:
     # docs/design/health-and-metrics.md) once the flush's write accepted it.
-    def completed(self, job: Job, duration_s: float) -> None:
+    def completed(self, job: Job, duration_s: float, result: Any = None) -> None:
+        """`result`: the handler's return value, stored with the job (None: nothing to store)."""
+        if result is not None:
+            self._results[job.id] = result
         self._ids.append(job.id)
         self._tokens.append(job.token)
         self._done.append(job)
@@ -208,6 +214,7 @@ class Completer:
             ids, tokens, self._ids, self._tokens = self._ids, self._tokens, [], []
             done, durations_s, self._done, self._durations_s = self._done, self._durations_s, [], []
             keyed, self._keyed = self._keyed, False
+            results, self._results = self._results, {}
             failures, self._failures = self._failures, []
             backs, self._hand_backs = self._hand_backs, []
             history, self._history = self._history, HistoryRows()
@@ -217,7 +224,11 @@ class Completer:
                 if ids:
                     # Each job's bucket: a distributed table routes the write by it.
                     buckets = [job.bucket for job in done]
-                    if keyed and self.chaining is not None:
+                    if results:
+                        fenced = await self._complete_with_results(
+                            ids, tokens, buckets, keyed, results
+                        )
+                    elif keyed and self.chaining is not None:
                         fenced = await self._complete_chained(ids, tokens, buckets, self.chaining)
                     else:
                         completion = await self.store.jobs_complete(
@@ -246,6 +257,8 @@ class Completer:
                 self._ids[:0], self._tokens[:0] = ids, tokens
                 self._done[:0], self._durations_s[:0] = done, durations_s
                 self._keyed = self._keyed or (keyed and bool(ids))
+                if ids:
+                    self._results.update(results)
                 self._failures[:0] = failures
                 self._hand_backs[:0] = backs
                 history.extend(self._history)
@@ -255,6 +268,37 @@ class Completer:
             metrics.FLUSH_SECONDS.observe(time.perf_counter() - started)
         if self.written is not None:
             self.written()
+
+    async def _complete_with_results(
+        self,
+        ids: list[int],
+        tokens: list[str],
+        buckets: list[int],
+        keyed: bool,
+        results: dict[int, Any],
+    ) -> list[int]:
+        """Jobs that returned a value are completed with it (their rows are kept, whatever
+        DISPATCHER_COMPLETED_JOBS says: the result is read from there); the others as usual."""
+        plain = [n for n, job_id in enumerate(ids) if job_id not in results]
+        valued = [n for n, job_id in enumerate(ids) if job_id in results]
+        fenced: list[int] = []
+        if plain:
+            done = await self.store.jobs_complete(
+                [ids[n] for n in plain],
+                [tokens[n] for n in plain],
+                keyed=keyed,
+                buckets=[buckets[n] for n in plain],
+            )
+            fenced += done.fenced
+        encoded = [encode_result(ids[n], results[ids[n]], self._max_result_bytes) for n in valued]
+        done = await self.store.jobs_complete(
+            [ids[n] for n in valued],
+            [tokens[n] for n in valued],
+            keyed=keyed,
+            buckets=[buckets[n] for n in valued],
+            results=encoded,
+        )
+        return fenced + done.fenced
 
     async def _complete_chained(
         self, ids: list[int], tokens: list[str], buckets: list[int], chaining: ChainSlots

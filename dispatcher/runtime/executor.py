@@ -160,7 +160,7 @@ class Executor:
     async def _run_async(self, handler: Handler, job: Job, started: float) -> None:
         CURRENT_JOB.set(job)  # in this task's own context: its log lines carry the job's fields
         try:
-            await handler.run(job)
+            value = await handler.run(job)
         except asyncio.CancelledError:
             entry = self._running.get(job.id)
             if entry is not None and entry.state is State.LOST:
@@ -184,7 +184,7 @@ class Executor:
             elif job.id in self._timed_out:
                 self._timed_out_failure(handler, job, started)
             else:
-                self._completer.completed(job, self._clock() - started)
+                self._completer.completed(job, self._clock() - started, value)
         finally:
             self._timed_out.discard(job.id)
             entry = self._running.pop(job.id, None)
@@ -264,7 +264,7 @@ class Executor:
             elif exc is not None:
                 self._fail_with(entry.job, exc, started)
             else:
-                self._completer.completed(entry.job, elapsed)
+                self._completer.completed(entry.job, elapsed, future.result())
         self._finish_slot()
         self._pump_sync()
 

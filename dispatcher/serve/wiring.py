@@ -20,6 +20,7 @@ from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.store import JobStore
 from dispatcher.runtime.chaining import Chaining
 from dispatcher.runtime.completer import Completer
+from dispatcher.runtime.dep_sweeper import DepSweeper
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.flow_control import FlowControl
 from dispatcher.runtime.janitor import Pruner
@@ -40,7 +41,7 @@ StoreFactory = Callable[[str, str, str, ConnectionLimits, str], JobStore]
 
 # A service that holds a fleet-wide role (one pod at a time): released at shutdown, so the next
 # pod takes it at its next tick instead of after our lease runs out.
-RoleHolder = TableSampler | Pruner | KeySweeper | Scheduler | Presence
+RoleHolder = TableSampler | Pruner | KeySweeper | DepSweeper | Scheduler | Presence
 
 
 def connect_store(
@@ -76,6 +77,7 @@ class Services:
     reaper: Reaper
     pruner: Pruner
     key_sweeper: KeySweeper
+    dep_sweeper: DepSweeper
     table_sampler: TableSampler
     scheduler: Scheduler
     presence: Presence  # this worker's row in the worker registry
@@ -200,6 +202,7 @@ def build_services(
     )
     pruner = Pruner(maint, config.retention)
     key_sweeper = KeySweeper(maint, claims.queues)
+    dep_sweeper = DepSweeper(maint)
     table_sampler = TableSampler(
         maint, interval_s=config.maintenance.table_sample_interval_s, queues=claims.queues
     )
@@ -226,6 +229,7 @@ def build_services(
         reaper=reaper,
         pruner=pruner,
         key_sweeper=key_sweeper,
+        dep_sweeper=dep_sweeper,
         table_sampler=table_sampler,
         scheduler=scheduler,
         presence=presence,
@@ -236,9 +240,10 @@ def build_services(
             reaper,
             pruner,
             key_sweeper,
+            dep_sweeper,
             scheduler,
             PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
             table_sampler,
         ),
-        roles=(table_sampler, pruner, key_sweeper, scheduler, presence),
+        roles=(table_sampler, pruner, key_sweeper, dep_sweeper, scheduler, presence),
     )

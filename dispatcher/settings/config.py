@@ -115,7 +115,11 @@ class Config(ConfigFields):
                 progress_flush_s=self.progress_flush_s,
             ),
             "completion": sec.CompletionSettings(
-                self.flush_interval_s, self.flush_max, self.history, self.completed_jobs
+                self.flush_interval_s,
+                self.flush_max,
+                self.history,
+                self.completed_jobs,
+                self.max_result_bytes,
             ),
             "maintenance": sec.MaintenanceSettings(
                 self.reaper_interval_s, self.history, self.table_sample_interval_s

@@ -18,6 +18,9 @@ DEFAULT_MAX_SNOOZES = 100
 # A job whose type no worker has served for this long is discarded (until then it is handed back)
 DEFAULT_UNSERVED_TYPE_DISCARD_S = 3600.0
 DEFAULT_FLUSH_INTERVAL_S = 0.05  # completions are written at most 50 ms late (River's figure)
+# A handler's return value is stored with its job up to this size (JSON): enough for ids, counts, a
+# summary; a bigger result belongs in object storage, with its address in the result.
+DEFAULT_MAX_RESULT_BYTES = 64 * 1024
 DEFAULT_FLUSH_MAX = 2000  # ... or as soon as 2,000 are pending
 DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds is 30
 DEFAULT_REAPER_INTERVAL_S = 5.0

@@ -33,6 +33,7 @@ from dispatcher.settings.defaults import (
     DEFAULT_LEASE_S,
     DEFAULT_LOOP_STALL_S,
     DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_MAX_SNOOZES,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_PROGRESS_FLUSH_S,
@@ -229,6 +230,14 @@ class ConfigFields:
         parse=int,
         unit="completions",
         help="completions are also written as soon as this many are pending (1 to 50000)",
+    )
+    max_result_bytes: int = setting(
+        DEFAULT_MAX_RESULT_BYTES,
+        section="completion",
+        parse=int,
+        unit="bytes",
+        help="a handler's return value is stored with its job (JobHandle.result) if its JSON is "
+        "at most this many bytes (1 to 16777216); a longer one is not, and last_error says so",
     )
     completed_jobs: str = setting(
         COMPLETED_KEEP,

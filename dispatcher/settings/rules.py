@@ -111,6 +111,11 @@ def check(c: ConfigFields) -> None:
     )
     _check(0 < c.flush_interval_s <= 5, "flush_interval_s", "must be in (0, 5]")
     _check(1 <= c.flush_max <= 50_000, "flush_max", "must be between 1 and 50000")
+    _check(
+        1 <= c.max_result_bytes <= 16 * 1024 * 1024,
+        "max_result_bytes",
+        "must be between 1 and 16777216",
+    )
     _check(c.shutdown_grace_s >= 0, "shutdown_grace_s", "must be >= 0")
     _check(c.reaper_interval_s > 0, "reaper_interval_s", "must be > 0")
     _check(c.prune_interval_s > 0, "prune_interval_s", "must be > 0")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from coordinator.pg.connect import ConnectionLimits
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_KEEP, MODE_PARTITIONED
 from dispatcher.settings.defaults import (
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_PROGRESS_FLUSH_S,
     DEFAULT_STUCK_EXIT_AFTER_S,
     DEFAULT_STUCK_GRACE_S,
@@ -142,6 +143,7 @@ class CompletionSettings:
     history: bool  # one row per attempt in dispatcher_job_attempts
     # keep: marked completed; delete: the completion deletes the row
     completed_jobs: str = COMPLETED_KEEP
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES  # a handler's return value, as JSON
 
     @property
     def deletes(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from dispatcher.constants import COMPLETED_DELETE, COMPLETED_JOBS, COMPLETED_KEEP, NUM_BUCKETS
+from dispatcher.db.dependencies import GraphJob
 from dispatcher.db.port import InProcessStore, NewJob
 from dispatcher.db.rows import (
     Claimed,
@@ -29,10 +30,13 @@ from dispatcher.db.rows import (
     ExpiredLease,
     FailedWrite,
     Failure,
+    JobEnd,
     JobState,
+    ResultText,
     Steal,
 )
 from dispatcher.model import (
+    STATUS_BLOCKED,
     STATUS_CANCELLED,
     STATUS_COMPLETED,
     STATUS_DISCARDED,
@@ -42,13 +46,14 @@ from dispatcher.model import (
     STATUS_WAITING,
     Job,
 )
-from dispatcher.runtime.retry import with_attempt_error
 from dispatcher.testing.clock import FakeClock
+from dispatcher.testing.memory_deps import MemoryDeps
+from dispatcher.testing.memory_failures import write_failures
 from dispatcher.testing.progress import ProgressInMemory
 from dispatcher.testing.stealing import stealable
 from dispatcher.testing.windows import DedupeWindows
 
-_LIVE = (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING)
+_LIVE = (STATUS_QUEUED, STATUS_RUNNING, STATUS_WAITING, STATUS_BLOCKED)
 _HOLDING = (STATUS_QUEUED, STATUS_RUNNING)  # with ordering_halted: a key's holder (migration 0008)
 
 
@@ -80,6 +85,7 @@ class MemoryStore(InProcessStore, ProgressInMemory):
         self._next_id = 1
         self._lock = threading.RLock()
         self._windows = DedupeWindows()
+        self._deps = MemoryDeps()  # dependencies between jobs (memory_deps.py)
 
     # -- enqueue -------------------------------------------------------------------------------
 
@@ -136,6 +142,14 @@ class MemoryStore(InProcessStore, ProgressInMemory):
                 if window_s is not None and job.dedupe_key is not None:
                     self._windows.open(job.queue, job.dedupe_key, row.id, window_s, now)
             return ids
+
+    def job_end(self, job_id: int) -> JobEnd | None:
+        row = self.get(job_id)
+        return None if row is None else JobEnd(row.status, row.result, row.last_error)
+
+    def insert_graph(self, graph: Sequence[GraphJob]) -> list[int]:
+        with self._lock:
+            return self._deps.insert_graph(self, graph)
 
     def _insert_order(self, jobs: Sequence[NewJob], now: datetime) -> list[int]:
         """The batch's positions in the order its jobs get their ids. With ordering keys, as
@@ -279,7 +293,8 @@ class MemoryStore(InProcessStore, ProgressInMemory):
 
     def _release(self, row: JobState) -> None:
         """`row` no longer holds its key: the key's next waiting job becomes queued
-        (ordering_promote_next)."""
+        (ordering_promote_next). It ended: its children are released (memory_deps.py)."""
+        self._deps.ended(self, row.id)
         if row.ordering_key is None or self._holder(row.queue, row.ordering_key) is not None:
             return
         waiting = [
@@ -304,16 +319,30 @@ class MemoryStore(InProcessStore, ProgressInMemory):
 
     # -- finishing -----------------------------------------------------------------------------
 
-    def complete(self, ids: Sequence[int], tokens: Sequence[str]) -> Completion:
+    def complete(
+        self,
+        ids: Sequence[int],
+        tokens: Sequence[str],
+        results: Sequence[ResultText] | None = None,
+    ) -> Completion:
         """The port's jobs_complete, callable without an event loop: complete where the token
-        matches; how many were, and the ids refused (jobs_complete_owned_fenced)."""
+        matches; how many were, and the ids refused (jobs_complete_owned_fenced). A job with a
+        result (jobs_results_write) keeps its row, whatever completed_jobs says."""
         with self._lock:
             now, fenced, delete = self.clock.now(), [], self.completed_jobs == COMPLETED_DELETE
-            for job_id, token in zip(ids, tokens, strict=True):
+            for n, (job_id, token) in enumerate(zip(ids, tokens, strict=True)):
                 if (row := self._owned(job_id, token)) is None:
                     fenced.append(job_id)
                     continue
-                if delete:  # jobs_complete_owned_delete: the row goes, in the same fenced write
+                if results is not None:
+                    text, error = results[n]
+                    row = self._write(
+                        row,
+                        self._tokens[job_id],
+                        result=None if text is None else orjson.loads(text),
+                        last_error=error or row.last_error,
+                    )
+                if delete and results is None:  # jobs_complete_owned_delete: the row goes
                     del self._rows[job_id]
                     self._tokens.pop(job_id, None)
                     self._windows.deleted(row, now)  # jobs_complete_owned_delete_fenced
@@ -335,86 +364,17 @@ class MemoryStore(InProcessStore, ProgressInMemory):
         *,
         keyed: bool = False,
         buckets: object = None,
+        results: Sequence[ResultText] | None = None,
     ) -> Completion:
         # Keys are released either way: `keyed` only spares the real store the keyed statement;
         # `buckets` only a distributed table needs.
-        return self.complete(ids, tokens)
+        return self.complete(ids, tokens, results)
 
     def fail(
         self, failures: Sequence[Failure], *, lease_expired: bool = False
     ) -> list[FailedWrite]:
         with self._lock:
-            now, written = self.clock.now(), []
-            for f in failures:
-                row = self._owned(f.id, f.token)
-                if row is None or (
-                    lease_expired and not (row.lease_expires_at and row.lease_expires_at < now)
-                ):
-                    continue
-                # A snooze within its cap (jobs_fail_owned): queued again after it, its attempt
-                # given back.
-                snoozed = within_cap = f.snooze is not None and row.snoozes < f.snooze[1]
-                status, retry, run_at = (
-                    f.outcome.status,
-                    f.outcome.status == STATUS_QUEUED or snoozed,
-                    row.run_at,
-                )
-                attempts = row.attempts
-                error: str | None = f.outcome.error
-                if retry and row.cancel_requested_at is not None:
-                    # a cancel request is honoured, never retried
-                    status, snoozed = STATUS_CANCELLED, False
-                elif snoozed:
-                    status, attempts, error = (
-                        STATUS_QUEUED,
-                        max(row.attempts - 1, 0),
-                        row.last_error,
-                    )
-                    assert f.snooze is not None  # snoozed implies it
-                    run_at = now + timedelta(seconds=f.snooze[0])
-                elif retry:
-                    run_at = now + timedelta(seconds=f.outcome.delay_s)
-                failed_at = now if status in (STATUS_FAILED, STATUS_DISCARDED) else row.failed_at
-                halted = (
-                    row.ordering_key is not None
-                    and status in (STATUS_FAILED, STATUS_DISCARDED)
-                    and f.halts
-                )
-                row = self._write(
-                    row,
-                    status=status,
-                    run_at=run_at,
-                    failed_at=failed_at,
-                    last_error=error,
-                    lease_expiries=row.lease_expiries + int(lease_expired),
-                    lease_expires_at=None,
-                    updated_at=now,
-                    ordering_halted=halted,
-                    attempts=attempts,
-                    snoozes=row.snoozes + (f.snooze is not None),
-                    errors=row.errors
-                    if within_cap
-                    else with_attempt_error(row.errors, row.attempts, f.outcome.error, now),
-                )
-                if status != STATUS_QUEUED:
-                    self._release(row)
-                written.append(
-                    FailedWrite(
-                        row.id,
-                        row.status,
-                        row.attempts,
-                        row.locked_by,
-                        row.locked_at,
-                        row.run_at,
-                        row.job_type,
-                        row.queue,
-                        row.bucket,
-                        row.max_attempts,
-                        halted,
-                        snoozed,
-                    )
-                )
-            return written
+            return write_failures(self, failures, lease_expired)
 
     async def jobs_fail_owned(
         self, failures: Sequence[Failure], *, lease_expired: bool = False
@@ -498,7 +458,7 @@ class MemoryStore(InProcessStore, ProgressInMemory):
                 if row is None or row.status not in _LIVE:
                     continue
                 requested_at = row.cancel_requested_at or now
-                if row.status in (STATUS_QUEUED, STATUS_WAITING):
+                if row.status in (STATUS_QUEUED, STATUS_WAITING, STATUS_BLOCKED):
                     row = self._write(
                         row,
                         status=STATUS_CANCELLED,

@@ -28,9 +28,11 @@ from dispatcher.db.rows import Failure
 from dispatcher.errors import Cancel, PermanentJobError, Snooze
 from dispatcher.model import STATUS_COMPLETED, FailureKind, Job
 from dispatcher.observe.job_context import CURRENT_JOB, run_in_job
+from dispatcher.runtime.results import encode_result
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.settings.defaults import (
     DEFAULT_LEASE_S,
+    DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_MAX_SNOOZES,
     DEFAULT_RETRY_BASE_S,
     DEFAULT_RETRY_CAP_S,
@@ -81,6 +83,7 @@ class Runner:
         lease_s: float = DEFAULT_LEASE_S,
         max_snoozes: int = DEFAULT_MAX_SNOOZES,
         schedules: bool = True,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -89,6 +92,7 @@ class Runner:
         self.job_timeout_s = job_timeout_s
         self.lease_s = lease_s
         self.max_snoozes = max_snoozes
+        self.max_result_bytes = max_result_bytes
         self.attempts: list[Attempt] = []  # every attempt this runner made, in order
         self.schedules = RunnerSchedules(store, registry, queues) if schedules else None
 
@@ -167,22 +171,24 @@ class Runner:
                 f"no handler registered for job_type {job.job_type!r} (known: {known})",
             )
         try:
-            await self._call(handler, job)
+            value = await self._call(handler, job)
         except _TimedOut as exc:
             return self._failed(job, FailureKind.TIMEOUT, str(exc))
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
                 raise  # the test run itself is being stopped
             return self._raised(job, exc)
-        self.store.complete([job.id], [job.token])
+        # As the worker's completer: a returned value is stored with the job (bounded as there).
+        results = None if value is None else [encode_result(job.id, value, self.max_result_bytes)]
+        self.store.complete([job.id], [job.token], results)
         return self._record(job, STATUS_COMPLETED, None, None)
 
-    async def _call(self, handler: Handler, job: Job) -> None:
+    async def _call(self, handler: Handler, job: Job) -> Any:
         # Reports go to the store at once, fenced by the job's token (a worker batches them).
         with reporting(ProgressLog(lambda report: self.store.report_progress([report]))):
-            await self._run_handler(handler, job)
+            return await self._run_handler(handler, job)
 
-    async def _run_handler(self, handler: Handler, job: Job) -> None:
+    async def _run_handler(self, handler: Handler, job: Job) -> Any:
         limit = handler.timeout_s or self.job_timeout_s
         if handler.is_async:
             task = asyncio.ensure_future(_in_job(handler, job))
@@ -191,14 +197,14 @@ class Runner:
                 task.cancel()
                 await asyncio.wait([task])  # let it unwind, as the worker's cancellation does
                 raise _TimedOut(f"timed out after {limit:g} s")
-            task.result()
-            return
+            return task.result()
         started = time.monotonic()
         # a thread, as in the worker (thread-locals differ)
-        await asyncio.to_thread(run_in_job, handler.run, job)
+        value = await asyncio.to_thread(run_in_job, handler.run, job)
         elapsed = time.monotonic() - started
         if limit and elapsed > limit:
             raise _TimedOut(f"timed out after {limit:g} s (sync handler ran {elapsed:.1f} s)")
+        return value
 
     def _raised(self, job: Job, exc: BaseException) -> Attempt:
         if isinstance(exc, Snooze):  # as the executor: written as a failure only past max_snoozes

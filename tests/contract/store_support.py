@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from dispatcher import enqueue
+from dispatcher.api.enqueue import AsyncTarget
 from dispatcher.constants import COMPLETED_KEEP
 from dispatcher.db.port import JobStorePort
 from dispatcher.db.store import JobStore
@@ -32,6 +33,15 @@ class Harness:
     async def claimer(self, worker_id: str) -> JobStorePort:
         """Another worker's handle on the same jobs (closed with the harness)."""
         raise NotImplementedError
+
+    async def target(self) -> AsyncTarget:
+        """What enqueue is given here (a connection, or the in-memory store), for the calls
+        beside `enqueue`: workflows, batches."""
+        raise NotImplementedError
+
+    async def cancel(self, ids: list[int]) -> None:
+        """An operator's cancel (the store's jobs_cancel), with what admin.py does after it."""
+        await self.store.jobs_cancel(ids)
 
     async def now(self) -> datetime:
         raise NotImplementedError
@@ -54,7 +64,7 @@ class Harness:
 
 class PostgresHarness(Harness):
     def __init__(self, dsn: str, completed_jobs: str = COMPLETED_KEEP) -> None:
-        self._dsn = dsn
+        self._dsn = self.dsn = dsn
         self.completed_jobs = completed_jobs
         self.store = JobStore(dsn, "w1", completed_jobs=completed_jobs)
         self._others: list[JobStore] = []
@@ -67,12 +77,15 @@ class PostgresHarness(Harness):
         return await cur.fetchall() if cur.description else []
 
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> int | None:
+        job_id = await enqueue(await self.target(), job_type, payload, **options)
+        self._wake()
+        return job_id
+
+    async def target(self) -> AsyncTarget:
         if self._conn is None:
             await self._sql("SELECT 1")
         assert self._conn is not None
-        job_id = await enqueue(self._conn, job_type, payload, **options)
-        self._wake()
-        return job_id
+        return self._conn
 
     def _wake(self) -> None:
         """What a worker's listener passes on from the enqueue's NOTIFY or a due timer: on a
@@ -129,6 +142,9 @@ class MemoryHarness(Harness):
 
     async def claimer(self, worker_id: str) -> JobStorePort:
         return self.memory  # one store in one process: its lock is what claimers contend on
+
+    async def target(self) -> AsyncTarget:
+        return self.memory
 
     async def now(self) -> datetime:
         return self.memory.clock.now()

@@ -21,7 +21,6 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from dispatcher import Config, Job, Registry, Worker, enqueue_sync
-from dispatcher.api.enqueue import _pick_bucket, bucket_for
 from dispatcher.api.enqueue_checks import (
     MAX_ATTEMPTS,
     MAX_DEDUPE_KEY_CHARS,
@@ -32,6 +31,7 @@ from dispatcher.api.enqueue_checks import (
     MIN_PAYLOAD_BYTES,
     MIN_PRIORITY,
 )
+from dispatcher.api.enqueue_prepare import _pick_bucket, bucket_for
 from dispatcher.constants import DEFAULT_MAX_ATTEMPTS, NOTIFY_CHANNEL, NUM_BUCKETS
 from dispatcher.errors import EnqueueError, PayloadError
 from dispatcher.settings.defaults import DEFAULT_MAX_PAYLOAD_BYTES

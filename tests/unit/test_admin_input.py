@@ -71,6 +71,7 @@ def test_good_filters_pass_and_absent_ones_are_sent_as_null():
         "before_id": None,
         "as_of": None,
         "tags": None,
+        "batch_id": None,
     }
     assert Filters().params() == {**dict.fromkeys(f.params(), None), "halted": False}
     assert Filters(halted=True).params()["halted"] is True
@@ -78,7 +79,7 @@ def test_good_filters_pass_and_absent_ones_are_sent_as_null():
 
 def test_a_change_narrows_to_the_statuses_it_applies_to_and_refuses_others():
     assert Filters().for_action("retry").statuses == ("failed", "discarded")
-    assert Filters().for_action("cancel").statuses == ("queued", "running", "waiting")
+    assert Filters().for_action("cancel").statuses == ("queued", "running", "waiting", "blocked")
     # The jobs that halt an ordering key are failed or discarded: a cancel of them names those.
     assert Filters(halted=True).for_action("cancel").statuses == ("failed", "discarded")
     assert Filters(halted=True).for_action("retry").statuses == ("failed", "discarded")

@@ -44,7 +44,7 @@ class Recorder:
         self.handed: dict[int, object] = {}  # jobs of a type without a handler here, handed back
         self.snoozes: dict[int, tuple[float, int] | None] = {}  # a Snooze: (seconds, cap)
 
-    def completed(self, job, duration_s):
+    def completed(self, job, duration_s, result=None):
         self.completed_ids.append(job.id)
 
     def handed_back(self, back):

@@ -45,9 +45,29 @@ def test_a_claim_of_nothing_and_a_stale_claim():
 def test_completions_answer_the_count_the_refused_ids_and_the_chained_jobs():
     assert rows.completion_fenced(([4],), 3) == rows.Completion(2, [4])
     assert rows.completion_fenced(None, 3) == rows.Completion(3, [])
-    keyed = (5, "send", {}, 1, 3, 2.0, 1, 0, "k", "mail", 2, 1, [9], 0.5, {"traceparent": "x"})
+    with_parents = rows.completion_fenced(([], [7, 8], 0), 3)
+    assert (with_parents.completed, with_parents.parents) == (3, [7, 8])
+    keyed = (
+        5,
+        "send",
+        {},
+        1,
+        3,
+        2.0,
+        1,
+        0,
+        "k",
+        "mail",
+        2,
+        1,
+        [9],
+        0.5,
+        {"traceparent": "x"},
+        [6],
+        1,
+    )
     done = rows.completion_keyed([keyed], TOKEN)
-    assert (done.completed, done.fenced, done.waited_s) == (2, [9], [0.5])
+    assert (done.completed, done.fenced, done.waited_s, done.parents) == (2, [9], [0.5], [6])
     (job,) = done.claimed
     assert (job.id, job.queue, job.token, job.trace_context) == (
         5,
@@ -55,7 +75,7 @@ def test_completions_answer_the_count_the_refused_ids_and_the_chained_jobs():
         TOKEN,
         {"traceparent": "x"},
     )
-    none_claimed = rows.completion_keyed([(*(None,) * 10, 2, 0, [], None, None)], TOKEN)
+    none_claimed = rows.completion_keyed([(*(None,) * 10, 2, 0, [], None, None, [], 0)], TOKEN)
     assert none_claimed == rows.Completion(2, [])
 
 

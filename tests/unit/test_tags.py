@@ -8,9 +8,9 @@ import pytest
 
 from dispatcher import JobSpec, Registry, enqueue_payloads_sync, enqueue_sync
 from dispatcher.admin import AdminInputError, Filters
-from dispatcher.api.enqueue import _prepare_all
 from dispatcher.api.enqueue_checks import MAX_TAGS, check_tags
 from dispatcher.api.enqueue_copy import CopyTally, copy_chunks
+from dispatcher.api.enqueue_prepare import _prepare_all
 from dispatcher.db.literals import tag_array
 from dispatcher.errors import EnqueueError
 from dispatcher.testing import MemoryStore

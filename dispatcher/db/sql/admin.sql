@@ -28,6 +28,8 @@ AND (%(before_id)s::bigint IS NULL OR j.id < %(before_id)s::bigint)
 AND (%(as_of)s::timestamptz IS NULL OR j.updated_at <= %(as_of)s::timestamptz)
 -- tags: jobs having every one of them, by containment, which dispatcher_jobs_tags_idx (GIN, 0017) serves
 AND (%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])
+-- a batch: its members and its callback, through dispatcher_jobs_batch_idx (0017)
+AND (%(batch_id)s::bigint IS NULL OR j.batch_id = %(batch_id)s::bigint)
 
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
@@ -61,7 +63,7 @@ SELECT id, queue_name, job_type, status, priority, bucket, attempts,
        CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts, lease_expiries, run_at,
        created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
        cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes, errors, tags,
-       progress, meta
+       progress, meta, depends_on, pending_parents, batch_id, result
   FROM dispatcher_jobs
  WHERE id = %(id)s
 
@@ -128,8 +130,8 @@ SELECT t.id, j.status, coalesce({filters}, false), NULL,
   LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
 
 -- name: admin_jobs_cancel
--- Jobs among %(ids)s that still match the filters: a queued or waiting one (due or scheduled)
--- becomes 'cancelled' at once and never runs; a running one gets a cancel request
+-- Jobs among %(ids)s that still match the filters: a queued, waiting or blocked one (due or
+-- scheduled) becomes 'cancelled' at once (admin.py then releases its children, sql/deps.sql) and never runs; a running one gets a cancel request
 -- (cancel_requested_at) that its owner reads with its next heartbeat, and ends 'cancelled' (no
 -- retry). A failed or discarded job that halts its key is cancelled too, and the halt ends. The
 -- status is re-checked on the row written: a job claimed meanwhile gets the request instead, a
@@ -143,7 +145,7 @@ WITH changed AS (
            cancel_requested_at = coalesce(j.cancel_requested_at, now()),
            updated_at = CASE WHEN j.status = 'running' THEN j.updated_at ELSE now() END
      WHERE j.id = ANY(%(ids)s::bigint[])
-       AND CASE WHEN j.status IN ('queued', 'running', 'waiting') OR j.ordering_halted THEN {filters}
+       AND CASE WHEN j.status IN ('queued', 'running', 'waiting', 'blocked') OR j.ordering_halted THEN {filters}
                 ELSE false END
     RETURNING j.id, j.status, j.queue_name, j.ordering_key
 )

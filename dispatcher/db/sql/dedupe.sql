@@ -179,9 +179,11 @@ closed AS (
 WITH {close_batch_windows},
 done AS (
 {completion}
-    RETURNING j.id
+    RETURNING j.id, j.has_dependents, j.awaited
 )
-SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done)
+SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done),
+       ARRAY(SELECT id FROM done WHERE has_dependents),
+       (SELECT count(pg_notify(%(results_channel)s, id || ':completed')) FROM done WHERE awaited)
 
 -- name: dedupe_windows_close_released
 -- A fragment: the same for jobs_complete_owned_keyed under DISPATCHER_COMPLETED_JOBS=delete, whose

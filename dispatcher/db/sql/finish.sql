@@ -37,12 +37,17 @@ DELETE FROM dispatcher_jobs AS j
 -- The completer's completion: jobs_complete_owned or jobs_complete_owned_delete (filled in as
 -- {completion} by the store: the same fenced write, the same plan), answering which ids it
 -- refused (fenced: their token changed). One array back per batch, empty in the common case:
--- only attempts whose write was accepted get a history row and an outcome count.
+-- only attempts whose write was accepted get a history row and an outcome count. Then the completed
+-- jobs that have dependents (their children are released next: dispatcher/db/dependencies.py),
+-- and a NOTIFY on %(results_channel)s for each one someone awaits (JobHandle.result); both empty,
+-- and no NOTIFY sent, for jobs that use neither.
 WITH done AS (
 {completion}
-    RETURNING j.id
+    RETURNING j.id, j.has_dependents, j.awaited
 )
-SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done)
+SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done),
+       ARRAY(SELECT id FROM done WHERE has_dependents),
+       (SELECT count(pg_notify(%(results_channel)s, id || ':completed')) FROM done WHERE awaited)
 
 -- name: jobs_fail_owned
 -- Record failed attempts, fenced by token like completions. Each row's status, delay and error
@@ -114,7 +119,13 @@ WITH written AS (
                 ELSE false END
     RETURNING j.id, j.status, j.attempts, j.locked_by, j.locked_at, j.run_at, j.job_type, j.queue_name, j.bucket,
               CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.ordering_key, j.ordering_halted,
-              f.snooze_s IS NOT NULL AND j.snoozes <= f.snooze_cap AND j.status = 'queued' AS snoozed
+              f.snooze_s IS NOT NULL AND j.snoozes <= f.snooze_cap AND j.status = 'queued' AS snoozed,
+              j.has_dependents AND j.status IN ('failed', 'discarded', 'cancelled') AS releases, j.awaited
+),
+-- Anyone awaiting a job that ended here (JobHandle.result) is told; a retry ends nothing.
+told AS (
+    SELECT count(pg_notify(%(results_channel)s, id || ':' || status)) AS told
+      FROM written WHERE awaited AND status IN ('failed', 'discarded', 'cancelled')
 ),
 released AS (
     SELECT queue_name, ordering_key FROM written
@@ -122,8 +133,8 @@ released AS (
 ),
 {promote_next}
 SELECT w.id, w.status, w.attempts, w.locked_by, w.locked_at, w.run_at, w.job_type, w.queue_name, w.bucket,
-       w.max_attempts, w.ordering_halted, w.snoozed
-  FROM written AS w CROSS JOIN woken
+       w.max_attempts, w.ordering_halted, w.snoozed, coalesce(w.releases, false)
+  FROM written AS w CROSS JOIN woken CROSS JOIN told
 
 -- name: jobs_release_owned
 -- Give claimed-but-unstarted jobs back at once (graceful shutdown): queued again, and the

@@ -195,15 +195,18 @@ to_queue AS (SELECT id FROM nexts EXCEPT SELECT id FROM mine),
 -- the store: the same fenced write) for a batch holding keyed jobs: each completed holder's key
 -- promotes its next job, or claims it for this worker ({chain_next}). Returns one row per job
 -- claimed, each with the number of rows completed, or one row of NULLs and that number; and the
--- ids it refused (fenced), as jobs_complete_owned_fenced.
+-- ids it refused (fenced), as jobs_complete_owned_fenced; and, as that one, the completed jobs that
+-- have dependents and a NOTIFY for each awaited one.
 WITH released AS (
 {completion}
-    RETURNING j.id, j.queue_name, j.ordering_key
+    RETURNING j.id, j.queue_name, j.ordering_key, j.has_dependents, j.awaited
 ),
 {chain_next}
 SELECT c.id, c.job_type, c.payload, c.attempts, c.max_attempts, c.locked_at, c.bucket, c.priority, c.ordering_key,
        c.queue_name, (SELECT count(*) FROM released), w.promoted,
-       ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released), c.waited_s, c.trace_context
+       ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released), c.waited_s, c.trace_context,
+       ARRAY(SELECT id FROM released WHERE has_dependents),
+       (SELECT count(pg_notify(%(results_channel)s, id || ':completed')) FROM released WHERE awaited)
   FROM woken AS w LEFT JOIN chained AS c ON true
 
 -- name: ordering_promote_scan

@@ -377,6 +377,8 @@ def _write_by_bucket(
         released = _report(action, written, result)
         if released:
             _promote(run, released, bucket)
+        if action == "cancel":
+            _release_children(run, [w.id for w in written if w.status == STATUS_CANCELLED])
 
 
 def _statement(run: Any, action: str, sql: str, params: dict[str, Any]) -> list[WrittenJob]:

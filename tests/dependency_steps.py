@@ -56,6 +56,10 @@ class Target(Protocol):
 
     async def retry(self, job_id: int) -> bool: ...
 
+    async def tick(self) -> None:
+        """Time moves on between steps: a job queued by a release is due from its release, after
+        the jobs queued before it (run_at orders claims as PostgreSQL's now() does)."""
+
 
 @st.composite
 def graphs(draw: Any, max_jobs: int = 7) -> list[Node]:
@@ -93,32 +97,53 @@ def workflow(graph: list[Node], queue: str) -> Workflow:
     return wf
 
 
-def allows(policy: str, parent_status: str) -> bool:
-    return parent_status == STATUS_COMPLETED or (parent_status in _BAD and policy == "run")
+@dataclass
+class History:
+    """What each job has been so far: an edge is released once, when its parent first ends (a
+    parent retried after that does not take it back)."""
+
+    completed: set[int]
+    ended_badly: set[int]
+
+    def saw(self, statuses: list[str]) -> None:
+        for i, status in enumerate(statuses):
+            if status == STATUS_COMPLETED:
+                self.completed.add(i)
+            elif status in _BAD:
+                self.ended_badly.add(i)
+
+    def allows(self, policy: str, parent: int) -> bool:
+        """The parent's edge is released as satisfied: it completed, or ended badly and the
+        child runs anyway."""
+        return parent in self.completed or (parent in self.ended_badly and policy == "run")
+
+    def dooms(self, policy: str, parent: int) -> bool:
+        return policy == "cancel" and parent in self.ended_badly
 
 
 def problems(
-    graph: list[Node], before: list[str], after: list[str], cancelled: int | None = None
+    graph: list[Node],
+    before: list[str],
+    after: list[str],
+    history: History,
+    cancelled: int | None = None,
 ) -> list[str]:
-    """What breaks the rule, given every job's status before and after a step (`cancelled`: the
-    job an operator cancelled in it)."""
+    """What breaks the rule, given every job's status before and after a step, and what each was
+    up to it (`history`, this step included; `cancelled`: the job an operator cancelled in it)."""
     found = []
     for i, node in enumerate(graph):
         parents_after = [after[p] for p in node.parents]
         parents_before = [before[p] for p in node.parents]
-        doomed = node.policy == "cancel" and any(s in _BAD for s in parents_after)
-        ready = all(allows(node.policy, s) for s in parents_after)
+        doomed = any(history.dooms(node.policy, p) for p in node.parents)
+        ready = all(history.allows(node.policy, p) for p in node.parents)
         if after[i] == STATUS_BLOCKED and node.parents and (ready or doomed):
             found.append(f"j{i} stranded blocked: parents {parents_after}, policy {node.policy}")
         if before[i] == STATUS_BLOCKED and after[i] != STATUS_BLOCKED:
-            was_doomed = node.policy == "cancel" and any(
-                s in _BAD for s in parents_before + parents_after
-            )
             if after[i] == STATUS_CANCELLED:
                 if not (doomed or i == cancelled):
                     found.append(f"j{i} cancelled, but no parent doomed it: {parents_after}")
                 continue
-            if not (ready or all(allows(node.policy, s) for s in parents_before)) or was_doomed:
+            if not ready or doomed:
                 found.append(
                     f"j{i} left blocked for {after[i]} with parents {parents_before} -> "
                     f"{parents_after}, policy {node.policy}"
@@ -132,8 +157,12 @@ async def replay(target: Target, graph: list[Node], steps: list[Step]) -> list[l
     position = {job_id: i for i, job_id in enumerate(ids)}
     seen = [await target.statuses(ids)]
     initial = [STATUS_BLOCKED if node.parents else "queued" for node in graph]
-    assert not problems(graph, initial, seen[0]), problems(graph, initial, seen[0])
+    history = History(set(), set())
+    history.saw(seen[0])
+    found = problems(graph, initial, seen[0], history)
+    assert not found, found
     for step in steps:
+        await target.tick()
         before = seen[-1]
         if step.action in ("complete", "fail"):
             claimed = (await target.store.jobs_claim(target.queue, step.n, 30.0, None)).jobs
@@ -161,7 +190,8 @@ async def replay(target: Target, graph: list[Node], steps: list[Step]) -> list[l
         ):
             await target.retry(ids[step.n])
         after = await target.statuses(ids)
-        found = problems(graph, before, after, step.n if step.action == "cancel" else None)
+        history.saw(after)
+        found = problems(graph, before, after, history, step.n if step.action == "cancel" else None)
         assert not found, f"after {step}: {found}"
         seen.append(after)
     return seen

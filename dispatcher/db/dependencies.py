@@ -19,7 +19,6 @@ import psycopg
 
 from dispatcher.constants import NOTIFY_CHANNEL, RESULTS_CHANNEL
 from dispatcher.db import rows
-from dispatcher.db.citus import distributed_async, distributed_sync
 from dispatcher.db.inserts import trace_json
 from dispatcher.db.literals import int_array, tag_array
 from dispatcher.db.port import GraphJob as GraphJob  # (defined with the port: re-exported)
@@ -29,12 +28,6 @@ from dispatcher.model import STATUS_CANCELLED, STATUS_COMPLETED, STATUS_DISCARDE
 
 # A parent that ended so applies its children's on_parent_failure at once.
 UNSUCCESSFUL = (STATUS_FAILED, STATUS_DISCARDED, STATUS_CANCELLED)
-# Dependencies on a Citus cluster: a completion there is routed bucket by bucket and does not
-# release children yet; refused with this rather than leaving children to the sweeper.
-NOT_ON_CITUS = (
-    "workflows, batches and depends_on are not available on a Citus cluster yet "
-    "(docs/concepts/workflows.md); enqueue the jobs one after another instead"
-)
 # Cancelled children with children of their own are released in turn, this many rounds in one
 # call; deeper cascades go on in the dependency sweeper's next pass.
 CASCADE_ROUNDS = 50
@@ -177,8 +170,6 @@ async def insert_graph_async(
     conn: psycopg.AsyncConnection[Any], graph: Sequence[GraphJob]
 ) -> list[int]:
     """Insert `graph`; each job's id, in graph order."""
-    if await distributed_async(conn):
-        raise EnqueueError(NOT_ON_CITUS, "depends_on")
     async with _own_transaction_async(conn):
         cur = await conn.execute(query("deps_ids_take"), {"n": len(graph)})
         ids: list[int] = sorted(rows.value(await cur.fetchone()))
@@ -220,8 +211,6 @@ def _own_transaction_sync(conn: psycopg.Connection[Any]) -> AbstractContextManag
 
 
 def insert_graph_sync(conn: psycopg.Connection[Any], graph: Sequence[GraphJob]) -> list[int]:
-    if distributed_sync(conn):
-        raise EnqueueError(NOT_ON_CITUS, "depends_on")
     with _own_transaction_sync(conn):
         ids: list[int] = sorted(
             rows.value(conn.execute(query("deps_ids_take"), {"n": len(graph)}).fetchone())

@@ -213,6 +213,7 @@ class ShardedStatements:
         changed = 0
         fenced: list[int] = []
         windowed: list[int] = []  # finished jobs with a uniqueness window
+        parents: list[int] = []  # finished jobs with dependents (released next by the store)
         for bucket, at in by_bucket(buckets).items():
             params = {
                 "ids": int_array([ids[i] for i in at]),
@@ -227,20 +228,22 @@ class ShardedStatements:
                 changed += done.completed
                 fenced.extend(done.fenced)
                 windowed.extend(row[1])
+                parents.extend(row[2])
                 continue
             cur = await self._execute("complete", self._keyed_sql, params)
             row = await cur.fetchone()
             assert row is not None  # one row, always
-            completed, promoted, refused, queues, with_windows = row
+            completed, promoted, refused, queues, with_windows, with_dependents = row
             changed += int(completed)
             fenced.extend(refused)
             windowed.extend(with_windows)
+            parents.extend(with_dependents)
             if promoted:
                 await self.wake(bucket, queues)
         if windowed and self._closes_windows:
             params = {"ids": int_array(windowed)}
             await self._execute("complete", query("sharded_windows_close"), params)
-        return rows.Completion(changed, fenced)
+        return rows.Completion(changed, fenced, parents=parents)
 
     async def _buckets_of(self, ids: Sequence[int]) -> list[int]:
         """Each job's bucket, read from the table; a job that is not there gets bucket 0, where

@@ -395,7 +395,9 @@ class JobStore(OffPathStatements):
         """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
         still matches: how many rows changed, and the ids refused (fenced: the token changed).
         `keyed`: some have an ordering key, whose next job is promoted in the same statement, or,
-        if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit)."""
+        if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit).
+        `results`: each job's return value, written first (their rows are then kept). The
+        children of completed jobs that have dependents are released next (_released)."""
         statements = self._complete_sql
         if results is not None:  # stored first; the rows are kept, whatever completed_jobs says
             statements = self._complete_keep_sql
@@ -407,9 +409,8 @@ class JobStore(OffPathStatements):
             }
             await self._execute("results", query("jobs_results_write"), params)
         sharded = await self._placement()
-        if sharded is not None:  # (a cluster's completion keeps or deletes as completed_jobs says;
-            # graphs are refused there: dispatcher/db/dependencies.py)
-            return await sharded.complete(ids, tokens, buckets, keyed=keyed)
+        if sharded is not None:  # (a cluster's completion keeps or deletes as completed_jobs says)
+            return await self._released(await sharded.complete(ids, tokens, buckets, keyed=keyed))
         if not keyed:
             params = {
                 "ids": int_array(ids),
@@ -439,10 +440,23 @@ class JobStore(OffPathStatements):
         return await self._released(done)
 
     async def _released(self, done: Completion) -> Completion:
-        """`done`, once the children of its jobs that have dependents are released."""
-        if done.parents:
-            await self.deps_release(done.parents)
+        """`done`, once the children of its jobs that have dependents are released. A release
+        that fails is not the completion's failure (that is written): the sweeper releases them."""
+        await self._release_quietly(done.parents)
         return done
+
+    async def _release_quietly(self, parents: Sequence[int]) -> None:
+        if not parents:
+            return
+        try:
+            await self.deps_release(parents)
+        except StoreError as exc:
+            metrics.STORE_ERRORS.labels("deps_release").inc()
+            log.warning(
+                "releasing the children of %d ended jobs failed (the dependency sweeper will): %s",
+                len(parents),
+                exc,
+            )
 
     async def deps_release(self, parents: Sequence[int]) -> int:
         """Release the children of `parents`, which ended (db/dependencies.py): how many became
@@ -475,9 +489,7 @@ class JobStore(OffPathStatements):
         else:
             cur = await self._execute("fail", query("jobs_fail_owned"), params)
             written = rows.typed(FailedWrite, await cur.fetchall())
-        ended = [w.id for w in written if w.releases]
-        if ended:
-            await self.deps_release(ended)
+        await self._release_quietly([w.id for w in written if w.releases])
         return written
 
     async def jobs_release_owned(self, jobs: Sequence[Job]) -> int:

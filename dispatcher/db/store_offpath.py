@@ -52,7 +52,9 @@ class OffPathStatements:
         """What `dispatcher jobs cancel --id` runs (admin_jobs_cancel), with no filter."""
         sharded = await self._placement()
         if sharded is not None:
-            return await sharded.cancel(ids)
+            after = await sharded.cancel(ids)
+            await self.deps_release([i for i, status in after.items() if status == "cancelled"])
+            return after
         sql = query("admin_jobs_cancel").replace("{filters}", "true")
         cur = await self._execute("cancel", sql, {"ids": int_array(ids)})
         written = rows.typed(rows.WrittenJob, await cur.fetchall())

@@ -39,6 +39,10 @@ class Harness:
         beside `enqueue`: workflows, batches."""
         raise NotImplementedError
 
+    def wake(self) -> None:
+        """What a worker's listener passes on from a NOTIFY (a released child's, say): on a Citus
+        cluster the next claim visits a bucket it found empty just now (a no-op elsewhere)."""
+
     async def cancel(self, ids: list[int]) -> None:
         """An operator's cancel (the store's jobs_cancel), with what admin.py does after it."""
         await self.store.jobs_cancel(ids)
@@ -86,6 +90,9 @@ class PostgresHarness(Harness):
             await self._sql("SELECT 1")
         assert self._conn is not None
         return self._conn
+
+    def wake(self) -> None:
+        self._wake()
 
     def _wake(self) -> None:
         """What a worker's listener passes on from the enqueue's NOTIFY or a due timer: on a

@@ -316,8 +316,8 @@ def test_cancel_ends_queued_and_scheduled_jobs_at_once_and_asks_running_ones(dsn
     assert [(s.id, s.reason) for s in result.skipped] == [
         (
             completed,
-            "it is completed: cancel applies to queued, running, waiting jobs and to jobs that "
-            "halt their ordering key",
+            "it is completed: cancel applies to queued, running, waiting, blocked jobs and to jobs "
+            "that halt their ordering key",
         )
     ]
     assert statuses(dsn, [due, scheduled, running, completed]) == [

@@ -77,6 +77,7 @@ def test_the_completion_plan_fetches_exactly_the_batch_by_primary_key(dsn, state
         params = {
             "ids": int_array([j.id for j in jobs]),
             "tokens": token_array([j.token for j in jobs]),
+            "results_channel": "test",
         }
         with conn.transaction(force_rollback=True):
             plan = conn.execute(

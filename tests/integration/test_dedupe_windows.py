@@ -433,6 +433,7 @@ def test_a_deleting_completion_without_windows_reads_none_and_a_keyed_one_closes
             params = {
                 "ids": int_array([j.id for j in jobs]),
                 "tokens": token_array([j.token for j in jobs]),
+                "results_channel": "test",
             }
             conn = await store.connection()
             async with conn.transaction(force_rollback=True):

@@ -90,6 +90,7 @@ def test_a_keyed_completion_promotes_or_claims_through_the_waiting_index(dsn, ch
                 "token": "00000000-0000-0000-0000-000000000001",
                 "worker": "w",
                 "lease_s": 30.0,
+                "results_channel": "test",
             }
             sql = query("jobs_complete_owned_keyed").replace(
                 "{completion}", query("jobs_complete_owned")

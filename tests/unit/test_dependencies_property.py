@@ -31,6 +31,9 @@ class MemoryTarget:
     async def retry(self, job_id: int) -> bool:
         return self.memory.retry([job_id]) == [job_id]
 
+    async def tick(self) -> None:
+        self.memory.clock.advance(0.001)
+
 
 @settings(max_examples=400, deadline=None)
 @given(graphs(), step_lists())

@@ -114,29 +114,34 @@ SELECT count(pg_notify(%(channel)s, q || ':' || %(bucket)s::text)) FROM unnest(%
 -- The keyed completion (jobs_complete_owned_keyed) for one bucket: complete the jobs, promote each
 -- released key's next job. It claims no next job for the worker (no chain): the promoted job is
 -- claimed like any other. Returns how many were completed, promoted, and the ids refused.
--- Last, the jobs it finished that have a uniqueness window: under DISPATCHER_COMPLETED_JOBS=delete
--- the store closes their windows next (sharded_windows_close).
+-- Then the jobs it finished that have a uniqueness window: under DISPATCHER_COMPLETED_JOBS=delete
+-- the store closes their windows next (sharded_windows_close). Last, those that have dependents,
+-- whose children the store releases next (dispatcher/db/dependencies.py).
 WITH released AS (
 {completion}
-    RETURNING j.id, j.queue_name, j.ordering_key, j.dedupe_window_s
+    RETURNING j.id, j.queue_name, j.ordering_key, j.dedupe_window_s, j.has_dependents
 ),
 {promote}
 SELECT (SELECT count(*) FROM released), w.promoted,
        ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM released),
        ARRAY(SELECT DISTINCT queue_name FROM released),
-       ARRAY(SELECT id FROM released WHERE dedupe_window_s IS NOT NULL)
+       ARRAY(SELECT id FROM released WHERE dedupe_window_s IS NOT NULL),
+       ARRAY(SELECT id FROM released WHERE has_dependents)
   FROM woken AS w
 
 -- name: sharded_complete_fenced
 -- jobs_complete_owned_fenced for one bucket, also answering which finished jobs have a uniqueness
 -- window: on one node the delete closes them in the same statement (jobs_complete_owned_delete_fenced),
 -- but Citus routes a statement to the shard's node, and the windows live on the coordinator node.
+-- Last, the finished jobs that have dependents (released next, as on one node). Anyone awaiting a
+-- job here learns of its end by polling: a NOTIFY sent on the shard's node reaches no listener.
 WITH done AS (
 {completion}
-    RETURNING j.id, j.dedupe_window_s
+    RETURNING j.id, j.dedupe_window_s, j.has_dependents
 )
 SELECT ARRAY(SELECT unnest(%(ids)s::bigint[]) EXCEPT SELECT id FROM done),
-       ARRAY(SELECT id FROM done WHERE dedupe_window_s IS NOT NULL)
+       ARRAY(SELECT id FROM done WHERE dedupe_window_s IS NOT NULL),
+       ARRAY(SELECT id FROM done WHERE has_dependents)
 
 -- name: sharded_windows_close
 -- Under DISPATCHER_COMPLETED_JOBS=delete: the windows of %(ids)s, jobs a completion just deleted,

@@ -31,9 +31,12 @@ from bench.plots import (
     limits_plot,
     scaling_plots,
     schedules_plot,
+    workflows_plot,
 )
 from bench.scenarios import burst_suite, jitter_suite, latency_suite, scaling_suite, skew_suite
 from bench.schedules import schedules_suite
+from bench.workflows import COLUMNS as WORKFLOW_COLUMNS
+from bench.workflows import workflows_suite
 from dispatcher.devtools.citus_cluster import citus_missing
 
 SCENARIOS = [
@@ -49,6 +52,7 @@ SCENARIOS = [
     "keyed",
     "limits",
     "schedules",
+    "workflows",
     # On servers of its own (bench/citus.py); `all` skips it where Citus is not installed.
     "citus",
 ]
@@ -378,6 +382,18 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
             "lead_median_s",
         ]
         schedules_plot(result.rows, out_dir, label)
+    elif scenario == "workflows":
+        workflows_suite(
+            dsn,
+            result,
+            workers=_ints(args.workers or "2")[0],
+            modes=modes,
+            profiles=("defaults",) if quick else tuple(args.profiles.split(",")),
+            children=1_000 if quick else 10_000,
+            steps=100 if quick else 1_000,
+        )
+        columns = WORKFLOW_COLUMNS
+        workflows_plot(result.rows, out_dir, label)
     else:
         enqueue_suite(
             dsn,
@@ -433,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profiles",
         default="defaults,bench",
-        help="coldstart/rolling/keyed: settings profiles, defaults (what a user gets) and/or bench "
-        "(concurrency 500, poll 0.1 s)",
+        help="coldstart/rolling/keyed/workflows: settings profiles, defaults (what a user gets) "
+        "and/or bench (concurrency 500, poll 0.1 s)",
     )
     parser.add_argument(
         "--completed-jobs",

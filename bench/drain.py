@@ -31,6 +31,7 @@ from bench.core import (
 from bench.rounds import median_interval
 from bench.runs import measured_run
 from dispatcher import enqueue_payloads_sync
+from dispatcher.constants import RESULTS_CHANNEL
 from dispatcher.db import (
     COMPLETED_DELETE,
     COMPLETED_KEEP,
@@ -120,9 +121,12 @@ async def _plain_sql_drainer(
 
     async def completer(conn: psycopg.AsyncConnection[Any]) -> None:
         while (batch := await batches.get()) is not None:
-            await conn.execute(
-                complete_sql, {"ids": int_array(batch[0]), "tokens": token_array(batch[1])}
-            )
+            params = {
+                "ids": int_array(batch[0]),
+                "tokens": token_array(batch[1]),
+                "results_channel": RESULTS_CHANNEL,
+            }
+            await conn.execute(complete_sql, params)
 
     return await clocked_pair(dsn, claimer, completer)
 

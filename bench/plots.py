@@ -233,6 +233,34 @@ def schedules_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> P
     return _finish(plt, fig, ax, out_dir / "schedules.png", machine)
 
 
+def workflows_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
+    """The delay from each job's last parent's completion to its start, as a cumulative share of
+    jobs, per shape, profile and mode."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for row in rows:
+        delays = row.get("delays_ms") or []
+        color, _ = MODES.get(row["mode"], ("black", "."))
+        style = {"chain": "-", "fan-out": "--"}.get(row["shape"], ":")
+        ax.step(
+            delays,
+            [(i + 1) / len(delays) for i in range(len(delays))],
+            where="post",
+            color=color,
+            linestyle=style,
+            alpha=1.0 if row.get("profile") == "defaults" else 0.5,
+            label=f"{row['shape']}, {row['mode']}, {row.get('profile')}: "
+            f"p50 {row.get('ready_to_start_p50_ms')} ms",
+        )
+    ax.axvline(50, color="black", linestyle=":", linewidth=1, label="50 ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("start after the last parent completed (ms, log)")
+    ax.set_ylabel("share of jobs")
+    ax.set_title("Workflows: from a parent's completion to its child's start")
+    ax.grid(True, alpha=0.3)
+    return _finish(plt, fig, ax, out_dir / "workflows.png", machine)
+
+
 def citus_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
     """Left: jobs/s per mode, one node against the cluster (one bar pair per worker count).
     Right: each worker node's share of the buckets, of the jobs and of the worker nodes'

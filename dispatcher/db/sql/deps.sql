@@ -65,7 +65,9 @@ SELECT * FROM unnest(%(parent_ids)s::bigint[], %(parent_buckets)s::smallint[], %
 -- The count-down is an UPDATE of the child's row: two parents that end at once both count it
 -- down, one after the other under its row lock, and the one that reaches 0 queues it (the
 -- re-check on the row written, a CASE for the plan as in finish.sql, skips a child that is no
--- longer blocked: cancelled by an operator, or by a sibling edge). A child queued now is due from
+-- longer blocked: cancelled by an operator, or by a sibling edge). The children are joined by id
+-- alone, no `id = ANY(...)` beside it: on a table without statistics yet (a graph enqueued just
+-- now) that form scanned the whole CTE for every child (docs/design/dependencies.md). A child queued now is due from
 -- now (its wait is counted from here) and its bucket's owner is woken; a batch's callback
 -- (batch_id = id) gathers its members' outcomes into its payload's "batch" as they end.
 -- Returns how many children became queued, the cancelled children that have children of their
@@ -121,7 +123,7 @@ counted AS (
                           ELSE c.payload END,
            updated_at = k.now
       FROM reasons AS k
-     WHERE c.id = ANY(ARRAY(SELECT id FROM children)) AND c.id = k.id
+     WHERE c.id = k.id
        AND CASE WHEN c.status = 'blocked' THEN true ELSE false END
     RETURNING c.id, c.status, c.queue_name, c.bucket, c.has_dependents, c.awaited, c.run_at
 )

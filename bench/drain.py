@@ -31,12 +31,12 @@ from bench.core import (
 from bench.rounds import median_interval
 from bench.runs import measured_run
 from dispatcher import enqueue_payloads_sync
-from dispatcher.constants import RESULTS_CHANNEL
 from dispatcher.db import (
     COMPLETED_DELETE,
     COMPLETED_KEEP,
     MODE_PARTITIONED,
     NUM_BUCKETS,
+    RESULTS_CHANNEL,
     claim_sql,
     completion_statements,
     int_array,

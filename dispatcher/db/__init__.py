@@ -4,7 +4,8 @@ The named queries, the claim statement's text for a mode (for EXPLAIN and to rec
 claim in pg_stat_activity), the array literals the completion statements take, migrations and
 the placement over a Citus cluster (`distribute`: what `migrate --citus` adds), the values of
 DISPATCHER_COMPLETED_JOBS (which completion statement a worker sends), and the completions as a
-worker sends them (completion_statements: fenced, and under 'delete' closing uniqueness windows).
+worker sends them (completion_statements: fenced, and under 'delete' closing uniqueness windows;
+RESULTS_CHANNEL, the channel they notify for awaited jobs).
 Everything else in dispatcher/db/ is the runtime's own and may change without notice.
 """
 
@@ -14,6 +15,7 @@ from dispatcher.constants import (
     MODE_PARTITIONED,
     MODE_SKIP_LOCKED,
     NUM_BUCKETS,
+    RESULTS_CHANNEL,
 )
 from dispatcher.db.citus import distribute
 from dispatcher.db.claims import claim_sql
@@ -28,6 +30,7 @@ __all__ = [
     "MODE_PARTITIONED",
     "MODE_SKIP_LOCKED",
     "NUM_BUCKETS",
+    "RESULTS_CHANNEL",
     "claim_sql",
     "completion_statements",
     "distribute",

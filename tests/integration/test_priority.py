@@ -74,6 +74,7 @@ async def _drain(workers: list[Worker], starts: list[Start], ready, dsn: str) ->
         await asyncio.gather(*tasks)
 
 
+@pytest.mark.slow  # workers drain for seconds: not in the second server's pass (.ci/run)
 @pytest.mark.parametrize(
     "mode, steal",
     [("partitioned", False), ("partitioned", True), ("skip_locked", False)],
@@ -93,6 +94,7 @@ def test_one_worker_starts_the_best_waiting_job_every_time(dsn, mode, steal):
     assert passed_over(starts, "w", None) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steal", [False, True], ids=["steal-off", "steal-on"])
 def test_two_workers_each_start_the_best_job_waiting_in_their_buckets(dsn, steal):
     """Workers of 32 buckets each: a backlog's claims read windows of 2 buckets, and a window's

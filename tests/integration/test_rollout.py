@@ -40,6 +40,7 @@ def config(dsn: str, mode: str, worker_id: str) -> Config:
     )
 
 
+@pytest.mark.slow  # workers drain for seconds: not in the second server's pass (.ci/run)
 @pytest.mark.parametrize("mode", ["partitioned", "skip_locked"])
 def test_old_workers_hand_the_new_types_jobs_back_and_every_one_completes(dsn, mode):
     old, new = Registry(), Registry()
@@ -93,6 +94,7 @@ def test_old_workers_hand_the_new_types_jobs_back_and_every_one_completes(dsn, m
         assert in_run_order == sorted(in_run_order), f"{key} ran in enqueue order"
 
 
+@pytest.mark.slow
 def test_a_schedule_of_the_new_release_starts_within_seconds_while_an_old_worker_held_the_lease(
     dsn,
 ):

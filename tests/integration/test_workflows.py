@@ -28,6 +28,10 @@ from dispatcher import (
 )
 from tests.helpers import fetchval, run_async, wait_until_async
 
+# Workers that drain for seconds: left out of the second server's pass (.ci/run), as are the
+# multi-process tests.
+pytestmark = pytest.mark.slow
+
 
 def config(dsn: str, mode: str, worker_id: str) -> Config:
     return Config(

@@ -128,5 +128,14 @@ def _summary(conn: psycopg.Connection[Any], ids: list[int]) -> dict[str, Any]:
         **percentiles("ready_to_start", delays),
         "ran_twice": int(twice),
         "not_completed": len(ids) - int(done),
-        "delays_ms": [round(d, 2) for d in delays],
+        "delays_ms": thinned([round(d, 2) for d in delays]),
     }
+
+
+def thinned(ordered: list[float], most: int = 500) -> list[float]:
+    """At most `most` of the sorted `ordered`, evenly by rank, the first and last kept: the same
+    cumulative curve in the JSON and the plot, without 10,000 points per row."""
+    if len(ordered) <= most:
+        return ordered
+    step = (len(ordered) - 1) / (most - 1)
+    return [ordered[round(i * step)] for i in range(most)]

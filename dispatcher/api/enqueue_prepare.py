@@ -324,5 +324,12 @@ def _materialize(specs: Iterable[JobSpec]) -> tuple[list[JobSpec], bool]:
 
 def _graph_job(p: _Prepared) -> GraphJob:
     """A job with `depends_on` (or none, beside such jobs in enqueue_many), as a graph of its own:
-    its parents exist already."""
+    its parents exist already. A graph's insert writes no keys: a job with one beside jobs with
+    parents is refused, not written without it."""
+    if p.ordering_key is not None or p.dedupe_key is not None:
+        raise EnqueueError(
+            "an enqueue_many batch with depends_on takes no ordering_key or dedupe_key: "
+            "enqueue the keyed jobs in a batch of their own",
+            "ordering_key" if p.ordering_key is not None else "dedupe_key",
+        )
     return GraphJob(p, external=p.depends_on or (), on_parent_failure=p.on_parent_failure)

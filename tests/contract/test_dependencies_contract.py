@@ -9,7 +9,15 @@ import asyncio
 import orjson
 import pytest
 
-from dispatcher import EnqueueError, JobSpec, Workflow, admin, enqueue_batch, enqueue_workflow
+from dispatcher import (
+    EnqueueError,
+    JobSpec,
+    Workflow,
+    admin,
+    enqueue_batch,
+    enqueue_many,
+    enqueue_workflow,
+)
 from dispatcher.api.job_filters import Filters
 from dispatcher.db.rows import Failure
 from dispatcher.model import (
@@ -200,6 +208,21 @@ def test_a_missing_parent_is_refused_and_nothing_is_written(on_store: Run) -> No
         assert await claimable(h) == [parent], "nothing of either was written"
         state = await h.store.job_get(parent + 1)
         assert state is None or state.job_type == "a"
+
+    on_store(test)
+
+
+def test_a_keyed_job_beside_jobs_with_parents_is_refused_not_written_without_its_key(
+    on_store: Run,
+) -> None:
+    async def test(h: Harness) -> None:
+        parent = await h.enqueue("a")
+        assert parent is not None
+        specs = [JobSpec("b", depends_on=[parent]), JobSpec("c", dedupe_key="once")]
+        with pytest.raises(EnqueueError, match="no ordering_key or dedupe_key") as refused:
+            await enqueue_many(await h.target(), specs)
+        assert refused.value.option == "dedupe_key"
+        assert await claimable(h) == [parent], "nothing of the batch was written"
 
     on_store(test)
 

@@ -109,6 +109,7 @@ def test_every_per_bucket_statement_is_a_router_query(citus_dsn):
         "channel": "c",
         "errors_kept": 20,
         "error_chars": 2000,
+        "results_channel": "c",
     }
     complete = {"keep": query("jobs_complete_owned"), "delete": query("jobs_complete_owned_delete")}
     slot = {

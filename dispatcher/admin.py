@@ -31,7 +31,7 @@ from dispatcher.api.schedules.listing import ScheduleRow, list_schedules  # re-e
 from dispatcher.constants import NOTIFY_CHANNEL
 from dispatcher.db import rows, sharded_admin
 from dispatcher.db.citus import hash_distributed
-from dispatcher.db.dependencies import CASCADE_ROUNDS, Released, release_params
+from dispatcher.db.dependencies import release_rounds
 from dispatcher.db.oneshot import bounded_transaction, session
 from dispatcher.db.queries import query
 from dispatcher.db.rows import WrittenJob
@@ -353,13 +353,9 @@ def _write(
 def _release_children(run: Any, ids: list[int]) -> None:
     """The children of jobs cancelled at once follow their on_parent_failure (sql/deps.sql), the
     cancelled among them in turn (the sweeper goes on past CASCADE_ROUNDS)."""
-    for _ in range(CASCADE_ROUNDS):
-        if not ids:
-            return
-        [released] = rows.typed(
-            Released, run("release", query("deps_release"), release_params(ids))
-        )
-        ids = released.cascade
+    release_rounds(
+        ids, lambda params: next(iter(run("release", query("deps_release"), params)), None)
+    )
 
 
 def _write_by_bucket(

@@ -10,7 +10,7 @@ died in between left behind. Why this is race-free: docs/design/dependencies.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -231,13 +231,21 @@ def insert_graph_sync(conn: psycopg.Connection[Any], graph: Sequence[GraphJob]) 
 
 
 def release_sync(conn: psycopg.Connection[Any], parents: Sequence[int]) -> int:
+    return release_rounds(
+        parents, lambda params: conn.execute(query("deps_release"), params).fetchone()
+    )
+
+
+def release_rounds(
+    parents: Sequence[int], send: Callable[[dict[str, Any]], Sequence[Any] | None]
+) -> int:
+    """release_async's rounds for sync callers, `send` running deps_release with its parameters
+    and answering its one row (release_sync on a connection, admin.py through its session)."""
     queued, ids = 0, list(parents)
     for _ in range(CASCADE_ROUNDS):
         if not ids:
             break
-        released = rows.typed_one(
-            Released, conn.execute(query("deps_release"), release_params(ids)).fetchone()
-        )
+        released = rows.typed_one(Released, send(release_params(ids)))
         if released is None:
             break
         queued += released.queued

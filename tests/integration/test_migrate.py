@@ -1,3 +1,5 @@
+import subprocess
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -7,7 +9,7 @@ import pytest
 from coordinator.buckets import NUM_BUCKETS
 from dispatcher.db.migrate import MIGRATION_PACKAGES, available_migrations, current_version, migrate
 from dispatcher.errors import MigrationError
-from tests.helpers import fetchall, fetchval
+from tests.helpers import ROOT, fetchall, fetchval
 
 
 def test_migrate_is_idempotent(empty_dsn):
@@ -15,6 +17,25 @@ def test_migrate_is_idempotent(empty_dsn):
     assert migrate(empty_dsn) == [m.version for m in available_migrations()]
     assert migrate(empty_dsn) == []
     assert current_version(empty_dsn) == available_migrations()[-1].version
+
+
+def test_the_migrate_command_prints_each_migration_it_applied(empty_dsn):
+    """One line per migration, none suppressed: distinct one-off lines of one template are not
+    a storm (dispatcher/observe/ratelimit.py)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "dispatcher", "migrate", "--dsn", empty_dsn],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "applying migration" in line]
+    expected = [f"{m.package}/{m.version:04d}_{m.name}" for m in available_migrations()]
+    assert [line.rsplit("applying migration ", 1)[1] for line in lines] == expected
+    assert "suppressed" not in result.stderr
+    versions = [m.version for m in available_migrations()]
+    assert f"applied migrations: {versions}" in result.stdout
 
 
 def test_eight_pods_migrating_at_once_apply_each_version_once(empty_dsn):

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dispatcher.observe.ratelimit import SUPPRESSED, SUPPRESSED_S, StormFilter
+from dispatcher.observe.ratelimit import SUPPRESSED, SUPPRESSED_S, StormFilter, _shape
 
 
 class Clock:
@@ -36,6 +36,7 @@ def make(clock: Clock, **kw) -> tuple[StormFilter, list[logging.LogRecord]]:
     storm = StormFilter(
         burst=kw.pop("burst", 3),
         window_s=kw.pop("window_s", 10.0),
+        shapes=kw.pop("shapes", 64),
         clock=clock,
         emit=summaries.append,
     )
@@ -72,10 +73,12 @@ def test_within_the_window_nothing_more_passes(clock):
     assert not storm.filter(record("job %d failed", 4))
 
 
-def test_keys_are_logger_level_and_template_not_the_arguments(clock):
+def test_keys_are_logger_level_template_and_shape_not_the_ids(clock):
     storm, _ = make(clock, burst=1)
     assert storm.filter(record("job %d failed", 1))
     assert not storm.filter(record("job %d failed", 2))  # same template, other id: same key
+    assert storm.filter(record("job %d failed: %s", 1, "no such user"))
+    assert storm.filter(record("job %d failed: %s", 2, "disk full"))  # other words: other key
     assert storm.filter(record("job %d timed out", 3))  # other template
     assert storm.filter(record("job %d failed", 4, level=logging.ERROR))  # other level
     assert storm.filter(record("job %d failed", 5, name="coordinator"))  # other logger
@@ -138,8 +141,78 @@ def test_concurrent_threads_pass_exactly_one_burst_and_count_every_drop(clock):
     assert storm.dropped_total == 8 * per_thread - 10
 
 
+def test_a_hot_loop_of_one_event_collapses_whatever_its_ids_counts_and_durations(clock):
+    storm, summaries = make(clock, burst=3)
+    lines = [
+        record(
+            "worker %s claimed %d jobs of %s in %.1f s",
+            f"pod-{i:06x}",
+            i % 7,
+            f"550e8400-e29b-41d4-a716-{i:012x}",
+            i / 10,
+            name="dispatcher.claims",
+            level=logging.INFO,
+        )
+        for i in range(1, 41)
+    ]
+    kept = [storm.filter(r) for r in lines]
+    assert kept == [True] * 3 + [False] * 37
+    clock.now += 10.0
+    storm.filter(record("something else %d", 1))  # the sweep
+    [summary] = summaries
+    assert getattr(summary, SUPPRESSED) == 37
+    assert summary.getMessage().startswith("37 similar lines suppressed")
+
+
+def test_distinct_one_off_lines_of_one_template_all_pass(clock):
+    """Each migration applied is its own event: more of them than a burst, in one window."""
+    storm, summaries = make(clock, burst=3)
+    names = ["jobs", "coordinator", "claim_index_tag", "lease_expiries", "coordinator_groups"]
+    names += ["maintenance_leases", "cancel_and_retention", "ordering_keys", "flow_control"]
+    lines = [
+        record("applying migration %s/%04d_%s", "dispatcher.db", v, name, level=logging.INFO)
+        for v, name in enumerate(names, start=1)
+    ]
+    assert all(storm.filter(r) for r in lines)
+    assert storm.dropped_total == 0
+    assert storm.drain() == [] and summaries == []
+
+
+def test_a_template_of_too_many_shapes_collapses_under_the_template(clock):
+    storm, summaries = make(clock, burst=2, shapes=5)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
+    kept = [storm.filter(record("claim failed: %s", w)) for w in words]
+    # five shapes of their own, then the template's key: its burst, then counted
+    assert kept == [True] * 5 + [True] * 2 + [False] * 2
+    # a shape seen before the cap keeps its own key (and burst)
+    assert [storm.filter(record("claim failed: %s", "alpha")) for _ in range(2)] == [True, False]
+    assert storm.dropped_total == 3
+    # a new window of the template: new shapes have keys of their own again
+    clock.now += 10.0
+    assert storm.filter(record("claim failed: %s", "juliett"))
+    assert storm.filter(record("claim failed: %s", "kilo"))
+    assert sorted(getattr(s, SUPPRESSED) for s in summaries) == [1, 2]
+
+
+def test_the_shape_masks_numbers_hex_ids_and_uuids_not_words():
+    line = record(
+        "job %d of %s at %s (%s, %s)",
+        42,
+        "pod-3f9a2c",
+        "2025-01-31T09:14:07.201Z",
+        "550e8400-e29b-41d4-a716-446655440000",
+        "deadbeef",
+    )
+    assert _shape(line) == "job # of pod-# at #-#-#T#:#:#.#Z (#, deadbeef)"
+    assert _shape(record("applying migration %s/%04d_%s", "coordinator", 5, "groups")) == (
+        "applying migration coordinator/#_groups"
+    )
+
+
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError):
         StormFilter(burst=0)
     with pytest.raises(ValueError):
         StormFilter(window_s=0)
+    with pytest.raises(ValueError):
+        StormFilter(shapes=0)

@@ -86,7 +86,12 @@ def _config_from(args: argparse.Namespace) -> Config:
     flags = {s.name: getattr(args, s.name, None) for s in settings()}
     config = Config.load(**flags)
     # Whatever quotes them, never in a line.
-    logs.protect(config.dsn, config.listen_dsn, config.redis_url, tokens=(config.web_token,))
+    logs.protect(
+        config.dsn,
+        config.listen_dsn,
+        config.redis_url,
+        tokens=(config.web_token, config.web_session_secret),
+    )
     return config
 
 

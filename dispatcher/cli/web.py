@@ -17,8 +17,9 @@ def add_web_parser(
     p = sub.add_parser(
         "web", help="the web dashboard: queues, jobs, workers, the bucket map (the `web` extra)"
     )
-    # The web settings under short names (each also DISPATCHER_WEB_*); the token only from the
-    # environment (DISPATCHER_WEB_TOKEN): a flag would show it to anyone who can list processes.
+    # The web settings under short names (each also DISPATCHER_WEB_*); the token and the session
+    # secret only from the environment (DISPATCHER_WEB_TOKEN, DISPATCHER_WEB_SESSION_SECRET): a
+    # flag would show them to anyone who can list processes.
     p.add_argument(
         "--host",
         dest="web_host",

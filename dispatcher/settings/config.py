@@ -144,7 +144,11 @@ class Config(ConfigFields):
             ),
             "observability": sec.ObservabilitySettings(self.metrics_port, self.loop_stall_s),
             "web": sec.WebSettings(
-                self.web_host.strip(), self.web_port, self.web_token, self.web_allow_actions
+                self.web_host.strip(),
+                self.web_port,
+                self.web_token,
+                self.web_allow_actions,
+                self.web_session_secret,
             ),
         }
         for name, section in resolved.items():

@@ -53,6 +53,10 @@ DEFAULT_STATEMENT_TIMEOUT_S = 5.0
 DEFAULT_LOOP_STALL_S = 10.0
 # a common Prometheus scrape interval; one pod samples (table_sampler.py)
 DEFAULT_TABLE_SAMPLE_INTERVAL_S = 15.0
+# 32 characters of secrets.token_urlsafe: 192 bits, beyond guessing; the token's 16 is a floor
+# for a password people type, this one only machines read
+MIN_SESSION_SECRET = 32
+MIN_WEB_TOKEN = 16
 COORDINATORS = ("postgres", "redis", "static")
 # The `redis` extra's requirement (pyproject.toml; a test keeps the two equal), named in the error
 # that a Redis coordinator without redis-py gets.

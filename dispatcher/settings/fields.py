@@ -471,6 +471,18 @@ class ConfigFields:
             "<token>`; at least 16 characters, from the environment only (none: no login)"
         ),
     )
+    web_session_secret: str | None = setting(
+        None,
+        section="web",
+        parse=str,
+        secret=True,
+        help=(
+            "`dispatcher web`: the key its login cookies and form tokens are signed with, the same "
+            "on every replica (a login then works on each, and survives a restart; a new one "
+            "logs everyone out); required with web_token; at least 32 characters, from the "
+            "environment only"
+        ),
+    )
     web_allow_actions: bool = setting(
         False,
         section="web",

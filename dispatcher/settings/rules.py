@@ -26,6 +26,8 @@ from dispatcher.settings.defaults import (
     LISTEN_OFF,
     LOG_FORMATS,
     LOG_LEVELS,
+    MIN_SESSION_SECRET,
+    MIN_WEB_TOKEN,
     REDIS_KEY_PREFIX_RE,
     REDIS_REQUIREMENT,
 )
@@ -169,11 +171,28 @@ def check(c: ConfigFields) -> None:
     _check(0 <= c.metrics_port <= 65535, "metrics_port", "must be a TCP port or 0")
     _check(1 <= c.web_port <= 65535, "web_port", "must be a TCP port (1 to 65535)")
     _check(bool(c.web_host.strip()), "web_host", "must not be empty")
+    make_one = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
     _check(
-        c.web_token is None or len(c.web_token.strip()) >= 16,
+        c.web_token is None or len(c.web_token.strip()) >= MIN_WEB_TOKEN,
         "web_token",
-        "must be at least 16 characters (python -c 'import secrets; "
-        "print(secrets.token_urlsafe(32))')",
+        f"must be at least {MIN_WEB_TOKEN} characters ({make_one})",
+    )
+    _check(
+        c.web_token is None or c.web_session_secret is not None,
+        "web_session_secret",
+        "is required when DISPATCHER_WEB_TOKEN is set: the login cookies are signed with it, so "
+        "every replica (and a restarted one) accepts them; give every replica the same one, "
+        f"of at least {MIN_SESSION_SECRET} characters ({make_one})",
+    )
+    _check(
+        c.web_session_secret is None or len(c.web_session_secret.strip()) >= MIN_SESSION_SECRET,
+        "web_session_secret",
+        f"must be at least {MIN_SESSION_SECRET} characters ({make_one})",
+    )
+    _check(
+        c.web_session_secret is None or c.web_session_secret.strip() != (c.web_token or "").strip(),
+        "web_session_secret",
+        "must not be the token: one who saw the token must not learn the signing key",
     )
     _check(
         c.loop_stall_s >= 2,

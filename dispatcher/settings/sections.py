@@ -207,3 +207,5 @@ class WebSettings:
     port: int
     token: str | None = field(repr=False)  # None: no login (loopback only, unless --insecure)
     allow_actions: bool
+    # signs the login cookies and CSRF tokens (security.py); required with a token
+    session_secret: str | None = field(repr=False)

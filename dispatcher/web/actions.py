@@ -178,7 +178,7 @@ async def login(request: Request) -> Response:
 
 async def logout(request: Request) -> Response:
     dash = _dash(request)
-    dash.gate.logout(request.cookies.get(security.SESSION_COOKIE))
+    # Stateless: this browser forgets its cookie; a copy of it works until it expires.
     response = RedirectResponse("/login" if not dash.gate.open else "/", status_code=303)
     response.delete_cookie(security.SESSION_COOKIE, path="/")
     return response

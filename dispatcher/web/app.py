@@ -55,8 +55,8 @@ class Dashboard:
         self.limits = config.database.limits
         self.allow_actions = config.web.allow_actions
         self.pool = pool
-        self.gate = security.Gate(config.web.token)
-        self.csrf = security.Csrf()
+        self.gate = security.Gate(config.web.token, config.web.session_secret)
+        self.csrf = security.Csrf(config.web.session_secret)
         # Open to all only on loopback: then a request must also be addressed to a loopback name.
         self.check_host = self.gate.open and not insecure
         self.stopping = False  # set at shutdown: a bulk change stops at its next batch

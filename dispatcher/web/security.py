@@ -2,9 +2,12 @@
 
 - `check_bind`: a non-loopback address needs a token (DISPATCHER_WEB_TOKEN) or --insecure.
 - `Gate`: with a token, a request carries `Authorization: Bearer <token>` or the cookie of a
-  login made with it (compared in constant time; sessions live in this process's memory).
-- CSRF: a random cookie per browser, and in every form an HMAC of it under this process's key;
-  a POST without it, or with another, is refused (403), as is one from another origin.
+  login made with it: `Sessions`, signed and expiring, under a key derived from the session
+  secret and the token, so every replica accepts it, a restart keeps it, and rotating either
+  logs everyone out (compared in constant time; no session is kept anywhere).
+- CSRF: a random cookie per browser, and in every form an HMAC of it under a key derived from
+  the session secret (a random one per process without a secret); a POST without it, or with
+  another, is refused (403), as is one from another origin.
 - `host_allowed`: without a token, only requests addressed to a loopback name (DNS rebinding).
 - `SecurityHeaders`: a Content-Security-Policy that allows this origin's script and style files
   only (no inline script, no CDN), and the usual headers against framing and sniffing.
@@ -12,9 +15,11 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 import socket
 import time
@@ -28,7 +33,13 @@ CSRF_COOKIE = "dispatcher_csrf"
 SESSION_COOKIE = "dispatcher_session"
 CSRF_FIELD = "csrf_token"
 SESSION_TTL_S = 12 * 3600
-MAX_SESSIONS = 10_000  # logins kept; the oldest is forgotten first
+# A login issued this far in the future of this replica's clock is still taken: replicas' wall
+# clocks disagree by this much at most (NTP keeps them far closer).
+SESSION_CLOCK_SKEW_S = 60
+SESSION_VERSION = "v1"
+_SESSION = re.compile(
+    r"v1\.([0-9]{1,12})\.([0-9]{1,12})\.([A-Za-z0-9_-]{16,64})\.([A-Za-z0-9_-]{43})"
+)
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src "
     "'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
@@ -67,12 +78,59 @@ def check_bind(host: str, token: str | None, insecure: bool) -> None:
         )
 
 
-class Gate:
-    """Who may look: everyone (no token), or whoever shows the token or a session made with it."""
+class Sessions:
+    """Session cookies that need no store: `v1.<issued>.<expires>.<nonce>.<mac>`, the times in
+    unix seconds (wall clock: the replicas share no clock but their hosts'), the MAC an
+    HMAC-SHA256 of the rest under a key derived from the session secret and the token."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, secret: str, token: str, *, clock: Callable[[], float] = time.time) -> None:
+        self._key = hmac.new(
+            secret.encode(), b"dispatcher session\0" + token.strip().encode(), hashlib.sha256
+        ).digest()
+        self._clock = clock
+
+    def _mac(self, signed: str) -> str:
+        digest = hmac.new(self._key, signed.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+    def issue(self) -> str:
+        """A new session cookie, valid for SESSION_TTL_S from now."""
+        issued = int(self._clock())
+        signed = f"{SESSION_VERSION}.{issued}.{issued + SESSION_TTL_S}.{secrets.token_urlsafe(18)}"
+        return f"{signed}.{self._mac(signed)}"
+
+    def valid(self, cookie: str | None) -> bool:
+        """Whether `cookie` is one of ours (its MAC, in constant time), issued at most
+        SESSION_TTL_S before it expires, not yet expired, and not issued in the future."""
+        match = _SESSION.fullmatch(cookie) if cookie else None
+        if match is None:
+            return False
+        signed, _, mac = match[0].rpartition(".")
+        if not hmac.compare_digest(self._mac(signed).encode(), mac.encode()):
+            return False
+        issued, expires, now = int(match[1]), int(match[2]), self._clock()
+        return (
+            0 < expires - issued <= SESSION_TTL_S
+            and now < expires
+            and issued <= now + SESSION_CLOCK_SKEW_S
+        )
+
+
+class Gate:
+    """Who may look: everyone (no token), or whoever shows the token or a session made with it.
+    A token needs a session secret (the config loader requires one)."""
+
+    def __init__(
+        self, token: str | None, secret: str | None, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self._token = token.strip().encode() if token else None
-        self._sessions: dict[str, float] = {}  # session id -> expiry (monotonic)
+        self._sessions: Sessions | None = None
+        if token:
+            if not secret:
+                raise ConfigError(
+                    "DISPATCHER_WEB_SESSION_SECRET", "is required with DISPATCHER_WEB_TOKEN"
+                )
+            self._sessions = Sessions(secret, token, clock=clock)
 
     @property
     def open(self) -> bool:
@@ -86,38 +144,29 @@ class Gate:
         )
 
     def allows(self, headers: Any, cookies: MutableMapping[str, str]) -> bool:
-        if self._token is None:
+        if self._sessions is None:
             return True
         scheme, _, credential = (headers.get("authorization") or "").partition(" ")
         if scheme.lower() == "bearer" and self.token_matches(credential):
             return True
-        sid = cookies.get(SESSION_COOKIE)
-        expiry = self._sessions.get(sid) if sid else None
-        if sid is None or expiry is None:
-            return False
-        if expiry < time.monotonic():
-            self._sessions.pop(sid, None)
-            return False
-        return True
+        return self._sessions.valid(cookies.get(SESSION_COOKIE))
 
     def login(self) -> str:
-        """A new session id (after the token was checked)."""
-        if len(self._sessions) >= MAX_SESSIONS:
-            self._sessions.pop(next(iter(self._sessions)))
-        sid = secrets.token_urlsafe(32)
-        self._sessions[sid] = time.monotonic() + SESSION_TTL_S
-        return sid
-
-    def logout(self, sid: str | None) -> None:
-        if sid:
-            self._sessions.pop(sid, None)
+        """A new session cookie (after the token was checked)."""
+        assert self._sessions is not None, "no token: nobody logs in"
+        return self._sessions.issue()
 
 
 class Csrf:
-    """Form tokens bound to the browser's CSRF cookie by an HMAC under a key of this process."""
+    """Form tokens bound to the browser's CSRF cookie by an HMAC under a key derived from the
+    session secret, the same on every replica; without one, a random key of this process."""
 
-    def __init__(self) -> None:
-        self._key = secrets.token_bytes(32)
+    def __init__(self, secret: str | None = None) -> None:
+        self._key = (
+            hmac.new(secret.encode(), b"dispatcher csrf", hashlib.sha256).digest()
+            if secret
+            else secrets.token_bytes(32)
+        )
 
     @staticmethod
     def new_cookie() -> str:

@@ -32,6 +32,7 @@ WEB_SECRET_EXAMPLE = K8S / "web-secret.example.yaml"
 DOCS = K8S.parent / "docs" / "operations" / "kubernetes.md"
 WEB = "dispatcher-web"  # the Deployment, the Service and the token's secret
 WEB_SECRET_KEY = "token"
+SESSION_SECRET_KEY = "session-secret"
 WEB_TAG = "0.1.0"
 HTTP_PORT = 8080
 # The overlay patch of the docs and the component's comment that turns the action buttons on.
@@ -123,6 +124,12 @@ def test_the_dashboard_serves_all_interfaces_behind_the_secret_token(rendered: R
         "valueFrom": {"secretKeyRef": {"name": WEB, "key": WEB_SECRET_KEY}},
     }
     assert "DISPATCHER_WEB_TOKEN" not in settings_map(docs)["data"]
+    # The session secret from the same Secret: every replica signs and checks logins alike.
+    assert env["DISPATCHER_WEB_SESSION_SECRET"] == {
+        "name": "DISPATCHER_WEB_SESSION_SECRET",
+        "valueFrom": {"secretKeyRef": {"name": WEB, "key": SESSION_SECRET_KEY}},
+    }
+    assert "DISPATCHER_WEB_SESSION_SECRET" not in settings_map(docs)["data"]
     # Read-only as shipped.
     assert "--allow-actions" not in args and "DISPATCHER_WEB_ALLOW_ACTIONS" not in env
     assert "DISPATCHER_WEB_ALLOW_ACTIONS" not in settings_map(docs)["data"]
@@ -157,7 +164,7 @@ def test_the_dashboard_pod_is_locked_down_and_stops_quickly(rendered: Render) ->
     assert_locked_down(f"Deployment/{WEB}", spec)
     # The server stops within 5 s of SIGTERM; the kubelet need not wait a worker's 45 s.
     assert 5 < spec["terminationGracePeriodSeconds"] <= 15, spec["terminationGracePeriodSeconds"]
-    # Login sessions are in memory: one replica (docs/operations/kubernetes.md).
+    # One replica as shipped; logins are signed, so more may run (docs/operations/kubernetes.md).
     assert web["spec"]["replicas"] == 1
     # The base's account, which mounts no token.
     account = one(docs, "ServiceAccount", spec["serviceAccountName"])
@@ -219,17 +226,20 @@ def test_the_documented_patch_turns_the_actions_on(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_the_web_secret_example_holds_the_token_the_pod_reads(
+def test_the_web_secret_example_holds_the_token_and_session_secret_the_pod_reads(
     version: str, rendered: Render
 ) -> None:
     done = validate(WEB_SECRET_EXAMPLE, version)
     assert done.returncode == 0, done.stdout + done.stderr
     (secret,) = documents(WEB_SECRET_EXAMPLE.read_text())
-    ref = env_of(web_container(rendered("partitioned-postgres")))["DISPATCHER_WEB_TOKEN"][
-        "valueFrom"
-    ]["secretKeyRef"]
-    assert (secret["kind"], secret["metadata"]["name"]) == ("Secret", ref["name"])
-    assert list(secret["stringData"]) == [ref["key"]]
+    env = env_of(web_container(rendered("partitioned-postgres")))
+    refs = [
+        env[name]["valueFrom"]["secretKeyRef"]
+        for name in ("DISPATCHER_WEB_TOKEN", "DISPATCHER_WEB_SESSION_SECRET")
+    ]
+    assert {ref["name"] for ref in refs} == {secret["metadata"]["name"]}
+    assert secret["kind"] == "Secret"
+    assert list(secret["stringData"]) == [ref["key"] for ref in refs]
     assert "secrets.token_urlsafe(32)" in WEB_SECRET_EXAMPLE.read_text(), "how to make one"
 
 

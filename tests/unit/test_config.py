@@ -438,6 +438,7 @@ def test_run_help_lists_every_setting_and_a_one_shot_command_parses_no_worker_fl
     assert "--web-token" not in web and "--app" not in web.split(), (
         "the token comes from the environment only"
     )
+    assert "--web-session-secret" not in web, "the session secret too"
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["enqueue", "hello", "--steal", "false"])
     assert info.value.code == 2 and "unrecognized arguments: --steal" in capsys.readouterr().err
@@ -460,6 +461,27 @@ def test_every_setting_names_its_section_and_each_section_has_settings():
         from dispatcher.settings.meta import setting
 
         setting(1, section="nowhere", parse=int, help="a setting of no component")
+
+
+def test_a_token_needs_a_session_secret_of_enough_length_kept_out_of_sight():
+    token, secret = "a-token-of-enough-length", "s" * 31 + "!"
+    with pytest.raises(ConfigError) as info:
+        Config.load({"DISPATCHER_WEB_TOKEN": token})
+    assert info.value.setting == "DISPATCHER_WEB_SESSION_SECRET"
+    assert "DISPATCHER_WEB_TOKEN" in info.value.message
+    assert "secrets.token_urlsafe(32)" in info.value.message
+    for short in ("x" * 31, "  " + "x" * 31 + "  "):
+        with pytest.raises(ConfigError) as info:
+            Config.load({"DISPATCHER_WEB_SESSION_SECRET": short})
+        assert info.value.setting == "DISPATCHER_WEB_SESSION_SECRET"
+        assert "at least 32 characters" in info.value.message
+    with pytest.raises(ConfigError, match="must not be the token"):
+        Config(web_token="t" * 32, web_session_secret="t" * 32)
+    config = Config.load({"DISPATCHER_WEB_TOKEN": token, "DISPATCHER_WEB_SESSION_SECRET": secret})
+    assert (config.web.token, config.web.session_secret) == (token, secret)
+    assert secret not in repr(config) and secret not in repr(config.web)
+    # without a token a secret is optional (the CSRF key is then one of the process)
+    assert Config.load({}).web.session_secret is None
 
 
 def test_each_section_holds_its_settings_with_the_derived_values_resolved():

@@ -29,6 +29,7 @@ PAGES = (
     "/flow",
 )
 TOKEN = "t0ken-for-the-dashboard-tests-0123"
+SECRET = "the-session-secret-of-the-dashboard-tests-0123"
 
 
 @pytest.fixture
@@ -255,7 +256,8 @@ def test_without_a_token_only_a_request_addressed_to_loopback_is_answered(seeded
             )
             assert status == 400, host
         assert statuses(dsn, [target]) == {target: "failed"}
-    with served(dsn, web_token=TOKEN) as web:  # with a token, the token decides whatever the name
+    # with a token, the token decides whatever the name
+    with served(dsn, web_token=TOKEN, web_session_secret=SECRET) as web:
         headers = {"Host": "dash.example.com", "Authorization": "Bearer " + TOKEN}
         assert Client(web.url).request("/jobs", headers=headers)[0] == 200
 
@@ -279,7 +281,7 @@ def test_bad_filters_get_a_clear_error_page(seeded):
 
 def test_with_a_token_every_page_needs_it_or_a_login(seeded):
     dsn, _ = seeded
-    with served(dsn, web_token=TOKEN) as web:
+    with served(dsn, web_token=TOKEN, web_session_secret=SECRET) as web:
         client = Client(web.url)
         status, headers, _ = client.request("/")
         assert status == 303 and headers["location"] == "/login"

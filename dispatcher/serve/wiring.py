@@ -29,6 +29,7 @@ from dispatcher.runtime.ordering import KeySweeper
 from dispatcher.runtime.presence import Identity, Presence, declared_schedules
 from dispatcher.runtime.producer import Producer
 from dispatcher.runtime.progress import ProgressFlusher
+from dispatcher.runtime.queue_stats import StatsFlusher, StatsRollup
 from dispatcher.runtime.retry import RetryPolicy
 from dispatcher.runtime.stuck import StuckWatch
 from dispatcher.runtime.table_sampler import TableSampler
@@ -41,7 +42,7 @@ StoreFactory = Callable[[str, str, str, ConnectionLimits, str], JobStore]
 
 # A service that holds a fleet-wide role (one pod at a time): released at shutdown, so the next
 # pod takes it at its next tick instead of after our lease runs out.
-RoleHolder = TableSampler | Pruner | KeySweeper | DepSweeper | Scheduler | Presence
+RoleHolder = TableSampler | Pruner | KeySweeper | DepSweeper | StatsRollup | Scheduler | Presence
 
 
 def connect_store(
@@ -81,6 +82,9 @@ class Services:
     table_sampler: TableSampler
     scheduler: Scheduler
     presence: Presence  # this worker's row in the worker registry
+    # the dashboard charts' counts (every worker) and their per-minute rollup (one pod)
+    stats_flusher: StatsFlusher
+    stats_rollup: StatsRollup
     periodic: tuple[PeriodicService, ...]  # every loop of the maintenance, run beside the job path
     roles: tuple[RoleHolder, ...]
 
@@ -203,6 +207,8 @@ def build_services(
     pruner = Pruner(maint, config.retention)
     key_sweeper = KeySweeper(maint, claims.queues)
     dep_sweeper = DepSweeper(maint)
+    stats_flusher = StatsFlusher(maint, limits=database.limits)
+    stats_rollup = StatsRollup(maint)
     table_sampler = TableSampler(
         maint, interval_s=config.maintenance.table_sample_interval_s, queues=claims.queues
     )
@@ -233,6 +239,8 @@ def build_services(
         table_sampler=table_sampler,
         scheduler=scheduler,
         presence=presence,
+        stats_flusher=stats_flusher,
+        stats_rollup=stats_rollup,
         periodic=(
             presence,
             lease_keeper,
@@ -244,6 +252,8 @@ def build_services(
             scheduler,
             PlannerStats(maint, interval_s=config.maintenance.reaper_interval_s),
             table_sampler,
+            stats_flusher,
+            stats_rollup,
         ),
-        roles=(table_sampler, pruner, key_sweeper, dep_sweeper, scheduler, presence),
+        roles=(table_sampler, pruner, key_sweeper, dep_sweeper, stats_rollup, scheduler, presence),
     )

@@ -24,6 +24,7 @@ from dispatcher.observe import job_metrics, metrics
 from dispatcher.runtime.completer import Completer
 from dispatcher.runtime.executor import Executor
 from dispatcher.runtime.producer import Producer
+from dispatcher.runtime.queue_stats import FINAL_FLUSH_S
 from dispatcher.runtime.stuck import StuckWatch
 from dispatcher.runtime.vitals import Vitals
 from dispatcher.serve.lifecycle import EXIT_FORCED, EXIT_STUCK
@@ -299,6 +300,10 @@ class Worker:
         # enqueues schedules at its next tick instead of after our leases run out.
         releasing = asyncio.create_task(_release_roles(*self.services.roles), name="release roles")
         await self._flush_until(overrun_ends - 0.5)
+        # The charts' counts of those last outcomes: one short flush (queue_stats.py).
+        await self.services.stats_flusher.final_flush(
+            min(FINAL_FLUSH_S, max(0.0, overrun_ends - 0.3 - time.monotonic()))
+        )
         await _within(leaving, overrun_ends - 0.2)
         await _within(releasing, overrun_ends - 0.2)
         if self.services.listener is not None:

@@ -71,6 +71,7 @@ def create_app(config: Config, *, insecure: bool = False) -> Starlette:
         Route("/logout", guarded(actions.logout, post=True, **public), methods=["POST"]),
         Route("/healthz", views.healthz),
         Route("/readyz", views.readyz),
+        Route("/queues/{name}", guarded(views.queue)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

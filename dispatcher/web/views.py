@@ -25,7 +25,7 @@ from dispatcher.constants import COMPLETED_KEEP, is_valid_name
 from dispatcher.db.oneshot import bounded_transaction
 from dispatcher.db.queries import query
 from dispatcher.model import STATUSES
-from dispatcher.web import reads
+from dispatcher.web import chart_reads, charts, reads
 from dispatcher.web.app import Dashboard
 
 PAGE_SIZE = 50
@@ -55,10 +55,16 @@ def _dash(request: Request) -> Dashboard:
     return request.app.state.dashboard  # type: ignore[no-any-return]  # Starlette: untyped state
 
 
-async def overview(request: Request) -> Response:
-    dash = _dash(request)
+def _span(request: Request) -> str:
+    span = (request.query_params.get("span") or chart_reads.DEFAULT_SPAN).strip()
+    if span not in chart_reads.SPANS:
+        raise AdminInputError(f"unknown span {span!r} (one of 1h, 24h)", "span")
+    return span
+
+
+async def _overview_data(dash: Dashboard) -> reads.Overview:
     config = dash.config
-    data = await dash.db(
+    return await dash.db(  # type: ignore[no-any-return]
         reads.overview,
         dash.limits,
         mode=config.mode,
@@ -66,12 +72,45 @@ async def overview(request: Request) -> Response:
         completed_rows_kept=config.completion.completed_jobs == COMPLETED_KEEP,
         cache="overview",
     )
+
+
+async def overview(request: Request) -> Response:
+    dash = _dash(request)
+    span = _span(request)
+    data = await _overview_data(dash)
+    series = await dash.db(chart_reads.read_series, dash.limits, span, cache=("charts", span))
     return dash.render(
         request,
         "overview.html",
         data=data,
         statuses=reads.DEPTH_STATUSES,
         window_s=reads.OUTCOME_WINDOW_S,
+        charts=charts.charts_of(series),
+        span=span,
+    )
+
+
+async def queue(request: Request) -> Response:
+    """One queue: its counts (the overview's row) and its charts."""
+    dash = _dash(request)
+    name = request.path_params["name"]
+    if not is_valid_name(name):
+        return dash.error(request, 404, "No such queue: not a name a queue can have.")
+    span = _span(request)
+    data = await _overview_data(dash)
+    series = await dash.db(
+        chart_reads.read_series, dash.limits, span, name, cache=("charts", span, name)
+    )
+    return dash.render(
+        request,
+        "queue.html",
+        data=data,
+        row=next((q for q in data.queues if q.name == name), None),
+        name=name,
+        statuses=reads.DEPTH_STATUSES,
+        window_s=reads.OUTCOME_WINDOW_S,
+        charts=charts.charts_of(series),
+        span=span,
     )
 
 

@@ -484,6 +484,18 @@ def test_a_token_needs_a_session_secret_of_enough_length_kept_out_of_sight():
     assert Config.load({}).web.session_secret is None
 
 
+def test_a_command_never_writes_the_token_or_the_session_secret(monkeypatch):
+    from dispatcher.cli.commands import _config_from, build_parser
+    from dispatcher.observe import logs
+
+    token, secret = "a-token-never-in-a-log-line", "a-session-secret-never-in-a-log-line-0123"
+    monkeypatch.setenv("DISPATCHER_WEB_TOKEN", token)
+    monkeypatch.setenv("DISPATCHER_WEB_SESSION_SECRET", secret)
+    _config_from(build_parser().parse_args(["status"]))
+    line = logs.redact(f"token {token}, secret {secret}")
+    assert token not in line and secret not in line, line
+
+
 def test_each_section_holds_its_settings_with_the_derived_values_resolved():
     config = Config.load(
         {

@@ -13,7 +13,7 @@ from datetime import datetime
 from dispatcher.web.chart_reads import Series
 
 WIDTH, HEIGHT = 640, 200
-LEFT, RIGHT, TOP, BOTTOM = 60, 12, 14, 26  # margins: the y labels, the x labels
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 14, 30  # margins: the y labels, the x labels
 EMPTY_TEXT = "no data in this span yet"
 
 

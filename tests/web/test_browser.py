@@ -177,6 +177,56 @@ def test_every_page_loads_without_a_console_error(browser, web, world):
     visit(browser, web + "/flow", "Limits", "flow")
 
 
+def test_the_charts_render_with_data_and_without(browser, web, world):
+    """The overview's and a queue's charts draw their lines from the rollup (rows written here as
+    the rollup would, and the live workers' own flushes), a queue with none says so, both spans
+    render, and a live refresh redraws them: no console error anywhere."""
+    from selenium.webdriver.common.by import By
+
+    dsn, _ = world
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO dispatcher_stats_by_minute (minute, queue_name, finished, failed, depth)"
+            " SELECT date_trunc('minute', now()) - m * interval '1 minute', q, 20 + m %% 7, m %% 3,"
+            "        40 - m"
+            "   FROM generate_series(1, 30) AS m, unnest(ARRAY[%s, '']) AS q"
+            " ON CONFLICT DO NOTHING",
+            (SEEDED,),
+        )
+
+    def drawn() -> dict[str, int]:
+        return {
+            f.get_attribute("id"): len(f.find_elements(By.CSS_SELECTOR, "polyline"))
+            for f in browser.find_elements(By.CSS_SELECTOR, "figure.chart")
+            if f.get_attribute("data-empty") == "false"
+        }
+
+    visit(browser, f"{web}/queues/{SEEDED}", f"Queue {SEEDED}", "queue")
+    assert drawn()["chart-throughput"] == 2 and drawn()["chart-depth"] >= 1
+    title = browser.find_element(By.CSS_SELECTOR, "#chart-throughput svg title")
+    assert title.get_attribute("textContent").startswith("Finished and failed")
+    visit(browser, web + "/?span=24h", "Queues")
+    assert drawn()["chart-throughput"] == 2
+    visit(browser, web + "/", "Queues", "overview-charts")
+    refreshed = browser.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed")
+    wait_until(
+        lambda: (
+            browser.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed") != refreshed
+        ),
+        30,
+        "a live refresh",
+        interval_s=0.5,
+    )
+    assert drawn()["chart-throughput"] == 2
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, f"console errors {errors}"
+    visit(browser, f"{web}/queues/no-such-queue", "Queue no-such-queue")
+    figures = browser.find_elements(By.CSS_SELECTOR, "figure.chart")
+    assert len(figures) == 3 and all(f.get_attribute("data-empty") == "true" for f in figures)
+    assert "no data in this span yet" in figures[0].text
+    assert not browser.find_elements(By.CSS_SELECTOR, "figure.chart polyline")
+
+
 def test_the_bucket_map_shows_each_buckets_backlog(browser, web, world):
     from selenium.webdriver.common.by import By
 

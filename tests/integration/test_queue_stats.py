@@ -180,3 +180,38 @@ def test_a_flush_that_fails_loses_no_count(dsn):
         "SELECT sum(finished), sum(failed) FROM dispatcher_stats_by_worker WHERE queue_name = %s",
         (queue,),
     ) == [(3, 1)]
+
+
+def test_a_worker_that_stops_has_flushed_every_count(dsn):
+    """No explicit flush: the worker's own flusher, and its last flush at shutdown, write every
+    outcome it counted."""
+    queue = f"stop-{uuid.uuid4().hex[:8]}"
+    registry = Registry()
+
+    @registry.handler("work")
+    async def work(job: Job) -> None:
+        return None
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(5):
+            enqueue_sync(conn, "work", None, queue=queue)
+    worker = Worker(Config(dsn=dsn, queues=(queue,), poll_interval_s=0.1), registry)
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.run())
+        try:
+            await wait_until_async(
+                lambda: (c := totals(JOB_STATS).get(queue)) is not None and c.finished == 5,
+                20,
+                "the jobs counted",
+            )
+        finally:
+            worker.stop()
+            await task
+
+    asyncio.run(main())
+    assert fetchall(
+        dsn,
+        "SELECT sum(finished)::int FROM dispatcher_stats_by_worker WHERE queue_name = %s",
+        (queue,),
+    ) == [(5,)]

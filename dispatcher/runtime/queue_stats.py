@@ -203,7 +203,7 @@ class StatsFlusher(PeriodicService):
 @dataclass(frozen=True, slots=True)
 class Rollup:
     minutes: int  # (minute, queue) rows the workers' rows were added to
-    sampled: int  # queues whose depth was recorded
+    sampled: int  # queues with queued jobs (those seen within the hour without any: 0)
 
 
 class StatsRollup(PeriodicService):
@@ -246,8 +246,7 @@ class StatsRollup(PeriodicService):
             async with conn.transaction():
                 moved = await conn.execute(query("stats_rollup"))
                 minutes = len(await moved.fetchall())
-                if due:
-                    await conn.execute(query("stats_record_depth"), params)
+                await conn.execute(query("stats_record_depth"), params)
                 await conn.execute(query("stats_retention"), {"keep_s": self.keep_s})
             return Rollup(minutes, len(due))
 

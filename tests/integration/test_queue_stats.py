@@ -107,6 +107,7 @@ def test_a_workers_jobs_are_counted_once_per_minute_after_flush_and_rollup(dsn, 
     assert rolled == [(n_ok, n_failed, N_WAITS)]
     after = _series(dsn, "1h", queue)
     assert sum(after.finished_per_min) == n_ok and sum(after.failed_per_min) == n_failed
+    assert after.depth[-1] == 0  # drained: sampled at 0, not a gap
     # all queues: at least ours (other tests of this process may have flushed into other queues)
     assert sum(_series(dsn, "24h", None).finished_per_min) * 10 >= n_ok
 

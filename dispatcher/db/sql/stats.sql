@@ -70,11 +70,23 @@ RETURNING s.minute
 
 -- name: stats_record_depth
 -- The depth sample of each queue for the current minute (due queued jobs, from queue_depth), and
--- their sum under queue_name '' (every queue).
+-- their sum under queue_name '' (every queue). A queue with rows in the last hour but none
+-- queued now (queue_depth has no row for it) is sampled at 0, so a drained queue's line goes
+-- down to 0 instead of stopping.
+WITH sampled AS (
+    SELECT d.queue_name, d.depth
+      FROM unnest(%(queues)s::text[], %(depths)s::bigint[]) AS d(queue_name, depth)
+    UNION
+    SELECT m.queue_name, 0
+      FROM dispatcher_stats_by_minute AS m
+     WHERE m.minute >= now() - interval '1 hour' AND m.queue_name <> ''
+       AND m.queue_name <> ALL(%(queues)s::text[])
+)
 INSERT INTO dispatcher_stats_by_minute AS s (minute, queue_name, depth)
-SELECT date_trunc('minute', now()), coalesce(d.queue_name, ''), sum(d.depth)
-  FROM unnest(%(queues)s::text[], %(depths)s::bigint[]) AS d(queue_name, depth)
- GROUP BY GROUPING SETS ((d.queue_name), ())
+SELECT date_trunc('minute', now()), coalesce(queue_name, ''), sum(depth)
+  FROM sampled
+ GROUP BY GROUPING SETS ((queue_name), ())
+HAVING count(*) > 0
 ON CONFLICT (minute, queue_name) DO UPDATE SET depth = excluded.depth
 
 -- name: stats_retention

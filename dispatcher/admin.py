@@ -1,7 +1,8 @@
-"""The operator's API, `dispatcher.admin`: list, show, retry, cancel and purge jobs (`dispatcher
-jobs` and the dashboard use it), with its typed results; the fleet's flow control and the
-schedules listing are re-exported. Sync psycopg, on a DSN or an idle connection; every write
-re-checks the row's status. Usage: docs/guides/admin.md; why it works so: docs/design/admin.md.
+"""The operator's API, `dispatcher.admin`: list, search, show, retry, cancel and purge jobs
+(`dispatcher jobs` and the dashboard use it), with its typed results (api/admin_results.py); the
+fleet's flow control and the schedules listing are re-exported. Sync psycopg, on a DSN or an idle
+connection; every write re-checks the row's status. Usage: docs/guides/admin.md; why it works
+so: docs/design/admin.md.
 """
 
 from __future__ import annotations
@@ -9,13 +10,22 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 
 from coordinator.pg.connect import ConnectionLimits
+from dispatcher.api.admin_results import (  # re-exported: what the admin returns
+    AdminResult,
+    Attempt,
+    HaltedKey,
+    JobDetail,
+    JobRow,
+    Match,
+    SearchPage,
+    Skipped,
+)
 from dispatcher.api.flow import (  # re-exported: the fleet's flow control
     LimitRow,
     PausedQueue,
@@ -26,7 +36,13 @@ from dispatcher.api.flow import (  # re-exported: the fleet's flow control
     resume_queue,
     set_limit,
 )
-from dispatcher.api.job_filters import ELIGIBLE, HALTING, Filters  # Filters: re-exported
+from dispatcher.api.job_filters import (  # Filters, the search forms: re-exported
+    ELIGIBLE,
+    HALTING,
+    Filters,
+    id_list,
+    payload_filter,
+)
 from dispatcher.api.schedules.listing import ScheduleRow, list_schedules  # re-exported
 from dispatcher.constants import NOTIFY_CHANNEL
 from dispatcher.db import rows, sharded_admin
@@ -47,97 +63,9 @@ ADMIN_BUDGET = 6.0
 DEFAULT_BATCH = 1000  # rows per statement of a bulk change: ~2 ms each, 1,000 row locks at most
 DEFAULT_LIST_LIMIT = 50
 MAX_REPORTED_IDS = 100_000  # ids of changed jobs kept in a result; the counts are always exact
+SEARCH_WINDOW_IDS = 100_000  # ids one page of search_jobs examines at most
 # a batch that hit a dedupe key enqueued meanwhile is sent again (it is then skipped)
 _UNIQUE_RETRIES = 3
-
-# What the admin returns: typed rows and results.
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    id: int
-    queue: str
-    job_type: str
-    status: str
-    priority: int
-    attempts: int
-    max_attempts: int | None  # None: not given at enqueue (the handler's, else 20)
-    run_at: datetime
-    created_at: datetime
-    updated_at: datetime  # when it entered its status
-    age_s: float  # since then, by the database's clock
-    locked_by: str | None
-    cancel_requested_at: datetime | None
-    last_error: str | None
-    tags: list[str] | None = None  # given at enqueue (None: none)
-
-
-@dataclass(frozen=True, slots=True)
-class HaltedKey:
-    """An ordering key that a failed or discarded job halts, and how many jobs wait behind it."""
-
-    queue: str
-    ordering_key: str
-    job_id: int
-    job_type: str
-    status: str
-    failed_at: datetime | None
-    last_error: str | None
-    waiting: int
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    attempt: int
-    worker: str
-    started_at: datetime
-    finished_at: datetime
-    duration_ms: float
-    outcome: str
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobDetail:
-    """`show`: the whole row (as a dict of its columns), its last error, its attempt history."""
-
-    job: dict[str, Any]
-    last_error: str | None
-    attempts: list[Attempt]
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    id: int
-    status: str | None  # when the statement began (None: no such job)
-    reason: str
-
-
-@dataclass(slots=True)
-class AdminResult:
-    """What a retry, cancel or purge did. `changed`: retried / cancelled at once / purged; for a
-    cancel, `requested`: running jobs that got a cancel request. Ids beyond MAX_REPORTED_IDS are
-    counted, not listed."""
-
-    action: str
-    matched: int = 0  # jobs considered: the ids given, or those the filters matched
-    changed_count: int = 0
-    requested_count: int = 0
-    changed: list[int] = field(default_factory=list)
-    requested: list[int] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    finished: bool = True  # False: told to stop between batches (keep_going); the rest still match
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    """What a bulk change would touch: how many jobs, the newest of them, and when (the database's
-    clock): `Filters(as_of=...)` and `up_to_id` hold a later change to exactly these."""
-
-    count: int
-    newest_id: int | None
-    as_of: datetime
-
 
 Target = str | psycopg.Connection[Any]
 # One batch of a change: write(ids, filters, result) (_write, or _write_by_bucket on Citus).
@@ -152,11 +80,35 @@ def list_jobs(
     limits: ConnectionLimits | None = None,
 ) -> list[JobRow]:
     """Jobs that match, newest first, at most `limit`."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
+    _whole(limit, "limit")
     with _session(target, limits) as run:
         found = run("list", _sql("admin_jobs_list"), {**filters.params(), "limit": limit})
     return rows.typed(JobRow, found)
+
+
+def search_jobs(
+    target: Target,
+    filters: Filters,
+    *,
+    limit: int = DEFAULT_LIST_LIMIT,
+    window: int = SEARCH_WINDOW_IDS,
+    limits: ConnectionLimits | None = None,
+) -> SearchPage:
+    """list_jobs within one window of ids: at most `window` ids below filters.before_id (none:
+    the newest job's and below), walked newest first on the primary key. A search that no index
+    serves (a payload, an error text) reads at most `window` rows a page, however rare its
+    matches. Fewer than `limit` jobs: that is all the window holds; the next window is below
+    its floor (before_id=floor)."""
+    _whole(limit, "limit")
+    _whole(window, "window")
+    with _session(target, limits) as run:
+        (ids,) = rows.typed(rows.JobIdRange, run("list", query("admin_jobs_id_range"), {}))
+        ceiling = filters.before_id or (ids.newest or 0) + 1
+        floor = max(1, ceiling - window, filters.min_id or 1)
+        params = replace(filters, min_id=floor).params()
+        found = run("list", _sql("admin_jobs_list"), {**params, "limit": limit})
+    older = ids.lowest is not None and ids.lowest < floor
+    return SearchPage(rows.typed(JobRow, found), floor, ceiling, older)
 
 
 def list_halted_keys(
@@ -168,8 +120,7 @@ def list_halted_keys(
 ) -> list[HaltedKey]:
     """Halted keys whose halted job matches, newest halt first (by its job's id), at most
     `limit`."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise AdminInputError(f"must be a whole number >= 1, got {limit!r}", "limit")
+    _whole(limit, "limit")
     with _session(target, limits) as run:
         found = run("list", _sql("admin_halted_keys"), {**filters.params(), "limit": limit})
     return rows.typed(HaltedKey, found)
@@ -469,6 +420,11 @@ def _why(
     return "its status changed meanwhile"
 
 
+def _whole(value: Any, option: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AdminInputError(f"must be a whole number >= 1, got {value!r}", option)
+
+
 def _keep(ids: list[int], job_id: int) -> None:
     if len(ids) < MAX_REPORTED_IDS:
         ids.append(job_id)
@@ -531,10 +487,12 @@ __all__ = [
     "Match",
     "PausedQueue",
     "ScheduleRow",
+    "SearchPage",
     "Skipped",
     "cancel_jobs",
     "clear_limits",
     "count_jobs",
+    "id_list",
     "job_attempts",
     "list_halted_keys",
     "list_jobs",
@@ -543,9 +501,11 @@ __all__ = [
     "match_jobs",
     "pause_queue",
     "paused_queues",
+    "payload_filter",
     "purge_jobs",
     "resume_queue",
     "retry_jobs",
+    "search_jobs",
     "set_limit",
     "show_job",
 ]

@@ -4,11 +4,12 @@ on the command line.
 Which jobs: ids (arguments, or --id repeated), and/or filters (--status, --queue, --type, each
 repeated or comma-separated; --older-than / --newer-than an age in seconds or 90s, 10m, 2h, 7d,
 by the time the job entered its status; --halted: jobs that halt their ordering key; --tag: jobs
-carrying every tag given, repeated or comma-separated). A change given ids acts at once and
-reports each id. A change without ids is a bulk change of every job that matches (--all: no
-filter at all); it first prints how many match, and acts only with --yes: without it nothing
-changes and the exit code is 1, so a script that forgot --yes does not take "nothing done" for
-success.
+carrying every tag given, repeated or comma-separated; --payload: jobs whose payload contains
+key=value pairs or a JSON object; --error: jobs whose last error contains a text, in any case).
+A change given ids acts at once and reports each id. A change without ids is a bulk change of
+every job that matches (--all: no filter at all); it first prints how many match, and acts only
+with --yes: without it nothing changes and the exit code is 1, so a script that forgot --yes does
+not take "nothing done" for success.
 
 Exit codes (0 done, 1 not done, 2 bad input): docs/guides/admin.md.
 """
@@ -38,6 +39,7 @@ from dispatcher.admin import (
     job_attempts,
     list_halted_keys,
     list_jobs,
+    payload_filter,
     purge_jobs,
     retry_jobs,
     show_job,
@@ -57,6 +59,8 @@ _FLAGS = {
     "ids": "ids",
     "halted": "--halted",
     "tags": "--tag",
+    "payload": "--payload",
+    "error": "--error",
     "limit": "--limit",
     "batch": "--batch",
     "batch_id": "--batch",
@@ -190,6 +194,19 @@ def _add_selection(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="TAG",
         help="only jobs carrying this tag (repeatable, or comma-separated: jobs carrying all)",
+    )
+    p.add_argument(
+        "--payload",
+        default=None,
+        metavar="MATCH",
+        help="only jobs whose payload contains this: key=value pairs (customer.id=5 order=8812; a "
+        'bare number also matches its text, "8812") or a JSON object',
+    )
+    p.add_argument(
+        "--error",
+        default=None,
+        metavar="TEXT",
+        help="only jobs whose last error contains this text (any case)",
     )
     p.add_argument(
         "--halted",
@@ -326,7 +343,7 @@ def _change(args: argparse.Namespace, config: Any, action: str) -> int:
             raise ConfigError(
                 "arguments",
                 f"name the jobs to {action}: ids, filters (--status, --queue, --type, "
-                "--older-than, --newer-than, --tag) or --all",
+                "--older-than, --newer-than, --tag, --payload, --error) or --all",
             )
         matching = guarded(lambda: count_jobs(dsn, filters, action, limits=config.database.limits))
         if matching == 0:
@@ -363,6 +380,8 @@ def _filters(args: argparse.Namespace) -> Filters:
             ids=ids,
             halted=args.halted,
             tags=_split(args.tag),
+            payload=None if args.payload is None else payload_filter(args.payload),
+            error=args.error,
         )
     )
 

@@ -72,3 +72,10 @@ class JobsMatch(NamedTuple):
     matched: int
     newest: int | None
     as_of: datetime
+
+
+class JobIdRange(NamedTuple):
+    """admin_jobs_id_range: the lowest and the highest id of the jobs table (None: empty)."""
+
+    lowest: int | None
+    newest: int | None

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 
 # The operator's rows (operator_rows.py), re-exported: rows.X names every typed row.
 from dispatcher.db.operator_rows import BucketOwnerRow as BucketOwnerRow
+from dispatcher.db.operator_rows import JobIdRange as JobIdRange
 from dispatcher.db.operator_rows import JobsMatch as JobsMatch
 from dispatcher.db.operator_rows import LeaderRow as LeaderRow
 from dispatcher.db.operator_rows import LimitKey as LimitKey

@@ -1,5 +1,6 @@
 """The dashboard's changes (POST), each through dispatcher.admin: retry, cancel or purge one job;
-the same for every job a filter matches, after a page that says how many match (and fixes the
+the same for the jobs ticked on the jobs page (each re-checked on its row, each reported); the
+same for every job a filter matches, after a page that says how many match (and fixes the
 newest id and the instant, so jobs that arrive or change later are left alone); pause and resume
 a queue; log in and out. A bulk change stops after BULK_TIME_S, or when the dashboard stops, and
 says how far it got.
@@ -20,16 +21,19 @@ from starlette.responses import RedirectResponse, Response
 
 from dispatcher.admin import (
     AdminInputError,
+    AdminResult,
     Filters,
     cancel_jobs,
+    id_list,
     match_jobs,
     purge_jobs,
     retry_jobs,
 )
 from dispatcher.api.flow import pause_queue, resume_queue
+from dispatcher.api.job_filters import MAX_ID_LIST
 from dispatcher.constants import is_valid_name
 from dispatcher.web import security
-from dispatcher.web.app import form
+from dispatcher.web.app import form, form_all
 from dispatcher.web.views import _dash, filters_from
 
 CHANGES = {"retry": retry_jobs, "cancel": cancel_jobs, "purge": purge_jobs}
@@ -63,6 +67,48 @@ async def job_action(request: Request) -> Response:
         else DONE[action]
     )
     return RedirectResponse(f"/jobs/{job_id}?done={done}", status_code=303)
+
+
+async def selected_action(request: Request) -> Response:
+    """The jobs ticked on the jobs page (repeated `id` fields, at most MAX_ID_LIST): exactly
+    those, each re-checked on its row; the page after lists which changed and which were
+    skipped, and why."""
+    dash = _dash(request)
+    if not dash.allow_actions:
+        return dash.error(request, 403, READ_ONLY)
+    action = _action(request)
+    ticked = await form_all(request, "id")
+    if len(ticked) > MAX_ID_LIST:
+        raise AdminInputError(
+            f"at most {MAX_ID_LIST} jobs at once, {len(ticked)} were ticked: narrow the "
+            "filters, or use a bulk change",
+            "id",
+        )
+    ids = id_list(" ".join(ticked), "id")
+    if not ids:
+        raise AdminInputError(f"tick the jobs to {action} first", "id")
+    _, given = filters_from(await form(request), before=False)  # the page to go back to
+    result = await dash.db(CHANGES[action], Filters(ids=ids), limits=dash.limits)
+    dash.forget()
+    return _result(request, result, given)
+
+
+def _result(
+    request: Request, result: AdminResult, given: dict[str, str], again: str = ""
+) -> Response:
+    """The page after a change: what it did, and a link back to the jobs as filtered. A bulk
+    change's links to a new count of the rest (`again`); a selection's lists each job's outcome."""
+    return _dash(request).render(
+        request,
+        "result.html",
+        action=result.action,
+        done=DONE[result.action],
+        result=result,
+        back=f"/jobs?{urlencode(given)}",
+        again=again,
+        bulk_time_s=int(BULK_TIME_S),
+        selected=not again,
+    )
 
 
 async def confirm(request: Request) -> Response:
@@ -123,15 +169,8 @@ async def bulk_action(request: Request) -> Response:
         keep_going=keep_going,
     )
     dash.forget()
-    again = f"/actions/confirm?{urlencode({**given, 'action': action})}"
-    return dash.render(
-        request,
-        "result.html",
-        action=action,
-        result=result,
-        back=f"/jobs?{urlencode(given)}",
-        again=again,
-        bulk_time_s=int(BULK_TIME_S),
+    return _result(
+        request, result, given, f"/actions/confirm?{urlencode({**given, 'action': action})}"
     )
 
 

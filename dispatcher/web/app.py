@@ -194,12 +194,16 @@ async def form(request: Request) -> dict[str, str]:
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise FormTooLarge()
-    fields = {
-        k: v[0]
-        for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()
-    }
-    request.state.form = fields
+    lists = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    fields = {k: v[0] for k, v in lists.items()}
+    request.state.form, request.state.form_lists = fields, lists
     return fields
+
+
+async def form_all(request: Request, name: str) -> list[str]:
+    """Every value of a field given more than once (the ticked rows' `id`), in order."""
+    await form(request)
+    return list(request.state.form_lists.get(name, ()))
 
 
 def _age(seconds: float | None) -> str:

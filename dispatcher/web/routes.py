@@ -65,6 +65,11 @@ def create_app(config: Config, *, insecure: bool = False) -> Starlette:
         Route("/flow", guarded(views.flow)),
         Route("/actions/confirm", guarded(actions.confirm)),
         Route("/actions/{action}", guarded(actions.bulk_action, post=True), methods=["POST"]),
+        Route(
+            "/actions/{action}/selected",
+            guarded(actions.selected_action, post=True),
+            methods=["POST"],
+        ),
         Route("/queues/{action}", guarded(actions.queue_action, post=True), methods=["POST"]),
         Route("/login", guarded(actions.login_page, **public)),
         Route("/login", guarded(actions.login, post=True, **public), methods=["POST"]),

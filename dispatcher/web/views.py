@@ -10,15 +10,20 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from dispatcher.admin import (
+    SEARCH_WINDOW_IDS,
     AdminInputError,
     Filters,
+    id_list,
     job_attempts,
     list_halted_keys,
     list_jobs,
+    payload_filter,
+    search_jobs,
     show_job,
 )
 from dispatcher.api.enqueue_checks import TAG_RE
 from dispatcher.api.flow import list_limits, paused_queues
+from dispatcher.api.job_filters import MAX_ID_LIST
 from dispatcher.api.schedules.listing import list_schedules
 from dispatcher.api.text import parse_duration_s
 from dispatcher.constants import COMPLETED_KEEP, is_valid_name
@@ -29,7 +34,10 @@ from dispatcher.web import chart_reads, charts, reads
 from dispatcher.web.app import Dashboard
 
 PAGE_SIZE = 50
-FILTER_KEYS = ("queue", "status", "type", "older_than", "newer_than", "tag")
+FILTER_KEYS = (
+    *("queue", "status", "type", "older_than", "newer_than", "tag"),
+    *("payload", "error", "ids"),  # the search's
+)
 # What each status of a job allows, for the buttons of its page (the admin re-checks on the row).
 ACTIONS_BY_STATUS = {
     "failed": ("retry", "cancel", "purge"),
@@ -152,14 +160,30 @@ def filters_from(params: Any, *, before: bool = True) -> tuple[Filters, dict[str
         newer_than_s=ages["newer_than"],
         before_id=before_id,
         tags=tags,
+        payload=payload_filter(given["payload"]) if given["payload"] else None,
+        error=given["error"] or None,
+        ids=id_list(given["ids"]),
     )
     return filters, {k: v for k, v in given.items() if v}
 
 
 async def jobs(request: Request) -> Response:
+    """The jobs that match, newest first, PAGE_SIZE a page. A search by payload or error text
+    examines one window of SEARCH_WINDOW_IDS ids a page (admin.search_jobs), and says which."""
     dash = _dash(request)
     filters, given = filters_from(request.query_params)
-    rows = await dash.db(list_jobs, filters, limit=PAGE_SIZE + 1, limits=dash.limits)
+    search = None
+    if filters.payload is not None or filters.error is not None:
+        search = await dash.db(
+            search_jobs,
+            filters,
+            limit=PAGE_SIZE + 1,
+            window=SEARCH_WINDOW_IDS,
+            limits=dash.limits,
+        )
+        rows = search.jobs
+    else:
+        rows = await dash.db(list_jobs, filters, limit=PAGE_SIZE + 1, limits=dash.limits)
     more = len(rows) > PAGE_SIZE
     return dash.render(
         request,
@@ -172,6 +196,8 @@ async def jobs(request: Request) -> Response:
         first_page=filters.before_id is None,
         next_before=rows[PAGE_SIZE - 1].id if more else None,
         bulk=bool(given),
+        search=search,
+        max_selected=MAX_ID_LIST,
     )
 
 

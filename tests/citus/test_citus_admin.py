@@ -1,7 +1,8 @@
 """The operator's writes on a distributed jobs table: the single-node tests of `jobs retry`,
-`cancel` and `purge` (API and CLI), of their effect on ordering keys, of cancelling, and of the
-uniqueness windows such an end leaves, run on the cluster, where each write goes bucket by bucket
-(dispatcher/db/sharded_admin.py). Left on one node, each for a reason of the cluster's own:"""
+`cancel` and `purge` (API and CLI), of their effect on ordering keys, of cancelling, of the
+uniqueness windows such an end leaves, and of searches (payload, error text, ids), run on the
+cluster, where each write goes bucket by bucket (dispatcher/db/sharded_admin.py). Left on one
+node, each for a reason of the cluster's own:"""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tests.integration.test_dedupe_windows import (  # noqa: F401
     test_a_duplicate_is_refused_while_live_and_within_the_window_after_the_job_ended,
     test_the_window_counts_from_when_the_job_finished_and_a_duplicate_goes_in_once_it_passed,
 )
+from tests.integration.test_job_search import *  # noqa: F403
 from tests.integration.test_ordering_admin import *  # noqa: F403
 
 # It waits for the retry's row lock in pg_stat_activity of the node it connects to; on a cluster

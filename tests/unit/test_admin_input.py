@@ -72,6 +72,9 @@ def test_good_filters_pass_and_absent_ones_are_sent_as_null():
         "as_of": None,
         "tags": None,
         "batch_id": None,
+        "payload": None,
+        "error_like": None,
+        "min_id": None,
     }
     assert Filters().params() == {**dict.fromkeys(f.params(), None), "halted": False}
     assert Filters(halted=True).params()["halted"] is True

@@ -326,3 +326,69 @@ def test_a_page_shows_a_new_job_by_itself_without_reloading(browser, web, world)
         "refreshed in place, not reloaded"
     )
     assert "updated" in browser.find_element(By.ID, "updated").text
+
+
+def test_a_job_found_by_payload_search_is_retried_from_its_row(browser, web, world):
+    """Search by payload, tick the row (the page then stops refreshing, so the tick stays), retry
+    the selection: that job is queued again and no other row changed."""
+    from selenium.webdriver.common.by import By
+
+    dsn, _ = world
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        target = enqueue_sync(conn, "ship", {"order": 8812, "customer": {"id": 5}}, queue=SEEDED)
+        conn.execute(
+            "UPDATE dispatcher_jobs SET status = 'failed', attempts = 1, failed_at = now(), "
+            "last_error = 'KeyError: warehouse' WHERE id = %s",
+            (target,),
+        )
+    visit(browser, f"{web}/jobs", "Jobs")
+    browser.find_element(By.ID, "search-payload").send_keys("order=8812 customer.id=5")
+    browser.find_element(By.ID, "search").click()
+    wait_until(lambda: browser.find_elements(By.ID, "searched"), 30, "the search's page")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+    assert [r.get_attribute("data-job-id") for r in rows] == [str(target)]
+    assert "Searched ids" in browser.find_element(By.ID, "searched").text
+    box = browser.find_element(By.CSS_SELECTOR, f'input[name="id"][value="{target}"]')
+    box.click()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a refresh would show it, and untick
+        later = enqueue_sync(conn, "ship", {"order": 8812, "customer": {"id": 5}}, queue=SEEDED)
+    wait_until(
+        lambda: "paused" in browser.find_element(By.ID, "updated").text,
+        30,
+        "a refresh held back while a row is ticked",
+        interval_s=0.5,
+    )
+    assert browser.find_element(
+        By.CSS_SELECTOR, f'input[name="id"][value="{target}"]'
+    ).is_selected()
+    assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{later}"]')
+    if SHOTS:
+        browser.save_screenshot(str(Path(SHOTS) / "dashboard-search.png"))
+    before = statuses_of_all(dsn)
+    browser.find_element(By.ID, "selected-retry").click()
+    wait_until(lambda: browser.find_elements(By.ID, "outcomes"), 30, "the result page")
+    outcome = browser.find_element(By.CSS_SELECTOR, f'#outcomes tr[data-job-id="{target}"]')
+    assert outcome.get_attribute("data-outcome") == "changed"
+    after = statuses_of_all(dsn)
+    assert {i: s for i, s in after.items() if before.get(i) != s} == {target: "queued"}
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, f"console errors {errors}"
+    # Unticked, the page refreshes again: the job enqueued meanwhile shows up.
+    visit(browser, f"{web}/jobs?payload=order%3D8812+customer.id%3D5", "Jobs")
+    box = browser.find_element(By.ID, "select-all")
+    box.click()
+    assert all(b.is_selected() for b in browser.find_elements(By.NAME, "id"))
+    box.click()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        newest = enqueue_sync(conn, "ship", {"order": 8812, "customer": {"id": 5}}, queue=SEEDED)
+    wait_until(
+        lambda: browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{newest}"]'),
+        30,
+        "the refresh going on once nothing is ticked",
+        interval_s=0.5,
+    )
+
+
+def statuses_of_all(dsn: str) -> dict[int, str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return dict(conn.execute("SELECT id, status FROM dispatcher_jobs").fetchall())

@@ -30,6 +30,13 @@ AND (%(as_of)s::timestamptz IS NULL OR j.updated_at <= %(as_of)s::timestamptz)
 AND (%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])
 -- a batch: its members and its callback, through dispatcher_jobs_batch_idx (0017)
 AND (%(batch_id)s::bigint IS NULL OR j.batch_id = %(batch_id)s::bigint)
+-- a search: the payload contains one of the objects given, the last error contains the text (its
+-- wildcards escaped by Filters.params), checked on each row: no index serves them (one on the
+-- payload would cost every enqueue), so a page of a search walks one window of the primary key,
+-- from %(min_id)s up (admin.search_jobs)
+AND (%(payload)s::jsonb[] IS NULL OR j.payload @> ANY(%(payload)s::jsonb[]))
+AND (%(error_like)s::text IS NULL OR j.last_error ILIKE %(error_like)s::text)
+AND (%(min_id)s::bigint IS NULL OR j.id >= %(min_id)s::bigint)
 
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
@@ -57,6 +64,11 @@ SELECT j.id
  WHERE {filters} AND j.id > %(after_id)s AND j.id <= %(max_id)s
  ORDER BY j.id
  LIMIT %(limit)s
+
+-- name: admin_jobs_id_range
+-- The lowest and the highest id in the table: two probes of the primary key. A search's first
+-- window ends above the highest; a window whose floor is above the lowest has older ones below.
+SELECT min(j.id), max(j.id) FROM dispatcher_jobs AS j
 
 -- name: admin_job_show
 SELECT id, queue_name, job_type, status, priority, bucket, attempts,

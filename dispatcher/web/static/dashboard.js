@@ -16,13 +16,27 @@
   }
 
   function busy() {
-    // Do not replace a field the user is typing in.
+    // Do not replace a field the user is typing in (a row's box: ticked() decides).
     var active = document.activeElement;
-    return document.hidden || Boolean(active && live.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName));
+    return document.hidden || Boolean(active && live.contains(active) && active.type !== "checkbox" &&
+      /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName));
   }
+
+  function ticked() {
+    // Rows ticked for "Retry selected" and the like: a swap would untick them, so wait.
+    return Boolean(live.querySelector("input[type=checkbox]:checked"));
+  }
+
+  // The header's box ticks or unticks every row of the page.
+  live.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box || box.id !== "select-all") { return; }
+    live.querySelectorAll("input[type=checkbox][name=id]").forEach(function (row) { row.checked = box.checked; });
+  });
 
   function refresh() {
     if (inFlight || busy()) { return; }
+    if (ticked()) { say("paused while jobs are ticked", false); return; }
     inFlight = true;
     var controller = new AbortController();
     var timer = setTimeout(function () { controller.abort(); }, everyMs * 2);

@@ -255,6 +255,11 @@ def pages(conn: psycopg.Connection[Any], queue: str) -> dict[str, Callable[[], A
             conn, admin.Filters(**given), limit=PAGE_SIZE + 1, limits=limits
         )
 
+    def search(**given: Any) -> Callable[[], Any]:  # a search's page: one window of ids
+        return lambda: admin.search_jobs(
+            conn, admin.Filters(**given), limit=PAGE_SIZE + 1, limits=limits
+        )
+
     failed_in_queue = {"statuses": ("failed",), "queues": (queue,)}
     page_one = admin.list_jobs(
         conn, admin.Filters(**failed_in_queue), limit=PAGE_SIZE + 1, limits=limits
@@ -271,6 +276,20 @@ def pages(conn: psycopg.Connection[Any], queue: str) -> dict[str, Callable[[], A
         "jobs": jobs(),
         "jobs status=failed": jobs(statuses=("failed",)),
         "jobs queue+failed p2": jobs(**failed_in_queue, before_id=page_one[PAGE_SIZE - 1].id),
+        # Searches (docs/design/dashboard.md): every payload holds locale=en, one user_id each;
+        # failed and discarded jobs hold the error. A miss walks the whole window.
+        "search payload hit": search(payload=admin.payload_filter("locale=en")),
+        "search payload miss": search(payload=admin.payload_filter("user_id=-5")),
+        "search error text": search(error="UPSTREAM did not"),
+        "search error miss": search(error="no such text"),
+        "search id list": jobs(ids=tuple(range(job_id, 0, -997)[:50])),
+        # A bulk change's count is not windowed: by the statuses it applies to, whole table.
+        "confirm retry payload": lambda: admin.match_jobs(
+            conn, admin.Filters(payload={"user_id": job_id}), "retry", limits=limits
+        ),
+        "confirm purge payload": lambda: admin.match_jobs(
+            conn, admin.Filters(payload={"user_id": job_id}), "purge", limits=limits
+        ),
         "job": lambda: admin.show_job(conn, job_id, limits=limits),
         "workers": lambda: reads.fleet(conn, limits, member_lease_s=lease),
         # The bucket map's page reads the queues to choose from, and the map.

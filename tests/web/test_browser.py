@@ -363,6 +363,7 @@ def test_a_job_found_by_payload_search_is_retried_from_its_row(browser, web, wor
     ).is_selected()
     assert not browser.find_elements(By.CSS_SELECTOR, f'tr[data-job-id="{later}"]')
     if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(Path(SHOTS) / "dashboard-search.png"))
     before = statuses_of_all(dsn)
     browser.find_element(By.ID, "selected-retry").click()

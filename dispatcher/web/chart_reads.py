@@ -1,7 +1,8 @@
 """The charts' series, read from the per-minute rollup and the workers' rows not rolled up yet
 (sql/stats.sql; runtime/queue_stats.py writes them), never from the jobs table: one bounded
 transaction per page. A span is 60 points of a minute (1h) or 144 of 10 minutes (24h); points
-without a row are gaps: 0 finished and failed, no depth, no wait percentiles.
+without a row are gaps: 0 finished and failed, no depth, no wait percentiles. The last point is
+still filling: its rates are over the part of it gone by, so the line does not dip at the edge.
 """
 
 from __future__ import annotations
@@ -23,6 +24,19 @@ from dispatcher.web.reads import READ_BUDGET
 # span -> (seconds per point, points)
 SPANS = {"1h": (60, 60), "24h": (600, 144)}
 DEFAULT_SPAN = "1h"
+
+
+# The last point's rate is taken over at least this much of it: a few seconds in, one flush
+# would read as a spike.
+MIN_ELAPSED_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """One row of stats_anchor."""
+
+    anchor: datetime
+    elapsed_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +87,19 @@ def percentile(
     return float(bounds[-1])
 
 
-def series_of(points: Sequence[StatsPoint], anchor: datetime, span: str) -> Series:
-    """Every point of `span` up to the one starting at `anchor`, from the rows there are."""
+def series_of(
+    points: Sequence[StatsPoint], anchor: datetime, span: str, elapsed_s: float | None = None
+) -> Series:
+    """Every point of `span` up to the one starting at `anchor`, from the rows there are;
+    `elapsed_s`: how much of that last point has gone by (None: all of it)."""
     step_s, n = SPANS[span]
     starts = [anchor - timedelta(seconds=step_s * (n - 1 - i)) for i in range(n)]
     by_start = {p.at: p for p in points}
-    per_min = step_s / 60
     finished, failed, depth, p50, p99 = [], [], [], [], []
     for start in starts:
         p = by_start.get(start)
+        last = start == anchor and elapsed_s is not None
+        per_min = max(MIN_ELAPSED_S, min(float(step_s), elapsed_s)) / 60 if last else step_s / 60
         finished.append(p.finished / per_min if p else 0.0)
         failed.append(p.failed / per_min if p else 0.0)
         depth.append(p.depth if p else None)
@@ -97,10 +115,11 @@ def read_series(
     """The charts of one queue, or of every queue summed (`queue` None)."""
     step_s, n = SPANS[span]
     with bounded_transaction(conn, "dashboard charts", limits, budget=READ_BUDGET):
-        anchor: datetime = rows.value(
-            conn.execute(query("stats_anchor"), {"step_s": step_s}, prepare=False).fetchone()
+        (now,) = rows.typed(
+            Anchor, conn.execute(query("stats_anchor"), {"step_s": step_s}, prepare=False)
         )
+        anchor = now.anchor
         since = anchor - timedelta(seconds=step_s * (n - 1))
         params = {"since": since, "step_s": step_s, "queue": queue}
         found = rows.typed(StatsPoint, conn.execute(query("stats_series"), params, prepare=False))
-    return series_of([p for p in found if p.at >= since], anchor, span)
+    return series_of([p for p in found if p.at >= since], anchor, span, now.elapsed_s)

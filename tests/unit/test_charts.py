@@ -92,6 +92,18 @@ def test_nice_ceilings_and_labels():
     assert charts.seconds_label(5400) == "1.5 h" and charts.count_label(2500) == "2.5k"
 
 
+def test_the_point_still_filling_is_a_rate_over_its_part_gone_by():
+    # 10 jobs in the first 20 s of the current minute: 30/min, not a dip to 10
+    s = series_of([_point(0, finished=10), _point(1, finished=30)], ANCHOR, "1h", elapsed_s=20)
+    assert s.finished_per_min[-2:] == [30.0, 30.0]
+    # a few seconds in, one flush does not read as a spike: at least 15 s are taken
+    early = series_of([_point(0, finished=5)], ANCHOR, "1h", elapsed_s=2)
+    assert early.finished_per_min[-1] == pytest.approx(20.0)
+    # the 24h span's last point: 100 jobs in 5 of its 10 minutes, 20/min
+    day = series_of([_point(0, 600, finished=100)], ANCHOR, "24h", elapsed_s=300)
+    assert day.finished_per_min[-1] == pytest.approx(20.0)
+
+
 def test_the_geometry_of_a_line_with_a_gap():
     values: list[float | None] = [None] * 60
     values[10], values[11], values[30] = 10.0, 5.0, 10.0

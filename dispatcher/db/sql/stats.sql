@@ -96,8 +96,11 @@ DELETE FROM dispatcher_stats_by_minute
  WHERE minute < now() - %(keep_s)s * interval '1 second'
 
 -- name: stats_anchor
--- The start of the chart's last point: now, on the database's clock, floored to %(step_s)s.
-SELECT to_timestamp(floor(extract(epoch FROM now()) / %(step_s)s) * %(step_s)s)
+-- The start of the chart's last point (now, on the database's clock, floored to %(step_s)s) and
+-- the seconds of it gone by: that point is still filling.
+SELECT to_timestamp(floor(extract(epoch FROM now()) / %(step_s)s) * %(step_s)s) AS anchor,
+       (extract(epoch FROM now()) - floor(extract(epoch FROM now()) / %(step_s)s) * %(step_s)s)::float8
+         AS elapsed_s
 
 -- name: stats_series
 -- A chart's points from %(since)s on, each %(step_s)s long: the rolled-up minutes and the

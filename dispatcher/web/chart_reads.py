@@ -98,8 +98,10 @@ def series_of(
     finished, failed, depth, p50, p99 = [], [], [], [], []
     for start in starts:
         p = by_start.get(start)
-        last = start == anchor and elapsed_s is not None
-        per_min = max(MIN_ELAPSED_S, min(float(step_s), elapsed_s)) / 60 if last else step_s / 60
+        span_s = float(step_s)
+        if start == anchor and elapsed_s is not None:
+            span_s = max(MIN_ELAPSED_S, min(span_s, elapsed_s))
+        per_min = span_s / 60
         finished.append(p.finished / per_min if p else 0.0)
         failed.append(p.failed / per_min if p else 0.0)
         depth.append(p.depth if p else None)

@@ -39,6 +39,10 @@ from dispatcher.web.views import _dash, filters_from
 CHANGES = {"retry": retry_jobs, "cancel": cancel_jobs, "purge": purge_jobs}
 DONE = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
 BULK_TIME_S = 20.0  # one request's share of a bulk change; the rest is confirmed again
+NO_FILTER = (
+    "a bulk change needs at least one filter (queue, status, type, age, tag, payload, error text "
+    "or ids)"
+)
 READ_ONLY = (
     "This dashboard is read-only: start it with --allow-actions "
     "(DISPATCHER_WEB_ALLOW_ACTIONS=true) to change jobs."
@@ -119,9 +123,7 @@ async def confirm(request: Request) -> Response:
     action = _action(request)
     filters, given = filters_from(request.query_params, before=False)
     if not given:
-        raise AdminInputError(
-            "a bulk change needs at least one filter (queue, status, type, age or tag)", "filters"
-        )
+        raise AdminInputError(NO_FILTER, "filters")
     match = await dash.db(match_jobs, filters, action, limits=dash.limits)
     return dash.render(
         request,
@@ -144,9 +146,7 @@ async def bulk_action(request: Request) -> Response:
     fields = await form(request)
     filters, given = filters_from(fields, before=False)
     if not given:
-        raise AdminInputError(
-            "a bulk change needs at least one filter (queue, status, type, age or tag)", "filters"
-        )
+        raise AdminInputError(NO_FILTER, "filters")
     try:
         up_to_id = int(fields.get("up_to_id", ""))
         as_of = datetime.fromisoformat(fields.get("as_of", ""))

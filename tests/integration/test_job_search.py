@@ -136,6 +136,8 @@ def test_counts_and_bulk_changes_touch_exactly_what_the_search_matches(dsn):
 
 
 def test_a_search_walks_one_window_of_ids_a_page_and_misses_nothing_across_windows(dsn):
+    empty = search_jobs(dsn, Filters(error="x"), window=10)
+    assert (empty.jobs, empty.floor, empty.ceiling, empty.older) == ([], 1, 1, False)
     with psycopg.connect(dsn, autocommit=True) as conn:
         made = [enqueue_sync(conn, "t", {"n": i, "hit": i % 7 == 0}, queue="q") for i in range(60)]
     hits = [job_id for i, job_id in enumerate(made) if i % 7 == 0]

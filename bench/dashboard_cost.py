@@ -33,7 +33,7 @@ from coordinator.pg.dsn import describe_dsn
 from coordinator.pg.sqlfile import load_all
 from dispatcher import admin
 from dispatcher.db import migrate, query
-from dispatcher.web import reads
+from dispatcher.web import chart_reads, reads
 
 QUEUES = ("default", "emails", "reports")
 SHARES = {
@@ -152,6 +152,18 @@ SELECT id, a, 'worker-' || a, updated_at - (4 - a) * interval '1 min',
   FROM dispatcher_jobs, generate_series(1, 3) a WHERE status = 'failed';
 SELECT setval(pg_get_serial_sequence('dispatcher_jobs', 'id'),
               (SELECT max(id) FROM dispatcher_jobs))"""
+# The charts' rows (runtime/queue_stats.py writes them): 7 days of minutes per queue and for all
+# queues together (''), what the rollup keeps; and 50 workers' rows of the last 2 minutes, not
+# rolled up yet.
+_STATS = f"""
+INSERT INTO dispatcher_stats_by_minute (minute, queue_name, finished, failed, waits, depth)
+SELECT date_trunc('minute', now()) - m * interval '1 min', q, 900 + m % 200, m % 7,
+       array_fill(3::bigint, ARRAY[21]), 40000 - m % 1000
+  FROM generate_series(0, 7 * 1440 - 1) m, unnest(ARRAY{list(QUEUES)} || ARRAY['']) q;
+INSERT INTO dispatcher_stats_by_worker (minute, queue_name, worker_id, finished, failed, waits)
+SELECT date_trunc('minute', now()) - m * interval '1 min', q, 'worker-' || w, 20, 1,
+       array_fill(1::bigint, ARRAY[21])
+  FROM generate_series(0, 1) m, unnest(ARRAY{list(QUEUES)}) q, generate_series(1, 50) w"""
 
 
 def mix(jobs: int) -> list[tuple[str, bool, int]]:
@@ -210,6 +222,7 @@ def load(conn: psycopg.Connection[Any], jobs: int) -> Callable[[], None]:
     ):
         conn.execute(statement)
     conn.execute(_FLEET)
+    conn.execute(_STATS)
     conn.execute("VACUUM ANALYZE")
     print(
         f"  loaded {sum(n for _, n in old):,} jobs in {time.monotonic() - began:.0f} s", flush=True
@@ -291,6 +304,11 @@ def pages(conn: psycopg.Connection[Any], queue: str) -> dict[str, Callable[[], A
             conn, admin.Filters(payload={"user_id": job_id}), "purge", limits=limits
         ),
         "job": lambda: admin.show_job(conn, job_id, limits=limits),
+        # The charts (the overview's: every queue; a queue's page): the rollup's rows only.
+        "charts 1h": lambda: chart_reads.read_series(conn, limits, "1h"),
+        "charts 24h": lambda: chart_reads.read_series(conn, limits, "24h"),
+        "queue charts 1h": lambda: chart_reads.read_series(conn, limits, "1h", queue),
+        "queue charts 24h": lambda: chart_reads.read_series(conn, limits, "24h", queue),
         "workers": lambda: reads.fleet(conn, limits, member_lease_s=lease),
         # The bucket map's page reads the queues to choose from, and the map.
         "bucket map": lambda: (

@@ -3,11 +3,11 @@ freely.
 
 Allowed: `dispatcher` (the API), `dispatcher.db` (the database layer's face: named queries, the
 claim statement's text, array literals, migrate), `dispatcher.devtools` and its modules (the
-throwaway servers, the harness), `dispatcher.testing`, `dispatcher.web.reads` (the dashboard's
-reads, which bench/dashboard_cost.py times), and `coordinator.pg` with its modules (the shared
-PostgreSQL plumbing: DSN redaction, the named-query loader). Any other module of dispatcher/ or
-coordinator/, and any name or module with a leading underscore, is refused. Every import counts,
-at the top of a module or inside a function.
+throwaway servers, the harness), `dispatcher.testing`, `dispatcher.web.reads` and
+`dispatcher.web.chart_reads` (the dashboard's reads, which bench/dashboard_cost.py times), and
+`coordinator.pg` with its modules (the shared PostgreSQL plumbing: DSN redaction, the named-query
+loader). Any other module of dispatcher/ or coordinator/, and any name or module with a leading
+underscore, is refused. Every import counts, at the top of a module or inside a function.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ PUBLIC_FACES = (
     "dispatcher.devtools.*",
     "dispatcher.testing",
     "dispatcher.web.reads",
+    "dispatcher.web.chart_reads",
     "coordinator.pg",
     "coordinator.pg.*",
 )

@@ -60,6 +60,18 @@ def nice_ceiling(value: float) -> float:
     return 10.0 * exp
 
 
+# Round tops for an axis of seconds past a minute: whole minutes and hours, so the ticks (a top
+# and its half) read as "2 min" and "1 min", not "1.7 min".
+SECONDS_TOPS = (60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 21600, 43200, 86400)
+
+
+def nice_seconds_ceiling(value: float) -> float:
+    """nice_ceiling below a minute; above, the smallest of SECONDS_TOPS at or above `value`."""
+    if value <= 60:
+        return nice_ceiling(value) if value <= 50 else 60.0
+    return float(next((t for t in SECONDS_TOPS if t >= value), nice_ceiling(value)))
+
+
 def count_label(value: float) -> str:
     if value >= 1_000_000:
         return f"{value / 1_000_000:g}M"
@@ -114,12 +126,13 @@ def chart(
     series: Series,
     lines: Sequence[tuple[str, str, Sequence[float | None]]],
     label: Callable[[float], str] = count_label,
+    ceiling: Callable[[float], float] = nice_ceiling,
 ) -> Chart:
     """A chart of `lines` ((name, css class, values) over `series`' points): the y axis from 0 to
     a round value above the largest, three labelled ticks, a time label every 10 minutes (1h) or
     4 hours (24h)."""
     present = [v for _, _, values in lines for v in values if v is not None]
-    top = nice_ceiling(max(present, default=0.0))
+    top = ceiling(max(present, default=0.0))
     height = HEIGHT - TOP - BOTTOM
     y_ticks = [Tick(round(TOP + height * (1 - f), 1), label(top * f)) for f in (0.0, 0.5, 1.0)]
     latest = []
@@ -141,7 +154,7 @@ def chart(
 
 
 def charts_of(series: Series, prefix: str = "chart") -> list[Chart]:
-    """The four charts of a page: finished and failed, depth, queue wait p50 and p99."""
+    """The three charts of a page: finished and failed, depth, queue wait p50 and p99."""
     return [
         chart(
             f"{prefix}-throughput",
@@ -167,5 +180,6 @@ def charts_of(series: Series, prefix: str = "chart") -> list[Chart]:
             series,
             [("p50", "s-p50", series.wait_p50_s), ("p99", "s-p99", series.wait_p99_s)],
             seconds_label,
+            nice_seconds_ceiling,
         ),
     ]

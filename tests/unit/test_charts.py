@@ -92,6 +92,20 @@ def test_nice_ceilings_and_labels():
     assert charts.seconds_label(5400) == "1.5 h" and charts.count_label(2500) == "2.5k"
 
 
+def test_a_seconds_axis_tops_at_whole_minutes_and_hours():
+    assert [charts.nice_seconds_ceiling(v) for v in (0.3, 7, 45, 55, 100, 200, 4000)] == [
+        0.5,
+        10,
+        50,
+        60,
+        120,
+        300,
+        7200,
+    ]
+    assert charts.seconds_label(120 / 2) == "1 min"  # the half tick of a 2 min top
+    assert charts.nice_seconds_ceiling(10**6) == 10**6
+
+
 def test_the_point_still_filling_is_a_rate_over_its_part_gone_by():
     # 10 jobs in the first 20 s of the current minute: 30/min, not a dip to 10
     s = series_of([_point(0, finished=10), _point(1, finished=30)], ANCHOR, "1h", elapsed_s=20)

@@ -185,14 +185,25 @@ def test_the_charts_render_with_data_and_without(browser, web, world):
 
     dsn, _ = world
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO dispatcher_stats_by_minute (minute, queue_name, finished, failed, depth)"
-            " SELECT date_trunc('minute', now()) - m * interval '1 minute', q, 20 + m %% 7, m %% 3,"
-            "        40 - m"
-            "   FROM generate_series(1, 30) AS m, unnest(ARRAY[%s, '']) AS q"
-            " ON CONFLICT DO NOTHING",
-            (SEEDED,),
-        )
+        # 50 minutes as the rollup writes them: a backlog that builds, then drains; the waits
+        # a histogram over WAIT_BUCKETS_S (its 21 buckets) that moves with the backlog.
+        minutes = []
+        for m in range(1, 51):
+            depth = max(0, 400 - abs(m - 25) * 16)
+            waits = [0] * 21
+            waits[4 + min(6, depth // 70)] = 30 + m % 7
+            waits[7 + min(5, depth // 80)] = 2
+            for q in (SEEDED, ""):
+                minutes.append((m, q, 60 + (m * 37) % 25, m % 4, waits, depth))
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO dispatcher_stats_by_minute"
+                " (minute, queue_name, finished, failed, waits, depth)"
+                " VALUES (date_trunc('minute', now()) - %s * interval '1 minute', %s, %s, %s,"
+                "         %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                minutes,
+            )
 
     def drawn() -> dict[str, int]:
         return {

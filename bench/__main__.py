@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from bench import citus, pyspy, statements
+from bench.churn import COLUMNS as CHURN_COLUMNS
+from bench.churn import PASS_COLUMNS, churn_suite
 from bench.coldstart import coldstart_suite, rolling_suite
 from bench.core import OUT_DIR, Result, database, machine
 from bench.drain import drain_suite
@@ -25,6 +27,7 @@ from bench.external import main as external_main
 from bench.keyed import MIXES, keyed_suite
 from bench.limits import limits_suite
 from bench.plots import (
+    churn_plot,
     coldstart_plot,
     curve_plot,
     keyed_plot,
@@ -53,6 +56,7 @@ SCENARIOS = [
     "limits",
     "schedules",
     "workflows",
+    "churn",
     # On servers of its own (bench/citus.py); `all` skips it where Citus is not installed.
     "citus",
 ]
@@ -394,6 +398,20 @@ def run(scenario: str, args: argparse.Namespace, dsn: str, out_dir: Path) -> Res
         )
         columns = WORKFLOW_COLUMNS
         workflows_plot(result.rows, out_dir, label)
+    elif scenario == "churn":
+        churn_suite(
+            dsn,
+            result,
+            workers=_ints(args.workers or ("2" if quick else "4"))[0],
+            modes=modes,
+            completed_jobs=tuple(c for c in args.completed_jobs.split(",") if c),
+            rate=500 if quick else args.churn_rate,
+            seconds=8 if quick else args.churn_seconds,
+            sample_s=2 if quick else args.churn_sample_s,
+            retention_s=2 if quick else args.retention_s,
+        )
+        columns = CHURN_COLUMNS + PASS_COLUMNS[2:]
+        churn_plot(result.rows, out_dir, label)
     else:
         enqueue_suite(
             dsn,
@@ -455,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--completed-jobs",
         default="keep,delete",
-        help="drain: the runtime and the ceiling once per value of DISPATCHER_COMPLETED_JOBS given",
+        help="drain: the runtime and the ceiling once per value of DISPATCHER_COMPLETED_JOBS "
+        "given; churn: a stream per value",
     )
     parser.add_argument(
         "--statements",
@@ -499,6 +518,30 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=60.0,
         help="schedules: seconds the fleet runs its every-second schedules (--quick: 10)",
+    )
+    parser.add_argument(
+        "--churn-rate",
+        type=float,
+        default=3000.0,
+        help="churn: jobs enqueued per second, a batch every 0.1 s (--quick: 500)",
+    )
+    parser.add_argument(
+        "--churn-seconds",
+        type=float,
+        default=600.0,
+        help="churn: how long each stream runs (--quick: 8)",
+    )
+    parser.add_argument(
+        "--churn-sample-s",
+        type=float,
+        default=60.0,
+        help="churn: seconds between two readings of the table and the claims (--quick: 2)",
+    )
+    parser.add_argument(
+        "--retention-s",
+        type=float,
+        default=60.0,
+        help="churn: DISPATCHER_COMPLETED_RETENTION_S of the fleet (--quick: 2)",
     )
     parser.add_argument(
         "--repeat",

@@ -261,6 +261,43 @@ def workflows_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> P
     return _finish(plt, fig, ax, out_dir / "workflows.png", machine)
 
 
+def churn_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
+    """Four panels over the stream's time, a line per (DISPATCHER_COMPLETED_JOBS, mode): the jobs
+    table's heap and indexes (MB), its dead tuples, the claim p99, PostgreSQL's CPU per job."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(10.0, 6.4), sharex=True)
+    panels = (
+        ("size_mb", "jobs table + indexes (MB)"),
+        ("dead_tuples", "dead tuples"),
+        ("claim_p99_ms", "claim p99 (ms)"),
+        ("pg_cpu_us_per_job", "PostgreSQL CPU per job (µs)"),
+    )
+    streams = list(dict.fromkeys((r["completed_jobs"], r["mode"]) for r in rows if "at_s" in r))
+    for ax, (column, title) in zip(axes.flat, panels, strict=True):
+        for completed, mode in streams:
+            points = [r for r in rows if (r.get("completed_jobs"), r["mode"]) == (completed, mode)]
+            points = [r for r in points if "at_s" in r]
+            values = [
+                r["table_mb"] + r["indexes_mb"] if column == "size_mb" else r.get(column)
+                for r in points
+            ]
+            color, marker = MODES.get(mode, ("black", "."))
+            ax.plot(
+                [r["at_s"] for r in points],
+                values,
+                color=color,
+                marker=marker,
+                linestyle="-" if completed == "keep" else "--",
+                label=f"{completed}, {mode}",
+            )
+        ax.set_title(title, fontsize="medium")
+        ax.grid(True, alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("seconds into the stream")
+    fig.suptitle("Churn: a steady stream of jobs at the defaults")
+    return _finish(plt, fig, axes[0][0], out_dir / "churn.png", machine, legend_size="small")
+
+
 def citus_plot(rows: list[dict[str, Any]], out_dir: Path, machine: str) -> Path:
     """Left: jobs/s per mode, one node against the cluster (one bar pair per worker count).
     Right: each worker node's share of the buckets, of the jobs and of the worker nodes'

@@ -1,16 +1,7 @@
 """`churn`: a steady stream of jobs for minutes, at the defaults a user gets, with a short
-retention: how the jobs table, its claims and what PostgreSQL pays per job age as work goes
-through it.
-
-For each value of DISPATCHER_COMPLETED_JOBS given (`keep`, the default: finished rows stay until
-the pruner deletes them past the retention; `delete`) and each mode, a fleet at the defaults
-serves a producer that commits `rate` jobs a second, a batch every 0.1 s, for `seconds`. Every
-`sample_s` the run records the jobs table's heap and index sizes, its dead and live tuples and
-autovacuums (the statistics, up to a second late), the claim p50/p99 of the interval (the
-workers' histograms), the jobs finished per second, and PostgreSQL's CPU and WAL per job finished
-(the enqueue included: the stream is both). Then, the fleet stopped, one retention pass deletes
-every completed row left, in the pruner's batches: its time, its WAL and the dead tuples it leaves.
-What the columns mean: docs/guides/benchmarks.md.
+retention: how the jobs table, its claims and PostgreSQL's cost per job age as work goes through
+it, per DISPATCHER_COMPLETED_JOBS value and mode, then what one retention pass costs. What each
+reading is and how it is taken: docs/guides/benchmarks.md.
 """
 
 from __future__ import annotations

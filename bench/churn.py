@@ -36,6 +36,7 @@ COLUMNS = [
     "claim_p99_ms",
     "pg_cpu_us_per_job",
     "wal_bytes_per_job",
+    "archive_mb",
 ]
 PASS_COLUMNS = [
     "completed_jobs",
@@ -44,6 +45,7 @@ PASS_COLUMNS = [
     "pass_s",
     "pass_wal_mb",
     "dead_tuples_after_pass",
+    "archive_dead_tuples_after_pass",
 ]
 TICK_S = 0.1  # the producer commits a batch this often
 PASS_BATCH = 1000  # rows per DELETE of the retention pass: the pruner's default batch
@@ -136,6 +138,7 @@ def _interval(start: float, prev: Reading, now: Reading) -> dict[str, Any]:
         "claim_p99_ms": None if p99 is None else round(p99, 2),
         "pg_cpu_us_per_job": round(1e6 * (now.pg_cpu_s - prev.pg_cpu_s) / done, 1),
         "wal_bytes_per_job": round((s["wal_bytes"] - prev.sample["wal_bytes"]) / done),
+        "archive_mb": round(s["archive_bytes"] / 2**20, 2),
     }
 
 
@@ -145,14 +148,20 @@ def _sample(conn: psycopg.Connection[Any]) -> dict[str, float]:
     return {n: float(v or 0) for n, v in zip(names, cur.fetchone() or (), strict=True)}
 
 
-def retention_pass(conn: psycopg.Connection[Any]) -> dict[str, Any]:
-    """Every completed row deleted as the pruner deletes them, PASS_BATCH at a time: rows, seconds,
-    WAL, and the dead tuples left once the statistics caught up."""
+def retention_pass(conn: psycopg.Connection[Any], completed: str) -> dict[str, Any]:
+    """Under keep, every completed row deleted as the pruner deletes them, PASS_BATCH at a time;
+    under archive, the janitor's pass, which drops every archive partition wholly in the past. Its
+    rows, seconds, WAL, and the dead tuples left once the statistics caught up."""
     wal_before = _sample(conn)["wal_bytes"]
-    started, deleted = time.monotonic(), 0
-    batch = churn_query("churn_prune_completed")
-    while n := int((conn.execute(batch, {"limit": PASS_BATCH}).fetchone() or (0,))[0]):
-        deleted += n
+    if completed == "archive":
+        deleted = int((conn.execute(churn_query("churn_archive_droppable")).fetchone() or (0,))[0])
+        started = time.monotonic()
+        conn.execute(churn_query("churn_archive_pass"))
+    else:
+        started, deleted = time.monotonic(), 0
+        batch = churn_query("churn_prune_completed")
+        while n := int((conn.execute(batch, {"limit": PASS_BATCH}).fetchone() or (0,))[0]):
+            deleted += n
     took_s = time.monotonic() - started
     time.sleep(1.2)  # a backend reports its statistics at most once a second
     after = _sample(conn)
@@ -161,6 +170,7 @@ def retention_pass(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         "pass_s": round(took_s, 3),
         "pass_wal_mb": round((after["wal_bytes"] - wal_before) / 2**20, 2),
         "dead_tuples_after_pass": int(after["dead_tuples"]),
+        "archive_dead_tuples_after_pass": int(after["archive_dead_tuples"]),
     }
 
 
@@ -211,7 +221,7 @@ def churn_run(
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the churn's backlog not drained in {DRAIN_TIMEOUT_S:g} s")
                 time.sleep(0.2)
-        return rows, retention_pass(conn)
+        return rows, retention_pass(conn, completed)
 
 
 def churn_suite(

@@ -73,7 +73,7 @@ def machine(dsn: str) -> dict[str, Any]:
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:
-    conn.execute("TRUNCATE dispatcher_jobs")
+    conn.execute("TRUNCATE dispatcher_jobs, dispatcher_jobs_archive")
     conn.execute("SELECT pg_stat_reset()")
 
 

@@ -32,6 +32,7 @@ from bench.rounds import median_interval
 from bench.runs import measured_run
 from dispatcher import enqueue_payloads_sync
 from dispatcher.db import (
+    COMPLETED_ARCHIVE,
     COMPLETED_DELETE,
     COMPLETED_KEEP,
     MODE_PARTITIONED,
@@ -52,9 +53,10 @@ def fill(conn: psycopg.Connection[Any], jobs: int) -> None:
     enqueue_payloads_sync(conn, "noop", ({} for _ in range(jobs)))
 
 
-def drain_seconds(conn: psycopg.Connection[Any]) -> float:
+def drain_seconds(conn: psycopg.Connection[Any], table: str = "dispatcher_jobs") -> float:
+    """From the first claim to the last completion, read off the completed rows in `table`."""
     row = conn.execute(
-        "SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8 FROM dispatcher_jobs"
+        f"SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8 FROM {table}"
     ).fetchone()
     return float(row[0])  # type: ignore[index]
 
@@ -83,7 +85,7 @@ def row(
 
 
 async def _plain_sql_drainer(
-    dsn: str, mode: str, index: int, count: int, complete: str
+    dsn: str, mode: str, index: int, count: int, completed: str
 ) -> tuple[Any, Any]:
     """The runtime's own statements with no runtime: one connection claims 500 at a time while a
     second completes the previous batch (the same overlap the runtime's completer gives), raw
@@ -94,11 +96,9 @@ async def _plain_sql_drainer(
         else None
     )
     claim_statement = claim_sql(buckets)
-    # As a worker sends it: fenced (it answers which ids it refused), and under delete closing
-    # uniqueness windows.
-    complete_sql = completion_statements(
-        COMPLETED_DELETE if complete == "jobs_complete_owned_delete" else COMPLETED_KEEP
-    )[False]
+    # As a worker sends it: fenced (it answers which ids it refused), and under delete and archive
+    # closing uniqueness windows (under archive, moving the rows too).
+    complete_sql = completion_statements(completed)[False]
     batches: asyncio.Queue[tuple[list[int], list[str]] | None] = asyncio.Queue(maxsize=2)
 
     async def claimer(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -132,12 +132,12 @@ async def _plain_sql_drainer(
 
 
 def plain_sql_drainer(
-    dsn: str, mode: str, index: int, count: int, complete: str
+    dsn: str, mode: str, index: int, count: int, completed: str
 ) -> tuple[float, Any, Any]:
     """One ceiling process: (its CPU seconds, database clock before its first claim and after its
     last completion)."""
     started = time.process_time()
-    first, last = asyncio.run(_plain_sql_drainer(dsn, mode, index, count, complete))
+    first, last = asyncio.run(_plain_sql_drainer(dsn, mode, index, count, completed))
     return time.process_time() - started, first, last
 
 
@@ -149,16 +149,13 @@ def run_ceiling(
     postmaster: int | None,
     completed: str = COMPLETED_KEEP,
 ) -> dict[str, Any]:
-    complete = (
-        "jobs_complete_owned_delete" if completed == COMPLETED_DELETE else "jobs_complete_owned"
-    )
     with psycopg.connect(dsn, autocommit=True) as conn:
         fill(conn, jobs)
         before = table_counters(conn)
         usage = statements.snapshot(conn) if statements.RECORDING["on"] else None
         pg_cpu = postgres_cpu_seconds(postmaster)
         ran = run_processes(
-            plain_sql_drainer, [(dsn, mode, i, workers, complete) for i in range(workers)]
+            plain_sql_drainer, [(dsn, mode, i, workers, completed) for i in range(workers)]
         )
         wait_backends_gone(postmaster, conn)
         pg_cpu = postgres_cpu_seconds(postmaster) - pg_cpu
@@ -172,6 +169,9 @@ def run_ceiling(
             seconds = (
                 max(last for _, _, last in ran) - min(first for _, first, _ in ran)
             ).total_seconds()
+            assert jobs_left(conn) == 0, "ceiling drain left jobs behind"
+        elif completed == COMPLETED_ARCHIVE:
+            seconds = drain_seconds(conn, "dispatcher_jobs_archive")
             assert jobs_left(conn) == 0, "ceiling drain left jobs behind"
         else:
             seconds = drain_seconds(conn)
@@ -255,8 +255,9 @@ def add_medians(
 
 
 def _kind(kind: str, completed: str) -> str:
-    """runtime / plain_sql, or runtime_delete / plain_sql_delete where completions delete."""
-    return f"{kind}_delete" if completed == COMPLETED_DELETE else kind
+    """runtime / plain_sql under keep; runtime_delete / plain_sql_delete where completions delete,
+    runtime_archive / plain_sql_archive where they archive."""
+    return kind if completed == COMPLETED_KEEP else f"{kind}_{completed}"
 
 
 def drain_suite(
@@ -317,9 +318,9 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         if (limit := by_key.get((kind, mode, r["workers"]))) is not None:
             r[column] = round(r["jobs_per_s"] / limit["jobs_per_s"], 2)
 
-    ours = ("runtime", "plain_sql", "runtime_delete", "plain_sql_delete")
+    ours = tuple(f"{k}{s}" for s in ("", "_delete", "_archive") for k in ("runtime", "plain_sql"))
     for r in rows:
-        if r["kind"] in ("runtime", "runtime_delete"):
+        if r["kind"] in ("runtime", "runtime_delete", "runtime_archive"):
             ratio(r, "ratio_to_ceiling", r["kind"].replace("runtime", "plain_sql"), r["mode"])
         if r["kind"] in (*ours, "minimal_delete"):
             ratio(r, "ratio_to_minimal", "minimal", minimal.MODE)

@@ -25,7 +25,7 @@ from bench.costs import CostMeter
 from bench.fleet import Fleet, quantile_ms
 from coordinator.pg.sqlfile import load
 from dispatcher import JobSpec, enqueue_many_sync, enqueue_payloads_sync
-from dispatcher.db import COMPLETED_DELETE, query
+from dispatcher.db import COMPLETED_ARCHIVE, COMPLETED_DELETE, query
 from dispatcher.devtools.harness import db_clock, table_counters, watch_until_done
 
 
@@ -84,6 +84,9 @@ def measured_run(
     # jobs until the watch finds none left, up to 0.1 s late (drain.py's docstring). Not polled
     # faster: each count scans the table, and every 20 ms cost a 1-worker drain 12% of its rate.
     deleting = settings.get("completed_jobs") == COMPLETED_DELETE and not delay_s
+    # Under archive the completed rows, timestamps and all, are in the archive.
+    archived = settings.get("completed_jobs") == COMPLETED_ARCHIVE
+    finished = "dispatcher_jobs_archive" if archived else "dispatcher_jobs"
     with psycopg.connect(dsn, autocommit=True) as conn:
         reset(conn)
         with Fleet(dsn, mode, workers, **settings) as fleet:
@@ -146,14 +149,14 @@ def measured_run(
             ((ended_at - committed_at).total_seconds(), None, None, None, None)
             if deleting
             else conn.execute(
-                """SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
+                f"""SELECT extract(epoch FROM max(completed_at) - min(locked_at))::float8,
                       extract(epoch FROM max(completed_at) - min(run_at))::float8,
                       extract(epoch FROM max(run_at) - min(run_at))::float8,
                       1000 * percentile_cont(0.5)
                              WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at)),
                       1000 * percentile_cont(0.99)
                              WITHIN GROUP (ORDER BY extract(epoch FROM locked_at - run_at))
-                 FROM dispatcher_jobs"""
+                 FROM {finished}"""
             ).fetchone()
         )
         dead = conn.execute(

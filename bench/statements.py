@@ -21,7 +21,13 @@ from typing import Any
 import psycopg
 
 from coordinator.pg.sqlfile import load_all
-from dispatcher.db import COMPLETED_DELETE, COMPLETED_KEEP, completion_statements, query
+from dispatcher.db import (
+    COMPLETED_ARCHIVE,
+    COMPLETED_DELETE,
+    COMPLETED_KEEP,
+    completion_statements,
+    query,
+)
 
 # The claim's variants share one statement shape: told apart by their selection.
 CLAIM_KINDS = (
@@ -59,10 +65,11 @@ def _named() -> dict[str, str]:
                 continue
             named.setdefault(_normal(text), name)
     # The completions a worker sends (dispatcher/db/completions.py): fenced, keyed, and under
-    # DISPATCHER_COMPLETED_JOBS=delete closing uniqueness windows; named by their role.
+    # DISPATCHER_COMPLETED_JOBS=delete and archive closing uniqueness windows; named by role.
     for completed, plain in (
         (COMPLETED_KEEP, "jobs_complete_owned"),
         (COMPLETED_DELETE, "jobs_complete_owned_delete"),
+        (COMPLETED_ARCHIVE, "jobs_complete_owned_archive"),
     ):
         sent = completion_statements(completed)
         named.setdefault(_normal(sent[False]), plain)

@@ -318,7 +318,7 @@ def _write_by_bucket(
     params = filters.params()
     (now,) = rows.values(run("clock", query("db_now"), {}))
     params.update(sharded_admin.clock_params(now, params))
-    found = dict(run("buckets", query("sharded_buckets_of"), {"ids": ids}))
+    found = dict(run("buckets", query("sharded_admin_buckets_of"), {"ids": ids}))
     for bucket, some in sharded_admin.by_bucket(ids, found).items():
         written = _statement(run, action, sql, {**params, "ids": some, "bucket": bucket})
         released = _report(action, written, result)

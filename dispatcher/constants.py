@@ -24,12 +24,14 @@ MODES: Final = (MODE_PARTITIONED, MODE_SKIP_LOCKED)
 
 DEFAULT_QUEUE: Final = "default"
 
-# DISPATCHER_COMPLETED_JOBS: what a successful completion does to the job's row. `keep` marks it
-# completed (pruned after DISPATCHER_COMPLETED_RETENTION_S); `delete` deletes it in the same
-# fenced statement (docs/operations/retention.md says which to choose, and why keep is the default).
+# DISPATCHER_COMPLETED_JOBS: what a successful completion does to the job's row. `archive` moves
+# it to the time-partitioned archive in the same fenced statement (dropped by partition after
+# DISPATCHER_COMPLETED_RETENTION_S); `keep` marks it completed in place (pruned row by row);
+# `delete` deletes it (docs/operations/retention.md says which to choose).
 COMPLETED_KEEP: Final = "keep"
 COMPLETED_DELETE: Final = "delete"
-COMPLETED_JOBS: Final = (COMPLETED_KEEP, COMPLETED_DELETE)
+COMPLETED_ARCHIVE: Final = "archive"
+COMPLETED_JOBS: Final = (COMPLETED_KEEP, COMPLETED_DELETE, COMPLETED_ARCHIVE)
 
 # What a queue name or a job type may be: enqueue refuses others, and so does a worker's
 # DISPATCHER_QUEUES. No tab, newline or backslash: bulk enqueue writes names into COPY rows as

@@ -3,9 +3,11 @@
 The wait marks the job awaited (job_result_watch), so the statement that ends it sends a NOTIFY on
 RESULTS_CHANNEL ('<id>:<status>'), and listens for it on its connection; it reads the job again
 at each notification and every `poll_s` whatever happens (a notification lost with a dropped
-connection costs a poll, never the wait). A completed job gives its handler's return value (None
-if it returned nothing, or its row is gone: deleted by its completion under
-DISPATCHER_COMPLETED_JOBS=delete); one that ended failed, discarded or cancelled raises JobFailed.
+connection costs a poll, never the wait). A job the jobs table no longer holds is read in the
+archive (DISPATCHER_COMPLETED_JOBS=archive moves it there as it completes). A completed job gives
+its handler's return value (None if it returned nothing, or its row is gone: deleted by its
+completion under DISPATCHER_COMPLETED_JOBS=delete); one that ended failed, discarded or cancelled
+raises JobFailed.
 """
 
 from __future__ import annotations
@@ -135,6 +137,9 @@ async def _wait_async(
             await conn.execute(query("results_listen"))
             cur = await conn.execute(query("job_result_watch"), {"id": job_id})
             end = rows.typed_one(JobEnd, await cur.fetchone())
+            if end is None:  # not in the jobs table: archived (maybe just now), or none
+                cur = await conn.execute(query("job_result_read"), {"id": job_id})
+                end = rows.typed_one(JobEnd, await cur.fetchone())
             seen = end is not None
             while True:
                 ended, value = outcome(job_id, end, seen)
@@ -176,6 +181,10 @@ def _wait_sync(conn: psycopg.Connection[Any], job_id: int, deadline: float | Non
             end = rows.typed_one(
                 JobEnd, conn.execute(query("job_result_watch"), {"id": job_id}).fetchone()
             )
+            if end is None:  # not in the jobs table: archived (maybe just now), or none
+                end = rows.typed_one(
+                    JobEnd, conn.execute(query("job_result_read"), {"id": job_id}).fetchone()
+                )
             seen = end is not None
             while True:
                 ended, value = outcome(job_id, end, seen)

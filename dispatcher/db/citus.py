@@ -1,8 +1,9 @@
 """`dispatcher migrate --citus`: the schema placed over a Citus cluster, buckets as shards.
 
 The jobs table is hash-distributed by `bucket` and split until each of the 64 buckets has a shard
-of its own, spread round-robin over the nodes; the flow-control tables a claim reads become
-reference tables; everything else stays on the coordinator node. So every statement a worker runs
+of its own, spread round-robin over the nodes; the archive of completed jobs is distributed the
+same way, colocated with it; the flow-control tables a claim reads become reference tables;
+everything else stays on the coordinator node. So every statement a worker runs
 for one bucket is a router query on one node. Idempotent, and in place: a table that holds jobs
 keeps them, and workers' writes wait while its rows are copied. Why: docs/concepts/citus.md.
 """
@@ -79,7 +80,7 @@ def distribute(dsn: str) -> list[str]:
                 # Blocking, not create_distributed_table_concurrently: in our tests rows written
                 # right after an online distribution went missing. Writers wait, then go on.
                 conn.execute(query("citus_distribute_jobs"))
-                conn.execute(query("citus_drop_local_copy"))
+                conn.execute(query("citus_drop_local_copy"), {"table": "dispatcher_jobs"})
                 done.append("dispatcher_jobs: distributed by bucket")
             for shard, points, nodes in conn.execute(query("citus_split_by_bucket")).fetchall():
                 conn.execute(
@@ -87,6 +88,10 @@ def distribute(dsn: str) -> list[str]:
                     {"shard": shard, "points": points, "nodes": nodes, "mode": "block_writes"},
                 )
                 done.append(f"shard {shard} split into {len(nodes)}")
+            if conn.execute(query("citus_archive_undistributed")).fetchone() is not None:
+                conn.execute(query("citus_distribute_archive"))
+                conn.execute(query("citus_drop_local_copy"), {"table": "dispatcher_jobs_archive"})
+                done.append("dispatcher_jobs_archive: distributed by bucket, beside the jobs")
     except psycopg.Error as exc:
         raise store_error(exc, "migrate --citus") from exc
     if done:

@@ -382,6 +382,25 @@ class PruneAges(NamedTuple):
     history: float | None
 
 
+class ArchiveUpkeep(NamedTuple):
+    """archive_maintain's row: archive partitions created and dropped, and default-partition rows
+    deleted past retention."""
+
+    created: int
+    dropped: int
+    default_deleted: int
+
+
+class ArchivePartition(NamedTuple):
+    """archive_partitions' rows: a partition of the archive, its bounds (None: the default one),
+    and the planner's estimate of its rows."""
+
+    name: str
+    from_at: datetime | None
+    to_at: datetime | None
+    rows_estimate: int
+
+
 # -- builders: a statement's rows (the driver's tuples) as typed rows ----------------------------
 #
 # The claim and completion builders are the hot path: one positional Job(...) per row, unpacked

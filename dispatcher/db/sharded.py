@@ -21,6 +21,7 @@ import psycopg
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows, sharded_admin
 from dispatcher.db.claims import check_buckets, claim_params, type_filter
+from dispatcher.db.completions import archiving
 from dispatcher.db.literals import int_array, token_array
 from dispatcher.db.queries import query
 from dispatcher.db.rows import Claimed, ExpiredLease, FailedWrite, Failure, TypeFilter
@@ -49,10 +50,12 @@ def pinned(text: str) -> str:
     return text.replace(_BY_IDS, _BY_BUCKET_AND_IDS)
 
 
-def keyed_completion_text(completion: str) -> str:
-    """jobs_complete_keyed_bucket around `completion` (jobs_complete_owned, or its delete)."""
+def keyed_completion_text(completion: str, *, archive: bool = False) -> str:
+    """jobs_complete_keyed_bucket around `completion` (jobs_complete_owned, or its delete; with
+    `archive`, the delete whose rows go to the archive in the same statement)."""
     text = query("jobs_complete_keyed_bucket").replace("{completion}", completion)
-    return pinned(text.replace("{promote}", query("sharded_promote_next")))
+    text = text.replace("{promote}", query("sharded_promote_next"))
+    return pinned(archiving(text) if archive else text)
 
 
 def claim_text(types: TypeFilter | None, *, skip_locked: bool) -> str:
@@ -79,16 +82,24 @@ def failure_bucket(failure: Failure) -> int | None:
 class ShardedStatements:
     """The per-bucket loops, over the store's `execute` (one bounded statement each)."""
 
-    def __init__(self, execute: Execute, worker_id: str, completion: str, channel: str) -> None:
+    def __init__(
+        self,
+        execute: Execute,
+        worker_id: str,
+        completion: str,
+        channel: str,
+        *,
+        archive: bool = False,
+    ) -> None:
         self._execute = execute
         self._worker_id = worker_id
         self._channel = channel
-        # `completion`: jobs_complete_owned or its delete, per DISPATCHER_COMPLETED_JOBS.
-        self._complete_sql = pinned(
-            query("sharded_complete_fenced").replace("{completion}", completion)
-        )
+        # `completion`: jobs_complete_owned or its delete, per DISPATCHER_COMPLETED_JOBS; with
+        # `archive` (the delete), the deleted rows go to the archive in the same statement.
+        fenced = query("sharded_complete_fenced").replace("{completion}", completion)
+        self._complete_sql = pinned(archiving(fenced) if archive else fenced)
         self._closes_windows = completion == query("jobs_complete_owned_delete")
-        self._keyed_sql = keyed_completion_text(completion)
+        self._keyed_sql = keyed_completion_text(completion, archive=archive)
         self._scan_sql = query("ordering_promote_scan_bucket").replace(
             "{promote}", query("sharded_promote_next")
         )

@@ -13,16 +13,25 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-# (what the single-node text says, what the pinned one says). Every text has the first two; the
+# (what the single-node text says, what the pinned one says). Every text has the first, and one
+# of the second's forms (the report's read of the rows: the purge's reads the archive too); the
 # others are in some (the dedupe checks of a retry, the filters' ages), and all of each is pinned.
 _PINS: Final = (
     (
-        "WHERE j.id = ANY(%(ids)s::bigint[])",
-        "WHERE j.bucket = %(bucket)s::smallint AND j.id = ANY(%(ids)s::bigint[])",
+        (
+            "WHERE j.id = ANY(%(ids)s::bigint[])",
+            "WHERE j.bucket = %(bucket)s::smallint AND j.id = ANY(%(ids)s::bigint[])",
+        ),
     ),
     (
-        "LEFT JOIN dispatcher_jobs AS j ON j.id = t.id",
-        "LEFT JOIN dispatcher_jobs AS j ON j.bucket = %(bucket)s::smallint AND j.id = t.id",
+        (
+            "LEFT JOIN dispatcher_jobs AS j ON j.id = t.id",
+            "LEFT JOIN dispatcher_jobs AS j ON j.bucket = %(bucket)s::smallint AND j.id = t.id",
+        ),
+        (
+            "WHERE h.id = ANY(%(ids)s::bigint[])",
+            "WHERE h.bucket = %(bucket)s::smallint AND h.id = ANY(%(ids)s::bigint[])",
+        ),
     ),
 )
 _OPTIONAL_PINS: Final = (
@@ -48,10 +57,11 @@ _OPTIONAL_PINS: Final = (
 def pin_write(text: str) -> str:
     """An admin write (admin_jobs_retry, _cancel, _purge, its {filters} filled in) limited to one
     bucket (%(bucket)s), reading the clock from %(now)s and the ages from clock_params'."""
-    for single, pinned in _PINS:
-        if single not in text:
-            raise ValueError(f"an admin write to pin must read its rows by `{single}`")
-        text = text.replace(single, pinned)
+    for forms in _PINS:
+        if not any(single in text for single, _ in forms):
+            raise ValueError(f"an admin write to pin must read its rows by `{forms[0][0]}`")
+        for single, pinned in forms:
+            text = text.replace(single, pinned)
     for single, pinned in _OPTIONAL_PINS:
         text = text.replace(single, pinned)
     return text

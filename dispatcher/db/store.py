@@ -22,6 +22,7 @@ from coordinator.pg.connect import ConnectionLimits, StatementTimeout, bounded, 
 from coordinator.pg.connect import connect as connect_bounded
 from dispatcher.constants import (
     ATTEMPT_ERRORS_KEPT,
+    COMPLETED_ARCHIVE,
     COMPLETED_DELETE,
     COMPLETED_JOBS,
     COMPLETED_KEEP,
@@ -43,7 +44,6 @@ from dispatcher.db.rows import (
     Chain,
     Claimed,
     Completion,
-    DbPressure,
     ExpiredLease,
     FailedWrite,
     Failure,
@@ -52,12 +52,12 @@ from dispatcher.db.rows import (
     HistoryRows,
     LimitLock,
     OrderingScan,
-    QueueDepth,
     ResultText,
     Steal,
     TypeFilter,
 )
 from dispatcher.db.sharded import ShardedStatements
+from dispatcher.db.store_offpath import SLOW_STATEMENT as SLOW_STATEMENT
 from dispatcher.db.store_offpath import OffPathStatements
 from dispatcher.db.translate import connect_errors, translate_errors
 from dispatcher.errors import StoreError, StoreUnavailable
@@ -68,10 +68,6 @@ from dispatcher.observe.job_metrics import JOB_STATS
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Budgets in multiples of ConnectionLimits.statement_timeout_s: hot statements take milliseconds;
-# ANALYZE and prune batches can take seconds on a big, busy table
-# (docs/design/postgres-plumbing.md).
-SLOW_STATEMENT = 6.0
 FEATURE_NOT_SUPPORTED = "0A000"
 
 
@@ -114,7 +110,10 @@ class JobStore(OffPathStatements):
         self.completed_jobs = completed_jobs
         # The keyless and the keyed completion statement (completions.py).
         self._complete_sql = completion_statements(completed_jobs)
-        self._complete_keep_sql = completion_statements(COMPLETED_KEEP)  # jobs with a result
+        # Jobs with a result: their rows stay readable, kept (under delete too) or archived.
+        self._complete_result_sql = completion_statements(
+            COMPLETED_KEEP if completed_jobs == COMPLETED_DELETE else completed_jobs
+        )
         # Set at each connect when the jobs table is distributed (Citus): then the hot statements
         # go bucket by bucket (sharded.py).
         self.sharded: ShardedStatements | None = None
@@ -141,12 +140,15 @@ class JobStore(OffPathStatements):
         """Per-bucket statements if the jobs table is distributed now (Citus), else None."""
         if not await distributed_async(conn):
             return None
-        completion = query(
-            "jobs_complete_owned_delete"
-            if self.completed_jobs == COMPLETED_DELETE
-            else "jobs_complete_owned"
+        keeps = self.completed_jobs == COMPLETED_KEEP
+        completion = query("jobs_complete_owned" if keeps else "jobs_complete_owned_delete")
+        return ShardedStatements(
+            self._execute,
+            self.worker_id,
+            completion,
+            NOTIFY_CHANNEL,
+            archive=self.completed_jobs == COMPLETED_ARCHIVE,
         )
-        return ShardedStatements(self._execute, self.worker_id, completion, NOTIFY_CHANNEL)
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -392,15 +394,17 @@ class JobStore(OffPathStatements):
         results: Sequence[ResultText] | None = None,
         chain: Chain | None = None,
     ) -> Completion:
-        """Mark jobs completed (or, with completed_jobs='delete', delete their rows) where the token
-        still matches: how many rows changed, and the ids refused (fenced: the token changed).
+        """Mark jobs completed (with completed_jobs='delete', delete their rows; with 'archive',
+        move them to the archive) where the token still matches: how many rows changed, and the
+        ids refused (fenced: the token changed).
         `keyed`: some have an ordering key, whose next job is promoted in the same statement, or,
         if due and in one of `chain`'s buckets, claimed for this worker (up to chain.limit).
-        `results`: each job's return value, written first (their rows are then kept). The
-        children of completed jobs that have dependents are released next (_released)."""
+        `results`: each job's return value, written first (their rows are then kept, or
+        archived). The children of completed jobs that have dependents are released next
+        (_released)."""
         statements = self._complete_sql
-        if results is not None:  # stored first; the rows are kept, whatever completed_jobs says
-            statements = self._complete_keep_sql
+        if results is not None:  # stored first; the rows are kept (archived under archive)
+            statements = self._complete_result_sql
             params = {
                 "ids": int_array(ids),
                 "tokens": token_array(tokens),
@@ -562,14 +566,6 @@ class JobStore(OffPathStatements):
         cur = await self._execute("reap", query("jobs_lease_expired"), {"limit": limit})
         return rows.typed(ExpiredLease, await cur.fetchall())
 
-    async def db_pressure(self) -> DbPressure | None:
-        cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)
-        return rows.typed_one(DbPressure, await cur.fetchone())
-
-    async def queue_depth(self) -> list[QueueDepth]:
-        cur = await self._execute("queue_depth", query("queue_depth"), {}, budget=SLOW_STATEMENT)
-        return rows.typed(QueueDepth, await cur.fetchall())
-
     async def maintenance_lease_take(
         self, name: str, ttl_s: float, yielding: Sequence[str] = ()
     ) -> bool:
@@ -587,13 +583,3 @@ class JobStore(OffPathStatements):
     async def maintenance_lease_release(self, name: str) -> None:
         params = {"name": name, "holder": self.worker_id}
         await self._execute("lease_release", query("maintenance_lease_release"), params)
-
-    async def jobs_analyze_if_stale(self) -> None:
-        """Refresh planner statistics if they are far behind (one pod at a time; see
-        sql/maintenance.sql). StorePermissionDenied if our role may not ANALYZE the table at all."""
-        await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)
-
-    async def jobs_autovacuum_on(self) -> bool:
-        """Whether autovacuum refreshes the jobs table's statistics (sql/maintenance.sql)."""
-        cur = await self._execute("analyze", query("jobs_autovacuum_on"), {})
-        return bool(rows.value(await cur.fetchone()))

@@ -1,5 +1,6 @@
 """The store port's statements off the worker's path (dispatcher/db/port.py): enqueue, an operator's
-cancel, a job's state. Mixed into `JobStore` (dispatcher/db/store.py), whose statement runner they
+cancel, a job's state, and the maintenance services' reads (database pressure, queue depths,
+planner statistics). Mixed into `JobStore` (dispatcher/db/store.py), whose statement runner they
 use."""
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ from dispatcher.db.inserts import insert_one_params, insert_one_sql
 from dispatcher.db.literals import int_array
 from dispatcher.db.port import NewJob
 from dispatcher.db.queries import query
-from dispatcher.db.rows import JobState
+from dispatcher.db.rows import DbPressure, JobState, QueueDepth
 from dispatcher.db.sharded import ShardedStatements
 from dispatcher.errors import StoreConflict
+
+# Budgets in multiples of ConnectionLimits.statement_timeout_s: hot statements take milliseconds;
+# ANALYZE and prune batches can take seconds on a big, busy table
+# (docs/design/postgres-plumbing.md).
+SLOW_STATEMENT = 6.0
 
 
 class OffPathStatements:
@@ -77,3 +83,21 @@ class OffPathStatements:
     async def job_get(self, job_id: int) -> JobState | None:
         cur = await self._execute("show", query("admin_job_show"), {"id": job_id})
         return rows.typed_one(JobState, await cur.fetchone())
+
+    async def db_pressure(self) -> DbPressure | None:
+        cur = await self._execute("db_pressure", query("db_pressure"), {}, budget=SLOW_STATEMENT)
+        return rows.typed_one(DbPressure, await cur.fetchone())
+
+    async def queue_depth(self) -> list[QueueDepth]:
+        cur = await self._execute("queue_depth", query("queue_depth"), {}, budget=SLOW_STATEMENT)
+        return rows.typed(QueueDepth, await cur.fetchall())
+
+    async def jobs_analyze_if_stale(self) -> None:
+        """Refresh planner statistics if they are far behind (one pod at a time; see
+        sql/maintenance.sql). StorePermissionDenied if our role may not ANALYZE the table at all."""
+        await self._execute("analyze", query("jobs_analyze_if_stale"), {}, budget=SLOW_STATEMENT)
+
+    async def jobs_autovacuum_on(self) -> bool:
+        """Whether autovacuum refreshes the jobs table's statistics (sql/maintenance.sql)."""
+        cur = await self._execute("analyze", query("jobs_autovacuum_on"), {})
+        return bool(rows.value(await cur.fetchone()))

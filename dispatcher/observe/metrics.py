@@ -121,6 +121,12 @@ JANITOR_LAG = Gauge(
     "the pods whose last prune round ran, none from a pod that found another pruning",
     ["kind"],
 )
+ARCHIVE_PARTITIONS = Counter(
+    "dispatcher_archive_partitions_total",
+    "Partitions of the archive of completed jobs this pod's janitor created ahead of the clock, "
+    "and dropped past retention (DISPATCHER_COMPLETED_JOBS=archive)",
+    ["change"],
+)
 SCHEDULE_LAST_SUCCESS = Gauge(
     "dispatcher_schedule_last_success_timestamp_seconds",
     "When the schedule's latest job completed (Unix time), or, before its first success, when it "

@@ -8,6 +8,10 @@ that ended (sql/dedupe.sql), in pages of prune_batch, then the lag. Live jobs ar
 Under DISPATCHER_COMPLETED_JOBS=delete the completion itself deletes a completed job's row: the
 completed kind's DELETE then finds nothing (one index descent) once the rows completed before that
 was set are gone, and its lag reads 0; it is kept so that those rows still go.
+Under DISPATCHER_COMPLETED_JOBS=archive the completion moves a completed job's row to the archive:
+the completed kind then moves, whatever their age, the rows still completed in the jobs table (an
+older release's, during a rolling upgrade), and after the round the archive's partitions are kept
+up (runtime/archive.py): created ahead, dropped past the completed retention.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ import psycopg
 from dispatcher.backoff import jittered
 from dispatcher.constants import NUM_BUCKETS
 from dispatcher.db import rows
+from dispatcher.db.completions import archived
 from dispatcher.db.periodic import PeriodicService
 from dispatcher.db.queries import query
 from dispatcher.db.store import SLOW_STATEMENT, JobStore
 from dispatcher.errors import StoreError
 from dispatcher.observe import metrics
+from dispatcher.runtime import archive
 from dispatcher.settings.sections import RetentionSettings
 
 # What the pruner deletes, by kind (the label of dispatcher_jobs_pruned_total): its named query.
@@ -35,6 +41,9 @@ PRUNE_QUERIES = {
     "failed": "jobs_prune_unsuccessful",
     "history": "history_prune",
 }
+# Under DISPATCHER_COMPLETED_JOBS=archive: completed rows still in the jobs table move to the
+# archive.
+ARCHIVE_QUERIES = {**PRUNE_QUERIES, "completed": "jobs_archive_completed"}
 # The pin of a job kind's DELETE to one bucket on a Citus cluster ({and_bucket} in its text).
 _BY_BUCKET = "AND bucket = %(bucket)s::smallint"
 
@@ -51,7 +60,11 @@ class PruneRound:
 
 
 async def prune_round(
-    store: JobStore, retentions_s: Mapping[str, float], limit: int, max_statements: int
+    store: JobStore,
+    retentions_s: Mapping[str, float],
+    limit: int,
+    max_statements: int,
+    queries: Mapping[str, str] = PRUNE_QUERIES,
 ) -> PruneRound | None:
     """One round: None if another pod holds the pruner's lock (it is pruning now; never waited
     for). Else deletes of at most `limit` rows of each kind past its retention (kinds of
@@ -70,7 +83,7 @@ async def prune_round(
             while pending and statements < max_statements:
                 for kind in list(pending):
                     params = {"retention_s": retentions_s[kind], "limit": limit}
-                    n = await _delete(conn, kind, params, by_bucket)
+                    n = await _delete(conn, queries[kind], kind, params, by_bucket)
                     deleted[kind] += n
                     statements += 1
                     if n < limit:
@@ -94,13 +107,17 @@ async def prune_round(
 
 
 async def _delete(
-    conn: psycopg.AsyncConnection[Any], kind: str, params: dict[str, Any], by_bucket: bool
+    conn: psycopg.AsyncConnection[Any],
+    name: str,
+    kind: str,
+    params: dict[str, Any],
+    by_bucket: bool,
 ) -> int:
     """Up to params["limit"] rows of `kind` past its retention deleted; how many. `by_bucket`:
     the jobs table is distributed, so a job kind's DELETE is sent to one bucket at a time (a
     router query: Citus refuses FOR UPDATE over several shards), from a random bucket on, until
     the limit is reached or every bucket was visited."""
-    sql = query(PRUNE_QUERIES[kind])
+    sql = query(name).replace("{archive_gone}", archived("gone"))
     if kind == "history" or not by_bucket:
         cur = await conn.execute(sql.replace("{and_bucket}", ""), params)
         # The job kinds return their count (a CTE closes windows), history its rowcount.
@@ -145,6 +162,13 @@ class Pruner(PeriodicService):
         )
         self._retentions_s = {kind: r for kind, r in settings.retentions_s.items() if r > 0}
         self._batch = settings.batch
+        # Under archive, completed rows in the jobs table move at any age (retention 0 here), and
+        # the completed retention is the archive's, kept by dropping partitions.
+        self._archive_retention_s: float | None = None
+        if settings.archive:
+            self._archive_retention_s = settings.retentions_s.get("completed", 0.0)
+            self._retentions_s["completed"] = 0.0
+        self.last_upkeep: archive.Upkeep | None = None
         self.rounds = 0  # rounds this pod ran (it held the lock)
         self.skipped = 0  # rounds skipped: another pod held the lock
         self.last_round: PruneRound | None = None
@@ -164,9 +188,17 @@ class Pruner(PeriodicService):
                 None
                 if not self.holding
                 else await prune_round(
-                    self._store, self._retentions_s, self._batch, self.ROUND_STATEMENTS
+                    self._store,
+                    self._retentions_s,
+                    self._batch,
+                    self.ROUND_STATEMENTS,
+                    PRUNE_QUERIES if self._archive_retention_s is None else ARCHIVE_QUERIES,
                 )
             )
+            if done is not None and self._archive_retention_s is not None:
+                self.last_upkeep = await archive.upkeep(
+                    self._store, self._archive_retention_s, self.interval_s, self._batch
+                )
         except StoreError:
             metrics.JANITOR_LAG.clear()  # no fresh figure from this pod
             raise

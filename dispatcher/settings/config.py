@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from coordinator.pg.connect import ConnectionLimits
-from dispatcher.constants import MODE_PARTITIONED, NUM_BUCKETS
+from dispatcher.constants import COMPLETED_ARCHIVE, MODE_PARTITIONED, NUM_BUCKETS
 from dispatcher.errors import ConfigError
 from dispatcher.settings import rules
 from dispatcher.settings import sections as sec
@@ -125,7 +125,10 @@ class Config(ConfigFields):
                 self.reaper_interval_s, self.history, self.table_sample_interval_s
             ),
             "retention": sec.RetentionSettings(
-                self.prune_interval_s, MappingProxyType(retentions), self.prune_batch
+                self.prune_interval_s,
+                MappingProxyType(retentions),
+                self.prune_batch,
+                archive=self.completed_jobs == COMPLETED_ARCHIVE,
             ),
             "coordination": sec.CoordinationSettings(
                 self.coordinator,

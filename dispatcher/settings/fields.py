@@ -243,9 +243,11 @@ class ConfigFields:
         COMPLETED_KEEP,
         section="completion",
         parse=str,
-        help="a successful job's row: keep (marked completed, deleted after completed_retention_s) "
-        "or delete (deleted by the completion itself: no prune or vacuum later; `jobs list/show` "
-        "and status see no completed job)",
+        help="a successful job's row: keep (marked completed, deleted after "
+        "completed_retention_s), archive (moved by the completion to a time-partitioned archive, "
+        "whose partitions are dropped after completed_retention_s; `jobs list/show` read it) or "
+        "delete (deleted by the completion itself: `jobs list/show` and status see no completed "
+        "job)",
     )
     shutdown_grace_s: float = setting(
         DEFAULT_SHUTDOWN_GRACE_S,

@@ -165,6 +165,8 @@ class RetentionSettings:
     # kind (completed, failed, history) -> seconds; 0: kept forever
     retentions_s: Mapping[str, float]
     batch: int
+    # DISPATCHER_COMPLETED_JOBS=archive: completed jobs live in the archive, kept by partition
+    archive: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,37 +40,66 @@ AND (%(min_id)s::bigint IS NULL OR j.id >= %(min_id)s::bigint)
 
 -- name: admin_jobs_list
 -- Newest first (by id, the order of enqueueing): a walk of the primary key backwards that stops
--- at %(limit)s, or, for a status with few rows, that status's index and a sort.
-SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts,
-       CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.run_at, j.created_at,
-       j.updated_at, extract(epoch FROM now() - j.updated_at)::float8, j.locked_by, j.cancel_requested_at, j.last_error,
-       j.tags
-  FROM dispatcher_jobs AS j
- WHERE {filters}
- ORDER BY j.id DESC
+-- at %(limit)s, or, for a status with few rows, that status's index and a sort; the same in the
+-- archive of completed jobs (migration 0020: each partition's primary key), and the newest of
+-- both. A filter on a status other than completed skips the archive: its CHECK refutes it.
+SELECT u.* FROM (
+    (SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts,
+            CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.run_at, j.created_at,
+            j.updated_at, extract(epoch FROM now() - j.updated_at)::float8, j.locked_by, j.cancel_requested_at,
+            j.last_error, j.tags
+       FROM dispatcher_jobs AS j
+      WHERE {filters}
+      ORDER BY j.id DESC
+      LIMIT %(limit)s)
+    UNION ALL
+    (SELECT j.id, j.queue_name, j.job_type, j.status, j.priority, j.attempts,
+            CASE WHEN j.max_attempts_given THEN j.max_attempts END AS max_attempts, j.run_at, j.created_at,
+            j.updated_at, extract(epoch FROM now() - j.updated_at)::float8, j.locked_by, j.cancel_requested_at,
+            j.last_error, j.tags
+       FROM dispatcher_jobs_archive AS j
+      WHERE {filters}
+      ORDER BY j.id DESC
+      LIMIT %(limit)s)) AS u
+ ORDER BY u.id DESC
  LIMIT %(limit)s
 
 -- name: admin_jobs_count
 -- How many jobs match (what a bulk change would touch), the newest id among them and the
 -- instant: a bulk change goes up to that id (jobs enqueued meanwhile are not swept in), and a
--- confirmed one also as of that instant (admin_filters).
-SELECT count(*), max(j.id), now() FROM dispatcher_jobs AS j WHERE {filters}
+-- confirmed one also as of that instant (admin_filters). Both tables: the archive holds completed
+-- jobs, which only a purge touches.
+SELECT sum(c.matched)::bigint, max(c.newest), now()
+  FROM (SELECT count(*) AS matched, max(j.id) AS newest FROM dispatcher_jobs AS j WHERE {filters}
+        UNION ALL
+        SELECT count(*), max(j.id) FROM dispatcher_jobs_archive AS j WHERE {filters}) AS c
 
 -- name: admin_jobs_page
 -- The next batch of a bulk change: ids after %(after_id)s (keyset, so each batch is one short
--- range and the walk ends even if rows keep matching), up to %(max_id)s.
-SELECT j.id
-  FROM dispatcher_jobs AS j
- WHERE {filters} AND j.id > %(after_id)s AND j.id <= %(max_id)s
- ORDER BY j.id
+-- range and the walk ends even if rows keep matching), up to %(max_id)s, in both tables.
+SELECT u.id FROM (
+    (SELECT j.id
+       FROM dispatcher_jobs AS j
+      WHERE {filters} AND j.id > %(after_id)s AND j.id <= %(max_id)s
+      ORDER BY j.id
+      LIMIT %(limit)s)
+    UNION ALL
+    (SELECT j.id
+       FROM dispatcher_jobs_archive AS j
+      WHERE {filters} AND j.id > %(after_id)s AND j.id <= %(max_id)s
+      ORDER BY j.id
+      LIMIT %(limit)s)) AS u
+ ORDER BY u.id
  LIMIT %(limit)s
 
 -- name: admin_jobs_id_range
--- The lowest and the highest id in the table: two probes of the primary key. A search's first
+-- The lowest and the highest id in both tables: probes of the primary keys. A search's first
 -- window ends above the highest; a window whose floor is above the lowest has older ones below.
-SELECT min(j.id), max(j.id) FROM dispatcher_jobs AS j
+SELECT least((SELECT min(j.id) FROM dispatcher_jobs AS j), (SELECT min(a.id) FROM dispatcher_jobs_archive AS a)),
+       greatest((SELECT max(j.id) FROM dispatcher_jobs AS j), (SELECT max(a.id) FROM dispatcher_jobs_archive AS a))
 
 -- name: admin_job_show
+-- The job's row, in the jobs table or, completed, in the archive (each partition's primary key).
 SELECT id, queue_name, job_type, status, priority, bucket, attempts,
        CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts, lease_expiries, run_at,
        created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
@@ -78,6 +107,15 @@ SELECT id, queue_name, job_type, status, priority, bucket, attempts,
        progress, meta, depends_on, pending_parents, batch_id, result
   FROM dispatcher_jobs
  WHERE id = %(id)s
+UNION ALL
+SELECT id, queue_name, job_type, status, priority, bucket, attempts,
+       CASE WHEN max_attempts_given THEN max_attempts END AS max_attempts, lease_expiries, run_at,
+       created_at, updated_at, locked_at, locked_by, lease_expires_at, completed_at, failed_at,
+       cancel_requested_at, dedupe_key, payload, last_error, ordering_key, ordering_halted, snoozes, errors, tags,
+       progress, meta, depends_on, pending_parents, batch_id, result
+  FROM dispatcher_jobs_archive
+ WHERE id = %(id)s
+ LIMIT 1
 
 -- name: admin_job_attempts
 -- The job's attempt history (rows exist only with DISPATCHER_HISTORY on), through its index.
@@ -169,10 +207,11 @@ SELECT t.id, j.status, coalesce({filters}, false), NULL, false, j.ordering_halte
 
 -- name: admin_jobs_purge
 -- Delete finished jobs (completed, failed, discarded, cancelled) among %(ids)s that still match
--- the filters; live ones are never touched (re-checked on the row deleted). Their attempt
--- history stays until history_retention_s. A purged job that halted its key lets the key go on
--- (admin.py promotes its next job, as for a cancel). Same shape as admin_jobs_retry. A purged job
--- with a uniqueness window leaves its finish time in it ({close_windows}, sql/dedupe.sql).
+-- the filters, in the jobs table and in the archive of completed jobs; live ones are never
+-- touched (re-checked on the row deleted). Their attempt history stays until
+-- history_retention_s. A purged job that halted its key lets the key go on (admin.py promotes its
+-- next job, as for a cancel). Same shape as admin_jobs_retry. A purged job with a uniqueness
+-- window leaves its finish time in it ({close_windows}, sql/dedupe.sql).
 WITH changed AS (
     DELETE FROM dispatcher_jobs AS j
      WHERE j.id = ANY(%(ids)s::bigint[])
@@ -180,13 +219,22 @@ WITH changed AS (
     RETURNING j.id, j.queue_name, CASE WHEN j.ordering_halted THEN j.ordering_key END AS ordering_key,
               j.dedupe_key, j.dedupe_window_s, j.updated_at AS finished_at
 ),
+archived AS (
+    DELETE FROM dispatcher_jobs_archive AS j
+     WHERE j.id = ANY(%(ids)s::bigint[]) AND {filters}
+    RETURNING j.id, j.queue_name
+),
 gone AS (SELECT id, queue_name, dedupe_key, dedupe_window_s, finished_at FROM changed),
 {close_windows}
 SELECT id, NULL, NULL, 'purged', NULL, NULL, queue_name, ordering_key FROM changed
 UNION ALL
 SELECT t.id, j.status, coalesce({filters}, false), NULL, false, j.ordering_halted, NULL, NULL
   FROM unnest(%(ids)s::bigint[]) AS t(id)
-  LEFT JOIN dispatcher_jobs AS j ON j.id = t.id
+  LEFT JOIN (SELECT * FROM dispatcher_jobs AS h WHERE h.id = ANY(%(ids)s::bigint[])
+             UNION ALL
+             SELECT * FROM dispatcher_jobs_archive AS h WHERE h.id = ANY(%(ids)s::bigint[])) AS j ON j.id = t.id
+UNION ALL
+SELECT id, NULL, NULL, 'purged', NULL, NULL, queue_name, NULL FROM archived
 
 -- name: admin_halted_keys
 -- The keys that a failed or discarded job halts (ordering_halted), newest first (by the halted

@@ -39,9 +39,22 @@ DROP INDEX CONCURRENTLY IF EXISTS dispatcher_jobs_dedupe_live_idx
 -- One shard to start with; the split below gives every bucket a shard of its own.
 SELECT create_distributed_table('dispatcher_jobs', 'bucket', shard_count => 1)
 
+-- name: citus_archive_undistributed
+-- A row if the archive of completed jobs exists (migration 0020) and is not distributed yet.
+SELECT 1
+ WHERE to_regclass('dispatcher_jobs_archive') IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM pg_dist_partition AS p
+                    WHERE p.logicalrelid = to_regclass('dispatcher_jobs_archive'))
+
+-- name: citus_distribute_archive
+-- The archive, colocated with the jobs (each bucket's archive shard on its jobs shard's node, with
+-- the same hash ranges, split or not), so that a completion moving a job is a router statement.
+-- Its partitions follow it, and so does every partition attached later.
+SELECT create_distributed_table('dispatcher_jobs_archive', 'bucket', colocate_with => 'dispatcher_jobs')
+
 -- name: citus_drop_local_copy
 -- create_distributed_table leaves the rows it copied in the coordinator's own table, unseen.
-SELECT truncate_local_data_after_distributing_table('dispatcher_jobs')
+SELECT truncate_local_data_after_distributing_table(%(table)s)
 
 -- name: citus_split_by_bucket
 -- Split every shard that holds more than one bucket at the hash values between its buckets, so

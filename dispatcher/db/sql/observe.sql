@@ -4,10 +4,13 @@
 -- with validated integers only.
 
 -- name: status_counts
-SELECT queue_name, status, count(*) AS jobs
-  FROM dispatcher_jobs
- GROUP BY queue_name, status
- ORDER BY queue_name, status
+-- Jobs per queue and status, the archive's completed ones (migration 0020) with the rest.
+SELECT c.queue_name, c.status, sum(c.jobs)::bigint AS jobs
+  FROM (SELECT queue_name, status, count(*) AS jobs FROM dispatcher_jobs GROUP BY queue_name, status
+        UNION ALL
+        SELECT queue_name, 'completed', count(*) FROM dispatcher_jobs_archive GROUP BY queue_name) AS c
+ GROUP BY c.queue_name, c.status
+ ORDER BY c.queue_name, c.status
 
 -- name: status_halted_keys
 -- Ordering keys halted by a failed or discarded job, per queue: through

@@ -21,16 +21,20 @@ UPDATE dispatcher_jobs AS j
 -- Someone awaits the job's end (JobHandle.result): from now on, the statement that ends it sends a
 -- NOTIFY (finish.sql, deps.sql). Marked under the row's lock, so an end that commits after this
 -- reads the mark; one that committed before is read here. Its status, result and last error now;
--- no row if there is no such job.
+-- no row if there is no such row (or it moved to the archive meanwhile: the wait reads it there).
 UPDATE dispatcher_jobs
    SET awaited = true
  WHERE id = %(id)s
 RETURNING status, result, last_error
 
 -- name: job_result_read
--- The job's status, result and last error now (an awaited job's end was told, or the wait polls);
--- no row if its row is gone (deleted by its completion, or purged).
+-- The job's status, result and last error now (an awaited job's end was told, or the wait polls),
+-- from the jobs table or, completed, the archive (migration 0020); no row if its row is gone
+-- (deleted by its completion, or purged, or past retention).
 SELECT status, result, last_error FROM dispatcher_jobs WHERE id = %(id)s
+UNION ALL
+SELECT status, result, last_error FROM dispatcher_jobs_archive WHERE id = %(id)s
+LIMIT 1
 
 -- name: results_listen
 -- A wait's subscription to the ends of awaited jobs: the channel is RESULTS_CHANNEL

@@ -79,7 +79,8 @@ UPDATE dispatcher_schedules SET next_slot_at = %(next_slot_at)s, updated_at = no
 -- (that is how a success ends there), else 'gone' (purged). Reads the open runs through
 -- dispatcher_schedule_runs_open_idx: the runs of jobs still live, a handful. A run's end time is
 -- read in `open`, not in the UPDATE: Citus refuses now() inside a COALESCE of a write.
--- The runs' jobs are read by id, not by a join: on a Citus cluster a join of the coordinator
+-- The runs' jobs are read by id, in the jobs table and in the archive of completed jobs (migration
+-- 0020), not by a join: on a Citus cluster a join of the coordinator
 -- node's runs with the jobs pulled every job of every shard to the coordinator node.
 WITH runs AS MATERIALIZED (
     SELECT r.schedule_name, r.slot_at, r.job_id
@@ -90,7 +91,10 @@ open AS (
     SELECT r.schedule_name, r.slot_at, j.id AS job_id, j.status, coalesce(j.updated_at, now()) AS ended_at
       FROM runs AS r
       LEFT JOIN (SELECT l.id, l.status, l.updated_at FROM dispatcher_jobs AS l
-                  WHERE l.id = ANY(ARRAY(SELECT x.job_id FROM runs AS x))) AS j
+                  WHERE l.id = ANY(ARRAY(SELECT x.job_id FROM runs AS x))
+                 UNION ALL
+                 SELECT a.id, a.status, a.updated_at FROM dispatcher_jobs_archive AS a
+                  WHERE a.id = ANY(ARRAY(SELECT x.job_id FROM runs AS x))) AS j
         ON j.id = r.job_id
 ),
 ended AS (

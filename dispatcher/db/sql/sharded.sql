@@ -196,6 +196,13 @@ SELECT job_type, queue_name, count(*)::int
 -- does): a fan-out over every shard, by primary key in each.
 SELECT id, bucket FROM dispatcher_jobs WHERE id = ANY(%(ids)s::bigint[])
 
+-- name: sharded_admin_buckets_of
+-- sharded_buckets_of for an operator's change, which may reach archived jobs too (a purge): the
+-- bucket of each of %(ids)s in the jobs table or the archive of completed jobs.
+SELECT id, bucket FROM dispatcher_jobs WHERE id = ANY(%(ids)s::bigint[])
+UNION ALL
+SELECT id, bucket FROM dispatcher_jobs_archive WHERE id = ANY(%(ids)s::bigint[])
+
 -- name: sharded_promote_keys
 -- ordering_promote_keys on a distributed table, for the keys of one bucket (%(bucket)s: that of
 -- the jobs whose change released them, a key's jobs all sharing it). Citus refuses the

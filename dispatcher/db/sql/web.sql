@@ -5,12 +5,16 @@
 -- name: web_recent_outcomes
 -- Per queue, jobs that completed, and that failed or were discarded, in the last %(window_s)s
 -- seconds: a range of dispatcher_jobs_completed_idx and of dispatcher_jobs_unsuccessful_idx by
--- updated_at (each row's queue from the heap), so the cost follows the rate, not the table. Under
--- DISPATCHER_COMPLETED_JOBS=delete completed jobs leave no row: the page says so.
+-- updated_at (each row's queue from the heap), so the cost follows the rate, not the table; and
+-- the archive's completed jobs (migration 0020), in its newest partitions by the BRIN on
+-- completed_at. Under DISPATCHER_COMPLETED_JOBS=delete completed jobs leave no row: the page says so.
 SELECT queue_name, count(*) FILTER (WHERE status = 'completed') AS completed,
        count(*) FILTER (WHERE status <> 'completed') AS failed
   FROM (SELECT queue_name, status FROM dispatcher_jobs
          WHERE status = 'completed' AND updated_at > now() - %(window_s)s * interval '1 second'
+        UNION ALL
+        SELECT queue_name, status FROM dispatcher_jobs_archive
+         WHERE completed_at > now() - %(window_s)s * interval '1 second'
         UNION ALL
         SELECT queue_name, status FROM dispatcher_jobs
          WHERE status IN ('failed', 'discarded', 'cancelled')

@@ -1,0 +1,126 @@
+-- The archive of completed jobs (docs/design/archive.md): under DISPATCHER_COMPLETED_JOBS=archive
+-- a completion deletes the job's row from dispatcher_jobs and appends it here in the same fenced
+-- statement (sql/archive.sql), so the table every claim walks holds live and unsuccessful jobs
+-- only, and retention drops whole partitions instead of deleting rows.
+--
+-- dispatcher_jobs_archive: the jobs table's columns, in its order (a test compares the two: a
+-- migration that adds a column to one adds it to the other), partitioned by range of
+-- completed_at. Only completed jobs: failed, discarded and cancelled ones stay where retry, cancel
+-- and the halted keys act on them. Ids stay unique across both tables: they come from the jobs'
+-- identity, and a row is in one table or the other, moved by one statement.
+-- Indexes: the primary key (id, bucket, completed_at: a Citus cluster needs the bucket in it) for `jobs show`, results and the newest-first list;
+-- a BRIN on completed_at for recent outcomes (an append-only table in time order); the batch and
+-- tags filters' own, partial, so a job without them writes no entry.
+-- The default partition holds what no range partition covers (the janitor fell behind, or rows
+-- completed by an older release before the upgrade): never an error in a completion.
+--
+-- dispatcher_archive_maintain: the janitor's one call per round (runtime/janitor.py): creates
+-- partitions ahead, drops those past retention, deletes default-partition rows past retention.
+-- SECURITY DEFINER, owned by the migrating role: the workers' role keeps rows-only privileges and
+-- EXECUTE (`dispatcher grants`). Its DDL waits at most 100 ms for a lock (then the next round
+-- tries again): a DROP queued behind a long reader of the archive would hold up every completion.
+--
+-- One transaction: a new table and a function, no lock on the jobs beyond reading their shape.
+SET LOCAL lock_timeout = '5s';
+
+CREATE TABLE IF NOT EXISTS dispatcher_jobs_archive (LIKE dispatcher_jobs INCLUDING DEFAULTS)
+    PARTITION BY RANGE (completed_at);
+ALTER TABLE dispatcher_jobs_archive ALTER COLUMN completed_at SET NOT NULL;
+ALTER TABLE dispatcher_jobs_archive DROP CONSTRAINT IF EXISTS dispatcher_jobs_archive_status_check;
+ALTER TABLE dispatcher_jobs_archive ADD CONSTRAINT dispatcher_jobs_archive_status_check
+    CHECK (status = 'completed');
+ALTER TABLE dispatcher_jobs_archive DROP CONSTRAINT IF EXISTS dispatcher_jobs_archive_pkey;
+ALTER TABLE dispatcher_jobs_archive ADD CONSTRAINT dispatcher_jobs_archive_pkey PRIMARY KEY (id, bucket, completed_at);
+CREATE INDEX IF NOT EXISTS dispatcher_jobs_archive_completed_idx
+    ON dispatcher_jobs_archive USING brin (completed_at);
+CREATE INDEX IF NOT EXISTS dispatcher_jobs_archive_batch_idx
+    ON dispatcher_jobs_archive (batch_id) WHERE batch_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS dispatcher_jobs_archive_tags_idx
+    ON dispatcher_jobs_archive USING gin (tags) WHERE tags IS NOT NULL;
+CREATE TABLE IF NOT EXISTS dispatcher_jobs_archive_default PARTITION OF dispatcher_jobs_archive DEFAULT;
+
+-- Range partitions: named dispatcher_jobs_archive_<start, UTC>. Bounds read back from the catalog.
+CREATE OR REPLACE FUNCTION dispatcher_archive_maintain(period_s integer, ahead_s double precision,
+                                                       retention_s double precision, default_limit integer)
+RETURNS TABLE (created integer, dropped integer, default_deleted bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path FROM CURRENT
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    part record;
+    start_at timestamptz;
+    cutoff timestamptz;
+    name text;
+    made integer := 0;
+    gone integer := 0;
+    removed bigint := 0;
+BEGIN
+    IF period_s IS NULL OR period_s NOT IN (60, 300, 900, 3600, 86400) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'period_s',
+            MESSAGE = 'period_s must be 60, 300, 900, 3600 or 86400, got ' || coalesce(period_s::text, 'NULL');
+    END IF;
+    IF ahead_s IS NULL OR ahead_s < 0 OR ahead_s > 7 * 86400 THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value', COLUMN = 'ahead_s',
+            MESSAGE = 'ahead_s must be between 0 and 604800, got ' || coalesce(ahead_s::text, 'NULL');
+    END IF;
+    -- One caller at a time (two pods whose janitor leases overlap for a moment): the other skips.
+    IF NOT pg_try_advisory_xact_lock(7022450133) THEN
+        RETURN QUERY SELECT 0, 0, 0::bigint;
+        RETURN;
+    END IF;
+    -- Past retention: whole partitions whose upper bound is older than it (0: kept forever).
+    IF retention_s > 0 THEN
+        FOR part IN
+            SELECT b.relname FROM (
+                SELECT c.relname,
+                       substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$TO \('([^']+)'\)$r$)::timestamptz AS to_at
+                  FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass AND c.relname <> 'dispatcher_jobs_archive_default') AS b
+             WHERE b.to_at <= now() - retention_s * interval '1 second'
+             ORDER BY b.to_at
+        LOOP
+            EXECUTE format('DROP TABLE %I', part.relname);
+            gone := gone + 1;
+        END LOOP;
+        -- Rows no range partition took: deleted like the hot table's, a bounded batch per round
+        -- (by id, not ctid: Citus plans no DELETE by ctid over shards).
+        cutoff := now() - retention_s * interval '1 second';
+        DELETE FROM dispatcher_jobs_archive_default
+         WHERE completed_at < cutoff
+           AND id = ANY(ARRAY(SELECT d.id FROM dispatcher_jobs_archive_default AS d
+                               WHERE d.completed_at < cutoff LIMIT default_limit));
+        GET DIAGNOSTICS removed = ROW_COUNT;
+    END IF;
+    -- Ahead: contiguous from the last partition's upper bound; with none, or the last one behind
+    -- the clock (the rows since went to the default partition), from this period's start if the
+    -- default partition holds nothing in it, else from the next period's.
+    SELECT max(substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$TO \('([^']+)'\)$r$)::timestamptz)
+      INTO start_at
+      FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass AND c.relname <> 'dispatcher_jobs_archive_default';
+    IF start_at IS NULL OR start_at < now() THEN
+        start_at := to_timestamp(floor(extract(epoch FROM now()) / period_s) * period_s);
+        IF EXISTS (SELECT 1 FROM dispatcher_jobs_archive_default WHERE completed_at >= start_at) THEN
+            start_at := start_at + period_s * interval '1 second';
+        END IF;
+    END IF;
+    WHILE start_at < now() + ahead_s * interval '1 second' AND made < 64 LOOP
+        name := 'dispatcher_jobs_archive_' || to_char(start_at AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS');
+        -- CREATE, then ATTACH: attaching locks the archive SHARE UPDATE EXCLUSIVE, which lets
+        -- completions insert meanwhile (CREATE ... PARTITION OF would take ACCESS EXCLUSIVE).
+        EXECUTE format('CREATE TABLE %I (LIKE dispatcher_jobs_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                       name);
+        EXECUTE format('ALTER TABLE dispatcher_jobs_archive ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                       name, start_at, start_at + period_s * interval '1 second');
+        made := made + 1;
+        start_at := start_at + period_s * interval '1 second';
+    END LOOP;
+    RETURN QUERY SELECT made, gone, removed;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION dispatcher_archive_maintain(integer, double precision, double precision, integer)
+    FROM PUBLIC;
+
+-- The first partitions: this period and the next hour's (the janitor keeps them coming).
+SELECT * FROM dispatcher_archive_maintain(900, 3600, 0, 0);

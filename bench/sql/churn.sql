@@ -18,7 +18,7 @@ SELECT pg_table_size('dispatcher_jobs') AS table_bytes,
                             WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass))::float8
            AS archive_dead_tuples
   FROM pg_stat_user_tables AS s
- WHERE s.relname = 'dispatcher_jobs''
+ WHERE s.relname = 'dispatcher_jobs'
 
 -- name: churn_prune_completed
 -- One batch of a retention pass under DISPATCHER_COMPLETED_JOBS=keep: the oldest %(limit)s

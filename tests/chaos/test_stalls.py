@@ -108,13 +108,15 @@ def test_sigterm_during_a_stall_exits_within_the_bound_and_the_leases_bring_the_
         proxy.dsn_via(chaos_dsn), "s", concurrency=5, shutdown_grace_s=grace_s, **OPTS
     )
     stalled.wait_for_log(r"worker s running", 30)
-    enqueue(chaos_dsn, "record_slow", 5, {"s": 1.0})
+    enqueue(chaos_dsn, "record_slow", 5, {"s": 2.0})
     wait_until(
         lambda: len(started_by(workers.executions(), stalled.pid)) == 5, 30, "s runs all 5 jobs"
     )
+    # s's jobs finish, but their completions cannot be written. Cut before h starts: a start
+    # slower than the jobs (a loaded machine) would let s write them first.
+    proxy.blackhole()
     healthy = workers.start(chaos_dsn, "h", concurrency=5, **OPTS)  # idle: s holds every job
     healthy.wait_for_log(r"worker h running", 30)
-    proxy.blackhole()  # s's jobs finish, but their completions cannot be written
     wait_until(lambda: not stalled.running_handlers(), 10, "s's handlers end")
     sent = stalled.signal(signal.SIGTERM)
     code = stalled.exited_within(grace_s + EXIT_AFTER_GRACE_S, sent)

@@ -23,7 +23,7 @@ from dispatcher import (
 )
 from dispatcher.admin import Filters, cancel_jobs, list_jobs, purge_jobs, search_jobs, show_job
 from dispatcher.db.completions import completion_statements
-from dispatcher.db.migrate import available_migrations, migrate
+from dispatcher.db.migrate import migrate
 from dispatcher.db.queries import query
 from dispatcher.db.store import JobStore, int_array, token_array
 from dispatcher.runtime import archive
@@ -300,7 +300,7 @@ def test_an_old_release_completing_by_update_and_a_new_one_archiving_lose_no_job
         old_tasks = [asyncio.create_task(w.run()) for w in old]
         await asyncio.sleep(0)
         ids += await asyncio.to_thread(enqueue, 300)
-        assert await asyncio.to_thread(migrate, empty_dsn) == [ARCHIVE]
+        assert await asyncio.to_thread(migrate, empty_dsn, up_to=ARCHIVE) == [ARCHIVE]
         # The old release goes on completing by UPDATE: rows completed in the jobs table.
         await asyncio.to_thread(
             wait_until,
@@ -334,7 +334,6 @@ def test_an_old_release_completing_by_update_and_a_new_one_archiving_lose_no_job
     assert set(runs.values()) == {1}, "a job ran twice"
     archived = fetchall(empty_dsn, "SELECT id, count(*) FROM dispatcher_jobs_archive GROUP BY id")
     assert dict(archived) == dict.fromkeys(ids, 1)
-    assert [m.version for m in available_migrations()][-1] >= ARCHIVE
 
 
 @pytest.mark.parametrize("completed_jobs", ["keep", "delete"])

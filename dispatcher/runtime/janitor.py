@@ -156,10 +156,10 @@ class Pruner(PeriodicService):
 
     def __init__(self, store: JobStore, settings: RetentionSettings) -> None:
         # First prune after a random fraction of the interval, so N pods started together spread
-        # out.
-        super().__init__(
-            store, settings.interval_s, first_delay_s=settings.interval_s * random.random()
-        )
+        # out; under archive within 5 s, so that the archive's partitions exist before
+        # many completions find none and go to its default partition.
+        first_s = settings.interval_s if not settings.archive else min(settings.interval_s, 5.0)
+        super().__init__(store, settings.interval_s, first_delay_s=first_s * random.random())
         self._retentions_s = {kind: r for kind, r in settings.retentions_s.items() if r > 0}
         self._batch = settings.batch
         # Under archive, completed rows in the jobs table move at any age (retention 0 here), and

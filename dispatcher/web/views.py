@@ -26,7 +26,7 @@ from dispatcher.api.flow import list_limits, paused_queues
 from dispatcher.api.job_filters import MAX_ID_LIST
 from dispatcher.api.schedules.listing import list_schedules
 from dispatcher.api.text import parse_duration_s
-from dispatcher.constants import COMPLETED_KEEP, is_valid_name
+from dispatcher.constants import COMPLETED_DELETE, is_valid_name
 from dispatcher.db.oneshot import bounded_transaction
 from dispatcher.db.queries import query
 from dispatcher.model import STATUSES
@@ -77,7 +77,7 @@ async def _overview_data(dash: Dashboard) -> reads.Overview:
         dash.limits,
         mode=config.mode,
         coordinator=config.coordinator,
-        completed_rows_kept=config.completion.completed_jobs == COMPLETED_KEEP,
+        completed_rows_kept=config.completion.completed_jobs != COMPLETED_DELETE,
         cache="overview",
     )
 

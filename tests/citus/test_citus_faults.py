@@ -36,13 +36,14 @@ OPTS = dict(
 )
 
 
-def _drain_with(citus_dsn, workers, fault, *, mode="partitioned"):
-    """Three workers drain JOBS short jobs; `fault()` runs once 500 have completed and returns the
-    pid of a worker it killed, if any. Returns the execution records and the killed pid."""
+def _drain_with(citus_dsn, workers, fault, *, mode="partitioned", jitter_s=4.0):
+    """Three workers drain JOBS short jobs, due over `jitter_s`; `fault()` runs once 500 have
+    completed and returns the pid of a worker it killed, if any. Returns the execution records
+    and the killed pid."""
     procs = [workers.start(citus_dsn, f"c{i}", mode=mode, **OPTS) for i in range(3)]
     for worker in procs:
         worker.wait_for_log(r"worker c\d running", 60)
-    enqueue(citus_dsn, "record_slow", JOBS, {"s": 0.02}, jitter_s=4.0)
+    enqueue(citus_dsn, "record_slow", JOBS, {"s": 0.02}, jitter_s=jitter_s)
     wait_until(
         lambda: status_counts(citus_dsn).get("completed", 0) >= 500,
         90,
@@ -141,7 +142,9 @@ def test_the_jobs_table_distributed_mid_drain_loses_nothing(citus_empty_dsn, wor
     def distribute_now(procs):
         assert any("distributed by bucket" in step for step in distribute(dsn))
 
-    executions, _ = _drain_with(dsn, workers, distribute_now)
+    # Due over 30 s, not 4: distributing places the archive of completed jobs too (64 shards of
+    # each of its tables), and the drain must still be going when it is done.
+    executions, _ = _drain_with(dsn, workers, distribute_now, jitter_s=30.0)
     _assert_each_job_once(executions)
     shards = fetchval(
         dsn, "SELECT count(*) FROM citus_shards WHERE table_name = 'dispatcher_jobs'::regclass"

@@ -46,7 +46,7 @@ def test_a_cluster_that_upgrades_gets_its_archive_colocated_with_the_jobs(citus_
     (jobs, archive) = fetchall(citus_empty_dsn, COLOCATION)
     assert jobs[1] == archive[1] and jobs[2] == archive[2] == 64, (jobs, archive)
     with psycopg.connect(citus_empty_dsn, autocommit=True) as conn:
-        made = conn.execute("SELECT created FROM dispatcher_archive_maintain(60, 7200, 0, 0)")
+        made = conn.execute("SELECT created FROM dispatcher_archive_maintain(900, 1800, 0, 0)")
         assert made.fetchone()[0] > 0
         unplaced = conn.execute(
             "SELECT count(*) FROM pg_inherits AS i "

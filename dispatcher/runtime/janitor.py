@@ -1,17 +1,9 @@
 """The janitor: retention. `Pruner`, the service, deletes rows past their retention, one pod at a
-time, in bounded batches, every prune_interval_s; `prune_round` is its round.
-
-A round is one transaction: a try-lock (pg_try_advisory_xact_lock, so it works through
-PgBouncer), DELETEs of at most prune_batch rows of each kind (completed; failed, discarded,
-cancelled; history), oldest first through the migration-0007 indexes, then uniqueness windows
-that ended (sql/dedupe.sql), in pages of prune_batch, then the lag. Live jobs are never touched.
-Under DISPATCHER_COMPLETED_JOBS=delete the completion itself deletes a completed job's row: the
-completed kind's DELETE then finds nothing (one index descent) once the rows completed before that
-was set are gone, and its lag reads 0; it is kept so that those rows still go.
-Under DISPATCHER_COMPLETED_JOBS=archive the completion moves a completed job's row to the archive:
-the completed kind then moves, whatever their age, the rows still completed in the jobs table (an
-older release's, during a rolling upgrade), and after the round the archive's partitions are kept
-up (runtime/archive.py): created ahead, dropped past the completed retention.
+time, in bounded batches, every prune_interval_s; `prune_round` is its round: one transaction
+behind a try-lock, a bounded DELETE per kind (PRUNE_QUERIES), ended uniqueness windows, the lag.
+Under DISPATCHER_COMPLETED_JOBS=archive the completed kind moves rows to the archive instead
+(ARCHIVE_QUERIES), and the archive's partitions are kept up after the round (runtime/archive.py).
+What each setting leaves to prune: docs/operations/retention.md.
 """
 
 from __future__ import annotations

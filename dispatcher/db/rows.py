@@ -383,12 +383,14 @@ class PruneAges(NamedTuple):
 
 
 class ArchiveUpkeep(NamedTuple):
-    """archive_maintain's row: archive partitions created and dropped, and default-partition rows
-    deleted past retention."""
+    """archive_maintain's row: archive partitions created and dropped, default-partition rows
+    deleted past retention, and the age of the oldest range partition's upper bound or default
+    row left (None: the archive has neither)."""
 
     created: int
     dropped: int
     default_deleted: int
+    oldest_age_s: float | None
 
 
 class ArchivePartition(NamedTuple):

@@ -117,8 +117,9 @@ JOBS_PRUNED = Counter(
 )
 JANITOR_LAG = Gauge(
     "dispatcher_janitor_lag_seconds",
-    "How far past its retention the oldest row of each kind still there is (0: caught up); from "
-    "the pods whose last prune round ran, none from a pod that found another pruning",
+    "How far past its retention the oldest row of each kind still there is (0: caught up); "
+    "kind archive: the oldest partition or default-partition row of the archive of completed "
+    "jobs. From the pods whose last prune round ran, none from a pod that found another pruning",
     ["kind"],
 )
 ARCHIVE_PARTITIONS = Counter(

@@ -43,11 +43,20 @@ def ahead_s(period: int, interval_s: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Upkeep:
-    """One upkeep call: partitions created and dropped, default-partition rows deleted."""
+    """One upkeep call: partitions created and dropped, default-partition rows deleted, and the
+    age of the oldest range partition's upper bound or default row left (None: neither), which
+    is past the retention by the janitor's lag."""
 
     created: int
     dropped: int
     default_deleted: int
+    oldest_age_s: float | None = None
+
+    def lag_s(self, retention_s: float) -> float:
+        """How far past `retention_s` the oldest of what is left is (0: caught up)."""
+        if self.oldest_age_s is None or retention_s <= 0:
+            return 0.0
+        return max(0.0, self.oldest_age_s - retention_s)
 
 
 async def upkeep(store: JobStore, retention_s: float, interval_s: float, limit: int) -> Upkeep:

@@ -207,6 +207,10 @@ class Pruner(PeriodicService):
             metrics.JANITOR_LAG.labels(kind).set(
                 0.0 if age_s is None else max(0.0, age_s - retention_s)
             )
+        if self.last_upkeep is not None and self._archive_retention_s:
+            metrics.JANITOR_LAG.labels("archive").set(
+                self.last_upkeep.lag_s(self._archive_retention_s)
+            )
         return jittered(self.CATCH_UP_S) if done.more else None
 
     async def release(self) -> None:

@@ -11,6 +11,8 @@ from collections import Counter
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
+from psycopg import sql
 
 from dispatcher import (
     Config,
@@ -50,6 +52,15 @@ SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
 
 def _archived(dsn: str) -> dict[int, str]:
     return dict(fetchall(dsn, "SELECT id, status FROM dispatcher_jobs_archive"))
+
+
+def _range_partitions_dropped(dsn: str) -> None:
+    """No range partition left: the template's (made by the migration when the session began)
+    would be past this test's retention or behind its clock, depending on the suite's pace."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name, _, to_at, _ in conn.execute(query("archive_partitions")).fetchall():
+            if to_at is not None:
+                conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
 
 
 def _dead_tuples(dsn: str) -> int:
@@ -216,6 +227,7 @@ def test_the_janitor_keeps_partitions_ahead_and_drops_them_past_retention_with_n
     """The upkeep, as a DML-only role (the function is SECURITY DEFINER): partitions exist
     ahead of the clock; a partition wholly past retention is dropped with its rows, leaving no
     dead tuple; default-partition rows past retention are deleted; newer rows stay."""
+    _range_partitions_dropped(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         # An old partition, as two hours of completions would have left it.
         conn.execute(
@@ -255,9 +267,41 @@ def test_the_janitor_keeps_partitions_ahead_and_drops_them_past_retention_with_n
     # 900 s partitions (a quarter of the hour's retention), contiguous, at least two ahead.
     assert all((p[2] - p[1]).total_seconds() == 900 for p in bounded)
     assert all(a[2] == b[1] for a, b in itertools.pairwise(bounded))
-    assert bounded[-1][2].timestamp() >= now.timestamp() + 1800
+    assert bounded[0][1] <= now and bounded[-1][2].timestamp() >= now.timestamp() + 1800
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs_archive") == 0
     assert _dead_tuples(dsn) == 0
+
+
+def test_a_new_period_fills_up_to_its_boundary_and_starts_past_what_the_default_partition_took(
+    dsn,
+):
+    """A fleet whose retention changes from an hour (900 s partitions) to forever (a day each):
+    the first new partition runs from the last one's end, or from past the newest row the default
+    partition took there, up to the next midnight, then a day each; nothing overlaps, so ATTACH
+    never fails, and the row in the default partition stays where it is."""
+    _range_partitions_dropped(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT * FROM dispatcher_archive_maintain(900, 0, 0, 0)")
+        conn.execute(
+            "INSERT INTO dispatcher_jobs_archive (id, job_type, status, bucket, completed_at) "
+            "SELECT 1, 'a', 'completed', 0, max(to_at) + interval '90 seconds' "
+            f"FROM ({query('archive_partitions')}) AS p"
+        )
+    store = JobStore(dsn, "janitor", completed_jobs="archive")
+    try:
+        done = run_async(archive.upkeep(store, 0.0, 60.0, 100))
+    finally:
+        run_async(store.close())
+    parts = [p for p in fetchall(dsn, query("archive_partitions")) if p[2] is not None]
+    quarter, *days = parts
+    assert done.created == len(days) >= 2 and (quarter[2] - quarter[1]).total_seconds() == 900
+    # The row sits 90 s past the quarter; the next partition starts at the minute after it.
+    assert (days[0][1] - quarter[2]).total_seconds() == 120
+    assert all(p[2].timestamp() % 86400 == 0 for p in days)
+    assert all(a[2] == b[1] for a, b in itertools.pairwise(days))
+    assert days[-1][2].timestamp() >= fetchval(dsn, "SELECT now()").timestamp() + 2 * 86400
+    default = "SELECT count(*) FROM dispatcher_jobs_archive_default"
+    assert fetchval(dsn, default) == 1
 
 
 def test_archive_period_follows_the_retention():
@@ -359,17 +403,44 @@ def test_the_other_settings_leave_the_archive_empty(dsn, completed_jobs):
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs_archive") == 0
 
 
+def _archive_pruner(store: JobStore, completed_retention_s: float, batch: int) -> Pruner:
+    """The janitor of an archiving fleet, failed jobs and history kept forever."""
+    retentions_s = {"completed": completed_retention_s, "failed": 0.0, "history": 0.0}
+    return Pruner(
+        store,
+        RetentionSettings(interval_s=60, retentions_s=retentions_s, batch=batch, archive=True),
+    )
+
+
 def test_the_pruner_under_archive_never_retires_even_with_completed_kept_forever(dsn):
     store = JobStore(dsn, "w", completed_jobs="archive")
-    pruner = Pruner(
-        store,
-        RetentionSettings(
-            interval_s=60,
-            retentions_s={"completed": 0, "failed": 0, "history": 0},
-            batch=100,
-            archive=True,
-        ),
-    )
+    pruner = _archive_pruner(store, 0, 100)
     run_async(pruner.tick())
     run_async(store.close())
     assert not pruner.retired and pruner.last_upkeep is not None
+
+
+def test_the_archive_lag_is_how_far_past_retention_the_oldest_row_left_is(dsn):
+    """Rows the default partition took ten days ago, more than one round deletes: the first round
+    exports about ten days less the hour of retention as the archive's lag, the last one 0."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO dispatcher_jobs_archive (id, job_type, status, bucket, completed_at) "
+            "SELECT g, 'a', 'completed', 0, now() - interval '10 days' "
+            "FROM generate_series(1, 3) AS g"
+        )
+    store = JobStore(dsn, "w", completed_jobs="archive")
+    pruner = _archive_pruner(store, 3600, 2)
+
+    def lag_s() -> float | None:
+        return REGISTRY.get_sample_value("dispatcher_janitor_lag_seconds", {"kind": "archive"})
+
+    try:
+        run_async(pruner.tick())
+        assert pruner.last_upkeep is not None and pruner.last_upkeep.default_deleted == 2
+        assert 10 * 86400 - 3600 - 60 < (lag_s() or 0) < 10 * 86400
+        run_async(pruner.tick())
+        assert pruner.last_upkeep.default_deleted == 1 and lag_s() == 0
+    finally:
+        run_async(store.close())
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs_archive") == 0

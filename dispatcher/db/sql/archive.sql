@@ -51,8 +51,9 @@ SELECT count(*) FROM gone
 -- The janitor's upkeep of the archive's partitions (dispatcher_archive_maintain, migration 0020):
 -- partitions of %(period_s)s seconds created up to %(ahead_s)s ahead, those wholly past
 -- %(retention_s)s dropped (0: none), and up to %(limit)s default-partition rows past it deleted.
--- Returns how many partitions were created and dropped, and default rows deleted.
-SELECT created, dropped, default_deleted
+-- Returns how many partitions were created and dropped, default rows deleted, and the age in
+-- seconds of the oldest upper bound or default row left (NULL: none).
+SELECT created, dropped, default_deleted, oldest_age_s
   FROM dispatcher_archive_maintain(%(period_s)s::int, %(ahead_s)s::float8, %(retention_s)s::float8, %(limit)s::int)
 
 -- name: archive_partitions

@@ -15,7 +15,8 @@
 -- completed by an older release before the upgrade): never an error in a completion.
 --
 -- dispatcher_archive_maintain: the janitor's one call per round (runtime/janitor.py): creates
--- partitions ahead, drops those past retention, deletes default-partition rows past retention.
+-- partitions ahead, drops those past retention, deletes default-partition rows past retention,
+-- and says how old the oldest of what is left is (the janitor's lag for the archive).
 -- SECURITY DEFINER, owned by the migrating role: the workers' role keeps rows-only privileges and
 -- EXECUTE (`dispatcher grants`). Its DDL waits at most 100 ms for a lock (then the next round
 -- tries again): a DROP queued behind a long reader of the archive would hold up every completion.
@@ -38,11 +39,15 @@ CREATE INDEX IF NOT EXISTS dispatcher_jobs_archive_batch_idx
 CREATE INDEX IF NOT EXISTS dispatcher_jobs_archive_tags_idx
     ON dispatcher_jobs_archive USING gin (tags) WHERE tags IS NOT NULL;
 CREATE TABLE IF NOT EXISTS dispatcher_jobs_archive_default PARTITION OF dispatcher_jobs_archive DEFAULT;
+-- Its own btree on completed_at: the upkeep reads its oldest row and deletes past retention in
+-- that order each round (it is empty unless the janitor fell behind, so the index costs nothing).
+CREATE INDEX IF NOT EXISTS dispatcher_jobs_archive_default_completed_idx
+    ON dispatcher_jobs_archive_default (completed_at);
 
 -- Range partitions: named dispatcher_jobs_archive_<start, UTC>. Bounds read back from the catalog.
 CREATE OR REPLACE FUNCTION dispatcher_archive_maintain(period_s integer, ahead_s double precision,
                                                        retention_s double precision, default_limit integer)
-RETURNS TABLE (created integer, dropped integer, default_deleted bigint)
+RETURNS TABLE (created integer, dropped integer, default_deleted bigint, oldest_age_s double precision)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path FROM CURRENT
 SET lock_timeout = '100ms'
@@ -50,6 +55,9 @@ AS $$
 DECLARE
     part record;
     start_at timestamptz;
+    end_at timestamptz;
+    last_to timestamptz;
+    newest timestamptz;
     cutoff timestamptz;
     name text;
     made integer := 0;
@@ -66,7 +74,7 @@ BEGIN
     END IF;
     -- One caller at a time (two pods whose janitor leases overlap for a moment): the other skips.
     IF NOT pg_try_advisory_xact_lock(7022450133) THEN
-        RETURN QUERY SELECT 0, 0, 0::bigint;
+        RETURN QUERY SELECT 0, 0, 0::bigint, NULL::float8;
         RETURN;
     END IF;
     -- Past retention: whole partitions whose upper bound is older than it (0: kept forever).
@@ -92,31 +100,45 @@ BEGIN
                                WHERE d.completed_at < cutoff LIMIT default_limit));
         GET DIAGNOSTICS removed = ROW_COUNT;
     END IF;
-    -- Ahead: contiguous from the last partition's upper bound; with none, or the last one behind
-    -- the clock (the rows since went to the default partition), from this period's start if the
-    -- default partition holds nothing in it, else from the next period's.
+    -- Ahead: from the last partition's upper bound, or from this period's start where that is
+    -- later (none yet, or the janitor fell behind: the rows since went to the default partition),
+    -- and past any default-partition row at or after it (attaching a range that holds one fails).
+    -- Each partition ends at the next multiple of the period, so a change of period (a new
+    -- retention) first fills up to its boundary and never overlaps what exists.
     SELECT max(substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$TO \('([^']+)'\)$r$)::timestamptz)
-      INTO start_at
+      INTO last_to
       FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
      WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass AND c.relname <> 'dispatcher_jobs_archive_default';
-    IF start_at IS NULL OR start_at < now() THEN
-        start_at := to_timestamp(floor(extract(epoch FROM now()) / period_s) * period_s);
-        IF EXISTS (SELECT 1 FROM dispatcher_jobs_archive_default WHERE completed_at >= start_at) THEN
-            start_at := start_at + period_s * interval '1 second';
-        END IF;
+    start_at := to_timestamp(floor(extract(epoch FROM now()) / period_s) * period_s);
+    IF last_to IS NOT NULL AND last_to > start_at THEN
+        start_at := last_to;
+    END IF;
+    SELECT max(d.completed_at) INTO newest FROM dispatcher_jobs_archive_default AS d
+     WHERE d.completed_at >= start_at;
+    IF newest IS NOT NULL THEN
+        -- The minute after it: the rest of the span goes to a partition, not to the default.
+        start_at := to_timestamp((floor(extract(epoch FROM newest) / 60) + 1) * 60);
     END IF;
     WHILE start_at < now() + ahead_s * interval '1 second' AND made < 64 LOOP
+        end_at := to_timestamp((floor(extract(epoch FROM start_at) / period_s) + 1) * period_s);
         name := 'dispatcher_jobs_archive_' || to_char(start_at AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS');
         -- CREATE, then ATTACH: attaching locks the archive SHARE UPDATE EXCLUSIVE, which lets
         -- completions insert meanwhile (CREATE ... PARTITION OF would take ACCESS EXCLUSIVE).
         EXECUTE format('CREATE TABLE %I (LIKE dispatcher_jobs_archive INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
                        name);
         EXECUTE format('ALTER TABLE dispatcher_jobs_archive ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                       name, start_at, start_at + period_s * interval '1 second');
+                       name, start_at, end_at);
         made := made + 1;
-        start_at := start_at + period_s * interval '1 second';
+        start_at := end_at;
     END LOOP;
-    RETURN QUERY SELECT made, gone, removed;
+    -- The age of the oldest thing retention waits on (the janitor's lag is how far past retention
+    -- it is): the oldest range partition's upper bound, or the oldest default-partition row.
+    RETURN QUERY SELECT made, gone, removed, extract(epoch FROM now() - least(
+        (SELECT min(substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$TO \('([^']+)'\)$r$)::timestamptz)
+           FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+          WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass
+            AND c.relname <> 'dispatcher_jobs_archive_default'),
+        (SELECT min(d.completed_at) FROM dispatcher_jobs_archive_default AS d)))::float8;
 END
 $$;
 REVOKE EXECUTE ON FUNCTION dispatcher_archive_maintain(integer, double precision, double precision, integer)

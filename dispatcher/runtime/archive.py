@@ -59,15 +59,18 @@ class Upkeep:
         return max(0.0, self.oldest_age_s - retention_s)
 
 
-async def upkeep(store: JobStore, retention_s: float, interval_s: float, limit: int) -> Upkeep:
+async def upkeep(
+    store: JobStore, retention_s: float, interval_s: float, limit: int, *, drop: bool = True
+) -> Upkeep:
     """Partitions created ahead and dropped past `retention_s` (0: none dropped), in one short
     transaction of its own (its DDL waits at most 100 ms for a lock: else a store error, and the
-    next round tries again)."""
+    next round tries again). `drop=False`: partitions created only (a worker before its first
+    claim; retention is the janitor's)."""
     period = period_s(retention_s)
     params = {
         "period_s": period,
         "ahead_s": ahead_s(period, interval_s),
-        "retention_s": retention_s,
+        "retention_s": retention_s if drop else 0.0,
         "limit": limit,
     }
 

@@ -192,6 +192,8 @@ class Worker:
                 joining.cancel()
                 await asyncio.gather(joining, return_exceptions=True)
                 raise result
+        # Under archive, a partition covers the clock before the first completion can need one.
+        await self.services.pruner.cover_the_clock()
         if self.services.listener is not None:
             await self.services.listener.start()
         else:

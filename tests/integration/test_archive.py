@@ -444,3 +444,37 @@ def test_the_archive_lag_is_how_far_past_retention_the_oldest_row_left_is(dsn):
     finally:
         run_async(store.close())
     assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs_archive") == 0
+
+
+def test_a_worker_creates_the_partitions_before_its_first_claim(dsn):
+    """A fleet that starts archiving long after the migration (or after being down longer than
+    the janitor looks ahead) finds no partition covering the clock: the worker creates them before
+    its first claim, so no completion lands in the default partition, where retention would have
+    to delete it row by row. (The janitor's own first round comes up to 5 s after the start.)"""
+    _range_partitions_dropped(dsn)
+    registry = Registry()
+
+    @registry.handler("ok")
+    async def ok(job: Job) -> None:
+        return None
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(50):
+            enqueue_sync(conn, "ok", {"i": i})
+    config = Config(
+        dsn=dsn,
+        poll_interval_s=0.05,
+        flush_interval_s=0.01,
+        completed_jobs="archive",
+        completed_retention_s=3600,
+    )
+    worker = Worker(config, registry)
+
+    def finished() -> bool:
+        return fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs_archive") == 50
+
+    run_async(run_worker_until(worker, finished, 30, "50 archived"))
+    assert fetchval(dsn, "SELECT count(*) FROM dispatcher_jobs_archive_default") == 0
+    now = fetchval(dsn, "SELECT now()")
+    covering = [p for p in fetchall(dsn, query("archive_partitions")) if p[2] is not None]
+    assert covering and covering[0][1] <= now < covering[-1][2]

@@ -50,7 +50,7 @@ class Upkeep:
     created: int
     dropped: int
     default_deleted: int
-    oldest_age_s: float | None = None
+    oldest_age_s: float | None
 
     def lag_s(self, retention_s: float) -> float:
         """How far past `retention_s` the oldest of what is left is (0: caught up)."""
@@ -79,7 +79,7 @@ async def upkeep(
             cur = await conn.execute(query("archive_maintain"), params)
             row = await cur.fetchone()
         done = rows.typed_one(rows.ArchiveUpkeep, row)
-        return Upkeep(0, 0, 0) if done is None else Upkeep(*done)
+        return Upkeep(0, 0, 0, None) if done is None else Upkeep(*done)
 
     done = await store.run("archive", work, budget=SLOW_STATEMENT)
     if done.created or done.dropped:

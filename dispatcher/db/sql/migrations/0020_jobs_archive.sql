@@ -57,7 +57,9 @@ DECLARE
     start_at timestamptz;
     end_at timestamptz;
     last_to timestamptz;
+    oldest_to timestamptz;
     newest timestamptz;
+    oldest timestamptz;
     cutoff timestamptz;
     name text;
     made integer := 0;
@@ -100,15 +102,19 @@ BEGIN
                                WHERE d.completed_at < cutoff LIMIT default_limit));
         GET DIAGNOSTICS removed = ROW_COUNT;
     END IF;
+    -- The range partitions left after the drops: the newest upper bound (where creation goes on)
+    -- and the oldest (what retention waits on next); then the oldest default-partition row.
+    SELECT max(b.to_at), min(b.to_at) INTO last_to, oldest_to
+      FROM (SELECT substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$TO \('([^']+)'\)$r$)::timestamptz AS to_at
+              FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass
+               AND c.relname <> 'dispatcher_jobs_archive_default') AS b;
+    SELECT min(d.completed_at) INTO oldest FROM dispatcher_jobs_archive_default AS d;
     -- Ahead: from the last partition's upper bound, or from this period's start where that is
     -- later (none yet, or the janitor fell behind: the rows since went to the default partition),
     -- and past any default-partition row at or after it (attaching a range that holds one fails).
     -- Each partition ends at the next multiple of the period, so a change of period (a new
     -- retention) first fills up to its boundary and never overlaps what exists.
-    SELECT max(substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$TO \('([^']+)'\)$r$)::timestamptz)
-      INTO last_to
-      FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-     WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass AND c.relname <> 'dispatcher_jobs_archive_default';
     start_at := to_timestamp(floor(extract(epoch FROM now()) / period_s) * period_s);
     IF last_to IS NOT NULL AND last_to > start_at THEN
         start_at := last_to;
@@ -132,13 +138,9 @@ BEGIN
         start_at := end_at;
     END LOOP;
     -- The age of the oldest thing retention waits on (the janitor's lag is how far past retention
-    -- it is): the oldest range partition's upper bound, or the oldest default-partition row.
-    RETURN QUERY SELECT made, gone, removed, extract(epoch FROM now() - least(
-        (SELECT min(substring(pg_get_expr(c.relpartbound, c.oid) FROM $r$TO \('([^']+)'\)$r$)::timestamptz)
-           FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-          WHERE i.inhparent = 'dispatcher_jobs_archive'::regclass
-            AND c.relname <> 'dispatcher_jobs_archive_default'),
-        (SELECT min(d.completed_at) FROM dispatcher_jobs_archive_default AS d)))::float8;
+    -- it is): the oldest range partition's upper bound, or the oldest default-partition row
+    -- (partitions created just now are ahead of the clock: never the oldest that matters).
+    RETURN QUERY SELECT made, gone, removed, extract(epoch FROM now() - least(oldest_to, oldest))::float8;
 END
 $$;
 REVOKE EXECUTE ON FUNCTION dispatcher_archive_maintain(integer, double precision, double precision, integer)
